@@ -1,0 +1,21 @@
+# kvcache_library(NAME <name> SRCS ... DEPS ...): one library per folder, aliased kvcache::<name>.
+function(kvcache_library)
+  cmake_parse_arguments(KV "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_library(kvcache_${KV_NAME} STATIC ${KV_SRCS})
+  add_library(kvcache::${KV_NAME} ALIAS kvcache_${KV_NAME})
+  target_include_directories(kvcache_${KV_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(kvcache_${KV_NAME} PUBLIC ${KV_DEPS})
+endfunction()
+
+# kvcache_test(NAME <name> SRCS ... DEPS ... [LABELS ...]): a GoogleTest binary registered with CTest.
+function(kvcache_test)
+  cmake_parse_arguments(KV "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${KV_NAME} ${KV_SRCS})
+  target_link_libraries(${KV_NAME} PRIVATE ${KV_DEPS} kvcache::testing GTest::gtest GTest::gtest_main)
+  add_test(NAME ${KV_NAME} COMMAND ${KV_NAME})
+  set_tests_properties(${KV_NAME} PROPERTIES TIMEOUT 300
+    ENVIRONMENT "KVCACHE_BIN_DIR=${PROJECT_BINARY_DIR}/bin;KVCACHE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  if(KV_LABELS)
+    set_tests_properties(${KV_NAME} PROPERTIES LABELS "${KV_LABELS}")
+  endif()
+endfunction()

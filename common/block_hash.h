@@ -1,0 +1,95 @@
+// Block hash chains: h_i = H(h_{i-1}, tokens of full block i, extra keys of block i), with h_{-1}
+// a root derived from the pool's namespace (model id, layout fingerprint, tenant, cache salt).
+// The canonical byte encoding and test vectors are in docs/hash_spec.md; any client language must
+// reproduce them. H is XXH3-128 with seed 0 by default or SHA-256 truncated to 128 bits; never a
+// process-random seed, so hashes agree across processes and restarts.
+//
+// Thread safety: free functions are thread-safe; BlockHasher holds a scratch buffer and is
+// thread-compatible (one per thread or per call).
+#ifndef KVCACHE_COMMON_BLOCK_HASH_H_
+#define KVCACHE_COMMON_BLOCK_HASH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/byte_writer.h"
+
+namespace kvcache {
+
+// 128-bit hash; hi holds the first 8 canonical bytes (big-endian), lo the last 8.
+struct Hash128 {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+
+  friend bool operator==(const Hash128& a, const Hash128& b) { return a.hi == b.hi && a.lo == b.lo; }
+  friend bool operator!=(const Hash128& a, const Hash128& b) { return !(a == b); }
+  template <typename H>
+  friend H AbslHashValue(H state, const Hash128& hash) {
+    // Already uniformly distributed; one word is enough for a hash table.
+    return H::combine(std::move(state), hash.lo);
+  }
+  std::string ToHex() const;  // 32 lowercase hex digits, canonical byte order
+};
+
+// Values match kvcache.v1.HashAlgorithm.
+enum class HashAlgorithm : uint32_t { kXxh3_128 = 1, kSha256 = 2 };
+absl::string_view HashAlgorithmName(HashAlgorithm algorithm);
+// Accepts "xxh3" / "xxh3_128" and "sha256".
+absl::StatusOr<HashAlgorithm> ParseHashAlgorithm(absl::string_view name);
+
+// A multimodal input at prompt positions [offset, offset + length); every block overlapping that
+// range carries `content_hash` in its extra keys.
+struct MultimodalItem {
+  std::string content_hash;
+  uint32_t offset = 0;
+  uint32_t length = 0;
+};
+
+// Request-level extra keys; a block's share of them is what ExtraKeysForBlock encodes.
+struct ExtraKeys {
+  std::string lora_id;
+  std::vector<MultimodalItem> multimodal_items;
+};
+
+struct HashNamespace {
+  absl::string_view model_id;
+  uint64_t layout_fingerprint = 0;
+  absl::string_view tenant;
+  absl::string_view cache_salt;
+};
+
+class BlockHasher {
+ public:
+  explicit BlockHasher(HashAlgorithm algorithm) : algorithm_(algorithm) {}
+
+  HashAlgorithm algorithm() const { return algorithm_; }
+
+  Hash128 Root(const HashNamespace& ns);
+
+  // Hash of the block holding `tokens`, which start at prompt position `block_start`.
+  Hash128 Block(const Hash128& parent, absl::Span<const uint32_t> tokens, const ExtraKeys& extras,
+                uint32_t block_start);
+
+  // XXH3-64 of the block's extra-key encoding; cached blocks keep it so a hit can be verified.
+  uint64_t ExtrasDigest(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
+
+  // Appends to `chain` the hashes of every full block of `tokens` not yet in it. `chain[i]` is the
+  // hash of block i; the root is h_{-1}.
+  void ExtendChain(const Hash128& root, absl::Span<const uint32_t> tokens, uint32_t block_size,
+                   const ExtraKeys& extras, std::vector<Hash128>* chain);
+
+ private:
+  void WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
+  Hash128 Finish() const;
+
+  const HashAlgorithm algorithm_;
+  ByteWriter scratch_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_COMMON_BLOCK_HASH_H_

@@ -1,0 +1,103 @@
+#include "server/daemon.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+constexpr absl::string_view kUnixScheme = "unix://";
+
+absl::Status PrepareSocketPath(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create socket directory ", dir, ": ", std::strerror(errno)));
+    }
+  }
+  // A socket left by a daemon that died would make the bind fail.
+  struct stat info;
+  if (lstat(path.c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) unlink(path.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string DefaultListenAddress() {
+  const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime_dir != nullptr && runtime_dir[0] != '\0') {
+    return absl::StrCat(kUnixScheme, runtime_dir, "/kvcache/kv.sock");
+  }
+  return absl::StrCat(kUnixScheme, "/tmp/kvcache-", getuid(), "/kv.sock");
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  auto daemon = std::unique_ptr<Daemon>(new Daemon());
+  daemon->address_ = options.listen;
+  if (absl::StartsWith(options.listen, kUnixScheme)) {
+    daemon->socket_path_ = options.listen.substr(kUnixScheme.size());
+    RETURN_IF_ERROR(PrepareSocketPath(daemon->socket_path_));
+  } else if (!options.allow_insecure_tcp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCP address ", options.listen,
+                     " needs TLS, which this build does not configure; pass --insecure to listen "
+                     "without it (loopback and trusted networks only)"));
+  }
+  if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
+
+  daemon->manager_ = std::make_unique<CacheManager>(options.session_limits, RealClock::Get(),
+                                                    CacheManager::NewEpoch());
+  for (const PoolOptions& pool : options.pools) {
+    ASSIGN_OR_RETURN(auto memory,
+                     HostPoolMemory::Create(pool.layout.BlockBytes(), pool.num_blocks));
+    RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));
+  }
+  daemon->service_ = std::make_unique<KvCacheService>(daemon->manager_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           daemon->socket_path_.empty() ? &bound_port : nullptr);
+  builder.RegisterService(daemon->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Sockets are created under the process umask: make them owner-only.
+  const mode_t old_umask = umask(0077);
+  daemon->server_ = builder.BuildAndStart();
+  umask(old_umask);
+  if (daemon->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  if (!daemon->socket_path_.empty()) {
+    chmod(daemon->socket_path_.c_str(), 0600);
+  } else if (bound_port != 0 && absl::EndsWith(options.listen, ":0")) {
+    daemon->address_ = absl::StrCat(options.listen.substr(0, options.listen.size() - 1), bound_port);
+  }
+  daemon->manager_->StartReaper(options.reaper_period);
+  return daemon;
+}
+
+void Daemon::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+  if (!socket_path_.empty()) unlink(socket_path_.c_str());
+}
+
+Daemon::~Daemon() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace kvcache

@@ -1,0 +1,58 @@
+// Daemon: a CacheManager served over gRPC on one listen address, with health checking.
+// Unix sockets are created owner-only (0600) in a directory the daemon makes owner-only if it is
+// missing. TCP listens insecurely only when asked for explicitly (TLS comes with the security
+// work); the caller decides that.
+//
+// Thread safety: Start, then Wait on one thread and Shutdown from another.
+#ifndef KVCACHE_SERVER_DAEMON_H_
+#define KVCACHE_SERVER_DAEMON_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "server/cache_manager.h"
+#include "server/kv_cache_service.h"
+
+namespace kvcache {
+
+struct DaemonOptions {
+  std::string listen = "unix:///tmp/kvcache/kv.sock";
+  bool allow_insecure_tcp = false;
+  std::vector<PoolOptions> pools;
+  SessionLimits session_limits;
+  absl::Duration reaper_period = absl::Milliseconds(100);
+  int max_message_bytes = 16 << 20;
+};
+
+// The default listen address: a socket under $XDG_RUNTIME_DIR, else /tmp/kvcache-$UID.
+std::string DefaultListenAddress();
+
+class Daemon {
+ public:
+  // INVALID_ARGUMENT for bad options; UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();
+
+  const std::string& address() const { return address_; }
+  CacheManager& manager() { return *manager_; }
+  void Wait() { server_->Wait(); }
+  // Stops accepting calls, finishes those in flight (up to `grace`) and removes the socket file.
+  void Shutdown(absl::Duration grace = absl::Seconds(2));
+
+ private:
+  Daemon() = default;
+
+  std::string address_;
+  std::string socket_path_;  // empty for TCP
+  std::unique_ptr<CacheManager> manager_;
+  std::unique_ptr<KvCacheService> service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_DAEMON_H_

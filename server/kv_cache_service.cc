@@ -1,0 +1,240 @@
+#include "server/kv_cache_service.h"
+
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+// Runs `body` (returning absl::Status), stamps the epoch and finishes the call.
+template <typename Response, typename Body>
+grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, Response* response,
+                                 uint64_t epoch, Body body) {
+  const absl::Status status = body();
+  response->set_epoch(epoch);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+ExtraKeys ToExtraKeys(const v1::ExtraKeys& proto) {
+  ExtraKeys extras;
+  extras.lora_id = proto.lora_id();
+  extras.multimodal_items.reserve(proto.multimodal_items_size());
+  for (const v1::MultimodalItem& item : proto.multimodal_items()) {
+    extras.multimodal_items.push_back(
+        MultimodalItem{item.content_hash(), item.offset(), item.length()});
+  }
+  return extras;
+}
+
+SequenceSpec ToSequenceSpec(const google::protobuf::RepeatedField<uint32_t>& tokens,
+                            const std::string& cache_salt, const v1::ExtraKeys& extras) {
+  return SequenceSpec{.tokens = absl::MakeConstSpan(tokens.data(), tokens.size()),
+                      .cache_salt = cache_salt,
+                      .extra_keys = ToExtraKeys(extras)};
+}
+
+void FillPoolInfo(PrefixCache& pool, v1::PoolInfo* info) {
+  const PoolOptions& options = pool.options();
+  info->set_name(options.name);
+  info->set_model_id(options.model_id);
+  info->set_num_blocks(options.num_blocks);
+  info->set_hash_algorithm(static_cast<v1::HashAlgorithm>(options.hash_algorithm));
+  info->set_memory_kind(pool.memory().kind());
+  v1::PoolLayout* layout = info->mutable_layout();
+  layout->set_num_layers(options.layout.num_layers);
+  layout->set_num_kv_heads(options.layout.num_kv_heads);
+  layout->set_head_dim(options.layout.head_dim);
+  layout->set_block_size(options.layout.block_size);
+  layout->set_dtype(static_cast<v1::DType>(options.layout.dtype));
+  layout->set_block_bytes(options.layout.BlockBytes());
+  layout->set_fingerprint(pool.layout_fingerprint());
+}
+
+void FillCounts(const PoolStatsSnapshot& stats, v1::BlockCounts* counts) {
+  counts->set_free(stats.free);
+  counts->set_evictable(stats.evictable);
+  counts->set_referenced(stats.referenced);
+}
+
+void FillStats(PrefixCache& pool, v1::PoolStats* out) {
+  const PoolStatsSnapshot stats = pool.Stats();
+  out->set_pool(pool.options().name);
+  FillCounts(stats, out->mutable_counts());
+  out->set_prompt_tokens(stats.prompt_tokens);
+  out->set_hit_tokens(stats.hit_tokens);
+  out->set_hit_blocks(stats.hit_blocks);
+  out->set_resurrected_blocks(stats.pool.resurrections);
+  out->set_miss_blocks(stats.miss_blocks);
+  out->set_evictions(stats.pool.evictions);
+  out->set_published_blocks(stats.pool.published);
+  out->set_duplicate_blocks(stats.pool.duplicates);
+  out->set_open_sequences(stats.open_sequences);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KvCacheService::Ping(grpc::CallbackServerContext* context,
+                                               const v1::PingRequest* request,
+                                               v1::PingResponse* response) {
+  return Handle(context, response, manager_->epoch(), [] { return absl::OkStatus(); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ListPools(grpc::CallbackServerContext* context,
+                                                    const v1::ListPoolsRequest* request,
+                                                    v1::ListPoolsResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&] {
+    for (PrefixCache* pool : manager_->pools()) FillPoolInfo(*pool, response->add_pools());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::DescribePool(grpc::CallbackServerContext* context,
+                                                       const v1::DescribePoolRequest* request,
+                                                       v1::DescribePoolResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+    FillPoolInfo(*pool, response->mutable_pool());
+    FillCounts(pool->Stats(), response->mutable_counts());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::OpenSession(grpc::CallbackServerContext* context,
+                                                      const v1::OpenSessionRequest* request,
+                                                      v1::OpenSessionResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session,
+                     manager_->sessions().Open(request->tenant(), request->client_name(),
+                                               absl::Milliseconds(request->ttl_ms())));
+    response->set_session_id(session->id);
+    response->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(session->ttl)));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::KeepAlive(grpc::CallbackServerContext* context,
+                                                    const v1::KeepAliveRequest* request,
+                                                    v1::KeepAliveResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    RETURN_IF_ERROR(manager_->CheckEpoch(request->epoch()));
+    return manager_->sessions().KeepAlive(request->session_id());
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::CloseSession(grpc::CallbackServerContext* context,
+                                                       const v1::CloseSessionRequest* request,
+                                                       v1::CloseSessionResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(uint32_t released,
+                     manager_->CloseSession(request->session_id(), request->epoch()));
+    response->set_released_sequences(released);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerContext* context,
+                                                       const v1::OpenSequenceRequest* request,
+                                                       v1::OpenSequenceResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
+    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+    ASSIGN_OR_RETURN(OpenedSequence opened,
+                     pool->Open(*session, ToSequenceSpec(request->tokens(), request->cache_salt(),
+                                                         request->extra_keys())));
+    response->set_sequence_id(opened.sequence_id);
+    response->mutable_block_ids()->Add(opened.block_ids.begin(), opened.block_ids.end());
+    response->set_num_cached_tokens(opened.num_cached_tokens);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ExtendSequence(grpc::CallbackServerContext* context,
+                                                         const v1::ExtendSequenceRequest* request,
+                                                         v1::ExtendSequenceResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
+    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    ASSIGN_OR_RETURN(
+        ExtendedSequence extended,
+        pool->Extend(*session, request->sequence_id(),
+                     absl::MakeConstSpan(request->tokens().data(), request->tokens_size())));
+    response->mutable_new_block_ids()->Add(extended.new_block_ids.begin(),
+                                           extended.new_block_ids.end());
+    response->set_num_tokens(extended.num_tokens);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::CommitSequence(grpc::CallbackServerContext* context,
+                                                         const v1::CommitSequenceRequest* request,
+                                                         v1::CommitSequenceResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
+    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    ASSIGN_OR_RETURN(CommitResult result, pool->Commit(*session, request->sequence_id(),
+                                                       request->num_written_tokens()));
+    response->set_num_committed_blocks(result.num_committed_blocks);
+    response->set_num_published_blocks(result.num_published_blocks);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ReleaseSequence(grpc::CallbackServerContext* context,
+                                                          const v1::ReleaseSequenceRequest* request,
+                                                          v1::ReleaseSequenceResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
+    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    return pool->Release(*session, request->sequence_id());
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ForkSequence(grpc::CallbackServerContext* context,
+                                                       const v1::ForkSequenceRequest* request,
+                                                       v1::ForkSequenceResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
+    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    ASSIGN_OR_RETURN(ForkedSequence forked, pool->Fork(*session, request->sequence_id()));
+    response->set_sequence_id(forked.sequence_id);
+    response->mutable_block_ids()->Add(forked.block_ids.begin(), forked.block_ids.end());
+    if (forked.copied_from_block != kNoBlock) {
+      response->set_copied_from_block(forked.copied_from_block);
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* context,
+                                                 const v1::LookupRequest* request,
+                                                 v1::LookupResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+    ASSIGN_OR_RETURN(LookupResult result,
+                     pool->Lookup(request->tenant(),
+                                  ToSequenceSpec(request->tokens(), request->cache_salt(),
+                                                 request->extra_keys())));
+    response->set_num_cached_tokens(result.num_cached_tokens);
+    response->set_num_cached_blocks(result.num_cached_blocks);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* context,
+                                                   const v1::GetStatsRequest* request,
+                                                   v1::GetStatsResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    if (!request->pool().empty()) {
+      ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+      FillStats(*pool, response->add_pools());
+    } else {
+      for (PrefixCache* pool : manager_->pools()) FillStats(*pool, response->add_pools());
+    }
+    response->set_open_sessions(static_cast<uint32_t>(manager_->sessions().size()));
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace kvcache

@@ -1,0 +1,64 @@
+// KvCacheService: the gRPC edge of the daemon. Each handler converts the request, calls the
+// CacheManager, converts the status once (ToGrpcStatus) and finishes; nothing blocks beyond a
+// pool's short critical section, so handlers run inline on the callback reactor.
+//
+// Thread safety: thread-safe (all state lives in the CacheManager).
+#ifndef KVCACHE_SERVER_KV_CACHE_SERVICE_H_
+#define KVCACHE_SERVER_KV_CACHE_SERVICE_H_
+
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/cache_manager.h"
+
+namespace kvcache {
+
+class KvCacheService final : public v1::KvCache::CallbackService {
+ public:
+  explicit KvCacheService(CacheManager* manager) : manager_(manager) {}
+
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
+                                 const v1::PingRequest* request,
+                                 v1::PingResponse* response) override;
+  grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* context,
+                                      const v1::ListPoolsRequest* request,
+                                      v1::ListPoolsResponse* response) override;
+  grpc::ServerUnaryReactor* DescribePool(grpc::CallbackServerContext* context,
+                                         const v1::DescribePoolRequest* request,
+                                         v1::DescribePoolResponse* response) override;
+  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
+                                        const v1::OpenSessionRequest* request,
+                                        v1::OpenSessionResponse* response) override;
+  grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* context,
+                                      const v1::KeepAliveRequest* request,
+                                      v1::KeepAliveResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* OpenSequence(grpc::CallbackServerContext* context,
+                                         const v1::OpenSequenceRequest* request,
+                                         v1::OpenSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* ExtendSequence(grpc::CallbackServerContext* context,
+                                           const v1::ExtendSequenceRequest* request,
+                                           v1::ExtendSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* CommitSequence(grpc::CallbackServerContext* context,
+                                           const v1::CommitSequenceRequest* request,
+                                           v1::CommitSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseSequence(grpc::CallbackServerContext* context,
+                                            const v1::ReleaseSequenceRequest* request,
+                                            v1::ReleaseSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* ForkSequence(grpc::CallbackServerContext* context,
+                                         const v1::ForkSequenceRequest* request,
+                                         v1::ForkSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+ private:
+  CacheManager* const manager_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_KV_CACHE_SERVICE_H_

@@ -1,0 +1,90 @@
+// kvcache-manager: the KV-cache manager daemon. With no flags it serves one host-memory pool
+// ("default") on a Unix socket; see --help.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/daemon.h"
+#include "server/pool_spec.h"
+
+ABSL_FLAG(std::string, listen, "",
+          "unix:///path/kv.sock or HOST:PORT (TCP needs --insecure); default: a Unix socket "
+          "under $XDG_RUNTIME_DIR or /tmp/kvcache-$UID");
+ABSL_FLAG(std::vector<std::string>, pool, {},
+          "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
+          "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]; "
+          "default: one pool 'default' of 1024 blocks");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(10),
+          "lease of a session that asks for no TTL of its own");
+ABSL_FLAG(absl::Duration, max_session_ttl, absl::Minutes(10), "longest lease a session may ask for");
+ABSL_FLAG(bool, insecure, false, "allow a TCP listen address without TLS");
+
+namespace kvcache {
+namespace {
+
+int Run() {
+  DaemonOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  if (options.listen.empty()) options.listen = DefaultListenAddress();
+  options.allow_insecure_tcp = absl::GetFlag(FLAGS_insecure);
+  options.session_limits.default_ttl = absl::GetFlag(FLAGS_session_ttl);
+  options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
+  options.session_limits.min_ttl = std::min(options.session_limits.min_ttl,
+                                            options.session_limits.default_ttl);
+  for (const std::string& spec : absl::GetFlag(FLAGS_pool)) {
+    absl::StatusOr<PoolOptions> pool = ParsePoolSpec(spec);
+    if (!pool.ok()) {
+      std::fprintf(stderr, "kvcache-manager: --pool %s: %s\n", spec.c_str(),
+                   std::string(pool.status().message()).c_str());
+      return 2;
+    }
+    options.pools.push_back(*std::move(pool));
+  }
+  if (options.pools.empty()) options.pools.push_back(DefaultPoolOptions());
+
+  // Block the stop signals before any server thread exists, so only sigwait below sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "kvcache-manager: %s\n", std::string(daemon.status().message()).c_str());
+    return 1;
+  }
+  std::printf("kvcache-manager: listening on %s, epoch %llu\n", (*daemon)->address().c_str(),
+              static_cast<unsigned long long>((*daemon)->manager().epoch()));
+  for (PrefixCache* pool : (*daemon)->manager().pools()) {
+    const PoolOptions& pool_options = pool->options();
+    std::printf("  pool '%s' model=%s %s blocks=%u block_bytes=%llu hash=%s memory=%s\n",
+                pool_options.name.c_str(), pool_options.model_id.c_str(),
+                pool_options.layout.DebugString().c_str(), pool_options.num_blocks,
+                static_cast<unsigned long long>(pool_options.layout.BlockBytes()),
+                std::string(HashAlgorithmName(pool_options.hash_algorithm)).c_str(),
+                pool->memory().kind().c_str());
+  }
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::printf("kvcache-manager: signal %d, shutting down\n", signal_number);
+  (*daemon)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvcache
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("KV-cache manager daemon: block pools, prefix index, gRPC API v1");
+  absl::ParseCommandLine(argc, argv);
+  return kvcache::Run();
+}
