@@ -1,0 +1,1 @@
+"""Python client pieces for kvcache. `hashing` reproduces the block hash chain (docs/hash_spec.md)."""
