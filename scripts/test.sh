@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test: unit, integration (daemon and clients as processes) and
+# the Python hash vectors; then the core's unit tests again under AddressSanitizer and UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+
+ctest --test-dir build --output-on-failure -j2 --timeout 300
+
+echo "== sanitizers: core unit tests under ASan + UBSan"
+SANITIZED_TESTS="block_pool_test prefix_cache_test cache_manager_test pool_spec_test block_hash_test pool_layout_test"
+BUILD_DIR=build-asan BUILD_TARGETS="$SANITIZED_TESTS" \
+  CMAKE_ARGS="-DKVCACHE_SANITIZE=ON -DKVCACHE_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug" \
+  ./scripts/setup.sh
+ctest --test-dir build-asan --output-on-failure -j2 \
+  -R "^($(echo "$SANITIZED_TESTS" | tr ' ' '|'))\$"
