@@ -1,0 +1,181 @@
+// CUDA block copy, gather and scatter over a block-major KV pool. See block_copy.h for the
+// contract; block_copy.cc holds the CPU reference each kernel is tested against.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/block_copy.h"
+#include "kernels/block_copy_internal.h"
+
+namespace kvcache::kernels {
+namespace {
+
+constexpr int kThreadsPerBlock = 512;
+// gridDim.x limit; larger id counts are covered by the kernels' grid-stride loop over slots.
+constexpr uint32_t kMaxGridX = 0x7fffffffu;
+constexpr uint64_t kVecBytes = sizeof(uint4);  // 16
+
+// Copies one KV block with the calling CUDA block's threads striding over it. With kVec16, both
+// pointers are 16-byte aligned and `bytes` is a multiple of 16.
+template <bool kVec16>
+__device__ __forceinline__ void CopyOneBlock(uint8_t* __restrict__ dst,        // [bytes]
+                                             const uint8_t* __restrict__ src,  // [bytes]
+                                             uint64_t bytes) {
+  if constexpr (kVec16) {
+    uint4* __restrict__ dst16 = reinterpret_cast<uint4*>(dst);
+    const uint4* __restrict__ src16 = reinterpret_cast<const uint4*>(src);
+    const uint64_t words = bytes / kVecBytes;
+    for (uint64_t i = threadIdx.x; i < words; i += blockDim.x) dst16[i] = src16[i];
+  } else {
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+__device__ __forceinline__ bool ActiveId(int64_t id, uint32_t num_blocks) {
+  // -1 is the documented skip; any other out-of-range id is also skipped so that a bad id can
+  // never read or write outside the pool (the host path rejects them instead).
+  return id >= 0 && id < static_cast<int64_t>(num_blocks);
+}
+
+// Grid: (min(num_pairs, 2^31 - 1)), Block: (kThreadsPerBlock). One CUDA block per copied KV block
+// (grid-stride over pairs when there are more pairs than CUDA blocks); threads stride over bytes.
+template <bool kVec16>
+__global__ void CopyBlocksKernel(uint8_t* __restrict__ pool,           // [num_blocks, block_bytes]
+                                 const int64_t* __restrict__ src_ids,  // [num_pairs]
+                                 const int64_t* __restrict__ dst_ids,  // [num_pairs]
+                                 uint32_t num_pairs, uint64_t block_bytes, uint32_t num_blocks) {
+  for (uint64_t pair = blockIdx.x; pair < num_pairs; pair += gridDim.x) {
+    const int64_t src = src_ids[pair];
+    const int64_t dst = dst_ids[pair];
+    if (!ActiveId(src, num_blocks) || !ActiveId(dst, num_blocks)) continue;
+    CopyOneBlock<kVec16>(pool + static_cast<uint64_t>(dst) * block_bytes,
+                         pool + static_cast<uint64_t>(src) * block_bytes, block_bytes);
+  }
+}
+
+// Grid: (min(num_ids, 2^31 - 1)), Block: (kThreadsPerBlock). One CUDA block per gathered KV block
+// (grid-stride over slots); threads stride over bytes.
+template <bool kVec16>
+__global__ void GatherBlocksKernel(const uint8_t* __restrict__ pool,  // [num_blocks, block_bytes]
+                                   const int64_t* __restrict__ block_ids,  // [num_ids]
+                                   uint8_t* __restrict__ out,              // [num_ids, block_bytes]
+                                   uint32_t num_ids, uint64_t block_bytes, uint32_t num_blocks) {
+  for (uint64_t slot = blockIdx.x; slot < num_ids; slot += gridDim.x) {
+    const int64_t id = block_ids[slot];
+    if (!ActiveId(id, num_blocks)) continue;
+    CopyOneBlock<kVec16>(out + slot * block_bytes, pool + static_cast<uint64_t>(id) * block_bytes,
+                         block_bytes);
+  }
+}
+
+// Grid: (min(num_ids, 2^31 - 1)), Block: (kThreadsPerBlock). One CUDA block per scattered KV
+// block (grid-stride over slots); threads stride over bytes.
+template <bool kVec16>
+__global__ void ScatterBlocksKernel(const uint8_t* __restrict__ in,  // [num_ids, block_bytes]
+                                    const int64_t* __restrict__ block_ids,  // [num_ids]
+                                    uint8_t* __restrict__ pool,  // [num_blocks, block_bytes]
+                                    uint32_t num_ids, uint64_t block_bytes, uint32_t num_blocks) {
+  for (uint64_t slot = blockIdx.x; slot < num_ids; slot += gridDim.x) {
+    const int64_t id = block_ids[slot];
+    if (!ActiveId(id, num_blocks)) continue;
+    CopyOneBlock<kVec16>(pool + static_cast<uint64_t>(id) * block_bytes, in + slot * block_bytes,
+                         block_bytes);
+  }
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kVecBytes == 0; }
+
+// True when every block start in both buffers is 16-byte aligned.
+bool CanVectorize(uint64_t block_bytes, const void* a, const void* b) {
+  return block_bytes % kVecBytes == 0 && Aligned16(a) && Aligned16(b);
+}
+
+// Returns the launch error, if any, as INTERNAL. Does not synchronize.
+absl::Status CheckLaunch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrFormat("%s: kernel launch failed: %s", op, cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
+
+dim3 GridFor(uint32_t count) { return dim3(std::min(count, kMaxGridX)); }
+
+}  // namespace
+
+bool BuiltWithCuda() { return true; }
+
+bool CudaDeviceAvailable() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // Clear the error so that it does not surface in a later launch check.
+    return false;
+  }
+  return count > 0;
+}
+
+absl::Status CopyBlocksCuda(uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
+                            const int64_t* src_ids, const int64_t* dst_ids, uint32_t num_pairs,
+                            void* stream) {
+  constexpr char kOp[] = "CopyBlocksCuda";
+  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, 0));
+  if (num_pairs == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "src_ids", src_ids));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dst_ids", dst_ids));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (CanVectorize(block_bytes, pool, pool)) {
+    CopyBlocksKernel<true><<<GridFor(num_pairs), kThreadsPerBlock, 0, s>>>(
+        pool, src_ids, dst_ids, num_pairs, block_bytes, num_blocks);
+  } else {
+    CopyBlocksKernel<false><<<GridFor(num_pairs), kThreadsPerBlock, 0, s>>>(
+        pool, src_ids, dst_ids, num_pairs, block_bytes, num_blocks);
+  }
+  return CheckLaunch(kOp);
+}
+
+absl::Status GatherBlocksCuda(const uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
+                              const int64_t* block_ids, uint32_t num_ids, uint8_t* out,
+                              void* stream) {
+  constexpr char kOp[] = "GatherBlocksCuda";
+  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, num_ids));
+  if (num_ids == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "block_ids", block_ids));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "out", out));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (CanVectorize(block_bytes, pool, out)) {
+    GatherBlocksKernel<true><<<GridFor(num_ids), kThreadsPerBlock, 0, s>>>(
+        pool, block_ids, out, num_ids, block_bytes, num_blocks);
+  } else {
+    GatherBlocksKernel<false><<<GridFor(num_ids), kThreadsPerBlock, 0, s>>>(
+        pool, block_ids, out, num_ids, block_bytes, num_blocks);
+  }
+  return CheckLaunch(kOp);
+}
+
+absl::Status ScatterBlocksCuda(const uint8_t* in, uint64_t block_bytes, uint32_t num_blocks,
+                               const int64_t* block_ids, uint32_t num_ids, uint8_t* pool,
+                               void* stream) {
+  constexpr char kOp[] = "ScatterBlocksCuda";
+  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, num_ids));
+  if (num_ids == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "in", in));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "block_ids", block_ids));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (CanVectorize(block_bytes, in, pool)) {
+    ScatterBlocksKernel<true><<<GridFor(num_ids), kThreadsPerBlock, 0, s>>>(
+        in, block_ids, pool, num_ids, block_bytes, num_blocks);
+  } else {
+    ScatterBlocksKernel<false><<<GridFor(num_ids), kThreadsPerBlock, 0, s>>>(
+        in, block_ids, pool, num_ids, block_bytes, num_blocks);
+  }
+  return CheckLaunch(kOp);
+}
+
+}  // namespace kvcache::kernels
