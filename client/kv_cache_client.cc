@@ -1,0 +1,399 @@
+#include "client/kv_cache_client.h"
+
+#include <grpcpp/channel.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/proto_convert.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+// A daemon on the same machine restarts in well under a second; the default 1 s first backoff
+// (growing to 120 s) would keep a client away from it for much longer than the restart takes.
+constexpr int kInitialReconnectBackoffMs = 100;
+constexpr int kMaxReconnectBackoffMs = 2000;
+// The destructor's CloseSession must not hold up shutdown for a full rpc_timeout.
+constexpr absl::Duration kCloseOnDestroyTimeout = absl::Seconds(1);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::string target,
+                                                                      ClientOptions options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) return absl::InvalidArgumentError(absl::StrCat("bad target ", target));
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to the kvcache daemon at ", target,
+                                               " within ",
+                                               absl::FormatDuration(options.connect_timeout)));
+  }
+  return std::make_unique<KvCacheClient>(v1::KvCache::NewStub(channel), std::move(options));
+}
+
+KvCacheClient::KvCacheClient(std::shared_ptr<v1::KvCache::StubInterface> stub,
+                             ClientOptions options)
+    : stub_(std::move(stub)), options_(std::move(options)) {}
+
+KvCacheClient::~KvCacheClient() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  StopKeepAlive();
+  SessionRef session;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!session_open_ || epoch_changed_ || session_lost_) return;
+    session = session_;
+    session_open_ = false;
+  }
+  v1::CloseSessionRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  v1::CloseSessionResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + std::min(options_.rpc_timeout, kCloseOnDestroyTimeout)));
+  // Best effort: if it fails the lease simply runs out.
+  stub_->CloseSession(&context, request, &response).IgnoreError();
+}
+
+void KvCacheClient::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context->set_wait_for_ready(options_.wait_for_ready);
+}
+
+KvCacheClient::SessionRef KvCacheClient::CurrentSession() const {
+  absl::MutexLock lock(&mu_);
+  return session_;
+}
+
+template <typename Request, typename Response>
+absl::Status KvCacheClient::Call(grpc::Status (v1::KvCache::StubInterface::*method)(
+                                     grpc::ClientContext*, const Request&, Response*),
+                                 const char* name, const Request& request, Response* response,
+                                 const SessionRef& session, bool session_call) {
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.rpc_timeout);
+  const absl::Status status = FromGrpcStatus(((*stub_).*method)(&context, request, response));
+  if (!status.ok()) {
+    // Only a request that carried an epoch can be fenced; the code is passed on unchanged.
+    if (session_call && session.epoch != 0 &&
+        status.code() == absl::StatusCode::kFailedPrecondition) {
+      NoteEpochChange(session, 0);
+    } else if (session_call && status.code() == absl::StatusCode::kAborted) {
+      NoteSessionLost(session, status);
+    }
+    return status;
+  }
+  if (session.epoch != 0 && response->epoch() != session.epoch) {
+    NoteEpochChange(session, response->epoch());
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": the kvcache daemon restarted (epoch ", session.epoch, " is now ",
+                     response->epoch(),
+                     "); this client's session, sequences and block ids are gone: "
+                     "open a new session and recompute"));
+  }
+  return absl::OkStatus();
+}
+
+void KvCacheClient::NoteEpochChange(const SessionRef& session, uint64_t new_epoch) {
+  {
+    absl::MutexLock lock(&mu_);
+    // Already seen, or a reply about a session that has since been replaced.
+    if (epoch_changed_ || session_.session_id != session.session_id ||
+        session_.epoch != session.epoch) {
+      return;
+    }
+    epoch_changed_ = true;
+  }
+  if (options_.on_epoch_change) options_.on_epoch_change(session.epoch, new_epoch);
+}
+
+void KvCacheClient::NoteSessionLost(const SessionRef& session, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    // A session the user closed is not lost; its ABORTED answers are expected.
+    if (session_lost_ || !session_open_ || session_.session_id != session.session_id ||
+        session_.epoch != session.epoch) {
+      return;
+    }
+    session_lost_ = true;
+  }
+  if (options_.on_session_lost) options_.on_session_lost(status);
+}
+
+absl::StatusOr<uint64_t> KvCacheClient::Ping() {
+  v1::PingResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::Ping, "Ping", v1::PingRequest(), &response,
+                       CurrentSession(), false));
+  return response.epoch();
+}
+
+absl::StatusOr<std::vector<KvCacheClient::PoolInfo>> KvCacheClient::ListPools() {
+  v1::ListPoolsResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::ListPools, "ListPools", v1::ListPoolsRequest(),
+                       &response, CurrentSession(), false));
+  std::vector<PoolInfo> pools;
+  for (const v1::PoolInfo& pool : response.pools()) pools.push_back(ToPoolInfo(pool));
+  return pools;
+}
+
+absl::StatusOr<KvCacheClient::PoolDescription> KvCacheClient::DescribePool(absl::string_view pool) {
+  v1::DescribePoolRequest request;
+  request.set_pool(std::string(pool));
+  v1::DescribePoolResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::DescribePool, "DescribePool", request,
+                       &response, CurrentSession(), false));
+  return PoolDescription{.pool = ToPoolInfo(response.pool()),
+                         .counts = ToBlockCounts(response.counts())};
+}
+
+absl::StatusOr<KvCacheClient::LookupResult> KvCacheClient::Lookup(absl::string_view pool,
+                                                                  absl::string_view tenant,
+                                                                  absl::Span<const uint32_t> tokens,
+                                                                  absl::string_view cache_salt,
+                                                                  const ExtraKeys& extra_keys) {
+  v1::LookupRequest request;
+  request.set_pool(std::string(pool));
+  request.set_tenant(std::string(tenant));
+  request.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  request.set_cache_salt(std::string(cache_salt));
+  FillExtraKeys(extra_keys, request.mutable_extra_keys());
+  v1::LookupResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::Lookup, "Lookup", request, &response,
+                       CurrentSession(), false));
+  return LookupResult{.num_cached_tokens = response.num_cached_tokens(),
+                      .num_cached_blocks = response.num_cached_blocks()};
+}
+
+absl::StatusOr<KvCacheClient::Stats> KvCacheClient::GetStats(absl::string_view pool) {
+  v1::GetStatsRequest request;
+  request.set_pool(std::string(pool));
+  v1::GetStatsResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::GetStats, "GetStats", request, &response,
+                       CurrentSession(), false));
+  Stats stats;
+  for (const v1::PoolStats& pool_stats : response.pools()) {
+    stats.pools.push_back(ToPoolStats(pool_stats));
+  }
+  stats.open_sessions = response.open_sessions();
+  return stats;
+}
+
+absl::StatusOr<KvCacheClient::SessionInfo> KvCacheClient::OpenSession(std::string tenant,
+                                                                      std::string client_name,
+                                                                      absl::Duration ttl) {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (session_open_ && !epoch_changed_ && !session_lost_) {
+      return absl::AlreadyExistsError(absl::StrCat("session ", session_.session_id,
+                                                   " is open; close it before opening another"));
+    }
+  }
+  // A lost or fenced session's keep-alive thread may still be running (transient errors).
+  StopKeepAlive();
+  v1::OpenSessionRequest request;
+  request.set_tenant(std::move(tenant));
+  request.set_client_name(std::move(client_name));
+  request.set_ttl_ms(static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(ttl))));
+  v1::OpenSessionResponse response;
+  // No epoch to check against: this call is what sets it.
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::OpenSession, "OpenSession", request, &response,
+                       SessionRef(), false));
+  const SessionRef session{.session_id = response.session_id(), .epoch = response.epoch()};
+  const absl::Duration granted = absl::Milliseconds(response.ttl_ms());
+  {
+    absl::MutexLock lock(&mu_);
+    session_ = session;
+    session_open_ = true;
+    epoch_changed_ = false;
+    session_lost_ = false;
+    stop_keepalive_ = false;
+  }
+  // ttl/3 leaves two more tries before the lease ends if one keep-alive is lost or late.
+  const absl::Duration period = std::max(granted / 3, absl::Milliseconds(1));
+  keepalive_thread_ = std::thread([this, session, period] { KeepAliveLoop(session, period); });
+  return SessionInfo{.session_id = session.session_id, .epoch = session.epoch, .ttl = granted};
+}
+
+absl::StatusOr<uint32_t> KvCacheClient::CloseSession() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  StopKeepAlive();
+  const SessionRef session = CurrentSession();
+  v1::CloseSessionRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  v1::CloseSessionResponse response;
+  const absl::Status status = Call(&v1::KvCache::StubInterface::CloseSession, "CloseSession",
+                                   request, &response, session, true);
+  {
+    // Closed or not, the user is done with it: ABORTED from here on is expected, not a loss.
+    absl::MutexLock lock(&mu_);
+    session_open_ = false;
+  }
+  RETURN_IF_ERROR(status);
+  return response.released_sequences();
+}
+
+void KvCacheClient::StopKeepAlive() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_keepalive_ = true;
+    if (keepalive_context_ != nullptr) keepalive_context_->TryCancel();
+  }
+  if (keepalive_thread_.joinable()) keepalive_thread_.join();
+}
+
+void KvCacheClient::KeepAliveLoop(SessionRef session, absl::Duration period) {
+  v1::KeepAliveRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_keepalive_), period);
+      if (stop_keepalive_) return;
+    }
+    grpc::ClientContext context;
+    // A keep-alive must arrive within the lease to matter; waiting longer only delays the next.
+    PrepareContext(&context, std::min(options_.rpc_timeout, period * 3));
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_keepalive_) return;
+      keepalive_context_ = &context;
+    }
+    v1::KeepAliveResponse response;
+    const absl::Status status = FromGrpcStatus(stub_->KeepAlive(&context, request, &response));
+    {
+      absl::MutexLock lock(&mu_);
+      keepalive_context_ = nullptr;
+      if (stop_keepalive_) return;
+    }
+    switch (status.code()) {
+      case absl::StatusCode::kOk:
+        if (response.epoch() != session.epoch) {
+          NoteEpochChange(session, response.epoch());
+          NoteSessionLost(session, absl::FailedPreconditionError("the kvcache daemon restarted"));
+          return;
+        }
+        break;
+      case absl::StatusCode::kFailedPrecondition:
+        NoteEpochChange(session, 0);
+        NoteSessionLost(session, status);
+        return;
+      case absl::StatusCode::kAborted:
+      case absl::StatusCode::kNotFound:
+        NoteSessionLost(session, status);
+        return;
+      default:
+        // UNAVAILABLE, DEADLINE_EXCEEDED...: the daemon may be busy or restarting; a restart
+        // shows up as FAILED_PRECONDITION on a later try.
+        break;
+    }
+  }
+}
+
+absl::StatusOr<KvCacheClient::Sequence> KvCacheClient::OpenSequence(
+    absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
+    const ExtraKeys& extra_keys) {
+  const SessionRef session = CurrentSession();
+  v1::OpenSequenceRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  request.set_pool(std::string(pool));
+  request.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  request.set_cache_salt(std::string(cache_salt));
+  FillExtraKeys(extra_keys, request.mutable_extra_keys());
+  v1::OpenSequenceResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::OpenSequence, "OpenSequence", request,
+                       &response, session, true));
+  return Sequence{.sequence_id = response.sequence_id(),
+                  .block_ids = ToVector(response.block_ids()),
+                  .num_cached_tokens = response.num_cached_tokens()};
+}
+
+absl::StatusOr<KvCacheClient::Extension> KvCacheClient::ExtendSequence(
+    uint64_t sequence_id, absl::Span<const uint32_t> tokens) {
+  const SessionRef session = CurrentSession();
+  v1::ExtendSequenceRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  request.set_sequence_id(sequence_id);
+  request.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  v1::ExtendSequenceResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::ExtendSequence, "ExtendSequence", request,
+                       &response, session, true));
+  return Extension{.new_block_ids = ToVector(response.new_block_ids()),
+                   .num_tokens = response.num_tokens()};
+}
+
+absl::StatusOr<KvCacheClient::Commit> KvCacheClient::CommitSequence(uint64_t sequence_id,
+                                                                    uint32_t num_written_tokens) {
+  const SessionRef session = CurrentSession();
+  v1::CommitSequenceRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  request.set_sequence_id(sequence_id);
+  request.set_num_written_tokens(num_written_tokens);
+  v1::CommitSequenceResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::CommitSequence, "CommitSequence", request,
+                       &response, session, true));
+  return Commit{.num_committed_blocks = response.num_committed_blocks(),
+                .num_published_blocks = response.num_published_blocks()};
+}
+
+absl::Status KvCacheClient::ReleaseSequence(uint64_t sequence_id) {
+  const SessionRef session = CurrentSession();
+  v1::ReleaseSequenceRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  request.set_sequence_id(sequence_id);
+  v1::ReleaseSequenceResponse response;
+  return Call(&v1::KvCache::StubInterface::ReleaseSequence, "ReleaseSequence", request, &response,
+              session, true);
+}
+
+absl::StatusOr<KvCacheClient::Fork> KvCacheClient::ForkSequence(uint64_t sequence_id) {
+  const SessionRef session = CurrentSession();
+  v1::ForkSequenceRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  request.set_sequence_id(sequence_id);
+  v1::ForkSequenceResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::ForkSequence, "ForkSequence", request,
+                       &response, session, true));
+  Fork fork{.sequence_id = response.sequence_id(),
+            .block_ids = ToVector(response.block_ids()),
+            .copied_from_block = std::nullopt};
+  if (response.has_copied_from_block()) fork.copied_from_block = response.copied_from_block();
+  return fork;
+}
+
+bool KvCacheClient::epoch_changed() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_changed_;
+}
+
+bool KvCacheClient::session_lost() const {
+  absl::MutexLock lock(&mu_);
+  return session_lost_;
+}
+
+uint64_t KvCacheClient::session_id() const { return CurrentSession().session_id; }
+
+uint64_t KvCacheClient::session_epoch() const { return CurrentSession().epoch; }
+
+}  // namespace kvcache

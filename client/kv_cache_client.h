@@ -1,0 +1,236 @@
+// KvCacheClient: the C++ client of the kvcache daemon's v1 API. It turns each RPC into a typed call
+// returning absl::Status / absl::StatusOr of plain structs, puts a deadline on every call, and
+// holds one session (lease) per client: OpenSession starts a background thread that keeps the
+// lease alive every ttl/3 until CloseSession or destruction.
+//
+// Epoch fencing: the client remembers the epoch the daemon reported when the session was opened
+// and sends it with every session request. A response with a different epoch, or the daemon's
+// FAILED_PRECONDITION for a request that carried one, means the daemon restarted: every block id
+// and sequence id from before is meaningless. The call then returns FAILED_PRECONDITION,
+// epoch_changed() turns true and on_epoch_change runs once; the caller opens a new session (which
+// clears the flag) and recomputes. A lease found ended without CloseSession (the keep-alive
+// thread's ABORTED, NOT_FOUND or FAILED_PRECONDITION, or a session call's ABORTED) sets
+// session_lost(): the daemon has released its sequences.
+//
+// Error codes are the daemon's, unchanged (see proto/kvcache/v1/kvcache.proto); the client adds
+// UNAVAILABLE when Connect cannot reach the daemon, DEADLINE_EXCEEDED when a call outlives
+// rpc_timeout and ALREADY_EXISTS when OpenSession is called while a healthy session is open.
+//
+// Thread safety: thread-safe. Calls may be made from any number of threads at once; OpenSession
+// and CloseSession are serialized with each other. Callbacks run on the thread that noticed the
+// change (a caller's or the keep-alive thread) with no client lock held; they may make calls but
+// must not call OpenSession or CloseSession (which join the keep-alive thread) nor destroy the
+// client: hand the reopening to another thread.
+#ifndef KVCACHE_CLIENT_KV_CACHE_CLIENT_H_
+#define KVCACHE_CLIENT_KV_CACHE_CLIENT_H_
+
+#include <grpcpp/client_context.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/block_hash.h"
+#include "common/pool_layout.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+
+namespace kvcache {
+
+struct ClientOptions {
+  // How long Connect waits for the channel to become ready.
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Deadline of every call, keep-alives included.
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // When true, a call made while the daemon is unreachable waits (up to rpc_timeout) for it to
+  // come back instead of failing UNAVAILABLE at once: useful across a sidecar's restart.
+  bool wait_for_ready = false;
+  int max_message_bytes = 16 << 20;
+  // Runs once per detected restart. `new_epoch` is 0 when the daemon only said FAILED_PRECONDITION
+  // (an error carries no response body, so its epoch is unknown).
+  std::function<void(uint64_t old_epoch, uint64_t new_epoch)> on_epoch_change;
+  // Runs once when the keep-alive thread finds the lease ended; `status` is the daemon's answer.
+  std::function<void(const absl::Status& status)> on_session_lost;
+};
+
+class KvCacheClient {
+ public:
+  struct PoolInfo {
+    std::string name;
+    std::string model_id;
+    PoolLayout layout;
+    uint64_t block_bytes = 0;         // layout.BlockBytes(), as the daemon computed it
+    uint64_t layout_fingerprint = 0;  // root of every hash chain in this pool
+    uint32_t num_blocks = 0;
+    HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
+    std::string memory_kind;  // "host" or "cuda"
+  };
+  // free + evictable + referenced == num_blocks.
+  struct BlockCounts {
+    uint32_t free = 0;
+    uint32_t evictable = 0;   // ref 0, still hashed and findable
+    uint32_t referenced = 0;  // ref > 0
+  };
+  struct PoolDescription {
+    PoolInfo pool;
+    BlockCounts counts;
+  };
+  struct SessionInfo {
+    uint64_t session_id = 0;
+    uint64_t epoch = 0;
+    absl::Duration ttl;  // as granted: the daemon clamps the asked TTL to its limits
+  };
+  struct Sequence {
+    uint64_t sequence_id = 0;
+    std::vector<uint32_t> block_ids;  // the block table, one id per block_size tokens
+    uint32_t num_cached_tokens = 0;   // leading tokens whose KV is already in the pool
+  };
+  struct Extension {
+    std::vector<uint32_t> new_block_ids;  // appended to the block table
+    uint32_t num_tokens = 0;              // sequence length after the call
+  };
+  struct Commit {
+    uint32_t num_committed_blocks = 0;  // full blocks of the sequence now committed
+    uint32_t num_published_blocks = 0;  // of those, how many this call added to the index
+  };
+  struct Fork {
+    uint64_t sequence_id = 0;
+    std::vector<uint32_t> block_ids;
+    std::optional<uint32_t> copied_from_block;  // source of the copied partial last block
+  };
+  struct LookupResult {
+    uint32_t num_cached_tokens = 0;  // num_cached_blocks * block_size; not capped
+    uint32_t num_cached_blocks = 0;
+  };
+  struct PoolStats {
+    std::string pool;
+    BlockCounts counts;
+    uint64_t prompt_tokens = 0;  // tokens asked for by OpenSequence
+    uint64_t hit_tokens = 0;     // of those, served from the cache
+    uint64_t hit_blocks = 0;
+    uint64_t resurrected_blocks = 0;  // hits on evictable blocks
+    uint64_t miss_blocks = 0;         // freshly allocated blocks
+    uint64_t evictions = 0;
+    uint64_t published_blocks = 0;
+    uint64_t duplicate_blocks = 0;
+    uint32_t open_sequences = 0;
+  };
+  struct Stats {
+    std::vector<PoolStats> pools;
+    uint32_t open_sessions = 0;
+  };
+
+  // Connects to `target` ("unix:///path/kv.sock" or "host:port", no TLS) and waits up to
+  // options.connect_timeout for the channel to be ready; UNAVAILABLE if it is not.
+  static absl::StatusOr<std::unique_ptr<KvCacheClient>> Connect(std::string target,
+                                                                ClientOptions options = {});
+
+  // Drives any implementation of the stub interface (a real stub, or a fake in tests).
+  explicit KvCacheClient(std::shared_ptr<v1::KvCache::StubInterface> stub,
+                         ClientOptions options = {});
+  // Stops the keep-alive thread and closes an open session (best effort, short deadline), so
+  // the daemon releases its sequences now instead of at the end of the lease.
+  ~KvCacheClient();
+
+  KvCacheClient(const KvCacheClient&) = delete;
+  KvCacheClient& operator=(const KvCacheClient&) = delete;
+
+  // Returns the daemon's epoch. Read-only calls (Ping, ListPools, DescribePool, Lookup, GetStats)
+  // are idempotent; NOT_FOUND for an unknown pool.
+  absl::StatusOr<uint64_t> Ping();
+  absl::StatusOr<std::vector<PoolInfo>> ListPools();
+  absl::StatusOr<PoolDescription> DescribePool(absl::string_view pool);
+  absl::StatusOr<LookupResult> Lookup(absl::string_view pool, absl::string_view tenant,
+                                      absl::Span<const uint32_t> tokens,
+                                      absl::string_view cache_salt = "",
+                                      const ExtraKeys& extra_keys = {});
+  // Every pool when `pool` is empty.
+  absl::StatusOr<Stats> GetStats(absl::string_view pool = "");
+
+  // Opens this client's session; `ttl` of zero asks for the daemon's default. Replaces a session
+  // that was lost or fenced by a restart; ALREADY_EXISTS while a healthy one is open. Not
+  // idempotent: each successful call makes a new session on the daemon.
+  absl::StatusOr<SessionInfo> OpenSession(std::string tenant, std::string client_name,
+                                          absl::Duration ttl = absl::ZeroDuration());
+  // Closes the session and releases its sequences; returns how many. Later session calls are
+  // answered ABORTED by the daemon.
+  absl::StatusOr<uint32_t> CloseSession();
+
+  // Session calls. NOT_FOUND for an unknown pool or sequence, ABORTED once the session ended,
+  // FAILED_PRECONDITION after a daemon restart, INVALID_ARGUMENT for malformed input,
+  // RESOURCE_EXHAUSTED when the pool is short of blocks. Open/Extend/Release/Fork are not
+  // idempotent; Commit is.
+  absl::StatusOr<Sequence> OpenSequence(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                        absl::string_view cache_salt = "",
+                                        const ExtraKeys& extra_keys = {});
+  absl::StatusOr<Extension> ExtendSequence(uint64_t sequence_id, absl::Span<const uint32_t> tokens);
+  // REQUIRES: the KV of the first `num_written_tokens` tokens is written (and synchronized).
+  absl::StatusOr<Commit> CommitSequence(uint64_t sequence_id, uint32_t num_written_tokens);
+  absl::Status ReleaseSequence(uint64_t sequence_id);
+  absl::StatusOr<Fork> ForkSequence(uint64_t sequence_id);
+
+  // True from a detected daemon restart until the next successful OpenSession.
+  bool epoch_changed() const;
+  // True from finding the lease ended without CloseSession (a keep-alive, or a session call,
+  // answered ABORTED, NOT_FOUND or FAILED_PRECONDITION) until the next OpenSession.
+  bool session_lost() const;
+  // The open (or last) session's id and epoch; 0 before OpenSession.
+  uint64_t session_id() const;
+  uint64_t session_epoch() const;
+
+ private:
+  // Snapshot of the session fields a request carries.
+  struct SessionRef {
+    uint64_t session_id = 0;
+    uint64_t epoch = 0;
+  };
+
+  // Runs one unary call with a deadline and checks the reply's epoch against `session`'s (unless
+  // that is 0). `session_call` marks requests that carried the session: their FAILED_PRECONDITION
+  // means a restart and their ABORTED a lost lease.
+  template <typename Request, typename Response>
+  absl::Status Call(grpc::Status (v1::KvCache::StubInterface::*method)(grpc::ClientContext*,
+                                                                       const Request&, Response*),
+                    const char* name, const Request& request, Response* response,
+                    const SessionRef& session, bool session_call);
+  void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
+  SessionRef CurrentSession() const;
+  // Latch epoch_changed_ / session_lost_ and run their callback the first time, unless `session`
+  // is no longer the client's current one (a late reply about a replaced session).
+  void NoteEpochChange(const SessionRef& session, uint64_t new_epoch);
+  void NoteSessionLost(const SessionRef& session, const absl::Status& status);
+  void KeepAliveLoop(SessionRef session, absl::Duration period);
+  // REQUIRES: lifecycle_mu_ held (it owns keepalive_thread_).
+  void StopKeepAlive() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+
+  // Constant after construction.
+  const std::shared_ptr<v1::KvCache::StubInterface> stub_;
+  const ClientOptions options_;
+
+  // Serializes OpenSession, CloseSession and destruction. Lock order: lifecycle_mu_, then mu_.
+  absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::thread keepalive_thread_ ABSL_GUARDED_BY(lifecycle_mu_);
+
+  mutable absl::Mutex mu_;
+  SessionRef session_ ABSL_GUARDED_BY(mu_);
+  bool session_open_ ABSL_GUARDED_BY(mu_) = false;  // opened and not closed by the user
+  bool epoch_changed_ ABSL_GUARDED_BY(mu_) = false;
+  bool session_lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_keepalive_ ABSL_GUARDED_BY(mu_) = false;
+  // The keep-alive call in flight, so StopKeepAlive can cancel it instead of waiting it out.
+  grpc::ClientContext* keepalive_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CLIENT_KV_CACHE_CLIENT_H_

@@ -1,0 +1,26 @@
+// Conversions between the v1 protos and KvCacheClient's plain structs. Internal to the client.
+#ifndef KVCACHE_CLIENT_PROTO_CONVERT_H_
+#define KVCACHE_CLIENT_PROTO_CONVERT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "client/kv_cache_client.h"
+#include "common/block_hash.h"
+#include "kvcache/v1/kvcache.pb.h"
+
+namespace kvcache {
+
+void FillExtraKeys(const ExtraKeys& extras, v1::ExtraKeys* proto);
+KvCacheClient::PoolInfo ToPoolInfo(const v1::PoolInfo& proto);
+KvCacheClient::BlockCounts ToBlockCounts(const v1::BlockCounts& proto);
+KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto);
+
+template <typename Field>
+std::vector<uint32_t> ToVector(const Field& field) {
+  return std::vector<uint32_t>(field.begin(), field.end());
+}
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CLIENT_PROTO_CONVERT_H_
