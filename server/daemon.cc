@@ -59,14 +59,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
 
-  daemon->manager_ = std::make_unique<CacheManager>(options.session_limits, RealClock::Get(),
-                                                    CacheManager::NewEpoch());
+  const uint64_t epoch = CacheManager::NewEpoch();
+  daemon->manager_ =
+      std::make_unique<CacheManager>(options.session_limits, RealClock::Get(), epoch);
   for (const PoolOptions& pool : options.pools) {
-    ASSIGN_OR_RETURN(auto memory,
-                     HostPoolMemory::Create(pool.layout.BlockBytes(), pool.num_blocks));
+    // Shared memory, so workers on this node read and write KV in place.
+    ASSIGN_OR_RETURN(auto memory, HostPoolMemory::CreateShared(ShmNameFor(pool.name, epoch),
+                                                               pool.layout.BlockBytes(),
+                                                               pool.num_blocks));
     RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));
   }
-  daemon->service_ = std::make_unique<KvCacheService>(daemon->manager_.get());
+  daemon->service_ =
+      std::make_unique<KvCacheService>(daemon->manager_.get(), options.max_message_bytes);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

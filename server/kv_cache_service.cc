@@ -2,6 +2,7 @@
 
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/block_streams.h"
 
 namespace kvcache {
 namespace {
@@ -50,6 +51,13 @@ void FillPoolInfo(PrefixCache& pool, v1::PoolInfo* info) {
   layout->set_dtype(static_cast<v1::DType>(options.layout.dtype));
   layout->set_block_bytes(options.layout.BlockBytes());
   layout->set_fingerprint(pool.layout_fingerprint());
+  const MappingInfo mapping = pool.memory().mapping();
+  v1::PoolMapping* out = info->mutable_mapping();
+  out->set_kind(static_cast<v1::PoolMapping::Kind>(mapping.kind));
+  out->set_shm_name(mapping.shm_name);
+  out->set_size_bytes(mapping.size_bytes);
+  out->set_cuda_ipc_handle(mapping.cuda_ipc_handle);
+  out->set_cuda_device(mapping.cuda_device);
 }
 
 void FillCounts(const PoolStatsSnapshot& stats, v1::BlockCounts* counts) {
@@ -235,6 +243,16 @@ grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* 
     response->set_open_sessions(static_cast<uint32_t>(manager_->sessions().size()));
     return absl::OkStatus();
   });
+}
+
+grpc::ServerReadReactor<v1::PutBlocksRequest>* KvCacheService::PutBlocks(
+    grpc::CallbackServerContext* context, v1::PutBlocksResponse* response) {
+  return new PutBlocksReactor(manager_, response);
+}
+
+grpc::ServerWriteReactor<v1::GetBlocksResponse>* KvCacheService::GetBlocks(
+    grpc::CallbackServerContext* context, const v1::GetBlocksRequest* request) {
+  return new GetBlocksReactor(manager_, request, max_chunk_bytes_);
 }
 
 }  // namespace kvcache

@@ -13,7 +13,9 @@ namespace kvcache {
 
 class KvCacheService final : public v1::KvCache::CallbackService {
  public:
-  explicit KvCacheService(CacheManager* manager) : manager_(manager) {}
+  // `max_message_bytes` bounds the chunks GetBlocks sends.
+  KvCacheService(CacheManager* manager, int max_message_bytes)
+      : manager_(manager), max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {}
 
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
                                  const v1::PingRequest* request,
@@ -54,9 +56,14 @@ class KvCacheService final : public v1::KvCache::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerReadReactor<v1::PutBlocksRequest>* PutBlocks(
+      grpc::CallbackServerContext* context, v1::PutBlocksResponse* response) override;
+  grpc::ServerWriteReactor<v1::GetBlocksResponse>* GetBlocks(
+      grpc::CallbackServerContext* context, const v1::GetBlocksRequest* request) override;
 
  private:
   CacheManager* const manager_;
+  const uint32_t max_chunk_bytes_;
 };
 
 }  // namespace kvcache

@@ -53,7 +53,12 @@ absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys&
 absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(
     const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory) {
   RETURN_IF_ERROR(options.layout.Validate());
-  if (options.name.empty()) return absl::InvalidArgumentError("pool name is empty");
+  if (options.name.empty() || options.name.size() > 64 ||
+      options.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_-.") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool name '", options.name, "' must be 1 to 64 characters of [A-Za-z0-9_.-]"));
+  }
   if (options.num_blocks == 0 || options.num_blocks >= kNoBlock) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' needs 1 to ", kNoBlock - 1, " blocks"));
@@ -150,10 +155,17 @@ void PrefixCache::ReleaseLocked(const Sequence& sequence) {
   for (auto it = sequence.blocks.rbegin(); it != sequence.blocks.rend(); ++it) pool_.Release(*it);
 }
 
-absl::StatusOr<OpenedSequence> PrefixCache::Open(const Session& session, const SequenceSpec& spec) {
+absl::StatusOr<OpenedSequence> PrefixCache::Open(const Session& session, const SequenceSpec& spec,
+                                                 OpenMode mode) {
   const uint32_t block_size = options_.layout.block_size;
+  const size_t full_blocks = spec.tokens.size() / block_size;
   if (spec.tokens.empty()) return absl::InvalidArgumentError("prompt has no tokens");
-  const size_t total_blocks = BlocksFor(spec.tokens.size(), block_size);
+  if (mode == OpenMode::kPut && full_blocks == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a put of ", spec.tokens.size(),
+                                                   " tokens holds no full block of ", block_size));
+  }
+  size_t total_blocks =
+      mode == OpenMode::kCompute ? BlocksFor(spec.tokens.size(), block_size) : full_blocks;
   if (total_blocks > options_.num_blocks) {
     return absl::ResourceExhaustedError(
         absl::StrCat("pool '", options_.name, "': a ", spec.tokens.size(), "-token prompt needs ",
@@ -165,16 +177,25 @@ absl::StatusOr<OpenedSequence> PrefixCache::Open(const Session& session, const S
   sequence->session_id = session.id;
   sequence->root = RootFor(session.tenant, spec.cache_salt);
   sequence->extras = spec.extra_keys;
-  sequence->tokens.assign(spec.tokens.begin(), spec.tokens.end());
+  const size_t kept_tokens =
+      mode == OpenMode::kCompute ? spec.tokens.size() : full_blocks * block_size;
+  sequence->tokens.assign(spec.tokens.begin(), spec.tokens.begin() + kept_tokens);
   HashNewBlocks(sequence.get());
 
   absl::MutexLock lock(&mu_);
   if (session.closed.load(std::memory_order_acquire)) {
     return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
   }
-  // At least one prompt token is computed: the worker needs its logits.
-  const size_t max_hit_blocks = (spec.tokens.size() - 1) / block_size;
+  // When computing, at least one prompt token is left: the worker needs its logits.
+  const size_t max_hit_blocks =
+      mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : full_blocks;
   std::vector<BlockId> hits = WalkLocked(*sequence, max_hit_blocks);
+  if (mode == OpenMode::kPinCached) {
+    total_blocks = hits.size();
+    sequence->tokens.resize(total_blocks * block_size);
+    sequence->chain.resize(total_blocks);
+    sequence->extras_digests.resize(total_blocks);
+  }
   size_t evictable_hits = 0;
   for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
   RETURN_IF_ERROR(CheckCapacityLocked(total_blocks - hits.size(), evictable_hits,
@@ -186,9 +207,11 @@ absl::StatusOr<OpenedSequence> PrefixCache::Open(const Session& session, const S
   const size_t num_hits = sequence->blocks.size();
   while (sequence->blocks.size() < total_blocks) sequence->blocks.push_back(pool_.AllocateFresh());
 
-  prompt_tokens_ += spec.tokens.size();
-  hit_blocks_ += num_hits;
-  miss_blocks_ += total_blocks - num_hits;
+  if (mode == OpenMode::kCompute) {
+    prompt_tokens_ += spec.tokens.size();
+    hit_blocks_ += num_hits;
+    miss_blocks_ += total_blocks - num_hits;
+  }
   OpenedSequence opened{.block_ids = sequence->blocks,
                         .num_cached_tokens = static_cast<uint32_t>(num_hits * block_size)};
   opened.sequence_id = AddLocked(std::move(sequence));

@@ -54,6 +54,13 @@ struct SequenceSpec {
   ExtraKeys extra_keys;
 };
 
+// What Open allocates besides the verified cached prefix.
+enum class OpenMode {
+  kCompute,     // a prompt to compute: hit capped to leave one token, fresh blocks for the rest
+  kPut,         // bytes arriving for the full blocks: no cap, fresh blocks for the missing ones
+  kPinCached,   // pin the cached full-block prefix only; allocates nothing
+};
+
 struct OpenedSequence {
   uint64_t sequence_id = 0;
   std::vector<BlockId> block_ids;
@@ -111,7 +118,10 @@ class PrefixCache {
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   PoolMemory& memory() { return *memory_; }
 
-  absl::StatusOr<OpenedSequence> Open(const Session& session, const SequenceSpec& spec);
+  // kPut and kPinCached sequences cover only the prompt's full blocks (kPinCached: only the
+  // cached ones) and leave the hit/miss statistics alone; release them like any other.
+  absl::StatusOr<OpenedSequence> Open(const Session& session, const SequenceSpec& spec,
+                                      OpenMode mode = OpenMode::kCompute);
   absl::StatusOr<ExtendedSequence> Extend(const Session& session, uint64_t sequence_id,
                                           absl::Span<const uint32_t> tokens);
   absl::StatusOr<CommitResult> Commit(const Session& session, uint64_t sequence_id,

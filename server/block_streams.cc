@@ -1,0 +1,219 @@
+#include "server/block_streams.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+ExtraKeys ToExtraKeys(const v1::ExtraKeys& proto) {
+  ExtraKeys extras{.lora_id = proto.lora_id()};
+  for (const v1::MultimodalItem& item : proto.multimodal_items()) {
+    extras.multimodal_items.push_back({item.content_hash(), item.offset(), item.length()});
+  }
+  return extras;
+}
+
+// The transfer's own session: the requester's tenant (so hashes match its namespace), id 0.
+absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager,
+                                                         uint64_t session_id, uint64_t epoch) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->SessionFor(session_id, epoch));
+  return std::make_unique<Session>(kTransferSessionId, session->tenant, "transfer", session->ttl);
+}
+
+}  // namespace
+
+PutBlocksReactor::PutBlocksReactor(CacheManager* manager, v1::PutBlocksResponse* response)
+    : manager_(manager), response_(response) {
+  response_->set_epoch(manager_->epoch());
+  StartRead(&request_);
+}
+
+absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
+  ASSIGN_OR_RETURN(transfer_session_,
+                   TransferSession(manager_, header.session_id(), header.epoch()));
+  ASSIGN_OR_RETURN(pool_, manager_->FindPool(header.pool()));
+  const uint32_t block_size = pool_->options().layout.block_size;
+  const size_t full_blocks = header.tokens_size() / block_size;
+  if (static_cast<size_t>(header.block_checksums_size()) != full_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "put header carries ", header.block_checksums_size(), " checksums for ", full_blocks,
+        " full blocks of ", header.tokens_size(), " tokens"));
+  }
+  ASSIGN_OR_RETURN(
+      OpenedSequence opened,
+      pool_->Open(*transfer_session_,
+                  SequenceSpec{absl::MakeConstSpan(header.tokens().data(), header.tokens_size()),
+                               header.cache_salt(), ToExtraKeys(header.extra_keys())},
+                  OpenMode::kPut));
+  sequence_id_ = opened.sequence_id;
+  block_ids_ = std::move(opened.block_ids);
+  cached_blocks_ = opened.num_cached_tokens / block_size;
+  checksums_.assign(header.block_checksums().begin(), header.block_checksums().end());
+  block_bytes_ = pool_->options().layout.BlockBytes();
+  block_hash_.reset(XXH3_createState());
+  XXH3_64bits_reset_withSeed(block_hash_.get(), 0);
+  return absl::OkStatus();
+}
+
+absl::Status PutBlocksReactor::Consume(absl::string_view data) {
+  const uint64_t expected = block_bytes_ * block_ids_.size();
+  if (data.size() > expected - received_) {
+    return absl::InvalidArgumentError(absl::StrCat("put carries more than the ", expected,
+                                                   " bytes of its ", block_ids_.size(),
+                                                   " blocks"));
+  }
+  while (!data.empty()) {
+    const size_t index = received_ / block_bytes_;
+    const uint64_t offset = received_ % block_bytes_;
+    const absl::string_view piece = data.substr(0, block_bytes_ - offset);
+    // Cached blocks keep their bytes; the client's copy is only checksummed.
+    if (index >= cached_blocks_) RETURN_IF_ERROR(pool_->memory().Write(block_ids_[index], offset, piece));
+    XXH3_64bits_update(block_hash_.get(), piece.data(), piece.size());
+    received_ += piece.size();
+    data.remove_prefix(piece.size());
+    if (received_ % block_bytes_ == 0) {
+      const uint64_t checksum = XXH3_64bits_digest(block_hash_.get());
+      XXH3_64bits_reset_withSeed(block_hash_.get(), 0);
+      if (checksum != checksums_[index]) {
+        return absl::DataLossError(absl::StrCat("block ", index, " of the put has checksum ",
+                                                checksum, ", header says ", checksums_[index]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PutBlocksReactor::Complete() {
+  if (pool_ == nullptr) return absl::InvalidArgumentError("put stream carried no header");
+  const uint64_t expected = block_bytes_ * block_ids_.size();
+  if (received_ != expected) {
+    return absl::DataLossError(
+        absl::StrCat("put stream ended after ", received_, " of ", expected, " bytes"));
+  }
+  ASSIGN_OR_RETURN(CommitResult committed,
+                   pool_->Commit(*transfer_session_, sequence_id_,
+                                 block_ids_.size() * pool_->options().layout.block_size));
+  response_->set_num_blocks(block_ids_.size());
+  response_->set_num_already_cached(cached_blocks_);
+  response_->set_num_stored(committed.num_published_blocks);
+  return absl::OkStatus();
+}
+
+void PutBlocksReactor::OnReadDone(bool ok) {
+  if (finished_) return;
+  if (!ok) {  // the client finished writing, or the stream broke
+    FinishWith(Complete());
+    return;
+  }
+  absl::Status status;
+  if (pool_ == nullptr) {
+    status = request_.has_header()
+                 ? Begin(request_.header())
+                 : absl::InvalidArgumentError("the first message of a put must be its header");
+  } else if (request_.has_header()) {
+    status = absl::InvalidArgumentError("a put carries one header, first");
+  } else {
+    status = Consume(request_.data());
+  }
+  if (!status.ok()) {
+    FinishWith(status);
+    return;
+  }
+  StartRead(&request_);
+}
+
+void PutBlocksReactor::FinishWith(const absl::Status& status) {
+  finished_ = true;
+  ReleaseSequence();
+  Finish(ToGrpcStatus(status));
+}
+
+void PutBlocksReactor::ReleaseSequence() {
+  if (sequence_id_ == 0) return;
+  (void)pool_->Release(*transfer_session_, sequence_id_);
+  sequence_id_ = 0;
+}
+
+void PutBlocksReactor::OnDone() {
+  ReleaseSequence();
+  delete this;
+}
+
+GetBlocksReactor::GetBlocksReactor(CacheManager* manager, const v1::GetBlocksRequest* request,
+                                   uint32_t max_chunk_bytes)
+    : manager_(manager), max_chunk_bytes_(max_chunk_bytes) {
+  response_.set_epoch(manager_->epoch());
+  if (absl::Status status = Begin(*request); !status.ok()) {
+    Finish(ToGrpcStatus(status));
+    return;
+  }
+  StartWrite(&response_);
+}
+
+absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
+  ASSIGN_OR_RETURN(transfer_session_,
+                   TransferSession(manager_, request.session_id(), request.epoch()));
+  ASSIGN_OR_RETURN(pool_, manager_->FindPool(request.pool()));
+  const uint32_t requested = request.max_chunk_bytes();
+  chunk_bytes_ = std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested, 4096,
+                                      max_chunk_bytes_);
+  ASSIGN_OR_RETURN(
+      OpenedSequence opened,
+      pool_->Open(*transfer_session_,
+                  SequenceSpec{absl::MakeConstSpan(request.tokens().data(), request.tokens_size()),
+                               request.cache_salt(), ToExtraKeys(request.extra_keys())},
+                  OpenMode::kPinCached));
+  sequence_id_ = opened.sequence_id;
+  block_ids_ = std::move(opened.block_ids);
+  block_bytes_ = pool_->options().layout.BlockBytes();
+  v1::GetBlocksHeader* header = response_.mutable_header();
+  header->set_num_blocks(block_ids_.size());
+  header->set_num_cached_tokens(opened.num_cached_tokens);
+  header->set_block_bytes(block_bytes_);
+  for (BlockId block : block_ids_) {
+    ASSIGN_OR_RETURN(uint64_t checksum, pool_->memory().Checksum(block));
+    header->add_block_checksums(checksum);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GetBlocksReactor::WriteNextChunk() {
+  const uint64_t total = block_bytes_ * block_ids_.size();
+  const uint64_t size = std::min<uint64_t>(chunk_bytes_, total - sent_);
+  std::string* data = response_.mutable_data();
+  data->resize(size);
+  uint64_t filled = 0;
+  while (filled < size) {
+    const size_t index = (sent_ + filled) / block_bytes_;
+    const uint64_t offset = (sent_ + filled) % block_bytes_;
+    const uint64_t piece = std::min(size - filled, block_bytes_ - offset);
+    RETURN_IF_ERROR(pool_->memory().Read(block_ids_[index], offset, piece, data->data() + filled));
+    filled += piece;
+  }
+  sent_ += size;
+  StartWrite(&response_);
+  return absl::OkStatus();
+}
+
+void GetBlocksReactor::OnWriteDone(bool ok) {
+  if (!ok) {
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "get stream broken"));
+    return;
+  }
+  if (sent_ == block_bytes_ * block_ids_.size()) {
+    Finish(grpc::Status::OK);
+    return;
+  }
+  if (absl::Status status = WriteNextChunk(); !status.ok()) Finish(ToGrpcStatus(status));
+}
+
+void GetBlocksReactor::OnDone() {
+  if (sequence_id_ != 0) (void)pool_->Release(*transfer_session_, sequence_id_);
+  delete this;
+}
+
+}  // namespace kvcache

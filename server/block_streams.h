@@ -1,0 +1,85 @@
+// Streaming reactors for the block data RPCs (PutBlocks, GetBlocks).
+//
+// A stream's blocks are held by a sequence of its own, under a transfer session (id 0) that no
+// lease expiry touches: the stream itself is the lease. Whatever way a stream ends — finished,
+// failed, cancelled, or its client killed — OnDone releases that sequence, so a put that did not
+// complete leaves its fresh blocks unpublished on the free list and nothing else changed.
+//
+// Thread safety: gRPC serializes a reactor's read/write callbacks; OnCancel touches no state.
+#ifndef KVCACHE_SERVER_BLOCK_STREAMS_H_
+#define KVCACHE_SERVER_BLOCK_STREAMS_H_
+
+#include <xxhash.h>
+
+#include <memory>
+#include <vector>
+
+#include <grpcpp/support/server_callback.h>
+
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/cache_manager.h"
+
+namespace kvcache {
+
+inline constexpr uint64_t kTransferSessionId = 0;
+inline constexpr uint32_t kDefaultChunkBytes = 1 << 20;
+
+class PutBlocksReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
+ public:
+  PutBlocksReactor(CacheManager* manager, v1::PutBlocksResponse* response);
+
+  void OnReadDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  absl::Status Begin(const v1::PutBlocksHeader& header);
+  absl::Status Consume(absl::string_view data);
+  absl::Status Complete();
+  void FinishWith(const absl::Status& status);
+  void ReleaseSequence();
+
+  CacheManager* const manager_;
+  v1::PutBlocksResponse* const response_;
+  v1::PutBlocksRequest request_;
+  bool finished_ = false;
+
+  // Set by Begin.
+  PrefixCache* pool_ = nullptr;
+  std::unique_ptr<Session> transfer_session_;
+  uint64_t sequence_id_ = 0;
+  std::vector<BlockId> block_ids_;
+  std::vector<uint64_t> checksums_;
+  uint32_t cached_blocks_ = 0;
+  uint64_t block_bytes_ = 0;
+  uint64_t received_ = 0;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> block_hash_{nullptr, &XXH3_freeState};
+};
+
+class GetBlocksReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> {
+ public:
+  GetBlocksReactor(CacheManager* manager, const v1::GetBlocksRequest* request,
+                   uint32_t max_chunk_bytes);
+
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  absl::Status Begin(const v1::GetBlocksRequest& request);
+  absl::Status WriteNextChunk();
+
+  CacheManager* const manager_;
+  const uint32_t max_chunk_bytes_;
+  v1::GetBlocksResponse response_;
+
+  PrefixCache* pool_ = nullptr;
+  std::unique_ptr<Session> transfer_session_;
+  uint64_t sequence_id_ = 0;
+  std::vector<BlockId> block_ids_;
+  uint64_t block_bytes_ = 0;
+  uint32_t chunk_bytes_ = 0;
+  uint64_t sent_ = 0;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_BLOCK_STREAMS_H_

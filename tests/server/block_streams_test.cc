@@ -1,0 +1,314 @@
+// The block data RPCs end to end over a real Unix socket: round trips, partial hits, and every
+// failure path leaving the pool exactly as it was.
+#include "server/block_streams.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <numeric>
+#include <random>
+
+#include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+
+#include "common/grpc_status.h"
+#include "server/daemon.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kBlockSize = 4;
+constexpr uint32_t kNumBlocks = 16;
+
+class BlockStreamsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/kvcache-streams-XXXXXX";
+    dir_ = mkdtemp(dir);
+    DaemonOptions options;
+    options.listen = "unix://" + dir_ + "/kv.sock";
+    options.max_message_bytes = 256 << 10;
+    PoolOptions pool;
+    pool.name = "p";
+    pool.model_id = "m";
+    // 1 layer * 2 * 4 tokens * 2 heads * 128 dims * 2 bytes = 4 KiB blocks.
+    pool.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 2, .head_dim = 128,
+                             .block_size = kBlockSize};
+    pool.num_blocks = kNumBlocks;
+    options.pools.push_back(pool);
+    auto daemon = Daemon::Start(options);
+    ASSERT_OK(daemon);
+    daemon_ = *std::move(daemon);
+    block_bytes_ = pool.layout.BlockBytes();
+    stub_ = v1::KvCache::NewStub(
+        grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials()));
+    session_ = OpenSession("tenant-a");
+  }
+
+  void TearDown() override {
+    // Stream reactors release in OnDone, which may trail the client's view of the stream.
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (Pool().Stats().referenced != 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    EXPECT_EQ(Pool().Stats().referenced, 0);
+    EXPECT_OK(Pool().CheckInvariants());
+    daemon_.reset();
+    rmdir(dir_.c_str());
+  }
+
+  PrefixCache& Pool() { return *daemon_->manager().pools()[0]; }
+
+  uint64_t OpenSession(const std::string& tenant) {
+    grpc::ClientContext context;
+    v1::OpenSessionRequest request;
+    request.set_tenant(tenant);
+    v1::OpenSessionResponse response;
+    EXPECT_TRUE(stub_->OpenSession(&context, request, &response).ok());
+    return response.session_id();
+  }
+
+  std::string RandomBlocks(size_t blocks, uint32_t seed) {
+    std::string bytes(blocks * block_bytes_, '\0');
+    std::mt19937 rng(seed);
+    for (char& byte : bytes) byte = static_cast<char>(rng());
+    return bytes;
+  }
+
+  v1::PutBlocksHeader Header(const std::vector<uint32_t>& tokens, const std::string& bytes) {
+    v1::PutBlocksHeader header;
+    header.set_session_id(session_);
+    header.set_pool("p");
+    header.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    for (size_t offset = 0; offset + block_bytes_ <= bytes.size(); offset += block_bytes_) {
+      header.add_block_checksums(XXH3_64bits_withSeed(bytes.data() + offset, block_bytes_, 0));
+    }
+    return header;
+  }
+
+  // Sends `header` then `bytes` in `chunk`-sized messages; returns the final status.
+  absl::StatusOr<v1::PutBlocksResponse> Put(const v1::PutBlocksHeader& header,
+                                            const std::string& bytes, size_t chunk = 3000) {
+    grpc::ClientContext context;
+    v1::PutBlocksResponse response;
+    auto writer = stub_->PutBlocks(&context, &response);
+    v1::PutBlocksRequest request;
+    *request.mutable_header() = header;
+    writer->Write(request);
+    for (size_t offset = 0; offset < bytes.size(); offset += chunk) {
+      request.set_data(bytes.substr(offset, chunk));
+      if (!writer->Write(request)) break;  // the daemon already finished the call
+    }
+    writer->WritesDone();
+    const absl::Status status = FromGrpcStatus(writer->Finish());
+    if (!status.ok()) return status;
+    return response;
+  }
+
+  struct Got {
+    v1::GetBlocksHeader header;
+    std::string bytes;
+    int messages = 0;
+  };
+  absl::StatusOr<Got> Get(const std::vector<uint32_t>& tokens, uint64_t session,
+                          uint32_t max_chunk = 0) {
+    grpc::ClientContext context;
+    v1::GetBlocksRequest request;
+    request.set_session_id(session);
+    request.set_pool("p");
+    request.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    request.set_max_chunk_bytes(max_chunk);
+    auto reader = stub_->GetBlocks(&context, request);
+    Got got;
+    v1::GetBlocksResponse response;
+    while (reader->Read(&response)) {
+      ++got.messages;
+      if (response.has_header()) got.header = response.header();
+      got.bytes += response.data();
+    }
+    const absl::Status status = FromGrpcStatus(reader->Finish());
+    if (!status.ok()) return status;
+    return got;
+  }
+
+  std::tuple<uint32_t, uint32_t, uint32_t> Counts() {
+    const PoolStatsSnapshot stats = Pool().Stats();
+    return {stats.free, stats.evictable, stats.referenced};
+  }
+
+  std::string dir_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  uint64_t session_ = 0;
+  uint64_t block_bytes_ = 0;
+  std::vector<uint32_t> tokens_ = [] {
+    std::vector<uint32_t> tokens(14);  // 3 full blocks and 2 tokens
+    std::iota(tokens.begin(), tokens.end(), 100);
+    return tokens;
+  }();
+};
+
+TEST_F(BlockStreamsTest, PutThenGetReturnsIdenticalBytesToAnotherSession) {
+  const std::string bytes = RandomBlocks(3, 1);
+  auto put = Put(Header(tokens_, bytes), bytes);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_blocks(), 3);
+  EXPECT_EQ(put->num_stored(), 3);
+  EXPECT_EQ(put->num_already_cached(), 0);
+  EXPECT_EQ(Counts(), std::make_tuple(13u, 3u, 0u));  // published, released, findable
+
+  auto got = Get(tokens_, OpenSession("tenant-a"), 4096);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 3);
+  EXPECT_EQ(got->header.num_cached_tokens(), 12);
+  EXPECT_EQ(got->header.block_bytes(), block_bytes_);
+  EXPECT_EQ(got->header.block_checksums_size(), 3);
+  EXPECT_EQ(got->bytes, bytes);
+  EXPECT_EQ(got->messages, 1 + 3);  // header, then one 4 KiB chunk per block
+}
+
+TEST_F(BlockStreamsTest, PutKeepsCachedBlocksAndStoresOnlyTheMissingOnes) {
+  const std::string bytes = RandomBlocks(3, 2);
+  std::vector<uint32_t> prefix(tokens_.begin(), tokens_.begin() + 8);
+  ASSERT_OK(Put(Header(prefix, bytes.substr(0, 2 * block_bytes_)), bytes.substr(0, 2 * block_bytes_)));
+  auto put = Put(Header(tokens_, bytes), bytes);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_already_cached(), 2);
+  EXPECT_EQ(put->num_stored(), 1);
+  auto got = Get(tokens_, session_);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->bytes, bytes);
+}
+
+TEST_F(BlockStreamsTest, GetOfAnUncachedOrForeignPromptMatchesNothing) {
+  const std::string bytes = RandomBlocks(3, 3);
+  ASSERT_OK(Put(Header(tokens_, bytes), bytes));
+  std::vector<uint32_t> other = tokens_;
+  other[0] = 1;
+  auto got = Get(other, session_);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 0);
+  EXPECT_TRUE(got->bytes.empty());
+  got = Get(tokens_, OpenSession("tenant-b"));  // tenants never share blocks
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 0);
+}
+
+TEST_F(BlockStreamsTest, BadChecksumIsDataLossAndRegistersNothing) {
+  const auto before = Counts();
+  const std::string bytes = RandomBlocks(3, 4);
+  v1::PutBlocksHeader header = Header(tokens_, bytes);
+  header.set_block_checksums(2, header.block_checksums(2) ^ 1);
+  EXPECT_THAT(Put(header, bytes), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("block 2")));
+  auto got = Get(tokens_, session_);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 0);
+  TearDown();  // settle the reactor, then compare
+  SetUp();
+  EXPECT_EQ(Counts(), before);
+}
+
+TEST_F(BlockStreamsTest, StreamEndingEarlyIsDataLossAndLeavesThePoolUnchanged) {
+  const auto before = Counts();
+  const std::string bytes = RandomBlocks(3, 5);
+  EXPECT_THAT(Put(Header(tokens_, bytes), bytes.substr(0, bytes.size() - 100)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ended after")));
+  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (Counts() != before && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(Counts(), before);
+}
+
+TEST_F(BlockStreamsTest, WrongSizesAndOrderAreInvalidArgument) {
+  const std::string bytes = RandomBlocks(3, 6);
+  EXPECT_THAT(Put(Header(tokens_, bytes), bytes + "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than")));
+  v1::PutBlocksHeader header = Header(tokens_, bytes);
+  header.mutable_block_checksums()->RemoveLast();
+  EXPECT_THAT(Put(header, bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 checksums for 3")));
+  std::vector<uint32_t> short_prompt(tokens_.begin(), tokens_.begin() + 3);
+  EXPECT_THAT(Put(Header(short_prompt, ""), ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no full block")));
+
+  grpc::ClientContext context;
+  v1::PutBlocksResponse response;
+  auto writer = stub_->PutBlocks(&context, &response);
+  v1::PutBlocksRequest request;
+  request.set_data("no header first");
+  writer->Write(request);
+  writer->WritesDone();
+  EXPECT_THAT(FromGrpcStatus(writer->Finish()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header")));
+  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+}
+
+TEST_F(BlockStreamsTest, OversizeMessageIsResourceExhaustedAndChangesNothing) {
+  const std::vector<uint32_t> many(4 * 15, 9);  // 15 blocks = 60 KiB per block set
+  const std::string bytes(15 * block_bytes_, 'k');
+  // One message over the daemon's 256 KiB limit.
+  const std::string huge = bytes + std::string(300 << 10, 'x');
+  EXPECT_THAT(Put(Header(many, bytes), huge, huge.size()),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{many})->num_cached_blocks, 0);
+}
+
+TEST_F(BlockStreamsTest, CancelledPutReleasesItsBlocks) {
+  const std::string bytes = RandomBlocks(3, 7);
+  grpc::ClientContext context;
+  v1::PutBlocksResponse response;
+  auto writer = stub_->PutBlocks(&context, &response);
+  v1::PutBlocksRequest request;
+  *request.mutable_header() = Header(tokens_, bytes);
+  writer->Write(request);
+  request.set_data(bytes.substr(0, block_bytes_ + 10));
+  writer->Write(request);
+  context.TryCancel();
+  EXPECT_THAT(FromGrpcStatus(writer->Finish()), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  // TearDown waits (bounded) for the reactor's release and checks nothing is referenced.
+}
+
+TEST_F(BlockStreamsTest, UnknownSessionOrPoolIsNotFound) {
+  const std::string bytes = RandomBlocks(3, 8);
+  v1::PutBlocksHeader header = Header(tokens_, bytes);
+  header.set_session_id(999);
+  EXPECT_THAT(Put(header, bytes), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  header = Header(tokens_, bytes);
+  header.set_pool("nope");
+  EXPECT_THAT(Put(header, bytes), StatusIs(absl::StatusCode::kNotFound, HasSubstr("pool")));
+  EXPECT_THAT(Get(tokens_, 999), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(BlockStreamsTest, PoolLivesInOwnerOnlySharedMemory) {
+  grpc::ClientContext context;
+  v1::DescribePoolRequest request;
+  request.set_pool("p");
+  v1::DescribePoolResponse response;
+  ASSERT_TRUE(stub_->DescribePool(&context, request, &response).ok());
+  const v1::PoolMapping& mapping = response.pool().mapping();
+  ASSERT_EQ(mapping.kind(), v1::PoolMapping::KIND_SHM);
+  EXPECT_EQ(mapping.size_bytes(), kNumBlocks * block_bytes_);
+  const int fd = shm_open(mapping.shm_name().c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0) << mapping.shm_name();
+  struct stat info;
+  ASSERT_EQ(fstat(fd, &info), 0);
+  close(fd);
+  EXPECT_EQ(info.st_mode & 0777, 0600);
+  EXPECT_EQ(static_cast<uint64_t>(info.st_size), mapping.size_bytes());
+  struct stat socket_info;
+  ASSERT_EQ(stat((dir_ + "/kv.sock").c_str(), &socket_info), 0);
+  EXPECT_EQ(socket_info.st_mode & 0777, 0600);
+}
+
+}  // namespace
+}  // namespace kvcache
