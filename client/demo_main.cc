@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
 #include "client/kv_cache_client.h"
-#include "server/daemon.h"
+#include "common/listen_address.h"
 
 ABSL_FLAG(
     std::string, target, "",

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/proto_convert.h"
 #include "common/grpc_status.h"
@@ -22,6 +23,18 @@ constexpr int kInitialReconnectBackoffMs = 100;
 constexpr int kMaxReconnectBackoffMs = 2000;
 // The destructor's CloseSession must not hold up shutdown for a full rpc_timeout.
 constexpr absl::Duration kCloseOnDestroyTimeout = absl::Seconds(1);
+
+// The daemon's epoch from an error reply's trailing metadata; 0 when absent.
+uint64_t EpochFromTrailers(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(std::string(kEpochMetadataKey));
+  uint64_t epoch = 0;
+  if (it == trailers.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &epoch)) {
+    return 0;
+  }
+  return epoch;
+}
 
 }  // namespace
 
@@ -91,7 +104,7 @@ absl::Status KvCacheClient::Call(grpc::Status (v1::KvCache::StubInterface::*meth
     // Only a request that carried an epoch can be fenced; the code is passed on unchanged.
     if (session_call && session.epoch != 0 &&
         status.code() == absl::StatusCode::kFailedPrecondition) {
-      NoteEpochChange(session, 0);
+      NoteEpochChange(session, EpochFromTrailers(context));
     } else if (session_call && status.code() == absl::StatusCode::kAborted) {
       NoteSessionLost(session, status);
     }

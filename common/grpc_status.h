@@ -6,8 +6,12 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace kvcache {
+
+// Trailing metadata on every unary reply: the daemon's epoch in decimal, present on errors too.
+inline constexpr absl::string_view kEpochMetadataKey = "kvcache-epoch";
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -82,8 +82,11 @@ uint32_t CacheManager::ReleaseSessionEverywhere(const Session& session) {
 
 absl::StatusOr<uint32_t> CacheManager::CloseSession(uint64_t session_id, uint64_t epoch) {
   RETURN_IF_ERROR(CheckEpoch(epoch));
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Close(session_id));
-  return ReleaseSessionEverywhere(*session);
+  absl::StatusOr<std::shared_ptr<Session>> session = sessions_.Close(session_id);
+  // Closing an ended session is a no-op: its sequences were released when it ended.
+  if (absl::IsAborted(session.status())) return 0;
+  if (!session.ok()) return session.status();
+  return ReleaseSessionEverywhere(**session);
 }
 
 size_t CacheManager::ExpireSessions() {

@@ -48,7 +48,8 @@ class CacheManager {
   absl::Status CheckEpoch(uint64_t epoch) const;
   // The live session for a request, after the epoch check.
   absl::StatusOr<std::shared_ptr<Session>> SessionFor(uint64_t session_id, uint64_t epoch) const;
-  // Closes the session and releases its sequences in every pool; returns how many.
+  // Closes the session and releases its sequences in every pool; returns how many. Idempotent:
+  // an ended session answers 0; an id never issued is NOT_FOUND.
   absl::StatusOr<uint32_t> CloseSession(uint64_t session_id, uint64_t epoch);
   // Releases the sequences of every session whose lease has expired; returns how many sessions.
   size_t ExpireSessions();

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include <grpcpp/health_check_service_interface.h>
@@ -36,14 +35,6 @@ absl::Status PrepareSocketPath(const std::string& path) {
 }
 
 }  // namespace
-
-std::string DefaultListenAddress() {
-  const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
-  if (runtime_dir != nullptr && runtime_dir[0] != '\0') {
-    return absl::StrCat(kUnixScheme, runtime_dir, "/kvcache/kv.sock");
-  }
-  return absl::StrCat(kUnixScheme, "/tmp/kvcache-", getuid(), "/kv.sock");
-}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   auto daemon = std::unique_ptr<Daemon>(new Daemon());

@@ -14,22 +14,20 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "common/listen_address.h"
 #include "server/cache_manager.h"
 #include "server/kv_cache_service.h"
 
 namespace kvcache {
 
 struct DaemonOptions {
-  std::string listen = "unix:///tmp/kvcache/kv.sock";
+  std::string listen = DefaultListenAddress();
   bool allow_insecure_tcp = false;
   std::vector<PoolOptions> pools;
   SessionLimits session_limits;
   absl::Duration reaper_period = absl::Milliseconds(100);
   int max_message_bytes = 16 << 20;
 };
-
-// The default listen address: a socket under $XDG_RUNTIME_DIR, else /tmp/kvcache-$UID.
-std::string DefaultListenAddress();
 
 class Daemon {
  public:

@@ -1,5 +1,6 @@
 #include "server/kv_cache_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/block_streams.h"
@@ -13,6 +14,8 @@ grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, Response*
                                  uint64_t epoch, Body body) {
   const absl::Status status = body();
   response->set_epoch(epoch);
+  // An error reply drops the response body; the epoch still reaches the client this way.
+  context->AddTrailingMetadata(std::string(kEpochMetadataKey), absl::StrCat(epoch));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;

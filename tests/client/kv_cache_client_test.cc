@@ -403,11 +403,13 @@ TEST_F(KvCacheClientTest, LeaseEndedByTheDaemonMarksSessionLost) {
 TEST_F(KvCacheClientTest, RestartedDaemonIsFencedWithFailedPrecondition) {
   std::atomic<int> changes{0};
   std::atomic<uint64_t> seen_old_epoch{0};
+  std::atomic<uint64_t> seen_new_epoch{0};
   ClientOptions options;
   // Wait across the restart instead of failing UNAVAILABLE while nothing listens.
   options.wait_for_ready = true;
   options.on_epoch_change = [&](uint64_t old_epoch, uint64_t new_epoch) {
     seen_old_epoch = old_epoch;
+    seen_new_epoch = new_epoch;
     ++changes;
   };
   std::unique_ptr<KvCacheClient> client = Connect(options);
@@ -430,6 +432,8 @@ TEST_F(KvCacheClientTest, RestartedDaemonIsFencedWithFailedPrecondition) {
   ASSERT_TRUE(PollUntil([&] { return changes.load() > 0; }));
   EXPECT_EQ(changes.load(), 1);
   EXPECT_EQ(seen_old_epoch.load(), old_epoch);
+  // The error reply's trailing metadata names the new epoch.
+  EXPECT_EQ(seen_new_epoch.load(), new_epoch);
   // Calls that carry no session are checked against the reply's epoch.
   EXPECT_THAT(client->Ping(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("restarted")));
