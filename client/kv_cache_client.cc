@@ -92,6 +92,15 @@ KvCacheClient::SessionRef KvCacheClient::CurrentSession() const {
   return session_;
 }
 
+absl::StatusOr<KvCacheClient::SessionRef> KvCacheClient::RequireSession(const char* call) const {
+  absl::MutexLock lock(&mu_);
+  if (!session_open_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, " needs an open session: call OpenSession first"));
+  }
+  return session_;
+}
+
 template <typename Request, typename Response>
 absl::Status KvCacheClient::Call(grpc::Status (v1::KvCache::StubInterface::*method)(
                                      grpc::ClientContext*, const Request&, Response*),
@@ -99,24 +108,33 @@ absl::Status KvCacheClient::Call(grpc::Status (v1::KvCache::StubInterface::*meth
                                  const SessionRef& session, bool session_call) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.rpc_timeout);
-  const absl::Status status = FromGrpcStatus(((*stub_).*method)(&context, request, response));
+  const grpc::Status status = ((*stub_).*method)(&context, request, response);
+  return CheckReply(name, context, status, response->epoch(), session, session_call);
+}
+
+absl::Status KvCacheClient::CheckReply(const char* name, const grpc::ClientContext& context,
+                                       const grpc::Status& grpc_status, uint64_t reply_epoch,
+                                       const SessionRef& session, bool session_call) {
+  const absl::Status status = FromGrpcStatus(grpc_status);
   if (!status.ok()) {
     // Only a request that carried an epoch can be fenced; the code is passed on unchanged.
     if (session_call && session.epoch != 0 &&
         status.code() == absl::StatusCode::kFailedPrecondition) {
-      NoteEpochChange(session, EpochFromTrailers(context));
+      // A reply stamped with the session's own epoch failed for another reason (streams carry
+      // no stamp: their FAILED_PRECONDITION is taken as a restart).
+      const uint64_t new_epoch = EpochFromTrailers(context);
+      if (new_epoch != session.epoch) NoteEpochChange(session, new_epoch);
     } else if (session_call && status.code() == absl::StatusCode::kAborted) {
       NoteSessionLost(session, status);
     }
     return status;
   }
-  if (session.epoch != 0 && response->epoch() != session.epoch) {
-    NoteEpochChange(session, response->epoch());
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": the kvcache daemon restarted (epoch ", session.epoch, " is now ",
-                     response->epoch(),
-                     "); this client's session, sequences and block ids are gone: "
-                     "open a new session and recompute"));
+  if (session.epoch != 0 && reply_epoch != session.epoch) {
+    NoteEpochChange(session, reply_epoch);
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": the kvcache daemon restarted (epoch ", session.epoch, " is now ", reply_epoch,
+        "); this client's session, sequences and block ids are gone: "
+        "open a new session and recompute"));
   }
   return absl::OkStatus();
 }
@@ -170,7 +188,8 @@ absl::StatusOr<KvCacheClient::PoolDescription> KvCacheClient::DescribePool(absl:
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::DescribePool, "DescribePool", request,
                        &response, CurrentSession(), false));
   return PoolDescription{.pool = ToPoolInfo(response.pool()),
-                         .counts = ToBlockCounts(response.counts())};
+                         .counts = ToBlockCounts(response.counts()),
+                         .epoch = response.epoch()};
 }
 
 absl::StatusOr<KvCacheClient::LookupResult> KvCacheClient::Lookup(absl::string_view pool,

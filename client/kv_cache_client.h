@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -65,6 +66,20 @@ struct ClientOptions {
 
 class KvCacheClient {
  public:
+  // How a process on the daemon's node maps a pool's memory (kvcache.v1.PoolMapping); see
+  // MappedPool (client/mapped_pool.h). Block i starts at byte i * block_bytes.
+  struct PoolMapping {
+    enum class Kind {
+      kNone = 0,     // not mappable: move bytes with PutBlocks / GetBlocks
+      kShm = 1,      // POSIX shared memory: shm_open(shm_name, O_RDWR), mmap size_bytes
+      kCudaIpc = 2,  // cudaIpcOpenMemHandle(cuda_ipc_handle) on cuda_device
+    };
+    Kind kind = Kind::kNone;
+    std::string shm_name;
+    uint64_t size_bytes = 0;
+    std::string cuda_ipc_handle;  // raw cudaIpcMemHandle_t bytes
+    int32_t cuda_device = -1;
+  };
   struct PoolInfo {
     std::string name;
     std::string model_id;
@@ -74,6 +89,7 @@ class KvCacheClient {
     uint32_t num_blocks = 0;
     HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
     std::string memory_kind;  // "host" or "cuda"
+    PoolMapping mapping;
   };
   // free + evictable + referenced == num_blocks.
   struct BlockCounts {
@@ -84,6 +100,9 @@ class KvCacheClient {
   struct PoolDescription {
     PoolInfo pool;
     BlockCounts counts;
+    // The daemon's epoch when it answered. The mapping (shm name, IPC handle) belongs to that
+    // daemon start only.
+    uint64_t epoch = 0;
   };
   struct SessionInfo {
     uint64_t session_id = 0;
@@ -128,6 +147,17 @@ class KvCacheClient {
   struct Stats {
     std::vector<PoolStats> pools;
     uint32_t open_sessions = 0;
+  };
+  struct PutResult {
+    uint32_t num_blocks = 0;          // full blocks in the put prefix
+    uint32_t num_already_cached = 0;  // of those, kept from the cache (their bytes were dropped)
+    uint32_t num_stored = 0;          // of those, written and published by this put
+  };
+  struct GetResult {
+    uint32_t num_blocks = 0;         // cached full blocks matched, from the front
+    uint32_t num_cached_tokens = 0;  // num_blocks * block_size
+    uint64_t block_bytes = 0;
+    std::string bytes;  // num_blocks * block_bytes: the blocks' bytes, concatenated in order
   };
 
   // Connects to `target` ("unix:///path/kv.sock" or "host:port", no TLS) and waits up to
@@ -179,6 +209,31 @@ class KvCacheClient {
   absl::Status ReleaseSequence(uint64_t sequence_id);
   absl::StatusOr<Fork> ForkSequence(uint64_t sequence_id);
 
+  // Block data for clients that do not map the pool (another node, no shared memory). Both need
+  // an open session (FAILED_PRECONDITION locally otherwise) and fence on its epoch like the calls
+  // above. The pool's layout is fetched once per pool and daemon epoch (DescribePool) and cached.
+  // The stream's deadline is rpc_timeout plus 1 s per 64 MiB it moves.
+  //
+  // PutBlocks stores the KV of `tokens`' full blocks: `bytes` is every full block's bytes,
+  // concatenated in order ((tokens.size() / block_size) * block_bytes; INVALID_ARGUMENT locally
+  // otherwise), sent after a header with each block's XXH3-64 checksum in messages of at most
+  // `chunk_bytes` (capped by max_message_bytes). The daemon publishes the blocks only once every
+  // byte arrived and matched: a failed put stores nothing. Blocks already cached are kept as
+  // they are. Idempotent. INVALID_ARGUMENT also for a put with no full block; DATA_LOSS if the
+  // daemon saw a checksum mismatch; RESOURCE_EXHAUSTED when the pool is short of blocks.
+  absl::StatusOr<PutResult> PutBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                      absl::string_view bytes, absl::string_view cache_salt = "",
+                                      const ExtraKeys& extra_keys = {},
+                                      size_t chunk_bytes = size_t{1} << 20);
+  // GetBlocks returns the bytes of the longest cached full-block prefix of `tokens` (possibly
+  // none), each block verified against the checksum the daemon computed (DATA_LOSS on a mismatch
+  // or a stream that ends early). `max_chunk_bytes` of 0 takes the daemon's default chunk size.
+  // Read-only; the blocks stay pinned on the daemon while they stream.
+  absl::StatusOr<GetResult> GetBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                      absl::string_view cache_salt = "",
+                                      const ExtraKeys& extra_keys = {},
+                                      uint32_t max_chunk_bytes = 0);
+
   // True from a detected daemon restart until the next successful OpenSession.
   bool epoch_changed() const;
   // True from finding the lease ended without CloseSession (a keep-alive, or a session call,
@@ -203,8 +258,25 @@ class KvCacheClient {
                                                                        const Request&, Response*),
                     const char* name, const Request& request, Response* response,
                     const SessionRef& session, bool session_call);
+  // Turns a finished call's status into the client's: on an error, notes a restart or a lost
+  // lease as Call does; on success, fences on `reply_epoch`.
+  absl::Status CheckReply(const char* name, const grpc::ClientContext& context,
+                          const grpc::Status& grpc_status, uint64_t reply_epoch,
+                          const SessionRef& session, bool session_call);
   void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
   SessionRef CurrentSession() const;
+  // The open session, or FAILED_PRECONDITION naming `call` when there is none.
+  absl::StatusOr<SessionRef> RequireSession(const char* call) const;
+
+  // What the data calls need of a pool's layout, cached per pool name and daemon epoch.
+  struct BlockShape {
+    uint64_t epoch = 0;
+    uint32_t block_size = 0;
+    uint64_t block_bytes = 0;
+  };
+  absl::StatusOr<BlockShape> PoolShape(absl::string_view pool, const SessionRef& session);
+  // rpc_timeout, plus 1 s per 64 MiB.
+  absl::Duration StreamTimeout(uint64_t bytes) const;
   // Latch epoch_changed_ / session_lost_ and run their callback the first time, unless `session`
   // is no longer the client's current one (a late reply about a replaced session).
   void NoteEpochChange(const SessionRef& session, uint64_t new_epoch);
@@ -229,6 +301,7 @@ class KvCacheClient {
   bool stop_keepalive_ ABSL_GUARDED_BY(mu_) = false;
   // The keep-alive call in flight, so StopKeepAlive can cancel it instead of waiting it out.
   grpc::ClientContext* keepalive_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::flat_hash_map<std::string, BlockShape> shapes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvcache

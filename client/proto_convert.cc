@@ -27,6 +27,12 @@ KvCacheClient::PoolInfo ToPoolInfo(const v1::PoolInfo& proto) {
   info.num_blocks = proto.num_blocks();
   info.hash_algorithm = static_cast<HashAlgorithm>(proto.hash_algorithm());
   info.memory_kind = proto.memory_kind();
+  const v1::PoolMapping& mapping = proto.mapping();
+  info.mapping.kind = static_cast<KvCacheClient::PoolMapping::Kind>(mapping.kind());
+  info.mapping.shm_name = mapping.shm_name();
+  info.mapping.size_bytes = mapping.size_bytes();
+  info.mapping.cuda_ipc_handle = mapping.cuda_ipc_handle();
+  info.mapping.cuda_device = mapping.cuda_device();
   return info;
 }
 

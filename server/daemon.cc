@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/cuda_pool_memory.h"
 
 namespace kvcache {
 namespace {
@@ -32,6 +33,18 @@ absl::Status PrepareSocketPath(const std::string& path) {
   struct stat info;
   if (lstat(path.c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) unlink(path.c_str());
   return absl::OkStatus();
+}
+
+// Memory that workers on this node map in place: shared host memory or a CUDA IPC export.
+absl::StatusOr<std::unique_ptr<PoolMemory>> CreatePoolMemory(const std::string& device,
+                                                             const PoolOptions& pool,
+                                                             uint64_t epoch) {
+  if (device == "host") {
+    return HostPoolMemory::CreateShared(ShmNameFor(pool.name, epoch), pool.layout.BlockBytes(),
+                                        pool.num_blocks);
+  }
+  ASSIGN_OR_RETURN(int index, ParseCudaDevice(device));
+  return CreateCudaPoolMemory(index, pool.layout.BlockBytes(), pool.num_blocks);
 }
 
 }  // namespace
@@ -54,10 +67,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->manager_ =
       std::make_unique<CacheManager>(options.session_limits, RealClock::Get(), epoch);
   for (const PoolOptions& pool : options.pools) {
-    // Shared memory, so workers on this node read and write KV in place.
-    ASSIGN_OR_RETURN(auto memory, HostPoolMemory::CreateShared(ShmNameFor(pool.name, epoch),
-                                                               pool.layout.BlockBytes(),
-                                                               pool.num_blocks));
+    ASSIGN_OR_RETURN(auto memory, CreatePoolMemory(options.device, pool, epoch));
     RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));
   }
   daemon->service_ =

@@ -23,6 +23,8 @@ namespace kvcache {
 struct DaemonOptions {
   std::string listen = DefaultListenAddress();
   bool allow_insecure_tcp = false;
+  // "host" (POSIX shared memory) or "cuda:N" (device memory exported over CUDA IPC).
+  std::string device = "host";
   std::vector<PoolOptions> pools;
   SessionLimits session_limits;
   absl::Duration reaper_period = absl::Milliseconds(100);

@@ -24,6 +24,8 @@ ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(10),
           "lease of a session that asks for no TTL of its own");
 ABSL_FLAG(absl::Duration, max_session_ttl, absl::Minutes(10), "longest lease a session may ask for");
 ABSL_FLAG(bool, insecure, false, "allow a TCP listen address without TLS");
+ABSL_FLAG(std::string, device, "host",
+          "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
 namespace kvcache {
 namespace {
@@ -33,6 +35,7 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   if (options.listen.empty()) options.listen = DefaultListenAddress();
   options.allow_insecure_tcp = absl::GetFlag(FLAGS_insecure);
+  options.device = absl::GetFlag(FLAGS_device);
   options.session_limits.default_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
   options.session_limits.min_ttl = std::min(options.session_limits.min_ttl,

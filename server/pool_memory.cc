@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/block_copy.h"
 
 namespace kvcache {
 namespace {
@@ -90,10 +91,9 @@ MappingInfo HostPoolMemory::mapping() const {
 }
 
 absl::Status HostPoolMemory::CopyBlock(uint32_t src, uint32_t dst) {
-  RETURN_IF_ERROR(CheckRange(src, 0, block_bytes()));
-  RETURN_IF_ERROR(CheckRange(dst, 0, block_bytes()));
-  if (src != dst) std::memcpy(Block(dst), Block(src), block_bytes());
-  return absl::OkStatus();
+  if (src == dst) return CheckRange(src, 0, block_bytes());
+  const int64_t from = src, to = dst;
+  return kernels::CopyBlocksCpu(base_, block_bytes(), num_blocks(), {&from, 1}, {&to, 1});
 }
 
 absl::Status HostPoolMemory::Write(uint32_t block, uint64_t offset, absl::string_view bytes) {

@@ -1,0 +1,125 @@
+#include "client/mapped_pool.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+namespace {
+
+absl::Status ErrnoStatus(int error, absl::string_view what) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(error));
+  switch (error) {
+    case ENOENT:
+      return absl::NotFoundError(absl::StrCat(
+          message, " (the daemon that made it has stopped or restarted: describe the pool again)"));
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+absl::Status CheckDescription(const KvCacheClient::PoolInfo& pool) {
+  const uint64_t block_bytes = pool.layout.BlockBytes();
+  if (!pool.layout.Validate().ok() || block_bytes != pool.block_bytes || pool.num_blocks == 0 ||
+      pool.mapping.size_bytes / block_bytes < pool.num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool '", pool.name, "' is described inconsistently: layout ", pool.layout.DebugString(),
+        " (", block_bytes, " bytes per block), block_bytes ", pool.block_bytes, ", ",
+        pool.num_blocks, " blocks, mapping of ", pool.mapping.size_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::Map(const KvCacheClient::PoolInfo& pool,
+                                                            uint64_t epoch) {
+  using Kind = KvCacheClient::PoolMapping::Kind;
+  const KvCacheClient::PoolMapping& mapping = pool.mapping;
+  switch (mapping.kind) {
+    case Kind::kShm:
+      break;
+    case Kind::kCudaIpc:
+#ifdef KVCACHE_WITH_CUDA
+      return absl::UnimplementedError(absl::StrCat(
+          "pool '", pool.name, "' is device memory (CUDA IPC, cuda:", mapping.cuda_device,
+          "); MappedPool maps host pools only: move its bytes with GetBlocks / PutBlocks"));
+#else
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pool '", pool.name, "' is device memory (CUDA IPC, cuda:", mapping.cuda_device,
+          "): mapping it needs a CUDA build; move its bytes with GetBlocks / PutBlocks"));
+#endif
+    default:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pool '", pool.name, "' offers no mapping: move its bytes with GetBlocks / PutBlocks"));
+  }
+  if (absl::Status status = CheckDescription(pool); !status.ok()) return status;
+
+  const std::string& shm_name = mapping.shm_name;
+  const int fd = shm_open(shm_name.c_str(), O_RDWR, 0);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("opening shared memory ", shm_name));
+  struct stat info;
+  if (fstat(fd, &info) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus(error, absl::StrCat("inspecting shared memory ", shm_name));
+  }
+  if (static_cast<uint64_t>(info.st_size) != mapping.size_bytes) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared memory ", shm_name, " holds ", info.st_size, " bytes; pool '",
+                     pool.name, "' of epoch ", epoch, " should have ", mapping.size_bytes,
+                     ": it is not that daemon's pool (describe the pool again)"));
+  }
+  void* base = mmap(nullptr, mapping.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  close(fd);  // the mapping keeps the object alive
+  if (base == MAP_FAILED) {
+    return ErrnoStatus(error, absl::StrCat("mapping shared memory ", shm_name));
+  }
+  return std::unique_ptr<MappedPool>(new MappedPool(pool.name, epoch, pool.layout, pool.block_bytes,
+                                                    pool.num_blocks, static_cast<uint8_t*>(base),
+                                                    mapping.size_bytes));
+}
+
+MappedPool::~MappedPool() { munmap(base_, size_bytes_); }
+
+absl::StatusOr<absl::Span<uint8_t>> MappedPool::CheckedBlock(uint32_t block_id) const {
+  if (block_id >= num_blocks_) {
+    return absl::OutOfRangeError(absl::StrCat("block ", block_id, " is past pool '", name_, "' of ",
+                                              num_blocks_, " blocks"));
+  }
+  return absl::Span<uint8_t>(Block(block_id), block_bytes_);
+}
+
+absl::StatusOr<uint8_t*> MappedPool::KvStart(uint32_t block_id, uint32_t layer, uint32_t kv,
+                                             size_t element_bytes) const {
+  if (element_bytes != DTypeBytes(layout_.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool '", name_, "' holds ", DTypeName(layout_.dtype), " elements of ",
+                     DTypeBytes(layout_.dtype), " bytes; asked for a span of ", element_bytes,
+                     "-byte elements"));
+  }
+  if (block_id >= num_blocks_ || layer >= layout_.num_layers) {
+    return absl::OutOfRangeError(absl::StrCat("block ", block_id, " layer ", layer,
+                                              " is past pool '", name_, "' of ", num_blocks_,
+                                              " blocks and ", layout_.num_layers, " layers"));
+  }
+  return Block(block_id) + layout_.KvOffset(layer, kv);
+}
+
+}  // namespace kvcache

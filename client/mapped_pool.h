@@ -1,0 +1,123 @@
+// MappedPool: a daemon pool's memory mapped into this process, so a worker on the daemon's node
+// reads and writes KV in place instead of moving bytes over gRPC. The daemon hands out the
+// mapping in PoolInfo (DescribePool / ListPools); Map opens it once, and then every access is a
+// block offset: block i starts at byte i * block_bytes and holds
+// [layer][K,V][token][kv_head][head_dim] elements (common/pool_layout.h).
+//
+// Epochs: a mapping belongs to the daemon start (epoch) that described the pool. After a daemon
+// restart the old shared-memory object is unlinked and the new daemon's pool is another object:
+// this mapping still points at the old memory, which no other process sees any more. Compare
+// epoch() with the client's session epoch and map again after a restart; never use block ids of
+// one epoch with a mapping of another.
+//
+// What a process may touch: only blocks of its own open sequences, and among them only tokens
+// it has not committed (committed and hit blocks are shared read-only by contract; nothing stops
+// a write, so a stray one corrupts other sequences' KV). Writes become visible to other
+// processes through the shared mapping; the daemon publishes a block only after CommitSequence,
+// so commit after the writes are done.
+//
+// Thread safety: thread-compatible. The accessors are const and may run concurrently; the bytes
+// behind them are shared memory, synchronized by the caller (and the commit protocol).
+#ifndef KVCACHE_CLIENT_MAPPED_POOL_H_
+#define KVCACHE_CLIENT_MAPPED_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/kv_cache_client.h"
+#include "common/pool_layout.h"
+
+namespace kvcache {
+
+class MappedPool {
+ public:
+  // Maps `pool` as described by a daemon of epoch `epoch`. Errors:
+  //   FAILED_PRECONDITION  the pool has no mapping (use PutBlocks / GetBlocks); the shm object's
+  //                        size is not size_bytes (a different daemon start, or a foreign
+  //                        object); or a CUDA IPC pool in a build without CUDA
+  //   UNIMPLEMENTED        a CUDA IPC pool in a CUDA build: device pools are not mapped here
+  //                        yet (MappedPool hands out host spans); use GetBlocks / PutBlocks
+  //   NOT_FOUND            the shm object is gone (the daemon stopped or restarted)
+  //   PERMISSION_DENIED    the object belongs to another user (pools are owner-only)
+  //   INVALID_ARGUMENT     the description is inconsistent (layout vs block_bytes vs size)
+  static absl::StatusOr<std::unique_ptr<MappedPool>> Map(const KvCacheClient::PoolInfo& pool,
+                                                         uint64_t epoch);
+  static absl::StatusOr<std::unique_ptr<MappedPool>> Map(
+      const KvCacheClient::PoolDescription& description) {
+    return Map(description.pool, description.epoch);
+  }
+
+  ~MappedPool();  // unmaps
+  MappedPool(const MappedPool&) = delete;
+  MappedPool& operator=(const MappedPool&) = delete;
+
+  const std::string& name() const { return name_; }
+  // The daemon epoch this mapping is valid for.
+  uint64_t epoch() const { return epoch_; }
+  const PoolLayout& layout() const { return layout_; }
+  uint64_t block_bytes() const { return block_bytes_; }
+  uint32_t num_blocks() const { return num_blocks_; }
+
+  // First byte of block `block_id`. REQUIRES: block_id < num_blocks().
+  uint8_t* Block(uint32_t block_id) const { return base_ + uint64_t{block_id} * block_bytes_; }
+  // The whole block; OUT_OF_RANGE for a block id past the pool.
+  absl::StatusOr<absl::Span<uint8_t>> CheckedBlock(uint32_t block_id) const;
+
+  // The K (or V) of `layer` in block `block_id`: block_size * num_kv_heads * head_dim elements,
+  // indexed [token][kv_head][head_dim]. T is the element's storage type (uint16_t for
+  // fp16/bf16 bits, float for fp32, uint8_t for fp8): INVALID_ARGUMENT unless sizeof(T) is the
+  // dtype's size; OUT_OF_RANGE for a block or layer past the pool.
+  template <typename T>
+  absl::StatusOr<absl::Span<T>> Keys(uint32_t block_id, uint32_t layer) const {
+    return KvSpan<T>(block_id, layer, /*kv=*/0);
+  }
+  template <typename T>
+  absl::StatusOr<absl::Span<T>> Values(uint32_t block_id, uint32_t layer) const {
+    return KvSpan<T>(block_id, layer, /*kv=*/1);
+  }
+
+ private:
+  MappedPool(std::string name, uint64_t epoch, const PoolLayout& layout, uint64_t block_bytes,
+             uint32_t num_blocks, uint8_t* base, uint64_t size_bytes)
+      : name_(std::move(name)),
+        epoch_(epoch),
+        layout_(layout),
+        block_bytes_(block_bytes),
+        num_blocks_(num_blocks),
+        base_(base),
+        size_bytes_(size_bytes) {}
+
+  // Start of K (kv = 0) or V (kv = 1) of `layer` in `block_id`, after checking the element size.
+  absl::StatusOr<uint8_t*> KvStart(uint32_t block_id, uint32_t layer, uint32_t kv,
+                                   size_t element_bytes) const;
+  template <typename T>
+  absl::StatusOr<absl::Span<T>> KvSpan(uint32_t block_id, uint32_t layer, uint32_t kv) const {
+    static_assert(std::is_trivially_copyable_v<T>, "KV elements are raw bytes");
+    absl::StatusOr<uint8_t*> start = KvStart(block_id, layer, kv, sizeof(T));
+    if (!start.ok()) return start.status();
+    // The pool is page-aligned and every offset is a multiple of the element size.
+    return absl::Span<T>(reinterpret_cast<T*>(*start), elements_per_kv());
+  }
+  size_t elements_per_kv() const {
+    return size_t{layout_.block_size} * layout_.num_kv_heads * layout_.head_dim;
+  }
+
+  // Constant after construction.
+  const std::string name_;
+  const uint64_t epoch_;
+  const PoolLayout layout_;
+  const uint64_t block_bytes_;
+  const uint32_t num_blocks_;
+  uint8_t* const base_;
+  const uint64_t size_bytes_;  // of the whole mapping
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CLIENT_MAPPED_POOL_H_
