@@ -24,6 +24,36 @@ absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager,
   return std::make_unique<Session>(kTransferSessionId, session->tenant, "transfer", session->ttl);
 }
 
+absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return absl::InvalidArgumentError("unreadable request");
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  if (!message->ParseFromString(bytes)) {
+    return absl::InvalidArgumentError("request is not a valid GetBlocksRequest");
+  }
+  return absl::OkStatus();
+}
+
+// The bytes of a GetBlocksResponse up to its data: epoch (field 1, fixed64), then the tag and
+// varint length of field 3 (bytes). The data itself follows as separate slices.
+grpc::Slice DataFraming(uint64_t epoch, uint64_t data_size) {
+  uint8_t framing[1 + 8 + 1 + 10];
+  size_t n = 0;
+  framing[n++] = (1 << 3) | 1;  // field 1, wire type 64-bit
+  for (int i = 0; i < 8; ++i) framing[n++] = static_cast<uint8_t>(epoch >> (8 * i));
+  framing[n++] = (3 << 3) | 2;  // field 3, wire type length-delimited
+  do {
+    framing[n] = static_cast<uint8_t>(data_size & 0x7f);
+    data_size >>= 7;
+    if (data_size != 0) framing[n] |= 0x80;
+    ++n;
+  } while (data_size != 0);
+  return grpc::Slice(framing, n);
+}
+
 }  // namespace
 
 PutBlocksReactor::PutBlocksReactor(CacheManager* manager, v1::PutBlocksResponse* response)
@@ -143,15 +173,17 @@ void PutBlocksReactor::OnDone() {
   delete this;
 }
 
-GetBlocksReactor::GetBlocksReactor(CacheManager* manager, const v1::GetBlocksRequest* request,
+GetBlocksReactor::GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer* request,
                                    uint32_t max_chunk_bytes)
     : manager_(manager), max_chunk_bytes_(max_chunk_bytes) {
-  response_.set_epoch(manager_->epoch());
-  if (absl::Status status = Begin(*request); !status.ok()) {
+  v1::GetBlocksRequest parsed;
+  absl::Status status = ParseMessage(*request, &parsed);
+  if (status.ok()) status = Begin(parsed);
+  if (!status.ok()) {
     Finish(ToGrpcStatus(status));
     return;
   }
-  StartWrite(&response_);
+  StartWrite(&message_);
 }
 
 absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
@@ -170,7 +202,9 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
   sequence_id_ = opened.sequence_id;
   block_ids_ = std::move(opened.block_ids);
   block_bytes_ = pool_->options().layout.BlockBytes();
-  v1::GetBlocksHeader* header = response_.mutable_header();
+  v1::GetBlocksResponse response;
+  response.set_epoch(manager_->epoch());
+  v1::GetBlocksHeader* header = response.mutable_header();
   header->set_num_blocks(block_ids_.size());
   header->set_num_cached_tokens(opened.num_cached_tokens);
   header->set_block_bytes(block_bytes_);
@@ -178,24 +212,36 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
     ASSIGN_OR_RETURN(uint64_t checksum, pool_->memory().Checksum(block));
     header->add_block_checksums(checksum);
   }
+  const std::string serialized = response.SerializeAsString();
+  grpc::Slice slice(serialized);
+  message_ = grpc::ByteBuffer(&slice, 1);
   return absl::OkStatus();
 }
 
 absl::Status GetBlocksReactor::WriteNextChunk() {
   const uint64_t total = block_bytes_ * block_ids_.size();
   const uint64_t size = std::min<uint64_t>(chunk_bytes_, total - sent_);
-  std::string* data = response_.mutable_data();
-  data->resize(size);
-  uint64_t filled = 0;
-  while (filled < size) {
+  std::vector<grpc::Slice> slices;
+  slices.push_back(DataFraming(manager_->epoch(), size));
+  for (uint64_t filled = 0; filled < size;) {
     const size_t index = (sent_ + filled) / block_bytes_;
     const uint64_t offset = (sent_ + filled) % block_bytes_;
     const uint64_t piece = std::min(size - filled, block_bytes_ - offset);
-    RETURN_IF_ERROR(pool_->memory().Read(block_ids_[index], offset, piece, data->data() + filled));
+    const uint8_t* host = pool_->memory().HostBlock(block_ids_[index]);
+    if (host != nullptr) {
+      // Static: gRPC neither frees nor copies it. The block stays pinned until OnDone.
+      slices.emplace_back(host + offset, piece, grpc::Slice::STATIC_SLICE);
+    } else {
+      grpc_slice staged = grpc_slice_malloc(piece);
+      RETURN_IF_ERROR(pool_->memory().Read(block_ids_[index], offset, piece,
+                                           reinterpret_cast<char*>(GRPC_SLICE_START_PTR(staged))));
+      slices.emplace_back(staged, grpc::Slice::STEAL_REF);
+    }
     filled += piece;
   }
   sent_ += size;
-  StartWrite(&response_);
+  message_ = grpc::ByteBuffer(slices.data(), slices.size());
+  StartWrite(&message_);
   return absl::OkStatus();
 }
 

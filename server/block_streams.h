@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -55,9 +56,12 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<v1::PutBlocksReque
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> block_hash_{nullptr, &XXH3_freeState};
 };
 
-class GetBlocksReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> {
+// Serves GetBlocksResponse messages encoded by hand: each data message is a few bytes of framing
+// followed by slices that point straight into the pinned blocks of a host pool (device pools are
+// staged through host slices), so the bytes are never copied into a protobuf message.
+class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GetBlocksReactor(CacheManager* manager, const v1::GetBlocksRequest* request,
+  GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer* request,
                    uint32_t max_chunk_bytes);
 
   void OnWriteDone(bool ok) override;
@@ -69,7 +73,7 @@ class GetBlocksReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResp
 
   CacheManager* const manager_;
   const uint32_t max_chunk_bytes_;
-  v1::GetBlocksResponse response_;
+  grpc::ByteBuffer message_;
 
   PrefixCache* pool_ = nullptr;
   std::unique_ptr<Session> transfer_session_;

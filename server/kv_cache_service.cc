@@ -253,8 +253,8 @@ grpc::ServerReadReactor<v1::PutBlocksRequest>* KvCacheService::PutBlocks(
   return new PutBlocksReactor(manager_, response);
 }
 
-grpc::ServerWriteReactor<v1::GetBlocksResponse>* KvCacheService::GetBlocks(
-    grpc::CallbackServerContext* context, const v1::GetBlocksRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::GetBlocks(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new GetBlocksReactor(manager_, request, max_chunk_bytes_);
 }
 

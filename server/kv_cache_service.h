@@ -11,7 +11,10 @@
 
 namespace kvcache {
 
-class KvCacheService final : public v1::KvCache::CallbackService {
+// GetBlocks is served raw (grpc::ByteBuffer) so block bytes go from pool memory to the socket
+// without being copied into protobuf messages; its wire format is GetBlocksResponse all the same.
+class KvCacheService final
+    : public v1::KvCache::WithRawCallbackMethod_GetBlocks<v1::KvCache::CallbackService> {
  public:
   // `max_message_bytes` bounds the chunks GetBlocks sends.
   KvCacheService(CacheManager* manager, int max_message_bytes)
@@ -58,8 +61,8 @@ class KvCacheService final : public v1::KvCache::CallbackService {
                                      v1::GetStatsResponse* response) override;
   grpc::ServerReadReactor<v1::PutBlocksRequest>* PutBlocks(
       grpc::CallbackServerContext* context, v1::PutBlocksResponse* response) override;
-  grpc::ServerWriteReactor<v1::GetBlocksResponse>* GetBlocks(
-      grpc::CallbackServerContext* context, const v1::GetBlocksRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 
  private:
   CacheManager* const manager_;

@@ -43,6 +43,9 @@ class PoolMemory {
   virtual absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const = 0;
   // XXH3-64 (seed 0) of the whole block: the checksum the data RPCs carry.
   virtual absl::StatusOr<uint64_t> Checksum(uint32_t block) const = 0;
+  // The block's bytes in this process's address space, or nullptr when they are not host memory
+  // (callers then Read). REQUIRES: block < num_blocks().
+  virtual const uint8_t* HostBlock(uint32_t block) const { return nullptr; }
 
  protected:
   PoolMemory(uint64_t block_bytes, uint32_t num_blocks)
@@ -72,6 +75,7 @@ class HostPoolMemory final : public PoolMemory {
   absl::Status Write(uint32_t block, uint64_t offset, absl::string_view bytes) override;
   absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const override;
   absl::StatusOr<uint64_t> Checksum(uint32_t block) const override;
+  const uint8_t* HostBlock(uint32_t block) const override { return Block(block); }
 
   uint8_t* Block(uint32_t block) const { return base_ + uint64_t{block} * block_bytes(); }
 

@@ -1,0 +1,240 @@
+// Block byte bandwidth: PutBlocks / GetBlocks over a Unix socket and TCP loopback, next to a plain
+// memcpy of the same bytes, Redis SET / GET of the same values (redis-server on loopback, started
+// here), and a copy out of the shared-memory pool — all measured in one run.
+// Usage: data_plane_bench [seconds per case]
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "bench/redis_peer.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/daemon.h"
+
+namespace kvcache {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kBytesPerOp = 8 << 20;  // each put/get moves 8 MiB of whole blocks
+constexpr uint32_t kChunkBytes = 2 << 20;
+constexpr uint32_t kBlockSize = 16;
+constexpr uint32_t kLayerCounts[] = {1, 4, 16, 32};  // 64 KiB, 256 KiB, 1 MiB, 2 MiB blocks
+
+PoolLayout LayoutFor(uint32_t layers) {
+  // 8 KV heads * 128 dims * fp16 = 2 KiB per token per K or V; 64 KiB per layer per block.
+  return PoolLayout{.num_layers = layers, .num_kv_heads = 8, .head_dim = 128,
+                    .block_size = kBlockSize, .dtype = DType::kFloat16};
+}
+
+// Runs `op` (returning bytes moved, or 0 on failure) repeatedly for `seconds`; GB/s.
+double Bandwidth(double seconds, const std::function<uint64_t()>& op) {
+  op();  // warm up
+  uint64_t bytes = 0;
+  const auto start = Clock::now();
+  const auto stop = start + std::chrono::duration<double>(seconds);
+  while (Clock::now() < stop) {
+    const uint64_t moved = op();
+    if (moved == 0) return 0;
+    bytes += moved;
+  }
+  return bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
+}
+
+class DaemonPeer {
+ public:
+  DaemonPeer(const std::string& listen) {
+    DaemonOptions options;
+    options.listen = listen;
+    options.allow_insecure_tcp = true;
+    options.max_message_bytes = 64 << 20;
+    for (uint32_t layers : kLayerCounts) {
+      PoolOptions pool;
+      pool.name = "l" + std::to_string(layers);
+      pool.model_id = "bench";
+      pool.layout = LayoutFor(layers);
+      pool.num_blocks = static_cast<uint32_t>((64ull << 20) / pool.layout.BlockBytes());
+      options.pools.push_back(pool);
+    }
+    daemon_ = *Daemon::Start(options);
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+    stub_ = v1::KvCache::NewStub(
+        grpc::CreateCustomChannel(daemon_->address(), grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext context;
+    v1::OpenSessionRequest request;
+    request.set_tenant("bench");
+    request.set_ttl_ms(600000);
+    v1::OpenSessionResponse response;
+    stub_->OpenSession(&context, request, &response);
+    session_ = response.session_id();
+  }
+
+  uint64_t Put(const std::string& pool, const std::vector<uint32_t>& tokens,
+               const std::vector<uint64_t>& checksums, const std::string& bytes) {
+    grpc::ClientContext context;
+    v1::PutBlocksResponse response;
+    auto writer = stub_->PutBlocks(&context, &response);
+    v1::PutBlocksRequest request;
+    v1::PutBlocksHeader* header = request.mutable_header();
+    header->set_session_id(session_);
+    header->set_pool(pool);
+    header->mutable_tokens()->Add(tokens.begin(), tokens.end());
+    header->mutable_block_checksums()->Add(checksums.begin(), checksums.end());
+    writer->Write(request);
+    for (size_t offset = 0; offset < bytes.size(); offset += kChunkBytes) {
+      request.set_data(bytes.data() + offset, std::min<size_t>(kChunkBytes, bytes.size() - offset));
+      if (!writer->Write(request)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish().ok() ? bytes.size() : 0;
+  }
+
+  // Bytes land in one parsed message per chunk, as Redis replies land in one buffer per value;
+  // `out`, when given, also collects them (for checking, not while measuring).
+  uint64_t Get(const std::string& pool, const std::vector<uint32_t>& tokens,
+               std::string* out = nullptr) {
+    grpc::ClientContext context;
+    v1::GetBlocksRequest request;
+    request.set_session_id(session_);
+    request.set_pool(pool);
+    request.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    request.set_max_chunk_bytes(kChunkBytes);
+    auto reader = stub_->GetBlocks(&context, request);
+    v1::GetBlocksResponse response;
+    uint64_t received = 0;
+    if (out != nullptr) out->clear();
+    while (reader->Read(&response)) {
+      received += response.data().size();
+      if (out != nullptr) out->append(response.data());
+    }
+    return reader->Finish().ok() ? received : 0;
+  }
+
+  // The hit blocks of `tokens` (plus one token so the whole prefix may hit), held open.
+  std::vector<uint32_t> HitBlocks(const std::string& pool, std::vector<uint32_t> tokens) {
+    tokens.push_back(7);
+    grpc::ClientContext context;
+    v1::OpenSequenceRequest request;
+    request.set_session_id(session_);
+    request.set_pool(pool);
+    request.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    v1::OpenSequenceResponse response;
+    stub_->OpenSequence(&context, request, &response);
+    const uint32_t hits = response.num_cached_tokens() / kBlockSize;
+    return {response.block_ids().begin(), response.block_ids().begin() + hits};
+  }
+
+  std::string ShmName(const std::string& pool) {
+    grpc::ClientContext context;
+    v1::DescribePoolRequest request;
+    request.set_pool(pool);
+    v1::DescribePoolResponse response;
+    stub_->DescribePool(&context, request, &response);
+    return response.pool().mapping().shm_name();
+  }
+
+ private:
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  uint64_t session_ = 0;
+};
+
+void RunTransport(const std::string& name, const std::string& listen, bool unix_socket,
+                  const std::string& dir, double seconds) {
+  DaemonPeer daemon(listen);
+  auto redis = bench::RedisPeer::Start(dir, 46379, unix_socket);
+  if (!redis.ok()) std::printf("(redis skipped: %s)\n", redis.status().ToString().c_str());
+  std::mt19937 rng(1);
+  for (uint32_t layers : kLayerCounts) {
+    const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
+    const size_t blocks = kBytesPerOp / block_bytes;
+    const std::string pool = "l" + std::to_string(layers);
+    std::string bytes(blocks * block_bytes, '\0');
+    for (char& byte : bytes) byte = static_cast<char>(rng());
+    std::vector<uint64_t> checksums;
+    std::vector<std::string> keys, values;
+    for (size_t i = 0; i < blocks; ++i) {
+      checksums.push_back(XXH3_64bits_withSeed(bytes.data() + i * block_bytes, block_bytes, 0));
+      keys.push_back("block:" + std::to_string(i));
+      values.push_back(bytes.substr(i * block_bytes, block_bytes));
+    }
+    uint32_t next_token = 1;
+    auto fresh_tokens = [&] {
+      std::vector<uint32_t> tokens(blocks * kBlockSize);
+      for (uint32_t& token : tokens) token = next_token++;
+      return tokens;
+    };
+    const double put = Bandwidth(seconds, [&] { return daemon.Put(pool, fresh_tokens(), checksums, bytes); });
+    const std::vector<uint32_t> cached = fresh_tokens();
+    daemon.Put(pool, cached, checksums, bytes);
+    std::string received;
+    daemon.Get(pool, cached, &received);
+    if (received != bytes) std::printf("!! GetBlocks returned different bytes\n");
+    const double get = Bandwidth(seconds, [&] { return daemon.Get(pool, cached); });
+
+    double redis_set = 0, redis_get = 0;
+    if (redis.ok()) {
+      redis_set = Bandwidth(seconds, [&] { return (*redis)->SetAll(keys, values).ok() ? bytes.size() : 0; });
+      std::string scratch;
+      redis_get = Bandwidth(seconds, [&] { return (*redis)->GetAll(keys, &scratch).value_or(0); });
+    }
+    std::string copy(bytes.size(), '\0');
+    const double memcpy_rate = Bandwidth(seconds, [&] {
+      std::memcpy(copy.data(), bytes.data(), bytes.size());
+      return bytes.size();
+    });
+    // The same-node path: map the pool and copy the cached blocks out of it.
+    const std::vector<uint32_t> hit_blocks = daemon.HitBlocks(pool, cached);
+    const int fd = shm_open(daemon.ShmName(pool).c_str(), O_RDONLY, 0);
+    const size_t pool_bytes = (64ull << 20) / block_bytes * block_bytes;
+    const auto* base = static_cast<const char*>(mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED, fd, 0));
+    close(fd);
+    const double shm = Bandwidth(seconds, [&] {
+      for (size_t i = 0; i < hit_blocks.size(); ++i) {
+        std::memcpy(copy.data() + i * block_bytes, base + hit_blocks[i] * block_bytes, block_bytes);
+      }
+      return hit_blocks.size() * block_bytes;
+    });
+    if (std::memcmp(copy.data(), bytes.data(), bytes.size()) != 0) {
+      std::printf("!! shared-memory blocks differ from what was put\n");
+    }
+    munmap(const_cast<char*>(base), pool_bytes);
+    std::printf("%-5s %5llu KiB %8.2f %8.2f %9.2f %9.2f %7.2fx %7.2fx %8.2f %8.2f %6.2fx\n",
+                name.c_str(), static_cast<unsigned long long>(block_bytes >> 10), put, get,
+                redis_set, redis_get, redis_set > 0 ? put / redis_set : 0,
+                redis_get > 0 ? get / redis_get : 0, memcpy_rate, shm, shm / memcpy_rate);
+  }
+}
+
+}  // namespace
+}  // namespace kvcache
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
+  char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  std::printf("block bytes: 8 MiB per operation, %u KiB chunks, GB/s (1e9 bytes/s)\n",
+              kvcache::kChunkBytes >> 10);
+  std::printf("%-5s %9s %8s %8s %9s %9s %8s %8s %8s %8s %7s\n", "via", "block", "put", "get",
+              "redis SET", "redis GET", "put/SET", "get/GET", "memcpy", "shm copy", "shm/mc");
+  kvcache::RunTransport("unix", "unix://" + dir + "/kv.sock", true, dir, seconds);
+  kvcache::RunTransport("tcp", "127.0.0.1:0", false, dir, seconds);
+  std::string cleanup = "rm -rf " + dir;
+  return system(cleanup.c_str()) == 0 ? 0 : 1;
+}

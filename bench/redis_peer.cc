@@ -1,0 +1,169 @@
+#include "bench/redis_peer.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace kvcache::bench {
+namespace {
+
+int ConnectOnce(const std::string& socket_path, int port) {
+  if (!socket_path.empty()) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, socket_path.c_str(), sizeof(address.sun_path) - 1);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) return fd;
+    close(fd);
+    return -1;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+  }
+  close(fd);
+  return -1;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RedisPeer>> RedisPeer::Start(const std::string& dir, int port,
+                                                            bool use_unix_socket) {
+  if (access("/usr/bin/redis-server", X_OK) != 0) {
+    return absl::FailedPreconditionError("redis-server is not installed (apt-get install redis-server)");
+  }
+  const std::string socket_path = dir + "/redis.sock";
+  const std::string port_text = absl::StrCat(port);
+  std::vector<std::string> args = {"/usr/bin/redis-server", "--port", port_text, "--bind",
+                                   "127.0.0.1", "--unixsocket", socket_path, "--save", "",
+                                   "--appendonly", "no", "--dir", dir, "--logfile", dir + "/redis.log",
+                                   "--proto-max-bulk-len", "1gb"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    return absl::InternalError("cannot start redis-server");
+  }
+  int fd = -1;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (fd < 0 && absl::Now() < give_up) {
+    fd = ConnectOnce(use_unix_socket ? socket_path : "", port);
+    if (fd < 0) absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (fd < 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return absl::UnavailableError("redis-server did not accept connections");
+  }
+  return std::unique_ptr<RedisPeer>(new RedisPeer(pid, fd));
+}
+
+RedisPeer::~RedisPeer() {
+  close(fd_);
+  kill(pid_, SIGTERM);
+  waitpid(pid_, nullptr, 0);
+}
+
+absl::Status RedisPeer::SendAll(const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = write(fd_, bytes.data() + sent, bytes.size() - sent);
+    if (n <= 0) return absl::UnavailableError("redis write failed");
+    sent += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RedisPeer::ReadLine() {
+  while (true) {
+    const size_t end = buffer_.find("\r\n", buffer_pos_);
+    if (end != std::string::npos) {
+      std::string line = buffer_.substr(buffer_pos_, end - buffer_pos_);
+      buffer_pos_ = end + 2;
+      return line;
+    }
+    char chunk[1 << 16];
+    const ssize_t n = read(fd_, chunk, sizeof(chunk));
+    if (n <= 0) return absl::UnavailableError("redis read failed");
+    buffer_.erase(0, buffer_pos_);
+    buffer_pos_ = 0;
+    buffer_.append(chunk, n);
+  }
+}
+
+absl::Status RedisPeer::ReadExact(size_t size, std::string* out) {
+  out->clear();
+  const size_t buffered = std::min(size, buffer_.size() - buffer_pos_);
+  out->append(buffer_, buffer_pos_, buffered);
+  buffer_pos_ += buffered;
+  out->resize(size);
+  size_t filled = buffered;
+  while (filled < size) {
+    const ssize_t n = read(fd_, out->data() + filled, size - filled);
+    if (n <= 0) return absl::UnavailableError("redis read failed");
+    filled += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RedisPeer::SetAll(const std::vector<std::string>& keys,
+                               const std::vector<std::string>& values) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = SendAll(absl::StrCat("*3\r\n$3\r\nSET\r\n$", keys[i].size(), "\r\n",
+                                              keys[i], "\r\n$", values[i].size(), "\r\n"));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = SendAll(values[i] + "\r\n"); !s.ok()) return s;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    absl::StatusOr<std::string> line = ReadLine();
+    if (!line.ok()) return line.status();
+    if (*line != "+OK") return absl::InternalError(absl::StrCat("redis SET: ", *line));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> RedisPeer::GetAll(const std::vector<std::string>& keys,
+                                           std::string* scratch) {
+  std::string request;
+  for (const std::string& key : keys) {
+    absl::StrAppend(&request, "*2\r\n$3\r\nGET\r\n$", key.size(), "\r\n", key, "\r\n");
+  }
+  if (absl::Status s = SendAll(request); !s.ok()) return s;
+  uint64_t total = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    absl::StatusOr<std::string> line = ReadLine();
+    if (!line.ok()) return line.status();
+    size_t size = 0;
+    if (line->empty() || (*line)[0] != '$' || !absl::SimpleAtoi(line->substr(1), &size)) {
+      return absl::InternalError(absl::StrCat("redis GET: ", *line));
+    }
+    if (absl::Status s = ReadExact(size + 2, scratch); !s.ok()) return s;
+    total += size;
+  }
+  return total;
+}
+
+}  // namespace kvcache::bench
