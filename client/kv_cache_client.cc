@@ -323,7 +323,7 @@ void KvCacheClient::KeepAliveLoop(SessionRef session, absl::Duration period) {
         }
         break;
       case absl::StatusCode::kFailedPrecondition:
-        NoteEpochChange(session, 0);
+        NoteEpochChange(session, EpochFromTrailers(context));
         NoteSessionLost(session, status);
         return;
       case absl::StatusCode::kAborted:

@@ -14,7 +14,12 @@
 //
 // Error codes are the daemon's, unchanged (see proto/kvcache/v1/kvcache.proto); the client adds
 // UNAVAILABLE when Connect cannot reach the daemon, DEADLINE_EXCEEDED when a call outlives
-// rpc_timeout and ALREADY_EXISTS when OpenSession is called while a healthy session is open.
+// rpc_timeout, ALREADY_EXISTS when OpenSession is called while a healthy session is open, and
+// for the block data calls FAILED_PRECONDITION without an open session, INVALID_ARGUMENT for a
+// put of the wrong size and DATA_LOSS for received bytes that fail their checksum.
+//
+// Workers on the daemon's node map the pool instead of streaming bytes: see MappedPool
+// (client/mapped_pool.h), built from DescribePool's answer.
 //
 // Thread safety: thread-safe. Calls may be made from any number of threads at once; OpenSession
 // and CloseSession are serialized with each other. Callbacks run on the thread that noticed the

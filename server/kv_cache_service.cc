@@ -8,14 +8,18 @@
 namespace kvcache {
 namespace {
 
+// An error reply drops the response body; the epoch still reaches the client this way.
+void AddEpochTrailer(grpc::CallbackServerContext* context, uint64_t epoch) {
+  context->AddTrailingMetadata(std::string(kEpochMetadataKey), absl::StrCat(epoch));
+}
+
 // Runs `body` (returning absl::Status), stamps the epoch and finishes the call.
 template <typename Response, typename Body>
 grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, Response* response,
                                  uint64_t epoch, Body body) {
   const absl::Status status = body();
   response->set_epoch(epoch);
-  // An error reply drops the response body; the epoch still reaches the client this way.
-  context->AddTrailingMetadata(std::string(kEpochMetadataKey), absl::StrCat(epoch));
+  AddEpochTrailer(context, epoch);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -250,11 +254,13 @@ grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* 
 
 grpc::ServerReadReactor<v1::PutBlocksRequest>* KvCacheService::PutBlocks(
     grpc::CallbackServerContext* context, v1::PutBlocksResponse* response) {
+  AddEpochTrailer(context, manager_->epoch());
   return new PutBlocksReactor(manager_, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::GetBlocks(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  AddEpochTrailer(context, manager_->epoch());
   return new GetBlocksReactor(manager_, request, max_chunk_bytes_);
 }
 

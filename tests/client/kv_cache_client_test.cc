@@ -1,105 +1,37 @@
-// KvCacheClient against a real in-process daemon on a Unix socket in a temp dir: every call's
+// KvCacheClient against a real in-process daemon (tests/client/daemon_fixture.h): every call's
 // results and exact status codes, the keep-alive lease, and epoch fencing across a restart.
 #include "client/kv_cache_client.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <atomic>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "server/daemon.h"
 #include "server/pool_spec.h"
+#include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
+using ::kvcache::testing::PollUntil;
+using ::kvcache::testing::RetryWhileUnavailable;
 using ::kvcache::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr uint32_t kBlockSize = 16;  // DefaultPoolOptions' block size
-constexpr uint32_t kDefaultBlocks = 64;
-constexpr uint32_t kTinyBlocks = 4;
-// Bound for polling a condition that the daemon reaches asynchronously (lease expiry).
-constexpr absl::Duration kPollBound = absl::Seconds(10);
-
-std::vector<uint32_t> Tokens(size_t count, uint32_t first = 100) {
-  std::vector<uint32_t> tokens(count);
-  for (size_t i = 0; i < count; ++i) tokens[i] = first + static_cast<uint32_t>(i);
-  return tokens;
-}
-
-template <typename Predicate>
-bool PollUntil(Predicate done) {
-  const absl::Time deadline = absl::Now() + kPollBound;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
-class KvCacheClientTest : public ::testing::Test {
+class KvCacheClientTest : public kvcache::testing::DaemonFixture {
  protected:
-  void SetUp() override {
-    char dir[] = "/tmp/kvcache_client_test.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    address_ = "unix://" + dir_ + "/kv.sock";
-    StartDaemon();
-    client_ = Connect();
-    ASSERT_NE(client_, nullptr);
-  }
-
-  void TearDown() override {
-    client_.reset();
-    if (daemon_ != nullptr) {
-      for (PrefixCache* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
-      daemon_.reset();
-    }
-    std::filesystem::remove_all(dir_);
-  }
-
-  void StartDaemon() {
-    DaemonOptions options;
-    options.listen = address_;
-    PoolOptions pool = DefaultPoolOptions();
-    pool.num_blocks = kDefaultBlocks;
-    options.pools.push_back(pool);
-    pool.name = "tiny";
-    pool.num_blocks = kTinyBlocks;
-    options.pools.push_back(pool);
-    options.reaper_period = absl::Milliseconds(20);
-    absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
-    ASSERT_OK(daemon);
-    daemon_ = *std::move(daemon);
-  }
-
-  std::unique_ptr<KvCacheClient> Connect(ClientOptions options = {}) {
-    absl::StatusOr<std::unique_ptr<KvCacheClient>> client =
-        KvCacheClient::Connect(address_, std::move(options));
-    EXPECT_OK(client);
-    return client.ok() ? *std::move(client) : nullptr;
-  }
-
   KvCacheClient::Stats Stats(KvCacheClient& client) {
     absl::StatusOr<KvCacheClient::Stats> stats = client.GetStats();
     EXPECT_OK(stats);
     return stats.ok() ? *stats : KvCacheClient::Stats{};
   }
-
-  std::string dir_;
-  std::string address_;
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<KvCacheClient> client_;
 };
 
 TEST_F(KvCacheClientTest, ConnectToNothingIsUnavailable) {
@@ -425,7 +357,8 @@ TEST_F(KvCacheClientTest, RestartedDaemonIsFencedWithFailedPrecondition) {
   const uint64_t new_epoch = daemon_->manager().epoch();
   ASSERT_NE(new_epoch, old_epoch);
 
-  EXPECT_THAT(client->CommitSequence(sequence->sequence_id, 2 * kBlockSize),
+  EXPECT_THAT(RetryWhileUnavailable(
+                  [&] { return client->CommitSequence(sequence->sequence_id, 2 * kBlockSize); }),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_TRUE(client->epoch_changed());
   // The keep-alive thread may have noticed first and still be about to run the callback.

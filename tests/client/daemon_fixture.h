@@ -1,0 +1,113 @@
+// A real kvcache daemon in this process, on a Unix socket in a temp dir, with a connected
+// KvCacheClient: the fixture of the client tests that need a daemon's pools (shared memory,
+// block streams). Pools: "default" (kDefaultBlocks) and "tiny" (kTinyBlocks), both of
+// DefaultPoolOptions' layout. TearDown checks every pool's invariants.
+#ifndef KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
+#define KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/kv_cache_client.h"
+#include "server/daemon.h"
+#include "server/pool_spec.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache::testing {
+
+// Polls `done` until it holds; false after 10 s. For conditions the daemon reaches
+// asynchronously (lease expiry, a stream's pins ending after its last message).
+template <typename Predicate>
+bool PollUntil(Predicate done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// After a daemon restart a call may still leave on the dead connection and fail UNAVAILABLE
+// ("Broken pipe") before the channel notices; this retries such a call until it gets another
+// answer (bounded by 10 s).
+template <typename Call>
+auto RetryWhileUnavailable(Call call) -> decltype(call()) {
+  auto result = call();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (GetStatus(result).code() == absl::StatusCode::kUnavailable && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    result = call();
+  }
+  return result;
+}
+
+class DaemonFixture : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kBlockSize = 16;  // DefaultPoolOptions' block size
+  static constexpr uint32_t kDefaultBlocks = 64;
+  static constexpr uint32_t kTinyBlocks = 4;
+
+  void SetUp() override {
+    char dir[] = "/tmp/kvcache_client_test.XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    address_ = "unix://" + dir_ + "/kv.sock";
+    ASSERT_NO_FATAL_FAILURE(StartDaemon());
+    client_ = Connect();
+    ASSERT_NE(client_, nullptr);
+  }
+
+  void TearDown() override {
+    client_.reset();
+    if (daemon_ != nullptr) {
+      for (PrefixCache* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
+      daemon_.reset();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  void StartDaemon() {
+    DaemonOptions options;
+    options.listen = address_;
+    PoolOptions pool = DefaultPoolOptions();
+    pool.num_blocks = kDefaultBlocks;
+    options.pools.push_back(pool);
+    pool.name = "tiny";
+    pool.num_blocks = kTinyBlocks;
+    options.pools.push_back(pool);
+    options.reaper_period = absl::Milliseconds(20);
+    absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
+    ASSERT_OK(daemon);
+    daemon_ = *std::move(daemon);
+  }
+
+  std::unique_ptr<KvCacheClient> Connect(ClientOptions options = {}) {
+    absl::StatusOr<std::unique_ptr<KvCacheClient>> client =
+        KvCacheClient::Connect(address_, std::move(options));
+    EXPECT_OK(client);
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  static std::vector<uint32_t> Tokens(size_t count, uint32_t first = 100) {
+    std::vector<uint32_t> tokens(count);
+    for (size_t i = 0; i < count; ++i) tokens[i] = first + static_cast<uint32_t>(i);
+    return tokens;
+  }
+
+  std::string dir_;
+  std::string address_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<KvCacheClient> client_;
+};
+
+}  // namespace kvcache::testing
+
+#endif  // KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
