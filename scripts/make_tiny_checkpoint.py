@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Writes a deterministic tiny Qwen3-MoE checkpoint (config.json + model.safetensors).
+
+Usage: make_tiny_checkpoint.py OUT_DIR [--dtype bf16|f16|f32] [--seed N] [--layers N]
+
+The weights come from random.Random(seed) only, so the same arguments give byte-identical files
+on every machine (standard library only: no numpy, no torch). Scales keep activations O(1) so the
+model's logits, attention and routing are far from degenerate: projections are N(0, 1/sqrt(in)),
+embeddings N(0, 1), norm weights 1 + N(0, 0.05). Tensor names and shapes follow Hugging Face's
+Qwen3MoeForCausalLM (a Linear weight is [out, in]).
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import struct
+import sys
+
+CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "torch_dtype": "bfloat16",
+}
+
+DTYPES = {"bf16": ("BF16", 2), "f16": ("F16", 2), "f32": ("F32", 4)}
+
+
+def float_to_bf16_bits(value):
+    """float32 bits rounded to bfloat16, nearest-even (values here are finite)."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16) & 0xFFFF
+
+
+def encode(values, dtype):
+    if dtype == "f32":
+        return struct.pack("<%df" % len(values), *values)
+    if dtype == "f16":  # struct's "e" rounds to nearest-even IEEE binary16
+        return struct.pack("<%de" % len(values), *values)
+    return struct.pack("<%dH" % len(values), *(float_to_bf16_bits(v) for v in values))
+
+
+def tensor_specs(cfg):
+    """(name, shape, kind) in a fixed order; kind picks the initializer."""
+    hidden, head_dim = cfg["hidden_size"], cfg["head_dim"]
+    q_dim = cfg["num_attention_heads"] * head_dim
+    kv_dim = cfg["num_key_value_heads"] * head_dim
+    moe, vocab = cfg["moe_intermediate_size"], cfg["vocab_size"]
+    specs = [("model.embed_tokens.weight", [vocab, hidden], "embed")]
+    for i in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        specs += [
+            (p + "input_layernorm.weight", [hidden], "norm"),
+            (p + "self_attn.q_proj.weight", [q_dim, hidden], "linear"),
+            (p + "self_attn.k_proj.weight", [kv_dim, hidden], "linear"),
+            (p + "self_attn.v_proj.weight", [kv_dim, hidden], "linear"),
+            (p + "self_attn.o_proj.weight", [hidden, q_dim], "linear"),
+            (p + "self_attn.q_norm.weight", [head_dim], "norm"),
+            (p + "self_attn.k_norm.weight", [head_dim], "norm"),
+            (p + "post_attention_layernorm.weight", [hidden], "norm"),
+            (p + "mlp.gate.weight", [cfg["num_experts"], hidden], "linear"),
+        ]
+        for e in range(cfg["num_experts"]):
+            ep = p + "mlp.experts.%d." % e
+            specs += [
+                (ep + "gate_proj.weight", [moe, hidden], "linear"),
+                (ep + "up_proj.weight", [moe, hidden], "linear"),
+                (ep + "down_proj.weight", [hidden, moe], "linear"),
+            ]
+    specs.append(("model.norm.weight", [hidden], "norm"))
+    if not cfg["tie_word_embeddings"]:
+        specs.append(("lm_head.weight", [vocab, hidden], "linear"))
+    return specs
+
+
+def init_values(rng, shape, kind):
+    count = math.prod(shape)
+    if kind == "norm":
+        return [1.0 + rng.gauss(0.0, 0.05) for _ in range(count)]
+    std = 1.0 if kind == "embed" else 1.0 / math.sqrt(shape[-1])
+    return [rng.gauss(0.0, std) for _ in range(count)]
+
+
+def write_safetensors(path, tensors, dtype):
+    """tensors: list of (name, shape, bytes) laid out in that order."""
+    dtype_name, _ = DTYPES[dtype]
+    header = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, data in tensors:
+        header[name] = {"dtype": dtype_name, "shape": shape,
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    header_bytes = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)  # the data section starts 8-byte aligned
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(header_bytes)))
+        out.write(header_bytes)
+        for _, _, data in tensors:
+            out.write(data)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"])
+    args = parser.parse_args(argv)
+    if args.layers < 1:
+        parser.error("--layers must be at least 1")
+
+    cfg = dict(CONFIG)
+    cfg["num_hidden_layers"] = args.layers
+    cfg["torch_dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[args.dtype]
+    rng = random.Random(args.seed)
+    tensors = []
+    for name, shape, kind in tensor_specs(cfg):
+        tensors.append((name, shape, encode(init_values(rng, shape, kind), args.dtype)))
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    # Write to temporary names and rename, so an interrupted run never leaves a half checkpoint.
+    weights = os.path.join(args.out_dir, "model.safetensors")
+    config = os.path.join(args.out_dir, "config.json")
+    write_safetensors(weights + ".tmp", tensors, args.dtype)
+    with open(config + ".tmp", "w", encoding="utf-8") as out:
+        json.dump(cfg, out, indent=2, sort_keys=True)
+        out.write("\n")
+    os.replace(weights + ".tmp", weights)
+    os.replace(config + ".tmp", config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
