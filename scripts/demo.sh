@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# The main job: builds, starts kvcache-manager with its embedded default (one host-memory pool on
-# a Unix socket in a fresh temp dir), runs the demo client that shows a prefix hit, and stops the
-# daemon with SIGTERM.
+# The main job: builds, starts kvcache-manager with its embedded default pool plus a pool laid out
+# for the tiny test model, on a Unix socket in a fresh temp dir; runs the demo client (a prefix
+# hit at the API level), then two MoE workers as separate processes: the first holds a 3-turn
+# conversation (each turn hits its own history), the second asks the first prompt again and
+# gets it from the cache. Every turn is checked against a cold in-process run, bit for bit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 
+checkpoint=build/demo-checkpoint
+[ -f "$checkpoint/model.safetensors" ] || /usr/bin/python3 scripts/make_tiny_checkpoint.py "$checkpoint"
+
 run_dir=$(mktemp -d /tmp/kvcache-demo-XXXXXX)
 socket="unix://$run_dir/kv.sock"
-./build/bin/kvcache-manager --listen "$socket" &
+./build/bin/kvcache-manager --listen "$socket" \
+  --pool default,qwen:model=tiny-qwen3-moe:layers=3:kv_heads=2:head_dim=16:block_size=16:dtype=bf16:blocks=512 &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$run_dir"' EXIT
 
 ./build/bin/kvcache-demo --target "$socket"
+
+prompt="You are a helpful assistant. Explain how a paged KV cache lets two requests share a prefix."
+echo
+echo "== worker 1: a 3-turn conversation"
+./build/bin/kvcache-worker --target "$socket" --pool qwen --checkpoint "$checkpoint" \
+  --prompt "$prompt" --max_new_tokens 24 --turns 3 --check_cold | grep -v '^result'
+echo "== worker 2 (another process): the first prompt again"
+./build/bin/kvcache-worker --target "$socket" --pool qwen --checkpoint "$checkpoint" \
+  --prompt "$prompt" --max_new_tokens 24 --check_cold | grep -v '^result'

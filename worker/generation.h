@@ -1,0 +1,56 @@
+// What one generation produced, in a form two processes can compare exactly: the tokens, and a
+// digest of every logits vector in order (XXH3-64 over their bytes). GenerateCold is the
+// reference: one process, a private pool, no cache — the run every cached run must equal.
+//
+// Thread-safety: GenerateCold is thread-safe for distinct samplers; LogitsDigest is
+// thread-compatible.
+#ifndef KVCACHE_WORKER_GENERATION_H_
+#define KVCACHE_WORKER_GENERATION_H_
+
+#include <xxhash.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "worker/qwen3_moe.h"
+#include "worker/sampler.h"
+
+namespace kvcache::worker {
+
+struct GenerationResult {
+  std::vector<uint32_t> tokens;  // generated, max_new_tokens of them
+  uint32_t prompt_tokens = 0;
+  uint32_t cached_tokens = 0;    // prompt tokens whose KV came from the cache
+  uint64_t logits_digest = 0;    // over the logits of the prompt's last token, then each step's
+  absl::Duration prefill_time;   // computing the uncached prompt tokens
+  absl::Duration decode_time;    // every decode step after the prefill
+};
+
+class LogitsDigest {
+ public:
+  LogitsDigest() : state_(XXH3_createState(), &XXH3_freeState) {
+    XXH3_64bits_reset_withSeed(state_.get(), 0);
+  }
+  void Update(absl::Span<const float> logits) {
+    XXH3_64bits_update(state_.get(), logits.data(), logits.size() * sizeof(float));
+  }
+  uint64_t value() const { return XXH3_64bits_digest(state_.get()); }
+
+ private:
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
+};
+
+// Prefill the whole prompt, then decode max_new_tokens - 1 steps (the last sampled token is not
+// fed back), over a private host pool of `dtype` and `block_size`. Errors as Forward / Sample.
+absl::StatusOr<GenerationResult> GenerateCold(const Qwen3MoeModel& model,
+                                              absl::Span<const uint32_t> prompt,
+                                              uint32_t max_new_tokens, Sampler& sampler,
+                                              uint32_t block_size, DType dtype);
+
+}  // namespace kvcache::worker
+
+#endif  // KVCACHE_WORKER_GENERATION_H_

@@ -1,0 +1,80 @@
+#include "worker/kv_worker.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace kvcache::worker {
+
+absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client,
+                                                          std::string pool,
+                                                          const Qwen3MoeModel* model) {
+  ASSIGN_OR_RETURN(KvCacheClient::PoolDescription description, client->DescribePool(pool));
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedPool> mapped, MappedPool::Map(description));
+  const PoolLayout& layout = mapped->layout();
+  const ModelConfig& config = model->config();
+  if (layout.num_layers != config.num_hidden_layers ||
+      layout.num_kv_heads != config.num_key_value_heads || layout.head_dim != config.head_dim) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", pool, "' is laid out for ", layout.DebugString(), " but the model has ",
+        config.num_hidden_layers, " layers, ", config.num_key_value_heads, " KV heads, head dim ",
+        config.head_dim));
+  }
+  return std::unique_ptr<KvWorker>(
+      new KvWorker(client, std::move(pool), model, std::move(mapped)));
+}
+
+absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> prompt,
+                                                    uint32_t max_new_tokens, Sampler& sampler,
+                                                    absl::string_view cache_salt) {
+  if (max_new_tokens == 0) return absl::InvalidArgumentError("max_new_tokens must be positive");
+  if (client_->session_epoch() != mapped_->epoch()) {
+    return absl::FailedPreconditionError(
+        "the daemon restarted since the pool was mapped; create a new worker");
+  }
+  ASSIGN_OR_RETURN(KvCacheClient::Sequence sequence,
+                   client_->OpenSequence(pool_, prompt, cache_salt));
+  absl::StatusOr<GenerationResult> result =
+      Run(sequence.sequence_id, std::move(sequence.block_ids), sequence.num_cached_tokens, prompt,
+          max_new_tokens, sampler);
+  const absl::Status released = client_->ReleaseSequence(sequence.sequence_id);
+  if (result.ok() && !released.ok()) return released;
+  return result;
+}
+
+absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector<uint32_t> table,
+                                               uint32_t cached, absl::Span<const uint32_t> prompt,
+                                               uint32_t max_new_tokens, Sampler& sampler) {
+  GenerationResult result{.prompt_tokens = static_cast<uint32_t>(prompt.size()),
+                          .cached_tokens = cached};
+  auto pool_view = [&] {
+    return PagedKv(mapped_->Block(0), mapped_->layout(), table, mapped_->num_blocks());
+  };
+  LogitsDigest digest;
+  absl::Time start = absl::Now();
+  PagedKv kv = pool_view();
+  ASSIGN_OR_RETURN(std::vector<float> logits, model_->Forward(prompt.subspan(cached), cached, kv));
+  // The prompt's KV is written: its full blocks may now be published.
+  RETURN_IF_ERROR(client_->CommitSequence(sequence_id, prompt.size()).status());
+  result.prefill_time = absl::Now() - start;
+
+  start = absl::Now();
+  uint32_t position = static_cast<uint32_t>(prompt.size());
+  while (true) {
+    digest.Update(logits);
+    ASSIGN_OR_RETURN(uint32_t token, sampler.Sample(logits));
+    result.tokens.push_back(token);
+    if (result.tokens.size() >= max_new_tokens) break;
+    ASSIGN_OR_RETURN(KvCacheClient::Extension extension,
+                     client_->ExtendSequence(sequence_id, {&token, 1}));
+    table.insert(table.end(), extension.new_block_ids.begin(), extension.new_block_ids.end());
+    kv = pool_view();
+    ASSIGN_OR_RETURN(logits, model_->Forward({&token, 1}, position++, kv));
+    RETURN_IF_ERROR(client_->CommitSequence(sequence_id, position).status());
+  }
+  result.decode_time = absl::Now() - start;
+  result.logits_digest = digest.value();
+  return result;
+}
+
+}  // namespace kvcache::worker
