@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
   const absl::Status status = kvcache::worker::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "kvcache-worker: %s\n", status.ToString().c_str());
+    // Also on stdout, where the machine lines go, so a driver sees why.
+    std::printf("error code=%s\n", absl::StatusCodeToString(status.code()).c_str());
     return 1;
   }
   return 0;

@@ -76,7 +76,7 @@ void DaemonProcessTest::TearDown() {
 void DaemonProcessTest::StartDaemon() {
   absl::StatusOr<Subprocess> daemon = Subprocess::Start(
       {bin_dir_ + "/kvcache-manager", "--listen=" + target_,
-       "--pool=default:blocks=" + std::to_string(kPoolBlocks), "--session_ttl=2s"});
+       "--pool=" + pool_flag_, "--session_ttl=2s"});
   ASSERT_OK(daemon);
   daemon_.emplace(*std::move(daemon));
   ASSERT_OK(daemon_->ReadLineStartingWith("kvcache-manager: listening on", kStartBound));
@@ -124,7 +124,7 @@ ClientResult DaemonProcessTest::RunClient(const std::vector<std::string>& args) 
 }
 
 KvCacheClient::PoolStats DaemonProcessTest::PoolStats() {
-  absl::StatusOr<KvCacheClient::Stats> stats = observer_->GetStats("default");
+  absl::StatusOr<KvCacheClient::Stats> stats = observer_->GetStats(pool_name_);
   EXPECT_OK(stats);
   if (!stats.ok() || stats->pools.empty()) return {};
   return stats->pools[0];

@@ -69,6 +69,10 @@ class DaemonProcessTest : public ::testing::Test {
   // Polls until the daemon holds no session and no referenced block; false past the bound.
   bool AwaitAllReleased();
 
+  // The daemon's --pool flag and the pool the stats helpers read; a test may set both before
+  // SetUp.
+  std::string pool_flag_ = "default:blocks=" + std::to_string(kPoolBlocks);
+  std::string pool_name_ = "default";
   std::string bin_dir_;
   std::string dir_;
   std::string socket_path_;

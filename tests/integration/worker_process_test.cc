@@ -1,0 +1,178 @@
+// kvcache-worker processes against a real kvcache-manager: every cached run — a prefix hit, a
+// resurrection from soft-free, a prefix shared by another worker process, a prefix evicted under
+// memory pressure and recomputed — produces tokens and logits bit-identical to a cold run in this
+// process (GenerateCold over a private pool).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "tests/integration/daemon_process_fixture.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/generation.h"
+
+namespace kvcache::testing {
+namespace {
+
+constexpr uint32_t kNewTokens = 12;
+constexpr uint32_t kWorkerPoolBlocks = 24;
+
+std::vector<uint32_t> Prompt(uint32_t seed, size_t length) {
+  std::vector<uint32_t> tokens(length);
+  for (size_t i = 0; i < length; ++i) tokens[i] = (seed * 131 + i * 7 + (i * i) % 13) % 256;
+  return tokens;
+}
+
+std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class WorkerProcessTest : public DaemonProcessTest {
+ protected:
+  WorkerProcessTest() {
+    pool_name_ = "qwen";
+    pool_flag_ = absl::StrFormat(
+        "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=%u:dtype=bf16:blocks=%u",
+        kBlockSize, kWorkerPoolBlocks);
+  }
+
+  void SetUp() override {
+    DaemonProcessTest::SetUp();
+    StartDaemon();
+    auto model = worker::Qwen3MoeModel::Load(KVCACHE_TINY_CHECKPOINT_DIR);
+    ASSERT_OK(model);
+    model_.emplace(*std::move(model));
+  }
+
+  // Runs kvcache-worker on `prompt` and returns its result line.
+  ClientResult RunWorker(const std::vector<uint32_t>& prompt,
+                         const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {bin_dir_ + "/kvcache-worker", "--target=" + target_,
+                                     "--pool=qwen", "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR,
+                                     "--tokens=" + absl::StrJoin(prompt, ","),
+                                     "--max_new_tokens=" + std::to_string(kNewTokens)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
+    EXPECT_OK(worker);
+    if (!worker.ok()) return {};
+    ClientResult result = ReadResult(*worker);
+    absl::StatusOr<int> status = worker->Wait(kClientBound);
+    EXPECT_OK(status);
+    return result;
+  }
+
+  // The cold reference's tokens and digest, as the worker prints them.
+  std::pair<std::string, std::string> Cold(const std::vector<uint32_t>& prompt) {
+    worker::Sampler sampler = worker::Sampler::Greedy();
+    auto cold = worker::GenerateCold(*model_, prompt, kNewTokens, sampler, kBlockSize,
+                                     DType::kBFloat16);
+    EXPECT_OK(cold);
+    if (!cold.ok()) return {};
+    return {absl::StrJoin(cold->tokens, ","),
+            absl::StrFormat("%016x", cold->logits_digest)};
+  }
+
+  void ExpectMatchesCold(const ClientResult& result, const std::vector<uint32_t>& prompt) {
+    const auto [tokens, digest] = Cold(prompt);
+    EXPECT_EQ(result.Field("tokens"), tokens);
+    EXPECT_EQ(result.Field("digest"), digest);
+  }
+
+  std::optional<worker::Qwen3MoeModel> model_;
+};
+
+TEST_F(WorkerProcessTest, ColdRunThenPrefixHitAndResurrectionAreIdentical) {
+  const std::vector<uint32_t> prompt = Prompt(1, 100);
+  const ClientResult cold = RunWorker(prompt);
+  EXPECT_EQ(cold.num_cached_tokens, 0u);
+  ExpectMatchesCold(cold, prompt);
+  const uint64_t resurrected_before = PoolStats().resurrected_blocks;
+
+  // The first worker released its blocks: they sit soft-freed until this hit resurrects them.
+  const ClientResult hit = RunWorker(prompt);
+  EXPECT_EQ(hit.num_cached_tokens, 96u);
+  ExpectMatchesCold(hit, prompt);
+  EXPECT_EQ(PoolStats().resurrected_blocks - resurrected_before, 6u);
+  EXPECT_EQ(PoolStats().evictions, 0u);
+  EXPECT_TRUE(AwaitAllReleased());
+}
+
+TEST_F(WorkerProcessTest, TwoWorkerProcessesShareAPrefix) {
+  const std::vector<uint32_t> shared = Prompt(2, 64);
+  const std::vector<uint32_t> first = Concat(shared, Prompt(3, 20));
+  const std::vector<uint32_t> second = Concat(shared, Prompt(4, 30));
+  const ClientResult a = RunWorker(first);
+  ExpectMatchesCold(a, first);
+  const ClientResult b = RunWorker(second);
+  EXPECT_EQ(b.num_cached_tokens, 64u);
+  ExpectMatchesCold(b, second);
+}
+
+TEST_F(WorkerProcessTest, EvictedPrefixIsRecomputedIdentically) {
+  const std::vector<uint32_t> prompt = Prompt(5, 100);
+  ExpectMatchesCold(RunWorker(prompt), prompt);
+  // Unrelated requests that need the whole pool: the first prompt's blocks are evicted.
+  for (uint32_t seed = 10; seed < 13; ++seed) {
+    const std::vector<uint32_t> other = Prompt(seed, 16 * 20);
+    ExpectMatchesCold(RunWorker(other), other);
+  }
+  EXPECT_GT(PoolStats().evictions, 0u);
+  absl::StatusOr<KvCacheClient::LookupResult> lookup =
+      observer_->Lookup("qwen", "demo", prompt);
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 0u);
+  const ClientResult recomputed = RunWorker(prompt);
+  EXPECT_EQ(recomputed.num_cached_tokens, 0u);
+  ExpectMatchesCold(recomputed, prompt);
+}
+
+TEST_F(WorkerProcessTest, MultiTurnConversationHitsItsOwnAnswers) {
+  const std::vector<uint32_t> prompt = Prompt(6, 40);
+  absl::StatusOr<Subprocess> worker = Subprocess::Start(
+      {bin_dir_ + "/kvcache-worker", "--target=" + target_, "--pool=qwen",
+       "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR, "--tokens=" + absl::StrJoin(prompt, ","),
+       "--max_new_tokens=20", "--turns=3", "--check_cold"});
+  ASSERT_OK(worker);
+  const ClientResult turn1 = ReadResult(*worker);
+  const ClientResult turn2 = ReadResult(*worker);
+  const ClientResult turn3 = ReadResult(*worker);
+  absl::StatusOr<int> status = worker->Wait(kClientBound);
+  ASSERT_OK(status);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);  // --check_cold passed
+  EXPECT_EQ(turn1.num_cached_tokens, 0u);
+  // Turn 2's prompt is turn 1's prompt, its answer and a new message: it hits past the first
+  // prompt into the answer.
+  EXPECT_GT(turn2.num_cached_tokens, prompt.size());
+  EXPECT_GT(turn3.num_cached_tokens, turn2.Number("prompt_tokens") - 16);
+}
+
+TEST_F(WorkerProcessTest, BadRequestsFailWithPreciseCodes) {
+  auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {bin_dir_ + "/kvcache-worker", "--target=" + target_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
+    EXPECT_OK(worker);
+    if (!worker.ok()) return std::string();
+    absl::StatusOr<std::string> line = worker->ReadLineStartingWith("error ", kClientBound);
+    absl::StatusOr<int> status = worker->Wait(kClientBound);
+    EXPECT_OK(status);
+    if (status.ok()) EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    return line.ok() ? *line : std::string();
+  };
+  const std::string checkpoint = "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR;
+  EXPECT_EQ(run({"--pool=qwen", checkpoint, "--tokens=1,2,300"}), "error code=INVALID_ARGUMENT");
+  EXPECT_EQ(run({"--pool=qwen", "--checkpoint=/nonexistent", "--tokens=1"}),
+            "error code=NOT_FOUND");
+  EXPECT_EQ(run({"--pool=nope", checkpoint, "--tokens=1"}), "error code=NOT_FOUND");
+  EXPECT_EQ(run({"--pool=qwen", checkpoint, "--tokens=1", "--max_new_tokens=0"}),
+            "error code=INVALID_ARGUMENT");
+  // A prompt longer than the whole pool.
+  EXPECT_EQ(run({"--pool=qwen", checkpoint, "--tokens=" + absl::StrJoin(Prompt(7, 16 * 30), ",")}),
+            "error code=RESOURCE_EXHAUSTED");
+  // Nothing leaked by the failed requests.
+  EXPECT_TRUE(AwaitAllReleased());
+}
+
+}  // namespace
+}  // namespace kvcache::testing
