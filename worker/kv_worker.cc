@@ -58,19 +58,34 @@ absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector
   RETURN_IF_ERROR(client_->CommitSequence(sequence_id, prompt.size()).status());
   result.prefill_time = absl::Now() - start;
 
+  // Decode talks to the daemon per block, not per token: sampled tokens wait in `pending` until
+  // a new block is needed (ExtendSequence hands it out) or their block is full (they are sent,
+  // then the block is committed and published).
   start = absl::Now();
+  const uint32_t block_size = mapped_->layout().block_size;
   uint32_t position = static_cast<uint32_t>(prompt.size());
+  std::vector<uint32_t> pending;
+  auto send_pending = [&]() -> absl::Status {
+    if (pending.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(KvCacheClient::Extension extension,
+                     client_->ExtendSequence(sequence_id, pending));
+    table.insert(table.end(), extension.new_block_ids.begin(), extension.new_block_ids.end());
+    pending.clear();
+    return absl::OkStatus();
+  };
   while (true) {
     digest.Update(logits);
     ASSIGN_OR_RETURN(uint32_t token, sampler.Sample(logits));
     result.tokens.push_back(token);
     if (result.tokens.size() >= max_new_tokens) break;
-    ASSIGN_OR_RETURN(KvCacheClient::Extension extension,
-                     client_->ExtendSequence(sequence_id, {&token, 1}));
-    table.insert(table.end(), extension.new_block_ids.begin(), extension.new_block_ids.end());
+    pending.push_back(token);
+    if (position >= table.size() * block_size) RETURN_IF_ERROR(send_pending());
     kv = pool_view();
     ASSIGN_OR_RETURN(logits, model_->Forward({&token, 1}, position++, kv));
-    RETURN_IF_ERROR(client_->CommitSequence(sequence_id, position).status());
+    if (position % block_size == 0) {
+      RETURN_IF_ERROR(send_pending());
+      RETURN_IF_ERROR(client_->CommitSequence(sequence_id, position).status());
+    }
   }
   result.decode_time = absl::Now() - start;
   result.logits_digest = digest.value();

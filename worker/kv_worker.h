@@ -1,9 +1,9 @@
 // KvWorker: runs the model with its KV in the daemon's pool. A generation opens a sequence (the
 // daemon hands back the longest cached prefix), computes only the uncached prompt tokens at the
 // positions after the cached ones, writes their KV in place through the shared mapping, commits
-// the prompt, then decodes: each step appends a slot, computes the token and commits it, so full
-// blocks are published as they fill and a later turn hits its own earlier answer. The sequence is
-// released (tail first) at the end, or on any error.
+// the prompt, then decodes, appending tokens to the sequence and committing each block as it
+// fills (one round trip per block, not per token), so a later turn hits its own earlier answer.
+// The sequence is released (tail first) at the end, or on any error.
 //
 // Thread-safety: thread-compatible (one generation at a time per KvWorker).
 #ifndef KVCACHE_WORKER_KV_WORKER_H_
