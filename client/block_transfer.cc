@@ -75,10 +75,16 @@ absl::StatusOr<KvCacheClient::BlockShape> KvCacheClient::PoolShape(absl::string_
 
 absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view bytes,
-    absl::string_view cache_salt, const ExtraKeys& extra_keys, size_t chunk_bytes) {
+    absl::string_view cache_salt, const ExtraKeys& extra_keys, size_t chunk_bytes,
+    uint32_t first_block) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
-  const size_t num_blocks = tokens.size() / shape.block_size;
+  const size_t full_blocks = tokens.size() / shape.block_size;
+  if (first_block > full_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("PutBlocks: first_block ", first_block,
+                                                   " past the ", full_blocks, " full blocks"));
+  }
+  const size_t num_blocks = full_blocks - first_block;
   if (bytes.size() != num_blocks * shape.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PutBlocks: ", bytes.size(), " bytes given for the ", num_blocks, " full blocks of a ",
@@ -94,6 +100,7 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   header->mutable_tokens()->Add(tokens.begin(), tokens.end());
   header->set_cache_salt(std::string(cache_salt));
   FillExtraKeys(extra_keys, header->mutable_extra_keys());
+  header->set_first_block(first_block);
   header->mutable_block_checksums()->Reserve(num_blocks);
   for (size_t i = 0; i < num_blocks; ++i) {
     header->add_block_checksums(

@@ -414,6 +414,35 @@ absl::StatusOr<KvCacheClient::Fork> KvCacheClient::ForkSequence(uint64_t sequenc
   return fork;
 }
 
+absl::Status KvCacheClient::PublishRendezvous(absl::string_view key, absl::string_view value) {
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PublishRendezvous"));
+  v1::PublishRendezvousRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  v1::PublishRendezvousResponse response;
+  return Call(&v1::KvCache::StubInterface::PublishRendezvous, "PublishRendezvous", request,
+              &response, session, true);
+}
+
+absl::StatusOr<std::string> KvCacheClient::AwaitRendezvous(absl::string_view key,
+                                                           absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("AwaitRendezvous"));
+  v1::AwaitRendezvousRequest request;
+  request.set_session_id(session.session_id);
+  request.set_epoch(session.epoch);
+  request.set_key(std::string(key));
+  v1::AwaitRendezvousResponse response;
+  // Call() would bound the wait by rpc_timeout; the caller's timeout is the deadline here.
+  grpc::ClientContext context;
+  PrepareContext(&context, timeout);
+  const grpc::Status status = stub_->AwaitRendezvous(&context, request, &response);
+  RETURN_IF_ERROR(
+      CheckReply("AwaitRendezvous", context, status, response.epoch(), session, true));
+  return std::move(*response.mutable_value());
+}
+
 bool KvCacheClient::epoch_changed() const {
   absl::MutexLock lock(&mu_);
   return epoch_changed_;

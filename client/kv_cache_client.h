@@ -226,10 +226,14 @@ class KvCacheClient {
   // byte arrived and matched: a failed put stores nothing. Blocks already cached are kept as
   // they are. Idempotent. INVALID_ARGUMENT also for a put with no full block; DATA_LOSS if the
   // daemon saw a checksum mismatch; RESOURCE_EXHAUSTED when the pool is short of blocks.
+  // With `first_block` > 0, `bytes` holds only blocks [first_block, full blocks): the daemon must
+  // already hold the blocks before it cached (FAILED_PRECONDITION otherwise), as a receiver
+  // that has a prefix is not sent it again.
   absl::StatusOr<PutResult> PutBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                       absl::string_view bytes, absl::string_view cache_salt = "",
                                       const ExtraKeys& extra_keys = {},
-                                      size_t chunk_bytes = size_t{1} << 20);
+                                      size_t chunk_bytes = size_t{1} << 20,
+                                      uint32_t first_block = 0);
   // GetBlocks returns the bytes of the longest cached full-block prefix of `tokens` (possibly
   // none), each block verified against the checksum the daemon computed (DATA_LOSS on a mismatch
   // or a stream that ends early). `max_chunk_bytes` of 0 takes the daemon's default chunk size.
@@ -238,6 +242,21 @@ class KvCacheClient {
                                       absl::string_view cache_salt = "",
                                       const ExtraKeys& extra_keys = {},
                                       uint32_t max_chunk_bytes = 0);
+
+  // Rendezvous: small values peers exchange through the daemon before they can talk to each
+  // other (an NCCL unique id, say). Keys (1 to 256 bytes) are scoped to the session's tenant;
+  // values are at most 4 KiB. Both calls need an open session (FAILED_PRECONDITION locally
+  // otherwise) and fence on its epoch like the session calls.
+  //
+  // PublishRendezvous stores `value` under `key` until this session ends (CloseSession, a lost
+  // lease, a daemon restart). ALREADY_EXISTS when another session holds the key; this session
+  // may overwrite its own value (idempotent). INVALID_ARGUMENT for an empty or oversize key or
+  // value. Deadline: rpc_timeout.
+  absl::Status PublishRendezvous(absl::string_view key, absl::string_view value);
+  // AwaitRendezvous returns the key's value as soon as it has one (at once if it is already
+  // published). The call's deadline is `timeout`, not rpc_timeout: DEADLINE_EXCEEDED when no
+  // value arrives in time. INVALID_ARGUMENT for an empty or oversize key. Read-only.
+  absl::StatusOr<std::string> AwaitRendezvous(absl::string_view key, absl::Duration timeout);
 
   // True from a detected daemon restart until the next successful OpenSession.
   bool epoch_changed() const;

@@ -68,10 +68,16 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
   ASSIGN_OR_RETURN(pool_, manager_->FindPool(header.pool()));
   const uint32_t block_size = pool_->options().layout.block_size;
   const size_t full_blocks = header.tokens_size() / block_size;
-  if (static_cast<size_t>(header.block_checksums_size()) != full_blocks) {
+  if (header.first_block() > full_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("put starts at block ", header.first_block(),
+                                                   " of ", full_blocks, " full blocks"));
+  }
+  first_block_ = header.first_block();
+  if (static_cast<size_t>(header.block_checksums_size()) != full_blocks - first_block_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "put header carries ", header.block_checksums_size(), " checksums for ", full_blocks,
-        " full blocks of ", header.tokens_size(), " tokens"));
+        "put header carries ", header.block_checksums_size(), " checksums for ",
+        full_blocks - first_block_, " blocks sent of ", full_blocks, " full blocks of ",
+        header.tokens_size(), " tokens"));
   }
   ASSIGN_OR_RETURN(
       OpenedSequence opened,
@@ -82,6 +88,11 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
   sequence_id_ = opened.sequence_id;
   block_ids_ = std::move(opened.block_ids);
   cached_blocks_ = opened.num_cached_tokens / block_size;
+  if (cached_blocks_ < first_block_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the put skips the first ", first_block_, " blocks but only ", cached_blocks_,
+        " of them are cached here; send from block ", cached_blocks_));
+  }
   checksums_.assign(header.block_checksums().begin(), header.block_checksums().end());
   block_bytes_ = pool_->options().layout.BlockBytes();
   block_hash_.reset(XXH3_createState());
@@ -89,15 +100,19 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
   return absl::OkStatus();
 }
 
+uint64_t PutBlocksReactor::ExpectedBytes() const {
+  return block_bytes_ * (block_ids_.size() - first_block_);
+}
+
 absl::Status PutBlocksReactor::Consume(absl::string_view data) {
-  const uint64_t expected = block_bytes_ * block_ids_.size();
+  const uint64_t expected = ExpectedBytes();
   if (data.size() > expected - received_) {
     return absl::InvalidArgumentError(absl::StrCat("put carries more than the ", expected,
-                                                   " bytes of its ", block_ids_.size(),
-                                                   " blocks"));
+                                                   " bytes of its ",
+                                                   block_ids_.size() - first_block_, " blocks"));
   }
   while (!data.empty()) {
-    const size_t index = received_ / block_bytes_;
+    const size_t index = first_block_ + received_ / block_bytes_;
     const uint64_t offset = received_ % block_bytes_;
     const absl::string_view piece = data.substr(0, block_bytes_ - offset);
     // Cached blocks keep their bytes; the client's copy is only checksummed.
@@ -108,9 +123,10 @@ absl::Status PutBlocksReactor::Consume(absl::string_view data) {
     if (received_ % block_bytes_ == 0) {
       const uint64_t checksum = XXH3_64bits_digest(block_hash_.get());
       XXH3_64bits_reset_withSeed(block_hash_.get(), 0);
-      if (checksum != checksums_[index]) {
+      const uint64_t expected_checksum = checksums_[index - first_block_];
+      if (checksum != expected_checksum) {
         return absl::DataLossError(absl::StrCat("block ", index, " of the put has checksum ",
-                                                checksum, ", header says ", checksums_[index]));
+                                                checksum, ", header says ", expected_checksum));
       }
     }
   }
@@ -119,7 +135,7 @@ absl::Status PutBlocksReactor::Consume(absl::string_view data) {
 
 absl::Status PutBlocksReactor::Complete() {
   if (pool_ == nullptr) return absl::InvalidArgumentError("put stream carried no header");
-  const uint64_t expected = block_bytes_ * block_ids_.size();
+  const uint64_t expected = ExpectedBytes();
   if (received_ != expected) {
     return absl::DataLossError(
         absl::StrCat("put stream ended after ", received_, " of ", expected, " bytes"));

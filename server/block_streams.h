@@ -35,6 +35,7 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<v1::PutBlocksReque
  private:
   absl::Status Begin(const v1::PutBlocksHeader& header);
   absl::Status Consume(absl::string_view data);
+  uint64_t ExpectedBytes() const;  // of the blocks this put sends
   absl::Status Complete();
   void FinishWith(const absl::Status& status);
   void ReleaseSequence();
@@ -51,6 +52,7 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<v1::PutBlocksReque
   std::vector<BlockId> block_ids_;
   std::vector<uint64_t> checksums_;
   uint32_t cached_blocks_ = 0;
+  uint32_t first_block_ = 0;  // blocks before it are not sent (already cached here)
   uint64_t block_bytes_ = 0;
   uint64_t received_ = 0;
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> block_hash_{nullptr, &XXH3_freeState};

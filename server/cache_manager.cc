@@ -77,6 +77,7 @@ absl::StatusOr<std::shared_ptr<Session>> CacheManager::SessionFor(uint64_t sessi
 uint32_t CacheManager::ReleaseSessionEverywhere(const Session& session) {
   uint32_t released = 0;
   for (const auto& pool : pools_) released += pool->ReleaseSession(session.id);
+  rendezvous_.DropSession(session.id);
   return released;
 }
 

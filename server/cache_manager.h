@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "server/prefix_cache.h"
+#include "server/rendezvous_registry.h"
 #include "server/session_registry.h"
 
 namespace kvcache {
@@ -35,6 +36,7 @@ class CacheManager {
 
   uint64_t epoch() const { return epoch_; }
   SessionRegistry& sessions() { return sessions_; }
+  RendezvousRegistry& rendezvous() { return rendezvous_; }
 
   // INVALID_ARGUMENT for a bad layout or a duplicate name; RESOURCE_EXHAUSTED without memory.
   absl::Status AddPool(const PoolOptions& options, std::unique_ptr<PoolMemory> memory);
@@ -64,6 +66,7 @@ class CacheManager {
   const uint64_t epoch_;
   std::vector<std::unique_ptr<PrefixCache>> pools_;  // constant once serving starts
   SessionRegistry sessions_;                          // own synchronization
+  RendezvousRegistry rendezvous_;                     // own synchronization
 
   absl::Mutex reaper_mu_;
   bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;

@@ -1,6 +1,7 @@
 #include "server/kv_cache_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/block_streams.h"
@@ -87,6 +88,56 @@ void FillStats(PrefixCache& pool, v1::PoolStats* out) {
   out->set_duplicate_blocks(stats.pool.duplicates);
   out->set_open_sequences(stats.open_sequences);
 }
+
+// Parks until the key has a value; the client's deadline (OnCancel) ends the wait otherwise.
+class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
+ public:
+  AwaitRendezvousReactor(RendezvousRegistry* registry, v1::AwaitRendezvousResponse* response)
+      : registry_(registry), response_(response) {}
+
+  void Start(const std::string& tenant, const std::string& key) {
+    absl::StatusOr<uint64_t> ticket =
+        registry_->Await(tenant, key, [this](const std::string& value) { Answer(value); });
+    if (!ticket.ok()) {
+      FinishOnce(ToGrpcStatus(ticket.status()));
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    ticket_ = *ticket;
+  }
+  void FinishOnce(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);  // the last touch: OnDone may delete this right after
+  }
+  void OnCancel() override {
+    uint64_t ticket;
+    {
+      absl::MutexLock lock(&mu_);
+      ticket = ticket_;
+    }
+    // Only a waiter still parked can be finished here; otherwise its callback owns the finish.
+    if (ticket != 0 && registry_->Cancel(ticket)) {
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "rendezvous wait cancelled"));
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Answer(const std::string& value) {
+    response_->set_value(value);
+    FinishOnce(grpc::Status::OK);
+  }
+
+  RendezvousRegistry* const registry_;
+  v1::AwaitRendezvousResponse* const response_;
+  absl::Mutex mu_;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 }  // namespace
 
@@ -250,6 +301,32 @@ grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* 
     response->set_open_sessions(static_cast<uint32_t>(manager_->sessions().size()));
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::PublishRendezvous(
+    grpc::CallbackServerContext* context, const v1::PublishRendezvousRequest* request,
+    v1::PublishRendezvousResponse* response) {
+  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
+    return manager_->rendezvous().Publish(session->tenant, request->key(), request->value(),
+                                          session->id);
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(
+    grpc::CallbackServerContext* context, const v1::AwaitRendezvousRequest* request,
+    v1::AwaitRendezvousResponse* response) {
+  response->set_epoch(manager_->epoch());
+  AddEpochTrailer(context, manager_->epoch());
+  auto* reactor = new AwaitRendezvousReactor(&manager_->rendezvous(), response);
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      manager_->SessionFor(request->session_id(), request->epoch());
+  if (!session.ok()) {
+    reactor->FinishOnce(ToGrpcStatus(session.status()));
+  } else {
+    reactor->Start((*session)->tenant, request->key());
+  }
+  return reactor;
 }
 
 grpc::ServerReadReactor<v1::PutBlocksRequest>* KvCacheService::PutBlocks(

@@ -59,6 +59,12 @@ class KvCacheService final
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* PublishRendezvous(grpc::CallbackServerContext* context,
+                                              const v1::PublishRendezvousRequest* request,
+                                              v1::PublishRendezvousResponse* response) override;
+  grpc::ServerUnaryReactor* AwaitRendezvous(grpc::CallbackServerContext* context,
+                                            const v1::AwaitRendezvousRequest* request,
+                                            v1::AwaitRendezvousResponse* response) override;
   grpc::ServerReadReactor<v1::PutBlocksRequest>* PutBlocks(
       grpc::CallbackServerContext* context, v1::PutBlocksResponse* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(

@@ -26,7 +26,8 @@ absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client
 
 absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> prompt,
                                                     uint32_t max_new_tokens, Sampler& sampler,
-                                                    absl::string_view cache_salt) {
+                                                    absl::string_view cache_salt,
+                                                    const AfterPrefill& after_prefill) {
   if (max_new_tokens == 0) return absl::InvalidArgumentError("max_new_tokens must be positive");
   if (client_->session_epoch() != mapped_->epoch()) {
     return absl::FailedPreconditionError(
@@ -36,7 +37,7 @@ absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> p
                    client_->OpenSequence(pool_, prompt, cache_salt));
   absl::StatusOr<GenerationResult> result =
       Run(sequence.sequence_id, std::move(sequence.block_ids), sequence.num_cached_tokens, prompt,
-          max_new_tokens, sampler);
+          max_new_tokens, sampler, after_prefill);
   const absl::Status released = client_->ReleaseSequence(sequence.sequence_id);
   if (result.ok() && !released.ok()) return released;
   return result;
@@ -44,7 +45,8 @@ absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> p
 
 absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector<uint32_t> table,
                                                uint32_t cached, absl::Span<const uint32_t> prompt,
-                                               uint32_t max_new_tokens, Sampler& sampler) {
+                                               uint32_t max_new_tokens, Sampler& sampler,
+                                               const AfterPrefill& after_prefill) {
   GenerationResult result{.prompt_tokens = static_cast<uint32_t>(prompt.size()),
                           .cached_tokens = cached};
   auto pool_view = [&] {
@@ -57,6 +59,7 @@ absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector
   // The prompt's KV is written: its full blocks may now be published.
   RETURN_IF_ERROR(client_->CommitSequence(sequence_id, prompt.size()).status());
   result.prefill_time = absl::Now() - start;
+  if (after_prefill) RETURN_IF_ERROR(after_prefill(table));
 
   // Decode talks to the daemon per block, not per token: sampled tokens wait in `pending` until
   // a new block is needed (ExtendSequence hands it out) or their block is full (they are sent,

@@ -9,6 +9,7 @@
 #ifndef KVCACHE_WORKER_KV_WORKER_H_
 #define KVCACHE_WORKER_KV_WORKER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,13 +30,19 @@ class KvWorker {
                                                           std::string pool,
                                                           const Qwen3MoeModel* model);
 
-  // Errors: the daemon's (e.g. RESOURCE_EXHAUSTED when the pool is full), the model's, or
-  // FAILED_PRECONDITION after a daemon restart (the mapping belongs to the old epoch).
+  // Called once the prompt's KV is written and committed, with the sequence's block table, while
+  // the sequence still pins its blocks (a prefill worker ships them to a decode worker here).
+  using AfterPrefill = std::function<absl::Status(absl::Span<const uint32_t> block_table)>;
+
+  // Errors: the daemon's (e.g. RESOURCE_EXHAUSTED when the pool is full), the model's, the
+  // hook's, or FAILED_PRECONDITION after a daemon restart (the mapping belongs to the old epoch).
   absl::StatusOr<GenerationResult> Generate(absl::Span<const uint32_t> prompt,
                                             uint32_t max_new_tokens, Sampler& sampler,
-                                            absl::string_view cache_salt = "");
+                                            absl::string_view cache_salt = "",
+                                            const AfterPrefill& after_prefill = nullptr);
 
   const PoolLayout& layout() const { return mapped_->layout(); }
+  const MappedPool& mapped() const { return *mapped_; }
 
  private:
   KvWorker(KvCacheClient* client, std::string pool, const Qwen3MoeModel* model,
@@ -44,7 +51,8 @@ class KvWorker {
 
   absl::StatusOr<GenerationResult> Run(uint64_t sequence_id, std::vector<uint32_t> table,
                                        uint32_t cached, absl::Span<const uint32_t> prompt,
-                                       uint32_t max_new_tokens, Sampler& sampler);
+                                       uint32_t max_new_tokens, Sampler& sampler,
+                                       const AfterPrefill& after_prefill);
 
   KvCacheClient* const client_;
   const std::string pool_;

@@ -17,6 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "common/listen_address.h"
 #include "common/status_macros.h"
+#include "absl/time/clock.h"
+#include "worker/block_transport.h"
 #include "worker/kv_worker.h"
 
 ABSL_FLAG(std::string, target, "", "daemon address (default: the daemon's default socket)");
@@ -31,6 +33,17 @@ ABSL_FLAG(double, temperature, 0, "0: greedy");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(std::string, cache_salt, "", "narrows cache sharing within the tenant");
 ABSL_FLAG(bool, check_cold, false, "also run each turn cold in-process and require equality");
+ABSL_FLAG(std::string, role, "single",
+          "single: prefill and decode here; prefill: compute the prompt and its first token, then "
+          "ship its KV to the decode side (--decode_target); decode: generate, finding the "
+          "shipped KV as a prefix hit");
+ABSL_FLAG(std::string, decode_target, "", "prefill role: the decode side's daemon");
+ABSL_FLAG(std::string, decode_pool, "", "prefill role: the decode side's pool (default: --pool)");
+ABSL_FLAG(std::string, transport, "stream",
+          "prefill role: stream (the decode daemon's PutBlocks; any node) or shm (same node)");
+ABSL_FLAG(bool, pause_midway, false,
+          "prefill role, for tests of aborted transfers: stop halfway through the shipment and "
+          "wait to be killed");
 
 namespace kvcache::worker {
 namespace {
@@ -53,6 +66,59 @@ absl::StatusOr<std::vector<uint32_t>> PromptTokens() {
   return tokens;
 }
 
+// Prefill role: prompt → first token here, KV shipped to the decode side before release.
+absl::Status RunPrefill(const Qwen3MoeModel& model, KvWorker& worker,
+                        const std::vector<uint32_t>& prompt, const SamplerOptions& sampling) {
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheClient> receiver,
+                   KvCacheClient::Connect(absl::GetFlag(FLAGS_decode_target)));
+  RETURN_IF_ERROR(
+      receiver->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-worker prefill").status());
+  std::string pool = absl::GetFlag(FLAGS_decode_pool);
+  if (pool.empty()) pool = absl::GetFlag(FLAGS_pool);
+  std::unique_ptr<BlockTransport> transport;
+  if (absl::GetFlag(FLAGS_transport) == "shm") {
+    ASSIGN_OR_RETURN(transport, MakeShmTransport(receiver.get(), pool));
+  } else if (absl::GetFlag(FLAGS_transport) == "stream") {
+    transport = MakeStreamTransport(receiver.get(), absl::GetFlag(FLAGS_tenant), pool);
+  } else {
+    return absl::InvalidArgumentError("--transport is stream or shm");
+  }
+  if (absl::GetFlag(FLAGS_pause_midway)) {
+    transport->set_midway_hook([] {
+      std::printf("paused midway\n");
+      std::fflush(stdout);
+      while (true) absl::SleepFor(absl::Seconds(1));
+    });
+  }
+  ShipmentStats shipped;
+  ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
+  ASSIGN_OR_RETURN(
+      GenerationResult result,
+      worker.Generate(prompt, 1, sampler, absl::GetFlag(FLAGS_cache_salt),
+                      [&](absl::Span<const uint32_t> table) -> absl::Status {
+                        ASSIGN_OR_RETURN(shipped, transport->Ship(Shipment{
+                                                      .tokens = prompt,
+                                                      .cache_salt = absl::GetFlag(FLAGS_cache_salt),
+                                                      .source = &worker.mapped(),
+                                                      .source_blocks = table}));
+                        return absl::OkStatus();
+                      }));
+  std::printf("prefill: %u prompt tokens, %u from the cache, first token %u after %.2f ms; "
+              "shipped %u blocks (%llu bytes) over %s in %.2f ms, %u already on the decode side\n",
+              result.prompt_tokens, result.cached_tokens, result.tokens[0],
+              absl::ToDoubleMilliseconds(result.prefill_time), shipped.blocks_sent,
+              static_cast<unsigned long long>(shipped.bytes_sent), transport->name().c_str(),
+              absl::ToDoubleMilliseconds(shipped.elapsed), shipped.blocks_already_there);
+  std::printf("result role=prefill prompt_tokens=%u cached=%u first_token=%u sent_blocks=%u "
+              "skipped_blocks=%u bytes=%llu ttft_us=%lld ship_us=%lld\n",
+              result.prompt_tokens, result.cached_tokens, result.tokens[0], shipped.blocks_sent,
+              shipped.blocks_already_there, static_cast<unsigned long long>(shipped.bytes_sent),
+              static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
+              static_cast<long long>(absl::ToInt64Microseconds(shipped.elapsed)));
+  RETURN_IF_ERROR(receiver->CloseSession().status());
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   ASSIGN_OR_RETURN(Qwen3MoeModel model, Qwen3MoeModel::Load(absl::GetFlag(FLAGS_checkpoint)));
   std::string target = absl::GetFlag(FLAGS_target);
@@ -64,6 +130,10 @@ absl::Status Run() {
   const SamplerOptions sampling{.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature)),
                                 .seed = absl::GetFlag(FLAGS_seed)};
   ASSIGN_OR_RETURN(std::vector<uint32_t> prompt, PromptTokens());
+  if (absl::GetFlag(FLAGS_role) == "prefill") {
+    RETURN_IF_ERROR(RunPrefill(model, *worker, prompt, sampling));
+    return client->CloseSession().status();
+  }
   for (uint32_t turn = 1; turn <= absl::GetFlag(FLAGS_turns); ++turn) {
     ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
     ASSIGN_OR_RETURN(GenerationResult result,
