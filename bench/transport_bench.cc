@@ -1,0 +1,113 @@
+// Host transport bandwidth: shipping blocks from one daemon's pool to another's with the shm
+// transport (same node) and the stream transport (PutBlocks), per block size, next to a memcpy of
+// the same bytes in the same run. Usage: transport_bench [seconds per case]
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "server/daemon.h"
+#include "worker/block_transport.h"
+
+namespace kvcache::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kBlockSize = 16;
+constexpr uint64_t kBytesPerShipment = 32 << 20;
+
+PoolOptions Pool(uint32_t layers) {
+  PoolOptions pool;
+  pool.name = "p";
+  pool.model_id = "bench";
+  // 8 KV heads * 128 dims * fp16: 64 KiB per layer per block.
+  pool.layout = PoolLayout{.num_layers = layers, .num_kv_heads = 8, .head_dim = 128,
+                           .block_size = kBlockSize};
+  pool.num_blocks = static_cast<uint32_t>((256ull << 20) / pool.layout.BlockBytes());
+  return pool;
+}
+
+double GBps(double seconds, const std::function<uint64_t()>& op) {
+  op();  // warm up
+  uint64_t bytes = 0;
+  const auto start = Clock::now();
+  while (Clock::now() - start < std::chrono::duration<double>(seconds)) bytes += op();
+  return bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
+}
+
+struct Node {
+  std::unique_ptr<Daemon> daemon;
+  std::unique_ptr<KvCacheClient> client;
+};
+
+Node StartNode(const std::string& dir, const std::string& name, uint32_t layers) {
+  DaemonOptions options;
+  options.listen = "unix://" + dir + "/" + name + ".sock";
+  options.pools.push_back(Pool(layers));
+  Node node;
+  node.daemon = *Daemon::Start(options);
+  node.client = *KvCacheClient::Connect(options.listen);
+  (void)node.client->OpenSession("bench", "transport_bench");
+  return node;
+}
+
+void RunCase(const std::string& dir, uint32_t layers, double seconds) {
+  Node sender = StartNode(dir, "a" + std::to_string(layers), layers);
+  Node receiver = StartNode(dir, "b" + std::to_string(layers), layers);
+  auto source = *MappedPool::Map(*sender.client->DescribePool("p"));
+  const uint64_t block_bytes = source->block_bytes();
+  const uint32_t blocks = kBytesPerShipment / block_bytes;
+  // The sender's sequence: blocks + 1 tokens' worth, its bytes random.
+  std::vector<uint32_t> tokens(blocks * kBlockSize + 1);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = i;
+  auto held = *sender.client->OpenSequence("p", tokens);
+  std::mt19937 rng(layers);
+  for (uint32_t i = 0; i < blocks; ++i) {
+    uint8_t* block = source->Block(held.block_ids[i]);
+    for (uint64_t b = 0; b < block_bytes; b += 64) block[b] = static_cast<uint8_t>(rng());
+  }
+  auto shm = *MakeShmTransport(receiver.client.get(), "p");
+  auto stream = MakeStreamTransport(receiver.client.get(), "bench", "p");
+  uint32_t round = 0;
+  // Fresh tokens each time (a new first token changes every hash), so every block is sent.
+  auto ship = [&](BlockTransport& transport) -> uint64_t {
+    std::vector<uint32_t> shipment_tokens = tokens;
+    shipment_tokens[0] = 1000000 + ++round;
+    auto stats = transport.Ship(Shipment{.tokens = shipment_tokens, .source = source.get(),
+                                         .source_blocks = held.block_ids});
+    if (!stats.ok()) {
+      std::fprintf(stderr, "%s\n", stats.status().ToString().c_str());
+      return 0;
+    }
+    return stats->bytes_sent;
+  };
+  std::vector<uint8_t> from(blocks * block_bytes, 1), to(blocks * block_bytes);
+  const double memcpy_rate = GBps(seconds, [&] {
+    std::memcpy(to.data(), from.data(), from.size());
+    return from.size();
+  });
+  const double shm_rate = GBps(seconds, [&] { return ship(*shm); });
+  const double stream_rate = GBps(seconds, [&] { return ship(*stream); });
+  std::printf("%6llu KiB %6u %10.2f %10.2f %7.2fx %10.2f %7.2fx\n",
+              static_cast<unsigned long long>(block_bytes >> 10), blocks, memcpy_rate, shm_rate,
+              shm_rate / memcpy_rate, stream_rate, stream_rate / memcpy_rate);
+  (void)sender.client->ReleaseSequence(held.sequence_id);
+}
+
+}  // namespace
+}  // namespace kvcache::worker
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
+  char dir[] = "/tmp/kvcache-transport-bench-XXXXXX";
+  const std::string run_dir = mkdtemp(dir);
+  std::printf("32 MiB of blocks per shipment between two daemons on this node; GB/s\n");
+  std::printf("%10s %6s %10s %10s %8s %10s %8s\n", "block", "blocks", "memcpy", "shm", "shm/mc",
+              "stream", "str/mc");
+  for (uint32_t layers : {1u, 4u, 16u, 32u}) kvcache::worker::RunCase(run_dir, layers, seconds);
+  return 0;
+}
