@@ -189,6 +189,32 @@ TEST_F(BlockStreamsTest, PutKeepsCachedBlocksAndStoresOnlyTheMissingOnes) {
   EXPECT_EQ(got->bytes, bytes);
 }
 
+TEST_F(BlockStreamsTest, PutCanSkipTheBlocksTheDaemonHolds) {
+  const std::string bytes = RandomBlocks(3, 9);
+  std::vector<uint32_t> prefix(tokens_.begin(), tokens_.begin() + 4);
+  ASSERT_OK(Put(Header(prefix, bytes.substr(0, block_bytes_)), bytes.substr(0, block_bytes_)));
+  // Blocks 1 and 2 only; block 0 is already cached here.
+  const std::string rest = bytes.substr(block_bytes_);
+  v1::PutBlocksHeader header = Header(tokens_, rest);
+  header.set_first_block(1);
+  auto put = Put(header, rest);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_stored(), 2);
+  auto got = Get(tokens_, session_);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->bytes, bytes);
+  // Skipping a block the daemon does not hold is refused, and changes nothing.
+  std::vector<uint32_t> other = tokens_;
+  other[0] = 7;
+  v1::PutBlocksHeader bad = Header(other, rest);
+  bad.set_first_block(1);
+  EXPECT_THAT(Put(bad, rest), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       HasSubstr("only 0 of them are cached")));
+  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{other})->num_cached_blocks, 0);
+  bad.set_first_block(4);
+  EXPECT_THAT(Put(bad, ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 4")));
+}
+
 TEST_F(BlockStreamsTest, GetOfAnUncachedOrForeignPromptMatchesNothing) {
   const std::string bytes = RandomBlocks(3, 3);
   ASSERT_OK(Put(Header(tokens_, bytes), bytes));
