@@ -438,8 +438,7 @@ absl::StatusOr<std::string> KvCacheClient::AwaitRendezvous(absl::string_view key
   grpc::ClientContext context;
   PrepareContext(&context, timeout);
   const grpc::Status status = stub_->AwaitRendezvous(&context, request, &response);
-  RETURN_IF_ERROR(
-      CheckReply("AwaitRendezvous", context, status, response.epoch(), session, true));
+  RETURN_IF_ERROR(CheckReply("AwaitRendezvous", context, status, response.epoch(), session, true));
   return std::move(*response.mutable_value());
 }
 

@@ -102,8 +102,16 @@ class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
       FinishOnce(ToGrpcStatus(ticket.status()));
       return;
     }
-    absl::MutexLock lock(&mu_);
-    ticket_ = *ticket;
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      ticket_ = *ticket;
+      cancelled = cancelled_;
+    }
+    // A cancel that came before the ticket existed could not unpark the waiter: do it now.
+    if (cancelled && *ticket != 0 && registry_->Cancel(*ticket)) {
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "rendezvous wait cancelled"));
+    }
   }
   void FinishOnce(const grpc::Status& status) {
     {
@@ -117,6 +125,7 @@ class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
     uint64_t ticket;
     {
       absl::MutexLock lock(&mu_);
+      cancelled_ = true;
       ticket = ticket_;
     }
     // Only a waiter still parked can be finished here; otherwise its callback owns the finish.
@@ -137,6 +146,7 @@ class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
   absl::Mutex mu_;
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
