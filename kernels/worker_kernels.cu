@@ -1,0 +1,857 @@
+// CUDA kernels for the worker's hot ops. See worker_kernels.h for the contracts; the CPU
+// references are worker/ops.h and worker/paged_kv.h, and tests/kernels/worker_kernels_gpu_test.cc
+// compares the two.
+//
+// Precision notes. nvcc contracts a * b + c into an FMA by default; where the CPU result is meant
+// to be reproduced (RMSNorm's scaling, RoPE's rotation) the kernels use __fmul_rn / __fadd_rn /
+// __fsub_rn, which are never contracted. Pool dtype conversions are integer bit manipulation,
+// ports of worker/float_convert.{h,cc}, so the KV write is byte-exact. Dot products and the
+// attention sums run in a different order from the CPU (warp trees, online softmax) and are not
+// bit-exact with it.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/worker_kernels.h"
+
+namespace kvcache::kernels {
+namespace {
+
+constexpr uint32_t kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+// gridDim.x limit; larger work counts are covered by the kernels' grid-stride loops.
+constexpr uint64_t kMaxGridX = 0x7fffffffu;
+
+dim3 GridFor(uint64_t count) { return dim3(static_cast<unsigned>(std::min(count, kMaxGridX))); }
+
+// Returns the launch error, if any, as INTERNAL. Does not synchronize.
+absl::Status CheckLaunch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrFormat("%s: kernel launch failed: %s", op, cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NotNull(const char* op, const char* what, const void* ptr) {
+  if (ptr == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %s is null", op, what));
+  }
+  return absl::OkStatus();
+}
+
+// --- Warp reductions. The xor butterfly leaves the same value in every lane (a + b == b + a). ---
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ double WarpSum(double v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// --- Pool dtype codecs: ports of worker/float_convert (round to nearest even, NaN stays NaN). ---
+
+__device__ __forceinline__ uint32_t ShiftRightRoundEven(uint32_t mantissa, int shift) {
+  const uint32_t kept = mantissa >> shift;
+  const uint32_t rest = mantissa & ((1u << shift) - 1);
+  const uint32_t half = 1u << (shift - 1);
+  return (rest > half || (rest == half && (kept & 1u))) ? kept + 1 : kept;
+}
+
+__device__ __forceinline__ uint16_t FloatToBFloat16(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+__device__ __forceinline__ float BFloat16ToFloat(uint16_t bits) {
+  return __uint_as_float(uint32_t{bits} << 16);
+}
+
+__device__ __forceinline__ uint16_t FloatToFloat16(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  const int exponent = static_cast<int>(magnitude >> 23) - 127;
+  const uint32_t mantissa = magnitude & 0x7fffffu;
+  if (exponent > 15) return sign | 0x7c00u;  // overflow or inf
+  if (exponent >= -14) {
+    const uint32_t half = (static_cast<uint32_t>(exponent + 15) << 10) | (mantissa >> 13);
+    return sign |
+           static_cast<uint16_t>(ShiftRightRoundEven((half << 13) | (mantissa & 0x1fffu), 13));
+  }
+  if (exponent < -25) return sign;  // below half the smallest subnormal
+  return sign | static_cast<uint16_t>(ShiftRightRoundEven(mantissa | 0x800000u, -exponent - 1));
+}
+
+__device__ __forceinline__ float Float16ToFloat(uint16_t bits) {
+  const uint32_t sign = uint32_t{bits & 0x8000u} << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in fp32
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
+  return __uint_as_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+__device__ __forceinline__ uint8_t FloatToFp8E4M3(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7fu;   // NaN
+  if (magnitude >= 0x43e00000u) return sign | 0x7eu;  // >= 448 (and inf): saturate
+  const int exponent = static_cast<int>(magnitude >> 23) - 127;
+  const uint32_t mantissa = magnitude & 0x7fffffu;
+  if (exponent >= -6) {
+    const uint32_t code = (static_cast<uint32_t>(exponent + 7) << 3) | (mantissa >> 20);
+    return sign |
+           static_cast<uint8_t>(ShiftRightRoundEven((code << 20) | (mantissa & 0xfffffu), 20));
+  }
+  if (exponent < -10) return sign;  // below half the smallest subnormal (2^-9)
+  return sign | static_cast<uint8_t>(ShiftRightRoundEven(mantissa | 0x800000u, 14 - exponent));
+}
+
+__device__ __forceinline__ float Fp8E4M3ToFloat(uint8_t bits) {
+  const bool negative = (bits & 0x80u) != 0;
+  const uint32_t exponent = (bits >> 3) & 0xfu;
+  const uint32_t mantissa = bits & 0x7u;
+  float magnitude;
+  if (exponent == 0xf && mantissa == 0x7) {
+    magnitude = __uint_as_float(0x7fc00000u);  // quiet NaN
+  } else if (exponent == 0) {
+    magnitude = static_cast<float>(mantissa) * 0.001953125f;  // mantissa * 2^-9, exact
+  } else {
+    // (8 + mantissa) * 2^(exponent - 10) = (1 + mantissa / 8) * 2^(exponent - 7), exact.
+    magnitude = __uint_as_float(((exponent + 120) << 23) | (mantissa << 20));
+  }
+  return negative ? -magnitude : magnitude;
+}
+
+// Element `i` of a pool row of `kDtype` elements. `row` is aligned to the element size (the
+// launchers check the pool base; every offset inside a pool is a multiple of the element size).
+template <DType kDtype>
+struct PoolCodec;
+
+template <>
+struct PoolCodec<DType::kFloat32> {
+  __device__ static float Load(const uint8_t* row, uint32_t i) {
+    return reinterpret_cast<const float*>(row)[i];
+  }
+  __device__ static void Store(uint8_t* row, uint32_t i, float v) {
+    reinterpret_cast<float*>(row)[i] = v;
+  }
+};
+
+template <>
+struct PoolCodec<DType::kBFloat16> {
+  __device__ static float Load(const uint8_t* row, uint32_t i) {
+    return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
+  }
+  __device__ static void Store(uint8_t* row, uint32_t i, float v) {
+    reinterpret_cast<uint16_t*>(row)[i] = FloatToBFloat16(v);
+  }
+};
+
+template <>
+struct PoolCodec<DType::kFloat16> {
+  __device__ static float Load(const uint8_t* row, uint32_t i) {
+    return Float16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
+  }
+  __device__ static void Store(uint8_t* row, uint32_t i, float v) {
+    reinterpret_cast<uint16_t*>(row)[i] = FloatToFloat16(v);
+  }
+};
+
+template <>
+struct PoolCodec<DType::kFp8E4M3> {
+  __device__ static float Load(const uint8_t* row, uint32_t i) { return Fp8E4M3ToFloat(row[i]); }
+  __device__ static void Store(uint8_t* row, uint32_t i, float v) { row[i] = FloatToFp8E4M3(v); }
+};
+
+// =============================================================================================
+// RMSNorm
+// =============================================================================================
+
+constexpr uint32_t kNormMaxThreads = 256;
+
+// Grid: (min(rows, 2^31 - 1)), Block: (min(256, dim rounded up to 32)). One CUDA block per row
+// (grid-stride over rows): a double sum of squares (warp trees, then the warps in order), then
+// every element scaled. `x` and `out` are not __restrict__: they may be the same buffer (each
+// element is read and then written by the same thread, after the reduction).
+__global__ void __launch_bounds__(kNormMaxThreads)
+    RmsNormKernel(float* out,                        // [rows, dim]
+                  const float* x,                    // [rows, dim]
+                  const float* __restrict__ weight,  // [dim]
+                  float eps, uint32_t rows, uint32_t dim) {
+  __shared__ double warp_sums[kNormMaxThreads / kWarp];
+  __shared__ float inv_rms_shared;
+  const uint32_t lane = threadIdx.x % kWarp;
+  const uint32_t warp = threadIdx.x / kWarp;
+  const uint32_t num_warps = blockDim.x / kWarp;
+  for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* x_row = x + row * dim;
+    float* out_row = out + row * dim;
+    double sum = 0;  // x * x is exact in double, as on the CPU
+    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      const double value = x_row[i];
+      sum += value * value;
+    }
+    sum = WarpSum(sum);
+    if (lane == 0) warp_sums[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double total = 0;
+      for (uint32_t w = 0; w < num_warps; ++w) total += warp_sums[w];
+      // worker::RmsNorm: float(1.0 / sqrt(sum / n + eps)) in double (IEEE sqrt and division).
+      inv_rms_shared = static_cast<float>(1.0 / sqrt(total / static_cast<double>(dim) + eps));
+    }
+    __syncthreads();
+    const float inv_rms = inv_rms_shared;
+    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      out_row[i] = __fmul_rn(weight[i], __fmul_rn(x_row[i], inv_rms));
+    }
+    __syncthreads();  // warp_sums / inv_rms_shared are reused by the next row
+  }
+}
+
+// =============================================================================================
+// RoPE
+// =============================================================================================
+
+constexpr uint32_t kRopeThreads = 128;
+
+// Grid: (min(num_tokens, 2^31 - 1)), Block: (128), dynamic shared memory: head_dim floats.
+// One CUDA block per token (grid-stride over tokens): the block builds the token's cos / sin
+// table (double, rounded to float, as worker::RopeCosSin), then rotates every (head, pair).
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeKernel(float* __restrict__ x,                   // [num_tokens, num_heads, head_dim]
+               const uint32_t* __restrict__ positions,  // [num_tokens]
+               uint32_t num_tokens, uint32_t num_heads, uint32_t head_dim, double theta) {
+  extern __shared__ float cos_sin[];  // [2, head_dim / 2]: cos then sin
+  const uint32_t half = head_dim / 2;
+  float* cos_table = cos_sin;
+  float* sin_table = cos_sin + half;
+  for (uint64_t token = blockIdx.x; token < num_tokens; token += gridDim.x) {
+    const double position = static_cast<double>(positions[token]);
+    for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
+      // worker::RopeInverseFrequencies and RopeCosSin, same expressions.
+      const double inv_freq = 1.0 / pow(theta, static_cast<double>(2 * i) / head_dim);
+      const double angle = position * inv_freq;
+      cos_table[i] = static_cast<float>(cos(angle));
+      sin_table[i] = static_cast<float>(sin(angle));
+    }
+    __syncthreads();
+    float* x_token = x + token * num_heads * head_dim;
+    const uint64_t pairs = uint64_t{num_heads} * half;
+    for (uint64_t e = threadIdx.x; e < pairs; e += blockDim.x) {
+      const uint64_t head = e / half;
+      const uint32_t i = static_cast<uint32_t>(e % half);
+      float* x_head = x_token + head * head_dim;
+      const float lo = x_head[i];
+      const float hi = x_head[i + half];
+      const float c = cos_table[i];
+      const float s = sin_table[i];
+      // worker::ApplyRope without FMA contraction.
+      x_head[i] = __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s));
+      x_head[i + half] = __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s));
+    }
+    __syncthreads();  // the table is rebuilt for the next token
+  }
+}
+
+// =============================================================================================
+// KV write
+// =============================================================================================
+
+constexpr uint32_t kWriteKvThreads = 256;
+
+// Byte geometry of one layer's K and V inside a block-major pool block.
+struct KvGeometry {
+  uint64_t block_bytes;  // bytes of one pool block
+  uint64_t k_offset;     // offset of `layer`'s K, token 0, inside a block
+  uint64_t v_minus_k;    // offset of V minus offset of K (block_size * token_bytes)
+  uint64_t token_bytes;  // bytes of one token's K (or V): num_kv_heads * head_dim * elem
+  uint64_t num_blocks;   // pool blocks
+  uint32_t block_size;   // tokens per block
+  uint32_t token_elems;  // num_kv_heads * head_dim
+  uint32_t head_dim;
+  uint32_t elem_bytes;
+};
+
+// Grid: (min(num_tokens, 2^31 - 1)), Block: (256). One CUDA block per token (grid-stride over
+// tokens); threads stride over the token's num_kv_heads * head_dim elements of K and of V.
+// A slot outside [0, num_blocks * block_size), kSkipSlot included, skips the token.
+template <DType kDtype>
+__global__ void __launch_bounds__(kWriteKvThreads)
+    WriteKvKernel(uint8_t* __restrict__ pool,                // [num_blocks, block_bytes]
+                  const float* __restrict__ k,               // [num_tokens, kv_heads, head_dim]
+                  const float* __restrict__ v,               // [num_tokens, kv_heads, head_dim]
+                  const int64_t* __restrict__ slot_mapping,  // [num_tokens]
+                  uint32_t num_tokens, KvGeometry g) {
+  using Codec = PoolCodec<kDtype>;
+  const uint64_t num_slots = g.num_blocks * g.block_size;
+  for (uint64_t token = blockIdx.x; token < num_tokens; token += gridDim.x) {
+    const int64_t slot = slot_mapping[token];
+    if (slot < 0 || static_cast<uint64_t>(slot) >= num_slots) continue;
+    const uint64_t block = static_cast<uint64_t>(slot) / g.block_size;
+    const uint64_t in_block = static_cast<uint64_t>(slot) % g.block_size;
+    uint8_t* k_row = pool + block * g.block_bytes + g.k_offset + in_block * g.token_bytes;
+    uint8_t* v_row = k_row + g.v_minus_k;
+    const float* k_src = k + token * g.token_elems;
+    const float* v_src = v + token * g.token_elems;
+    for (uint32_t i = threadIdx.x; i < g.token_elems; i += blockDim.x) {
+      Codec::Store(k_row, i, k_src[i]);
+      Codec::Store(v_row, i, v_src[i]);
+    }
+  }
+}
+
+// =============================================================================================
+// Paged attention
+// =============================================================================================
+
+constexpr uint32_t kAttnThreads = 128;
+constexpr uint32_t kAttnWarps = kAttnThreads / kWarp;
+constexpr uint32_t kAttnTile = 256;  // positions scored per pass
+constexpr uint32_t kAttnDimsPerThread = kMaxCudaHeadDim / kAttnThreads;
+static_assert(kMaxCudaHeadDim % kAttnThreads == 0);
+
+struct AttnParams {
+  KvGeometry kv;
+  uint32_t num_tokens;
+  uint32_t num_q_heads;
+  uint32_t group;  // q heads per kv head
+  uint32_t num_seqs;
+  uint32_t max_blocks_per_seq;
+  float scale;
+};
+
+// Grid: (min(num_tokens * num_q_heads, 2^31 - 1)), Block: (128). One CUDA block per (token,
+// q head) (grid-stride over them). Positions 0..p are processed in tiles of kAttnTile: each warp
+// scores positions (lanes over head_dim, warp tree sum), then the block folds the tile into a
+// running max m, denominator l and per-thread output accumulators (thread i owns dims i, i + 128,
+// ...) with the online-softmax rescaling exp(m_old - m_new); out = acc / l at the end. Max and
+// tile sums are computed serially (in index order) by every thread from shared memory, so all
+// threads agree without another reduction.
+template <DType kDtype>
+__global__ void __launch_bounds__(kAttnThreads)
+    PagedAttentionKernel(float* __restrict__ out,                    // [tokens, q_heads, head_dim]
+                         const float* __restrict__ q,                // [tokens, q_heads, head_dim]
+                         const uint8_t* __restrict__ pool,           // [num_blocks, block_bytes]
+                         const uint32_t* __restrict__ block_tables,  // [num_seqs, max_blocks]
+                         const uint32_t* __restrict__ seq_ids,       // [tokens] or null
+                         const uint32_t* __restrict__ positions,     // [tokens]
+                         AttnParams p) {
+  using Codec = PoolCodec<kDtype>;
+  __shared__ float q_shared[kMaxCudaHeadDim];
+  __shared__ float weights[kAttnTile];      // scores, then exp(score - m)
+  __shared__ int64_t k_offsets[kAttnTile];  // byte offset of the position's K head row; -1 masked
+  const uint32_t head_dim = p.kv.head_dim;
+  const uint32_t lane = threadIdx.x % kWarp;
+  const uint32_t warp = threadIdx.x / kWarp;
+  const uint64_t items = uint64_t{p.num_tokens} * p.num_q_heads;
+  const uint64_t capacity = uint64_t{p.max_blocks_per_seq} * p.kv.block_size;
+  const uint64_t head_bytes = uint64_t{head_dim} * p.kv.elem_bytes;
+  for (uint64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const uint64_t token = item / p.num_q_heads;
+    const uint32_t kv_head = static_cast<uint32_t>(item % p.num_q_heads) / p.group;
+    float* out_row = out + item * head_dim;
+    const uint32_t seq = seq_ids == nullptr ? 0 : seq_ids[token];
+    const uint64_t position = positions[token];
+    if (seq >= p.num_seqs || position >= capacity) {  // uniform across the block
+      for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) out_row[d] = nanf("");
+      continue;
+    }
+    const uint32_t* table = block_tables + uint64_t{seq} * p.max_blocks_per_seq;
+    const float* q_row = q + item * head_dim;
+    for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) q_shared[d] = q_row[d];
+    __syncthreads();
+
+    const uint64_t context = position + 1;
+    float running_max = -INFINITY;
+    float denominator = 0.0f;
+    float acc[kAttnDimsPerThread];
+#pragma unroll
+    for (uint32_t i = 0; i < kAttnDimsPerThread; ++i) acc[i] = 0.0f;
+
+    for (uint64_t tile_start = 0; tile_start < context; tile_start += kAttnTile) {
+      const uint32_t n = static_cast<uint32_t>(min(uint64_t{kAttnTile}, context - tile_start));
+      // Scores: one warp per position.
+      for (uint32_t j = warp; j < n; j += kAttnWarps) {
+        const uint64_t pos = tile_start + j;
+        const uint64_t block = table[pos / p.kv.block_size];
+        float score = -INFINITY;
+        int64_t offset = -1;
+        if (block < p.kv.num_blocks) {
+          offset = static_cast<int64_t>(block * p.kv.block_bytes + p.kv.k_offset +
+                                        (pos % p.kv.block_size) * p.kv.token_bytes +
+                                        kv_head * head_bytes);
+          const uint8_t* k_row = pool + offset;
+          float partial = 0.0f;
+          for (uint32_t d = lane; d < head_dim; d += kWarp) {
+            partial += q_shared[d] * Codec::Load(k_row, d);
+          }
+          score = WarpSum(partial) * p.scale;
+        }
+        if (lane == 0) {
+          weights[j] = score;
+          k_offsets[j] = offset;
+        }
+      }
+      __syncthreads();
+      float tile_max = -INFINITY;
+      for (uint32_t j = 0; j < n; ++j) tile_max = fmaxf(tile_max, weights[j]);
+      const float new_max = fmaxf(running_max, tile_max);
+      __syncthreads();  // every thread has read the scores before they are overwritten
+      if (new_max == -INFINITY) continue;  // nothing visible yet (uniform across the block)
+      const float correction = expf(running_max - new_max);  // 0 while running_max is -inf
+      for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+        weights[j] = expf(weights[j] - new_max);  // a masked position gives exp(-inf) = 0
+      }
+      __syncthreads();
+      float tile_sum = 0.0f;
+      for (uint32_t j = 0; j < n; ++j) tile_sum += weights[j];
+      denominator = denominator * correction + tile_sum;
+#pragma unroll
+      for (uint32_t i = 0; i < kAttnDimsPerThread; ++i) {
+        const uint32_t d = threadIdx.x + i * kAttnThreads;
+        if (d < head_dim) {
+          float a = acc[i] * correction;
+          for (uint32_t j = 0; j < n; ++j) {
+            const int64_t offset = k_offsets[j];
+            if (offset >= 0) a += weights[j] * Codec::Load(pool + offset + p.kv.v_minus_k, d);
+          }
+          acc[i] = a;
+        }
+      }
+      running_max = new_max;
+      __syncthreads();  // the next tile overwrites weights / k_offsets
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < kAttnDimsPerThread; ++i) {
+      const uint32_t d = threadIdx.x + i * kAttnThreads;
+      // denominator 0 (no visible position) gives 0 / 0 = NaN, as documented.
+      if (d < head_dim) out_row[d] = acc[i] / denominator;
+    }
+    __syncthreads();  // q_shared is reloaded for the next item
+  }
+}
+
+// =============================================================================================
+// MoE routing
+// =============================================================================================
+
+constexpr uint32_t kNoExpert = 0xffffffffu;
+
+// worker::TopK's order: NaN last, larger first, equal values by lower index. A strict total order.
+__device__ __forceinline__ bool RanksBefore(float va, uint32_t a, float vb, uint32_t b) {
+  const bool a_nan = isnan(va);
+  const bool b_nan = isnan(vb);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && va != vb) return va > vb;
+  return a < b;
+}
+
+// exp in double rounded to float: correctly rounded in all but vanishingly rare cases, as glibc's
+// expf (used by worker::Softmax) is, so the probabilities agree with the CPU to the last bit in
+// practice.
+__device__ __forceinline__ float ExpLikeCpu(float x) {
+  return static_cast<float>(exp(static_cast<double>(x)));
+}
+
+// Grid: (min(num_tokens, 2^31 - 1)), Block: (32), dynamic shared memory: num_experts floats.
+// One warp per token (grid-stride over tokens). Softmax as worker::Softmax: lane 0 takes the max
+// and the sum serially in index order (the CPU's order), the lanes compute the exponentials and
+// the divisions; then top_k rounds of a warp arg-best over the experts that rank after the
+// previous pick (no "taken" flags needed: the order is total).
+__global__ void __launch_bounds__(kWarp)
+    MoeRouteKernel(uint32_t* __restrict__ topk_ids,   // [num_tokens, top_k]
+                   float* __restrict__ topk_weights,  // [num_tokens, top_k]
+                   const float* __restrict__ logits,  // [num_tokens, num_experts]
+                   uint32_t num_tokens, uint32_t num_experts, uint32_t top_k, bool norm_topk_prob) {
+  extern __shared__ float probs[];  // [num_experts]
+  const uint32_t lane = threadIdx.x;
+  for (uint64_t token = blockIdx.x; token < num_tokens; token += gridDim.x) {
+    const float* row = logits + token * num_experts;
+    float max_value = 0.0f;
+    if (lane == 0) {
+      max_value = row[0];
+      for (uint32_t e = 1; e < num_experts; ++e) {
+        max_value = max_value < row[e] ? row[e] : max_value;  // std::max's NaN behavior
+      }
+    }
+    max_value = __shfl_sync(kFullMask, max_value, 0);
+    for (uint32_t e = lane; e < num_experts; e += kWarp) probs[e] = ExpLikeCpu(row[e] - max_value);
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0) {
+      for (uint32_t e = 0; e < num_experts; ++e) sum += probs[e];
+    }
+    sum = __shfl_sync(kFullMask, sum, 0);
+    __syncwarp();
+    for (uint32_t e = lane; e < num_experts; e += kWarp) probs[e] = probs[e] / sum;
+    __syncwarp();
+
+    uint32_t* ids = topk_ids + token * top_k;
+    float* weights = topk_weights + token * top_k;
+    uint32_t previous = kNoExpert;
+    float weight_sum = 0.0f;  // lane 0's, in pick order as Qwen3MoeModel::Moe
+    for (uint32_t pick = 0; pick < top_k; ++pick) {
+      uint32_t best = kNoExpert;
+      for (uint32_t e = lane; e < num_experts; e += kWarp) {
+        if (previous != kNoExpert && !RanksBefore(probs[previous], previous, probs[e], e)) continue;
+        if (best == kNoExpert || RanksBefore(probs[e], e, probs[best], best)) best = e;
+      }
+#pragma unroll
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+        const uint32_t other = __shfl_xor_sync(kFullMask, best, offset);
+        if (other != kNoExpert &&
+            (best == kNoExpert || RanksBefore(probs[other], other, probs[best], best))) {
+          best = other;
+        }
+      }
+      // pick < top_k <= num_experts, so some expert ranks after `previous`: best is valid.
+      if (lane == 0) {
+        ids[pick] = best;
+        weights[pick] = probs[best];
+        weight_sum += probs[best];
+      }
+      previous = best;
+    }
+    if (norm_topk_prob && lane == 0) {
+      for (uint32_t pick = 0; pick < top_k; ++pick) weights[pick] = probs[ids[pick]] / weight_sum;
+    }
+    __syncwarp();  // probs is rebuilt for the next token
+  }
+}
+
+// =============================================================================================
+// SwiGLU expert
+// =============================================================================================
+
+constexpr uint32_t kMatVecWarps = 8;
+constexpr uint32_t kMatVecThreads = kMatVecWarps * kWarp;
+
+// Grid: (min(ceil(rows * intermediate / 8), 2^31 - 1)), Block: (256). One warp per output
+// (row, i) (grid-stride over them; i fastest, so neighbouring warps share x[row]); lanes stride
+// over hidden, warp tree sum. act = Silu(gate . x) * (up . x), Silu(g) = g / (1 + exp(-g)).
+__global__ void __launch_bounds__(kMatVecThreads)
+    GateUpSiluKernel(float* __restrict__ act,              // [rows, intermediate]
+                     const float* __restrict__ x,          // [rows, hidden]
+                     const float* __restrict__ gate_proj,  // [intermediate, hidden]
+                     const float* __restrict__ up_proj,    // [intermediate, hidden]
+                     uint32_t rows, uint32_t hidden, uint32_t intermediate) {
+  const uint32_t lane = threadIdx.x % kWarp;
+  const uint64_t outputs = uint64_t{rows} * intermediate;
+  const uint64_t stride = uint64_t{gridDim.x} * kMatVecWarps;
+  for (uint64_t item = uint64_t{blockIdx.x} * kMatVecWarps + threadIdx.x / kWarp; item < outputs;
+       item += stride) {
+    const uint64_t row = item / intermediate;
+    const uint64_t i = item % intermediate;
+    const float* x_row = x + row * hidden;
+    const float* gate_row = gate_proj + i * hidden;
+    const float* up_row = up_proj + i * hidden;
+    float gate = 0.0f;
+    float up = 0.0f;
+    for (uint32_t h = lane; h < hidden; h += kWarp) {
+      const float xv = x_row[h];
+      gate += gate_row[h] * xv;
+      up += up_row[h] * xv;
+    }
+    gate = WarpSum(gate);
+    up = WarpSum(up);
+    if (lane == 0) act[item] = gate / (1.0f + expf(-gate)) * up;
+  }
+}
+
+// Grid: (min(ceil(rows * hidden / 8), 2^31 - 1)), Block: (256). One warp per output (row, h)
+// (grid-stride; h fastest); lanes stride over intermediate, warp tree sum.
+__global__ void __launch_bounds__(kMatVecThreads)
+    DownProjKernel(float* __restrict__ out,              // [rows, hidden]
+                   const float* __restrict__ act,        // [rows, intermediate]
+                   const float* __restrict__ down_proj,  // [hidden, intermediate]
+                   uint32_t rows, uint32_t hidden, uint32_t intermediate) {
+  const uint32_t lane = threadIdx.x % kWarp;
+  const uint64_t outputs = uint64_t{rows} * hidden;
+  const uint64_t stride = uint64_t{gridDim.x} * kMatVecWarps;
+  for (uint64_t item = uint64_t{blockIdx.x} * kMatVecWarps + threadIdx.x / kWarp; item < outputs;
+       item += stride) {
+    const uint64_t row = item / hidden;
+    const uint64_t h = item % hidden;
+    const float* act_row = act + row * intermediate;
+    const float* down_row = down_proj + h * intermediate;
+    float sum = 0.0f;
+    for (uint32_t i = lane; i < intermediate; i += kWarp) sum += down_row[i] * act_row[i];
+    sum = WarpSum(sum);
+    if (lane == 0) out[item] = sum;
+  }
+}
+
+// --- Launcher helpers. ---
+
+uint32_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFp8E4M3:
+      return 1;
+  }
+  return 0;
+}
+
+// PoolLayout::Validate's checks (kept here so that kvcache::kernels needs only the header of
+// common/pool_layout.h), the layer, and the pool's size and alignment; fills `g`.
+absl::Status CheckPool(const char* op, const PoolLayout& layout, uint32_t layer,
+                       uint64_t num_pool_blocks, KvGeometry& g) {
+  constexpr uint32_t kMaxDim = 1 << 16;
+  if (layout.num_layers == 0 || layout.num_layers > kMaxDim || layout.num_kv_heads == 0 ||
+      layout.num_kv_heads > kMaxDim || layout.head_dim == 0 || layout.head_dim > kMaxDim ||
+      layout.block_size == 0 || layout.block_size > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: layout fields must be in [1, 65536]: layers=%u kv_heads=%u head_dim=%u "
+        "block_size=%u",
+        op, layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.block_size));
+  }
+  const uint32_t elem = DTypeSize(layout.dtype);
+  if (elem == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: layout has an unknown dtype %u", op,
+                                                      static_cast<uint32_t>(layout.dtype)));
+  }
+  const uint64_t token_bytes = uint64_t{layout.num_kv_heads} * layout.head_dim * elem;
+  const uint64_t block_bytes = uint64_t{layout.num_layers} * 2 * layout.block_size * token_bytes;
+  if (block_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: block of %u bytes exceeds 1 GiB", op, block_bytes));
+  }
+  if (layer >= layout.num_layers) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: layer %u out of range: the pool has %u",
+                                                      op, layer, layout.num_layers));
+  }
+  if (num_pool_blocks == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: num_pool_blocks must be > 0", op));
+  }
+  if (num_pool_blocks > std::numeric_limits<uint64_t>::max() / block_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: pool of %u blocks of %u bytes overflows uint64", op, num_pool_blocks, block_bytes));
+  }
+  g.block_bytes = block_bytes;
+  g.k_offset = uint64_t{layer} * 2 * layout.block_size * token_bytes;
+  g.v_minus_k = uint64_t{layout.block_size} * token_bytes;
+  g.token_bytes = token_bytes;
+  g.num_blocks = num_pool_blocks;
+  g.block_size = layout.block_size;
+  g.token_elems = layout.num_kv_heads * layout.head_dim;  // < 2^30 given the 1 GiB block bound
+  g.head_dim = layout.head_dim;
+  g.elem_bytes = elem;
+  return absl::OkStatus();
+}
+
+absl::Status CheckPoolAlignment(const char* op, const void* pool, uint32_t elem_bytes) {
+  if (reinterpret_cast<uintptr_t>(pool) % elem_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: pool is not aligned to its %u-byte elements", op, elem_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RmsNormCuda(const float* x, const float* weight, float eps, uint32_t rows,
+                         uint32_t dim, float* out, void* stream) {
+  constexpr char kOp[] = "RmsNormCuda";
+  if (dim == 0) return absl::InvalidArgumentError(absl::StrFormat("%s: dim must be > 0", kOp));
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "x", x));
+  RETURN_IF_ERROR(NotNull(kOp, "weight", weight));
+  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+  const uint32_t threads =
+      std::min(kNormMaxThreads, std::max(kWarp, (dim + kWarp - 1) / kWarp * kWarp));
+  RmsNormKernel<<<GridFor(rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(out, x, weight,
+                                                                                  eps, rows, dim);
+  return CheckLaunch(kOp);
+}
+
+absl::Status RopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens, uint32_t num_heads,
+                      uint32_t head_dim, double theta, void* stream) {
+  constexpr char kOp[] = "RopeCuda";
+  if (num_heads == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: num_heads must be > 0", kOp));
+  }
+  if (head_dim == 0 || head_dim % 2 != 0 || head_dim > kMaxCudaHeadDim) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: head_dim %u must be even and in [2, %u]",
+                                                      kOp, head_dim, kMaxCudaHeadDim));
+  }
+  if (!(theta > 0.0) || !std::isfinite(theta)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: theta %g must be positive and finite", kOp, theta));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "x", x));
+  RETURN_IF_ERROR(NotNull(kOp, "positions", positions));
+  RopeKernel<<<GridFor(num_tokens), kRopeThreads, head_dim * sizeof(float),
+               static_cast<cudaStream_t>(stream)>>>(x, positions, num_tokens, num_heads, head_dim,
+                                                    theta);
+  return CheckLaunch(kOp);
+}
+
+absl::Status WriteKvCuda(const float* k, const float* v, const int64_t* slot_mapping,
+                         uint32_t num_tokens, uint32_t layer, const PoolLayout& layout,
+                         uint64_t num_pool_blocks, uint8_t* pool, void* stream) {
+  constexpr char kOp[] = "WriteKvCuda";
+  KvGeometry g;
+  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, g));
+  if (num_tokens == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "k", k));
+  RETURN_IF_ERROR(NotNull(kOp, "v", v));
+  RETURN_IF_ERROR(NotNull(kOp, "slot_mapping", slot_mapping));
+  RETURN_IF_ERROR(NotNull(kOp, "pool", pool));
+  RETURN_IF_ERROR(CheckPoolAlignment(kOp, pool, g.elem_bytes));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const dim3 grid = GridFor(num_tokens);
+  switch (layout.dtype) {
+    case DType::kFloat32:
+      WriteKvKernel<DType::kFloat32>
+          <<<grid, kWriteKvThreads, 0, s>>>(pool, k, v, slot_mapping, num_tokens, g);
+      break;
+    case DType::kBFloat16:
+      WriteKvKernel<DType::kBFloat16>
+          <<<grid, kWriteKvThreads, 0, s>>>(pool, k, v, slot_mapping, num_tokens, g);
+      break;
+    case DType::kFloat16:
+      WriteKvKernel<DType::kFloat16>
+          <<<grid, kWriteKvThreads, 0, s>>>(pool, k, v, slot_mapping, num_tokens, g);
+      break;
+    case DType::kFp8E4M3:
+      WriteKvKernel<DType::kFp8E4M3>
+          <<<grid, kWriteKvThreads, 0, s>>>(pool, k, v, slot_mapping, num_tokens, g);
+      break;
+  }
+  return CheckLaunch(kOp);
+}
+
+absl::Status PagedAttentionCuda(const float* q, const uint32_t* positions, const uint32_t* seq_ids,
+                                const uint32_t* block_tables, uint32_t num_tokens,
+                                uint32_t num_q_heads, uint32_t num_seqs,
+                                uint32_t max_blocks_per_seq, uint32_t layer,
+                                const PoolLayout& layout, uint64_t num_pool_blocks,
+                                const uint8_t* pool, float* out, void* stream) {
+  constexpr char kOp[] = "PagedAttentionCuda";
+  AttnParams p;
+  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, p.kv));
+  if (num_q_heads == 0 || num_q_heads % layout.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: num_q_heads %u must be a positive multiple of num_kv_heads %u", kOp,
+                        num_q_heads, layout.num_kv_heads));
+  }
+  if (layout.head_dim > kMaxCudaHeadDim) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: head_dim %u exceeds the kernel's %u",
+                                                      kOp, layout.head_dim, kMaxCudaHeadDim));
+  }
+  if (num_seqs == 0 || max_blocks_per_seq == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: num_seqs (%u) and max_blocks_per_seq (%u) must be > 0", kOp, num_seqs,
+                        max_blocks_per_seq));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "q", q));
+  RETURN_IF_ERROR(NotNull(kOp, "positions", positions));
+  RETURN_IF_ERROR(NotNull(kOp, "block_tables", block_tables));
+  RETURN_IF_ERROR(NotNull(kOp, "pool", pool));
+  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+  RETURN_IF_ERROR(CheckPoolAlignment(kOp, pool, p.kv.elem_bytes));
+  p.num_tokens = num_tokens;
+  p.num_q_heads = num_q_heads;
+  p.group = num_q_heads / layout.num_kv_heads;
+  p.num_seqs = num_seqs;
+  p.max_blocks_per_seq = max_blocks_per_seq;
+  // Qwen3MoeModel::Attention's scale, computed the same way.
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(layout.head_dim)));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const dim3 grid = GridFor(uint64_t{num_tokens} * num_q_heads);
+  switch (layout.dtype) {
+    case DType::kFloat32:
+      PagedAttentionKernel<DType::kFloat32>
+          <<<grid, kAttnThreads, 0, s>>>(out, q, pool, block_tables, seq_ids, positions, p);
+      break;
+    case DType::kBFloat16:
+      PagedAttentionKernel<DType::kBFloat16>
+          <<<grid, kAttnThreads, 0, s>>>(out, q, pool, block_tables, seq_ids, positions, p);
+      break;
+    case DType::kFloat16:
+      PagedAttentionKernel<DType::kFloat16>
+          <<<grid, kAttnThreads, 0, s>>>(out, q, pool, block_tables, seq_ids, positions, p);
+      break;
+    case DType::kFp8E4M3:
+      PagedAttentionKernel<DType::kFp8E4M3>
+          <<<grid, kAttnThreads, 0, s>>>(out, q, pool, block_tables, seq_ids, positions, p);
+      break;
+  }
+  return CheckLaunch(kOp);
+}
+
+absl::Status MoeRouteCuda(const float* logits, uint32_t num_tokens, uint32_t num_experts,
+                          uint32_t top_k, bool norm_topk_prob, uint32_t* topk_ids,
+                          float* topk_weights, void* stream) {
+  constexpr char kOp[] = "MoeRouteCuda";
+  if (num_experts == 0 || num_experts > kMaxCudaExperts || top_k == 0 || top_k > num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: need 1 <= top_k (%u) <= num_experts (%u) <= %u", kOp, top_k,
+                        num_experts, kMaxCudaExperts));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "logits", logits));
+  RETURN_IF_ERROR(NotNull(kOp, "topk_ids", topk_ids));
+  RETURN_IF_ERROR(NotNull(kOp, "topk_weights", topk_weights));
+  MoeRouteKernel<<<GridFor(num_tokens), kWarp, num_experts * sizeof(float),
+                   static_cast<cudaStream_t>(stream)>>>(topk_ids, topk_weights, logits, num_tokens,
+                                                        num_experts, top_k, norm_topk_prob);
+  return CheckLaunch(kOp);
+}
+
+absl::Status ExpertSwiGluCuda(const float* x, const float* gate_proj, const float* up_proj,
+                              const float* down_proj, uint32_t rows, uint32_t hidden,
+                              uint32_t intermediate, float* workspace, float* out, void* stream) {
+  constexpr char kOp[] = "ExpertSwiGluCuda";
+  if (hidden == 0 || intermediate == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: hidden (%u) and intermediate (%u) must be > 0", kOp, hidden, intermediate));
+  }
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "x", x));
+  RETURN_IF_ERROR(NotNull(kOp, "gate_proj", gate_proj));
+  RETURN_IF_ERROR(NotNull(kOp, "up_proj", up_proj));
+  RETURN_IF_ERROR(NotNull(kOp, "down_proj", down_proj));
+  RETURN_IF_ERROR(NotNull(kOp, "workspace", workspace));
+  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const uint64_t act_outputs = uint64_t{rows} * intermediate;
+  GateUpSiluKernel<<<GridFor((act_outputs + kMatVecWarps - 1) / kMatVecWarps), kMatVecThreads, 0,
+                     s>>>(workspace, x, gate_proj, up_proj, rows, hidden, intermediate);
+  RETURN_IF_ERROR(CheckLaunch(kOp));
+  const uint64_t outputs = uint64_t{rows} * hidden;
+  DownProjKernel<<<GridFor((outputs + kMatVecWarps - 1) / kMatVecWarps), kMatVecThreads, 0, s>>>(
+      out, workspace, down_proj, rows, hidden, intermediate);
+  return CheckLaunch(kOp);
+}
+
+}  // namespace kvcache::kernels
