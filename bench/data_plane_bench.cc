@@ -208,7 +208,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     if (hit_blocks.size() != blocks) std::printf("!! only %zu of %zu blocks hit\n", hit_blocks.size(), blocks);
     const int fd = shm_open(daemon.ShmName(pool).c_str(), O_RDONLY, 0);
     const size_t pool_bytes = (64ull << 20) / block_bytes * block_bytes;
-    const auto* base = static_cast<const char*>(mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED, fd, 0));
+    const auto* base = static_cast<const char*>(mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
     close(fd);
     std::string copy(bytes.size(), '\0');
     std::string scratch;
