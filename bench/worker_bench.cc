@@ -1,6 +1,9 @@
-// Prefill time saved by prefix hits: a 1024-token prompt whose first 0%, 50% or 90% is already in
-// the daemon's pool, next to a cold in-process run of the same length, plus decode tokens/s — all
-// ratios measured in one run. CPU path, tiny test model. Usage: worker_bench CHECKPOINT_DIR [reps]
+// Prefill time saved by prefix hits: prompts whose first 0%, 50% or 90% is already in the daemon's
+// pool, next to a cold in-process run of the same length, plus decode tokens/s — all ratios
+// measured in one run, on the CPU path. Usage: worker_bench CHECKPOINT_DIR [reps]
+// The tests' tiny model (hidden 64) spends most of a long prefill in attention, which a cached
+// prefix saves least; a wider one (scripts/make_tiny_checkpoint.py OUT --hidden 512
+// --moe_intermediate 512 --layers 2) has the projection-dominated profile of real MoE models.
 #include <stdlib.h>
 
 #include <algorithm>

@@ -2,6 +2,12 @@
 """Writes a deterministic tiny Qwen3-MoE checkpoint (config.json + model.safetensors).
 
 Usage: make_tiny_checkpoint.py OUT_DIR [--dtype bf16|f16|f32] [--seed N] [--layers N]
+                               [--hidden N] [--moe_intermediate N]
+
+The defaults are the tests' model. A wider one (e.g. --hidden 512 --moe_intermediate 512) keeps
+the KV layout (heads and head_dim are unchanged) but makes the per-token projections and experts,
+not attention, dominate prefill, as they do in real MoE models at these context lengths: that is
+the model the prefill benchmark reports on.
 
 The weights come from random.Random(seed) only, so the same arguments give byte-identical files
 on every machine (standard library only: no numpy, no torch). Scales keep activations O(1) so the
@@ -128,12 +134,17 @@ def main(argv):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"])
+    parser.add_argument("--hidden", type=int, default=CONFIG["hidden_size"])
+    parser.add_argument("--moe_intermediate", type=int, default=CONFIG["moe_intermediate_size"])
     args = parser.parse_args(argv)
-    if args.layers < 1:
-        parser.error("--layers must be at least 1")
+    if args.layers < 1 or args.hidden < 1 or args.moe_intermediate < 1:
+        parser.error("--layers, --hidden and --moe_intermediate must be at least 1")
 
     cfg = dict(CONFIG)
     cfg["num_hidden_layers"] = args.layers
+    cfg["hidden_size"] = args.hidden
+    cfg["intermediate_size"] = 2 * args.hidden
+    cfg["moe_intermediate_size"] = args.moe_intermediate
     cfg["torch_dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[args.dtype]
     rng = random.Random(args.seed)
     tensors = []
