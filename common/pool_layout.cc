@@ -8,19 +8,6 @@
 
 namespace kvcache {
 
-uint32_t DTypeBytes(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-    case DType::kBFloat16:
-      return 2;
-    case DType::kFloat32:
-      return 4;
-    case DType::kFp8E4M3:
-      return 1;
-  }
-  return 0;
-}
-
 absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kFloat16:

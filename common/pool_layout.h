@@ -16,7 +16,18 @@ namespace kvcache {
 // Values match kvcache.v1.DType.
 enum class DType : uint32_t { kFloat16 = 1, kBFloat16 = 2, kFloat32 = 3, kFp8E4M3 = 4 };
 
-uint32_t DTypeBytes(DType dtype);
+inline constexpr uint32_t DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFp8E4M3:
+      return 1;
+  }
+  return 0;
+}
 absl::string_view DTypeName(DType dtype);
 // Accepts "fp16"/"float16", "bf16"/"bfloat16", "fp32"/"float32", "fp8"/"fp8_e4m3".
 absl::StatusOr<DType> ParseDType(absl::string_view name);

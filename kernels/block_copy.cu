@@ -2,6 +2,8 @@
 // contract; block_copy.cc holds the CPU reference each kernel is tested against.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda_launch.h"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -93,15 +95,6 @@ bool CanVectorize(uint64_t block_bytes, const void* a, const void* b) {
   return block_bytes % kVecBytes == 0 && Aligned16(a) && Aligned16(b);
 }
 
-// Returns the launch error, if any, as INTERNAL. Does not synchronize.
-absl::Status CheckLaunch(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrFormat("%s: kernel launch failed: %s", op, cudaGetErrorString(err)));
-  }
-  return absl::OkStatus();
-}
 
 dim3 GridFor(uint32_t count) { return dim3(std::min(count, kMaxGridX)); }
 

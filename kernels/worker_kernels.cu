@@ -10,6 +10,8 @@
 // bit-exact with it.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda_launch.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -29,15 +31,6 @@ constexpr uint64_t kMaxGridX = 0x7fffffffu;
 
 dim3 GridFor(uint64_t count) { return dim3(static_cast<unsigned>(std::min(count, kMaxGridX))); }
 
-// Returns the launch error, if any, as INTERNAL. Does not synchronize.
-absl::Status CheckLaunch(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrFormat("%s: kernel launch failed: %s", op, cudaGetErrorString(err)));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status NotNull(const char* op, const char* what, const void* ptr) {
   if (ptr == nullptr) {
@@ -606,18 +599,7 @@ __global__ void __launch_bounds__(kMatVecThreads)
 
 // --- Launcher helpers. ---
 
-uint32_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-    case DType::kBFloat16:
-      return 2;
-    case DType::kFloat32:
-      return 4;
-    case DType::kFp8E4M3:
-      return 1;
-  }
-  return 0;
-}
+uint32_t DTypeSize(DType dtype) { return DTypeBytes(dtype); }
 
 // PoolLayout::Validate's checks (kept here so that kvcache::kernels needs only the header of
 // common/pool_layout.h), the layer, and the pool's size and alignment; fills `g`.
