@@ -94,12 +94,7 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
 
   v1::PutBlocksRequest request;
   v1::PutBlocksHeader* header = request.mutable_header();
-  header->set_session_id(session.session_id);
-  header->set_epoch(session.epoch);
-  header->set_pool(std::string(pool));
-  header->mutable_tokens()->Add(tokens.begin(), tokens.end());
-  header->set_cache_salt(std::string(cache_salt));
-  FillExtraKeys(extra_keys, header->mutable_extra_keys());
+  FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys, header);
   header->set_first_block(first_block);
   header->mutable_block_checksums()->Reserve(num_blocks);
   for (size_t i = 0; i < num_blocks; ++i) {
@@ -139,12 +134,8 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
   const size_t max_blocks = tokens.size() / shape.block_size;
 
   v1::GetBlocksRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
-  request.set_pool(std::string(pool));
-  request.mutable_tokens()->Add(tokens.begin(), tokens.end());
-  request.set_cache_salt(std::string(cache_salt));
-  FillExtraKeys(extra_keys, request.mutable_extra_keys());
+  FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys,
+                    &request);
   // Chunks must fit this client's receive limit; 0 leaves the daemon's default when it fits.
   const uint32_t max_chunk = static_cast<uint32_t>(
       std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead));

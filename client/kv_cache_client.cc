@@ -343,12 +343,8 @@ absl::StatusOr<KvCacheClient::Sequence> KvCacheClient::OpenSequence(
     const ExtraKeys& extra_keys) {
   const SessionRef session = CurrentSession();
   v1::OpenSequenceRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
-  request.set_pool(std::string(pool));
-  request.mutable_tokens()->Add(tokens.begin(), tokens.end());
-  request.set_cache_salt(std::string(cache_salt));
-  FillExtraKeys(extra_keys, request.mutable_extra_keys());
+  FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys,
+                    &request);
   v1::OpenSequenceResponse response;
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::OpenSequence, "OpenSequence", request,
                        &response, session, true));

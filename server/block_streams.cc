@@ -5,17 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/proto_keys.h"
 
 namespace kvcache {
 namespace {
-
-ExtraKeys ToExtraKeys(const v1::ExtraKeys& proto) {
-  ExtraKeys extras{.lora_id = proto.lora_id()};
-  for (const v1::MultimodalItem& item : proto.multimodal_items()) {
-    extras.multimodal_items.push_back({item.content_hash(), item.offset(), item.length()});
-  }
-  return extras;
-}
 
 // The transfer's own session: the requester's tenant (so hashes match its namespace), id 0.
 absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager,

@@ -4,6 +4,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/proto_keys.h"
 #include "server/block_streams.h"
 
 namespace kvcache {
@@ -24,17 +25,6 @@ grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, Response*
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
-}
-
-ExtraKeys ToExtraKeys(const v1::ExtraKeys& proto) {
-  ExtraKeys extras;
-  extras.lora_id = proto.lora_id();
-  extras.multimodal_items.reserve(proto.multimodal_items_size());
-  for (const v1::MultimodalItem& item : proto.multimodal_items()) {
-    extras.multimodal_items.push_back(
-        MultimodalItem{item.content_hash(), item.offset(), item.length()});
-  }
-  return extras;
 }
 
 SequenceSpec ToSequenceSpec(const google::protobuf::RepeatedField<uint32_t>& tokens,
