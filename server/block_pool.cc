@@ -73,6 +73,7 @@ BlockId BlockPool::AllocateFresh() {
   BlockMeta& meta = blocks_[block];
   meta.state = State::kReferenced;
   meta.ref_count = 1;
+  meta.has_checksum = false;
   return block;
 }
 

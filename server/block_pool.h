@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -65,6 +66,19 @@ class BlockPool {
   bool IsEvictable(BlockId block) const { return blocks_[block].state == State::kEvictable; }
   bool IsPublished(BlockId block) const { return blocks_[block].published; }
   uint32_t RefCount(BlockId block) const { return blocks_[block].ref_count; }
+  // A published block's bytes never change, so their checksum is computed once and kept until
+  // the block is reused. SetChecksum ignores unpublished blocks.
+  std::optional<uint64_t> CachedChecksum(BlockId block) const {
+    const BlockMeta& meta = blocks_[block];
+    return meta.published && meta.has_checksum ? std::optional<uint64_t>(meta.checksum)
+                                                : std::nullopt;
+  }
+  void SetChecksum(BlockId block, uint64_t checksum) {
+    BlockMeta& meta = blocks_[block];
+    if (!meta.published) return;
+    meta.checksum = checksum;
+    meta.has_checksum = true;
+  }
 
   // ref+1; an evictable block is resurrected (taken off the LRU in O(1)).
   // REQUIRES: `block` is referenced or evictable.
@@ -92,6 +106,8 @@ class BlockPool {
     uint32_t ref_count = 0;
     State state = State::kFree;
     bool published = false;
+    bool has_checksum = false;
+    uint64_t checksum = 0;
     BlockIdentity identity;
     // Doubly linked LRU of evictable blocks, by block id.
     BlockId lru_prev = kNoBlock;

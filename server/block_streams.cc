@@ -218,7 +218,7 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
   header->set_num_cached_tokens(opened.num_cached_tokens);
   header->set_block_bytes(block_bytes_);
   for (BlockId block : block_ids_) {
-    ASSIGN_OR_RETURN(uint64_t checksum, pool_->memory().Checksum(block));
+    ASSIGN_OR_RETURN(uint64_t checksum, pool_->BlockChecksum(block));
     header->add_block_checksums(checksum);
   }
   const std::string serialized = response.SerializeAsString();

@@ -357,6 +357,18 @@ uint32_t PrefixCache::ReleaseSession(uint64_t session_id) {
   return count;
 }
 
+absl::StatusOr<uint64_t> PrefixCache::BlockChecksum(BlockId block) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (std::optional<uint64_t> cached = pool_.CachedChecksum(block)) return *cached;
+  }
+  // Hashing a block outside the lock: it is pinned by the caller.
+  ASSIGN_OR_RETURN(uint64_t checksum, memory_->Checksum(block));
+  absl::MutexLock lock(&mu_);
+  pool_.SetChecksum(block, checksum);
+  return checksum;
+}
+
 PoolStatsSnapshot PrefixCache::Stats() const {
   absl::ReaderMutexLock lock(&mu_);
   return PoolStatsSnapshot{

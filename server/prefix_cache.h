@@ -133,6 +133,10 @@ class PrefixCache {
   // Releases every sequence of `session_id`; returns how many. Idempotent.
   uint32_t ReleaseSession(uint64_t session_id);
 
+  // XXH3-64 of a block's bytes, computed once per publication (GetBlocks sends it with every
+  // read). REQUIRES: the caller holds a reference to `block`, so it cannot be reused meanwhile.
+  absl::StatusOr<uint64_t> BlockChecksum(BlockId block);
+
   PoolStatsSnapshot Stats() const;
   absl::Status CheckInvariants() const;
 

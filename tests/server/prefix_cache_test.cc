@@ -324,6 +324,26 @@ TEST_F(PrefixCacheTest, ForkOnABlockBoundaryCopiesNothing) {
   EXPECT_EQ(forked->copied_from_block, kNoBlock);
 }
 
+TEST_F(PrefixCacheTest, BlockChecksumIsKeptUntilTheBlockIsReused) {
+  auto& memory = static_cast<HostPoolMemory&>(cache_->memory());
+  const OpenedSequence opened = Open(Tokens(100, 5));
+  std::memset(memory.Block(opened.block_ids[0]), 7, memory.block_bytes());
+  ASSERT_OK(cache_->Commit(session_, opened.sequence_id, 4).status());
+  const uint64_t expected = *memory.Checksum(opened.block_ids[0]);
+  EXPECT_EQ(*cache_->BlockChecksum(opened.block_ids[0]), expected);
+  // Kept: bytes changed behind the daemon's back (a contract breach) do not change the answer,
+  // so a reader detects the breach as a checksum mismatch.
+  std::memset(memory.Block(opened.block_ids[0]), 8, memory.block_bytes());
+  EXPECT_EQ(*cache_->BlockChecksum(opened.block_ids[0]), expected);
+  ASSERT_OK(cache_->Release(session_, opened.sequence_id));
+  // Evicted and reused: the next checksum is of the new bytes.
+  const OpenedSequence filler = Open(Tokens(500, 4 * 8));
+  ASSERT_OK(cache_->Commit(session_, filler.sequence_id, 4 * 8).status());
+  for (BlockId block : filler.block_ids) {
+    EXPECT_EQ(*cache_->BlockChecksum(block), *memory.Checksum(block));
+  }
+}
+
 TEST_F(PrefixCacheTest, LookupAcquiresNothing) {
   Compute(Tokens(100, 9));
   const auto before = Counts();
