@@ -10,9 +10,9 @@
 namespace kvcache::worker {
 namespace {
 
-absl::Status CheckShipment(const Shipment& shipment, uint32_t block_size) {
+absl::Status CheckShipment(const Shipment& shipment) {
   if (shipment.source == nullptr) return absl::InvalidArgumentError("shipment has no source pool");
-  const size_t full_blocks = shipment.tokens.size() / block_size;
+  const size_t full_blocks = shipment.tokens.size() / shipment.source->layout().block_size;
   if (shipment.source_blocks.size() < full_blocks) {
     return absl::InvalidArgumentError(absl::StrCat("shipment has ", shipment.source_blocks.size(),
                                                    " source blocks for ", full_blocks,
@@ -35,8 +35,8 @@ class StreamTransport final : public BlockTransport {
 
   absl::StatusOr<ShipmentStats> Ship(const Shipment& shipment) override {
     const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(CheckShipment(shipment));
     const uint32_t block_size = shipment.source->layout().block_size;
-    RETURN_IF_ERROR(CheckShipment(shipment, block_size));
     const uint32_t full_blocks = shipment.tokens.size() / block_size;
     ASSIGN_OR_RETURN(const KvCacheClient::LookupResult held,
                      receiver_->Lookup(pool_, tenant_, shipment.tokens, shipment.cache_salt));
@@ -80,8 +80,8 @@ class ShmTransport final : public BlockTransport {
 
   absl::StatusOr<ShipmentStats> Ship(const Shipment& shipment) override {
     const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(CheckShipment(shipment));
     const uint32_t block_size = shipment.source->layout().block_size;
-    RETURN_IF_ERROR(CheckShipment(shipment, block_size));
     if (target_->block_bytes() != shipment.source->block_bytes()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "receiving pool '", pool_, "' has ", target_->block_bytes(), "-byte blocks, the sender ",
