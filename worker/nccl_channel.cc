@@ -368,15 +368,23 @@ absl::Status NcclChannel::Warm(int peer, absl::Duration timeout) {
   return Synchronize(deadline - absl::Now());  // infinite when the deadline is
 }
 
+namespace {
+
+// A point-to-point peer: another rank of this world (a copy within a rank is SelfCopyBlocks).
+absl::Status CheckPeer(const char* op, int peer, int rank, int world_size) {
+  if (peer >= 0 && peer < world_size && peer != rank) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": peer ", peer, " of a world of ",
+                                                 world_size, " (this is rank ", rank,
+                                                 "; copy within a rank with SelfCopyBlocks)"));
+}
+
+}  // namespace
+
 absl::Status NcclChannel::SendBlocks(const uint8_t* device_pool, uint64_t block_bytes,
                                      absl::Span<const uint32_t> block_ids, int peer) {
   constexpr char kOp[] = "NcclChannel::SendBlocks";
   RETURN_IF_ERROR(impl_->CheckUsable(kOp));
-  if (peer < 0 || peer >= world_size_ || peer == rank_) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": peer ", peer, " of a world of ",
-                                                   world_size_, " (this is rank ", rank_,
-                                                   "; copy within a rank with SelfCopyBlocks)"));
-  }
+  RETURN_IF_ERROR(CheckPeer(kOp, peer, rank_, world_size_));
   RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, block_ids));
   if (block_ids.empty()) return absl::OkStatus();
   ScopedDevice device;
@@ -394,11 +402,7 @@ absl::Status NcclChannel::RecvBlocks(uint8_t* device_pool, uint64_t block_bytes,
                                      absl::Span<const uint32_t> block_ids, int peer) {
   constexpr char kOp[] = "NcclChannel::RecvBlocks";
   RETURN_IF_ERROR(impl_->CheckUsable(kOp));
-  if (peer < 0 || peer >= world_size_ || peer == rank_) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": peer ", peer, " of a world of ",
-                                                   world_size_, " (this is rank ", rank_,
-                                                   "; copy within a rank with SelfCopyBlocks)"));
-  }
+  RETURN_IF_ERROR(CheckPeer(kOp, peer, rank_, world_size_));
   RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, block_ids));
   RETURN_IF_ERROR(CheckUnique(kOp, "destination", block_ids));
   if (block_ids.empty()) return absl::OkStatus();
