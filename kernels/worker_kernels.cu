@@ -3,11 +3,11 @@
 // compares the two.
 //
 // Precision notes. nvcc contracts a * b + c into an FMA by default; where the CPU result is meant
-// to be reproduced (RMSNorm's scaling, RoPE's rotation) the kernels use __fmul_rn / __fadd_rn /
-// __fsub_rn, which are never contracted. Pool dtype conversions are integer bit manipulation,
-// ports of worker/float_convert.{h,cc}, so the KV write is byte-exact. Dot products and the
-// attention sums run in a different order from the CPU (warp trees, online softmax) and are not
-// bit-exact with it.
+// to be reproduced (RMSNorm's scaling, RoPE's rotation, LinearCuda's lanes, the MoE combine) the
+// kernels use __fmul_rn / __fadd_rn / __fsub_rn, which are never contracted. Pool dtype
+// conversions are integer bit manipulation, ports of worker/float_convert.{h,cc}, so the KV write
+// is byte-exact. The expert matvecs and the attention sums run in a different order from the CPU
+// (warp trees, online softmax) and are not bit-exact with it.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda_launch.h"
@@ -597,6 +597,118 @@ __global__ void __launch_bounds__(kMatVecThreads)
   }
 }
 
+// =============================================================================================
+// Linear (x W^T), in worker::Dot's order
+// =============================================================================================
+
+constexpr uint32_t kLinearOuts = 32;   // outputs per CUDA block: threadIdx.x
+constexpr uint32_t kLinearRows = 8;    // rows per CUDA block: threadIdx.y
+constexpr uint32_t kLinearDepth = 32;  // input features per shared-memory tile
+constexpr uint32_t kDotLanes = 8;      // worker::Dot's lanes
+constexpr uint32_t kMaxGridY = 65535;
+static_assert(kLinearDepth % kDotLanes == 0, "a tile must start at lane 0");
+
+// Grid: (ceil(out_features / 32), min(ceil(rows / 8), 65535)), Block: (32, 8). Thread (o, r) owns
+// output (row_base + r, blockIdx.x * 32 + o) (grid-stride over row groups). Each 32-deep tile of
+// x rows and weight rows goes through shared memory (padded rows: conflict-free column reads);
+// every thread then adds the tile into worker::Dot's eight lanes. Because a tile starts at a
+// multiple of 8, input k always lands in lane k % 8, and the zero padding past in_features adds
+// exact +0 (a lane is never -0: it starts at +0), so every output follows worker::Dot's order
+// whatever rows or tile it belongs to.
+__global__ void __launch_bounds__(kLinearOuts * kLinearRows)
+    LinearKernel(float* __restrict__ out,           // [rows, out_features]
+                 const float* __restrict__ x,       // [rows, in_features]
+                 const float* __restrict__ weight,  // [out_features, in_features]
+                 uint32_t rows, uint32_t in_features, uint32_t out_features, bool accumulate) {
+  __shared__ float w_tile[kLinearOuts][kLinearDepth + 1];
+  __shared__ float x_tile[kLinearRows][kLinearDepth + 1];
+  const uint32_t tx = threadIdx.x;
+  const uint32_t ty = threadIdx.y;
+  const uint64_t out_base = uint64_t{blockIdx.x} * kLinearOuts;
+  const uint64_t o = out_base + tx;
+  for (uint64_t row_base = uint64_t{blockIdx.y} * kLinearRows; row_base < rows;
+       row_base += uint64_t{gridDim.y} * kLinearRows) {  // uniform across the block
+    const uint64_t r = row_base + ty;
+    float lane[kDotLanes];
+#pragma unroll
+    for (uint32_t j = 0; j < kDotLanes; ++j) lane[j] = 0.0f;
+    for (uint32_t k0 = 0; k0 < in_features; k0 += kLinearDepth) {
+      const bool k_in = k0 + tx < in_features;  // tx doubles as the k index of the loads
+      for (uint32_t i = ty; i < kLinearOuts; i += kLinearRows) {
+        const uint64_t wo = out_base + i;
+        w_tile[i][tx] = (k_in && wo < out_features) ? weight[wo * in_features + k0 + tx] : 0.0f;
+      }
+      x_tile[ty][tx] = (k_in && r < rows) ? x[r * in_features + k0 + tx] : 0.0f;
+      __syncthreads();
+#pragma unroll
+      for (uint32_t kk = 0; kk < kLinearDepth; kk += kDotLanes) {
+#pragma unroll
+        for (uint32_t j = 0; j < kDotLanes; ++j) {
+          lane[j] = __fadd_rn(lane[j], __fmul_rn(x_tile[ty][kk + j], w_tile[tx][kk + j]));
+        }
+      }
+      __syncthreads();  // the next tile overwrites w_tile / x_tile
+    }
+    if (r < rows && o < out_features) {
+      const float low = __fadd_rn(__fadd_rn(lane[0], lane[1]), __fadd_rn(lane[2], lane[3]));
+      const float high = __fadd_rn(__fadd_rn(lane[4], lane[5]), __fadd_rn(lane[6], lane[7]));
+      const float dot = __fadd_rn(low, high);
+      float* dst = out + r * out_features + o;
+      *dst = accumulate ? __fadd_rn(*dst, dot) : dot;
+    }
+  }
+}
+
+// =============================================================================================
+// Row gather and MoE combine
+// =============================================================================================
+
+constexpr uint32_t kRowThreads = 256;
+
+// Grid: (min(num_rows, 2^31 - 1)), Block: (256). One CUDA block per output row (grid-stride).
+__global__ void __launch_bounds__(kRowThreads)
+    GatherRowsKernel(float* __restrict__ out,               // [num_rows, cols]
+                     const float* __restrict__ src,         // [num_src_rows, cols]
+                     const uint32_t* __restrict__ row_ids,  // [num_rows]
+                     uint64_t num_src_rows, uint32_t cols, uint32_t num_rows) {
+  for (uint64_t r = blockIdx.x; r < num_rows; r += gridDim.x) {
+    const uint32_t id = row_ids[r];
+    float* dst = out + r * cols;
+    if (id >= num_src_rows) {  // uniform across the block
+      for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = nanf("");
+      continue;
+    }
+    const float* row = src + uint64_t{id} * cols;
+    for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = row[i];
+  }
+}
+
+// Grid: (min(num_tokens, 2^31 - 1)), Block: (256). One CUDA block per token (grid-stride); each
+// thread owns hidden elements i, i + 256, ... and sums the token's top_k contributions in order.
+__global__ void __launch_bounds__(kRowThreads)
+    MoeCombineKernel(float* __restrict__ x,                 // [num_tokens, hidden]
+                     const float* __restrict__ expert_out,  // [num_expert_rows, hidden]
+                     const uint32_t* __restrict__ rows,     // [num_tokens, top_k]
+                     const float* __restrict__ weights,     // [num_tokens, top_k]
+                     uint64_t num_expert_rows, uint32_t hidden, uint32_t num_tokens,
+                     uint32_t top_k) {
+  for (uint64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const uint32_t* token_rows = rows + t * top_k;
+    const float* token_weights = weights + t * top_k;
+    float* x_row = x + t * hidden;
+    for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+      float acc = 0.0f;
+      for (uint32_t j = 0; j < top_k; ++j) {
+        const uint32_t row = token_rows[j];
+        const float value =
+            row < num_expert_rows ? expert_out[row * uint64_t{hidden} + i] : nanf("");
+        acc = __fadd_rn(acc, __fmul_rn(value, token_weights[j]));
+      }
+      x_row[i] = __fadd_rn(x_row[i], acc);
+    }
+  }
+}
+
 // --- Launcher helpers. ---
 
 uint32_t DTypeSize(DType dtype) { return DTypeBytes(dtype); }
@@ -833,6 +945,60 @@ absl::Status ExpertSwiGluCuda(const float* x, const float* gate_proj, const floa
   const uint64_t outputs = uint64_t{rows} * hidden;
   DownProjKernel<<<GridFor((outputs + kMatVecWarps - 1) / kMatVecWarps), kMatVecThreads, 0, s>>>(
       out, workspace, down_proj, rows, hidden, intermediate);
+  return CheckLaunch(kOp);
+}
+
+absl::Status LinearCuda(const float* x, const float* weight, uint32_t rows, uint32_t in_features,
+                        uint32_t out_features, bool accumulate, float* out, void* stream) {
+  constexpr char kOp[] = "LinearCuda";
+  if (in_features == 0 || out_features == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: in_features (%u) and out_features (%u) must be > 0", kOp, in_features, out_features));
+  }
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "x", x));
+  RETURN_IF_ERROR(NotNull(kOp, "weight", weight));
+  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+  const uint32_t out_groups = (out_features + kLinearOuts - 1) / kLinearOuts;
+  const uint32_t row_groups = std::min((rows + kLinearRows - 1) / kLinearRows, kMaxGridY);
+  LinearKernel<<<dim3(out_groups, row_groups), dim3(kLinearOuts, kLinearRows), 0,
+                 static_cast<cudaStream_t>(stream)>>>(out, x, weight, rows, in_features,
+                                                      out_features, accumulate);
+  return CheckLaunch(kOp);
+}
+
+absl::Status GatherRowsCuda(const float* src, uint64_t num_src_rows, uint32_t cols,
+                            const uint32_t* row_ids, uint32_t num_rows, float* out, void* stream) {
+  constexpr char kOp[] = "GatherRowsCuda";
+  if (cols == 0 || num_src_rows == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: cols (%u) and num_src_rows (%u) must be > 0", kOp, cols, num_src_rows));
+  }
+  if (num_rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "src", src));
+  RETURN_IF_ERROR(NotNull(kOp, "row_ids", row_ids));
+  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+  GatherRowsKernel<<<GridFor(num_rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      out, src, row_ids, num_src_rows, cols, num_rows);
+  return CheckLaunch(kOp);
+}
+
+absl::Status MoeCombineCuda(const float* expert_out, uint64_t num_expert_rows, uint32_t hidden,
+                            const uint32_t* rows, const float* weights, uint32_t num_tokens,
+                            uint32_t top_k, float* x, void* stream) {
+  constexpr char kOp[] = "MoeCombineCuda";
+  if (top_k == 0 || hidden == 0 || num_expert_rows == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: top_k (%u), hidden (%u) and num_expert_rows (%u) must be > 0", kOp,
+                        top_k, hidden, num_expert_rows));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotNull(kOp, "expert_out", expert_out));
+  RETURN_IF_ERROR(NotNull(kOp, "rows", rows));
+  RETURN_IF_ERROR(NotNull(kOp, "weights", weights));
+  RETURN_IF_ERROR(NotNull(kOp, "x", x));
+  MoeCombineKernel<<<GridFor(num_tokens), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, expert_out, rows, weights, num_expert_rows, hidden, num_tokens, top_k);
   return CheckLaunch(kOp);
 }
 

@@ -8,12 +8,21 @@
 //   PagedAttentionCuda  the attention loop of Qwen3MoeModel::Attention over PagedKv::ReadRange
 //   MoeRouteCuda        worker::Softmax + worker::TopK (+ Qwen3MoeModel::Moe's renormalization)
 //   ExpertSwiGluCuda    worker::MatVec (gate, up) + worker::SwiGlu + worker::MatVec (down)
+//   LinearCuda          worker::MatVec per row (+ Qwen3MoeModel's residual add `x[i] += y[i]`)
+//   GatherRowsCuda      the embedding row copy of Qwen3MoeModel::Forward
+//   MoeCombineCuda      the weighted expert sum and residual add of Qwen3MoeModel::Moe
 //
 // (tests/kernels/worker_kernels_gpu_test.cc compares each kernel against those functions.)
-// WriteKvCuda is bit-exact with the CPU path for every pool dtype; RmsNorm, RoPE and routing use
-// the CPU's evaluation order and precision where it matters and agree in practice to the last bit
-// or within an ulp; attention and the expert matvecs sum in another order and agree to a
-// tolerance, not bit for bit.
+// WriteKvCuda, LinearCuda, GatherRowsCuda and MoeCombineCuda are bit-exact with the CPU path;
+// RmsNorm, RoPE and routing use the CPU's evaluation order and precision where it matters and
+// agree in practice to the last bit or within an ulp; attention and the expert matvecs sum in
+// another order and agree to a tolerance, not bit for bit.
+//
+// Batch invariance: every kernel computes a row (token) from that row's inputs alone, in an order
+// that depends only on the problem's widths, never on the number of rows or on a row's index.
+// So a token's results are bit-identical whether it is computed alone or among others — what
+// makes prefix reuse and chunked prefill bit-exact on the GPU (worker/qwen3_moe_cuda.h). No
+// kernel uses atomics.
 //
 // Conventions (as kernels/block_copy.h): pointers are device pointers; `stream` is a cudaStream_t
 // passed as void* (nullptr = the legacy default stream) so that code built without the CUDA
@@ -151,6 +160,36 @@ absl::Status MoeRouteCuda(const float* logits, uint32_t num_tokens, uint32_t num
 absl::Status ExpertSwiGluCuda(const float* x, const float* gate_proj, const float* up_proj,
                               const float* down_proj, uint32_t rows, uint32_t hidden,
                               uint32_t intermediate, float* workspace, float* out, void* stream);
+
+// x: [rows, in_features]; weight: [out_features, in_features] (a Linear weight [out, in]);
+// out: [rows, out_features].
+// out[r, o] = Dot(weight[o], x[r]) — or out[r, o] + Dot(...) when `accumulate` (the residual add)
+// — with worker::Dot's exact evaluation order: eight lanes, lane k % 8 accumulating
+// x[k] * weight[k] in ascending k (each product and sum rounded, no FMA), then combined as
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). So the result is bit-identical to
+// worker::MatVec (and to `out[i] += ...` after it). Tiled through shared memory; no cuBLAS,
+// whose shape-dependent algorithm choice (split-K for skinny shapes) would break batch
+// invariance. `out` must not alias `x` or `weight`. in_features, out_features must be > 0.
+absl::Status LinearCuda(const float* x, const float* weight, uint32_t rows, uint32_t in_features,
+                        uint32_t out_features, bool accumulate, float* out, void* stream);
+
+// src: [num_src_rows, cols]; row_ids: [num_rows] uint32; out: [num_rows, cols].
+// out[r] = src[row_ids[r]], a plain copy (the embedding lookup; the MoE token grouping). A row id
+// >= num_src_rows (only a device-side bug can produce one) gives a row of NaN instead of an
+// out-of-bounds read. cols and num_src_rows must be > 0.
+absl::Status GatherRowsCuda(const float* src, uint64_t num_src_rows, uint32_t cols,
+                            const uint32_t* row_ids, uint32_t num_rows, float* out, void* stream);
+
+// expert_out: [num_expert_rows, hidden] (each selected expert's output for each token);
+// rows, weights: [num_tokens, top_k]; x: [num_tokens, hidden], updated in place.
+// For each token t: acc = +0, then for j = 0 .. top_k - 1 in order
+// acc = acc + expert_out[rows[t, j]] * weights[t, j] (each product and sum rounded); then
+// x[t] = x[t] + acc. With the entries of each token ordered by expert index this is
+// Qwen3MoeModel::Moe's sum and residual, bit for bit. A row >= num_expert_rows contributes NaN
+// (memory-safe). top_k, hidden and num_expert_rows must be > 0.
+absl::Status MoeCombineCuda(const float* expert_out, uint64_t num_expert_rows, uint32_t hidden,
+                            const uint32_t* rows, const float* weights, uint32_t num_tokens,
+                            uint32_t top_k, float* x, void* stream);
 
 }  // namespace kvcache::kernels
 

@@ -38,4 +38,19 @@ absl::Status ExpertSwiGluCuda(const float*, const float*, const float*, const fl
   return NoCuda();
 }
 
+absl::Status LinearCuda(const float*, const float*, uint32_t, uint32_t, uint32_t, bool, float*,
+                        void*) {
+  return NoCuda();
+}
+
+absl::Status GatherRowsCuda(const float*, uint64_t, uint32_t, const uint32_t*, uint32_t, float*,
+                            void*) {
+  return NoCuda();
+}
+
+absl::Status MoeCombineCuda(const float*, uint64_t, uint32_t, const uint32_t*, const float*,
+                            uint32_t, uint32_t, float*, void*) {
+  return NoCuda();
+}
+
 }  // namespace kvcache::kernels

@@ -48,25 +48,25 @@ struct Qwen3MoeModel::Scratch {
   std::vector<float> moe_out;       // [hidden]
 };
 
-absl::Status Qwen3MoeModel::CheckRequest(absl::Span<const uint32_t> tokens, uint32_t start_position,
-                                         const PagedKv& kv) const {
+absl::Status CheckForwardRequest(const ModelConfig& config, absl::Span<const uint32_t> tokens,
+                                 uint32_t start_position, const PagedKv& kv) {
   if (tokens.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= config_.vocab_size) {
+    if (tokens[i] >= config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token ", tokens[i], " at index ", i,
                                                      " is outside the vocabulary of ",
-                                                     config_.vocab_size));
+                                                     config.vocab_size));
     }
   }
   const uint64_t end = uint64_t{start_position} + tokens.size();
-  if (end > config_.max_position_embeddings) {
+  if (end > config.max_position_embeddings) {
     return absl::OutOfRangeError(absl::StrCat("positions [", start_position, ", ", end,
                                               ") reach past max_position_embeddings ",
-                                              config_.max_position_embeddings));
+                                              config.max_position_embeddings));
   }
   RETURN_IF_ERROR(kv.Validate());
   RETURN_IF_ERROR(
-      kv.CheckModelShape(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim));
+      kv.CheckModelShape(config.num_hidden_layers, config.num_key_value_heads, config.head_dim));
   if (end > kv.capacity_tokens()) {
     return absl::OutOfRangeError(absl::StrCat("positions [", start_position, ", ", end,
                                               ") need more than the block table's ",
@@ -78,7 +78,7 @@ absl::Status Qwen3MoeModel::CheckRequest(absl::Span<const uint32_t> tokens, uint
 absl::StatusOr<std::vector<float>> Qwen3MoeModel::Forward(absl::Span<const uint32_t> tokens,
                                                           uint32_t start_position,
                                                           PagedKv& kv) const {
-  RETURN_IF_ERROR(CheckRequest(tokens, start_position, kv));
+  RETURN_IF_ERROR(CheckForwardRequest(config_, tokens, start_position, kv));
   const size_t hidden = config_.hidden_size;
   const size_t n = tokens.size();
   Scratch scratch(config_, n, start_position + n);

@@ -31,35 +31,16 @@
 
 namespace kvcache::worker {
 
+// The argument checks of Qwen3MoeModel::Forward, in one place so that every backend of the model
+// (worker/qwen3_moe_cuda.h) answers a bad request with the same code and message; see Forward for
+// the codes. Reads only kv's layout, block table and pool size, never the pool memory, so `kv` may
+// view a device pool.
+absl::Status CheckForwardRequest(const ModelConfig& config, absl::Span<const uint32_t> tokens,
+                                 uint32_t start_position, const PagedKv& kv);
+
 class Qwen3MoeModel {
  public:
-  // Reads `checkpoint_dir`/config.json and `checkpoint_dir`/model.safetensors (one file; sharded
-  // checkpoints are not supported). NOT_FOUND for a missing file or tensor, INVALID_ARGUMENT for a
-  // malformed config or file or a mis-shaped tensor; messages name the file and the tensor.
-  static absl::StatusOr<Qwen3MoeModel> Load(const std::string& checkpoint_dir);
-  // Same, from an already parsed config and an open file. REQUIRES: config.Validate() is OK.
-  static absl::StatusOr<Qwen3MoeModel> FromSafetensors(const ModelConfig& config,
-                                                       const SafetensorsFile& file);
-
-  Qwen3MoeModel(Qwen3MoeModel&&) = default;
-  Qwen3MoeModel& operator=(Qwen3MoeModel&&) = default;
-
-  const ModelConfig& config() const { return config_; }
-
-  // The pool layout this model's KV needs, for a pool of `block_size`-token blocks of `dtype`.
-  PoolLayout KvLayout(uint32_t block_size, DType dtype) const;
-
-  // Runs `tokens` at positions start_position, start_position + 1, ...; writes their K/V into
-  // `kv` and returns the logits (vocab_size floats) of the last token. K/V of positions below
-  // start_position must already be in the pool.
-  // Errors: INVALID_ARGUMENT for no tokens or a token >= vocab_size; OUT_OF_RANGE when a position
-  // reaches max_position_embeddings or the block table's capacity; FAILED_PRECONDITION when the
-  // pool layout is not this model's; OUT_OF_RANGE / INVALID_ARGUMENT from kv.Validate(). Nothing
-  // is written to the pool when an error is returned.
-  absl::StatusOr<std::vector<float>> Forward(absl::Span<const uint32_t> tokens,
-                                             uint32_t start_position, PagedKv& kv) const;
-
- private:
+  // The weights, float32, each a row-major Linear weight [out, in] or a norm vector.
   struct Expert {
     std::vector<float> gate_proj;  // [moe_intermediate, hidden]
     std::vector<float> up_proj;    // [moe_intermediate, hidden]
@@ -77,13 +58,49 @@ class Qwen3MoeModel {
     std::vector<float> router;      // [experts, hidden]
     std::vector<Expert> experts;
   };
+
+  // Reads `checkpoint_dir`/config.json and `checkpoint_dir`/model.safetensors (one file; sharded
+  // checkpoints are not supported). NOT_FOUND for a missing file or tensor, INVALID_ARGUMENT for a
+  // malformed config or file or a mis-shaped tensor; messages name the file and the tensor.
+  static absl::StatusOr<Qwen3MoeModel> Load(const std::string& checkpoint_dir);
+  // Same, from an already parsed config and an open file. REQUIRES: config.Validate() is OK.
+  static absl::StatusOr<Qwen3MoeModel> FromSafetensors(const ModelConfig& config,
+                                                       const SafetensorsFile& file);
+
+  Qwen3MoeModel(Qwen3MoeModel&&) = default;
+  Qwen3MoeModel& operator=(Qwen3MoeModel&&) = default;
+
+  const ModelConfig& config() const { return config_; }
+
+  // Read-only views of the weights, for other backends of the same model (the CUDA model uploads
+  // them once).
+  const std::vector<float>& embed_tokens() const { return embed_tokens_; }  // [vocab, hidden]
+  const std::vector<Layer>& layers() const { return layers_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }  // [hidden]
+  // [vocab, hidden]: lm_head, or embed_tokens when tie_word_embeddings.
+  const std::vector<float>& lm_head() const {
+    return config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
+  }
+
+  // The pool layout this model's KV needs, for a pool of `block_size`-token blocks of `dtype`.
+  PoolLayout KvLayout(uint32_t block_size, DType dtype) const;
+
+  // Runs `tokens` at positions start_position, start_position + 1, ...; writes their K/V into
+  // `kv` and returns the logits (vocab_size floats) of the last token. K/V of positions below
+  // start_position must already be in the pool.
+  // Errors: INVALID_ARGUMENT for no tokens or a token >= vocab_size; OUT_OF_RANGE when a position
+  // reaches max_position_embeddings or the block table's capacity; FAILED_PRECONDITION when the
+  // pool layout is not this model's; OUT_OF_RANGE / INVALID_ARGUMENT from kv.Validate(). Nothing
+  // is written to the pool when an error is returned.
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const uint32_t> tokens,
+                                             uint32_t start_position, PagedKv& kv) const;
+
+ private:
   // Scratch buffers of one Forward call.
   struct Scratch;
 
   explicit Qwen3MoeModel(const ModelConfig& config);
 
-  absl::Status CheckRequest(absl::Span<const uint32_t> tokens, uint32_t start_position,
-                            const PagedKv& kv) const;
   // Attention sub-block of `layer` for x ([n, hidden]), residual included.
   absl::Status Attention(uint32_t layer_index, uint32_t start_position, PagedKv& kv,
                          Scratch& scratch) const;

@@ -9,6 +9,9 @@
 //    a 1e-5 relative tolerance (in practice equal: same order, exp correctly rounded on both).
 //  - RmsNormCuda, RopeCuda: within 1e-5 relative (in practice equal or within an ulp: the only
 //    differences are the double sum's order and CUDA's double pow / sin / cos).
+//  - LinearCuda, GatherRowsCuda, MoeCombineCuda: bit for bit (memcmp) with worker::MatVec (+ the
+//    residual add), the row copy, and the in-order weighted sum; LinearCuda also bit for bit
+//    between a batch and its rows computed one at a time (batch invariance).
 //  - PagedAttentionCuda, ExpertSwiGluCuda: within 2e-5 relative to the output's magnitude.
 //    Bit-exactness with the CPU is NOT expected here: the dot products are summed by warp trees
 //    (with FMA) instead of the CPU's eight lanes, and attention uses an online softmax over tiles
@@ -634,6 +637,117 @@ TEST_F(WorkerKernelsGpuTest, ExpertSwiGluMatchesCpu) {
                                s.intermediate, d_ws.get(), d_out.get(), stream_));
     ExpectAllNear(d_ws.Download(), want_act, kSummed, what + " (workspace)");
     ExpectAllNear(d_out.Download(), want, kSummed, what);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear: worker::MatVec per row (and `out += ...`), bit for bit; batch-invariant.
+// ---------------------------------------------------------------------------------------------
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(WorkerKernelsGpuTest, LinearMatchesMatVecBitForBit) {
+  struct Shape {
+    uint32_t rows, in, out;
+  };
+  // Widths around the 8-lane, 32-deep and 32-wide tile edges; 524296 rows exceed the 65535-block
+  // grid's 524280 rows, so the grid-stride loop runs.
+  for (const Shape s : {Shape{1, 1, 1}, Shape{1, 64, 256}, Shape{9, 33, 70}, Shape{40, 64, 64},
+                        Shape{17, 7, 3}, Shape{3, 100, 33}, Shape{8, 32, 32}, Shape{2, 2048, 5},
+                        Shape{513, 64, 8}, Shape{524296, 1, 2}}) {
+    const std::string what = absl::StrCat("rows=", s.rows, " in=", s.in, " out=", s.out);
+    const std::vector<float> x = Uniform(size_t{s.rows} * s.in, -2, 2);
+    const std::vector<float> w = Uniform(size_t{s.out} * s.in, -1, 1);
+    const std::vector<float> base = Uniform(size_t{s.rows} * s.out, -1, 1);
+    std::vector<float> want(base.size());
+    for (uint32_t r = 0; r < s.rows; ++r) {
+      worker::MatVec(w.data(), &x[size_t{r} * s.in], s.out, s.in, &want[size_t{r} * s.out]);
+    }
+    std::vector<float> want_sum(base.size());
+    for (size_t i = 0; i < base.size(); ++i) want_sum[i] = base[i] + want[i];
+
+    DeviceArray<float> d_x(x), d_w(w), d_out(base.size());
+    ASSERT_OK(LinearCuda(d_x.get(), d_w.get(), s.rows, s.in, s.out, false, d_out.get(), stream_));
+    EXPECT_TRUE(SameBits(d_out.Download(), want)) << what;
+    d_out.Upload(base);
+    ASSERT_OK(LinearCuda(d_x.get(), d_w.get(), s.rows, s.in, s.out, true, d_out.get(), stream_));
+    EXPECT_TRUE(SameBits(d_out.Download(), want_sum)) << what << " (accumulate)";
+  }
+}
+
+TEST_F(WorkerKernelsGpuTest, LinearIsBatchInvariant) {
+  const uint32_t rows = 37, in = 96, out = 80;
+  const std::vector<float> x = Uniform(size_t{rows} * in, -2, 2);
+  const std::vector<float> w = Uniform(size_t{out} * in, -1, 1);
+  DeviceArray<float> d_x(x), d_w(w), d_batch(size_t{rows} * out), d_single(size_t{rows} * out);
+  ASSERT_OK(LinearCuda(d_x.get(), d_w.get(), rows, in, out, false, d_batch.get(), stream_));
+  for (uint32_t r = 0; r < rows; ++r) {
+    ASSERT_OK(LinearCuda(d_x.get() + size_t{r} * in, d_w.get(), 1, in, out, false,
+                         d_single.get() + size_t{r} * out, stream_));
+  }
+  EXPECT_TRUE(SameBits(d_batch.Download(), d_single.Download()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row gather (embedding lookup, MoE grouping) and MoE combine.
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(WorkerKernelsGpuTest, GatherRowsCopiesRowsAndPoisonsBadIds) {
+  const uint32_t src_rows = 50, cols = 300;
+  const std::vector<float> src = Uniform(size_t{src_rows} * cols, -5, 5);
+  const std::vector<uint32_t> ids = {49, 0, 7, 7, 50, 0xffffffffu, 3};
+  DeviceArray<float> d_src(src), d_out(ids.size() * cols);
+  DeviceArray<uint32_t> d_ids(ids);
+  ASSERT_OK(
+      GatherRowsCuda(d_src.get(), src_rows, cols, d_ids.get(), ids.size(), d_out.get(), stream_));
+  const std::vector<float> got = d_out.Download();
+  for (size_t r = 0; r < ids.size(); ++r) {
+    for (uint32_t i = 0; i < cols; ++i) {
+      const float value = got[r * cols + i];
+      if (ids[r] >= src_rows) {
+        ASSERT_TRUE(std::isnan(value)) << "row " << r;
+      } else {
+        ASSERT_EQ(std::memcmp(&value, &src[size_t{ids[r]} * cols + i], sizeof(float)), 0)
+            << "row " << r << " col " << i;
+      }
+    }
+  }
+}
+
+TEST_F(WorkerKernelsGpuTest, MoeCombineSumsInOrderAndAddsTheResidual) {
+  const uint32_t tokens = 19, top_k = 3, hidden = 300, expert_rows = tokens * top_k;
+  const std::vector<float> expert_out = Uniform(size_t{expert_rows} * hidden, -3, 3);
+  const std::vector<float> weights = Uniform(size_t{tokens} * top_k, 0, 1);
+  std::vector<uint32_t> rows(size_t{tokens} * top_k);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<uint32_t>((i * 7) % expert_rows);
+  rows[5] = expert_rows;  // out of range: token 1 becomes NaN
+  std::vector<float> x = Uniform(size_t{tokens} * hidden, -1, 1);
+  std::vector<float> want = x;
+  for (uint32_t t = 0; t < tokens; ++t) {
+    for (uint32_t i = 0; i < hidden; ++i) {
+      float acc = 0.0f;
+      for (uint32_t j = 0; j < top_k; ++j) {
+        const uint32_t row = rows[size_t{t} * top_k + j];
+        const float value = row < expert_rows ? expert_out[size_t{row} * hidden + i] : NAN;
+        const float product = value * weights[size_t{t} * top_k + j];
+        acc = acc + product;
+      }
+      want[size_t{t} * hidden + i] = want[size_t{t} * hidden + i] + acc;
+    }
+  }
+  DeviceArray<float> d_expert(expert_out), d_weights(weights), d_x(x);
+  DeviceArray<uint32_t> d_rows(rows);
+  ASSERT_OK(MoeCombineCuda(d_expert.get(), expert_rows, hidden, d_rows.get(), d_weights.get(),
+                           tokens, top_k, d_x.get(), stream_));
+  const std::vector<float> got = d_x.Download();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {
+      ASSERT_TRUE(std::isnan(got[i])) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << i;
+    }
   }
 }
 

@@ -335,6 +335,48 @@ TEST(WorkerKernelArgsTest, ExpertSwiGlu) {
   ExpectArgError(ExpertSwiGluCuda(x, w, w, w, 2, 8, 8, ws, nullptr, nullptr), "out is null");
 }
 
+TEST(WorkerKernelArgsTest, Linear) {
+  const float* x = Fake<const float>();
+  const float* w = Fake<const float>();
+  float* out = Fake<float>();
+  ExpectArgError(LinearCuda(x, w, 2, 0, 8, false, out, nullptr),
+                 "LinearCuda: in_features (0) and out_features (8) must be > 0");
+  ExpectArgError(LinearCuda(x, w, 2, 8, 0, true, out, nullptr), "must be > 0");
+  ExpectEmptyOk(LinearCuda(nullptr, nullptr, 0, 8, 8, false, nullptr, nullptr));
+  ExpectArgError(LinearCuda(nullptr, w, 2, 8, 8, false, out, nullptr), "LinearCuda: x is null");
+  ExpectArgError(LinearCuda(x, nullptr, 2, 8, 8, false, out, nullptr), "weight is null");
+  ExpectArgError(LinearCuda(x, w, 2, 8, 8, false, nullptr, nullptr), "out is null");
+}
+
+TEST(WorkerKernelArgsTest, GatherRows) {
+  const float* src = Fake<const float>();
+  const uint32_t* ids = Fake<const uint32_t>();
+  float* out = Fake<float>();
+  ExpectArgError(GatherRowsCuda(src, 10, 0, ids, 2, out, nullptr),
+                 "GatherRowsCuda: cols (0) and num_src_rows (10) must be > 0");
+  ExpectArgError(GatherRowsCuda(src, 0, 4, ids, 2, out, nullptr), "must be > 0");
+  ExpectEmptyOk(GatherRowsCuda(nullptr, 10, 4, nullptr, 0, nullptr, nullptr));
+  ExpectArgError(GatherRowsCuda(nullptr, 10, 4, ids, 2, out, nullptr), "src is null");
+  ExpectArgError(GatherRowsCuda(src, 10, 4, nullptr, 2, out, nullptr), "row_ids is null");
+  ExpectArgError(GatherRowsCuda(src, 10, 4, ids, 2, nullptr, nullptr), "out is null");
+}
+
+TEST(WorkerKernelArgsTest, MoeCombine) {
+  const float* y = Fake<const float>();
+  const uint32_t* rows = Fake<const uint32_t>();
+  const float* w = Fake<const float>();
+  float* x = Fake<float>();
+  ExpectArgError(MoeCombineCuda(y, 4, 8, rows, w, 2, 0, x, nullptr),
+                 "MoeCombineCuda: top_k (0), hidden (8) and num_expert_rows (4) must be > 0");
+  ExpectArgError(MoeCombineCuda(y, 4, 0, rows, w, 2, 2, x, nullptr), "must be > 0");
+  ExpectArgError(MoeCombineCuda(y, 0, 8, rows, w, 2, 2, x, nullptr), "must be > 0");
+  ExpectEmptyOk(MoeCombineCuda(nullptr, 4, 8, nullptr, nullptr, 0, 2, nullptr, nullptr));
+  ExpectArgError(MoeCombineCuda(nullptr, 4, 8, rows, w, 2, 2, x, nullptr), "expert_out is null");
+  ExpectArgError(MoeCombineCuda(y, 4, 8, nullptr, w, 2, 2, x, nullptr), "rows is null");
+  ExpectArgError(MoeCombineCuda(y, 4, 8, rows, nullptr, 2, 2, x, nullptr), "weights is null");
+  ExpectArgError(MoeCombineCuda(y, 4, 8, rows, w, 2, 2, nullptr, nullptr), "x is null");
+}
+
 // With CUDA compiled in but no device, a well-formed call reaches the launch, which fails: the
 // error must come back as INTERNAL with the CUDA text, not be swallowed. (With a device this
 // would launch on fake pointers, so it only runs where there is none.)
@@ -359,6 +401,9 @@ TEST(WorkerKernelArgsTest, LaunchFailureIsInternalWithoutADevice) {
               launch_failed("MoeRouteCuda"));
   EXPECT_THAT(ExpertSwiGluCuda(f, f, f, f, 2, 8, 8, f, f, nullptr),
               launch_failed("ExpertSwiGluCuda"));
+  EXPECT_THAT(LinearCuda(f, f, 2, 8, 8, true, f, nullptr), launch_failed("LinearCuda"));
+  EXPECT_THAT(GatherRowsCuda(f, 4, 8, u, 2, f, nullptr), launch_failed("GatherRowsCuda"));
+  EXPECT_THAT(MoeCombineCuda(f, 4, 8, u, f, 2, 2, f, nullptr), launch_failed("MoeCombineCuda"));
 }
 
 }  // namespace

@@ -1,0 +1,168 @@
+// The worker model on the GPU (worker/qwen3_moe_cuda.h) against the CPU model, in one run:
+// 512-token prefill time and greedy decode tokens/s, each as a ratio GPU vs CPU, with the KV in
+// a bf16 paged pool (device memory for the GPU, host memory for the CPU).
+// Usage: worker_cuda_bench CHECKPOINT_DIR [reps]
+// Without a CUDA device it says so and exits 0: benchmarks never gate CI. The tests' tiny model is
+// launch-bound on a GPU; a wider one (scripts/make_tiny_checkpoint.py OUT --hidden 512
+// --moe_intermediate 512 --layers 2) is closer to real MoE proportions.
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "kernels/block_copy.h"
+#include "worker/qwen3_moe.h"
+#include "worker/qwen3_moe_cuda.h"
+#include "worker/sampler.h"
+
+namespace kvcache::worker {
+namespace {
+
+constexpr uint32_t kBlockSize = 16;
+constexpr uint32_t kPromptTokens = 512;
+constexpr uint32_t kDecodeTokens = 64;
+
+double MedianMs(std::vector<absl::Duration> samples) {
+  std::sort(samples.begin(), samples.end());
+  return absl::ToDoubleMilliseconds(samples[samples.size() / 2]);
+}
+
+// A zero-filled device pool, freed on scope exit.
+class DevicePool {
+ public:
+  explicit DevicePool(uint64_t bytes) {
+    if (cudaMalloc(&data_, bytes) != cudaSuccess || cudaMemset(data_, 0, bytes) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+      data_ = nullptr;
+    }
+  }
+  ~DevicePool() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+};
+
+// Greedy decoding of kDecodeTokens after a prefilled prompt; returns the tokens, times the loop.
+template <typename ForwardFn>
+bool Decode(ForwardFn forward, std::vector<float> logits, std::vector<uint32_t>& tokens,
+            absl::Duration& elapsed) {
+  const absl::Time start = absl::Now();
+  for (uint32_t position = kPromptTokens; tokens.size() < kDecodeTokens; ++position) {
+    tokens.push_back(Argmax(logits));
+    absl::StatusOr<std::vector<float>> next = forward(tokens.back(), position);
+    if (!next.ok()) {
+      std::fprintf(stderr, "decode: %s\n", next.status().ToString().c_str());
+      return false;
+    }
+    logits = std::move(*next);
+  }
+  elapsed = absl::Now() - start;
+  return true;
+}
+
+int Run(const Qwen3MoeModel& model, CudaQwen3MoeModel& gpu, int reps) {
+  const PoolLayout layout = model.KvLayout(kBlockSize, DType::kBFloat16);
+  const uint32_t blocks = (kPromptTokens + kDecodeTokens + kBlockSize - 1) / kBlockSize;
+  std::vector<uint32_t> table(blocks);
+  for (uint32_t i = 0; i < blocks; ++i) table[i] = i;
+  std::vector<uint8_t> host_pool(uint64_t{blocks} * layout.BlockBytes(), 0);
+  DevicePool device_pool(host_pool.size());
+  if (device_pool.data() == nullptr) {
+    std::fprintf(stderr, "cannot allocate the device pool\n");
+    return 1;
+  }
+  PagedKv host_kv(host_pool.data(), layout, table, blocks);
+  const DevicePagedKv device_kv{device_pool.data(), layout, table, blocks};
+  std::mt19937 rng(7);
+  std::vector<uint32_t> prompt(kPromptTokens);
+  for (uint32_t& token : prompt) token = rng() % model.config().vocab_size;
+
+  // Prefill, CPU and GPU alternating within each repetition so that they share the machine's
+  // noise; repetition 0 warms the GPU (allocation of scratch buffers, module loading).
+  std::vector<absl::Duration> cpu_times, gpu_times;
+  absl::StatusOr<std::vector<float>> cpu_logits, gpu_logits;
+  for (int rep = 0; rep <= reps; ++rep) {
+    absl::Time start = absl::Now();
+    cpu_logits = model.Forward(prompt, 0, host_kv);
+    const absl::Duration cpu = absl::Now() - start;
+    start = absl::Now();
+    gpu_logits = gpu.Forward(prompt, 0, device_kv);
+    const absl::Duration gpu_time = absl::Now() - start;
+    if (!cpu_logits.ok() || !gpu_logits.ok()) {
+      std::fprintf(stderr, "prefill: %s / %s\n", cpu_logits.status().ToString().c_str(),
+                   gpu_logits.status().ToString().c_str());
+      return 1;
+    }
+    if (rep == 0) continue;
+    cpu_times.push_back(cpu);
+    gpu_times.push_back(gpu_time);
+  }
+
+  std::vector<uint32_t> cpu_tokens, gpu_tokens;
+  absl::Duration cpu_decode, gpu_decode;
+  const auto cpu_step = [&](uint32_t token, uint32_t position) {
+    return model.Forward(absl::MakeConstSpan(&token, 1), position, host_kv);
+  };
+  const auto gpu_step = [&](uint32_t token, uint32_t position) {
+    return gpu.Forward(absl::MakeConstSpan(&token, 1), position, device_kv);
+  };
+  if (!Decode(cpu_step, *cpu_logits, cpu_tokens, cpu_decode) ||
+      !Decode(gpu_step, *gpu_logits, gpu_tokens, gpu_decode)) {
+    return 1;
+  }
+
+  const double cpu_ms = MedianMs(cpu_times);
+  const double gpu_ms = MedianMs(gpu_times);
+  const double cpu_tps = kDecodeTokens / absl::ToDoubleSeconds(cpu_decode);
+  const double gpu_tps = kDecodeTokens / absl::ToDoubleSeconds(gpu_decode);
+  std::printf("Qwen3-MoE worker model, bf16 paged KV pool, median of %d\n", reps);
+  std::printf("%-34s %12s %12s %10s\n", "", "CPU", "GPU", "GPU/CPU");
+  std::printf("%-34s %10.2fms %10.2fms %9.1fx\n", "prefill, 512 tokens (time)", cpu_ms, gpu_ms,
+              cpu_ms / gpu_ms);
+  std::printf("%-34s %10.1f/s %10.1f/s %9.1fx\n", "greedy decode, 64 tokens (tokens/s)", cpu_tps,
+              gpu_tps, gpu_tps / cpu_tps);
+  std::printf("greedy tokens identical on CPU and GPU: %s\n",
+              cpu_tokens == gpu_tokens ? "yes" : "no");
+  return 0;
+}
+
+int Main(const std::string& checkpoint, int reps) {
+  absl::StatusOr<Qwen3MoeModel> model = Qwen3MoeModel::Load(checkpoint);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  if (!kernels::BuiltWithCuda() || !kernels::CudaDeviceAvailable()) {
+    std::printf("worker_cuda_bench: skipped: no CUDA device\n");
+    return 0;
+  }
+  absl::StatusOr<CudaQwen3MoeModel> gpu = CudaQwen3MoeModel::Create(*model, 0);
+  if (!gpu.ok()) {
+    std::fprintf(stderr, "%s\n", gpu.status().ToString().c_str());
+    return 1;
+  }
+  return Run(*model, *gpu, reps);
+}
+
+}  // namespace
+}  // namespace kvcache::worker
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s CHECKPOINT_DIR [reps]\n", argv[0]);
+    return 2;
+  }
+  const int reps = argc > 2 ? std::max(1, atoi(argv[2])) : 5;
+  return kvcache::worker::Main(argv[1], reps);
+}
