@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/mapped_pool_cuda.h"
 
 namespace kvcache {
 namespace {
@@ -46,27 +47,25 @@ absl::Status CheckDescription(const KvCacheClient::PoolInfo& pool) {
 
 }  // namespace
 
+bool MappedPool::BuiltWithCuda() { return mapped_pool_internal::BuiltWithCuda(); }
+
 absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::Map(const KvCacheClient::PoolInfo& pool,
                                                             uint64_t epoch) {
   using Kind = KvCacheClient::PoolMapping::Kind;
-  const KvCacheClient::PoolMapping& mapping = pool.mapping;
-  switch (mapping.kind) {
+  switch (pool.mapping.kind) {
     case Kind::kShm:
-      break;
+      return MapShm(pool, epoch);
     case Kind::kCudaIpc:
-#ifdef KVCACHE_WITH_CUDA
-      return absl::UnimplementedError(absl::StrCat(
-          "pool '", pool.name, "' is device memory (CUDA IPC, cuda:", mapping.cuda_device,
-          "); MappedPool maps host pools only: move its bytes with GetBlocks / PutBlocks"));
-#else
-      return absl::FailedPreconditionError(absl::StrCat(
-          "pool '", pool.name, "' is device memory (CUDA IPC, cuda:", mapping.cuda_device,
-          "): mapping it needs a CUDA build; move its bytes with GetBlocks / PutBlocks"));
-#endif
+      return MapCudaIpc(pool, epoch);
     default:
       return absl::FailedPreconditionError(absl::StrCat(
           "pool '", pool.name, "' offers no mapping: move its bytes with GetBlocks / PutBlocks"));
   }
+}
+
+absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::MapShm(const KvCacheClient::PoolInfo& pool,
+                                                               uint64_t epoch) {
+  const KvCacheClient::PoolMapping& mapping = pool.mapping;
   if (absl::Status status = CheckDescription(pool); !status.ok()) return status;
 
   const std::string& shm_name = mapping.shm_name;
@@ -96,12 +95,45 @@ absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::Map(const KvCacheClient:
   }
   return std::unique_ptr<MappedPool>(new MappedPool(pool.name, epoch, pool.layout, pool.block_bytes,
                                                     pool.num_blocks, static_cast<uint8_t*>(base),
-                                                    mapping.size_bytes));
+                                                    mapping.size_bytes, /*device=*/-1));
 }
 
-MappedPool::~MappedPool() { munmap(base_, size_bytes_); }
+absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::MapCudaIpc(
+    const KvCacheClient::PoolInfo& pool, uint64_t epoch) {
+  const KvCacheClient::PoolMapping& mapping = pool.mapping;
+  if (absl::Status status = CheckDescription(pool); !status.ok()) return status;
+  if (mapping.cuda_ipc_handle.size() != mapped_pool_internal::kCudaIpcHandleBytes ||
+      mapping.cuda_device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool '", pool.name, "' is described inconsistently: a CUDA IPC handle of ",
+        mapping.cuda_ipc_handle.size(), " bytes (a handle is ",
+        mapped_pool_internal::kCudaIpcHandleBytes, " bytes) on cuda:", mapping.cuda_device));
+  }
+  absl::StatusOr<uint8_t*> base = mapped_pool_internal::OpenCudaIpcMapping(
+      mapping.cuda_ipc_handle, mapping.cuda_device, pool.name);
+  if (!base.ok()) return base.status();
+  return std::unique_ptr<MappedPool>(new MappedPool(pool.name, epoch, pool.layout, pool.block_bytes,
+                                                    pool.num_blocks, *base, mapping.size_bytes,
+                                                    mapping.cuda_device));
+}
+
+MappedPool::~MappedPool() {
+  if (is_device()) {
+    mapped_pool_internal::CloseCudaIpcMapping(base_, device_);
+  } else {
+    munmap(base_, size_bytes_);
+  }
+}
+
+absl::Status MappedPool::CheckHost(absl::string_view accessor) const {
+  if (!is_device()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pool '", name_, "' is mapped as device memory on cuda:", device_, "; ", accessor,
+      " hands out host memory: use Block() with CUDA (cudaMemcpy, kernels, NCCL)"));
+}
 
 absl::StatusOr<absl::Span<uint8_t>> MappedPool::CheckedBlock(uint32_t block_id) const {
+  if (absl::Status status = CheckHost("CheckedBlock"); !status.ok()) return status;
   if (block_id >= num_blocks_) {
     return absl::OutOfRangeError(absl::StrCat("block ", block_id, " is past pool '", name_, "' of ",
                                               num_blocks_, " blocks"));
@@ -111,6 +143,7 @@ absl::StatusOr<absl::Span<uint8_t>> MappedPool::CheckedBlock(uint32_t block_id) 
 
 absl::StatusOr<uint8_t*> MappedPool::KvStart(uint32_t block_id, uint32_t layer, uint32_t kv,
                                              size_t element_bytes) const {
+  if (absl::Status status = CheckHost(kv == 0 ? "Keys" : "Values"); !status.ok()) return status;
   if (element_bytes != DTypeBytes(layout_.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", name_, "' holds ", DTypeName(layout_.dtype), " elements of ",

@@ -11,6 +11,12 @@ absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client
                                                           const Qwen3MoeModel* model) {
   ASSIGN_OR_RETURN(KvCacheClient::PoolDescription description, client->DescribePool(pool));
   ASSIGN_OR_RETURN(std::unique_ptr<MappedPool> mapped, MappedPool::Map(description));
+  if (mapped->is_device()) {
+    // The model runs on the CPU over host addresses (PagedKv): a device pointer would fault.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", pool, "' is device memory (cuda:", mapped->device(),
+        "); this worker computes on the CPU and needs a host pool (a daemon with --device host)"));
+  }
   const PoolLayout& layout = mapped->layout();
   const ModelConfig& config = model->config();
   if (layout.num_layers != config.num_hidden_layers ||

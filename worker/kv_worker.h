@@ -25,7 +25,8 @@ namespace kvcache::worker {
 class KvWorker {
  public:
   // `client` must have an open session and outlive the worker; so must `model`. Maps `pool`.
-  // FAILED_PRECONDITION when the pool's layout is not the model's (layers, KV heads, head dim).
+  // FAILED_PRECONDITION when the pool's layout is not the model's (layers, KV heads, head dim),
+  // or when it is device memory (the model runs on the CPU over a host mapping).
   static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client,
                                                           std::string pool,
                                                           const Qwen3MoeModel* model);

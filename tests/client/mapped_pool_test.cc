@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/block_copy.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 
@@ -17,7 +18,6 @@ namespace kvcache {
 namespace {
 
 using ::kvcache::testing::StatusIs;
-using ::testing::AnyOf;
 using ::testing::Each;
 using ::testing::Eq;
 
@@ -172,10 +172,53 @@ TEST_F(MappedPoolTest, UnmappablePoolsFailWithoutMapping) {
   described.pool.mapping.kind = KvCacheClient::PoolMapping::Kind::kNone;
   EXPECT_THAT(MappedPool::Map(described),
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("GetBlocks")));
+}
+
+// A CUDA IPC description whose handle opens nothing: refused without CUDA or without a device
+// with FAILED_PRECONDITION, and never mapped as host memory. (A real device pool is mapped in
+// tests/integration/mapped_pool_gpu_test.cc: CUDA cannot open a handle in the process that
+// exported it, so it needs a daemon process.)
+TEST_F(MappedPoolTest, CudaIpcPoolWithoutCudaOrDeviceIsFailedPrecondition) {
+  KvCacheClient::PoolDescription described = Describe();
   described.pool.mapping.kind = KvCacheClient::PoolMapping::Kind::kCudaIpc;
-  // FAILED_PRECONDITION without CUDA, UNIMPLEMENTED with it: never a host mapping.
-  EXPECT_THAT(MappedPool::Map(described), AnyOf(StatusIs(absl::StatusCode::kFailedPrecondition),
-                                                StatusIs(absl::StatusCode::kUnimplemented)));
+  described.pool.mapping.cuda_ipc_handle.assign(64, '\0');
+  described.pool.mapping.cuda_device = 0;
+  absl::StatusOr<std::unique_ptr<MappedPool>> mapped = MappedPool::Map(described);
+  if (!MappedPool::BuiltWithCuda()) {
+    EXPECT_THAT(mapped, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 ::testing::HasSubstr("built without CUDA")));
+  } else if (!kernels::CudaDeviceAvailable()) {
+    EXPECT_THAT(mapped, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 ::testing::HasSubstr("no usable CUDA device")));
+  } else {
+    // A handle of zeros names no allocation.
+    EXPECT_FALSE(mapped.ok());
+  }
+  // A device this machine does not have.
+  described.pool.mapping.cuda_device = 1 << 20;
+  EXPECT_THAT(MappedPool::Map(described), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(MappedPoolTest, MalformedCudaIpcDescriptionIsInvalidInEveryBuild) {
+  KvCacheClient::PoolDescription described = Describe();
+  described.pool.mapping.kind = KvCacheClient::PoolMapping::Kind::kCudaIpc;
+  described.pool.mapping.cuda_device = 0;
+  described.pool.mapping.cuda_ipc_handle = "short";
+  EXPECT_THAT(MappedPool::Map(described),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("64 bytes")));
+  described.pool.mapping.cuda_ipc_handle.assign(64, '\0');
+  described.pool.mapping.cuda_device = -1;
+  EXPECT_THAT(MappedPool::Map(described), StatusIs(absl::StatusCode::kInvalidArgument));
+  described.pool.mapping.cuda_device = 0;
+  described.pool.block_bytes += 2;
+  EXPECT_THAT(MappedPool::Map(described), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(MappedPoolTest, HostMappingIsNotDevice) {
+  std::unique_ptr<MappedPool> mapped = MapOrDie(Describe());
+  ASSERT_NE(mapped, nullptr);
+  EXPECT_FALSE(mapped->is_device());
+  EXPECT_EQ(mapped->device(), -1);
 }
 
 TEST_F(MappedPoolTest, SizeMismatchIsFailedPreconditionAndBadDescriptionInvalid) {

@@ -69,10 +69,12 @@ class DaemonProcessTest : public ::testing::Test {
   // Polls until the daemon holds no session and no referenced block; false past the bound.
   bool AwaitAllReleased();
 
-  // The daemon's --pool flag and the pool the stats helpers read; a test may set both before
-  // SetUp.
+  // The daemon's --pool flag and the pool the stats helpers read; a test may set both (and
+  // device_flag_) before StartDaemon.
   std::string pool_flag_ = "default:blocks=" + std::to_string(kPoolBlocks);
   std::string pool_name_ = "default";
+  // The daemon's --device flag: "host" (shm pools) or "cuda:N" (device pools over CUDA IPC).
+  std::string device_flag_ = "host";
   std::string bin_dir_;
   std::string dir_;
   std::string socket_path_;

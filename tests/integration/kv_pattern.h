@@ -35,26 +35,35 @@ inline uint64_t KvPatternValue(uint32_t token, uint32_t position, uint32_t layer
   return x ^ (x >> 31);
 }
 
-// The expected bytes of full block `block` of the prompt `tokens`.
-inline std::string ExpectedBlockBytes(const PoolLayout& layout, absl::Span<const uint32_t> tokens,
-                                      size_t block) {
+// Writes the pattern of `token` at prompt position `position` into its slot (position %
+// block_size) of `block_bytes`, a host image of the block (layout.BlockBytes() bytes): K and V of
+// every layer.
+inline void WriteTokenPattern(const PoolLayout& layout, uint32_t token, uint32_t position,
+                              char* block_bytes) {
   const uint32_t elem = DTypeBytes(layout.dtype);
-  std::string bytes(layout.BlockBytes(), '\0');
+  const uint32_t slot = position % layout.block_size;
   for (uint32_t layer = 0; layer < layout.num_layers; ++layer) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
-      for (uint32_t slot = 0; slot < layout.block_size; ++slot) {
-        const uint32_t position = static_cast<uint32_t>(block * layout.block_size + slot);
-        for (uint32_t head = 0; head < layout.num_kv_heads; ++head) {
-          for (uint32_t dim = 0; dim < layout.head_dim; ++dim) {
-            const uint64_t value = KvPatternValue(tokens[position], position, layer, kv, head, dim);
-            const uint64_t offset = layout.KvOffset(layer, kv) + slot * layout.TokenBytes() +
-                                    (uint64_t{head} * layout.head_dim + dim) * elem;
-            for (uint32_t b = 0; b < elem; ++b)
-              bytes[offset + b] = static_cast<char>(value >> (8 * b));
-          }
+      for (uint32_t head = 0; head < layout.num_kv_heads; ++head) {
+        for (uint32_t dim = 0; dim < layout.head_dim; ++dim) {
+          const uint64_t value = KvPatternValue(token, position, layer, kv, head, dim);
+          const uint64_t offset = layout.KvOffset(layer, kv) + slot * layout.TokenBytes() +
+                                  (uint64_t{head} * layout.head_dim + dim) * elem;
+          for (uint32_t b = 0; b < elem; ++b)
+            block_bytes[offset + b] = static_cast<char>(value >> (8 * b));
         }
       }
     }
+  }
+}
+
+// The expected bytes of full block `block` of the prompt `tokens`.
+inline std::string ExpectedBlockBytes(const PoolLayout& layout, absl::Span<const uint32_t> tokens,
+                                      size_t block) {
+  std::string bytes(layout.BlockBytes(), '\0');
+  for (uint32_t slot = 0; slot < layout.block_size; ++slot) {
+    const uint32_t position = static_cast<uint32_t>(block * layout.block_size + slot);
+    WriteTokenPattern(layout, tokens[position], position, bytes.data());
   }
   return bytes;
 }

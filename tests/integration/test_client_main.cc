@@ -11,15 +11,18 @@
 //                       then hangs (keeping the lease alive) until killed or stopped.
 //   write-kv            opens the prompt, maps the pool and writes the KV pattern
 //                       (tests/integration/kv_pattern.h) of every uncached token into its blocks
-//                       through typed K/V spans, commits, releases and exits.
+//                       through typed K/V spans (a device pool: a host image of each block,
+//                       cudaMemcpy'd in), commits, releases and exits.
 //   read-kv             opens the prompt, maps the pool and checks the cached blocks' bytes
-//                       against the pattern; releases and exits.
+//                       against the pattern (a device pool: cudaMemcpy'd out); releases and
+//                       exits.
 //   put-kv              puts the pattern of the prompt's full blocks with PutBlocks (no mapping).
 //   get-kv              gets the prompt's cached prefix with GetBlocks and checks it.
 //
 // Each reports one stdout line "result key=value ...": session, sequence, cached (tokens),
 // blocks (the block table) where a sequence was opened; written (tokens) for write-kv;
 // mismatched_blocks and digest (XXH3-64 hex of the cached blocks' bytes) for read-kv and get-kv;
+// device (the CUDA device, or -1 for host memory) of the mapping for write-kv and read-kv;
 // put_blocks, stored and digest (of the bytes put) for put-kv; got_blocks for get-kv.
 // Exit status: 0 done, 1 usage, 2 a call failed (the status is on stderr).
 #include <unistd.h>
@@ -37,6 +40,10 @@
 #include "client/mapped_pool.h"
 #include "tests/integration/kv_pattern.h"
 
+#if KVCACHE_TEST_CLIENT_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace kvcache {
 namespace {
 
@@ -44,6 +51,7 @@ using ::kvcache::testing::Digest;
 using ::kvcache::testing::ExpectedBlockBytes;
 using ::kvcache::testing::ExpectedPrefixBytes;
 using ::kvcache::testing::KvPatternValue;
+using ::kvcache::testing::WriteTokenPattern;
 
 constexpr char kTenant[] = "integration";
 
@@ -107,6 +115,74 @@ absl::Status WriteTokenKvOfAnyType(const MappedPool& pool, uint32_t block_id, ui
     default:
       return absl::UnimplementedError("unexpected element size");
   }
+}
+
+#if KVCACHE_TEST_CLIENT_CUDA
+absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind, int device) {
+  cudaError_t error = cudaSetDevice(device);
+  if (error == cudaSuccess) error = cudaMemcpy(to, from, bytes, kind);
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cudaMemcpy: ", cudaGetErrorString(error)));
+}
+#endif
+
+// A device pool: each block that holds tokens [first, tokens.size()) is copied out, patched with
+// their pattern and copied back; the device is synchronized at the end, so the commit that
+// follows publishes complete bytes.
+absl::Status WriteDeviceKv(const MappedPool& pool, const std::vector<uint32_t>& block_ids,
+                           const std::vector<uint32_t>& tokens, uint32_t first) {
+#if KVCACHE_TEST_CLIENT_CUDA
+  const PoolLayout& layout = pool.layout();
+  std::string image(pool.block_bytes(), '\0');
+  for (uint32_t position = first; position < tokens.size(); ++position) {
+    const uint32_t block = block_ids[position / layout.block_size];
+    const bool block_start = position == first || position % layout.block_size == 0;
+    if (block_start) {
+      absl::Status status = CudaCopy(image.data(), pool.Block(block), image.size(),
+                                     cudaMemcpyDeviceToHost, pool.device());
+      if (!status.ok()) return status;
+    }
+    WriteTokenPattern(layout, tokens[position], position, image.data());
+    const bool block_end =
+        position + 1 == tokens.size() || (position + 1) % layout.block_size == 0;
+    if (block_end) {
+      absl::Status status = CudaCopy(pool.Block(block), image.data(), image.size(),
+                                     cudaMemcpyHostToDevice, pool.device());
+      if (!status.ok()) return status;
+    }
+  }
+  // A copy from pageable memory may return before its DMA lands: wait for it before the commit.
+  const cudaError_t synced = cudaDeviceSynchronize();
+  if (synced != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaDeviceSynchronize: ", cudaGetErrorString(synced)));
+  }
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("kvcache-test-client was built without CUDA");
+#endif
+}
+
+// The bytes of `blocks`, concatenated: CheckedBlock for a host pool, cudaMemcpy for a device pool.
+absl::StatusOr<std::string> ReadBlocks(const MappedPool& pool, absl::Span<const uint32_t> blocks) {
+  std::string bytes;
+  for (uint32_t block : blocks) {
+    if (pool.is_device()) {
+#if KVCACHE_TEST_CLIENT_CUDA
+      std::string image(pool.block_bytes(), '\0');
+      absl::Status status = CudaCopy(image.data(), pool.Block(block), image.size(),
+                                     cudaMemcpyDeviceToHost, pool.device());
+      if (!status.ok()) return status;
+      bytes += image;
+      continue;
+#else
+      return absl::FailedPreconditionError("kvcache-test-client was built without CUDA");
+#endif
+    }
+    absl::StatusOr<absl::Span<uint8_t>> span = pool.CheckedBlock(block);
+    if (!span.ok()) return span.status();
+    bytes.append(reinterpret_cast<const char*>(span->data()), span->size());
+  }
+  return bytes;
 }
 
 // Compares each block with the pattern; returns how many differ.
@@ -193,12 +269,19 @@ int Run(const std::vector<std::string>& args) {
     std::string fields = SequenceFields(*session, *sequence);
     if (command == "write-kv") {
       const uint32_t block_size = mapped->layout().block_size;
-      for (uint32_t position = sequence->num_cached_tokens; position < num_tokens; ++position) {
-        const absl::Status written = WriteTokenKvOfAnyType(
-            *mapped, sequence->block_ids[position / block_size], tokens[position], position);
+      if (mapped->is_device()) {
+        const absl::Status written =
+            WriteDeviceKv(*mapped, sequence->block_ids, tokens, sequence->num_cached_tokens);
         if (!written.ok()) return Fail("write kv", written);
+      } else {
+        for (uint32_t position = sequence->num_cached_tokens; position < num_tokens; ++position) {
+          const absl::Status written = WriteTokenKvOfAnyType(
+              *mapped, sequence->block_ids[position / block_size], tokens[position], position);
+          if (!written.ok()) return Fail("write kv", written);
+        }
       }
-      absl::StrAppend(&fields, " written=", num_tokens - sequence->num_cached_tokens);
+      absl::StrAppend(&fields, " written=", num_tokens - sequence->num_cached_tokens,
+                      " device=", mapped->device());
     }
     if (command == "write-kv" || command == "compute-and-commit") {
       // The KV is written (a real worker synchronizes its device work first): publish it.
@@ -208,15 +291,12 @@ int Run(const std::vector<std::string>& args) {
     }
     if (command == "read-kv") {
       const uint32_t hit_blocks = sequence->num_cached_tokens / mapped->layout().block_size;
-      std::string bytes;
-      for (uint32_t block = 0; block < hit_blocks; ++block) {
-        absl::StatusOr<absl::Span<uint8_t>> span = mapped->CheckedBlock(sequence->block_ids[block]);
-        if (!span.ok()) return Fail("read kv", span.status());
-        bytes.append(reinterpret_cast<const char*>(span->data()), span->size());
-      }
+      absl::StatusOr<std::string> bytes =
+          ReadBlocks(*mapped, absl::MakeConstSpan(sequence->block_ids).first(hit_blocks));
+      if (!bytes.ok()) return Fail("read kv", bytes.status());
       absl::StrAppend(&fields,
-                      " mismatched_blocks=", MismatchedBlocks(mapped->layout(), tokens, bytes),
-                      " digest=", Digest(bytes));
+                      " mismatched_blocks=", MismatchedBlocks(mapped->layout(), tokens, *bytes),
+                      " digest=", Digest(*bytes), " device=", mapped->device());
     }
     Report(fields);
     if (hang) {
