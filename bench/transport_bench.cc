@@ -1,6 +1,11 @@
 // Host transport bandwidth: shipping blocks from one daemon's pool to another's with the shm
 // transport (same node) and the stream transport (PutBlocks), per block size, next to a memcpy of
-// the same bytes in the same run. Usage: transport_bench [seconds per case]
+// the same bytes in the same run. Then the nccl transport's copy on one GPU: a single-rank NCCL
+// channel's SelfCopyBlocks from one device buffer into another (as the transport copies from the
+// sender's pool into the receiver's), next to cudaMemcpyAsync device-to-device of the same blocks
+// on the same stream; skipped with a message without a GPU or in a build without NCCL. (The
+// whole nccl Ship needs daemons in other processes, since a process cannot map its own CUDA IPC
+// handles; the block copy is what moves the bytes.) Usage: transport_bench [seconds per case]
 #include <stdlib.h>
 
 #include <chrono>
@@ -12,6 +17,15 @@
 
 #include "server/daemon.h"
 #include "worker/block_transport.h"
+
+#if KVCACHE_TRANSPORT_BENCH_NCCL
+#include <cuda_runtime_api.h>
+
+#include <numeric>
+
+#include "worker/nccl_channel.h"
+#include "worker/nccl_transport.h"
+#endif
 
 namespace kvcache::worker {
 namespace {
@@ -98,6 +112,83 @@ void RunCase(const std::string& dir, uint32_t layers, double seconds) {
   (void)sender.client->ReleaseSequence(held.sequence_id);
 }
 
+#if KVCACHE_TRANSPORT_BENCH_NCCL
+bool CudaOk(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return true;
+  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
+  return false;
+}
+
+// One block size: 32 MiB of blocks copied block by block, NCCL self-send vs cudaMemcpyAsync.
+void RunNcclCase(NcclChannel& channel, uint32_t layers, double seconds) {
+  const uint64_t block_bytes = Pool(layers).layout.BlockBytes();
+  const uint32_t blocks = kBytesPerShipment / block_bytes;
+  const uint64_t bytes = uint64_t{blocks} * block_bytes;
+  uint8_t* from = nullptr;
+  uint8_t* to = nullptr;
+  if (!CudaOk(cudaMalloc(reinterpret_cast<void**>(&from), bytes), "cudaMalloc") ||
+      !CudaOk(cudaMalloc(reinterpret_cast<void**>(&to), bytes), "cudaMalloc") ||
+      !CudaOk(cudaMemset(from, 1, bytes), "cudaMemset")) {
+    cudaFree(from);
+    cudaFree(to);
+    return;
+  }
+  std::vector<uint32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0u);
+  cudaStream_t stream = static_cast<cudaStream_t>(channel.stream());
+  const double d2d_rate = GBps(seconds, [&]() -> uint64_t {
+    for (uint32_t i = 0; i < blocks; ++i) {
+      if (!CudaOk(cudaMemcpyAsync(to + uint64_t{i} * block_bytes, from + uint64_t{i} * block_bytes,
+                                  block_bytes, cudaMemcpyDeviceToDevice, stream),
+                  "cudaMemcpyAsync")) {
+        return 0;
+      }
+    }
+    return CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize") ? bytes : 0;
+  });
+  const double nccl_rate = GBps(seconds, [&]() -> uint64_t {
+    absl::Status status = channel.SelfCopyBlocks(from, to, block_bytes, ids, ids);
+    if (status.ok()) status = channel.Synchronize(absl::Seconds(60));
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s\n", status.ToString().c_str());
+      return 0;
+    }
+    return bytes;
+  });
+  std::printf("%6llu KiB %6u %10.2f %10.2f %7.2fx\n",
+              static_cast<unsigned long long>(block_bytes >> 10), blocks, d2d_rate, nccl_rate,
+              nccl_rate / d2d_rate);
+  cudaFree(from);
+  cudaFree(to);
+}
+#endif
+
+void RunNccl(const std::string& dir, double seconds) {
+  std::printf("\nnccl transport's copy on one GPU: 32 MiB of blocks per copy, a single-rank "
+              "channel's send-to-self vs cudaMemcpy device-to-device; GB/s\n");
+#if KVCACHE_TRANSPORT_BENCH_NCCL
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    std::printf("nccl: skipped (no CUDA device)\n");
+    return;
+  }
+  // The channel's NCCL id is published through a daemon session, as the worker's is.
+  Node node = StartNode(dir, "nccl", 1);
+  absl::StatusOr<std::unique_ptr<NcclChannel>> channel = NcclChannel::Connect(
+      node.client.get(), FreshRendezvousKey("transport_bench"), 0, 1, 0, absl::Seconds(60));
+  absl::Status warmed = channel.ok() ? (*channel)->Warm(0, absl::Seconds(60)) : channel.status();
+  if (!warmed.ok()) {
+    std::printf("nccl: skipped (%s)\n", warmed.ToString().c_str());
+    return;
+  }
+  std::printf("%10s %6s %10s %10s %8s\n", "block", "blocks", "d2d", "nccl", "nccl/d2d");
+  for (uint32_t layers : {1u, 4u, 16u, 32u}) RunNcclCase(**channel, layers, seconds);
+#else
+  std::printf("nccl: skipped (built without CUDA or NCCL)\n");
+#endif
+}
+
 }  // namespace
 }  // namespace kvcache::worker
 
@@ -109,5 +200,6 @@ int main(int argc, char** argv) {
   std::printf("%10s %6s %10s %10s %8s %10s %8s\n", "block", "blocks", "memcpy", "shm", "shm/mc",
               "stream", "str/mc");
   for (uint32_t layers : {1u, 4u, 16u, 32u}) kvcache::worker::RunCase(run_dir, layers, seconds);
+  kvcache::worker::RunNccl(run_dir, seconds);
   return 0;
 }

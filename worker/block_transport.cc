@@ -6,22 +6,41 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "worker/in_place_transport.h"
 
 namespace kvcache::worker {
-namespace {
 
 absl::Status CheckShipment(const Shipment& shipment) {
   if (shipment.source == nullptr) return absl::InvalidArgumentError("shipment has no source pool");
-  const size_t full_blocks = shipment.tokens.size() / shipment.source->layout().block_size;
+  const MappedPool& source = *shipment.source;
+  if (source.layout().BlockBytes() != source.block_bytes()) {
+    return absl::FailedPreconditionError("source pool layout and block size disagree");
+  }
+  const size_t full_blocks = shipment.tokens.size() / source.layout().block_size;
   if (shipment.source_blocks.size() < full_blocks) {
     return absl::InvalidArgumentError(absl::StrCat("shipment has ", shipment.source_blocks.size(),
                                                    " source blocks for ", full_blocks,
                                                    " full blocks"));
   }
-  if (shipment.source->layout().BlockBytes() != shipment.source->block_bytes()) {
-    return absl::FailedPreconditionError("source pool layout and block size disagree");
+  for (size_t i = 0; i < full_blocks; ++i) {
+    if (shipment.source_blocks[i] >= source.num_blocks()) {
+      return absl::OutOfRangeError(absl::StrCat("shipment's source block ",
+                                                shipment.source_blocks[i], " is past pool '",
+                                                source.name(), "' of ", source.num_blocks(),
+                                                " blocks"));
+    }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The host transports read the source pool with the CPU.
+absl::Status CheckHostSource(const MappedPool& source, absl::string_view transport) {
+  if (!source.is_device()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ", transport, " transport reads host pools, and the sender's pool '", source.name(),
+      "' is device memory (cuda:", source.device(), "): ship it with the nccl transport"));
 }
 
 // Between nodes: the receiving daemon's PutBlocks, skipping the prefix it already holds. The put
@@ -36,6 +55,7 @@ class StreamTransport final : public BlockTransport {
   absl::StatusOr<ShipmentStats> Ship(const Shipment& shipment) override {
     const absl::Time start = absl::Now();
     RETURN_IF_ERROR(CheckShipment(shipment));
+    RETURN_IF_ERROR(CheckHostSource(*shipment.source, name()));
     const uint32_t block_size = shipment.source->layout().block_size;
     const uint32_t full_blocks = shipment.tokens.size() / block_size;
     ASSIGN_OR_RETURN(const KvCacheClient::LookupResult held,
@@ -50,7 +70,7 @@ class StreamTransport final : public BlockTransport {
         bytes.append(reinterpret_cast<const char*>(shipment.source->Block(shipment.source_blocks[i])),
                      block_bytes);
       }
-      Midway();
+      RETURN_IF_ERROR(Midway());
       // FAILED_PRECONDITION here means the receiver evicted part of the prefix since the lookup.
       RETURN_IF_ERROR(receiver_->PutBlocks(pool_, shipment.tokens, bytes, shipment.cache_salt, {},
                                            size_t{1} << 20, first)
@@ -68,67 +88,28 @@ class StreamTransport final : public BlockTransport {
   const std::string pool_;
 };
 
-// Same node: the receiver's pool is mapped here too. Blocks are written in place into a sequence
-// opened on the receiver (which pins them), then committed — published only after every byte is
-// written — and released into the receiver's cache.
-class ShmTransport final : public BlockTransport {
+// Same node, host pools: the receiver's shared memory is mapped here too, and the blocks are
+// memcpy'd in place (InPlaceTransport does the sequence bookkeeping around the copy).
+class ShmTransport final : public InPlaceTransport {
  public:
   ShmTransport(KvCacheClient* receiver, std::string pool, std::unique_ptr<MappedPool> target)
-      : receiver_(receiver), pool_(std::move(pool)), target_(std::move(target)) {}
+      : InPlaceTransport(receiver, std::move(pool), std::move(target)) {}
 
   std::string name() const override { return "shm"; }
 
-  absl::StatusOr<ShipmentStats> Ship(const Shipment& shipment) override {
-    const absl::Time start = absl::Now();
-    RETURN_IF_ERROR(CheckShipment(shipment));
-    const uint32_t block_size = shipment.source->layout().block_size;
-    if (target_->block_bytes() != shipment.source->block_bytes()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "receiving pool '", pool_, "' has ", target_->block_bytes(), "-byte blocks, the sender ",
-          shipment.source->block_bytes()));
-    }
-    const uint32_t full_blocks = shipment.tokens.size() / block_size;
-    ShipmentStats stats;
-    if (full_blocks == 0) return stats;
-    // One token past the full blocks (when the prompt has one) lets every full block be a hit.
-    const size_t open_tokens =
-        std::min<size_t>(shipment.tokens.size(), size_t{full_blocks} * block_size + 1);
-    ASSIGN_OR_RETURN(KvCacheClient::Sequence sequence,
-                     receiver_->OpenSequence(pool_, shipment.tokens.first(open_tokens),
-                                             shipment.cache_salt));
-    absl::Status status = Copy(shipment, sequence, full_blocks, &stats);
-    if (status.ok()) {
-      status = receiver_->CommitSequence(sequence.sequence_id, full_blocks * block_size).status();
-    }
-    // Released either way: committed blocks stay cached on the receiver, the rest go free.
-    const absl::Status released = receiver_->ReleaseSequence(sequence.sequence_id);
-    if (status.ok()) status = released;
-    if (!status.ok()) return status;
-    stats.elapsed = absl::Now() - start;
-    return stats;
+ private:
+  absl::Status CheckSource(const MappedPool& source) const override {
+    return CheckHostSource(source, name());
   }
 
- private:
-  absl::Status Copy(const Shipment& shipment, const KvCacheClient::Sequence& sequence,
-                    uint32_t full_blocks, ShipmentStats* stats) {
-    const uint32_t first = sequence.num_cached_tokens / shipment.source->layout().block_size;
-    const uint64_t block_bytes = target_->block_bytes();
-    stats->blocks_already_there = first;
-    const uint32_t midway = first + (full_blocks - first) / 2;
-    for (uint32_t i = first; i < full_blocks; ++i) {
-      if (i == midway) Midway();
-      ASSIGN_OR_RETURN(absl::Span<uint8_t> destination, target_->CheckedBlock(sequence.block_ids[i]));
-      std::memcpy(destination.data(), shipment.source->Block(shipment.source_blocks[i]),
-                  block_bytes);
-      ++stats->blocks_sent;
-      stats->bytes_sent += block_bytes;
+  absl::Status Copy(const MappedPool& source, absl::Span<const uint32_t> src_ids,
+                    absl::Span<const uint32_t> dst_ids) override {
+    for (size_t i = 0; i < src_ids.size(); ++i) {
+      ASSIGN_OR_RETURN(absl::Span<uint8_t> destination, target().CheckedBlock(dst_ids[i]));
+      std::memcpy(destination.data(), source.Block(src_ids[i]), destination.size());
     }
     return absl::OkStatus();
   }
-
-  KvCacheClient* const receiver_;
-  const std::string pool_;
-  const std::unique_ptr<MappedPool> target_;
 };
 
 }  // namespace
@@ -141,6 +122,13 @@ std::unique_ptr<BlockTransport> MakeStreamTransport(KvCacheClient* receiver, std
 absl::StatusOr<std::unique_ptr<BlockTransport>> MakeShmTransport(KvCacheClient* receiver,
                                                                   std::string pool) {
   ASSIGN_OR_RETURN(KvCacheClient::PoolDescription description, receiver->DescribePool(pool));
+  if (description.pool.mapping.kind == KvCacheClient::PoolMapping::Kind::kCudaIpc) {
+    // Checked before mapping: a CUDA IPC mapping would cost an import only to be refused.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the shm transport writes host pools, and the receiving pool '", pool,
+        "' is device memory (cuda:", description.pool.mapping.cuda_device,
+        "): ship into it with the nccl transport (same node) or the stream transport"));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<MappedPool> target, MappedPool::Map(description));
   return std::make_unique<ShmTransport>(receiver, std::move(pool), std::move(target));
 }

@@ -420,20 +420,28 @@ absl::Status NcclChannel::RecvBlocks(uint8_t* device_pool, uint64_t block_bytes,
 absl::Status NcclChannel::SelfCopyBlocks(uint8_t* device_pool, uint64_t block_bytes,
                                          absl::Span<const uint32_t> src_ids,
                                          absl::Span<const uint32_t> dst_ids) {
+  return SelfCopyBlocks(device_pool, device_pool, block_bytes, src_ids, dst_ids);
+}
+
+absl::Status NcclChannel::SelfCopyBlocks(const uint8_t* src_pool, uint8_t* dst_pool,
+                                         uint64_t block_bytes, absl::Span<const uint32_t> src_ids,
+                                         absl::Span<const uint32_t> dst_ids) {
   constexpr char kOp[] = "NcclChannel::SelfCopyBlocks";
   RETURN_IF_ERROR(impl_->CheckUsable(kOp));
   if (src_ids.size() != dst_ids.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": ", src_ids.size(), " src ids but ", dst_ids.size(), " dst ids"));
   }
-  RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, src_ids));
-  RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, dst_ids));
+  RETURN_IF_ERROR(CheckBlocks(kOp, src_pool, block_bytes, src_ids));
+  RETURN_IF_ERROR(CheckBlocks(kOp, dst_pool, block_bytes, dst_ids));
   RETURN_IF_ERROR(CheckUnique(kOp, "dst", dst_ids));
-  const absl::flat_hash_set<uint32_t> sources(src_ids.begin(), src_ids.end());
-  for (uint32_t id : dst_ids) {
-    if (sources.contains(id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": block ", id, " is both a src and a dst (the copies run at once)"));
+  if (src_pool == dst_pool) {
+    const absl::flat_hash_set<uint32_t> sources(src_ids.begin(), src_ids.end());
+    for (uint32_t id : dst_ids) {
+      if (sources.contains(id)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            kOp, ": block ", id, " is both a src and a dst (the copies run at once)"));
+      }
     }
   }
   if (src_ids.empty()) return absl::OkStatus();
@@ -447,9 +455,9 @@ absl::Status NcclChannel::SelfCopyBlocks(uint8_t* device_pool, uint64_t block_by
   return impl_->Grouped(
       kOp, 2 * src_ids.size(), 2 * kMaxBlocksPerGroup, absl::InfiniteFuture(), [&](size_t i) {
         const size_t k = i / 2;
-        return i % 2 == 0 ? ncclSend(device_pool + uint64_t{src_ids[k]} * block_bytes, block_bytes,
+        return i % 2 == 0 ? ncclSend(src_pool + uint64_t{src_ids[k]} * block_bytes, block_bytes,
                                      ncclUint8, self, comm, stream)
-                          : ncclRecv(device_pool + uint64_t{dst_ids[k]} * block_bytes, block_bytes,
+                          : ncclRecv(dst_pool + uint64_t{dst_ids[k]} * block_bytes, block_bytes,
                                      ncclUint8, self, comm, stream);
       });
 }

@@ -26,7 +26,8 @@
 //
 // One GPU cannot hold two ranks of one communicator (NCCL's rule). On a one-GPU machine, test the
 // NCCL path with a single-rank channel (world_size 1) and SelfCopyBlocks, which sends to and
-// receives from its own rank in one group.
+// receives from its own rank in one group — within one pool, or from one pool into another on the
+// same GPU (the nccl BlockTransport, worker/nccl_transport.h, ships prefill KV that way).
 //
 // Errors: INVALID_ARGUMENT for bad arguments; FAILED_PRECONDITION when there is no usable CUDA
 // device (or driver), after an abort, and for every call in a build without NCCL ("built without
@@ -117,6 +118,15 @@ class NcclChannel {
   // lists of different lengths, a dst id that repeats or that is also a src id (the copies run
   // concurrently), and SendBlocks' argument errors.
   absl::Status SelfCopyBlocks(uint8_t* device_pool, uint64_t block_bytes,
+                              absl::Span<const uint32_t> src_ids,
+                              absl::Span<const uint32_t> dst_ids);
+  // src_pool, dst_pool: device [any, block_bytes], both usable from cuda_device() (allocations
+  // of that device, or mappings of them such as CUDA IPC). Copies block src_ids[i] of src_pool
+  // to block dst_ids[i] of dst_pool, as above (a send to self and its receive per block). When
+  // the two pools are one (the same base), the checks of the one-pool form apply; otherwise
+  // REQUIRES: the pools do not overlap (two allocations). INVALID_ARGUMENT for lists of
+  // different lengths, a dst id that repeats, and SendBlocks' argument errors.
+  absl::Status SelfCopyBlocks(const uint8_t* src_pool, uint8_t* dst_pool, uint64_t block_bytes,
                               absl::Span<const uint32_t> src_ids,
                               absl::Span<const uint32_t> dst_ids);
 

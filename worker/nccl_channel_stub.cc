@@ -57,6 +57,12 @@ absl::Status NcclChannel::SelfCopyBlocks(uint8_t* device_pool, uint64_t block_by
   return BuiltWithoutNccl("NcclChannel::SelfCopyBlocks");
 }
 
+absl::Status NcclChannel::SelfCopyBlocks(const uint8_t* src_pool, uint8_t* dst_pool,
+                                         uint64_t block_bytes, absl::Span<const uint32_t> src_ids,
+                                         absl::Span<const uint32_t> dst_ids) {
+  return BuiltWithoutNccl("NcclChannel::SelfCopyBlocks");
+}
+
 absl::Status NcclChannel::Synchronize(absl::Duration timeout) {
   return BuiltWithoutNccl("NcclChannel::Synchronize");
 }

@@ -12,12 +12,15 @@
 #include "common/status_macros.h"
 #include "worker/block_transport.h"
 #include "worker/kv_worker.h"
+#include "worker/nccl_transport.h"
 
 ABSL_FLAG(std::string, prefill_target, "", "the prefill node's daemon");
 ABSL_FLAG(std::string, decode_target, "", "the decode node's daemon");
 ABSL_FLAG(std::string, pool, "qwen", "pool name on both daemons, laid out for the model");
 ABSL_FLAG(std::string, checkpoint, "", "directory with config.json and model.safetensors");
-ABSL_FLAG(std::string, transport, "shm", "stream (any node) or shm (same node)");
+ABSL_FLAG(std::string, transport, "shm",
+          "stream (any node), shm (same node, host pools) or nccl (same node and GPU, device "
+          "pools: a single-rank NCCL channel, connected and warmed before the first request)");
 ABSL_FLAG(std::string, tenant, "demo", "tenant of both sessions");
 ABSL_FLAG(uint32_t, requests, 8, "requests in the batch");
 ABSL_FLAG(uint32_t, prompt_tokens, 512, "tokens per prompt");
@@ -57,11 +60,18 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(Side prefill, Connect(absl::GetFlag(FLAGS_prefill_target), model));
   ASSIGN_OR_RETURN(Side decode, Connect(absl::GetFlag(FLAGS_decode_target), model));
   std::unique_ptr<BlockTransport> transport;
-  if (absl::GetFlag(FLAGS_transport) == "shm") {
+  const std::string transport_flag = absl::GetFlag(FLAGS_transport);
+  if (transport_flag == "shm") {
     ASSIGN_OR_RETURN(transport, MakeShmTransport(decode.client.get(), absl::GetFlag(FLAGS_pool)));
-  } else {
+  } else if (transport_flag == "stream") {
     transport = MakeStreamTransport(decode.client.get(), absl::GetFlag(FLAGS_tenant),
                                     absl::GetFlag(FLAGS_pool));
+  } else if (transport_flag == "nccl") {
+    ASSIGN_OR_RETURN(transport, MakeSingleGpuNcclTransport(
+                                    prefill.client.get(), prefill.worker->mapped(),
+                                    decode.client.get(), absl::GetFlag(FLAGS_pool)));
+  } else {
+    return absl::InvalidArgumentError("--transport is stream, shm or nccl");
   }
   const uint32_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
   absl::Duration ttft_total, tpot_total, ship_total;

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "worker/block_transport.h"
 #include "worker/kv_worker.h"
+#include "worker/nccl_transport.h"
 
 ABSL_FLAG(std::string, target, "", "daemon address (default: the daemon's default socket)");
 ABSL_FLAG(std::string, pool, "default", "pool laid out for this model");
@@ -40,7 +41,8 @@ ABSL_FLAG(std::string, role, "single",
 ABSL_FLAG(std::string, decode_target, "", "prefill role: the decode side's daemon");
 ABSL_FLAG(std::string, decode_pool, "", "prefill role: the decode side's pool (default: --pool)");
 ABSL_FLAG(std::string, transport, "stream",
-          "prefill role: stream (the decode daemon's PutBlocks; any node) or shm (same node)");
+          "prefill role: stream (the decode daemon's PutBlocks; any node), shm (same node, host "
+          "pools) or nccl (same node and GPU, device pools: a single-rank NCCL channel)");
 ABSL_FLAG(bool, pause_midway, false,
           "prefill role, for tests of aborted transfers: stop halfway through the shipment and "
           "wait to be killed");
@@ -66,8 +68,25 @@ absl::StatusOr<std::vector<uint32_t>> PromptTokens() {
   return tokens;
 }
 
+// The --transport the prefill role ships with. nccl connects and warms its channel here, once,
+// outside the request path.
+absl::StatusOr<std::unique_ptr<BlockTransport>> MakeTransport(KvCacheClient& client,
+                                                              const KvWorker& worker,
+                                                              KvCacheClient* receiver,
+                                                              const std::string& pool) {
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport == "shm") return MakeShmTransport(receiver, pool);
+  if (transport == "stream") {
+    return MakeStreamTransport(receiver, absl::GetFlag(FLAGS_tenant), pool);
+  }
+  if (transport == "nccl") {
+    return MakeSingleGpuNcclTransport(&client, worker.mapped(), receiver, pool);
+  }
+  return absl::InvalidArgumentError("--transport is stream, shm or nccl");
+}
+
 // Prefill role: prompt → first token here, KV shipped to the decode side before release.
-absl::Status RunPrefill(const Qwen3MoeModel& model, KvWorker& worker,
+absl::Status RunPrefill(KvCacheClient& client, KvWorker& worker,
                         const std::vector<uint32_t>& prompt, const SamplerOptions& sampling) {
   ASSIGN_OR_RETURN(std::unique_ptr<KvCacheClient> receiver,
                    KvCacheClient::Connect(absl::GetFlag(FLAGS_decode_target)));
@@ -75,16 +94,10 @@ absl::Status RunPrefill(const Qwen3MoeModel& model, KvWorker& worker,
       receiver->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-worker prefill").status());
   std::string pool = absl::GetFlag(FLAGS_decode_pool);
   if (pool.empty()) pool = absl::GetFlag(FLAGS_pool);
-  std::unique_ptr<BlockTransport> transport;
-  if (absl::GetFlag(FLAGS_transport) == "shm") {
-    ASSIGN_OR_RETURN(transport, MakeShmTransport(receiver.get(), pool));
-  } else if (absl::GetFlag(FLAGS_transport) == "stream") {
-    transport = MakeStreamTransport(receiver.get(), absl::GetFlag(FLAGS_tenant), pool);
-  } else {
-    return absl::InvalidArgumentError("--transport is stream or shm");
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<BlockTransport> transport,
+                   MakeTransport(client, worker, receiver.get(), pool));
   if (absl::GetFlag(FLAGS_pause_midway)) {
-    transport->set_midway_hook([] {
+    transport->set_midway_hook([]() -> absl::Status {
       std::printf("paused midway\n");
       std::fflush(stdout);
       while (true) absl::SleepFor(absl::Seconds(1));
@@ -131,7 +144,7 @@ absl::Status Run() {
                                 .seed = absl::GetFlag(FLAGS_seed)};
   ASSIGN_OR_RETURN(std::vector<uint32_t> prompt, PromptTokens());
   if (absl::GetFlag(FLAGS_role) == "prefill") {
-    RETURN_IF_ERROR(RunPrefill(model, *worker, prompt, sampling));
+    RETURN_IF_ERROR(RunPrefill(*client, *worker, prompt, sampling));
     return client->CloseSession().status();
   }
   for (uint32_t turn = 1; turn <= absl::GetFlag(FLAGS_turns); ++turn) {

@@ -2,7 +2,7 @@
 // prefill worker process on daemon A shipping KV to daemon B over a transport, and a decode worker
 // process on daemon B that finds it as a prefix hit. Decode output must equal a cold single-process
 // run bit for bit; blocks the decode side holds are not sent; a prefill killed mid-shipment leaves
-// no hash and no pinned block behind.
+// no hash and no pinned block behind; the nccl transport refuses these host pools cleanly.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -76,7 +76,9 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
     ClientResult result = ReadResult(*process);
     absl::StatusOr<int> status = process->Wait(kClientBound);
     EXPECT_OK(status);
-    if (status.ok()) EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    if (status.ok()) {
+      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    }
     return result;
   }
 
@@ -181,6 +183,29 @@ TEST_P(PdProcessTest, PrefillKilledMidShipmentLeavesNoHashAndNoPin) {
   const ClientResult retry = Prefill(prompt);
   EXPECT_EQ(retry.Number("sent_blocks"), 9);
   ExpectMatchesCold(Decode(prompt), prompt);
+}
+
+// --transport nccl moves device pools; these daemons serve host pools (and this machine may have
+// no GPU, CUDA or NCCL): the prefill worker must fail cleanly with FAILED_PRECONDITION, before
+// any shipment, and leave nothing behind on the decode side.
+class PdNcclOnHostPoolsTest : public PdProcessTest {};
+
+TEST_F(PdNcclOnHostPoolsTest, PrefillWithNcclTransportFailsPreconditionAndShipsNothing) {
+  const std::vector<uint32_t> prompt = Prompt(5, 40);
+  std::vector<std::string> argv = WorkerArgs(target_, prompt);
+  argv.insert(argv.end(),
+              {"--role=prefill", "--decode_target=" + decode_target_, "--transport=nccl"});
+  absl::StatusOr<Subprocess> prefill = Subprocess::Start(argv);
+  ASSERT_OK(prefill);
+  absl::StatusOr<std::string> error = prefill->ReadLineStartingWith("error ", kClientBound);
+  ASSERT_OK(error);
+  EXPECT_EQ(*error, "error code=FAILED_PRECONDITION");
+  absl::StatusOr<int> status = prefill->Wait(kClientBound);
+  ASSERT_OK(status);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << DescribeWaitStatus(*status);
+  EXPECT_EQ(DecodeCached(prompt), 0u);
+  EXPECT_EQ(DecodeStats().published_blocks, 0u);
+  EXPECT_TRUE(AwaitNoneReferenced([&] { return DecodeStats(); }));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PdProcessTest, ::testing::Values("stream", "shm"),

@@ -157,7 +157,9 @@ TEST_F(WorkerProcessTest, BadRequestsFailWithPreciseCodes) {
     absl::StatusOr<std::string> line = worker->ReadLineStartingWith("error ", kClientBound);
     absl::StatusOr<int> status = worker->Wait(kClientBound);
     EXPECT_OK(status);
-    if (status.ok()) EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    if (status.ok()) {
+      EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    }
     return line.ok() ? *line : std::string();
   };
   const std::string checkpoint = "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR;

@@ -6,10 +6,10 @@
 // must answer FAILED_PRECONDITION("built without NCCL").
 //
 // NcclChannelGpuTest (label gpu; built with NCCL only; skips with no CUDA device): a single-rank
-// communicator connected through the daemon's rendezvous copies blocks to itself, compared byte
-// for byte with the expected pool; the rendezvous and initialization deadlines; argument checks
-// on a live channel. Two ranks cannot share one GPU (NCCL's rule), so the multi-rank send/recv
-// path is not exercised here.
+// communicator connected through the daemon's rendezvous copies blocks to itself, within one pool
+// and from one pool into another, compared byte for byte with the expected pool; the rendezvous
+// and initialization deadlines; argument checks on a live channel. Two ranks cannot share one GPU
+// (NCCL's rule), so the multi-rank send/recv path is not exercised here.
 #include "worker/nccl_channel.h"
 
 #include <gmock/gmock.h>
@@ -224,6 +224,44 @@ TEST_F(NcclChannelGpuTest, SelfCopyBlocksMovesExactlyTheNamedBlocks) {
     // A block may feed several destinations.
     CheckSelfCopy(*channel, 16, block_bytes, {6, 6, 6}, {10, 11, 12}, seed++);
   }
+}
+
+// From one allocation into another (the nccl transport's sender pool -> receiver pool): only the
+// named destination blocks change, the source pool not at all, and the same ids may appear on
+// both sides since the pools are distinct.
+TEST_F(NcclChannelGpuTest, SelfCopyBlocksBetweenTwoPools) {
+  std::unique_ptr<NcclChannel> channel = SingleRank();
+  ASSERT_NE(channel, nullptr);
+  constexpr uint32_t kBlocks = 12;
+  constexpr uint64_t kBlockBytes = 6144;
+  const std::vector<uint8_t> source = Pattern(kBlocks, kBlockBytes, 21);
+  std::vector<uint8_t> expected = Pattern(kBlocks, kBlockBytes, 22);
+  DeviceBuffer from(source.size()), to(expected.size());
+  ASSERT_NE(from.get(), nullptr);
+  ASSERT_NE(to.get(), nullptr);
+  ASSERT_EQ(cudaMemcpy(from.get(), source.data(), source.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(to.get(), expected.data(), expected.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  const std::vector<uint32_t> src = {2, 3, 4, 11};
+  const std::vector<uint32_t> dst = {2, 9, 0, 3};
+  ASSERT_OK(channel->SelfCopyBlocks(from.get(), to.get(), kBlockBytes, src, dst));
+  ASSERT_OK(channel->Synchronize(kLongWait));
+  for (size_t k = 0; k < src.size(); ++k) {
+    std::copy_n(source.begin() + src[k] * kBlockBytes, kBlockBytes,
+                expected.begin() + dst[k] * kBlockBytes);
+  }
+  std::vector<uint8_t> got(expected.size()), source_after(source.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), to.get(), got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(source_after.data(), from.get(), source_after.size(),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_TRUE(got == expected) << "first difference at "
+                               << FirstDifference(got, expected, kBlockBytes);
+  EXPECT_TRUE(source_after == source);
+  // A repeated destination is still refused.
+  EXPECT_THAT(channel->SelfCopyBlocks(from.get(), to.get(), kBlockBytes, {1, 2}, {5, 5}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("repeats")));
 }
 
 TEST_F(NcclChannelGpuTest, SelfCopyBlocksAcrossSeveralGroups) {
