@@ -1,15 +1,20 @@
 // KvCacheClient's block data calls: PutBlocks and GetBlocks streams, with per-block XXH3-64
 // checksums computed on the way out and verified on the way in.
-#include <xxhash.h>
-
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
+
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/str_cat.h"
 #include "client/kv_cache_client.h"
 #include "client/proto_convert.h"
+#include "common/block_checksum.h"
+#include "common/bytes_field_split.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
@@ -22,8 +27,10 @@ constexpr uint32_t kDaemonDefaultChunkBytes = 1 << 20;
 // A stream's deadline grows by one second per this many bytes moved.
 constexpr double kBytesPerExtraSecond = 64.0 * (1 << 20);
 
-// XXH3-64, seed 0: the checksum the data RPCs carry for each block.
-uint64_t BlockChecksum(const char* data, uint64_t size) { return XXH3_64bits(data, size); }
+// GetBlocks is read as raw bytes (see KvCacheClient::GetBlocks); the method and field as in
+// proto/kvcache/v1/kvcache.proto.
+constexpr char kGetBlocksMethod[] = "/kvcache.v1.KvCache/GetBlocks";
+constexpr uint32_t kGetBlocksDataField = v1::GetBlocksResponse::kDataFieldNumber;
 
 // The header must describe at most the prompt's full blocks of the pool's shape.
 absl::Status CheckGetHeader(const v1::GetBlocksHeader& header, uint32_t block_size,
@@ -129,6 +136,48 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
                                                                   absl::string_view cache_salt,
                                                                   const ExtraKeys& extra_keys,
                                                                   uint32_t max_chunk_bytes) {
+  GetResult result;
+  ASSIGN_OR_RETURN(
+      static_cast<GetInfo&>(result),
+      ReadBlocks(
+          pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+          [&result](uint64_t total) {
+            result.bytes.reserve(total);
+            return absl::OkStatus();
+          },
+          [&result](uint32_t, uint64_t, absl::string_view piece) {
+            result.bytes.append(piece.data(), piece.size());
+            return absl::OkStatus();
+          }));
+  return result;
+}
+
+absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
+    absl::string_view pool, absl::Span<const uint32_t> tokens, absl::Span<char> destination,
+    absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes) {
+  uint64_t written = 0;  // pieces arrive in order
+  return ReadBlocks(
+      pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+      [&](uint64_t total) {
+        if (total > destination.size()) {
+          return absl::OutOfRangeError(absl::StrCat("GetBlocksInto: the daemon has ", total,
+                                                    " bytes of cached blocks for the prompt, the "
+                                                    "destination holds ",
+                                                    destination.size()));
+        }
+        return absl::OkStatus();
+      },
+      [&](uint32_t, uint64_t, absl::string_view piece) {
+        std::memcpy(destination.data() + written, piece.data(), piece.size());
+        written += piece.size();
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
+    absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
+    const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
+    absl::FunctionRef<absl::Status(uint64_t total)> on_header, BlockStreamVerifier::Sink sink) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("GetBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
   const size_t max_blocks = tokens.size() / shape.block_size;
@@ -146,38 +195,55 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
 
   grpc::ClientContext context;
   PrepareContext(&context, StreamTimeout(max_blocks * shape.block_bytes));
-  std::unique_ptr<grpc::ClientReaderInterface<v1::GetBlocksResponse>> reader =
-      stub_->GetBlocks(&context, request);
-  GetResult result;
-  std::vector<uint64_t> checksums;
-  uint64_t total = 0;
-  bool have_header = false;
-  uint64_t reply_epoch = session.epoch;  // until a message says otherwise
-  absl::Status local;                    // what this client found wrong with the stream
+  // Read raw: each data message's bytes are checksummed and copied once, straight from the
+  // received slices into the result, instead of being parsed into a message and copied again.
+  const grpc::internal::RpcMethod method(kGetBlocksMethod,
+                                         grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                   &context, request));
+  GetInfo result;
+  std::optional<BlockStreamVerifier> verifier;  // from the header on
+  uint64_t reply_epoch = session.epoch;         // until a message says otherwise
+  absl::Status local;                           // what this client found wrong with the stream
+  grpc::ByteBuffer buffer;
   v1::GetBlocksResponse message;
-  while (reader->Read(&message)) {
+  while (local.ok() && reader->Read(&buffer)) {
+    absl::StatusOr<SplitMessage> split = SplitBytesField(buffer, kGetBlocksDataField);
+    if (!split.ok() || !message.ParseFromString(split->rest)) {
+      local = absl::InternalError(absl::StrCat(
+          "GetBlocks: the daemon sent a malformed message",
+          split.ok() ? "" : absl::StrCat(": ", split.status().message())));
+      break;
+    }
     reply_epoch = message.epoch();
     if (reply_epoch != session.epoch) break;  // fenced below
-    if (message.has_header() && !have_header) {
+    if (message.has_header() && split->has_field) {
+      local = absl::InternalError("GetBlocks: a message from the daemon carries header and data");
+    } else if (message.has_header() && !verifier.has_value()) {
       const v1::GetBlocksHeader& header = message.header();
       local = CheckGetHeader(header, shape.block_size, shape.block_bytes, max_blocks);
       if (!local.ok()) break;
-      have_header = true;
       result.num_blocks = header.num_blocks();
       result.num_cached_tokens = header.num_cached_tokens();
       result.block_bytes = shape.block_bytes;
-      checksums.assign(header.block_checksums().begin(), header.block_checksums().end());
-      total = uint64_t{result.num_blocks} * shape.block_bytes;
-      result.bytes.reserve(total);
-    } else if (!have_header || message.has_header()) {
+      verifier.emplace(shape.block_bytes, std::vector<uint64_t>(header.block_checksums().begin(),
+                                                                header.block_checksums().end()));
+      local = on_header(verifier->expected_bytes());
+    } else if (!verifier.has_value() || message.has_header()) {
       local = absl::InternalError("GetBlocks: the daemon's stream must carry one header, first");
-      break;
-    } else if (message.data().size() > total - result.bytes.size()) {
-      local = absl::InternalError(
-          absl::StrCat("GetBlocks: the daemon sent more than the ", total, " bytes announced"));
-      break;
+    } else if (split->field_size > verifier->expected_bytes() - verifier->received_bytes()) {
+      local = absl::InternalError(absl::StrCat("GetBlocks: the daemon sent more than the ",
+                                               verifier->expected_bytes(), " bytes announced"));
     } else {
-      result.bytes.append(message.data());
+      for (absl::string_view piece : split->pieces) {
+        local = verifier->Feed(piece, sink);
+        if (absl::IsDataLoss(local)) {
+          local = absl::DataLossError(
+              absl::StrCat("GetBlocks from pool '", pool, "': ", local.message()));
+        }
+        if (!local.ok()) break;
+      }
     }
   }
   const bool stopped_early = reply_epoch != session.epoch || !local.ok();
@@ -188,19 +254,13 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
   }
   RETURN_IF_ERROR(local);
   RETURN_IF_ERROR(CheckReply("GetBlocks", context, status, reply_epoch, session, true));
-  if (!have_header) return absl::DataLossError("GetBlocks: the stream ended before its header");
-  if (result.bytes.size() != total) {
-    return absl::DataLossError(absl::StrCat("GetBlocks: the stream ended after ",
-                                            result.bytes.size(), " of ", total, " bytes"));
+  if (!verifier.has_value()) {
+    return absl::DataLossError("GetBlocks: the stream ended before its header");
   }
-  for (uint32_t i = 0; i < result.num_blocks; ++i) {
-    const uint64_t checksum =
-        BlockChecksum(result.bytes.data() + uint64_t{i} * shape.block_bytes, shape.block_bytes);
-    if (checksum != checksums[i]) {
-      return absl::DataLossError(absl::StrCat("GetBlocks: block ", i, " of ", result.num_blocks,
-                                              " from pool '", pool, "' has checksum ", checksum,
-                                              ", the daemon's header says ", checksums[i]));
-    }
+  if (verifier->received_bytes() != verifier->expected_bytes()) {
+    return absl::DataLossError(absl::StrCat("GetBlocks: the stream ended after ",
+                                            verifier->received_bytes(), " of ",
+                                            verifier->expected_bytes(), " bytes"));
   }
   return result;
 }
