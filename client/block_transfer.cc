@@ -11,6 +11,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/kv_cache_client.h"
 #include "client/proto_convert.h"
 #include "common/block_checksum.h"
@@ -27,10 +28,44 @@ constexpr uint32_t kDaemonDefaultChunkBytes = 1 << 20;
 // A stream's deadline grows by one second per this many bytes moved.
 constexpr double kBytesPerExtraSecond = 64.0 * (1 << 20);
 
-// GetBlocks is read as raw bytes (see KvCacheClient::GetBlocks); the method and field as in
+// The data RPCs move raw bytes (see PutBlocks and ReadBlocks); methods and fields as in
 // proto/kvcache/v1/kvcache.proto.
 constexpr char kGetBlocksMethod[] = "/kvcache.v1.KvCache/GetBlocks";
+constexpr char kPutBlocksMethod[] = "/kvcache.v1.KvCache/PutBlocks";
 constexpr uint32_t kGetBlocksDataField = v1::GetBlocksResponse::kDataFieldNumber;
+
+// Slices of memory the caller owns, handed to gRPC without a copy. gRPC may hold a slice past
+// the call that sent it (a write still draining after the call failed): the destructor waits
+// until gRPC dropped every one, so the memory may go once this object is gone.
+class BorrowedBytes {
+ public:
+  BorrowedBytes() = default;
+  BorrowedBytes(const BorrowedBytes&) = delete;
+  BorrowedBytes& operator=(const BorrowedBytes&) = delete;
+  ~BorrowedBytes() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* outstanding) { return *outstanding == 0; }, &outstanding_));
+  }
+
+  grpc::Slice Lend(const char* data, size_t size) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++outstanding_;
+    }
+    return grpc::Slice(const_cast<char*>(data), size, &BorrowedBytes::Return, this);
+  }
+
+ private:
+  static void Return(void* self) {
+    auto* borrowed = static_cast<BorrowedBytes*>(self);
+    absl::MutexLock lock(&borrowed->mu_);
+    --borrowed->outstanding_;
+  }
+
+  absl::Mutex mu_;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // The header must describe at most the prompt's full blocks of the pool's shape.
 absl::Status CheckGetHeader(const v1::GetBlocksHeader& header, uint32_t block_size,
@@ -112,19 +147,38 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   const size_t max_chunk =
       std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead);
   const size_t chunk = std::clamp<size_t>(chunk_bytes, 1, max_chunk);
+  BorrowedBytes borrowed;  // outlives the call's objects below: destroyed last
   grpc::ClientContext context;
   PrepareContext(&context, StreamTimeout(bytes.size()));
-  v1::PutBlocksResponse response;
-  std::unique_ptr<grpc::ClientWriterInterface<v1::PutBlocksRequest>> writer =
-      stub_->PutBlocks(&context, &response);
+  // Written raw: each data message is its framing plus a slice lent from `bytes`, so the bytes
+  // are not copied into messages first.
+  const grpc::internal::RpcMethod method(kPutBlocksMethod,
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
+  grpc::ByteBuffer reply;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                   &context, &reply));
   // A failed Write means the stream broke (or the daemon answered early): Finish says why.
-  bool open = writer->Write(request);
+  grpc::ByteBuffer header_message;
+  bool own_buffer = false;
+  bool open = grpc::SerializationTraits<v1::PutBlocksRequest>::Serialize(request, &header_message,
+                                                                        &own_buffer)
+                  .ok() &&
+              writer->Write(header_message);
   for (size_t offset = 0; open && offset < bytes.size(); offset += chunk) {
-    request.set_data(bytes.data() + offset, std::min(chunk, bytes.size() - offset));
-    open = writer->Write(request);
+    const size_t size = std::min(chunk, bytes.size() - offset);
+    grpc::Slice slices[2] = {
+        grpc::Slice(BytesFieldPrefix(v1::PutBlocksRequest::kDataFieldNumber, size)),
+        borrowed.Lend(bytes.data() + offset, size)};
+    open = writer->Write(grpc::ByteBuffer(slices, 2));
   }
   if (open) writer->WritesDone();
   const grpc::Status status = writer->Finish();
+  v1::PutBlocksResponse response;
+  if (status.ok() &&
+      !grpc::SerializationTraits<v1::PutBlocksResponse>::Deserialize(&reply, &response).ok()) {
+    return absl::InternalError("PutBlocks: the daemon's reply is not a PutBlocksResponse");
+  }
   RETURN_IF_ERROR(CheckReply("PutBlocks", context, status, response.epoch(), session, true));
   return PutResult{.num_blocks = response.num_blocks(),
                    .num_already_cached = response.num_already_cached(),

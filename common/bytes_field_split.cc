@@ -77,6 +77,13 @@ void AppendVarint(uint64_t value, std::string* out) {
 
 }  // namespace
 
+std::string BytesFieldPrefix(uint32_t field_number, uint64_t size) {
+  std::string prefix;
+  AppendVarint((uint64_t{field_number} << 3) | kLengthDelimited, &prefix);
+  AppendVarint(size, &prefix);
+  return prefix;
+}
+
 absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer,
                                              uint32_t field_number) {
   SplitMessage split;

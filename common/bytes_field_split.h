@@ -35,6 +35,10 @@ struct SplitMessage {
 absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer,
                                              uint32_t field_number);
 
+// The encoding's other direction: the tag and length that precede a bytes field of `size` bytes.
+// A sender puts this, then the bytes as slices of their own, and sends the bytes uncopied.
+std::string BytesFieldPrefix(uint32_t field_number, uint64_t size);
+
 }  // namespace kvcache
 
 #endif  // KVCACHE_COMMON_BYTES_FIELD_SPLIT_H_

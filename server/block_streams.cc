@@ -28,21 +28,13 @@ absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Mess
   return absl::OkStatus();
 }
 
-// The bytes of a GetBlocksResponse up to its data: epoch (field 1, fixed64), then the tag and
-// varint length of field 3 (bytes). The data itself follows as separate slices.
+// The bytes of a GetBlocksResponse up to its data: the epoch (field 1, fixed64), then the data
+// field's tag and length. The data itself follows as separate slices.
 grpc::Slice DataFraming(uint64_t epoch, uint64_t data_size) {
-  uint8_t framing[1 + 8 + 1 + 10];
-  size_t n = 0;
-  framing[n++] = (1 << 3) | 1;  // field 1, wire type 64-bit
-  for (int i = 0; i < 8; ++i) framing[n++] = static_cast<uint8_t>(epoch >> (8 * i));
-  framing[n++] = (3 << 3) | 2;  // field 3, wire type length-delimited
-  do {
-    framing[n] = static_cast<uint8_t>(data_size & 0x7f);
-    data_size >>= 7;
-    if (data_size != 0) framing[n] |= 0x80;
-    ++n;
-  } while (data_size != 0);
-  return grpc::Slice(framing, n);
+  std::string framing(1, static_cast<char>((1 << 3) | 1));  // field 1, wire type 64-bit
+  for (int i = 0; i < 8; ++i) framing.push_back(static_cast<char>(epoch >> (8 * i)));
+  framing += BytesFieldPrefix(v1::GetBlocksResponse::kDataFieldNumber, data_size);
+  return grpc::Slice(framing);
 }
 
 }  // namespace
