@@ -122,35 +122,62 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
   const size_t full_blocks = tokens.size() / shape.block_size;
-  if (first_block > full_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("PutBlocks: first_block ", first_block,
-                                                   " past the ", full_blocks, " full blocks"));
-  }
-  const size_t num_blocks = full_blocks - first_block;
+  const size_t num_blocks = full_blocks - std::min<size_t>(first_block, full_blocks);
   if (bytes.size() != num_blocks * shape.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PutBlocks: ", bytes.size(), " bytes given for the ", num_blocks, " full blocks of a ",
         tokens.size(), "-token prompt in pool '", pool, "' (", shape.block_size, " tokens and ",
         shape.block_bytes, " bytes per block): want ", num_blocks * shape.block_bytes));
   }
+  std::vector<absl::string_view> blocks;
+  blocks.reserve(num_blocks);
+  for (size_t i = 0; i < num_blocks; ++i) {
+    blocks.push_back(bytes.substr(i * shape.block_bytes, shape.block_bytes));
+  }
+  return PutBlocks(pool, tokens, blocks,
+                   PutOptions{.cache_salt = cache_salt, .extra_keys = extra_keys,
+                              .chunk_bytes = chunk_bytes, .first_block = first_block});
+}
 
+absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
+    absl::string_view pool, absl::Span<const uint32_t> tokens,
+    absl::Span<const absl::string_view> blocks, const PutOptions& options) {
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutBlocks"));
+  ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
+  const size_t full_blocks = tokens.size() / shape.block_size;
+  if (options.first_block > full_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("PutBlocks: first_block ", options.first_block,
+                                                   " past the ", full_blocks, " full blocks"));
+  }
+  const size_t num_blocks = full_blocks - options.first_block;
+  if (blocks.size() != num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PutBlocks: ", blocks.size(), " blocks given for blocks ", options.first_block, " to ",
+        full_blocks, " of a ", tokens.size(), "-token prompt in pool '", pool, "' (",
+        shape.block_size, " tokens per block): want ", num_blocks));
+  }
   v1::PutBlocksRequest request;
   v1::PutBlocksHeader* header = request.mutable_header();
-  FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys, header);
-  header->set_first_block(first_block);
+  FillPromptRequest(session.session_id, session.epoch, pool, tokens, options.cache_salt,
+                    options.extra_keys, header);
+  header->set_first_block(options.first_block);
   header->mutable_block_checksums()->Reserve(num_blocks);
   for (size_t i = 0; i < num_blocks; ++i) {
-    header->add_block_checksums(
-        BlockChecksum(bytes.data() + i * shape.block_bytes, shape.block_bytes));
+    if (blocks[i].size() != shape.block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PutBlocks: block ", options.first_block + i, " has ", blocks[i].size(),
+          " bytes; blocks of pool '", pool, "' have ", shape.block_bytes));
+    }
+    header->add_block_checksums(BlockChecksum(blocks[i].data(), blocks[i].size()));
   }
 
   const size_t max_chunk =
       std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead);
-  const size_t chunk = std::clamp<size_t>(chunk_bytes, 1, max_chunk);
+  const size_t chunk = std::clamp<size_t>(options.chunk_bytes, 1, max_chunk);
   BorrowedBytes borrowed;  // outlives the call's objects below: destroyed last
   grpc::ClientContext context;
-  PrepareContext(&context, StreamTimeout(bytes.size()));
-  // Written raw: each data message is its framing plus a slice lent from `bytes`, so the bytes
+  PrepareContext(&context, StreamTimeout(num_blocks * shape.block_bytes));
+  // Written raw: each data message is its framing plus slices lent from `blocks`, so the bytes
   // are not copied into messages first.
   const grpc::internal::RpcMethod method(kPutBlocksMethod,
                                          grpc::internal::RpcMethod::CLIENT_STREAMING);
@@ -165,12 +192,21 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
                                                                         &own_buffer)
                   .ok() &&
               writer->Write(header_message);
-  for (size_t offset = 0; open && offset < bytes.size(); offset += chunk) {
-    const size_t size = std::min(chunk, bytes.size() - offset);
-    grpc::Slice slices[2] = {
-        grpc::Slice(BytesFieldPrefix(v1::PutBlocksRequest::kDataFieldNumber, size)),
-        borrowed.Lend(bytes.data() + offset, size)};
-    open = writer->Write(grpc::ByteBuffer(slices, 2));
+  const uint64_t total = uint64_t{num_blocks} * shape.block_bytes;
+  for (uint64_t sent = 0; open && sent < total;) {
+    const uint64_t size = std::min<uint64_t>(chunk, total - sent);
+    std::vector<grpc::Slice> slices;
+    slices.emplace_back(BytesFieldPrefix(v1::PutBlocksRequest::kDataFieldNumber, size));
+    for (uint64_t filled = 0; filled < size;) {
+      const absl::string_view block = blocks[(sent + filled) / shape.block_bytes];
+      const uint64_t offset = (sent + filled) % shape.block_bytes;
+      const uint64_t piece = std::min(size - filled, shape.block_bytes - offset);
+      slices.push_back(borrowed.Lend(block.data() + offset, piece));
+      filled += piece;
+    }
+    open = writer->Write(grpc::ByteBuffer(slices.data(), slices.size()));
+    sent += size;
+    if (open && options.after_chunk) options.after_chunk(sent);
   }
   if (open) writer->WritesDone();
   const grpc::Status status = writer->Finish();

@@ -239,6 +239,21 @@ class KvCacheClient {
                                       const ExtraKeys& extra_keys = {},
                                       size_t chunk_bytes = size_t{1} << 20,
                                       uint32_t first_block = 0);
+  // Same, with each block's bytes where they already are (a mapped pool's blocks, say): blocks[i]
+  // is block options.first_block + i, block_bytes long (INVALID_ARGUMENT locally otherwise). The
+  // bytes are handed to gRPC without a copy and must stay unchanged until the call returns.
+  struct PutOptions {
+    absl::string_view cache_salt;
+    ExtraKeys extra_keys;
+    size_t chunk_bytes = size_t{1} << 20;
+    uint32_t first_block = 0;
+    // Called after each data message is handed to gRPC, with the bytes sent so far (progress;
+    // tests that interrupt a put halfway).
+    std::function<void(uint64_t bytes_sent)> after_chunk;
+  };
+  absl::StatusOr<PutResult> PutBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                      absl::Span<const absl::string_view> blocks,
+                                      const PutOptions& options);
   // GetBlocks returns the bytes of the longest cached full-block prefix of `tokens` (possibly
   // none), each block verified against the checksum the daemon computed (DATA_LOSS on a mismatch
   // or a stream that ends early). `max_chunk_bytes` of 0 takes the daemon's default chunk size.
