@@ -21,6 +21,8 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "bench/redis_peer.h"
+#include "client/kv_cache_client.h"
+#include "common/http2_tuning.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/daemon.h"
 
@@ -72,8 +74,8 @@ class DaemonPeer {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     args.SetMaxSendMessageSize(64 << 20);
-    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
-    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
     stub_ = v1::KvCache::NewStub(
         grpc::CreateCustomChannel(daemon_->address(), grpc::InsecureChannelCredentials(), args));
     grpc::ClientContext context;
@@ -83,6 +85,19 @@ class DaemonPeer {
     v1::OpenSessionResponse response;
     stub_->OpenSession(&context, request, &response);
     session_ = response.session_id();
+    ClientOptions client_options;
+    client_options.max_message_bytes = 64 << 20;
+    client_ = *KvCacheClient::Connect(daemon_->address(), client_options);
+    (void)client_->OpenSession("bench", "data_plane_bench", absl::Minutes(10));
+  }
+
+  // What a user of the client library gets: every block's checksum verified, the bytes in the
+  // caller's buffer (reused, as the Redis client reuses its own).
+  uint64_t ClientGet(const std::string& pool, const std::vector<uint32_t>& tokens,
+                     std::string* buffer) {
+    absl::StatusOr<KvCacheClient::GetInfo> got = client_->GetBlocksInto(
+        pool, tokens, absl::MakeSpan(buffer->data(), buffer->size()), "", {}, kChunkBytes);
+    return got.ok() ? got->num_blocks * got->block_bytes : 0;
   }
 
   uint64_t Put(const std::string& pool, const std::vector<uint32_t>& tokens,
@@ -153,6 +168,7 @@ class DaemonPeer {
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   uint64_t session_ = 0;
+  std::unique_ptr<KvCacheClient> client_;
 };
 
 // Measures every op in `ops` for `rounds` interleaved slices of `seconds / rounds` each and
@@ -212,9 +228,11 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     close(fd);
     std::string copy(bytes.size(), '\0');
     std::string scratch;
+    std::string client_buffer(bytes.size(), '\0');
     auto unavailable = [] { return uint64_t{1}; };  // keeps a missing Redis from stalling the loop
     const std::vector<double> rates = InterleavedMedians(seconds, 5, {
         [&] { return daemon.Put(pool, fresh_tokens(), checksums, bytes); },
+        [&] { return daemon.ClientGet(pool, cached, &client_buffer); },
         [&] { return daemon.Get(pool, cached); },
         redis.ok() ? std::function<uint64_t()>([&] {
           return (*redis)->SetAll(keys, values).ok() ? bytes.size() : 0;
@@ -233,15 +251,16 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
           return hit_blocks.size() * block_bytes;
         },
     });
-    const double put = rates[0], get = rates[1], memcpy_rate = rates[4], shm = rates[5];
-    const double redis_set = redis.ok() ? rates[2] : 0, redis_get = redis.ok() ? rates[3] : 0;
+    const double put = rates[0], get = rates[1], stub_get = rates[2];
+    const double redis_set = redis.ok() ? rates[3] : 0, redis_get = redis.ok() ? rates[4] : 0;
+    const double memcpy_rate = rates[5], shm = rates[6];
     if (std::memcmp(copy.data(), bytes.data(), bytes.size()) != 0) {
       std::printf("!! shared-memory blocks differ from what was put\n");
     }
     munmap(const_cast<char*>(base), pool_bytes);
-    std::printf("%-5s %5llu KiB %8.2f %8.2f %9.2f %9.2f %7.2fx %7.2fx %8.2f %8.2f %6.2fx\n",
+    std::printf("%-5s %5llu KiB %8.2f %8.2f %8.2f %9.2f %9.2f %7.2fx %7.2fx %8.2f %8.2f %6.2fx\n",
                 name.c_str(), static_cast<unsigned long long>(block_bytes >> 10), put, get,
-                redis_set, redis_get, redis_set > 0 ? put / redis_set : 0,
+                stub_get, redis_set, redis_get, redis_set > 0 ? put / redis_set : 0,
                 redis_get > 0 ? get / redis_get : 0, memcpy_rate, shm, shm / memcpy_rate);
   }
 }
@@ -254,9 +273,12 @@ int main(int argc, char** argv) {
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   std::printf("8 MiB of whole blocks per operation, %u KiB chunks; GB/s (1e9 bytes/s), each the\n"
-              "median of 5 slices interleaved with the others\n",
+              "median of 5 slices interleaved with the others. get: KvCacheClient::GetBlocks\n"
+              "(every block's checksum verified, the bytes in one buffer); stub get: the typed\n"
+              "stub, bytes left in the parsed messages, nothing verified\n",
               kvcache::kChunkBytes >> 10);
-  std::printf("%-5s %9s %8s %8s %9s %9s %8s %8s %8s %8s %7s\n", "via", "block", "put", "get",
+  std::printf("%-5s %9s %8s %8s %8s %9s %9s %8s %8s %8s %8s %7s\n", "via", "block", "put", "get",
+              "stub get",
               "redis SET", "redis GET", "put/SET", "get/GET", "memcpy", "shm copy", "shm/mc");
   kvcache::RunTransport("unix", "unix://" + dir + "/kv.sock", true, dir, seconds);
   kvcache::RunTransport("tcp", "127.0.0.1:0", false, dir, seconds);

@@ -1,15 +1,21 @@
 // KvCacheClient's block data calls: PutBlocks and GetBlocks streams, with per-block XXH3-64
 // checksums computed on the way out and verified on the way in.
-#include <xxhash.h>
-
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/kv_cache_client.h"
 #include "client/proto_convert.h"
+#include "common/block_checksum.h"
+#include "common/bytes_field_split.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
@@ -22,8 +28,44 @@ constexpr uint32_t kDaemonDefaultChunkBytes = 1 << 20;
 // A stream's deadline grows by one second per this many bytes moved.
 constexpr double kBytesPerExtraSecond = 64.0 * (1 << 20);
 
-// XXH3-64, seed 0: the checksum the data RPCs carry for each block.
-uint64_t BlockChecksum(const char* data, uint64_t size) { return XXH3_64bits(data, size); }
+// The data RPCs move raw bytes (see PutBlocks and ReadBlocks); methods and fields as in
+// proto/kvcache/v1/kvcache.proto.
+constexpr char kGetBlocksMethod[] = "/kvcache.v1.KvCache/GetBlocks";
+constexpr char kPutBlocksMethod[] = "/kvcache.v1.KvCache/PutBlocks";
+constexpr uint32_t kGetBlocksDataField = v1::GetBlocksResponse::kDataFieldNumber;
+
+// Slices of memory the caller owns, handed to gRPC without a copy. gRPC may hold a slice past
+// the call that sent it (a write still draining after the call failed): the destructor waits
+// until gRPC dropped every one, so the memory may go once this object is gone.
+class BorrowedBytes {
+ public:
+  BorrowedBytes() = default;
+  BorrowedBytes(const BorrowedBytes&) = delete;
+  BorrowedBytes& operator=(const BorrowedBytes&) = delete;
+  ~BorrowedBytes() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* outstanding) { return *outstanding == 0; }, &outstanding_));
+  }
+
+  grpc::Slice Lend(const char* data, size_t size) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++outstanding_;
+    }
+    return grpc::Slice(const_cast<char*>(data), size, &BorrowedBytes::Return, this);
+  }
+
+ private:
+  static void Return(void* self) {
+    auto* borrowed = static_cast<BorrowedBytes*>(self);
+    absl::MutexLock lock(&borrowed->mu_);
+    --borrowed->outstanding_;
+  }
+
+  absl::Mutex mu_;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // The header must describe at most the prompt's full blocks of the pool's shape.
 absl::Status CheckGetHeader(const v1::GetBlocksHeader& header, uint32_t block_size,
@@ -80,44 +122,99 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
   const size_t full_blocks = tokens.size() / shape.block_size;
-  if (first_block > full_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("PutBlocks: first_block ", first_block,
-                                                   " past the ", full_blocks, " full blocks"));
-  }
-  const size_t num_blocks = full_blocks - first_block;
+  const size_t num_blocks = full_blocks - std::min<size_t>(first_block, full_blocks);
   if (bytes.size() != num_blocks * shape.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PutBlocks: ", bytes.size(), " bytes given for the ", num_blocks, " full blocks of a ",
         tokens.size(), "-token prompt in pool '", pool, "' (", shape.block_size, " tokens and ",
         shape.block_bytes, " bytes per block): want ", num_blocks * shape.block_bytes));
   }
+  std::vector<absl::string_view> blocks;
+  blocks.reserve(num_blocks);
+  for (size_t i = 0; i < num_blocks; ++i) {
+    blocks.push_back(bytes.substr(i * shape.block_bytes, shape.block_bytes));
+  }
+  return PutBlocks(pool, tokens, blocks,
+                   PutOptions{.cache_salt = cache_salt, .extra_keys = extra_keys,
+                              .chunk_bytes = chunk_bytes, .first_block = first_block});
+}
 
+absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
+    absl::string_view pool, absl::Span<const uint32_t> tokens,
+    absl::Span<const absl::string_view> blocks, const PutOptions& options) {
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutBlocks"));
+  ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
+  const size_t full_blocks = tokens.size() / shape.block_size;
+  if (options.first_block > full_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("PutBlocks: first_block ", options.first_block,
+                                                   " past the ", full_blocks, " full blocks"));
+  }
+  const size_t num_blocks = full_blocks - options.first_block;
+  if (blocks.size() != num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PutBlocks: ", blocks.size(), " blocks given for blocks ", options.first_block, " to ",
+        full_blocks, " of a ", tokens.size(), "-token prompt in pool '", pool, "' (",
+        shape.block_size, " tokens per block): want ", num_blocks));
+  }
   v1::PutBlocksRequest request;
   v1::PutBlocksHeader* header = request.mutable_header();
-  FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys, header);
-  header->set_first_block(first_block);
+  FillPromptRequest(session.session_id, session.epoch, pool, tokens, options.cache_salt,
+                    options.extra_keys, header);
+  header->set_first_block(options.first_block);
   header->mutable_block_checksums()->Reserve(num_blocks);
   for (size_t i = 0; i < num_blocks; ++i) {
-    header->add_block_checksums(
-        BlockChecksum(bytes.data() + i * shape.block_bytes, shape.block_bytes));
+    if (blocks[i].size() != shape.block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PutBlocks: block ", options.first_block + i, " has ", blocks[i].size(),
+          " bytes; blocks of pool '", pool, "' have ", shape.block_bytes));
+    }
+    header->add_block_checksums(BlockChecksum(blocks[i].data(), blocks[i].size()));
   }
 
   const size_t max_chunk =
       std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead);
-  const size_t chunk = std::clamp<size_t>(chunk_bytes, 1, max_chunk);
+  const size_t chunk = std::clamp<size_t>(options.chunk_bytes, 1, max_chunk);
+  BorrowedBytes borrowed;  // outlives the call's objects below: destroyed last
   grpc::ClientContext context;
-  PrepareContext(&context, StreamTimeout(bytes.size()));
-  v1::PutBlocksResponse response;
-  std::unique_ptr<grpc::ClientWriterInterface<v1::PutBlocksRequest>> writer =
-      stub_->PutBlocks(&context, &response);
+  PrepareContext(&context, StreamTimeout(num_blocks * shape.block_bytes));
+  // Written raw: each data message is its framing plus slices lent from `blocks`, so the bytes
+  // are not copied into messages first.
+  const grpc::internal::RpcMethod method(kPutBlocksMethod,
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
+  grpc::ByteBuffer reply;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                   &context, &reply));
   // A failed Write means the stream broke (or the daemon answered early): Finish says why.
-  bool open = writer->Write(request);
-  for (size_t offset = 0; open && offset < bytes.size(); offset += chunk) {
-    request.set_data(bytes.data() + offset, std::min(chunk, bytes.size() - offset));
-    open = writer->Write(request);
+  grpc::ByteBuffer header_message;
+  bool own_buffer = false;
+  bool open = grpc::SerializationTraits<v1::PutBlocksRequest>::Serialize(request, &header_message,
+                                                                        &own_buffer)
+                  .ok() &&
+              writer->Write(header_message);
+  const uint64_t total = uint64_t{num_blocks} * shape.block_bytes;
+  for (uint64_t sent = 0; open && sent < total;) {
+    const uint64_t size = std::min<uint64_t>(chunk, total - sent);
+    std::vector<grpc::Slice> slices;
+    slices.emplace_back(BytesFieldPrefix(v1::PutBlocksRequest::kDataFieldNumber, size));
+    for (uint64_t filled = 0; filled < size;) {
+      const absl::string_view block = blocks[(sent + filled) / shape.block_bytes];
+      const uint64_t offset = (sent + filled) % shape.block_bytes;
+      const uint64_t piece = std::min(size - filled, shape.block_bytes - offset);
+      slices.push_back(borrowed.Lend(block.data() + offset, piece));
+      filled += piece;
+    }
+    open = writer->Write(grpc::ByteBuffer(slices.data(), slices.size()));
+    sent += size;
+    if (open && options.after_chunk) options.after_chunk(sent);
   }
   if (open) writer->WritesDone();
   const grpc::Status status = writer->Finish();
+  v1::PutBlocksResponse response;
+  if (status.ok() &&
+      !grpc::SerializationTraits<v1::PutBlocksResponse>::Deserialize(&reply, &response).ok()) {
+    return absl::InternalError("PutBlocks: the daemon's reply is not a PutBlocksResponse");
+  }
   RETURN_IF_ERROR(CheckReply("PutBlocks", context, status, response.epoch(), session, true));
   return PutResult{.num_blocks = response.num_blocks(),
                    .num_already_cached = response.num_already_cached(),
@@ -129,6 +226,48 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
                                                                   absl::string_view cache_salt,
                                                                   const ExtraKeys& extra_keys,
                                                                   uint32_t max_chunk_bytes) {
+  GetResult result;
+  ASSIGN_OR_RETURN(
+      static_cast<GetInfo&>(result),
+      ReadBlocks(
+          pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+          [&result](uint64_t total) {
+            result.bytes.reserve(total);
+            return absl::OkStatus();
+          },
+          [&result](uint32_t, uint64_t, absl::string_view piece) {
+            result.bytes.append(piece.data(), piece.size());
+            return absl::OkStatus();
+          }));
+  return result;
+}
+
+absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
+    absl::string_view pool, absl::Span<const uint32_t> tokens, absl::Span<char> destination,
+    absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes) {
+  uint64_t written = 0;  // pieces arrive in order
+  return ReadBlocks(
+      pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+      [&](uint64_t total) {
+        if (total > destination.size()) {
+          return absl::OutOfRangeError(absl::StrCat("GetBlocksInto: the daemon has ", total,
+                                                    " bytes of cached blocks for the prompt, the "
+                                                    "destination holds ",
+                                                    destination.size()));
+        }
+        return absl::OkStatus();
+      },
+      [&](uint32_t, uint64_t, absl::string_view piece) {
+        std::memcpy(destination.data() + written, piece.data(), piece.size());
+        written += piece.size();
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
+    absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
+    const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
+    absl::FunctionRef<absl::Status(uint64_t total)> on_header, BlockStreamVerifier::Sink sink) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("GetBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
   const size_t max_blocks = tokens.size() / shape.block_size;
@@ -146,38 +285,55 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
 
   grpc::ClientContext context;
   PrepareContext(&context, StreamTimeout(max_blocks * shape.block_bytes));
-  std::unique_ptr<grpc::ClientReaderInterface<v1::GetBlocksResponse>> reader =
-      stub_->GetBlocks(&context, request);
-  GetResult result;
-  std::vector<uint64_t> checksums;
-  uint64_t total = 0;
-  bool have_header = false;
-  uint64_t reply_epoch = session.epoch;  // until a message says otherwise
-  absl::Status local;                    // what this client found wrong with the stream
+  // Read raw: each data message's bytes are checksummed and copied once, straight from the
+  // received slices into the result, instead of being parsed into a message and copied again.
+  const grpc::internal::RpcMethod method(kGetBlocksMethod,
+                                         grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                   &context, request));
+  GetInfo result;
+  std::optional<BlockStreamVerifier> verifier;  // from the header on
+  uint64_t reply_epoch = session.epoch;         // until a message says otherwise
+  absl::Status local;                           // what this client found wrong with the stream
+  grpc::ByteBuffer buffer;
   v1::GetBlocksResponse message;
-  while (reader->Read(&message)) {
+  while (local.ok() && reader->Read(&buffer)) {
+    absl::StatusOr<SplitMessage> split = SplitBytesField(buffer, kGetBlocksDataField);
+    if (!split.ok() || !message.ParseFromString(split->rest)) {
+      local = absl::InternalError(absl::StrCat(
+          "GetBlocks: the daemon sent a malformed message",
+          split.ok() ? "" : absl::StrCat(": ", split.status().message())));
+      break;
+    }
     reply_epoch = message.epoch();
     if (reply_epoch != session.epoch) break;  // fenced below
-    if (message.has_header() && !have_header) {
+    if (message.has_header() && split->has_field) {
+      local = absl::InternalError("GetBlocks: a message from the daemon carries header and data");
+    } else if (message.has_header() && !verifier.has_value()) {
       const v1::GetBlocksHeader& header = message.header();
       local = CheckGetHeader(header, shape.block_size, shape.block_bytes, max_blocks);
       if (!local.ok()) break;
-      have_header = true;
       result.num_blocks = header.num_blocks();
       result.num_cached_tokens = header.num_cached_tokens();
       result.block_bytes = shape.block_bytes;
-      checksums.assign(header.block_checksums().begin(), header.block_checksums().end());
-      total = uint64_t{result.num_blocks} * shape.block_bytes;
-      result.bytes.reserve(total);
-    } else if (!have_header || message.has_header()) {
+      verifier.emplace(shape.block_bytes, std::vector<uint64_t>(header.block_checksums().begin(),
+                                                                header.block_checksums().end()));
+      local = on_header(verifier->expected_bytes());
+    } else if (!verifier.has_value() || message.has_header()) {
       local = absl::InternalError("GetBlocks: the daemon's stream must carry one header, first");
-      break;
-    } else if (message.data().size() > total - result.bytes.size()) {
-      local = absl::InternalError(
-          absl::StrCat("GetBlocks: the daemon sent more than the ", total, " bytes announced"));
-      break;
+    } else if (split->field_size > verifier->expected_bytes() - verifier->received_bytes()) {
+      local = absl::InternalError(absl::StrCat("GetBlocks: the daemon sent more than the ",
+                                               verifier->expected_bytes(), " bytes announced"));
     } else {
-      result.bytes.append(message.data());
+      for (absl::string_view piece : split->pieces) {
+        local = verifier->Feed(piece, sink);
+        if (absl::IsDataLoss(local)) {
+          local = absl::DataLossError(
+              absl::StrCat("GetBlocks from pool '", pool, "': ", local.message()));
+        }
+        if (!local.ok()) break;
+      }
     }
   }
   const bool stopped_early = reply_epoch != session.epoch || !local.ok();
@@ -188,19 +344,13 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
   }
   RETURN_IF_ERROR(local);
   RETURN_IF_ERROR(CheckReply("GetBlocks", context, status, reply_epoch, session, true));
-  if (!have_header) return absl::DataLossError("GetBlocks: the stream ended before its header");
-  if (result.bytes.size() != total) {
-    return absl::DataLossError(absl::StrCat("GetBlocks: the stream ended after ",
-                                            result.bytes.size(), " of ", total, " bytes"));
+  if (!verifier.has_value()) {
+    return absl::DataLossError("GetBlocks: the stream ended before its header");
   }
-  for (uint32_t i = 0; i < result.num_blocks; ++i) {
-    const uint64_t checksum =
-        BlockChecksum(result.bytes.data() + uint64_t{i} * shape.block_bytes, shape.block_bytes);
-    if (checksum != checksums[i]) {
-      return absl::DataLossError(absl::StrCat("GetBlocks: block ", i, " of ", result.num_blocks,
-                                              " from pool '", pool, "' has checksum ", checksum,
-                                              ", the daemon's header says ", checksums[i]));
-    }
+  if (verifier->received_bytes() != verifier->expected_bytes()) {
+    return absl::DataLossError(absl::StrCat("GetBlocks: the stream ended after ",
+                                            verifier->received_bytes(), " of ",
+                                            verifier->expected_bytes(), " bytes"));
   }
   return result;
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/proto_convert.h"
 #include "common/grpc_status.h"
+#include "common/http2_tuning.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
@@ -43,6 +44,8 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
@@ -54,12 +57,13 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
                                                " within ",
                                                absl::FormatDuration(options.connect_timeout)));
   }
-  return std::make_unique<KvCacheClient>(v1::KvCache::NewStub(channel), std::move(options));
+  return std::make_unique<KvCacheClient>(std::move(channel), std::move(options));
 }
 
-KvCacheClient::KvCacheClient(std::shared_ptr<v1::KvCache::StubInterface> stub,
+KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel,
                              ClientOptions options)
-    : stub_(std::move(stub)), options_(std::move(options)) {}
+    : channel_(std::move(channel)), stub_(v1::KvCache::NewStub(channel_)),
+      options_(std::move(options)) {}
 
 KvCacheClient::~KvCacheClient() {
   absl::MutexLock lifecycle(&lifecycle_mu_);

@@ -29,6 +29,7 @@
 #ifndef KVCACHE_CLIENT_KV_CACHE_CLIENT_H_
 #define KVCACHE_CLIENT_KV_CACHE_CLIENT_H_
 
+#include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 
 #include <cstdint>
@@ -41,12 +42,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/block_checksum.h"
 #include "common/block_hash.h"
 #include "common/pool_layout.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -158,10 +161,12 @@ class KvCacheClient {
     uint32_t num_already_cached = 0;  // of those, kept from the cache (their bytes were dropped)
     uint32_t num_stored = 0;          // of those, written and published by this put
   };
-  struct GetResult {
+  struct GetInfo {
     uint32_t num_blocks = 0;         // cached full blocks matched, from the front
     uint32_t num_cached_tokens = 0;  // num_blocks * block_size
     uint64_t block_bytes = 0;
+  };
+  struct GetResult : GetInfo {
     std::string bytes;  // num_blocks * block_bytes: the blocks' bytes, concatenated in order
   };
 
@@ -170,8 +175,8 @@ class KvCacheClient {
   static absl::StatusOr<std::unique_ptr<KvCacheClient>> Connect(std::string target,
                                                                 ClientOptions options = {});
 
-  // Drives any implementation of the stub interface (a real stub, or a fake in tests).
-  explicit KvCacheClient(std::shared_ptr<v1::KvCache::StubInterface> stub,
+  // Talks over `channel` (Connect makes one with the options' message limits).
+  explicit KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel,
                          ClientOptions options = {});
   // Stops the keep-alive thread and closes an open session (best effort, short deadline), so
   // the daemon releases its sequences now instead of at the end of the lease.
@@ -234,6 +239,21 @@ class KvCacheClient {
                                       const ExtraKeys& extra_keys = {},
                                       size_t chunk_bytes = size_t{1} << 20,
                                       uint32_t first_block = 0);
+  // Same, with each block's bytes where they already are (a mapped pool's blocks, say): blocks[i]
+  // is block options.first_block + i, block_bytes long (INVALID_ARGUMENT locally otherwise). The
+  // bytes are handed to gRPC without a copy and must stay unchanged until the call returns.
+  struct PutOptions {
+    absl::string_view cache_salt;
+    ExtraKeys extra_keys;
+    size_t chunk_bytes = size_t{1} << 20;
+    uint32_t first_block = 0;
+    // Called after each data message is handed to gRPC, with the bytes sent so far (progress;
+    // tests that interrupt a put halfway).
+    std::function<void(uint64_t bytes_sent)> after_chunk;
+  };
+  absl::StatusOr<PutResult> PutBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                      absl::Span<const absl::string_view> blocks,
+                                      const PutOptions& options);
   // GetBlocks returns the bytes of the longest cached full-block prefix of `tokens` (possibly
   // none), each block verified against the checksum the daemon computed (DATA_LOSS on a mismatch
   // or a stream that ends early). `max_chunk_bytes` of 0 takes the daemon's default chunk size.
@@ -242,6 +262,15 @@ class KvCacheClient {
                                       absl::string_view cache_salt = "",
                                       const ExtraKeys& extra_keys = {},
                                       uint32_t max_chunk_bytes = 0);
+  // Same, writing the bytes into `destination` instead (a staging buffer, a pool the caller
+  // owns: no allocation, one copy from the received bytes). OUT_OF_RANGE, and the stream is
+  // cancelled, when the daemon has more cached blocks than `destination` holds; its contents are
+  // unspecified after an error.
+  absl::StatusOr<GetInfo> GetBlocksInto(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                        absl::Span<char> destination,
+                                        absl::string_view cache_salt = "",
+                                        const ExtraKeys& extra_keys = {},
+                                        uint32_t max_chunk_bytes = 0);
 
   // Rendezvous: small values peers exchange through the daemon before they can talk to each
   // other (an NCCL unique id, say). Keys (1 to 256 bytes) are scoped to the session's tenant;
@@ -299,6 +328,12 @@ class KvCacheClient {
     uint64_t block_bytes = 0;
   };
   absl::StatusOr<BlockShape> PoolShape(absl::string_view pool, const SessionRef& session);
+  // The GetBlocks stream: `on_header` learns how many bytes follow, `sink` takes them in order.
+  absl::StatusOr<GetInfo> ReadBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                     absl::string_view cache_salt, const ExtraKeys& extra_keys,
+                                     uint32_t max_chunk_bytes,
+                                     absl::FunctionRef<absl::Status(uint64_t total)> on_header,
+                                     BlockStreamVerifier::Sink sink);
   // rpc_timeout, plus 1 s per 64 MiB.
   absl::Duration StreamTimeout(uint64_t bytes) const;
   // Latch epoch_changed_ / session_lost_ and run their callback the first time, unless `session`
@@ -309,8 +344,10 @@ class KvCacheClient {
   // REQUIRES: lifecycle_mu_ held (it owns keepalive_thread_).
   void StopKeepAlive() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
 
-  // Constant after construction.
-  const std::shared_ptr<v1::KvCache::StubInterface> stub_;
+  // Constant after construction. GetBlocks reads its stream raw from channel_, the other calls
+  // go through stub_.
+  const std::shared_ptr<grpc::ChannelInterface> channel_;
+  const std::unique_ptr<v1::KvCache::Stub> stub_;
   const ClientOptions options_;
 
   // Serializes OpenSession, CloseSession and destruction. Lock order: lifecycle_mu_, then mu_.

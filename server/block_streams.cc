@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/bytes_field_split.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/proto_keys.h"
@@ -18,41 +19,30 @@ absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager,
 }
 
 absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) return absl::InvalidArgumentError("unreadable request");
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  if (!message->ParseFromString(bytes)) {
-    return absl::InvalidArgumentError("request is not a valid GetBlocksRequest");
+  grpc::Slice flat;
+  if (!buffer.DumpToSingleSlice(&flat).ok() ||
+      !message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request is not a valid ", message->GetDescriptor()->name()));
   }
   return absl::OkStatus();
 }
 
-// The bytes of a GetBlocksResponse up to its data: epoch (field 1, fixed64), then the tag and
-// varint length of field 3 (bytes). The data itself follows as separate slices.
+// The bytes of a GetBlocksResponse up to its data: the epoch (field 1, fixed64), then the data
+// field's tag and length. The data itself follows as separate slices.
 grpc::Slice DataFraming(uint64_t epoch, uint64_t data_size) {
-  uint8_t framing[1 + 8 + 1 + 10];
-  size_t n = 0;
-  framing[n++] = (1 << 3) | 1;  // field 1, wire type 64-bit
-  for (int i = 0; i < 8; ++i) framing[n++] = static_cast<uint8_t>(epoch >> (8 * i));
-  framing[n++] = (3 << 3) | 2;  // field 3, wire type length-delimited
-  do {
-    framing[n] = static_cast<uint8_t>(data_size & 0x7f);
-    data_size >>= 7;
-    if (data_size != 0) framing[n] |= 0x80;
-    ++n;
-  } while (data_size != 0);
-  return grpc::Slice(framing, n);
+  std::string framing(1, static_cast<char>((1 << 3) | 1));  // field 1, wire type 64-bit
+  for (int i = 0; i < 8; ++i) framing.push_back(static_cast<char>(epoch >> (8 * i)));
+  framing += BytesFieldPrefix(v1::GetBlocksResponse::kDataFieldNumber, data_size);
+  return grpc::Slice(framing);
 }
 
 }  // namespace
 
-PutBlocksReactor::PutBlocksReactor(CacheManager* manager, v1::PutBlocksResponse* response)
+PutBlocksReactor::PutBlocksReactor(CacheManager* manager, grpc::ByteBuffer* response)
     : manager_(manager), response_(response) {
-  response_->set_epoch(manager_->epoch());
-  StartRead(&request_);
+  reply_.set_epoch(manager_->epoch());
+  StartRead(&message_);
 }
 
 absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
@@ -86,59 +76,37 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
         "the put skips the first ", first_block_, " blocks but only ", cached_blocks_,
         " of them are cached here; send from block ", cached_blocks_));
   }
-  checksums_.assign(header.block_checksums().begin(), header.block_checksums().end());
-  block_bytes_ = pool_->options().layout.BlockBytes();
-  block_hash_.reset(XXH3_createState());
-  XXH3_64bits_reset_withSeed(block_hash_.get(), 0);
+  verifier_.emplace(pool_->options().layout.BlockBytes(),
+                    std::vector<uint64_t>(header.block_checksums().begin(),
+                                          header.block_checksums().end()),
+                    first_block_);
   return absl::OkStatus();
-}
-
-uint64_t PutBlocksReactor::ExpectedBytes() const {
-  return block_bytes_ * (block_ids_.size() - first_block_);
 }
 
 absl::Status PutBlocksReactor::Consume(absl::string_view data) {
-  const uint64_t expected = ExpectedBytes();
-  if (data.size() > expected - received_) {
-    return absl::InvalidArgumentError(absl::StrCat("put carries more than the ", expected,
-                                                   " bytes of its ",
-                                                   block_ids_.size() - first_block_, " blocks"));
-  }
-  while (!data.empty()) {
-    const size_t index = first_block_ + received_ / block_bytes_;
-    const uint64_t offset = received_ % block_bytes_;
-    const absl::string_view piece = data.substr(0, block_bytes_ - offset);
-    // Cached blocks keep their bytes; the client's copy is only checksummed.
-    if (index >= cached_blocks_) RETURN_IF_ERROR(pool_->memory().Write(block_ids_[index], offset, piece));
-    XXH3_64bits_update(block_hash_.get(), piece.data(), piece.size());
-    received_ += piece.size();
-    data.remove_prefix(piece.size());
-    if (received_ % block_bytes_ == 0) {
-      const uint64_t checksum = XXH3_64bits_digest(block_hash_.get());
-      XXH3_64bits_reset_withSeed(block_hash_.get(), 0);
-      const uint64_t expected_checksum = checksums_[index - first_block_];
-      if (checksum != expected_checksum) {
-        return absl::DataLossError(absl::StrCat("block ", index, " of the put has checksum ",
-                                                checksum, ", header says ", expected_checksum));
-      }
-    }
-  }
-  return absl::OkStatus();
+  // Cached blocks keep their bytes; the client's copy is only checksummed.
+  const absl::Status status = verifier_->Feed(
+      data, [this](uint32_t block, uint64_t offset, absl::string_view piece) {
+        if (block < cached_blocks_) return absl::OkStatus();
+        return pool_->memory().Write(block_ids_[block], offset, piece);
+      });
+  if (absl::IsDataLoss(status)) return absl::DataLossError(absl::StrCat("put: ", status.message()));
+  return status;
 }
 
 absl::Status PutBlocksReactor::Complete() {
   if (pool_ == nullptr) return absl::InvalidArgumentError("put stream carried no header");
-  const uint64_t expected = ExpectedBytes();
-  if (received_ != expected) {
-    return absl::DataLossError(
-        absl::StrCat("put stream ended after ", received_, " of ", expected, " bytes"));
+  if (verifier_->received_bytes() != verifier_->expected_bytes()) {
+    return absl::DataLossError(absl::StrCat("put stream ended after ",
+                                            verifier_->received_bytes(), " of ",
+                                            verifier_->expected_bytes(), " bytes"));
   }
   ASSIGN_OR_RETURN(CommitResult committed,
                    pool_->Commit(*transfer_session_, sequence_id_,
                                  block_ids_.size() * pool_->options().layout.block_size));
-  response_->set_num_blocks(block_ids_.size());
-  response_->set_num_already_cached(cached_blocks_);
-  response_->set_num_stored(committed.num_published_blocks);
+  reply_.set_num_blocks(block_ids_.size());
+  reply_.set_num_already_cached(cached_blocks_);
+  reply_.set_num_stored(committed.num_published_blocks);
   return absl::OkStatus();
 }
 
@@ -148,26 +116,47 @@ void PutBlocksReactor::OnReadDone(bool ok) {
     FinishWith(Complete());
     return;
   }
-  absl::Status status;
-  if (pool_ == nullptr) {
-    status = request_.has_header()
-                 ? Begin(request_.header())
-                 : absl::InvalidArgumentError("the first message of a put must be its header");
-  } else if (request_.has_header()) {
-    status = absl::InvalidArgumentError("a put carries one header, first");
-  } else {
-    status = Consume(request_.data());
-  }
-  if (!status.ok()) {
+  if (absl::Status status = OnMessage(); !status.ok()) {
     FinishWith(status);
     return;
   }
-  StartRead(&request_);
+  StartRead(&message_);
+}
+
+absl::Status PutBlocksReactor::OnMessage() {
+  absl::StatusOr<SplitMessage> split =
+      SplitBytesField(message_, v1::PutBlocksRequest::kDataFieldNumber);
+  if (!split.ok()) return split.status();
+  v1::PutBlocksRequest request;
+  if (!request.ParseFromString(split->rest)) {
+    return absl::InvalidArgumentError("put message is not a valid PutBlocksRequest");
+  }
+  if (request.has_header() && split->has_field) {
+    return absl::InvalidArgumentError("a put message carries a header or data, not both");
+  }
+  if (pool_ == nullptr) {
+    return request.has_header()
+               ? Begin(request.header())
+               : absl::InvalidArgumentError("the first message of a put must be its header");
+  }
+  if (request.has_header()) return absl::InvalidArgumentError("a put carries one header, first");
+  if (split->field_size > verifier_->expected_bytes() - verifier_->received_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("put carries more than the ",
+                                                   verifier_->expected_bytes(), " bytes of its ",
+                                                   block_ids_.size() - first_block_, " blocks"));
+  }
+  for (absl::string_view piece : split->pieces) RETURN_IF_ERROR(Consume(piece));
+  return absl::OkStatus();
 }
 
 void PutBlocksReactor::FinishWith(const absl::Status& status) {
   finished_ = true;
   ReleaseSequence();
+  if (status.ok()) {
+    const std::string serialized = reply_.SerializeAsString();
+    grpc::Slice slice(serialized);
+    *response_ = grpc::ByteBuffer(&slice, 1);
+  }
   Finish(ToGrpcStatus(status));
 }
 

@@ -9,7 +9,7 @@
 #ifndef KVCACHE_SERVER_BLOCK_STREAMS_H_
 #define KVCACHE_SERVER_BLOCK_STREAMS_H_
 
-#include <xxhash.h>
+#include <optional>
 
 #include <memory>
 #include <vector>
@@ -18,6 +18,7 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "common/block_checksum.h"
 #include "server/cache_manager.h"
 
 namespace kvcache {
@@ -25,24 +26,27 @@ namespace kvcache {
 inline constexpr uint64_t kTransferSessionId = 0;
 inline constexpr uint32_t kDefaultChunkBytes = 1 << 20;
 
-class PutBlocksReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
+// Reads PutBlocksRequest messages raw: the data field's bytes go from the received slices
+// straight into pool memory (common/bytes_field_split.h), checksummed on the way.
+class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PutBlocksReactor(CacheManager* manager, v1::PutBlocksResponse* response);
+  PutBlocksReactor(CacheManager* manager, grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
 
  private:
+  absl::Status OnMessage();  // message_, just read
   absl::Status Begin(const v1::PutBlocksHeader& header);
   absl::Status Consume(absl::string_view data);
-  uint64_t ExpectedBytes() const;  // of the blocks this put sends
   absl::Status Complete();
   void FinishWith(const absl::Status& status);
   void ReleaseSequence();
 
   CacheManager* const manager_;
-  v1::PutBlocksResponse* const response_;
-  v1::PutBlocksRequest request_;
+  grpc::ByteBuffer* const response_;  // serialized from reply_ when the put succeeds
+  v1::PutBlocksResponse reply_;
+  grpc::ByteBuffer message_;
   bool finished_ = false;
 
   // Set by Begin.
@@ -50,12 +54,9 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<v1::PutBlocksReque
   std::unique_ptr<Session> transfer_session_;
   uint64_t sequence_id_ = 0;
   std::vector<BlockId> block_ids_;
-  std::vector<uint64_t> checksums_;
   uint32_t cached_blocks_ = 0;
   uint32_t first_block_ = 0;  // blocks before it are not sent (already cached here)
-  uint64_t block_bytes_ = 0;
-  uint64_t received_ = 0;
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> block_hash_{nullptr, &XXH3_freeState};
+  std::optional<BlockStreamVerifier> verifier_;  // of the blocks sent
 };
 
 // Serves GetBlocksResponse messages encoded by hand: each data message is a few bytes of framing

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/http2_tuning.h"
 #include "common/status_macros.h"
 #include "server/cuda_pool_memory.h"
 
@@ -19,8 +20,6 @@ namespace kvcache {
 namespace {
 
 constexpr absl::string_view kUnixScheme = "unix://";
-constexpr int kHttp2FrameBytes = (1 << 24) - 1;  // the largest frame HTTP/2 allows
-constexpr int kHttp2WindowBytes = 8 << 20;
 
 absl::Status PrepareSocketPath(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -83,8 +82,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.RegisterService(daemon->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  // Block bytes move in MiB-sized messages: larger HTTP/2 frames and a larger initial window cut
-  // the per-frame work and flow-control round trips that dominate with the 16 KiB defaults.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
   // Sockets are created under the process umask: make them owner-only.

@@ -329,8 +329,8 @@ grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(
   return reactor;
 }
 
-grpc::ServerReadReactor<v1::PutBlocksRequest>* KvCacheService::PutBlocks(
-    grpc::CallbackServerContext* context, v1::PutBlocksResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::PutBlocks(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   AddEpochTrailer(context, manager_->epoch());
   return new PutBlocksReactor(manager_, response);
 }

@@ -11,10 +11,12 @@
 
 namespace kvcache {
 
-// GetBlocks is served raw (grpc::ByteBuffer) so block bytes go from pool memory to the socket
-// without being copied into protobuf messages; its wire format is GetBlocksResponse all the same.
+// The block data RPCs are served raw (grpc::ByteBuffer) so block bytes move between the socket
+// and pool memory without being copied into protobuf messages; their wire formats are the
+// messages' all the same.
 class KvCacheService final
-    : public v1::KvCache::WithRawCallbackMethod_GetBlocks<v1::KvCache::CallbackService> {
+    : public v1::KvCache::WithRawCallbackMethod_GetBlocks<
+          v1::KvCache::WithRawCallbackMethod_PutBlocks<v1::KvCache::CallbackService>> {
  public:
   // `max_message_bytes` bounds the chunks GetBlocks sends.
   KvCacheService(CacheManager* manager, int max_message_bytes)
@@ -65,8 +67,8 @@ class KvCacheService final
   grpc::ServerUnaryReactor* AwaitRendezvous(grpc::CallbackServerContext* context,
                                             const v1::AwaitRendezvousRequest* request,
                                             v1::AwaitRendezvousResponse* response) override;
-  grpc::ServerReadReactor<v1::PutBlocksRequest>* PutBlocks(
-      grpc::CallbackServerContext* context, v1::PutBlocksResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PutBlocks(grpc::CallbackServerContext* context,
+                                                      grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 

@@ -4,13 +4,13 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/block_checksum.h"
 #include "common/status_macros.h"
 #include "kernels/block_copy.h"
 
@@ -111,7 +111,7 @@ absl::Status HostPoolMemory::Read(uint32_t block, uint64_t offset, uint64_t size
 
 absl::StatusOr<uint64_t> HostPoolMemory::Checksum(uint32_t block) const {
   RETURN_IF_ERROR(CheckRange(block, 0, block_bytes()));
-  return XXH3_64bits_withSeed(Block(block), block_bytes(), 0);
+  return BlockChecksum(Block(block), block_bytes());
 }
 
 }  // namespace kvcache

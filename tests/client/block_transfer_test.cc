@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -110,6 +111,64 @@ TEST_F(BlockTransferTest, PutBlocksAreWhatAMappedWorkerHits) {
               0)
         << "block " << b;
   }
+}
+
+TEST_F(BlockTransferTest, PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheCallersBuffer) {
+  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  const uint64_t block_bytes = PoolBlockBytes();
+  // Each block in a buffer of its own, as blocks lie in a mapped pool.
+  std::vector<std::string> owned;
+  std::vector<absl::string_view> blocks;
+  for (uint32_t b = 0; b < 4; ++b) owned.push_back(BlockBytes(1, block_bytes, 20 + b));
+  for (const std::string& block : owned) blocks.push_back(block);
+  std::vector<uint64_t> progress;
+  KvCacheClient::PutOptions options;
+  options.chunk_bytes = block_bytes / 2 + 3;  // messages straddle blocks
+  options.after_chunk = [&progress](uint64_t sent) { progress.push_back(sent); };
+  absl::StatusOr<KvCacheClient::PutResult> put =
+      client_->PutBlocks("default", Tokens(4 * kBlockSize + 1), blocks, options);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_stored, 4u);
+  ASSERT_FALSE(progress.empty());
+  EXPECT_TRUE(std::is_sorted(progress.begin(), progress.end()));
+  EXPECT_EQ(progress.back(), 4 * block_bytes);
+
+  std::string all;
+  for (const std::string& block : owned) all += block;
+  std::string destination(5 * block_bytes, 'z');
+  absl::StatusOr<KvCacheClient::GetInfo> got = client_->GetBlocksInto(
+      "default", Tokens(5 * kBlockSize), absl::MakeSpan(destination.data(), destination.size()));
+  ASSERT_OK(got);
+  EXPECT_EQ(got->num_blocks, 4u);
+  EXPECT_TRUE(destination.substr(0, 4 * block_bytes) == all);
+  EXPECT_EQ(destination.substr(4 * block_bytes), std::string(block_bytes, 'z'));
+
+  // A destination too small for what the daemon holds: OUT_OF_RANGE, and the stream's pins end.
+  std::string small(3 * block_bytes, '\0');
+  EXPECT_THAT(client_->GetBlocksInto("default", Tokens(5 * kBlockSize),
+                                     absl::MakeSpan(small.data(), small.size())),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("destination holds")));
+  EXPECT_TRUE(PollUntil([&] {
+    absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
+    return described.ok() && described->counts.referenced == 0;
+  }));
+}
+
+TEST_F(BlockTransferTest, PutOfScatteredBlocksChecksEachBlock) {
+  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  const uint64_t block_bytes = PoolBlockBytes();
+  const std::string block = BlockBytes(1, block_bytes, 5);
+  const std::vector<absl::string_view> two = {block, block};
+  EXPECT_THAT(client_->PutBlocks("default", Tokens(3 * kBlockSize), two, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 blocks given")));
+  const std::vector<absl::string_view> short_one = {block, absl::string_view(block).substr(1)};
+  EXPECT_THAT(client_->PutBlocks("default", Tokens(2 * kBlockSize), short_one, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 1 has")));
+  KvCacheClient::PutOptions past;
+  past.first_block = 3;
+  EXPECT_THAT(client_->PutBlocks("default", Tokens(2 * kBlockSize), {}, past),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("past the 2 full blocks")));
+  EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(2 * kBlockSize))->num_cached_blocks, 0u);
 }
 
 TEST_F(BlockTransferTest, GetReturnsTheLongestCachedPrefixOnly) {

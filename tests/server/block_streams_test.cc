@@ -14,6 +14,8 @@
 
 #include <gmock/gmock.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
 #include <gtest/gtest.h>
 
 #include "common/grpc_status.h"
@@ -276,6 +278,57 @@ TEST_F(BlockStreamsTest, WrongSizesAndOrderAreInvalidArgument) {
   EXPECT_THAT(FromGrpcStatus(writer->Finish()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header")));
   EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+}
+
+// Put messages as raw bytes, for encodings the typed stub cannot produce.
+absl::Status PutRaw(grpc::ChannelInterface* channel, const std::vector<std::string>& messages) {
+  grpc::ClientContext context;
+  grpc::ByteBuffer response;
+  const grpc::internal::RpcMethod method("/kvcache.v1.KvCache/PutBlocks",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, method, &context,
+                                                                   &response));
+  for (const std::string& message : messages) {
+    grpc::Slice slice(message);
+    if (!writer->Write(grpc::ByteBuffer(&slice, 1))) break;
+  }
+  writer->WritesDone();
+  return FromGrpcStatus(writer->Finish());
+}
+
+TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing) {
+  const std::string bytes = RandomBlocks(3, 8);
+  v1::PutBlocksRequest header_message;
+  *header_message.mutable_header() = Header(tokens_, bytes);
+  const std::string header = header_message.SerializeAsString();
+  v1::PutBlocksRequest data_message;
+  data_message.set_data(bytes);
+  const std::string data = data_message.SerializeAsString();
+  const auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
+  const auto counts = Counts();
+
+  // The data field cut short inside the message.
+  EXPECT_THAT(PutRaw(channel.get(), {header, data.substr(0, data.size() - 10)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncated")));
+  // Header and data in one message (the typed API's oneof cannot say that).
+  EXPECT_THAT(PutRaw(channel.get(), {header + data}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not both")));
+  // A group, which proto3 never encodes.
+  EXPECT_THAT(PutRaw(channel.get(), {header, "\x0b"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("wire type 3")));
+  // Bytes that are no PutBlocksRequest: field 1 (the header) holding an invalid message.
+  EXPECT_THAT(PutRaw(channel.get(), {std::string("\x0a\x02\x08\x80", 4)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PutBlocksRequest")));
+  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  // OnDone releases after the client saw the status.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (Counts() != counts && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(Counts(), counts);
+
+  // The same connection still serves a well-formed put.
+  EXPECT_OK(PutRaw(channel.get(), {header, data}));
+  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 3);
 }
 
 TEST_F(BlockStreamsTest, OversizeMessageIsResourceExhaustedAndChangesNothing) {

@@ -1,0 +1,53 @@
+// The per-block checksum of the block data RPCs (XXH3-64, seed 0), and a verifier that checks it
+// on a stream of whole blocks arriving in pieces of any size — both ends of PutBlocks and
+// GetBlocks use it, so each block is checksummed while its bytes are still in cache.
+//
+// Thread-safety: thread-compatible.
+#ifndef KVCACHE_COMMON_BLOCK_CHECKSUM_H_
+#define KVCACHE_COMMON_BLOCK_CHECKSUM_H_
+
+#include <xxhash.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace kvcache {
+
+inline uint64_t BlockChecksum(const void* data, uint64_t size) {
+  return XXH3_64bits_withSeed(data, size, 0);
+}
+
+class BlockStreamVerifier {
+ public:
+  // Expects checksums.size() blocks of `block_bytes`, numbered first_block, first_block + 1, ...
+  // (the numbers only name blocks in errors and in Feed's callback).
+  BlockStreamVerifier(uint64_t block_bytes, std::vector<uint64_t> checksums,
+                      uint32_t first_block = 0);
+
+  uint64_t expected_bytes() const { return block_bytes_ * checksums_.size(); }
+  uint64_t received_bytes() const { return received_; }
+
+  // Where a piece of a block goes: called before the block's checksum is checked.
+  using Sink = absl::FunctionRef<absl::Status(uint32_t block, uint64_t offset,
+                                              absl::string_view piece)>;
+  // Feeds the next bytes of the stream; REQUIRES: data.size() <= expected_bytes() -
+  // received_bytes(). DATA_LOSS naming the block when a completed block's checksum differs;
+  // the sink's error as it is.
+  absl::Status Feed(absl::string_view data, Sink sink);
+
+ private:
+  const uint64_t block_bytes_;
+  const std::vector<uint64_t> checksums_;
+  const uint32_t first_block_;
+  uint64_t received_ = 0;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_COMMON_BLOCK_CHECKSUM_H_

@@ -1,0 +1,76 @@
+#include "common/block_checksum.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvcache {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBlockBytes = 64;
+
+std::string Pattern(size_t size) {
+  std::string bytes(size, '\0');
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 31 + 5);
+  return bytes;
+}
+
+std::vector<uint64_t> ChecksumsOf(const std::string& bytes) {
+  std::vector<uint64_t> checksums;
+  for (size_t offset = 0; offset < bytes.size(); offset += kBlockBytes) {
+    checksums.push_back(BlockChecksum(bytes.data() + offset, kBlockBytes));
+  }
+  return checksums;
+}
+
+TEST(BlockStreamVerifierTest, RebuildsTheBlocksFromPiecesOfAnySize) {
+  const std::string bytes = Pattern(5 * kBlockBytes);
+  for (size_t piece_size : {1, 7, 63, 64, 65, 200, 320}) {
+    BlockStreamVerifier verifier(kBlockBytes, ChecksumsOf(bytes), /*first_block=*/3);
+    std::string rebuilt(bytes.size(), '\0');
+    for (size_t offset = 0; offset < bytes.size(); offset += piece_size) {
+      const absl::string_view piece = absl::string_view(bytes).substr(offset, piece_size);
+      ASSERT_TRUE(verifier
+                      .Feed(piece,
+                            [&](uint32_t block, uint64_t block_offset, absl::string_view part) {
+                              EXPECT_GE(block, 3u);
+                              EXPECT_LE(block_offset + part.size(), kBlockBytes);
+                              rebuilt.replace((block - 3) * kBlockBytes + block_offset,
+                                              part.size(), part.data(), part.size());
+                              return absl::OkStatus();
+                            })
+                      .ok());
+    }
+    EXPECT_EQ(verifier.received_bytes(), verifier.expected_bytes());
+    EXPECT_EQ(rebuilt, bytes) << "pieces of " << piece_size;
+  }
+}
+
+TEST(BlockStreamVerifierTest, NamesTheFirstBlockWhoseChecksumDiffers) {
+  std::string bytes = Pattern(4 * kBlockBytes);
+  const std::vector<uint64_t> checksums = ChecksumsOf(bytes);
+  bytes[2 * kBlockBytes + 10] ^= 1;
+  BlockStreamVerifier verifier(kBlockBytes, checksums, /*first_block=*/1);
+  const absl::Status status =
+      verifier.Feed(bytes, [](uint32_t, uint64_t, absl::string_view) { return absl::OkStatus(); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("block 3 of 5 has checksum"));
+  EXPECT_EQ(verifier.received_bytes(), 3 * kBlockBytes);
+}
+
+TEST(BlockStreamVerifierTest, StopsAtTheSinksError) {
+  const std::string bytes = Pattern(2 * kBlockBytes);
+  BlockStreamVerifier verifier(kBlockBytes, ChecksumsOf(bytes));
+  const absl::Status status = verifier.Feed(bytes, [](uint32_t block, uint64_t, absl::string_view) {
+    return block == 1 ? absl::OutOfRangeError("no room") : absl::OkStatus();
+  });
+  EXPECT_EQ(status, absl::OutOfRangeError("no room"));
+  EXPECT_EQ(verifier.received_bytes(), kBlockBytes);
+}
+
+}  // namespace
+}  // namespace kvcache
