@@ -193,6 +193,7 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
                   .ok() &&
               writer->Write(header_message);
   const uint64_t total = uint64_t{num_blocks} * shape.block_bytes;
+  absl::Status interrupted;  // by options.after_chunk
   for (uint64_t sent = 0; open && sent < total;) {
     const uint64_t size = std::min<uint64_t>(chunk, total - sent);
     std::vector<grpc::Slice> slices;
@@ -206,10 +207,15 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
     }
     open = writer->Write(grpc::ByteBuffer(slices.data(), slices.size()));
     sent += size;
-    if (open && options.after_chunk) options.after_chunk(sent);
+    if (open && options.after_chunk) interrupted = options.after_chunk(sent);
+    if (!interrupted.ok()) {
+      context.TryCancel();
+      break;
+    }
   }
-  if (open) writer->WritesDone();
+  if (open && interrupted.ok()) writer->WritesDone();
   const grpc::Status status = writer->Finish();
+  RETURN_IF_ERROR(interrupted);
   v1::PutBlocksResponse response;
   if (status.ok() &&
       !grpc::SerializationTraits<v1::PutBlocksResponse>::Deserialize(&reply, &response).ok()) {

@@ -248,8 +248,9 @@ class KvCacheClient {
     size_t chunk_bytes = size_t{1} << 20;
     uint32_t first_block = 0;
     // Called after each data message is handed to gRPC, with the bytes sent so far (progress;
-    // tests that interrupt a put halfway).
-    std::function<void(uint64_t bytes_sent)> after_chunk;
+    // tests that interrupt a put halfway). An error cancels the put, which then stores nothing,
+    // and PutBlocks returns that error.
+    std::function<absl::Status(uint64_t bytes_sent)> after_chunk;
   };
   absl::StatusOr<PutResult> PutBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                       absl::Span<const absl::string_view> blocks,

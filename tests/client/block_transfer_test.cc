@@ -124,7 +124,10 @@ TEST_F(BlockTransferTest, PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheC
   std::vector<uint64_t> progress;
   KvCacheClient::PutOptions options;
   options.chunk_bytes = block_bytes / 2 + 3;  // messages straddle blocks
-  options.after_chunk = [&progress](uint64_t sent) { progress.push_back(sent); };
+  options.after_chunk = [&progress](uint64_t sent) {
+    progress.push_back(sent);
+    return absl::OkStatus();
+  };
   absl::StatusOr<KvCacheClient::PutResult> put =
       client_->PutBlocks("default", Tokens(4 * kBlockSize + 1), blocks, options);
   ASSERT_OK(put);
@@ -152,6 +155,30 @@ TEST_F(BlockTransferTest, PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheC
     absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
     return described.ok() && described->counts.referenced == 0;
   }));
+}
+
+TEST_F(BlockTransferTest, PutStoppedHalfwayByItsProgressCallbackStoresNothing) {
+  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  const uint64_t block_bytes = PoolBlockBytes();
+  const std::string bytes = BlockBytes(4, block_bytes, 31);
+  std::vector<absl::string_view> blocks;
+  for (int b = 0; b < 4; ++b) blocks.push_back(absl::string_view(bytes).substr(b * block_bytes, block_bytes));
+  KvCacheClient::PutOptions options;
+  options.chunk_bytes = block_bytes;
+  options.after_chunk = [&](uint64_t sent) {
+    return sent >= 2 * block_bytes ? absl::AbortedError("stop here") : absl::OkStatus();
+  };
+  EXPECT_THAT(client_->PutBlocks("default", Tokens(4 * kBlockSize), blocks, options),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("stop here")));
+  EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(4 * kBlockSize))->num_cached_blocks, 0u);
+  EXPECT_TRUE(PollUntil([&] {
+    absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
+    return described.ok() && described->counts.referenced == 0;
+  }));
+  // The same client puts them afterwards.
+  options.after_chunk = nullptr;
+  ASSERT_OK(client_->PutBlocks("default", Tokens(4 * kBlockSize), blocks, options));
+  EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(4 * kBlockSize))->num_cached_blocks, 4u);
 }
 
 TEST_F(BlockTransferTest, PutOfScatteredBlocksChecksEachBlock) {
