@@ -39,8 +39,9 @@ grpc::Slice DataFraming(uint64_t epoch, uint64_t data_size) {
 
 }  // namespace
 
-PutBlocksReactor::PutBlocksReactor(CacheManager* manager, grpc::ByteBuffer* response)
-    : manager_(manager), response_(response) {
+PutBlocksReactor::PutBlocksReactor(CacheManager* manager, grpc::CallbackServerContext* context,
+                                   grpc::ByteBuffer* response)
+    : manager_(manager), context_(context), response_(response) {
   reply_.set_epoch(manager_->epoch());
   StartRead(&message_);
 }
@@ -113,7 +114,10 @@ absl::Status PutBlocksReactor::Complete() {
 void PutBlocksReactor::OnReadDone(bool ok) {
   if (finished_) return;
   if (!ok) {  // the client finished writing, or the stream broke
-    FinishWith(Complete());
+    // A client that died (or cancelled) after its last byte did not end the put: store nothing.
+    FinishWith(context_->IsCancelled()
+                   ? absl::CancelledError("the put was cancelled before the client ended it")
+                   : Complete());
     return;
   }
   if (absl::Status status = OnMessage(); !status.ok()) {

@@ -30,7 +30,8 @@ inline constexpr uint32_t kDefaultChunkBytes = 1 << 20;
 // straight into pool memory (common/bytes_field_split.h), checksummed on the way.
 class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PutBlocksReactor(CacheManager* manager, grpc::ByteBuffer* response);
+  PutBlocksReactor(CacheManager* manager, grpc::CallbackServerContext* context,
+                   grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -44,6 +45,7 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   void ReleaseSequence();
 
   CacheManager* const manager_;
+  grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;  // serialized from reply_ when the put succeeds
   v1::PutBlocksResponse reply_;
   grpc::ByteBuffer message_;

@@ -332,7 +332,7 @@ grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::PutBlocks(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   AddEpochTrailer(context, manager_->epoch());
-  return new PutBlocksReactor(manager_, response);
+  return new PutBlocksReactor(manager_, context, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::GetBlocks(

@@ -46,6 +46,8 @@ absl::Status CheckHostSource(const MappedPool& source, absl::string_view transpo
 // Between nodes: the receiving daemon's PutBlocks, skipping the prefix it already holds. The put
 // stream pins the receiver's blocks and registers nothing unless every byte arrived.
 class StreamTransport final : public BlockTransport {
+  static constexpr uint64_t kChunkBytes = 1 << 20;
+
  public:
   StreamTransport(KvCacheClient* receiver, std::string tenant, std::string pool)
       : receiver_(receiver), tenant_(std::move(tenant)), pool_(std::move(pool)) {}
@@ -64,19 +66,32 @@ class StreamTransport final : public BlockTransport {
     ShipmentStats stats{.blocks_already_there = first};
     if (first < full_blocks) {
       const uint64_t block_bytes = shipment.source->block_bytes();
-      std::string bytes;
-      bytes.reserve((full_blocks - first) * block_bytes);
+      // The blocks go out from the source mapping as they lie, pinned by the caller's sequence.
+      std::vector<absl::string_view> blocks;
       for (uint32_t i = first; i < full_blocks; ++i) {
-        bytes.append(reinterpret_cast<const char*>(shipment.source->Block(shipment.source_blocks[i])),
-                     block_bytes);
+        blocks.emplace_back(
+            reinterpret_cast<const char*>(shipment.source->Block(shipment.source_blocks[i])),
+            block_bytes);
       }
-      RETURN_IF_ERROR(Midway());
+      const uint64_t total = blocks.size() * block_bytes;
+      bool past_midway = false;
+      // At least two messages when there are two blocks, so that "half the bytes are out" falls
+      // between messages.
+      const uint64_t half = (blocks.size() + 1) / 2 * block_bytes;
+      KvCacheClient::PutOptions options{.cache_salt = shipment.cache_salt,
+                                        .chunk_bytes = std::min<uint64_t>(kChunkBytes, half),
+                                        .first_block = first};
+      // Midway runs inside the stream, once half of the bytes are out: the receiver holds a
+      // half-received put when a test stops or kills this process there.
+      options.after_chunk = [&](uint64_t sent) {
+        if (past_midway || 2 * sent < total) return absl::OkStatus();
+        past_midway = true;
+        return Midway();
+      };
       // FAILED_PRECONDITION here means the receiver evicted part of the prefix since the lookup.
-      RETURN_IF_ERROR(receiver_->PutBlocks(pool_, shipment.tokens, bytes, shipment.cache_salt, {},
-                                           size_t{1} << 20, first)
-                          .status());
+      RETURN_IF_ERROR(receiver_->PutBlocks(pool_, shipment.tokens, blocks, options).status());
       stats.blocks_sent = full_blocks - first;
-      stats.bytes_sent = bytes.size();
+      stats.bytes_sent = total;
     }
     stats.elapsed = absl::Now() - start;
     return stats;
