@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -265,6 +266,28 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   }
 }
 
+// Runs one get path on 2 MiB blocks over the Unix socket for `seconds`, for perf record.
+void ProfileGet(const std::string& path, const std::string& listen, double seconds) {
+  DaemonPeer daemon(listen);
+  const uint32_t layers = kLayerCounts[3];
+  const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
+  const size_t blocks = kBytesPerOp / block_bytes;
+  const std::string pool = "l" + std::to_string(layers);
+  std::string bytes(blocks * block_bytes, '\x5a');
+  std::vector<uint64_t> checksums;
+  for (size_t i = 0; i < blocks; ++i) {
+    checksums.push_back(XXH3_64bits_withSeed(bytes.data() + i * block_bytes, block_bytes, 0));
+  }
+  std::vector<uint32_t> tokens(blocks * kBlockSize);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  daemon.Put(pool, tokens, checksums, bytes);
+  std::string buffer(bytes.size(), '\0');
+  const double rate = Bandwidth(seconds, [&] {
+    return path == "client" ? daemon.ClientGet(pool, tokens, &buffer) : daemon.Get(pool, tokens);
+  });
+  std::printf("%s get: %.2f GB/s\n", path.c_str(), rate);
+}
+
 }  // namespace
 }  // namespace kvcache
 
@@ -272,6 +295,11 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
+  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|stub
+    kvcache::ProfileGet(argv[2], "unix://" + dir + "/kv.sock", seconds);
+    std::string cleanup = "rm -rf " + dir;
+    return system(cleanup.c_str()) == 0 ? 0 : 1;
+  }
   std::printf("8 MiB of whole blocks per operation, %u KiB chunks; GB/s (1e9 bytes/s), each the\n"
               "median of 5 slices interleaved with the others. get: KvCacheClient::GetBlocks\n"
               "(every block's checksum verified, the bytes in one buffer); stub get: the typed\n"
