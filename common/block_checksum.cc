@@ -10,10 +10,7 @@ BlockStreamVerifier::BlockStreamVerifier(uint64_t block_bytes, std::vector<uint6
                                          uint32_t first_block)
     : block_bytes_(block_bytes),
       checksums_(std::move(checksums)),
-      first_block_(first_block),
-      state_(XXH3_createState(), &XXH3_freeState) {
-  XXH3_64bits_reset_withSeed(state_.get(), 0);
-}
+      first_block_(first_block) {}
 
 absl::Status BlockStreamVerifier::Feed(absl::string_view data, Sink sink) {
   while (!data.empty()) {
@@ -22,12 +19,11 @@ absl::Status BlockStreamVerifier::Feed(absl::string_view data, Sink sink) {
     const absl::string_view piece = data.substr(0, block_bytes_ - offset);
     const uint32_t block = first_block_ + static_cast<uint32_t>(index);
     if (absl::Status status = sink(block, offset, piece); !status.ok()) return status;
-    XXH3_64bits_update(state_.get(), piece.data(), piece.size());
+    stream_.Update(piece.data(), piece.size());
     received_ += piece.size();
     data.remove_prefix(piece.size());
     if (received_ % block_bytes_ != 0) continue;
-    const uint64_t checksum = XXH3_64bits_digest(state_.get());
-    XXH3_64bits_reset_withSeed(state_.get(), 0);
+    const uint64_t checksum = stream_.DigestAndReset();
     if (checksum != checksums_[index]) {
       return absl::DataLossError(absl::StrCat("block ", block, " of ", first_block_ + checksums_.size(),
                                               " has checksum ", checksum,

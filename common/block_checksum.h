@@ -6,8 +6,6 @@
 #ifndef KVCACHE_COMMON_BLOCK_CHECKSUM_H_
 #define KVCACHE_COMMON_BLOCK_CHECKSUM_H_
 
-#include <xxhash.h>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -15,11 +13,12 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/xxh3_fast.h"
 
 namespace kvcache {
 
 inline uint64_t BlockChecksum(const void* data, uint64_t size) {
-  return XXH3_64bits_withSeed(data, size, 0);
+  return xxh3::Hash64(data, size);
 }
 
 class BlockStreamVerifier {
@@ -45,7 +44,7 @@ class BlockStreamVerifier {
   const std::vector<uint64_t> checksums_;
   const uint32_t first_block_;
   uint64_t received_ = 0;
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
+  xxh3::Stream stream_;
 };
 
 }  // namespace kvcache

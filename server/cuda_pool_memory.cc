@@ -1,12 +1,12 @@
 #include "server/cuda_pool_memory.h"
 
 #include <cuda_runtime_api.h>
-#include <xxhash.h>
 
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_checksum.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
@@ -79,7 +79,7 @@ class CudaPoolMemory final : public PoolMemory {
   absl::StatusOr<uint64_t> Checksum(uint32_t block) const override {
     std::vector<char> host(block_bytes());
     RETURN_IF_ERROR(Read(block, 0, block_bytes(), host.data()));
-    return XXH3_64bits_withSeed(host.data(), host.size(), 0);
+    return BlockChecksum(host.data(), host.size());
   }
 
  private:

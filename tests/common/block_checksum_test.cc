@@ -1,5 +1,8 @@
 #include "common/block_checksum.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,20 @@ std::vector<uint64_t> ChecksumsOf(const std::string& bytes) {
     checksums.push_back(BlockChecksum(bytes.data() + offset, kBlockBytes));
   }
   return checksums;
+}
+
+// Whichever XXH3 build runs here (AVX2 or the library's), the values are the library's.
+TEST(BlockChecksumTest, EqualsTheLibrarysXxh3OneShotAndStreamed) {
+  const std::string bytes = Pattern(5000);
+  xxh3::Stream stream;
+  for (size_t size : {0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 1025, 4999, 5000}) {
+    const uint64_t expected = XXH3_64bits_withSeed(bytes.data(), size, 0);
+    EXPECT_EQ(BlockChecksum(bytes.data(), size), expected) << size;
+    for (size_t offset = 0; offset < size; offset += 7) {
+      stream.Update(bytes.data() + offset, std::min<size_t>(7, size - offset));
+    }
+    EXPECT_EQ(stream.DigestAndReset(), expected) << size;
+  }
 }
 
 TEST(BlockStreamVerifierTest, RebuildsTheBlocksFromPiecesOfAnySize) {
