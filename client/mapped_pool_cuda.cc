@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/scoped_cuda_device.h"
 
 namespace kvcache::mapped_pool_internal {
 namespace {
@@ -46,33 +47,6 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   }
 }
 
-// Makes a device current for a scope and restores the previous one.
-class ScopedDevice {
- public:
-  ScopedDevice() = default;
-  ~ScopedDevice() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
-  absl::Status Set(int device) {
-    int previous = 0;
-    cudaError_t error = cudaGetDevice(&previous);
-    if (error != cudaSuccess) return CudaStatus(error, "cudaGetDevice");
-    if (previous == device) return absl::OkStatus();
-    error = cudaSetDevice(device);
-    if (error != cudaSuccess) return CudaStatus(error, absl::StrCat("cudaSetDevice(", device, ")"));
-    previous_ = previous;
-    restore_ = true;
-    return absl::OkStatus();
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
 }  // namespace
 
 bool BuiltWithCuda() { return true; }
@@ -96,9 +70,9 @@ absl::StatusOr<uint8_t*> OpenCudaIpcMapping(absl::string_view handle, int device
   }
   cudaIpcMemHandle_t ipc_handle;
   std::memcpy(&ipc_handle, handle.data(), sizeof(ipc_handle));
-  ScopedDevice scoped;
-  if (absl::Status status = scoped.Set(device); !status.ok()) {
-    return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+  ScopedCudaDevice scoped;
+  if (const cudaError_t error = scoped.Set(device); error != cudaSuccess) {
+    return CudaStatus(error, absl::StrCat(what, ": cudaSetDevice(", device, ")"));
   }
   // Lazy peer access: a process whose current device is another GPU may still use the pointer.
   void* base = nullptr;
@@ -110,8 +84,8 @@ absl::StatusOr<uint8_t*> OpenCudaIpcMapping(absl::string_view handle, int device
 }
 
 void CloseCudaIpcMapping(uint8_t* base, int device) {
-  ScopedDevice scoped;
-  scoped.Set(device).IgnoreError();  // closed on whichever device is current if this fails
+  ScopedCudaDevice scoped;
+  (void)scoped.Set(device);  // closed on whichever device is current if this fails
   cudaIpcCloseMemHandle(base);
   cudaGetLastError();
 }

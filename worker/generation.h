@@ -1,9 +1,12 @@
 // What one generation produced, in a form two processes can compare exactly: the tokens, and a
-// digest of every logits vector in order (XXH3-64 over their bytes). GenerateCold is the
-// reference: one process, a private pool, no cache — the run every cached run must equal.
+// digest of every logits vector in order (XXH3-64 over their bytes). GenerateCold (CPU) and
+// GenerateColdCuda (GPU) are the references: one process, a private pool, no cache — the run
+// every cached run on the same backend must equal. Both are GenerateOver, the one cold generation
+// loop, over their backend's PoolForward (worker/pool_forward.h).
 //
-// Thread-safety: GenerateCold is thread-safe for distinct samplers; LogitsDigest is
-// thread-compatible.
+// Thread-safety: GenerateCold is thread-safe for distinct samplers; GenerateColdCuda uses the
+// CUDA model's stream and scratch (one call at a time per model, as its Forward);
+// LogitsDigest is thread-compatible.
 #ifndef KVCACHE_WORKER_GENERATION_H_
 #define KVCACHE_WORKER_GENERATION_H_
 
@@ -16,7 +19,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/pool_layout.h"
+#include "worker/pool_forward.h"
 #include "worker/qwen3_moe.h"
+#include "worker/qwen3_moe_cuda.h"
 #include "worker/sampler.h"
 
 namespace kvcache::worker {
@@ -44,12 +50,33 @@ class LogitsDigest {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
 };
 
-// Prefill the whole prompt, then decode max_new_tokens - 1 steps (the last sampled token is not
-// fed back), over a private host pool of `dtype` and `block_size`. Errors as Forward / Sample.
+// The cold generation loop over any pool: prefill the whole prompt in one forward pass, then
+// decode max_new_tokens - 1 steps (the last sampled token is not fed back; max_new_tokens 0
+// samples one token all the same), position p in block block_table[p / block_size]. The table
+// must cover prompt.size() + max_new_tokens - 1 positions (OUT_OF_RANGE from the forward pass
+// otherwise). Errors as `forward` / Sample.
+absl::StatusOr<GenerationResult> GenerateOver(const PoolForward& forward,
+                                              absl::Span<const uint32_t> block_table,
+                                              absl::Span<const uint32_t> prompt,
+                                              uint32_t max_new_tokens, Sampler& sampler);
+
+// GenerateOver with the CPU model over a private, zero-filled host pool of `dtype` and
+// `block_size`. Errors as Forward / Sample.
 absl::StatusOr<GenerationResult> GenerateCold(const Qwen3MoeModel& model,
                                               absl::Span<const uint32_t> prompt,
                                               uint32_t max_new_tokens, Sampler& sampler,
                                               uint32_t block_size, DType dtype);
+
+// GenerateOver with the CUDA model over a fresh, zero-filled device pool of `layout` on
+// model.device() (DeviceKvPool), freed on return. The reference of cached GPU runs on the same
+// device and build, which it equals bit for bit (the CUDA model is deterministic and
+// batch-invariant) — not of GenerateCold, which the GPU matches only within a tolerance.
+// Errors: DeviceKvPool::Create's (FAILED_PRECONDITION without CUDA or a device), then as
+// CudaQwen3MoeModel::Forward / Sample.
+absl::StatusOr<GenerationResult> GenerateColdCuda(CudaQwen3MoeModel& model,
+                                                  absl::Span<const uint32_t> prompt,
+                                                  uint32_t max_new_tokens, Sampler& sampler,
+                                                  const PoolLayout& layout);
 
 }  // namespace kvcache::worker
 

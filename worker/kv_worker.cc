@@ -5,18 +5,35 @@
 #include "common/status_macros.h"
 
 namespace kvcache::worker {
+namespace {
+
+// The forward pass over `mapped`: the CUDA model's for a device pool, the CPU model's otherwise.
+PoolForward ForwardOver(const MappedPool& mapped, const Qwen3MoeModel& model,
+                        CudaQwen3MoeModel* cuda_model) {
+  if (cuda_model != nullptr) {
+    return DevicePoolForward(*cuda_model, mapped.Block(0), mapped.layout(), mapped.num_blocks());
+  }
+  return HostPoolForward(model, mapped.Block(0), mapped.layout(), mapped.num_blocks());
+}
+
+}  // namespace
+
+KvWorker::KvWorker(KvCacheClient* client, std::string pool, const Qwen3MoeModel* model,
+                   std::unique_ptr<MappedPool> mapped,
+                   std::unique_ptr<CudaQwen3MoeModel> cuda_model)
+    : client_(client),
+      pool_(std::move(pool)),
+      model_(model),
+      mapped_(std::move(mapped)),
+      cuda_model_(std::move(cuda_model)),
+      forward_(ForwardOver(*mapped_, *model_, cuda_model_.get())) {}
 
 absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client,
                                                           std::string pool,
                                                           const Qwen3MoeModel* model) {
   ASSIGN_OR_RETURN(KvCacheClient::PoolDescription description, client->DescribePool(pool));
+  // A device pool fails here in a build without CUDA or on a machine without a usable device.
   ASSIGN_OR_RETURN(std::unique_ptr<MappedPool> mapped, MappedPool::Map(description));
-  if (mapped->is_device()) {
-    // The model runs on the CPU over host addresses (PagedKv): a device pointer would fault.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool '", pool, "' is device memory (cuda:", mapped->device(),
-        "); this worker computes on the CPU and needs a host pool (a daemon with --device host)"));
-  }
   const PoolLayout& layout = mapped->layout();
   const ModelConfig& config = model->config();
   if (layout.num_layers != config.num_hidden_layers ||
@@ -26,8 +43,21 @@ absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client
         config.num_hidden_layers, " layers, ", config.num_key_value_heads, " KV heads, head dim ",
         config.head_dim));
   }
-  return std::unique_ptr<KvWorker>(
-      new KvWorker(client, std::move(pool), model, std::move(mapped)));
+  std::unique_ptr<CudaQwen3MoeModel> cuda_model;
+  if (mapped->is_device()) {
+    // The KV lives on the GPU: the model runs there too, on the pool's device (a host model
+    // would fault on the device addresses). The weights are uploaded once, here.
+    absl::StatusOr<CudaQwen3MoeModel> created = CudaQwen3MoeModel::Create(*model, mapped->device());
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("pool '", pool, "' is device memory (cuda:",
+                                       mapped->device(), ") and the model cannot run there: ",
+                                       created.status().message()));
+    }
+    cuda_model = std::make_unique<CudaQwen3MoeModel>(*std::move(created));
+  }
+  return std::unique_ptr<KvWorker>(new KvWorker(client, std::move(pool), model, std::move(mapped),
+                                                std::move(cuda_model)));
 }
 
 absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> prompt,
@@ -55,14 +85,10 @@ absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector
                                                const AfterPrefill& after_prefill) {
   GenerationResult result{.prompt_tokens = static_cast<uint32_t>(prompt.size()),
                           .cached_tokens = cached};
-  auto pool_view = [&] {
-    return PagedKv(mapped_->Block(0), mapped_->layout(), table, mapped_->num_blocks());
-  };
   LogitsDigest digest;
   absl::Time start = absl::Now();
-  PagedKv kv = pool_view();
-  ASSIGN_OR_RETURN(std::vector<float> logits, model_->Forward(prompt.subspan(cached), cached, kv));
-  // The prompt's KV is written: its full blocks may now be published.
+  ASSIGN_OR_RETURN(std::vector<float> logits, forward_(prompt.subspan(cached), cached, table));
+  // The prompt's KV is written (and, on a GPU, synchronized): its full blocks may be published.
   RETURN_IF_ERROR(client_->CommitSequence(sequence_id, prompt.size()).status());
   result.prefill_time = absl::Now() - start;
   if (after_prefill) RETURN_IF_ERROR(after_prefill(table));
@@ -89,8 +115,7 @@ absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector
     if (result.tokens.size() >= max_new_tokens) break;
     pending.push_back(token);
     if (position >= table.size() * block_size) RETURN_IF_ERROR(send_pending());
-    kv = pool_view();
-    ASSIGN_OR_RETURN(logits, model_->Forward({&token, 1}, position++, kv));
+    ASSIGN_OR_RETURN(logits, forward_({&token, 1}, position++, table));
     if (position % block_size == 0) {
       RETURN_IF_ERROR(send_pending());
       RETURN_IF_ERROR(client_->CommitSequence(sequence_id, position).status());
@@ -99,6 +124,15 @@ absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector
   result.decode_time = absl::Now() - start;
   result.logits_digest = digest.value();
   return result;
+}
+
+absl::StatusOr<GenerationResult> KvWorker::GenerateColdReference(
+    absl::Span<const uint32_t> prompt, uint32_t max_new_tokens, Sampler& sampler) {
+  if (cuda_model_ != nullptr) {
+    return GenerateColdCuda(*cuda_model_, prompt, max_new_tokens, sampler, layout());
+  }
+  return GenerateCold(*model_, prompt, max_new_tokens, sampler, layout().block_size,
+                      layout().dtype);
 }
 
 }  // namespace kvcache::worker

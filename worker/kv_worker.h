@@ -5,7 +5,19 @@
 // fills (one round trip per block, not per token), so a later turn hits its own earlier answer.
 // The sequence is released (tail first) at the end, or on any error.
 //
-// Thread-safety: thread-compatible (one generation at a time per KvWorker).
+// Where the model runs follows the pool's memory: over a host pool (a daemon with --device host)
+// the CPU model (Qwen3MoeModel) computes over the shm mapping; over a device pool (--device
+// cuda:N) a CudaQwen3MoeModel on the pool's device, created once by Create (the weights are
+// uploaded then), computes over the CUDA IPC mapping. The generation loop is the same for both;
+// only its forward pass over the pool (a PoolForward, worker/pool_forward.h) differs.
+//
+// Commit ordering: a forward pass returns only once its pool writes are complete — the CUDA
+// model synchronizes its stream before Forward returns — so the CommitSequence that follows
+// never publishes a block whose KV is still in flight, and an AfterPrefill hook (a transport,
+// whose copies run on their own stream) reads finished bytes.
+//
+// Thread-safety: thread-compatible (one generation at a time per KvWorker; the CUDA model has
+// one stream and one set of scratch buffers).
 #ifndef KVCACHE_WORKER_KV_WORKER_H_
 #define KVCACHE_WORKER_KV_WORKER_H_
 
@@ -17,16 +29,24 @@
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
 #include "worker/generation.h"
+#include "worker/pool_forward.h"
 #include "worker/qwen3_moe.h"
+#include "worker/qwen3_moe_cuda.h"
 #include "worker/sampler.h"
 
 namespace kvcache::worker {
 
 class KvWorker {
  public:
-  // `client` must have an open session and outlive the worker; so must `model`. Maps `pool`.
-  // FAILED_PRECONDITION when the pool's layout is not the model's (layers, KV heads, head dim),
-  // or when it is device memory (the model runs on the CPU over a host mapping).
+  // `client` must have an open session and outlive the worker; so must `model`. Maps `pool` and,
+  // for a device pool, creates the CUDA model on the pool's device. Errors:
+  //   (DescribePool's codes, e.g. NOT_FOUND for an unknown pool)
+  //   (MappedPool::Map's codes: FAILED_PRECONDITION for a device pool in a build without CUDA
+  //    or on a machine without a usable CUDA device, or a stale handle)
+  //   FAILED_PRECONDITION  the pool's layout is not the model's (layers, KV heads, head dim)
+  //   (CudaQwen3MoeModel::Create's codes, the message naming the pool: FAILED_PRECONDITION
+  //    without CUDA or a device, INVALID_ARGUMENT for a model the kernels cannot run, INTERNAL
+  //    for a CUDA error such as out of device memory)
   static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client,
                                                           std::string pool,
                                                           const Qwen3MoeModel* model);
@@ -42,23 +62,38 @@ class KvWorker {
                                             absl::string_view cache_salt = "",
                                             const AfterPrefill& after_prefill = nullptr);
 
+  // The cold reference of Generate, computed the way this worker computes: the same generation
+  // in this process over a private pool of the pool's layout, with no daemon and no cache —
+  // GenerateCold (CPU model, host memory) for a host pool, GenerateColdCuda (this worker's CUDA
+  // model, a fresh device buffer on the pool's device) for a device pool. Generate's tokens and
+  // logits digest, prefix hit or not, must equal it bit for bit. Errors as those functions'.
+  absl::StatusOr<GenerationResult> GenerateColdReference(absl::Span<const uint32_t> prompt,
+                                                         uint32_t max_new_tokens,
+                                                         Sampler& sampler);
+
   const PoolLayout& layout() const { return mapped_->layout(); }
   const MappedPool& mapped() const { return *mapped_; }
+  // True when the model runs on a GPU (the pool is device memory).
+  bool on_device() const { return cuda_model_ != nullptr; }
 
  private:
   KvWorker(KvCacheClient* client, std::string pool, const Qwen3MoeModel* model,
-           std::unique_ptr<MappedPool> mapped)
-      : client_(client), pool_(std::move(pool)), model_(model), mapped_(std::move(mapped)) {}
+           std::unique_ptr<MappedPool> mapped, std::unique_ptr<CudaQwen3MoeModel> cuda_model);
 
   absl::StatusOr<GenerationResult> Run(uint64_t sequence_id, std::vector<uint32_t> table,
                                        uint32_t cached, absl::Span<const uint32_t> prompt,
                                        uint32_t max_new_tokens, Sampler& sampler,
                                        const AfterPrefill& after_prefill);
 
+  // Constant after construction. Declared (so destroyed in reverse) in dependency order:
+  // forward_ refers to cuda_model_ (or model_) and mapped_'s memory; cuda_model_'s destructor
+  // waits for its stream before mapped_ closes the device mapping.
   KvCacheClient* const client_;
   const std::string pool_;
   const Qwen3MoeModel* const model_;
   const std::unique_ptr<MappedPool> mapped_;
+  const std::unique_ptr<CudaQwen3MoeModel> cuda_model_;  // null for a host pool
+  const PoolForward forward_;                            // over mapped_, on the right backend
 };
 
 }  // namespace kvcache::worker

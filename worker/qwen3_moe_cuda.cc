@@ -541,6 +541,8 @@ CudaQwen3MoeModel::~CudaQwen3MoeModel() = default;
 CudaQwen3MoeModel::CudaQwen3MoeModel(CudaQwen3MoeModel&& other) noexcept = default;
 CudaQwen3MoeModel& CudaQwen3MoeModel::operator=(CudaQwen3MoeModel&& other) noexcept = default;
 
+int CudaQwen3MoeModel::device() const { return impl_ == nullptr ? -1 : impl_->device; }
+
 absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Forward(absl::Span<const uint32_t> tokens,
                                                               uint32_t start_position,
                                                               const DevicePagedKv& kv) {

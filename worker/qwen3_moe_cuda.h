@@ -87,6 +87,9 @@ class CudaQwen3MoeModel {
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const uint32_t> tokens,
                                              uint32_t start_position, const DevicePagedKv& kv);
 
+  // The CUDA device the model runs on (Create's `device`); -1 for a moved-from model.
+  int device() const;
+
  private:
   struct Impl;
   explicit CudaQwen3MoeModel(std::unique_ptr<Impl> impl);

@@ -15,6 +15,8 @@ CudaQwen3MoeModel::~CudaQwen3MoeModel() = default;
 CudaQwen3MoeModel::CudaQwen3MoeModel(CudaQwen3MoeModel&& other) noexcept = default;
 CudaQwen3MoeModel& CudaQwen3MoeModel::operator=(CudaQwen3MoeModel&& other) noexcept = default;
 
+int CudaQwen3MoeModel::device() const { return -1; }
+
 absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Forward(absl::Span<const uint32_t>, uint32_t,
                                                               const DevicePagedKv&) {
   return absl::FailedPreconditionError("built without CUDA");

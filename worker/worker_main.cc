@@ -2,7 +2,9 @@
 // a human line and a machine line ("result key=value ..."); with --turns N the conversation goes
 // on, each turn's prompt being the previous prompt, its answer and a new user message, so later
 // turns hit their own history in the cache. With --check_cold every turn is also run cold in
-// this process and must match bit for bit.
+// this process and must match bit for bit, on the backend the worker computes with: the CPU model
+// over a private host pool for a host pool, and for a device pool (a daemon with --device cuda:N,
+// where the model runs on that GPU) the same GPU model over a fresh device buffer.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -33,7 +35,9 @@ ABSL_FLAG(uint32_t, turns, 1, "conversation turns");
 ABSL_FLAG(double, temperature, 0, "0: greedy");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(std::string, cache_salt, "", "narrows cache sharing within the tenant");
-ABSL_FLAG(bool, check_cold, false, "also run each turn cold in-process and require equality");
+ABSL_FLAG(bool, check_cold, false,
+          "also run each turn cold in-process (same backend: CPU, or the GPU for a device pool) "
+          "and require bit-for-bit equality");
 ABSL_FLAG(std::string, role, "single",
           "single: prefill and decode here; prefill: compute the prompt and its first token, then "
           "ship its KV to the decode side (--decode_target); decode: generate, finding the "
@@ -49,6 +53,11 @@ ABSL_FLAG(bool, pause_midway, false,
 
 namespace kvcache::worker {
 namespace {
+
+// Where the worker's model runs, for the result lines: "cpu", or "cuda:N" for a device pool.
+std::string ComputeName(const KvWorker& worker) {
+  return worker.on_device() ? absl::StrCat("cuda:", worker.mapped().device()) : "cpu";
+}
 
 absl::StatusOr<std::vector<uint32_t>> PromptTokens() {
   std::vector<uint32_t> tokens;
@@ -123,11 +132,12 @@ absl::Status RunPrefill(KvCacheClient& client, KvWorker& worker,
               static_cast<unsigned long long>(shipped.bytes_sent), transport->name().c_str(),
               absl::ToDoubleMilliseconds(shipped.elapsed), shipped.blocks_already_there);
   std::printf("result role=prefill prompt_tokens=%u cached=%u first_token=%u sent_blocks=%u "
-              "skipped_blocks=%u bytes=%llu ttft_us=%lld ship_us=%lld\n",
+              "skipped_blocks=%u bytes=%llu ttft_us=%lld ship_us=%lld compute=%s\n",
               result.prompt_tokens, result.cached_tokens, result.tokens[0], shipped.blocks_sent,
               shipped.blocks_already_there, static_cast<unsigned long long>(shipped.bytes_sent),
               static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
-              static_cast<long long>(absl::ToInt64Microseconds(shipped.elapsed)));
+              static_cast<long long>(absl::ToInt64Microseconds(shipped.elapsed)),
+              ComputeName(worker).c_str());
   RETURN_IF_ERROR(receiver->CloseSession().status());
   return absl::OkStatus();
 }
@@ -156,9 +166,8 @@ absl::Status Run() {
     if (absl::GetFlag(FLAGS_check_cold)) {
       ASSIGN_OR_RETURN(Sampler cold_sampler, Sampler::Create(sampling));
       ASSIGN_OR_RETURN(GenerationResult cold,
-                       GenerateCold(model, prompt, absl::GetFlag(FLAGS_max_new_tokens),
-                                    cold_sampler, worker->layout().block_size,
-                                    worker->layout().dtype));
+                       worker->GenerateColdReference(prompt, absl::GetFlag(FLAGS_max_new_tokens),
+                                                     cold_sampler));
       const bool same = cold.tokens == result.tokens && cold.logits_digest == result.logits_digest;
       cold_check = same ? "identical" : "DIFFERENT";
       if (!same) return absl::InternalError("cached run differs from the cold run");
@@ -170,12 +179,13 @@ absl::Status Run() {
                 absl::ToDoubleMilliseconds(result.prefill_time), result.tokens.size(),
                 absl::ToDoubleMilliseconds(result.decode_time), cold_check.c_str());
     std::printf("result turn=%u prompt_tokens=%u cached=%u tokens=%s digest=%016llx "
-                "prefill_us=%lld decode_us=%lld\n",
+                "prefill_us=%lld decode_us=%lld compute=%s\n",
                 turn, result.prompt_tokens, result.cached_tokens,
                 absl::StrJoin(result.tokens, ",").c_str(),
                 static_cast<unsigned long long>(result.logits_digest),
                 static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
-                static_cast<long long>(absl::ToInt64Microseconds(result.decode_time)));
+                static_cast<long long>(absl::ToInt64Microseconds(result.decode_time)),
+                ComputeName(*worker).c_str());
     std::fflush(stdout);
     // Next turn: the conversation so far and a new user message.
     prompt.insert(prompt.end(), result.tokens.begin(), result.tokens.end());

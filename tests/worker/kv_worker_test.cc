@@ -1,0 +1,238 @@
+// KvWorker (worker/kv_worker.h) against in-process daemons; label unit, runs on every build and
+// machine.
+//
+// Host pools (a real daemon, --device host): the worker computes with the CPU model; a cold
+// generation, a prefix hit on the same prompt and a hit of a longer prompt on blocks committed
+// during decode are all bit-identical to the cold reference (GenerateColdReference, which for a
+// host pool is GenerateCold). A pool laid out for another model is FAILED_PRECONDITION.
+//
+// Device pools: a fake daemon describes a CUDA IPC pool on a device no machine has (cuda:4096).
+// Create refuses it with FAILED_PRECONDITION whatever the build and machine — "built without
+// CUDA" without CUDA, no usable device without a GPU, no such device with one — and so never
+// reaches the CPU model with device addresses. (That the GPU path computes correctly needs a GPU:
+// tests/integration/worker_gpu_process_test.cc.)
+#include "worker/kv_worker.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kv_cache_client.h"
+#include "server/daemon.h"
+#include "server/pool_spec.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/worker/tiny_model.h"
+#include "worker/generation.h"
+
+namespace kvcache::worker {
+namespace {
+
+using ::kvcache::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr uint32_t kBlockSize = 16;
+
+const Qwen3MoeModel& TinyModel() {
+  static const Qwen3MoeModel* model = [] {
+    absl::StatusOr<Qwen3MoeModel> loaded = Qwen3MoeModel::Load(testing::TinyCheckpointDir());
+    if (!loaded.ok()) {
+      ADD_FAILURE() << loaded.status() << " (build the worker_tiny_checkpoints target)";
+      std::abort();
+    }
+    return new Qwen3MoeModel(std::move(*loaded));
+  }();
+  return *model;
+}
+
+void ExpectSameGeneration(const GenerationResult& got, const GenerationResult& want) {
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.logits_digest, want.logits_digest);
+}
+
+// A daemon with host pools: "qwen", laid out for the tiny model, and "default", which is not.
+class KvWorkerHostPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/kvcache_kv_worker_test.XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    DaemonOptions options;
+    options.listen = "unix://" + dir_ + "/kv.sock";
+    absl::StatusOr<PoolOptions> qwen = ParsePoolSpec(
+        "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=16:dtype=bf16:blocks=32");
+    ASSERT_OK(qwen);
+    options.pools.push_back(*qwen);
+    options.pools.push_back(DefaultPoolOptions());
+    absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
+    ASSERT_OK(daemon);
+    daemon_ = *std::move(daemon);
+    absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(options.listen);
+    ASSERT_OK(client);
+    client_ = *std::move(client);
+    ASSERT_OK(client_->OpenSession("acme", "kv_worker_test"));
+  }
+
+  void TearDown() override {
+    client_.reset();
+    if (daemon_ != nullptr) {
+      for (PrefixCache* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
+      daemon_.reset();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::string dir_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<KvCacheClient> client_;
+};
+
+TEST_F(KvWorkerHostPoolTest, CpuModelOverTheHostPoolMatchesTheColdReference) {
+  absl::StatusOr<std::unique_ptr<KvWorker>> worker =
+      KvWorker::Create(client_.get(), "qwen", &TinyModel());
+  ASSERT_OK(worker);
+  EXPECT_FALSE((*worker)->on_device());
+  EXPECT_FALSE((*worker)->mapped().is_device());
+
+  // 40 prompt tokens and 30 generated: decode crosses the block boundaries at 48 and 64.
+  const std::vector<uint32_t> prompt = testing::MakePrompt(40, 7);
+  constexpr uint32_t kNewTokens = 30;
+  Sampler cold_sampler = Sampler::Greedy();
+  absl::StatusOr<GenerationResult> cold =
+      (*worker)->GenerateColdReference(prompt, kNewTokens, cold_sampler);
+  ASSERT_OK(cold);
+  // For a host pool the reference is the CPU cold run.
+  Sampler cpu_sampler = Sampler::Greedy();
+  absl::StatusOr<GenerationResult> cpu =
+      GenerateCold(TinyModel(), prompt, kNewTokens, cpu_sampler, kBlockSize, DType::kBFloat16);
+  ASSERT_OK(cpu);
+  ExpectSameGeneration(*cold, *cpu);
+
+  Sampler first_sampler = Sampler::Greedy();
+  absl::StatusOr<GenerationResult> first = (*worker)->Generate(prompt, kNewTokens, first_sampler);
+  ASSERT_OK(first);
+  EXPECT_EQ(first->cached_tokens, 0u);
+  ExpectSameGeneration(*first, *cold);
+
+  Sampler hit_sampler = Sampler::Greedy();
+  absl::StatusOr<GenerationResult> hit = (*worker)->Generate(prompt, kNewTokens, hit_sampler);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->cached_tokens, 32u);
+  ExpectSameGeneration(*hit, *cold);
+
+  // The blocks filled during decode were committed: the conversation so far hits up to 64.
+  std::vector<uint32_t> next = prompt;
+  next.insert(next.end(), first->tokens.begin(), first->tokens.end() - 1);  // 69 tokens
+  next.push_back(3);
+  Sampler next_sampler = Sampler::Greedy();
+  absl::StatusOr<GenerationResult> continued = (*worker)->Generate(next, 5, next_sampler);
+  ASSERT_OK(continued);
+  EXPECT_EQ(continued->cached_tokens, 64u);
+  Sampler next_cold_sampler = Sampler::Greedy();
+  absl::StatusOr<GenerationResult> continued_cold =
+      (*worker)->GenerateColdReference(next, 5, next_cold_sampler);
+  ASSERT_OK(continued_cold);
+  ExpectSameGeneration(*continued, *continued_cold);
+}
+
+TEST_F(KvWorkerHostPoolTest, PoolOfAnotherModelIsFailedPrecondition) {
+  EXPECT_THAT(KvWorker::Create(client_.get(), "default", &TinyModel()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("laid out for")));
+  EXPECT_THAT(KvWorker::Create(client_.get(), "nope", &TinyModel()),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Describes one pool, "gpu": the tiny model's layout in device memory (CUDA IPC) on cuda:4096.
+class FakeDevicePoolDaemon final : public v1::KvCache::Service {
+ public:
+  static constexpr int kDevice = 4096;
+  static constexpr uint32_t kBlocks = 8;
+
+  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*,
+                           v1::OpenSessionResponse* response) override {
+    response->set_epoch(kEpoch);
+    response->set_session_id(1);
+    response->set_ttl_ms(60000);
+    return grpc::Status::OK;
+  }
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionResponse* response) override {
+    response->set_epoch(kEpoch);
+    return grpc::Status::OK;
+  }
+  grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*,
+                         v1::KeepAliveResponse* response) override {
+    response->set_epoch(kEpoch);
+    return grpc::Status::OK;
+  }
+  grpc::Status DescribePool(grpc::ServerContext*, const v1::DescribePoolRequest* request,
+                            v1::DescribePoolResponse* response) override {
+    if (request->pool() != "gpu") return grpc::Status(grpc::StatusCode::NOT_FOUND, "no pool");
+    const PoolLayout layout = TinyModel().KvLayout(kBlockSize, DType::kBFloat16);
+    response->set_epoch(kEpoch);
+    v1::PoolInfo* pool = response->mutable_pool();
+    pool->set_name("gpu");
+    pool->set_model_id("tiny");
+    v1::PoolLayout* proto_layout = pool->mutable_layout();
+    proto_layout->set_num_layers(layout.num_layers);
+    proto_layout->set_num_kv_heads(layout.num_kv_heads);
+    proto_layout->set_head_dim(layout.head_dim);
+    proto_layout->set_block_size(layout.block_size);
+    proto_layout->set_dtype(v1::DTYPE_BFLOAT16);
+    proto_layout->set_block_bytes(layout.BlockBytes());
+    proto_layout->set_fingerprint(layout.Fingerprint());
+    pool->set_num_blocks(kBlocks);
+    pool->set_memory_kind("cuda");
+    v1::PoolMapping* mapping = pool->mutable_mapping();
+    mapping->set_kind(v1::PoolMapping::KIND_CUDA_IPC);
+    mapping->set_size_bytes(uint64_t{kBlocks} * layout.BlockBytes());
+    mapping->set_cuda_ipc_handle(std::string(64, '\x5a'));  // never opened: no such device
+    mapping->set_cuda_device(kDevice);
+    return grpc::Status::OK;
+  }
+
+ private:
+  static constexpr uint64_t kEpoch = 5;
+};
+
+TEST(KvWorkerDevicePoolTest, DevicePoolThisProcessCannotUseIsFailedPrecondition) {
+  char dir[] = "/tmp/kvcache_kv_worker_fake.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string address = std::string("unix://") + dir + "/fake.sock";
+  FakeDevicePoolDaemon service;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  {
+    absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(address);
+    ASSERT_OK(client);
+    ASSERT_OK((*client)->OpenSession("acme", "kv_worker_test"));
+    absl::StatusOr<KvCacheClient::PoolDescription> described = (*client)->DescribePool("gpu");
+    ASSERT_OK(described);
+    ASSERT_EQ(described->pool.mapping.kind, KvCacheClient::PoolMapping::Kind::kCudaIpc);
+
+    absl::StatusOr<std::unique_ptr<KvWorker>> worker =
+        KvWorker::Create(client->get(), "gpu", &TinyModel());
+    EXPECT_THAT(worker, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 AllOf(HasSubstr("gpu"), Not(HasSubstr("laid out for")))));
+    if (!MappedPool::BuiltWithCuda()) {
+      EXPECT_THAT(worker,
+                  StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("built without CUDA")));
+    }
+  }
+  server->Shutdown();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvcache::worker
