@@ -20,6 +20,7 @@
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
 #include "tests/client/daemon_fixture.h"
+#include "tests/testing/fake_session_service.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -319,9 +320,10 @@ TEST_F(BlockTransferTest, RestartedDaemonFencesTheStreams) {
 }
 
 // A daemon that answers the data calls as the test tells it to, to check the client's side.
-class FakeKvCache final : public v1::KvCache::Service {
+class FakeKvCache final : public kvcache::testing::FakeSessionService {
  public:
   static constexpr uint64_t kEpoch = 77;
+  FakeKvCache() : FakeSessionService(kEpoch) {}
   static constexpr PoolLayout kLayout{.num_layers = 1,
                                       .num_kv_heads = 2,
                                       .head_dim = 32,
@@ -346,23 +348,6 @@ class FakeKvCache final : public v1::KvCache::Service {
     return last_put_;
   }
 
-  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*,
-                           v1::OpenSessionResponse* response) override {
-    response->set_epoch(kEpoch);
-    response->set_session_id(1);
-    response->set_ttl_ms(60000);
-    return grpc::Status::OK;
-  }
-  grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*,
-                         v1::KeepAliveResponse* response) override {
-    response->set_epoch(kEpoch);
-    return grpc::Status::OK;
-  }
-  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
-                            v1::CloseSessionResponse* response) override {
-    response->set_epoch(kEpoch);
-    return grpc::Status::OK;
-  }
   grpc::Status DescribePool(grpc::ServerContext*, const v1::DescribePoolRequest* request,
                             v1::DescribePoolResponse* response) override {
     response->set_epoch(kEpoch);

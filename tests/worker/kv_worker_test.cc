@@ -27,6 +27,7 @@
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
 #include "server/pool_spec.h"
+#include "tests/testing/fake_session_service.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/generation.h"
@@ -151,33 +152,18 @@ TEST_F(KvWorkerHostPoolTest, PoolOfAnotherModelIsFailedPrecondition) {
 }
 
 // Describes one pool, "gpu": the tiny model's layout in device memory (CUDA IPC) on cuda:4096.
-class FakeDevicePoolDaemon final : public v1::KvCache::Service {
+class FakeDevicePoolDaemon final : public kvcache::testing::FakeSessionService {
  public:
+  FakeDevicePoolDaemon() : FakeSessionService(/*epoch=*/5) {}
+
   static constexpr int kDevice = 4096;
   static constexpr uint32_t kBlocks = 8;
 
-  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*,
-                           v1::OpenSessionResponse* response) override {
-    response->set_epoch(kEpoch);
-    response->set_session_id(1);
-    response->set_ttl_ms(60000);
-    return grpc::Status::OK;
-  }
-  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
-                            v1::CloseSessionResponse* response) override {
-    response->set_epoch(kEpoch);
-    return grpc::Status::OK;
-  }
-  grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*,
-                         v1::KeepAliveResponse* response) override {
-    response->set_epoch(kEpoch);
-    return grpc::Status::OK;
-  }
   grpc::Status DescribePool(grpc::ServerContext*, const v1::DescribePoolRequest* request,
                             v1::DescribePoolResponse* response) override {
     if (request->pool() != "gpu") return grpc::Status(grpc::StatusCode::NOT_FOUND, "no pool");
     const PoolLayout layout = TinyModel().KvLayout(kBlockSize, DType::kBFloat16);
-    response->set_epoch(kEpoch);
+    response->set_epoch(epoch());
     v1::PoolInfo* pool = response->mutable_pool();
     pool->set_name("gpu");
     pool->set_model_id("tiny");
@@ -198,9 +184,6 @@ class FakeDevicePoolDaemon final : public v1::KvCache::Service {
     mapping->set_cuda_device(kDevice);
     return grpc::Status::OK;
   }
-
- private:
-  static constexpr uint64_t kEpoch = 5;
 };
 
 TEST(KvWorkerDevicePoolTest, DevicePoolThisProcessCannotUseIsFailedPrecondition) {
