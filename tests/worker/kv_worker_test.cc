@@ -40,19 +40,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr uint32_t kBlockSize = 16;
+using ::kvcache::worker::testing::TinyModel;
 
-const Qwen3MoeModel& TinyModel() {
-  static const Qwen3MoeModel* model = [] {
-    absl::StatusOr<Qwen3MoeModel> loaded = Qwen3MoeModel::Load(testing::TinyCheckpointDir());
-    if (!loaded.ok()) {
-      ADD_FAILURE() << loaded.status() << " (build the worker_tiny_checkpoints target)";
-      std::abort();
-    }
-    return new Qwen3MoeModel(std::move(*loaded));
-  }();
-  return *model;
-}
+constexpr uint32_t kBlockSize = 16;
 
 void ExpectSameGeneration(const GenerationResult& got, const GenerationResult& want) {
   EXPECT_EQ(got.tokens, want.tokens);

@@ -31,19 +31,9 @@ using ::kvcache::worker::testing::HostPool;
 using ::kvcache::worker::testing::MakePrompt;
 using ::testing::HasSubstr;
 
-constexpr uint32_t kBlockSize = 16;
+using ::kvcache::worker::testing::TinyModel;
 
-const Qwen3MoeModel& TinyModel() {
-  static const Qwen3MoeModel* model = [] {
-    absl::StatusOr<Qwen3MoeModel> loaded = Qwen3MoeModel::Load(testing::TinyCheckpointDir());
-    if (!loaded.ok()) {
-      ADD_FAILURE() << loaded.status() << " (build the worker_tiny_checkpoints target)";
-      std::abort();
-    }
-    return new Qwen3MoeModel(std::move(*loaded));
-  }();
-  return *model;
-}
+constexpr uint32_t kBlockSize = 16;
 
 std::vector<uint32_t> Iota(uint32_t begin, uint32_t count) {
   std::vector<uint32_t> ids(count);
