@@ -166,7 +166,11 @@ INSTANTIATE_TEST_SUITE_P(Sizes, BlockCopyGpuTest,
                          ::testing::Values(Case{1, 0}, Case{15, 0}, Case{16, 0}, Case{48, 0},
                                            Case{100, 0}, Case{4096, 0}, Case{4100, 0},
                                            Case{65536, 0}, Case{65536 + 8, 0}, Case{4096, 1},
-                                           Case{65536, 8}, Case{2 * 1024 * 1024, 0}),
+                                           Case{65536, 8}, Case{2 * 1024 * 1024, 0},
+                                           // Several 64 KiB slices with a tail shorter than one
+                                           // unrolled step, in the vector and the byte paths.
+                                           Case{3 * 65536 + 112, 0}, Case{200003, 0},
+                                           Case{2 * 1024 * 1024, 8}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return "b" + std::to_string(info.param.block_bytes) + "_off" +
                                   std::to_string(info.param.misalign);
