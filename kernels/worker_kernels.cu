@@ -469,7 +469,8 @@ __device__ __forceinline__ float ExpLikeCpu(float x) {
   return static_cast<float>(exp(static_cast<double>(x)));
 }
 
-// Grid: (min(num_tokens, 2^31 - 1)), Block: (32), dynamic shared memory: num_experts floats.
+// Grid: (min(num_tokens, 2^31 - 1)), Block: (32), dynamic shared memory: num_experts floats rounded
+// up to a multiple of 4.
 // One warp per token (grid-stride over tokens). Softmax as worker::Softmax: lane 0 takes the max
 // and the sum serially in index order (the CPU's order), the lanes compute the exponentials and
 // the divisions; then top_k rounds of a warp arg-best over the experts that rank after the
@@ -504,29 +505,40 @@ __global__ void __launch_bounds__(kWarp)
 
     uint32_t* ids = topk_ids + token * top_k;
     float* weights = topk_weights + token * top_k;
+    // Each candidate travels with its probability through the shuffles, so the reduction reads
+    // no shared memory and never needs probs[kNoExpert] guarded.
     uint32_t previous = kNoExpert;
+    float previous_prob = 0.0f;
     float weight_sum = 0.0f;  // lane 0's, in pick order as Qwen3MoeModel::Moe
     for (uint32_t pick = 0; pick < top_k; ++pick) {
       uint32_t best = kNoExpert;
+      float best_prob = 0.0f;
       for (uint32_t e = lane; e < num_experts; e += kWarp) {
-        if (previous != kNoExpert && !RanksBefore(probs[previous], previous, probs[e], e)) continue;
-        if (best == kNoExpert || RanksBefore(probs[e], e, probs[best], best)) best = e;
+        const float prob = probs[e];
+        if (previous != kNoExpert && !RanksBefore(previous_prob, previous, prob, e)) continue;
+        if (best == kNoExpert || RanksBefore(prob, e, best_prob, best)) {
+          best = e;
+          best_prob = prob;
+        }
       }
 #pragma unroll
       for (int offset = kWarp / 2; offset > 0; offset /= 2) {
         const uint32_t other = __shfl_xor_sync(kFullMask, best, offset);
+        const float other_prob = __shfl_xor_sync(kFullMask, best_prob, offset);
         if (other != kNoExpert &&
-            (best == kNoExpert || RanksBefore(probs[other], other, probs[best], best))) {
+            (best == kNoExpert || RanksBefore(other_prob, other, best_prob, best))) {
           best = other;
+          best_prob = other_prob;
         }
       }
       // pick < top_k <= num_experts, so some expert ranks after `previous`: best is valid.
       if (lane == 0) {
         ids[pick] = best;
-        weights[pick] = probs[best];
-        weight_sum += probs[best];
+        weights[pick] = best_prob;
+        weight_sum += best_prob;
       }
       previous = best;
+      previous_prob = best_prob;
     }
     if (norm_topk_prob && lane == 0) {
       for (uint32_t pick = 0; pick < top_k; ++pick) weights[pick] = probs[ids[pick]] / weight_sum;
@@ -916,7 +928,10 @@ absl::Status MoeRouteCuda(const float* logits, uint32_t num_tokens, uint32_t num
   RETURN_IF_ERROR(NotNull(kOp, "logits", logits));
   RETURN_IF_ERROR(NotNull(kOp, "topk_ids", topk_ids));
   RETURN_IF_ERROR(NotNull(kOp, "topk_weights", topk_weights));
-  MoeRouteKernel<<<GridFor(num_tokens), kWarp, num_experts * sizeof(float),
+  // Whole 16-byte groups: ptxas merges the serial sum's tail loads into one wider shared load
+  // (compute-sanitizer flagged a 12-byte read at the array's start, on the sum's line).
+  const uint32_t padded_experts = (num_experts + 3) / 4 * 4;
+  MoeRouteKernel<<<GridFor(num_tokens), kWarp, padded_experts * sizeof(float),
                    static_cast<cudaStream_t>(stream)>>>(topk_ids, topk_weights, logits, num_tokens,
                                                         num_experts, top_k, norm_topk_prob);
   return CheckLaunch(kOp);
