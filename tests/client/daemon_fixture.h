@@ -19,21 +19,10 @@
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
 #include "server/pool_spec.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::testing {
-
-// Polls `done` until it holds; false after 10 s. For conditions the daemon reaches
-// asynchronously (lease expiry, a stream's pins ending after its last message).
-template <typename Predicate>
-bool PollUntil(Predicate done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
 
 // After a daemon restart a call may still leave on the dead connection and fail UNAVAILABLE
 // ("Broken pipe") before the channel notices; this retries such a call until it gets another

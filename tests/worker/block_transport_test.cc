@@ -18,11 +18,13 @@
 
 #include "server/daemon.h"
 #include "server/pool_spec.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::worker {
 namespace {
 
+using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -199,6 +201,8 @@ TEST_P(BlockTransportTest, AbortAtTheMidwayHookLeavesNoHashAndNoPin) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("test aborts")));
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(ReceiverCached(prompt), 0u);
+  // The client has its status before the receiving daemon has run the cancelled put's cleanup.
+  EXPECT_TRUE(PollUntil([&] { return ReceiverStats().open_sequences == 0; }));
   const KvCacheClient::PoolStats stats = ReceiverStats();
   EXPECT_EQ(stats.counts.referenced, 0u);
   EXPECT_EQ(stats.published_blocks, 0u);
