@@ -270,6 +270,14 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
       });
 }
 
+absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksVisit(
+    absl::string_view pool, absl::Span<const uint32_t> tokens, BlockVisitor visit,
+    absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes) {
+  return ReadBlocks(
+      pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+      [](uint64_t) { return absl::OkStatus(); }, visit);
+}
+
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
     const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,

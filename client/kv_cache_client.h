@@ -273,6 +273,18 @@ class KvCacheClient {
                                         const ExtraKeys& extra_keys = {},
                                         uint32_t max_chunk_bytes = 0);
 
+  // Same, handing each piece of the stream to `visit` where gRPC received it: no copy and no
+  // allocation by the client, for a consumer that moves the bytes on anyway (a staging copy into
+  // device memory, a file). Pieces come in stream order; `piece` is valid only during the call.
+  // A block's checksum is checked once its last piece was visited: on DATA_LOSS the consumer must
+  // drop what it got of that block. An error from `visit` cancels the stream and is returned.
+  using BlockVisitor = absl::FunctionRef<absl::Status(uint32_t block, uint64_t offset,
+                                                      absl::string_view piece)>;
+  absl::StatusOr<GetInfo> GetBlocksVisit(absl::string_view pool, absl::Span<const uint32_t> tokens,
+                                         BlockVisitor visit, absl::string_view cache_salt = "",
+                                         const ExtraKeys& extra_keys = {},
+                                         uint32_t max_chunk_bytes = 0);
+
   // Rendezvous: small values peers exchange through the daemon before they can talk to each
   // other (an NCCL unique id, say). Keys (1 to 256 bytes) are scoped to the session's tenant;
   // values are at most 4 KiB. Both calls need an open session (FAILED_PRECONDITION locally

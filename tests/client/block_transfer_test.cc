@@ -158,6 +158,46 @@ TEST_F(BlockTransferTest, PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheC
   }));
 }
 
+TEST_F(BlockTransferTest, GetVisitHandsOutEveryPieceInOrderAndItsErrorCancelsTheStream) {
+  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  const uint64_t block_bytes = PoolBlockBytes();
+  const std::string bytes = BlockBytes(4, block_bytes, 30);
+  ASSERT_OK(client_->PutBlocks("default", Tokens(4 * kBlockSize + 1), bytes));
+
+  // Chunks that straddle blocks: a block arrives in pieces, some pieces end mid-block.
+  const uint32_t chunk_bytes = static_cast<uint32_t>(block_bytes + block_bytes / 3 + 16);
+  std::string visited;
+  absl::StatusOr<KvCacheClient::GetInfo> got = client_->GetBlocksVisit(
+      "default", Tokens(4 * kBlockSize),
+      [&](uint32_t block, uint64_t offset, absl::string_view piece) {
+        EXPECT_EQ(block * block_bytes + offset, visited.size()) << "pieces come in stream order";
+        EXPECT_LE(offset + piece.size(), block_bytes) << "a piece stays within its block";
+        visited.append(piece.data(), piece.size());
+        return absl::OkStatus();
+      },
+      "", {}, chunk_bytes);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->num_blocks, 4u);
+  EXPECT_EQ(got->num_cached_tokens, 4 * kBlockSize);
+  EXPECT_TRUE(visited == bytes);
+
+  // The visitor's error stops the stream, comes back as it is, and the daemon's pins end.
+  int calls = 0;
+  EXPECT_THAT(client_->GetBlocksVisit(
+                  "default", Tokens(4 * kBlockSize),
+                  [&](uint32_t, uint64_t, absl::string_view) {
+                    return ++calls == 2 ? absl::ResourceExhaustedError("staging buffer full")
+                                        : absl::OkStatus();
+                  },
+                  "", {}, chunk_bytes),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("staging buffer full")));
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(PollUntil([&] {
+    absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
+    return described.ok() && described->counts.referenced == 0;
+  }));
+}
+
 TEST_F(BlockTransferTest, PutStoppedHalfwayByItsProgressCallbackStoresNothing) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
@@ -498,6 +538,24 @@ TEST_F(FakeDaemonTest, CorruptBlockIsDataLoss) {
   service_.set_get_mode(FakeKvCache::GetMode::kCorruptSecondBlock);
   EXPECT_THAT(client_->GetBlocks("pool", Tokens(3 * 4)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("block 1 of 3")));
+}
+
+TEST_F(FakeDaemonTest, CorruptBlockIsDataLossAfterAVisitorSawIt) {
+  const std::string bytes = BlockBytes(3, block_bytes_, 4);
+  service_.set_cached(bytes);
+  service_.set_get_mode(FakeKvCache::GetMode::kCorruptSecondBlock);
+  std::string visited;
+  EXPECT_THAT(client_->GetBlocksVisit("pool", Tokens(3 * 4),
+                                      [&](uint32_t, uint64_t, absl::string_view piece) {
+                                        visited.append(piece.data(), piece.size());
+                                        return absl::OkStatus();
+                                      }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("block 1 of 3")));
+  // As documented: the bad block's bytes were visited before its checksum was checked, and
+  // nothing after it.
+  ASSERT_EQ(visited.size(), 2 * block_bytes_);
+  EXPECT_TRUE(visited.substr(0, block_bytes_) == bytes.substr(0, block_bytes_));
+  EXPECT_FALSE(visited.substr(block_bytes_) == bytes.substr(block_bytes_, block_bytes_));
 }
 
 TEST_F(FakeDaemonTest, ShortStreamIsDataLoss) {
