@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,7 +28,9 @@
 #include "client/kv_cache_client.h"
 #include "common/http2_tuning.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
-#include "server/daemon.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bench/child_process.h"
 
 namespace kvcache {
 namespace {
@@ -39,6 +41,7 @@ constexpr uint64_t kBytesPerOp = 8 << 20;  // each put/get moves 8 MiB of whole 
 constexpr uint32_t kChunkBytes = 2 << 20;
 constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kLayerCounts[] = {1, 4, 16, 32};  // 64 KiB, 256 KiB, 1 MiB, 2 MiB blocks
+constexpr uint64_t kPoolBytes = 64 << 20;
 
 PoolLayout LayoutFor(uint32_t layers) {
   // 8 KV heads * 128 dims * fp16 = 2 KiB per token per K or V; 64 KiB per layer per block.
@@ -59,29 +62,44 @@ double Bandwidth(double seconds, const std::function<uint64_t()>& op) {
   return bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
 }
 
+// The daemon as deployed: a kvcache-manager process beside this one (in-process, its gRPC
+// threads and this client's shared one poller, and the client's thread ran the daemon's writes).
 class DaemonPeer {
  public:
-  DaemonPeer(const std::string& listen) {
-    DaemonOptions options;
-    options.listen = listen;
-    options.allow_insecure_tcp = true;
-    options.max_message_bytes = 64 << 20;
+  // `listen`: unix://PATH, or 127.0.0.1:PORT (then --insecure).
+  explicit DaemonPeer(const std::string& listen) {
+    std::string pools;
     for (uint32_t layers : kLayerCounts) {
-      PoolOptions pool;
-      pool.name = "l" + std::to_string(layers);
-      pool.model_id = "bench";
-      pool.layout = LayoutFor(layers);
-      pool.num_blocks = static_cast<uint32_t>((64ull << 20) / pool.layout.BlockBytes());
-      options.pools.push_back(pool);
+      absl::StrAppend(&pools, pools.empty() ? "" : ",", "l", layers, ":model=bench:layers=",
+                      layers, ":kv_heads=8:head_dim=128:block_size=", kBlockSize,
+                      ":dtype=fp16:bytes=", kPoolBytes);
     }
-    daemon_ = *Daemon::Start(options);
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
-    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
+    std::vector<std::string> args = {ManagerPath(), "--listen=" + listen, "--pool=" + pools,
+                                     "--session_ttl=10m"};
+    if (!absl::StartsWith(listen, "unix:")) args.push_back("--insecure");
+    ClientOptions client_options;
+    client_options.max_message_bytes = 64 << 20;
+    absl::StatusOr<bench::ChildProcess> daemon = bench::ChildProcess::Start(args, [&] {
+      absl::StatusOr<std::unique_ptr<KvCacheClient>> client =
+          KvCacheClient::Connect(listen, client_options);
+      if (!client.ok() || !(*client)->OpenSession("bench", "data_plane_bench", absl::Minutes(10)).ok()) {
+        return false;
+      }
+      client_ = *std::move(client);
+      return true;
+    });
+    if (!daemon.ok()) {
+      std::fprintf(stderr, "kvcache-manager: %s\n", daemon.status().ToString().c_str());
+      std::exit(1);
+    }
+    daemon_.emplace(*std::move(daemon));
+    grpc::ChannelArguments args_for_stub;
+    args_for_stub.SetMaxReceiveMessageSize(64 << 20);
+    args_for_stub.SetMaxSendMessageSize(64 << 20);
+    args_for_stub.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+    args_for_stub.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
     stub_ = v1::KvCache::NewStub(
-        grpc::CreateCustomChannel(daemon_->address(), grpc::InsecureChannelCredentials(), args));
+        grpc::CreateCustomChannel(listen, grpc::InsecureChannelCredentials(), args_for_stub));
     grpc::ClientContext context;
     v1::OpenSessionRequest request;
     request.set_tenant("bench");
@@ -89,10 +107,6 @@ class DaemonPeer {
     v1::OpenSessionResponse response;
     stub_->OpenSession(&context, request, &response);
     session_ = response.session_id();
-    ClientOptions client_options;
-    client_options.max_message_bytes = 64 << 20;
-    client_ = *KvCacheClient::Connect(daemon_->address(), client_options);
-    (void)client_->OpenSession("bench", "data_plane_bench", absl::Minutes(10));
   }
 
   // What a user of the client library gets: every block's checksum verified, the bytes in the
@@ -104,24 +118,27 @@ class DaemonPeer {
     return got.ok() ? got->num_blocks * got->block_bytes : 0;
   }
 
+  // The copy-free client path: every block verified, each piece visited where gRPC received it
+  // (as Redis's reply lands in its client's read buffer).
+  uint64_t ClientVisit(const std::string& pool, const std::vector<uint32_t>& tokens) {
+    uint64_t visited = 0;
+    absl::StatusOr<KvCacheClient::GetInfo> got = client_->GetBlocksVisit(
+        pool, tokens,
+        [&visited](uint32_t, uint64_t, absl::string_view piece) {
+          visited += piece.size();
+          return absl::OkStatus();
+        },
+        "", {}, kChunkBytes);
+    return got.ok() ? visited : 0;
+  }
+
+  // What a user of the client library does: every block's checksum computed here, and the bytes
+  // sent from where they lie (lent to gRPC, not copied into messages).
   uint64_t Put(const std::string& pool, const std::vector<uint32_t>& tokens,
-               const std::vector<uint64_t>& checksums, const std::string& bytes) {
-    grpc::ClientContext context;
-    v1::PutBlocksResponse response;
-    auto writer = stub_->PutBlocks(&context, &response);
-    v1::PutBlocksRequest request;
-    v1::PutBlocksHeader* header = request.mutable_header();
-    header->set_session_id(session_);
-    header->set_pool(pool);
-    header->mutable_tokens()->Add(tokens.begin(), tokens.end());
-    header->mutable_block_checksums()->Add(checksums.begin(), checksums.end());
-    writer->Write(request);
-    for (size_t offset = 0; offset < bytes.size(); offset += kChunkBytes) {
-      request.set_data(bytes.data() + offset, std::min<size_t>(kChunkBytes, bytes.size() - offset));
-      if (!writer->Write(request)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish().ok() ? bytes.size() : 0;
+               const std::string& bytes) {
+    absl::StatusOr<KvCacheClient::PutResult> put =
+        client_->PutBlocks(pool, tokens, bytes, "", {}, kChunkBytes);
+    return put.ok() ? bytes.size() : 0;
   }
 
   // Bytes land in one parsed message per chunk, as Redis replies land in one buffer per value;
@@ -169,10 +186,18 @@ class DaemonPeer {
   }
 
  private:
-  std::unique_ptr<Daemon> daemon_;
+  // The kvcache-manager next to this benchmark's binary.
+  static std::string ManagerPath() {
+    std::string self(4096, '\0');
+    const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
+    self.resize(n > 0 ? n : 0);
+    return self.substr(0, self.rfind('/') + 1) + "kvcache-manager";
+  }
+
+  std::unique_ptr<KvCacheClient> client_;  // closed before the daemon stops
+  std::optional<bench::ChildProcess> daemon_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   uint64_t session_ = 0;
-  std::unique_ptr<KvCacheClient> client_;
 };
 
 // Measures every op in `ops` for `rounds` interleaved slices of `seconds / rounds` each and
@@ -205,10 +230,8 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     const std::string pool = "l" + std::to_string(layers);
     std::string bytes(blocks * block_bytes, '\0');
     for (char& byte : bytes) byte = static_cast<char>(rng());
-    std::vector<uint64_t> checksums;
     std::vector<std::string> keys, values;
     for (size_t i = 0; i < blocks; ++i) {
-      checksums.push_back(XXH3_64bits_withSeed(bytes.data() + i * block_bytes, block_bytes, 0));
       keys.push_back("block:" + std::to_string(i));
       values.push_back(bytes.substr(i * block_bytes, block_bytes));
     }
@@ -219,7 +242,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
       return tokens;
     };
     const std::vector<uint32_t> cached = fresh_tokens();
-    daemon.Put(pool, cached, checksums, bytes);
+    daemon.Put(pool, cached, bytes);
     std::string received;
     daemon.Get(pool, cached, &received);
     if (received != bytes) std::printf("!! GetBlocks returned different bytes\n");
@@ -227,7 +250,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     const std::vector<uint32_t> hit_blocks = daemon.HitBlocks(pool, cached);
     if (hit_blocks.size() != blocks) std::printf("!! only %zu of %zu blocks hit\n", hit_blocks.size(), blocks);
     const int fd = shm_open(daemon.ShmName(pool).c_str(), O_RDONLY, 0);
-    const size_t pool_bytes = (64ull << 20) / block_bytes * block_bytes;
+    const size_t pool_bytes = kPoolBytes / block_bytes * block_bytes;
     const auto* base = static_cast<const char*>(mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
     close(fd);
     // Page-aligned, as the pool's blocks are: with malloc's 16-byte offset, destination and
@@ -241,9 +264,10 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     std::string client_buffer(bytes.size(), '\0');
     auto unavailable = [] { return uint64_t{1}; };  // keeps a missing Redis from stalling the loop
     const std::vector<double> rates = InterleavedMedians(seconds, 5, {
-        [&] { return daemon.Put(pool, fresh_tokens(), checksums, bytes); },
+        [&] { return daemon.Put(pool, fresh_tokens(), bytes); },
         [&] { return daemon.ClientGet(pool, cached, &client_buffer); },
         [&] { return daemon.Get(pool, cached); },
+        [&] { return daemon.ClientVisit(pool, cached); },
         redis.ok() ? std::function<uint64_t()>([&] {
           return (*redis)->SetAll(keys, values).ok() ? bytes.size() : 0;
         }) : unavailable,
@@ -261,17 +285,20 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
           return hit_blocks.size() * block_bytes;
         },
     });
-    const double put = rates[0], get = rates[1], stub_get = rates[2];
-    const double redis_set = redis.ok() ? rates[3] : 0, redis_get = redis.ok() ? rates[4] : 0;
-    const double memcpy_rate = rates[5], shm = rates[6];
+    const double put = rates[0], get = rates[1], stub_get = rates[2], visit = rates[3];
+    const double redis_set = redis.ok() ? rates[4] : 0, redis_get = redis.ok() ? rates[5] : 0;
+    const double memcpy_rate = rates[6], shm = rates[7];
     if (std::memcmp(copy.data(), bytes.data(), bytes.size()) != 0) {
       std::printf("!! shared-memory blocks differ from what was put\n");
     }
     munmap(const_cast<char*>(base), pool_bytes);
-    std::printf("%-5s %5llu KiB %8.2f %8.2f %8.2f %9.2f %9.2f %7.2fx %7.2fx %8.2f %8.2f %6.2fx\n",
-                name.c_str(), static_cast<unsigned long long>(block_bytes >> 10), put, get,
-                stub_get, redis_set, redis_get, redis_set > 0 ? put / redis_set : 0,
-                redis_get > 0 ? get / redis_get : 0, memcpy_rate, shm, shm / memcpy_rate);
+    std::printf(
+        "%-5s %5llu KiB %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %7.2fx %7.2fx %7.2fx %8.2f %8.2f "
+        "%6.2fx\n",
+        name.c_str(), static_cast<unsigned long long>(block_bytes >> 10), put, get, visit,
+        stub_get, redis_set, redis_get, redis_set > 0 ? put / redis_set : 0,
+        redis_get > 0 ? get / redis_get : 0, redis_get > 0 ? visit / redis_get : 0, memcpy_rate,
+        shm, shm / memcpy_rate);
   }
 }
 
@@ -283,16 +310,14 @@ void ProfileGet(const std::string& path, const std::string& listen, double secon
   const size_t blocks = kBytesPerOp / block_bytes;
   const std::string pool = "l" + std::to_string(layers);
   std::string bytes(blocks * block_bytes, '\x5a');
-  std::vector<uint64_t> checksums;
-  for (size_t i = 0; i < blocks; ++i) {
-    checksums.push_back(XXH3_64bits_withSeed(bytes.data() + i * block_bytes, block_bytes, 0));
-  }
   std::vector<uint32_t> tokens(blocks * kBlockSize);
   std::iota(tokens.begin(), tokens.end(), 1);
-  daemon.Put(pool, tokens, checksums, bytes);
+  daemon.Put(pool, tokens, bytes);
   std::string buffer(bytes.size(), '\0');
   const double rate = Bandwidth(seconds, [&] {
-    return path == "client" ? daemon.ClientGet(pool, tokens, &buffer) : daemon.Get(pool, tokens);
+    if (path == "client") return daemon.ClientGet(pool, tokens, &buffer);
+    if (path == "visit") return daemon.ClientVisit(pool, tokens);
+    return daemon.Get(pool, tokens);
   });
   std::printf("%s get: %.2f GB/s\n", path.c_str(), rate);
 }
@@ -304,21 +329,25 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|stub
+  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|visit|stub
     kvcache::ProfileGet(argv[2], "unix://" + dir + "/kv.sock", seconds);
     std::string cleanup = "rm -rf " + dir;
     return system(cleanup.c_str()) == 0 ? 0 : 1;
   }
   std::printf("8 MiB of whole blocks per operation, %u KiB chunks; GB/s (1e9 bytes/s), each the\n"
-              "median of 5 slices interleaved with the others. get: KvCacheClient::GetBlocks\n"
-              "(every block's checksum verified, the bytes in one buffer); stub get: the typed\n"
-              "stub, bytes left in the parsed messages, nothing verified\n",
+              "median of 5 slices interleaved with the others; kvcache-manager and redis-server\n"
+              "run as processes. put: KvCacheClient::PutBlocks (checksums computed, bytes lent\n"
+              "to gRPC). get: KvCacheClient::GetBlocksInto\n"
+              "(every block's checksum verified, the bytes copied into the caller's buffer);\n"
+              "visit: KvCacheClient::GetBlocksVisit (every block verified, the bytes left where\n"
+              "gRPC received them, as Redis's reply is left in its read buffer); stub get: the\n"
+              "typed stub, bytes left in the parsed messages, nothing verified\n",
               kvcache::kChunkBytes >> 10);
-  std::printf("%-5s %9s %8s %8s %8s %9s %9s %8s %8s %8s %8s %7s\n", "via", "block", "put", "get",
-              "stub get",
-              "redis SET", "redis GET", "put/SET", "get/GET", "memcpy", "shm copy", "shm/mc");
+  std::printf("%-5s %9s %8s %8s %8s %8s %9s %9s %8s %8s %8s %8s %8s %7s\n", "via", "block", "put",
+              "get", "visit", "stub get", "redis SET", "redis GET", "put/SET", "get/GET",
+              "visit/GET", "memcpy", "shm copy", "shm/mc");
   kvcache::RunTransport("unix", "unix://" + dir + "/kv.sock", true, dir, seconds);
-  kvcache::RunTransport("tcp", "127.0.0.1:0", false, dir, seconds);
+  kvcache::RunTransport("tcp", "127.0.0.1:46380", false, dir, seconds);
   std::string cleanup = "rm -rf " + dir;
   return system(cleanup.c_str()) == 0 ? 0 : 1;
 }

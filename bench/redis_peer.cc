@@ -3,20 +3,15 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-
-extern char** environ;
+#include "common/status_macros.h"
 
 namespace kvcache::bench {
 namespace {
@@ -58,32 +53,15 @@ absl::StatusOr<std::unique_ptr<RedisPeer>> RedisPeer::Start(const std::string& d
                                    "127.0.0.1", "--unixsocket", socket_path, "--save", "",
                                    "--appendonly", "no", "--dir", dir, "--logfile", dir + "/redis.log",
                                    "--proto-max-bulk-len", "1gb"};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    return absl::InternalError("cannot start redis-server");
-  }
   int fd = -1;
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (fd < 0 && absl::Now() < give_up) {
-    fd = ConnectOnce(use_unix_socket ? socket_path : "", port);
-    if (fd < 0) absl::SleepFor(absl::Milliseconds(20));
-  }
-  if (fd < 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    return absl::UnavailableError("redis-server did not accept connections");
-  }
-  return std::unique_ptr<RedisPeer>(new RedisPeer(pid, fd));
+  ASSIGN_OR_RETURN(ChildProcess server, ChildProcess::Start(std::move(args), [&] {
+                     fd = ConnectOnce(use_unix_socket ? socket_path : "", port);
+                     return fd >= 0;
+                   }));
+  return std::unique_ptr<RedisPeer>(new RedisPeer(std::move(server), fd));
 }
 
-RedisPeer::~RedisPeer() {
-  close(fd_);
-  kill(pid_, SIGTERM);
-  waitpid(pid_, nullptr, 0);
-}
+RedisPeer::~RedisPeer() { close(fd_); }
 
 absl::Status RedisPeer::SendAll(const std::string& bytes) {
   size_t sent = 0;

@@ -4,12 +4,12 @@
 #ifndef KVCACHE_BENCH_REDIS_PEER_H_
 #define KVCACHE_BENCH_REDIS_PEER_H_
 
-#include <sys/types.h>
-
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench/child_process.h"
 
 namespace kvcache::bench {
 
@@ -27,12 +27,12 @@ class RedisPeer {
   absl::StatusOr<uint64_t> GetAll(const std::vector<std::string>& keys, std::string* scratch);
 
  private:
-  RedisPeer(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  RedisPeer(ChildProcess server, int fd) : server_(std::move(server)), fd_(fd) {}
   absl::Status SendAll(const std::string& bytes);
   absl::StatusOr<std::string> ReadLine();
   absl::Status ReadExact(size_t size, std::string* out);
 
-  pid_t pid_;
+  ChildProcess server_;  // destroyed after the connection is closed
   int fd_;
   std::string buffer_;
   size_t buffer_pos_ = 0;
