@@ -13,12 +13,17 @@
 
 namespace kvcache::bench {
 
+// The path of `name` in this benchmark's own folder (build/bin holds the daemon and the benches).
+std::string SiblingBinary(const std::string& name);
+
 class ChildProcess {
  public:
-  // Starts argv[0] with `args` and polls `ready` every 20 ms until it returns true (a connection
-  // accepted, say). UNAVAILABLE, the child killed, when it does not within 10 s.
+  // Starts argv[0] with `args`, its stdout and stderr appended to `log_path` (the tables stay
+  // readable), and polls `ready` every 20 ms until it returns true (a connection accepted, say).
+  // UNAVAILABLE, the child killed, when it does not within 10 s.
   static absl::StatusOr<ChildProcess> Start(std::vector<std::string> args,
-                                            const std::function<bool()>& ready);
+                                            const std::function<bool()>& ready,
+                                            const std::string& log_path);
   ChildProcess(ChildProcess&& other) noexcept : pid_(other.pid_) { other.pid_ = -1; }
   ChildProcess& operator=(ChildProcess&&) = delete;
   ChildProcess(const ChildProcess&) = delete;

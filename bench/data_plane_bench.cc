@@ -66,15 +66,15 @@ double Bandwidth(double seconds, const std::function<uint64_t()>& op) {
 // threads and this client's shared one poller, and the client's thread ran the daemon's writes).
 class DaemonPeer {
  public:
-  // `listen`: unix://PATH, or 127.0.0.1:PORT (then --insecure).
-  explicit DaemonPeer(const std::string& listen) {
+  // `listen`: unix://PATH, or 127.0.0.1:PORT (then --insecure). The daemon logs to `log_path`.
+  DaemonPeer(const std::string& listen, const std::string& log_path) {
     std::string pools;
     for (uint32_t layers : kLayerCounts) {
       absl::StrAppend(&pools, pools.empty() ? "" : ",", "l", layers, ":model=bench:layers=",
                       layers, ":kv_heads=8:head_dim=128:block_size=", kBlockSize,
                       ":dtype=fp16:bytes=", kPoolBytes);
     }
-    std::vector<std::string> args = {ManagerPath(), "--listen=" + listen, "--pool=" + pools,
+    std::vector<std::string> args = {bench::SiblingBinary("kvcache-manager"), "--listen=" + listen, "--pool=" + pools,
                                      "--session_ttl=10m"};
     if (!absl::StartsWith(listen, "unix:")) args.push_back("--insecure");
     ClientOptions client_options;
@@ -87,7 +87,7 @@ class DaemonPeer {
       }
       client_ = *std::move(client);
       return true;
-    });
+    }, log_path);
     if (!daemon.ok()) {
       std::fprintf(stderr, "kvcache-manager: %s\n", daemon.status().ToString().c_str());
       std::exit(1);
@@ -186,14 +186,6 @@ class DaemonPeer {
   }
 
  private:
-  // The kvcache-manager next to this benchmark's binary.
-  static std::string ManagerPath() {
-    std::string self(4096, '\0');
-    const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
-    self.resize(n > 0 ? n : 0);
-    return self.substr(0, self.rfind('/') + 1) + "kvcache-manager";
-  }
-
   std::unique_ptr<KvCacheClient> client_;  // closed before the daemon stops
   std::optional<bench::ChildProcess> daemon_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
@@ -220,7 +212,7 @@ std::vector<double> InterleavedMedians(double seconds, int rounds,
 
 void RunTransport(const std::string& name, const std::string& listen, bool unix_socket,
                   const std::string& dir, double seconds) {
-  DaemonPeer daemon(listen);
+  DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
   auto redis = bench::RedisPeer::Start(dir, 46379, unix_socket);
   if (!redis.ok()) std::printf("(redis skipped: %s)\n", redis.status().ToString().c_str());
   std::mt19937 rng(1);
@@ -302,9 +294,11 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   }
 }
 
-// Runs one get path on 2 MiB blocks over the Unix socket for `seconds`, for perf record.
-void ProfileGet(const std::string& path, const std::string& listen, double seconds) {
-  DaemonPeer daemon(listen);
+// Runs one path (a get, or the put) on 2 MiB blocks over the Unix socket for `seconds`, for perf
+// record.
+void ProfileGet(const std::string& path, const std::string& dir, double seconds) {
+  const std::string listen = "unix://" + dir + "/kv.sock";
+  DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
   const uint32_t layers = kLayerCounts[3];
   const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
   const size_t blocks = kBytesPerOp / block_bytes;
@@ -317,6 +311,10 @@ void ProfileGet(const std::string& path, const std::string& listen, double secon
   const double rate = Bandwidth(seconds, [&] {
     if (path == "client") return daemon.ClientGet(pool, tokens, &buffer);
     if (path == "visit") return daemon.ClientVisit(pool, tokens);
+    if (path == "put") {
+      for (uint32_t& token : tokens) token += tokens.size();  // fresh blocks each time
+      return daemon.Put(pool, tokens, bytes);
+    }
     return daemon.Get(pool, tokens);
   });
   std::printf("%s get: %.2f GB/s\n", path.c_str(), rate);
@@ -329,8 +327,8 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|visit|stub
-    kvcache::ProfileGet(argv[2], "unix://" + dir + "/kv.sock", seconds);
+  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|visit|stub|put
+    kvcache::ProfileGet(argv[2], dir, seconds);
     std::string cleanup = "rm -rf " + dir;
     return system(cleanup.c_str()) == 0 ? 0 : 1;
   }

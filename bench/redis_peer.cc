@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<RedisPeer>> RedisPeer::Start(const std::string& d
   ASSIGN_OR_RETURN(ChildProcess server, ChildProcess::Start(std::move(args), [&] {
                      fd = ConnectOnce(use_unix_socket ? socket_path : "", port);
                      return fd >= 0;
-                   }));
+                   },
+                   dir + "/redis-server.out"));
   return std::unique_ptr<RedisPeer>(new RedisPeer(std::move(server), fd));
 }
 

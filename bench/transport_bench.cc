@@ -12,9 +12,12 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "bench/child_process.h"
 #include "server/daemon.h"
 #include "worker/block_transport.h"
 
@@ -55,19 +58,35 @@ double GBps(double seconds, const std::function<uint64_t()>& op) {
   return bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
 }
 
+// A node: a kvcache-manager process, as deployed, and a client with an open session.
 struct Node {
-  std::unique_ptr<Daemon> daemon;
-  std::unique_ptr<KvCacheClient> client;
+  std::optional<bench::ChildProcess> daemon;
+  std::unique_ptr<KvCacheClient> client;  // destroyed before the daemon stops
 };
 
 Node StartNode(const std::string& dir, const std::string& name, uint32_t layers) {
-  DaemonOptions options;
-  options.listen = "unix://" + dir + "/" + name + ".sock";
-  options.pools.push_back(Pool(layers));
+  const std::string listen = "unix://" + dir + "/" + name + ".sock";
+  const PoolOptions pool = Pool(layers);
+  const std::string pool_flag = absl::StrCat(
+      "--pool=", pool.name, ":model=", pool.model_id, ":layers=", layers,
+      ":kv_heads=", pool.layout.num_kv_heads, ":head_dim=", pool.layout.head_dim,
+      ":block_size=", pool.layout.block_size, ":blocks=", pool.num_blocks);
   Node node;
-  node.daemon = *Daemon::Start(options);
-  node.client = *KvCacheClient::Connect(options.listen);
-  (void)node.client->OpenSession("bench", "transport_bench");
+  absl::StatusOr<bench::ChildProcess> daemon = bench::ChildProcess::Start(
+      {bench::SiblingBinary("kvcache-manager"), "--listen=" + listen, pool_flag,
+       "--session_ttl=10m"},
+      [&] {
+        absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(listen);
+        if (!client.ok() || !(*client)->OpenSession("bench", "transport_bench").ok()) return false;
+        node.client = *std::move(client);
+        return true;
+      },
+      dir + "/" + name + ".log");
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "kvcache-manager: %s\n", daemon.status().ToString().c_str());
+    std::exit(1);
+  }
+  node.daemon.emplace(*std::move(daemon));
   return node;
 }
 
@@ -198,7 +217,8 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   char dir[] = "/tmp/kvcache-transport-bench-XXXXXX";
   const std::string run_dir = mkdtemp(dir);
-  std::printf("32 MiB of blocks per shipment between two daemons on this node; GB/s\n");
+  std::printf(
+      "32 MiB of blocks per shipment between two kvcache-manager processes on this node; GB/s\n");
   std::printf("%10s %6s %10s %10s %8s %10s %8s\n", "block", "blocks", "memcpy", "shm", "shm/mc",
               "stream", "str/mc");
   for (uint32_t layers : {1u, 4u, 16u, 32u}) kvcache::worker::RunCase(run_dir, layers, seconds);
