@@ -294,8 +294,8 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   }
 }
 
-// Runs one path (a get, or the put) on 2 MiB blocks over the Unix socket for `seconds`, for perf
-// record.
+// Runs one path (a get, the put, or Redis GET) on 2 MiB blocks over the Unix socket for
+// `seconds`, for perf record and perf stat.
 void ProfileGet(const std::string& path, const std::string& dir, double seconds) {
   const std::string listen = "unix://" + dir + "/kv.sock";
   DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
@@ -308,7 +308,19 @@ void ProfileGet(const std::string& path, const std::string& dir, double seconds)
   std::iota(tokens.begin(), tokens.end(), 1);
   daemon.Put(pool, tokens, bytes);
   std::string buffer(bytes.size(), '\0');
+  std::unique_ptr<bench::RedisPeer> redis;
+  std::vector<std::string> keys;
+  if (path == "redis") {
+    redis = *bench::RedisPeer::Start(dir, 46379, /*use_unix_socket=*/true);
+    std::vector<std::string> values;
+    for (size_t i = 0; i < blocks; ++i) {
+      keys.push_back("block:" + std::to_string(i));
+      values.push_back(bytes.substr(i * block_bytes, block_bytes));
+    }
+    (void)redis->SetAll(keys, values);
+  }
   const double rate = Bandwidth(seconds, [&] {
+    if (path == "redis") return redis->GetAll(keys, &buffer).value_or(0);
     if (path == "client") return daemon.ClientGet(pool, tokens, &buffer);
     if (path == "visit") return daemon.ClientVisit(pool, tokens);
     if (path == "put") {
@@ -327,7 +339,7 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|visit|stub|put
+  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|visit|stub|put|redis
     kvcache::ProfileGet(argv[2], dir, seconds);
     std::string cleanup = "rm -rf " + dir;
     return system(cleanup.c_str()) == 0 ? 0 : 1;
