@@ -77,22 +77,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           daemon->socket_path_.empty() ? &bound_port : nullptr);
+  if (daemon->socket_path_.empty()) {
+    builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  } else {
+    ASSIGN_OR_RETURN(daemon->unix_listener_, UnixListener::Bind(daemon->socket_path_));
+  }
   builder.RegisterService(daemon->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
-  // Sockets are created under the process umask: make them owner-only.
-  const mode_t old_umask = umask(0077);
   daemon->server_ = builder.BuildAndStart();
-  umask(old_umask);
   if (daemon->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
-  if (!daemon->socket_path_.empty()) {
-    chmod(daemon->socket_path_.c_str(), 0600);
+  if (daemon->unix_listener_ != nullptr) {
+    daemon->unix_listener_->Serve(daemon->server_.get());
   } else if (bound_port != 0 && absl::EndsWith(options.listen, ":0")) {
     daemon->address_ = absl::StrCat(options.listen.substr(0, options.listen.size() - 1), bound_port);
   }
@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
 void Daemon::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
+  if (unix_listener_ != nullptr) unix_listener_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   if (!socket_path_.empty()) unlink(socket_path_.c_str());
 }

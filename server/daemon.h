@@ -17,6 +17,7 @@
 #include "common/listen_address.h"
 #include "server/cache_manager.h"
 #include "server/kv_cache_service.h"
+#include "server/unix_listener.h"
 
 namespace kvcache {
 
@@ -51,6 +52,7 @@ class Daemon {
   std::unique_ptr<CacheManager> manager_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<UnixListener> unix_listener_;  // for a Unix socket; gRPC listens on TCP itself
 };
 
 }  // namespace kvcache
