@@ -13,6 +13,7 @@
 #include <fstream>
 #include <string>
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/server_builder.h>
 
 #include "tests/testing/poll_until.h"
@@ -67,6 +68,8 @@ TEST_F(UnixListenerTest, AcceptedConnectionsGetTheLargerSendBuffer) {
   absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(path);
   ASSERT_OK(listener);
   grpc::ServerBuilder builder;
+  grpc::CallbackGenericService service;  // a server needs a service to start
+  builder.RegisterCallbackGenericService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_NE(server, nullptr);
   (*listener)->Serve(server.get());
