@@ -2,7 +2,8 @@
 // connection, so that each connection gets a send buffer sized for block streams. gRPC exposes no
 // public way to set socket options on the connections it accepts, and a Unix stream socket's
 // throughput is paced by its sender's buffer: at the default 208 KiB a multi-MiB get makes client
-// and daemon take turns, a few dozen wake-ups per MiB.
+// and daemon take turns (perf stat: 17k recvmsg and 7.7k context switches per GB; 7.7k and 2.7k
+// with 4 MiB).
 //
 // Thread safety: Bind, then Serve once; Stop (also the destructor) from any thread.
 #ifndef KVCACHE_SERVER_UNIX_LISTENER_H_
