@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/child_process.h"
+#include "common/malloc_tuning.h"
 #include "server/daemon.h"
 #include "worker/block_transport.h"
 
@@ -222,6 +223,7 @@ void RunNccl(const std::string& dir, double seconds) {
 
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
+  kvcache::TuneMallocForBlockStreams();  // as the workers do
   char dir[] = "/tmp/kvcache-transport-bench-XXXXXX";
   const std::string run_dir = mkdtemp(dir);
   std::printf(

@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/malloc_tuning.h"
 #include "server/daemon.h"
 #include "server/pool_spec.h"
 
@@ -93,5 +94,6 @@ int main(int argc, char** argv) {
   // Debian's abseil checks every Mutex acquisition for lock-order cycles, through a global graph
   // (1.7% of the daemon's CPU in rpc_bench). The tests keep the check; the daemon drops it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  kvcache::TuneMallocForBlockStreams();
   return kvcache::Run();
 }

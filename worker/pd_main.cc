@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "worker/block_transport.h"
 #include "worker/kv_worker.h"
@@ -134,6 +135,7 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("prefill → decode driver over two kvcache-manager daemons");
   absl::ParseCommandLine(argc, argv);
+  kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "kvcache-pd: %s\n", status.ToString().c_str());

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/listen_address.h"
+#include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "absl/time/clock.h"
 #include "worker/block_transport.h"
@@ -202,6 +203,7 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("MoE worker generating over a kvcache-manager pool");
   absl::ParseCommandLine(argc, argv);
+  kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "kvcache-worker: %s\n", status.ToString().c_str());
