@@ -1,7 +1,8 @@
 // Block byte bandwidth: PutBlocks / GetBlocks over a Unix socket and TCP loopback, next to a plain
 // memcpy of the same bytes, Redis SET / GET of the same values (redis-server on loopback, started
 // here), and a copy out of the shared-memory pool — all measured in one run.
-// Usage: data_plane_bench [seconds per case]
+// Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS client|visit|stub|put|redis
+// runs one path alone, for perf.
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -9,10 +10,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <memory>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <functional>
 #include <numeric>
 #include <optional>
@@ -23,15 +24,15 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "bench/child_process.h"
 #include "bench/redis_peer.h"
 #include "client/kv_cache_client.h"
 #include "common/http2_tuning.h"
 #include "common/malloc_tuning.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
-#include "bench/child_process.h"
 
 namespace kvcache {
 namespace {
