@@ -11,8 +11,9 @@ namespace kvcache {
 // every page it received: 14% of a GetBlocks's cycles in perf (exc_page_fault, clear_page, brk).
 // This keeps freed memory (up to 64 MiB at the heap's top) for reuse and serves blocks below
 // 32 MiB from the heap. Process-wide, hence explicit: a library does not call it on its own.
-// No effect where the C library is not glibc.
-void TuneMallocForBlockStreams();
+// Returns whether the settings took: false where the C library is not glibc, or where an
+// interposed allocator (a sanitizer's, tcmalloc) ignores mallopt.
+bool TuneMallocForBlockStreams();
 
 }  // namespace kvcache
 
