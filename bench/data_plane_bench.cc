@@ -194,23 +194,43 @@ class DaemonPeer {
   uint64_t session_ = 0;
 };
 
-// Measures every op in `ops` for `rounds` interleaved slices of `seconds / rounds` each and
-// returns each op's median GB/s: this machine is noisy, and interleaving exposes every op to the
-// same noise, so the ratios between them hold even when the absolute figures wander.
-std::vector<double> InterleavedMedians(double seconds, int rounds,
-                                       const std::vector<std::function<uint64_t()>>& ops) {
-  for (const auto& op : ops) op();  // warm up: connections, page tables, caches
-  std::vector<std::vector<double>> samples(ops.size());
-  for (int round = 0; round < rounds; ++round) {
-    for (size_t i = 0; i < ops.size(); ++i) samples[i].push_back(Bandwidth(seconds / rounds, ops[i]));
+// Every op in `ops` measured for `rounds` interleaved slices of `seconds / rounds` each: this
+// machine is noisy, and interleaving exposes every op to the same noise.
+class InterleavedRates {
+ public:
+  InterleavedRates(double seconds, int rounds, const std::vector<std::function<uint64_t()>>& ops)
+      : samples_(ops.size()) {
+    for (const auto& op : ops) op();  // warm up: connections, page tables, caches
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t i = 0; i < ops.size(); ++i) {
+        samples_[i].push_back(Bandwidth(seconds / rounds, ops[i]));
+      }
+    }
   }
-  std::vector<double> medians;
-  for (std::vector<double>& op_samples : samples) {
-    std::sort(op_samples.begin(), op_samples.end());
-    medians.push_back(op_samples[op_samples.size() / 2]);
+
+  // Op `i`'s median GB/s.
+  double Median(size_t i) const { return MedianOf(samples_[i]); }
+
+  // The median over rounds of op `a`'s rate over op `b`'s in the same round: slices measured
+  // side by side share the machine's state, so their ratio holds when the absolute rates drift
+  // between rounds (Redis alone swings 2x from one second to the next here). 0 when b is 0.
+  double Ratio(size_t a, size_t b) const {
+    std::vector<double> ratios;
+    for (size_t round = 0; round < samples_[a].size(); ++round) {
+      if (samples_[b][round] == 0) return 0;
+      ratios.push_back(samples_[a][round] / samples_[b][round]);
+    }
+    return MedianOf(std::move(ratios));
   }
-  return medians;
-}
+
+ private:
+  static double MedianOf(std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  }
+
+  std::vector<std::vector<double>> samples_;  // per op, per round
+};
 
 void RunTransport(const std::string& name, const std::string& listen, bool unix_socket,
                   const std::string& dir, double seconds) {
@@ -257,7 +277,9 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     std::string scratch;
     std::string client_buffer(bytes.size(), '\0');
     auto unavailable = [] { return uint64_t{1}; };  // keeps a missing Redis from stalling the loop
-    const std::vector<double> rates = InterleavedMedians(seconds, 5, {
+    // In the order of the ops below.
+    enum Op { kPut, kGet, kStubGet, kVisit, kRedisSet, kRedisGet, kMemcpy, kShmCopy };
+    const InterleavedRates rates(seconds, 5, {
         [&] { return daemon.Put(pool, fresh_tokens(), bytes); },
         [&] { return daemon.ClientGet(pool, cached, &client_buffer); },
         [&] { return daemon.Get(pool, cached); },
@@ -279,20 +301,20 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
           return hit_blocks.size() * block_bytes;
         },
     });
-    const double put = rates[0], get = rates[1], stub_get = rates[2], visit = rates[3];
-    const double redis_set = redis.ok() ? rates[4] : 0, redis_get = redis.ok() ? rates[5] : 0;
-    const double memcpy_rate = rates[6], shm = rates[7];
     if (std::memcmp(copy.data(), bytes.data(), bytes.size()) != 0) {
       std::printf("!! shared-memory blocks differ from what was put\n");
     }
     munmap(const_cast<char*>(base), pool_bytes);
+    const bool with_redis = redis.ok();
     std::printf(
         "%-5s %5llu KiB %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %7.2fx %7.2fx %7.2fx %8.2f %8.2f "
         "%6.2fx\n",
-        name.c_str(), static_cast<unsigned long long>(block_bytes >> 10), put, get, visit,
-        stub_get, redis_set, redis_get, redis_set > 0 ? put / redis_set : 0,
-        redis_get > 0 ? get / redis_get : 0, redis_get > 0 ? visit / redis_get : 0, memcpy_rate,
-        shm, shm / memcpy_rate);
+        name.c_str(), static_cast<unsigned long long>(block_bytes >> 10), rates.Median(kPut),
+        rates.Median(kGet), rates.Median(kVisit), rates.Median(kStubGet),
+        with_redis ? rates.Median(kRedisSet) : 0, with_redis ? rates.Median(kRedisGet) : 0,
+        with_redis ? rates.Ratio(kPut, kRedisSet) : 0, with_redis ? rates.Ratio(kGet, kRedisGet) : 0,
+        with_redis ? rates.Ratio(kVisit, kRedisGet) : 0, rates.Median(kMemcpy),
+        rates.Median(kShmCopy), rates.Ratio(kShmCopy, kMemcpy));
   }
 }
 
@@ -348,7 +370,8 @@ int main(int argc, char** argv) {
     return system(cleanup.c_str()) == 0 ? 0 : 1;
   }
   std::printf("8 MiB of whole blocks per operation, %u KiB chunks; GB/s (1e9 bytes/s), each the\n"
-              "median of 5 slices interleaved with the others; kvcache-manager and redis-server\n"
+              "median of 5 slices interleaved with the others; each ratio (x) the median of the\n"
+              "5 rounds' ratios of side-by-side slices; kvcache-manager and redis-server\n"
               "run as processes. put: KvCacheClient::PutBlocks (checksums computed, bytes lent\n"
               "to gRPC). get: KvCacheClient::GetBlocksInto\n"
               "(every block's checksum verified, the bytes copied into the caller's buffer);\n"
