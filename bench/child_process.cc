@@ -2,14 +2,12 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-
-extern char** environ;
+#include "common/spawn_process.h"
 
 namespace kvcache::bench {
 
@@ -23,19 +21,13 @@ std::string SiblingBinary(const std::string& name) {
 absl::StatusOr<ChildProcess> ChildProcess::Start(std::vector<std::string> args,
                                                  const std::function<bool()>& ready,
                                                  const std::string& log_path) {
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) return absl::InternalError(absl::StrCat("cannot start ", args[0]));
-  ChildProcess child(pid);
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (log_fd < 0) return absl::InternalError(absl::StrCat("cannot open ", log_path));
+  absl::StatusOr<pid_t> pid =
+      SpawnTiedProcess(args, SpawnOptions{.stdout_fd = log_fd, .stderr_fd = log_fd});
+  close(log_fd);
+  if (!pid.ok()) return pid.status();
+  ChildProcess child(*pid);
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (!ready()) {
     if (absl::Now() > give_up) {

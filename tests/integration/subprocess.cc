@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,8 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-
-extern char** environ;
+#include "common/spawn_process.h"
 
 namespace kvcache::testing {
 
@@ -24,21 +22,13 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int error = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  absl::StatusOr<pid_t> pid = SpawnTiedProcess(argv, SpawnOptions{.stdout_fd = pipe_fds[1]});
   close(pipe_fds[1]);
-  if (error != 0) {
+  if (!pid.ok()) {
     close(pipe_fds[0]);
-    return absl::InternalError(absl::StrCat("posix_spawn ", argv[0], ": ", std::strerror(error)));
+    return pid.status();
   }
-  return Subprocess(pid, pipe_fds[0]);
+  return Subprocess(*pid, pipe_fds[0]);
 }
 
 Subprocess::Subprocess(Subprocess&& other) noexcept

@@ -1,7 +1,8 @@
-// Subprocess: a child process for integration tests, started with posix_spawn, with its stdout
-// on a pipe that the test reads line by line under a deadline. Every wait is bounded, so a hung
-// child fails the test instead of hanging it. The destructor SIGKILLs and reaps a child still
-// running, so a failed test leaves no process behind.
+// Subprocess: a child process for integration tests, with its stdout on a pipe that the test
+// reads line by line under a deadline. Every wait is bounded, so a hung child fails the test
+// instead of hanging it. The destructor SIGKILLs and reaps a child still running, so a failed
+// test leaves no process behind; and the child is tied to the test's thread
+// (common/spawn_process.h), so a test killed by ctest's timeout leaves none either.
 //
 // Thread safety: thread-compatible (one test thread drives it).
 #ifndef KVCACHE_TESTS_INTEGRATION_SUBPROCESS_H_
