@@ -74,6 +74,16 @@ absl::Status RedisPeer::SendAll(const std::string& bytes) {
   return absl::OkStatus();
 }
 
+absl::Status RedisPeer::Fill() {
+  char chunk[1 << 16];
+  const ssize_t n = read(fd_, chunk, sizeof(chunk));
+  if (n <= 0) return absl::UnavailableError("redis read failed");
+  buffer_.erase(0, buffer_pos_);
+  buffer_pos_ = 0;
+  buffer_.append(chunk, n);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> RedisPeer::ReadLine() {
   while (true) {
     const size_t end = buffer_.find("\r\n", buffer_pos_);
@@ -82,24 +92,25 @@ absl::StatusOr<std::string> RedisPeer::ReadLine() {
       buffer_pos_ = end + 2;
       return line;
     }
-    char chunk[1 << 16];
-    const ssize_t n = read(fd_, chunk, sizeof(chunk));
-    if (n <= 0) return absl::UnavailableError("redis read failed");
-    buffer_.erase(0, buffer_pos_);
-    buffer_pos_ = 0;
-    buffer_.append(chunk, n);
+    if (absl::Status s = Fill(); !s.ok()) return s;
   }
 }
 
-absl::Status RedisPeer::ReadExact(size_t size, std::string* out) {
-  out->clear();
+absl::Status RedisPeer::Skip(size_t size) {
+  while (buffer_.size() - buffer_pos_ < size) {
+    if (absl::Status s = Fill(); !s.ok()) return s;
+  }
+  buffer_pos_ += size;
+  return absl::OkStatus();
+}
+
+absl::Status RedisPeer::ReadInto(char* out, size_t size) {
   const size_t buffered = std::min(size, buffer_.size() - buffer_pos_);
-  out->append(buffer_, buffer_pos_, buffered);
+  std::memcpy(out, buffer_.data() + buffer_pos_, buffered);
   buffer_pos_ += buffered;
-  out->resize(size);
   size_t filled = buffered;
   while (filled < size) {
-    const ssize_t n = read(fd_, out->data() + filled, size - filled);
+    const ssize_t n = read(fd_, out + filled, size - filled);
     if (n <= 0) return absl::UnavailableError("redis read failed");
     filled += n;
   }
@@ -126,6 +137,22 @@ absl::Status RedisPeer::SetAll(const std::vector<std::string>& keys,
 
 absl::StatusOr<uint64_t> RedisPeer::GetAll(const std::vector<std::string>& keys,
                                            std::string* scratch) {
+  return GetEach(keys, [scratch](uint64_t, size_t size) {
+    scratch->resize(size);
+    return scratch->data();
+  });
+}
+
+absl::StatusOr<uint64_t> RedisPeer::GetAllInto(const std::vector<std::string>& keys,
+                                               absl::Span<char> destination) {
+  return GetEach(keys, [destination](uint64_t offset, size_t size) -> char* {
+    return offset + size <= destination.size() ? destination.data() + offset : nullptr;
+  });
+}
+
+absl::StatusOr<uint64_t> RedisPeer::GetEach(
+    const std::vector<std::string>& keys,
+    absl::FunctionRef<char*(uint64_t offset, size_t size)> place) {
   std::string request;
   for (const std::string& key : keys) {
     absl::StrAppend(&request, "*2\r\n$3\r\nGET\r\n$", key.size(), "\r\n", key, "\r\n");
@@ -139,7 +166,11 @@ absl::StatusOr<uint64_t> RedisPeer::GetAll(const std::vector<std::string>& keys,
     if (line->empty() || (*line)[0] != '$' || !absl::SimpleAtoi(line->substr(1), &size)) {
       return absl::InternalError(absl::StrCat("redis GET: ", *line));
     }
-    if (absl::Status s = ReadExact(size + 2, scratch); !s.ok()) return s;
+    char* value = place(total, size);
+    if (value == nullptr) return absl::OutOfRangeError("redis GET: the values overflow the buffer");
+    if (absl::Status s = ReadInto(value, size); !s.ok()) return s;
+    // The value's CRLF, read with what follows it (the next reply's header), as ReadLine would.
+    if (absl::Status s = Skip(2); !s.ok()) return s;
     total += size;
   }
   return total;

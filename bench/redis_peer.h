@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "bench/child_process.h"
 
 namespace kvcache::bench {
@@ -23,14 +25,25 @@ class RedisPeer {
 
   // Pipelines one SET per value, then reads every reply.
   absl::Status SetAll(const std::vector<std::string>& keys, const std::vector<std::string>& values);
-  // Pipelines one GET per key; returns the total bytes received.
+  // Pipelines one GET per key; returns the total bytes received. GetAll reads each value into
+  // `scratch` (reused, as a client's read buffer is); GetAllInto places the values one after
+  // another in `destination`, as a cache connector fills a prompt's buffer.
   absl::StatusOr<uint64_t> GetAll(const std::vector<std::string>& keys, std::string* scratch);
+  absl::StatusOr<uint64_t> GetAllInto(const std::vector<std::string>& keys,
+                                      absl::Span<char> destination);
 
  private:
   RedisPeer(ChildProcess server, int fd) : server_(std::move(server)), fd_(fd) {}
   absl::Status SendAll(const std::string& bytes);
+  absl::Status Fill();  // appends what one read of up to 64 KiB gets to buffer_
   absl::StatusOr<std::string> ReadLine();
-  absl::Status ReadExact(size_t size, std::string* out);
+  absl::Status Skip(size_t size);
+  // Reads `size` bytes into `out`: what ReadLine buffered first, the rest straight from the socket.
+  absl::Status ReadInto(char* out, size_t size);
+  // GETs every key; `place` says where the value at byte `offset` of them all, of `size`
+  // bytes, goes (nullptr: nowhere, an error).
+  absl::StatusOr<uint64_t> GetEach(const std::vector<std::string>& keys,
+                                   absl::FunctionRef<char*(uint64_t offset, size_t size)> place);
 
   ChildProcess server_;  // destroyed after the connection is closed
   int fd_;
