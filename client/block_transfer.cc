@@ -17,6 +17,7 @@
 #include "common/block_checksum.h"
 #include "common/bytes_field_split.h"
 #include "common/status_macros.h"
+#include "common/streaming_copy.h"
 
 namespace kvcache {
 namespace {
@@ -252,6 +253,7 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::Span<char> destination,
     absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes) {
   uint64_t written = 0;  // pieces arrive in order
+  bool streaming = false;
   return ReadBlocks(
       pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
       [&](uint64_t total) {
@@ -261,10 +263,15 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
                                                     "destination holds ",
                                                     destination.size()));
         }
+        streaming = total >= kStreamingCopyMinTotalBytes;
         return absl::OkStatus();
       },
       [&](uint32_t, uint64_t, absl::string_view piece) {
-        std::memcpy(destination.data() + written, piece.data(), piece.size());
+        if (streaming) {
+          StreamingCopy(destination.data() + written, piece.data(), piece.size());
+        } else {
+          std::memcpy(destination.data() + written, piece.data(), piece.size());
+        }
         written += piece.size();
         return absl::OkStatus();
       });

@@ -266,7 +266,8 @@ class KvCacheClient {
   // Same, writing the bytes into `destination` instead (a staging buffer, a pool the caller
   // owns: no allocation, one copy from the received bytes). OUT_OF_RANGE, and the stream is
   // cancelled, when the daemon has more cached blocks than `destination` holds; its contents are
-  // unspecified after an error.
+  // unspecified after an error. Gets of kStreamingCopyMinTotalBytes or more bypass the cache on
+  // the way into `destination` (common/streaming_copy.h): the bytes are in memory, not in cache.
   absl::StatusOr<GetInfo> GetBlocksInto(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                         absl::Span<char> destination,
                                         absl::string_view cache_salt = "",

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
+#include "common/streaming_copy.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/fake_session_service.h"
 #include "tests/testing/status_matchers.h"
@@ -156,6 +157,30 @@ TEST_F(BlockTransferTest, PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheC
     absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
     return described.ok() && described->counts.referenced == 0;
   }));
+}
+
+// A get of kStreamingCopyMinTotalBytes or more writes the caller's buffer with streaming stores:
+// the bytes land intact wherever the buffer starts and however the chunks cut the blocks.
+TEST_F(BlockTransferTest, LargeGetIntoAnUnalignedBufferRoundTripsTheBytes) {
+  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  const uint64_t block_bytes = client_->DescribePool("large")->pool.block_bytes;
+  const size_t num_blocks = kLargeBlocks;
+  ASSERT_GE(num_blocks * block_bytes, kStreamingCopyMinTotalBytes);
+  const std::string bytes = BlockBytes(num_blocks, block_bytes, 40);
+  const std::vector<uint32_t> prompt = Tokens(num_blocks * kBlockSize);
+  ASSERT_OK(client_->PutBlocks("large", prompt, bytes));
+
+  constexpr size_t kOffset = 3;  // neither 16- nor 64-byte aligned
+  for (const uint32_t chunk : {0u, 100003u}) {
+    std::string buffer(kOffset + bytes.size() + 1, 'z');
+    absl::StatusOr<KvCacheClient::GetInfo> got = client_->GetBlocksInto(
+        "large", prompt, absl::MakeSpan(buffer.data() + kOffset, bytes.size()), "", {}, chunk);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->num_blocks, num_blocks);
+    EXPECT_TRUE(buffer.substr(kOffset, bytes.size()) == bytes) << "chunk " << chunk;
+    EXPECT_EQ(buffer.substr(0, kOffset), "zzz");
+    EXPECT_EQ(buffer.back(), 'z');
+  }
 }
 
 TEST_F(BlockTransferTest, GetVisitHandsOutEveryPieceInOrderAndItsErrorCancelsTheStream) {

@@ -1,7 +1,8 @@
 // A real kvcache daemon in this process, on a Unix socket in a temp dir, with a connected
 // KvCacheClient: the fixture of the client tests that need a daemon's pools (shared memory,
-// block streams). Pools: "default" (kDefaultBlocks) and "tiny" (kTinyBlocks), both of
-// DefaultPoolOptions' layout. TearDown checks every pool's invariants.
+// block streams). Pools: "default" (kDefaultBlocks), "tiny" (kTinyBlocks) and "large"
+// (kLargeBlocks, room for a get past kStreamingCopyMinTotalBytes), all of DefaultPoolOptions'
+// layout. TearDown checks every pool's invariants.
 #ifndef KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
 #define KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
 
@@ -43,6 +44,7 @@ class DaemonFixture : public ::testing::Test {
   static constexpr uint32_t kBlockSize = 16;  // DefaultPoolOptions' block size
   static constexpr uint32_t kDefaultBlocks = 64;
   static constexpr uint32_t kTinyBlocks = 4;
+  static constexpr uint32_t kLargeBlocks = 160;  // 5 MiB of 32 KiB blocks
 
   void SetUp() override {
     char dir[] = "/tmp/kvcache_client_test.XXXXXX";
@@ -71,6 +73,9 @@ class DaemonFixture : public ::testing::Test {
     options.pools.push_back(pool);
     pool.name = "tiny";
     pool.num_blocks = kTinyBlocks;
+    options.pools.push_back(pool);
+    pool.name = "large";
+    pool.num_blocks = kLargeBlocks;
     options.pools.push_back(pool);
     options.reaper_period = absl::Milliseconds(20);
     absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);

@@ -50,7 +50,7 @@ TEST_F(KvCacheClientTest, PingReturnsTheDaemonEpoch) {
 TEST_F(KvCacheClientTest, ListPoolsDescribesEveryPool) {
   absl::StatusOr<std::vector<KvCacheClient::PoolInfo>> pools = client_->ListPools();
   ASSERT_OK(pools);
-  ASSERT_EQ(pools->size(), 2u);
+  ASSERT_EQ(pools->size(), 3u);  // default, tiny, large
   const PoolOptions expected = DefaultPoolOptions();
   const KvCacheClient::PoolInfo& pool = (*pools)[0];
   EXPECT_EQ(pool.name, "default");
@@ -128,7 +128,7 @@ TEST_F(KvCacheClientTest, CommittedPrefixIsHitOnTheSameBlocks) {
               ElementsAreArray(first->block_ids.begin(), first->block_ids.begin() + 3));
 
   const KvCacheClient::Stats stats = Stats(*client_);
-  ASSERT_EQ(stats.pools.size(), 2u);
+  ASSERT_EQ(stats.pools.size(), 3u);
   const KvCacheClient::PoolStats& pool = stats.pools[0];
   EXPECT_EQ(pool.pool, "default");
   EXPECT_EQ(pool.prompt_tokens, 2 * prompt.size());

@@ -53,9 +53,10 @@ TEST_F(MappedPoolTest, DescriptionCarriesTheShmMappingAndEpoch) {
   EXPECT_EQ(mapping.size_bytes, uint64_t{kDefaultBlocks} * described.pool.block_bytes);
   absl::StatusOr<std::vector<KvCacheClient::PoolInfo>> pools = client_->ListPools();
   ASSERT_OK(pools);
-  ASSERT_EQ(pools->size(), 2u);
+  ASSERT_EQ(pools->size(), 3u);  // default, tiny, large
   EXPECT_EQ((*pools)[0].mapping.shm_name, mapping.shm_name);
   EXPECT_NE((*pools)[1].mapping.shm_name, mapping.shm_name);
+  EXPECT_NE((*pools)[2].mapping.shm_name, mapping.shm_name);
 }
 
 TEST_F(MappedPoolTest, MapsThePoolTheDaemonServes) {
