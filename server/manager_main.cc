@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/malloc_tuning.h"
+#include "common/poll_engine.h"
 #include "server/daemon.h"
 #include "server/pool_spec.h"
 
@@ -90,6 +91,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("KV-cache manager daemon: block pools, prefix index, gRPC API v1");
+  kvcache::UsePollEngineForBlockStreams();
   absl::ParseCommandLine(argc, argv);
   // Debian's abseil checks every Mutex acquisition for lock-order cycles, through a global graph
   // (1.7% of the daemon's CPU in rpc_bench). The tests keep the check; the daemon drops it.

@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "common/malloc_tuning.h"
+#include "common/poll_engine.h"
 #include "common/status_macros.h"
 #include "worker/block_transport.h"
 #include "worker/kv_worker.h"
@@ -134,6 +135,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("prefill → decode driver over two kvcache-manager daemons");
+  kvcache::UsePollEngineForBlockStreams();
   absl::ParseCommandLine(argc, argv);
   kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();
