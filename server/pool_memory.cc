@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/block_checksum.h"
 #include "common/status_macros.h"
+#include "common/streaming_copy.h"
 #include "kernels/block_copy.h"
 
 namespace kvcache {
@@ -98,7 +99,7 @@ absl::Status HostPoolMemory::CopyBlock(uint32_t src, uint32_t dst) {
 
 absl::Status HostPoolMemory::Write(uint32_t block, uint64_t offset, absl::string_view bytes) {
   RETURN_IF_ERROR(CheckRange(block, offset, bytes.size()));
-  std::memcpy(Block(block) + offset, bytes.data(), bytes.size());
+  StreamingCopy(Block(block) + offset, bytes.data(), bytes.size());
   return absl::OkStatus();
 }
 

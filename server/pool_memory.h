@@ -37,7 +37,8 @@ class PoolMemory {
 
   // Copies all bytes of block `src` into block `dst`.
   virtual absl::Status CopyBlock(uint32_t src, uint32_t dst) = 0;
-  // Writes `bytes` at `offset` inside `block`. OUT_OF_RANGE past the block.
+  // Writes `bytes` at `offset` inside `block`. OUT_OF_RANGE past the block. The bytes are for
+  // other processes and later gets: a host pool writes them past the cache (StreamingCopy).
   virtual absl::Status Write(uint32_t block, uint64_t offset, absl::string_view bytes) = 0;
   // Reads `size` bytes at `offset` inside `block` into `out`. OUT_OF_RANGE past the block.
   virtual absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const = 0;
