@@ -32,7 +32,7 @@
 #include "client/kv_cache_client.h"
 #include "common/http2_tuning.h"
 #include "common/malloc_tuning.h"
-#include "common/poll_engine.h"
+#include "common/grpc_tuning.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
 namespace kvcache {
@@ -371,7 +371,7 @@ void ProfileGet(const std::string& path, const std::string& dir, double seconds)
 
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  kvcache::UsePollEngineForBlockStreams();  // as a client that streams blocks should
+  kvcache::TuneGrpcForBlockStreams();  // as a client that streams blocks should
   kvcache::TuneMallocForBlockStreams();
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);

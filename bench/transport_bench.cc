@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/child_process.h"
 #include "common/malloc_tuning.h"
-#include "common/poll_engine.h"
+#include "common/grpc_tuning.h"
 #include "server/daemon.h"
 #include "worker/block_transport.h"
 
@@ -224,7 +224,7 @@ void RunNccl(const std::string& dir, double seconds) {
 
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  kvcache::UsePollEngineForBlockStreams();  // as the workers do
+  kvcache::TuneGrpcForBlockStreams();  // as the workers do
   kvcache::TuneMallocForBlockStreams();
   char dir[] = "/tmp/kvcache-transport-bench-XXXXXX";
   const std::string run_dir = mkdtemp(dir);

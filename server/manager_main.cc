@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/malloc_tuning.h"
-#include "common/poll_engine.h"
+#include "common/grpc_tuning.h"
 #include "server/daemon.h"
 #include "server/pool_spec.h"
 
@@ -91,7 +91,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("KV-cache manager daemon: block pools, prefix index, gRPC API v1");
-  kvcache::UsePollEngineForBlockStreams();
+  kvcache::TuneGrpcForBlockStreams();
   absl::ParseCommandLine(argc, argv);
   // Debian's abseil checks every Mutex acquisition for lock-order cycles, through a global graph
   // (1.7% of the daemon's CPU in rpc_bench). The tests keep the check; the daemon drops it.

@@ -10,7 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "common/malloc_tuning.h"
-#include "common/poll_engine.h"
+#include "common/grpc_tuning.h"
 #include "common/status_macros.h"
 #include "worker/block_transport.h"
 #include "worker/kv_worker.h"
@@ -135,7 +135,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("prefill → decode driver over two kvcache-manager daemons");
-  kvcache::UsePollEngineForBlockStreams();
+  kvcache::TuneGrpcForBlockStreams();
   absl::ParseCommandLine(argc, argv);
   kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();

@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
-#include "common/poll_engine.h"
+#include "common/grpc_tuning.h"
 #include "common/status_macros.h"
 #include "absl/time/clock.h"
 #include "worker/block_transport.h"
@@ -203,7 +203,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("MoE worker generating over a kvcache-manager pool");
-  kvcache::UsePollEngineForBlockStreams();
+  kvcache::TuneGrpcForBlockStreams();
   absl::ParseCommandLine(argc, argv);
   kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();
