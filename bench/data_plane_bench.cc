@@ -2,7 +2,7 @@
 // memcpy of the same bytes, Redis SET / GET of the same values (redis-server on loopback, started
 // here), and a copy out of the shared-memory pool — all measured in one run.
 // Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS client|visit|stub|put|redis
-// runs one path alone, for perf.
+// [unix|tcp] runs one path alone, for perf.
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -328,10 +328,11 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   }
 }
 
-// Runs one path (a get, the put, or Redis GET) on 2 MiB blocks over the Unix socket for
-// `seconds`, for perf record and perf stat.
-void ProfileGet(const std::string& path, const std::string& dir, double seconds) {
-  const std::string listen = "unix://" + dir + "/kv.sock";
+// Runs one path (a get, the put, or Redis GET) on 2 MiB blocks over the Unix socket (or TCP
+// loopback) for `seconds`, for perf record and perf stat.
+void ProfileGet(const std::string& path, bool unix_socket, const std::string& dir,
+                double seconds) {
+  const std::string listen = unix_socket ? "unix://" + dir + "/kv.sock" : "127.0.0.1:46380";
   DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
   const uint32_t layers = kLayerCounts[3];
   const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
@@ -345,7 +346,7 @@ void ProfileGet(const std::string& path, const std::string& dir, double seconds)
   std::unique_ptr<bench::RedisPeer> redis;
   std::vector<std::string> keys;
   if (path == "redis") {
-    redis = *bench::RedisPeer::Start(dir, 46379, /*use_unix_socket=*/true);
+    redis = *bench::RedisPeer::Start(dir, 46379, unix_socket);
     std::vector<std::string> values;
     for (size_t i = 0; i < blocks; ++i) {
       keys.push_back("block:" + std::to_string(i));
@@ -375,8 +376,8 @@ int main(int argc, char** argv) {
   kvcache::TuneMallocForBlockStreams();
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  if (argc > 2) {  // one get path alone, for a profiler: data_plane_bench SECONDS client|visit|stub|put|redis
-    kvcache::ProfileGet(argv[2], dir, seconds);
+  if (argc > 2) {  // one path alone, for a profiler: data_plane_bench SECONDS PATH [unix|tcp]
+    kvcache::ProfileGet(argv[2], argc < 4 || std::string(argv[3]) != "tcp", dir, seconds);
     std::string cleanup = "rm -rf " + dir;
     return system(cleanup.c_str()) == 0 ? 0 : 1;
   }
