@@ -18,8 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/child_process.h"
-#include "common/malloc_tuning.h"
 #include "common/grpc_tuning.h"
+#include "common/malloc_tuning.h"
 #include "server/daemon.h"
 #include "worker/block_transport.h"
 

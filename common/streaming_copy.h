@@ -1,6 +1,7 @@
 // A memcpy for copies too large to stay in cache: the destination is written with non-temporal
 // stores, which go to memory without first reading each line into the cache and without evicting
-// what the cache holds.
+// what the cache holds. Used where block bytes land for someone else: a large GetBlocksInto's
+// buffer, and a host pool's blocks written by a put.
 //
 // GetBlocksInto copies every piece gRPC received (at most 64 KiB each) into the caller's buffer.
 // glibc streams only single copies above its non-temporal threshold (3/4 of the last-level cache's

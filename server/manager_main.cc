@@ -11,8 +11,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/malloc_tuning.h"
 #include "common/grpc_tuning.h"
+#include "common/malloc_tuning.h"
 #include "server/daemon.h"
 #include "server/pool_spec.h"
 
