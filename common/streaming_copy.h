@@ -3,9 +3,11 @@
 // what the cache holds. Used where block bytes land for someone else: a large GetBlocksInto's
 // buffer, and a host pool's blocks written by a put.
 //
-// GetBlocksInto copies every piece gRPC received (at most 64 KiB each) into the caller's buffer.
-// glibc streams only single copies above its non-temporal threshold (3/4 of the last-level cache's
-// per-thread share), so pieces that add up to MiBs were copied through the cache: each line of
+// GetBlocksInto copies every piece gRPC received into the caller's buffer: 64 KiB each under
+// gRPC 1.51's default reads, at most a message's worth with TuneGrpcForBlockStreams. glibc streams
+// only single copies above its non-temporal threshold (3/4 of the last-level cache's per-thread
+// share, 240 MiB on our VM, which reports a 320 MiB cache), so pieces that add up to MiBs were
+// copied through the cache: each line of
 // the destination read in before it was written, and the cache filled with the destination,
 // evicting the received bytes and the pool's. That copy took 16% of all samples (daemon and
 // client) in perf of a `data_plane_bench 4 client` run, almost as much as the kernel's receive
