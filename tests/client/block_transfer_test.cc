@@ -22,6 +22,7 @@
 #include "common/streaming_copy.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/fake_session_service.h"
+#include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -502,6 +503,7 @@ class FakeKvCache final : public kvcache::testing::FakeSessionService {
 class FakeDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ::kvcache::testing::KeepGrpcInitialized();
     char dir[] = "/tmp/kvcache_fake_daemon.XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;

@@ -20,6 +20,7 @@
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
 #include "server/pool_spec.h"
+#include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 
@@ -47,6 +48,7 @@ class DaemonFixture : public ::testing::Test {
   static constexpr uint32_t kLargeBlocks = 160;  // 5 MiB of 32 KiB blocks
 
   void SetUp() override {
+    ::kvcache::testing::KeepGrpcInitialized();
     char dir[] = "/tmp/kvcache_client_test.XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;

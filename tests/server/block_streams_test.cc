@@ -20,6 +20,7 @@
 
 #include "common/grpc_status.h"
 #include "server/daemon.h"
+#include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -34,6 +35,7 @@ constexpr uint32_t kNumBlocks = 16;
 class BlockStreamsTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ::kvcache::testing::KeepGrpcInitialized();
     char dir[] = "/tmp/kvcache-streams-XXXXXX";
     dir_ = mkdtemp(dir);
     DaemonOptions options;

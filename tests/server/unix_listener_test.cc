@@ -16,6 +16,7 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/server_builder.h>
 
+#include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 
@@ -28,6 +29,7 @@ using ::kvcache::testing::StatusIs;
 class UnixListenerTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ::kvcache::testing::KeepGrpcInitialized();
     char dir[] = "/tmp/kvcache_unix_listener.XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;

@@ -18,6 +18,7 @@
 
 #include "server/daemon.h"
 #include "server/pool_spec.h"
+#include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 
@@ -40,6 +41,7 @@ struct Node {
 class BlockTransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    ::kvcache::testing::KeepGrpcInitialized();
     char dir[] = "/tmp/kvcache_block_transport_test.XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;

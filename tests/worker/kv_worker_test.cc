@@ -28,6 +28,7 @@
 #include "server/daemon.h"
 #include "server/pool_spec.h"
 #include "tests/testing/fake_session_service.h"
+#include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/generation.h"
@@ -53,6 +54,7 @@ void ExpectSameGeneration(const GenerationResult& got, const GenerationResult& w
 class KvWorkerHostPoolTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ::kvcache::testing::KeepGrpcInitialized();
     char dir[] = "/tmp/kvcache_kv_worker_test.XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
