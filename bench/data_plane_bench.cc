@@ -330,7 +330,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
 
 // Runs one path (a get, the put, or Redis GET) on 2 MiB blocks over the Unix socket (or TCP
 // loopback) for `seconds`, for perf record and perf stat.
-void ProfileGet(const std::string& path, bool unix_socket, const std::string& dir,
+bool ProfileGet(const std::string& path, bool unix_socket, const std::string& dir,
                 double seconds) {
   const std::string listen = unix_socket ? "unix://" + dir + "/kv.sock" : "127.0.0.1:46380";
   DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
@@ -346,7 +346,13 @@ void ProfileGet(const std::string& path, bool unix_socket, const std::string& di
   std::unique_ptr<bench::RedisPeer> redis;
   std::vector<std::string> keys;
   if (path == "redis") {
-    redis = *bench::RedisPeer::Start(dir, 46379, unix_socket);
+    absl::StatusOr<std::unique_ptr<bench::RedisPeer>> started =
+        bench::RedisPeer::Start(dir, 46379, unix_socket);
+    if (!started.ok()) {
+      std::fprintf(stderr, "redis: %s\n", started.status().ToString().c_str());
+      return false;
+    }
+    redis = *std::move(started);
     std::vector<std::string> values;
     for (size_t i = 0; i < blocks; ++i) {
       keys.push_back("block:" + std::to_string(i));
@@ -365,6 +371,7 @@ void ProfileGet(const std::string& path, bool unix_socket, const std::string& di
     return daemon.Get(pool, tokens);
   });
   std::printf("%s get: %.2f GB/s\n", path.c_str(), rate);
+  return true;
 }
 
 }  // namespace
@@ -377,9 +384,10 @@ int main(int argc, char** argv) {
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   if (argc > 2) {  // one path alone, for a profiler: data_plane_bench SECONDS PATH [unix|tcp]
-    kvcache::ProfileGet(argv[2], argc < 4 || std::string(argv[3]) != "tcp", dir, seconds);
+    const bool ran =
+        kvcache::ProfileGet(argv[2], argc < 4 || std::string(argv[3]) != "tcp", dir, seconds);
     std::string cleanup = "rm -rf " + dir;
-    return system(cleanup.c_str()) == 0 ? 0 : 1;
+    return system(cleanup.c_str()) == 0 && ran ? 0 : 1;
   }
   std::printf("8 MiB of whole blocks per operation, %u KiB chunks; GB/s (1e9 bytes/s), each the\n"
               "median of 5 slices interleaved with the others; each ratio (x) the median of the\n"
