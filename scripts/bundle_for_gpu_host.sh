@@ -5,8 +5,11 @@
 # own (the host brings libcudart and NCCL). Paths inside stay absolute to the build folder, so on
 # the host unpack it where the build lived (or link that path to the unpacked tree).
 #
+# When redis-server is installed here it comes along too, with its libraries apart from the
+# project's (bundled-tools/), so data_plane_bench can compare with Redis on a host without it.
+#
 # Usage: scripts/bundle_for_gpu_host.sh [BUILD_DIR] [OUT_TAR]
-# On the host: tar -xf OUT_TAR -C REPO_ROOT; export LD_LIBRARY_PATH=REPO_ROOT/BUILD_DIR/bundled-libs
+# On the host: tar -xf OUT_TAR -C REPO_ROOT; scripts/run_on_gpu_host.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
@@ -32,6 +35,22 @@ mkdir -p "$libs"
 ldd "${executables[@]}" 2>/dev/null | awk '/=> \// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libz|libcuda|libcudart|libnccl)\.so' |
   xargs -r cp -L -t "$libs"
+
+redis=/usr/bin/redis-server
+if [[ -x $redis ]]; then
+  tools="$staging/$build_dir/bundled-tools"
+  mkdir -p "$tools/redis"
+  cp -L "$redis" "$tools/redis/redis-server"
+  ldd "$redis" | awk '/=> \// {print $3}' |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so' | xargs -r cp -L -t "$tools/redis"
+  cat > "$tools/redis-server" <<'WRAPPER'
+#!/bin/sh
+# redis-server with the libraries it was built against, kept off everyone else's library path.
+here=$(dirname "$0")/redis
+LD_LIBRARY_PATH="$here${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/redis-server" "$@"
+WRAPPER
+  chmod +x "$tools/redis-server"
+fi
 
 mkdir -p "$(dirname "$out")"
 tar -C "$staging" -cJf "$out" .

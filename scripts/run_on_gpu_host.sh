@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs on the CUDA host, from the repository root where scripts/bundle_for_gpu_host.sh's bundle was
+# unpacked (at the build's own path): the GPU tests, then the benchmarks that want a GPU or a
+# bigger machine than CI's. Each part's output also lands in RESULTS_DIR/<part>.log.
+#
+# Usage: [MODES="tests kernels transport data_plane worker"] [RESULTS_DIR=dir] \
+#          [DATA_PLANE_SECONDS=3] scripts/run_on_gpu_host.sh [BUILD_DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-build}
+results=${RESULTS_DIR:-$PWD/gpu-results}
+mkdir -p "$results"
+
+library_dir() { dirname "$(find /usr /opt -name "$1" 2>/dev/null | head -1)"; }
+libraries="$PWD/$build_dir/bundled-libs:$(library_dir libnccl.so.2):$(library_dir libcudart.so.13)"
+export LD_LIBRARY_PATH="$libraries${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KVCACHE_BIN_DIR="$PWD/$build_dir/bin"
+if [[ ! -x /usr/bin/redis-server && -x $build_dir/bundled-tools/redis-server ]]; then
+  export KVCACHE_REDIS_SERVER="$PWD/$build_dir/bundled-tools/redis-server"
+fi
+
+cd "$build_dir"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "$(nproc) cores"
+status=0
+run() {
+  local part=$1
+  shift
+  echo "=== $part: $*"
+  timeout 300 "$@" 2>&1 | tee "$results/$part.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+}
+for mode in ${MODES:-tests kernels transport data_plane}; do
+  case $mode in
+    tests) run gpu_tests ctest -L gpu -j4 --timeout 200 --output-on-failure ;;
+    kernels) run kernels_bench bin/kernels_bench ;;
+    transport) run transport_bench bin/transport_bench 1 ;;
+    data_plane) run data_plane_bench bin/data_plane_bench "${DATA_PLANE_SECONDS:-3}" ;;
+    worker)
+      python3 ../scripts/make_tiny_checkpoint.py wide --hidden 512 --moe_intermediate 512 \
+        >/dev/null && run worker_cuda_bench bin/worker_cuda_bench wide 3 ;;
+    *) echo "unknown part '$mode'" >&2; status=2 ;;
+  esac
+done
+exit $status
