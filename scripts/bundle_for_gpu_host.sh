@@ -42,7 +42,8 @@ if [[ -x $redis ]]; then
   mkdir -p "$tools/redis"
   cp -L "$redis" "$tools/redis/redis-server"
   ldd "$redis" | awk '/=> \// {print $3}' |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so' | xargs -r cp -L -t "$tools/redis"
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so' |
+    xargs -r cp -L -t "$tools/redis"
   cat > "$tools/redis-server" <<'WRAPPER'
 #!/bin/sh
 # redis-server with the libraries it was built against, kept off everyone else's library path.

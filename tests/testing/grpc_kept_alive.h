@@ -10,7 +10,7 @@ namespace kvcache::testing {
 // server or channel to go runs gRPC's whole clean-up, which joins gRPC's executor threads; after
 // a write that found the socket full, one of them sits in tcp_posix's backup poller for up to
 // 10 s, and the teardown waits it out (seen: 10 s for every test that moved MiBs, on a 16-core
-// host). With the reference held, the clean-up happens once, at exit.
+// host). With the reference held the clean-up never runs; the process's exit ends those threads.
 inline void KeepGrpcInitialized() {
   static const bool initialized = [] {
     grpc_init();
