@@ -7,11 +7,10 @@
 // gRPC 1.51's default reads, at most a message's worth with TuneGrpcForBlockStreams. glibc streams
 // only single copies above its non-temporal threshold (3/4 of the last-level cache's per-thread
 // share, 240 MiB on our VM, which reports a 320 MiB cache), so pieces that add up to MiBs were
-// copied through the cache: each line of
-// the destination read in before it was written, and the cache filled with the destination,
-// evicting the received bytes and the pool's. That copy took 16% of all samples (daemon and
-// client) in perf of a `data_plane_bench 4 client` run, almost as much as the kernel's receive
-// copy.
+// copied through the cache: each line of the destination read in before it was written, and the
+// cache filled with the destination, evicting the received bytes and the pool's. That copy took
+// 16% of all samples (daemon and client) in perf of a `data_plane_bench 4 client` run, almost as
+// much as the kernel's receive copy.
 #ifndef KVCACHE_COMMON_STREAMING_COPY_H_
 #define KVCACHE_COMMON_STREAMING_COPY_H_
 
