@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/spawn_process.h"
+#include "tests/testing/spawn_process.h"
 
 namespace kvcache::bench {
 

@@ -30,9 +30,9 @@
 #include "bench/child_process.h"
 #include "bench/redis_peer.h"
 #include "client/kv_cache_client.h"
-#include "common/grpc_tuning.h"
-#include "common/http2_tuning.h"
-#include "common/malloc_tuning.h"
+#include "common/rpc/grpc_tuning.h"
+#include "common/rpc/http2_tuning.h"
+#include "common/rpc/malloc_tuning.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
 namespace kvcache {

@@ -18,18 +18,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/child_process.h"
-#include "common/grpc_tuning.h"
-#include "common/malloc_tuning.h"
+#include "common/rpc/grpc_tuning.h"
+#include "common/rpc/malloc_tuning.h"
 #include "server/daemon.h"
-#include "worker/block_transport.h"
+#include "transfer/block_transport.h"
 
 #if KVCACHE_TRANSPORT_BENCH_NCCL
 #include <cuda_runtime_api.h>
 
 #include <numeric>
 
-#include "worker/nccl_channel.h"
-#include "worker/nccl_transport.h"
+#include "transfer/nccl_channel.h"
+#include "transfer/nccl_transport.h"
 #endif
 
 namespace kvcache::worker {

@@ -1,4 +1,4 @@
-// The worker model on the GPU (worker/qwen3_moe_cuda.h) against the CPU model, in one run:
+// The worker model on the GPU (model/cuda/qwen3_moe_cuda.h) against the CPU model, in one run:
 // 512-token prefill time and greedy decode tokens/s, each as a ratio GPU vs CPU, with the KV in
 // a bf16 paged pool (device memory for the GPU, host memory for the CPU).
 // Usage: worker_cuda_bench CHECKPOINT_DIR [reps]
@@ -17,9 +17,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/block_copy.h"
-#include "worker/qwen3_moe.h"
-#include "worker/qwen3_moe_cuda.h"
-#include "worker/sampler.h"
+#include "model/qwen3_moe.h"
+#include "model/cuda/qwen3_moe_cuda.h"
+#include "model/sampler.h"
 
 namespace kvcache::worker {
 namespace {

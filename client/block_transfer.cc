@@ -15,7 +15,7 @@
 #include "client/kv_cache_client.h"
 #include "client/proto_convert.h"
 #include "common/block_checksum.h"
-#include "common/bytes_field_split.h"
+#include "common/rpc/bytes_field_split.h"
 #include "common/status_macros.h"
 #include "common/streaming_copy.h"
 

@@ -6,12 +6,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
+#include "common/command_line.h"
 #include "client/kv_cache_client.h"
-#include "common/listen_address.h"
+#include "common/rpc/listen_address.h"
 
 ABSL_FLAG(
     std::string, target, "",
@@ -106,7 +105,6 @@ int Run() {
 }  // namespace kvcache
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Shows a prefix hit against a running kvcache-manager");
-  absl::ParseCommandLine(argc, argv);
+  kvcache::ParseCommandLineFlags(argc, argv, "Shows a prefix hit against a running kvcache-manager");
   return kvcache::Run();
 }

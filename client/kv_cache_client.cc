@@ -11,8 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/proto_convert.h"
-#include "common/grpc_status.h"
-#include "common/http2_tuning.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/http2_tuning.h"
 #include "common/status_macros.h"
 
 namespace kvcache {

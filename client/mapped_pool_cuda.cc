@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/scoped_cuda_device.h"
+#include "common/cuda/scoped_cuda_device.h"
 
 namespace kvcache::mapped_pool_internal {
 namespace {

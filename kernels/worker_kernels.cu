@@ -1,5 +1,5 @@
 // CUDA kernels for the worker's hot ops. See worker_kernels.h for the contracts; the CPU
-// references are worker/ops.h and worker/paged_kv.h, and tests/kernels/worker_kernels_gpu_test.cc
+// references are model/ops.h and model/paged_kv.h, and tests/kernels/worker_kernels_gpu_test.cc
 // compares the two.
 //
 // Precision notes. nvcc contracts a * b + c into an FMA by default; where the CPU result is meant

@@ -1,4 +1,4 @@
-// CUDA kernels for the worker's hot ops (worker/qwen3_moe.cc): RMSNorm, rotate-half RoPE, the KV
+// CUDA kernels for the worker's hot ops (model/qwen3_moe.cc): RMSNorm, rotate-half RoPE, the KV
 // write into a block-major paged pool, causal GQA paged attention, MoE routing, and one SwiGLU
 // expert. Each has a CPU reference with the same semantics in the worker model:
 //
@@ -21,7 +21,7 @@
 // Batch invariance: every kernel computes a row (token) from that row's inputs alone, in an order
 // that depends only on the problem's widths, never on the number of rows or on a row's index.
 // So a token's results are bit-identical whether it is computed alone or among others — what
-// makes prefix reuse and chunked prefill bit-exact on the GPU (worker/qwen3_moe_cuda.h). No
+// makes prefix reuse and chunked prefill bit-exact on the GPU (model/cuda/qwen3_moe_cuda.h). No
 // kernel uses atomics.
 //
 // Conventions (as kernels/block_copy.h): pointers are device pointers; `stream` is a cudaStream_t

@@ -1,6 +1,6 @@
 // Host-side checks of the device-resident index arrays of worker_kernels.h, built in every
 // configuration. The numeric CPU references of the kernels are the worker model's own functions
-// (worker/ops.h, worker/paged_kv.h); see the header.
+// (model/ops.h, model/paged_kv.h); see the header.
 #include <algorithm>
 #include <cstdint>
 #include <limits>

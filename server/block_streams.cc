@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/bytes_field_split.h"
-#include "common/grpc_status.h"
+#include "common/rpc/bytes_field_split.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/proto_keys.h"
 

@@ -19,7 +19,7 @@
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "common/block_checksum.h"
-#include "server/cache_manager.h"
+#include "cache/cache_manager.h"
 
 namespace kvcache {
 
@@ -27,7 +27,7 @@ inline constexpr uint64_t kTransferSessionId = 0;
 inline constexpr uint32_t kDefaultChunkBytes = 1 << 20;
 
 // Reads PutBlocksRequest messages raw: the data field's bytes go from the received slices
-// straight into pool memory (common/bytes_field_split.h), checksummed on the way.
+// straight into pool memory (common/rpc/bytes_field_split.h), checksummed on the way.
 class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PutBlocksReactor(CacheManager* manager, grpc::CallbackServerContext* context,
@@ -52,7 +52,7 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   bool finished_ = false;
 
   // Set by Begin.
-  PrefixCache* pool_ = nullptr;
+  Pool* pool_ = nullptr;
   std::unique_ptr<Session> transfer_session_;
   uint64_t sequence_id_ = 0;
   std::vector<BlockId> block_ids_;
@@ -80,7 +80,7 @@ class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   const uint32_t max_chunk_bytes_;
   grpc::ByteBuffer message_;
 
-  PrefixCache* pool_ = nullptr;
+  Pool* pool_ = nullptr;
   std::unique_ptr<Session> transfer_session_;
   uint64_t sequence_id_ = 0;
   std::vector<BlockId> block_ids_;

@@ -12,9 +12,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/http2_tuning.h"
+#include "common/rpc/http2_tuning.h"
 #include "common/status_macros.h"
-#include "server/cuda_pool_memory.h"
+#include "cache/cuda_pool_memory.h"
 
 namespace kvcache {
 namespace {

@@ -14,8 +14,8 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
-#include "common/listen_address.h"
-#include "server/cache_manager.h"
+#include "common/rpc/listen_address.h"
+#include "cache/cache_manager.h"
 #include "server/kv_cache_service.h"
 #include "server/unix_listener.h"
 

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/proto_keys.h"
 #include "server/block_streams.h"
@@ -34,7 +34,7 @@ SequenceSpec ToSequenceSpec(const google::protobuf::RepeatedField<uint32_t>& tok
                       .extra_keys = ToExtraKeys(extras)};
 }
 
-void FillPoolInfo(PrefixCache& pool, v1::PoolInfo* info) {
+void FillPoolInfo(Pool& pool, v1::PoolInfo* info) {
   const PoolOptions& options = pool.options();
   info->set_name(options.name);
   info->set_model_id(options.model_id);
@@ -64,7 +64,7 @@ void FillCounts(const PoolStatsSnapshot& stats, v1::BlockCounts* counts) {
   counts->set_referenced(stats.referenced);
 }
 
-void FillStats(PrefixCache& pool, v1::PoolStats* out) {
+void FillStats(Pool& pool, v1::PoolStats* out) {
   const PoolStatsSnapshot stats = pool.Stats();
   out->set_pool(pool.options().name);
   FillCounts(stats, out->mutable_counts());
@@ -151,7 +151,7 @@ grpc::ServerUnaryReactor* KvCacheService::ListPools(grpc::CallbackServerContext*
                                                     const v1::ListPoolsRequest* request,
                                                     v1::ListPoolsResponse* response) {
   return Handle(context, response, manager_->epoch(), [&] {
-    for (PrefixCache* pool : manager_->pools()) FillPoolInfo(*pool, response->add_pools());
+    for (Pool* pool : manager_->pools()) FillPoolInfo(*pool, response->add_pools());
     return absl::OkStatus();
   });
 }
@@ -160,7 +160,7 @@ grpc::ServerUnaryReactor* KvCacheService::DescribePool(grpc::CallbackServerConte
                                                        const v1::DescribePoolRequest* request,
                                                        v1::DescribePoolResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
     FillPoolInfo(*pool, response->mutable_pool());
     FillCounts(pool->Stats(), response->mutable_counts());
     return absl::OkStatus();
@@ -205,7 +205,7 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerConte
                                                        v1::OpenSequenceResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
     ASSIGN_OR_RETURN(OpenedSequence opened,
                      pool->Open(*session, ToSequenceSpec(request->tokens(), request->cache_salt(),
                                                          request->extra_keys())));
@@ -221,7 +221,7 @@ grpc::ServerUnaryReactor* KvCacheService::ExtendSequence(grpc::CallbackServerCon
                                                          v1::ExtendSequenceResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
     ASSIGN_OR_RETURN(
         ExtendedSequence extended,
         pool->Extend(*session, request->sequence_id(),
@@ -238,7 +238,7 @@ grpc::ServerUnaryReactor* KvCacheService::CommitSequence(grpc::CallbackServerCon
                                                          v1::CommitSequenceResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
     ASSIGN_OR_RETURN(CommitResult result, pool->Commit(*session, request->sequence_id(),
                                                        request->num_written_tokens()));
     response->set_num_committed_blocks(result.num_committed_blocks);
@@ -252,7 +252,7 @@ grpc::ServerUnaryReactor* KvCacheService::ReleaseSequence(grpc::CallbackServerCo
                                                           v1::ReleaseSequenceResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
     return pool->Release(*session, request->sequence_id());
   });
 }
@@ -262,7 +262,7 @@ grpc::ServerUnaryReactor* KvCacheService::ForkSequence(grpc::CallbackServerConte
                                                        v1::ForkSequenceResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->PoolOfSequence(request->sequence_id()));
+    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
     ASSIGN_OR_RETURN(ForkedSequence forked, pool->Fork(*session, request->sequence_id()));
     response->set_sequence_id(forked.sequence_id);
     response->mutable_block_ids()->Add(forked.block_ids.begin(), forked.block_ids.end());
@@ -277,7 +277,7 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* co
                                                  const v1::LookupRequest* request,
                                                  v1::LookupResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
     ASSIGN_OR_RETURN(LookupResult result,
                      pool->Lookup(request->tenant(),
                                   ToSequenceSpec(request->tokens(), request->cache_salt(),
@@ -293,10 +293,10 @@ grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* 
                                                    v1::GetStatsResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     if (!request->pool().empty()) {
-      ASSIGN_OR_RETURN(PrefixCache * pool, manager_->FindPool(request->pool()));
+      ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
       FillStats(*pool, response->add_pools());
     } else {
-      for (PrefixCache* pool : manager_->pools()) FillStats(*pool, response->add_pools());
+      for (Pool* pool : manager_->pools()) FillStats(*pool, response->add_pools());
     }
     response->set_open_sessions(static_cast<uint32_t>(manager_->sessions().size()));
     return absl::OkStatus();

@@ -7,7 +7,7 @@
 #define KVCACHE_SERVER_KV_CACHE_SERVICE_H_
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
-#include "server/cache_manager.h"
+#include "cache/cache_manager.h"
 
 namespace kvcache {
 

@@ -7,14 +7,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/grpc_tuning.h"
-#include "common/malloc_tuning.h"
+#include "common/command_line.h"
+#include "common/rpc/grpc_tuning.h"
+#include "common/rpc/malloc_tuning.h"
 #include "server/daemon.h"
-#include "server/pool_spec.h"
+#include "cache/pool_spec.h"
 
 ABSL_FLAG(std::string, listen, "",
           "unix:///path/kv.sock or HOST:PORT (TCP needs --insecure); default: a Unix socket "
@@ -68,7 +67,7 @@ int Run() {
   }
   std::printf("kvcache-manager: listening on %s, epoch %llu\n", (*daemon)->address().c_str(),
               static_cast<unsigned long long>((*daemon)->manager().epoch()));
-  for (PrefixCache* pool : (*daemon)->manager().pools()) {
+  for (Pool* pool : (*daemon)->manager().pools()) {
     const PoolOptions& pool_options = pool->options();
     std::printf("  pool '%s' model=%s %s blocks=%u block_bytes=%llu hash=%s memory=%s\n",
                 pool_options.name.c_str(), pool_options.model_id.c_str(),
@@ -90,9 +89,8 @@ int Run() {
 }  // namespace kvcache
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("KV-cache manager daemon: block pools, prefix index, gRPC API v1");
   kvcache::TuneGrpcForBlockStreams();
-  absl::ParseCommandLine(argc, argv);
+  kvcache::ParseCommandLineFlags(argc, argv, "KV-cache manager daemon: block pools, prefix index, gRPC API v1");
   // Debian's abseil checks every Mutex acquisition for lock-order cycles, through a global graph
   // (1.7% of the daemon's CPU in rpc_bench). The tests keep the check; the daemon drops it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

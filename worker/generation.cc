@@ -1,10 +1,12 @@
 #include "worker/generation.h"
 
+#include <algorithm>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "worker/device_kv_pool.h"
+#include "model/cuda/device_kv_pool.h"
 
 namespace kvcache::worker {
 namespace {
@@ -20,10 +22,18 @@ std::vector<uint32_t> PrivateBlockTable(size_t prompt_tokens, uint32_t max_new_t
 
 }  // namespace
 
-absl::StatusOr<GenerationResult> GenerateOver(const PoolForward& forward,
+absl::StatusOr<GenerationResult> GenerateOver(const PoolForward& forward, uint32_t block_size,
                                               absl::Span<const uint32_t> block_table,
                                               absl::Span<const uint32_t> prompt,
                                               uint32_t max_new_tokens, Sampler& sampler) {
+  if (prompt.empty()) return absl::InvalidArgumentError("generation needs a non-empty prompt");
+  const uint64_t needed = uint64_t{prompt.size()} + std::max<uint32_t>(max_new_tokens, 1) - 1;
+  const uint64_t capacity = uint64_t{block_table.size()} * block_size;
+  if (needed > capacity) {
+    return absl::OutOfRangeError(absl::StrCat("generating ", max_new_tokens, " tokens after a ",
+                                              prompt.size(), "-token prompt needs ", needed,
+                                              " KV slots; the block table has ", capacity));
+  }
   GenerationResult result{.prompt_tokens = static_cast<uint32_t>(prompt.size())};
   LogitsDigest digest;
   absl::Time start = absl::Now();
@@ -51,8 +61,8 @@ absl::StatusOr<GenerationResult> GenerateCold(const Qwen3MoeModel& model,
   RETURN_IF_ERROR(layout.Validate());
   const std::vector<uint32_t> table = PrivateBlockTable(prompt.size(), max_new_tokens, block_size);
   std::vector<uint8_t> pool(table.size() * layout.BlockBytes());
-  return GenerateOver(HostPoolForward(model, pool.data(), layout, table.size()), table, prompt,
-                      max_new_tokens, sampler);
+  return GenerateOver(HostPoolForward(model, pool.data(), layout, table.size()), block_size, table,
+                      prompt, max_new_tokens, sampler);
 }
 
 absl::StatusOr<GenerationResult> GenerateColdCuda(CudaQwen3MoeModel& model,
@@ -65,8 +75,8 @@ absl::StatusOr<GenerationResult> GenerateColdCuda(CudaQwen3MoeModel& model,
   ASSIGN_OR_RETURN(DeviceKvPool pool, DeviceKvPool::Create(model.device(), layout,
                                                            static_cast<uint32_t>(table.size())));
   // Every Forward synchronized its stream before returning, so the pool is idle when freed.
-  return GenerateOver(DevicePoolForward(model, pool.base(), layout, pool.num_blocks()), table,
-                      prompt, max_new_tokens, sampler);
+  return GenerateOver(DevicePoolForward(model, pool.base(), layout, pool.num_blocks()),
+                      layout.block_size, table, prompt, max_new_tokens, sampler);
 }
 
 }  // namespace kvcache::worker

@@ -21,9 +21,9 @@
 #include "absl/types/span.h"
 #include "common/pool_layout.h"
 #include "worker/pool_forward.h"
-#include "worker/qwen3_moe.h"
-#include "worker/qwen3_moe_cuda.h"
-#include "worker/sampler.h"
+#include "model/qwen3_moe.h"
+#include "model/cuda/qwen3_moe_cuda.h"
+#include "model/sampler.h"
 
 namespace kvcache::worker {
 
@@ -52,10 +52,12 @@ class LogitsDigest {
 
 // The cold generation loop over any pool: prefill the whole prompt in one forward pass, then
 // decode max_new_tokens - 1 steps (the last sampled token is not fed back; max_new_tokens 0
-// samples one token all the same), position p in block block_table[p / block_size]. The table
-// must cover prompt.size() + max_new_tokens - 1 positions (OUT_OF_RANGE from the forward pass
-// otherwise). Errors as `forward` / Sample.
-absl::StatusOr<GenerationResult> GenerateOver(const PoolForward& forward,
+// samples one token all the same), position p in block block_table[p / block_size]. Tests that
+// inspect or share a pool run it over their own (HostPoolForward over a test buffer).
+// Errors, before anything is computed: INVALID_ARGUMENT for an empty prompt, OUT_OF_RANGE when
+// the table does not cover prompt.size() + max_new_tokens - 1 positions; then as `forward` /
+// Sample.
+absl::StatusOr<GenerationResult> GenerateOver(const PoolForward& forward, uint32_t block_size,
                                               absl::Span<const uint32_t> block_table,
                                               absl::Span<const uint32_t> prompt,
                                               uint32_t max_new_tokens, Sampler& sampler);

@@ -30,9 +30,9 @@
 #include "client/mapped_pool.h"
 #include "worker/generation.h"
 #include "worker/pool_forward.h"
-#include "worker/qwen3_moe.h"
-#include "worker/qwen3_moe_cuda.h"
-#include "worker/sampler.h"
+#include "model/qwen3_moe.h"
+#include "model/cuda/qwen3_moe_cuda.h"
+#include "model/sampler.h"
 
 namespace kvcache::worker {
 

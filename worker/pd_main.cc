@@ -6,15 +6,14 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/time/clock.h"
-#include "common/grpc_tuning.h"
-#include "common/malloc_tuning.h"
+#include "common/command_line.h"
+#include "common/rpc/grpc_tuning.h"
+#include "common/rpc/malloc_tuning.h"
 #include "common/status_macros.h"
-#include "worker/block_transport.h"
+#include "transfer/block_transport.h"
 #include "worker/kv_worker.h"
-#include "worker/nccl_transport.h"
+#include "transfer/nccl_transport.h"
 
 ABSL_FLAG(std::string, prefill_target, "", "the prefill node's daemon");
 ABSL_FLAG(std::string, decode_target, "", "the decode node's daemon");
@@ -134,9 +133,8 @@ absl::Status Run() {
 }  // namespace kvcache::worker
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("prefill → decode driver over two kvcache-manager daemons");
   kvcache::TuneGrpcForBlockStreams();
-  absl::ParseCommandLine(argc, argv);
+  kvcache::ParseCommandLineFlags(argc, argv, "prefill → decode driver over two kvcache-manager daemons");
   kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();
   if (!status.ok()) {

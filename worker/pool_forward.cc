@@ -1,6 +1,6 @@
 #include "worker/pool_forward.h"
 
-#include "worker/paged_kv.h"
+#include "model/paged_kv.h"
 
 namespace kvcache::worker {
 

@@ -10,21 +10,20 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/listen_address.h"
-#include "common/grpc_tuning.h"
-#include "common/malloc_tuning.h"
+#include "common/command_line.h"
+#include "common/rpc/listen_address.h"
+#include "common/rpc/grpc_tuning.h"
+#include "common/rpc/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "absl/time/clock.h"
-#include "worker/block_transport.h"
+#include "transfer/block_transport.h"
 #include "worker/kv_worker.h"
-#include "worker/nccl_transport.h"
+#include "transfer/nccl_transport.h"
 
 ABSL_FLAG(std::string, target, "", "daemon address (default: the daemon's default socket)");
 ABSL_FLAG(std::string, pool, "default", "pool laid out for this model");
@@ -202,9 +201,8 @@ absl::Status Run() {
 }  // namespace kvcache::worker
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("MoE worker generating over a kvcache-manager pool");
   kvcache::TuneGrpcForBlockStreams();
-  absl::ParseCommandLine(argc, argv);
+  kvcache::ParseCommandLineFlags(argc, argv, "MoE worker generating over a kvcache-manager pool");
   kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();
   if (!status.ok()) {

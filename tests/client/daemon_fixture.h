@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
-#include "server/pool_spec.h"
+#include "cache/pool_spec.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
@@ -61,7 +61,7 @@ class DaemonFixture : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     if (daemon_ != nullptr) {
-      for (PrefixCache* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
+      for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
       daemon_.reset();
     }
     std::filesystem::remove_all(dir_);

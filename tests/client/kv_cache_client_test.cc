@@ -11,7 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "server/pool_spec.h"
+#include "cache/pool_spec.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 

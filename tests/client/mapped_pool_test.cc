@@ -38,7 +38,7 @@ class MappedPoolTest : public kvcache::testing::DaemonFixture {
   // The daemon's own view of bytes in its pool.
   std::string DaemonBytes(uint32_t block, uint64_t offset, uint64_t size) {
     std::string bytes(size, '\0');
-    PrefixCache* pool = *daemon_->manager().FindPool("default");
+    Pool* pool = *daemon_->manager().FindPool("default");
     EXPECT_OK(pool->memory().Read(block, offset, size, bytes.data()));
     return bytes;
   }
@@ -73,7 +73,7 @@ TEST_F(MappedPoolTest, MapsThePoolTheDaemonServes) {
   const std::string written = "kv bytes through the mapping";
   std::memcpy(mapped->Block(5) + 100, written.data(), written.size());
   EXPECT_EQ(DaemonBytes(5, 100, written.size()), written);
-  PrefixCache* pool = *daemon_->manager().FindPool("default");
+  Pool* pool = *daemon_->manager().FindPool("default");
   ASSERT_OK(pool->memory().Write(kDefaultBlocks - 1, 0, "from the daemon"));
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(mapped->Block(kDefaultBlocks - 1)), 15),
             "from the daemon");

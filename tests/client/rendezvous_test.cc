@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/kv_cache_client.h"
-#include "server/rendezvous_registry.h"
+#include "cache/rendezvous_registry.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 

@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/kv_cache_client.h"
-#include "tests/integration/subprocess.h"
+#include "tests/testing/subprocess.h"
 
 namespace kvcache::testing {
 

@@ -26,7 +26,7 @@
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/generation.h"
-#include "worker/qwen3_moe_cuda.h"
+#include "model/cuda/qwen3_moe_cuda.h"
 
 namespace kvcache::testing {
 namespace {

@@ -37,8 +37,8 @@
 #include "common/pool_layout.h"
 #include "kernels/worker_kernels.h"
 #include "tests/testing/status_matchers.h"
-#include "worker/ops.h"
-#include "worker/paged_kv.h"
+#include "model/ops.h"
+#include "model/paged_kv.h"
 
 namespace kvcache::kernels {
 namespace {

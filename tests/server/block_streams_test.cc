@@ -18,7 +18,7 @@
 #include <grpcpp/support/sync_stream.h>
 #include <gtest/gtest.h>
 
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/status_matchers.h"
@@ -61,16 +61,16 @@ class BlockStreamsTest : public ::testing::Test {
   void TearDown() override {
     // Stream reactors release in OnDone, which may trail the client's view of the stream.
     const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (Pool().Stats().referenced != 0 && absl::Now() < give_up) {
+    while (FirstPool().Stats().referenced != 0 && absl::Now() < give_up) {
       absl::SleepFor(absl::Milliseconds(2));
     }
-    EXPECT_EQ(Pool().Stats().referenced, 0);
-    EXPECT_OK(Pool().CheckInvariants());
+    EXPECT_EQ(FirstPool().Stats().referenced, 0);
+    EXPECT_OK(FirstPool().CheckInvariants());
     daemon_.reset();
     rmdir(dir_.c_str());
   }
 
-  PrefixCache& Pool() { return *daemon_->manager().pools()[0]; }
+  Pool& FirstPool() { return *daemon_->manager().pools()[0]; }
 
   uint64_t OpenSession(const std::string& tenant) {
     grpc::ClientContext context;
@@ -145,7 +145,7 @@ class BlockStreamsTest : public ::testing::Test {
   }
 
   std::tuple<uint32_t, uint32_t, uint32_t> Counts() {
-    const PoolStatsSnapshot stats = Pool().Stats();
+    const PoolStatsSnapshot stats = FirstPool().Stats();
     return {stats.free, stats.evictable, stats.referenced};
   }
 
@@ -214,7 +214,7 @@ TEST_F(BlockStreamsTest, PutCanSkipTheBlocksTheDaemonHolds) {
   bad.set_first_block(1);
   EXPECT_THAT(Put(bad, rest), StatusIs(absl::StatusCode::kFailedPrecondition,
                                        HasSubstr("only 0 of them are cached")));
-  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{other})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{other})->num_cached_blocks, 0);
   bad.set_first_block(4);
   EXPECT_THAT(Put(bad, ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 4")));
 }
@@ -252,7 +252,7 @@ TEST_F(BlockStreamsTest, StreamEndingEarlyIsDataLossAndLeavesThePoolUnchanged) {
   const std::string bytes = RandomBlocks(3, 5);
   EXPECT_THAT(Put(Header(tokens_, bytes), bytes.substr(0, bytes.size() - 100)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ended after")));
-  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (Counts() != before && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
   EXPECT_EQ(Counts(), before);
@@ -279,7 +279,7 @@ TEST_F(BlockStreamsTest, WrongSizesAndOrderAreInvalidArgument) {
   writer->WritesDone();
   EXPECT_THAT(FromGrpcStatus(writer->Finish()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header")));
-  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
 }
 
 // Put messages as raw bytes, for encodings the typed stub cannot produce.
@@ -322,7 +322,7 @@ TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing)
   // Bytes that are no PutBlocksRequest: field 1 (the header) holding an invalid message.
   EXPECT_THAT(PutRaw(channel.get(), {std::string("\x0a\x02\x08\x80", 4)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PutBlocksRequest")));
-  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
   // OnDone releases after the client saw the status.
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (Counts() != counts && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
@@ -330,7 +330,7 @@ TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing)
 
   // The same connection still serves a well-formed put.
   EXPECT_OK(PutRaw(channel.get(), {header, data}));
-  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 3);
+  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 3);
 }
 
 TEST_F(BlockStreamsTest, OversizeMessageIsResourceExhaustedAndChangesNothing) {
@@ -340,7 +340,7 @@ TEST_F(BlockStreamsTest, OversizeMessageIsResourceExhaustedAndChangesNothing) {
   const std::string huge = bytes + std::string(300 << 10, 'x');
   EXPECT_THAT(Put(Header(many, bytes), huge, huge.size()),
               StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{many})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{many})->num_cached_blocks, 0);
 }
 
 TEST_F(BlockStreamsTest, CancelledPutReleasesItsBlocks) {
@@ -355,7 +355,7 @@ TEST_F(BlockStreamsTest, CancelledPutReleasesItsBlocks) {
   writer->Write(request);
   context.TryCancel();
   EXPECT_THAT(FromGrpcStatus(writer->Finish()), StatusIs(absl::StatusCode::kCancelled));
-  EXPECT_EQ(Pool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
   // TearDown waits (bounded) for the reactor's release and checks nothing is referenced.
 }
 

@@ -26,11 +26,11 @@
 
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
-#include "server/pool_spec.h"
+#include "cache/pool_spec.h"
 #include "tests/testing/fake_session_service.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/status_matchers.h"
-#include "tests/worker/tiny_model.h"
+#include "tests/testing/tiny_model.h"
 #include "worker/generation.h"
 
 namespace kvcache::worker {
@@ -77,7 +77,7 @@ class KvWorkerHostPoolTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     if (daemon_ != nullptr) {
-      for (PrefixCache* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
+      for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
       daemon_.reset();
     }
     std::filesystem::remove_all(dir_);

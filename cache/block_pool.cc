@@ -1,0 +1,200 @@
+#include "cache/block_pool.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+
+BlockPool::BlockPool(uint32_t num_blocks, uint32_t block_size)
+    : block_size_(block_size),
+      blocks_(num_blocks),
+      tokens_(static_cast<size_t>(num_blocks) * block_size) {
+  free_list_.reserve(num_blocks);
+  // Reverse order so that blocks are handed out from id 0 upwards, which keeps tests readable.
+  for (uint32_t i = num_blocks; i > 0; --i) free_list_.push_back(i - 1);
+  index_.reserve(num_blocks);
+}
+
+absl::Span<const uint32_t> BlockPool::TokensOf(BlockId block) const {
+  return absl::MakeConstSpan(tokens_).subspan(static_cast<size_t>(block) * block_size_,
+                                              block_size_);
+}
+
+BlockId BlockPool::Indexed(const Hash128& hash) const {
+  auto it = index_.find(hash);
+  return it == index_.end() ? kNoBlock : it->second;
+}
+
+BlockId BlockPool::FindVerified(const BlockIdentity& expected,
+                                absl::Span<const uint32_t> tokens) const {
+  const BlockId block = Indexed(expected.hash);
+  if (block == kNoBlock) return kNoBlock;
+  const BlockIdentity& stored = blocks_[block].identity;
+  if (stored.parent_hash != expected.parent_hash || stored.parent_block != expected.parent_block ||
+      stored.extras_digest != expected.extras_digest) {
+    return kNoBlock;
+  }
+  const absl::Span<const uint32_t> stored_tokens = TokensOf(block);
+  if (!std::equal(stored_tokens.begin(), stored_tokens.end(), tokens.begin(), tokens.end())) {
+    return kNoBlock;
+  }
+  return block;
+}
+
+void BlockPool::Acquire(BlockId block) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.state != State::kFree);
+  if (meta.state == State::kEvictable) {
+    LruRemove(block);
+    meta.state = State::kReferenced;
+    ++counters_.resurrections;
+  }
+  ++meta.ref_count;
+}
+
+BlockId BlockPool::AllocateFresh() {
+  BlockId block = kNoBlock;
+  if (!free_list_.empty()) {
+    block = free_list_.back();
+    free_list_.pop_back();
+  } else if (lru_head_ != kNoBlock) {
+    block = lru_head_;
+    LruRemove(block);
+    BlockMeta& meta = blocks_[block];
+    index_.erase(meta.identity.hash);
+    meta.published = false;
+    meta.identity = BlockIdentity{};
+    ++counters_.evictions;
+  } else {
+    return kNoBlock;
+  }
+  BlockMeta& meta = blocks_[block];
+  meta.state = State::kReferenced;
+  meta.ref_count = 1;
+  meta.has_checksum = false;
+  return block;
+}
+
+void BlockPool::Release(BlockId block) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.ref_count > 0);
+  if (--meta.ref_count > 0) return;
+  if (meta.published) {
+    meta.state = State::kEvictable;
+    LruPushBack(block);
+  } else {
+    meta.state = State::kFree;
+    free_list_.push_back(block);
+  }
+}
+
+bool BlockPool::Publish(BlockId block, const BlockIdentity& identity,
+                        absl::Span<const uint32_t> tokens) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.ref_count > 0 && tokens.size() == block_size_);
+  if (meta.published) return true;
+  auto [it, inserted] = index_.try_emplace(identity.hash, block);
+  if (!inserted) {
+    ++counters_.duplicates;
+    return it->second == block;
+  }
+  meta.published = true;
+  meta.identity = identity;
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
+  ++counters_.published;
+  return true;
+}
+
+void BlockPool::LruPushBack(BlockId block) {
+  BlockMeta& meta = blocks_[block];
+  meta.lru_prev = lru_tail_;
+  meta.lru_next = kNoBlock;
+  if (lru_tail_ != kNoBlock) {
+    blocks_[lru_tail_].lru_next = block;
+  } else {
+    lru_head_ = block;
+  }
+  lru_tail_ = block;
+  ++num_evictable_;
+}
+
+void BlockPool::LruRemove(BlockId block) {
+  BlockMeta& meta = blocks_[block];
+  if (meta.lru_prev != kNoBlock) {
+    blocks_[meta.lru_prev].lru_next = meta.lru_next;
+  } else {
+    lru_head_ = meta.lru_next;
+  }
+  if (meta.lru_next != kNoBlock) {
+    blocks_[meta.lru_next].lru_prev = meta.lru_prev;
+  } else {
+    lru_tail_ = meta.lru_prev;
+  }
+  meta.lru_prev = meta.lru_next = kNoBlock;
+  --num_evictable_;
+}
+
+absl::Status BlockPool::CheckInvariants() const {
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  std::vector<uint8_t> on_free_list(blocks_.size(), 0);
+  for (BlockId block : free_list_) {
+    if (block >= blocks_.size()) return fail("free list holds out-of-range block ", block);
+    if (on_free_list[block]++) return fail("block ", block, " is on the free list twice");
+  }
+  uint32_t lru_length = 0;
+  BlockId previous = kNoBlock;
+  for (BlockId block = lru_head_; block != kNoBlock; block = blocks_[block].lru_next) {
+    if (++lru_length > blocks_.size()) return fail("evictable LRU has a cycle");
+    if (blocks_[block].lru_prev != previous) return fail("LRU back link broken at ", block);
+    if (blocks_[block].state != State::kEvictable) return fail("non-evictable ", block, " on LRU");
+    previous = block;
+  }
+  if (previous != lru_tail_) return fail("LRU tail is ", lru_tail_, ", walk ended at ", previous);
+  if (lru_length != num_evictable_) {
+    return fail("LRU holds ", lru_length, " blocks but num_evictable is ", num_evictable_);
+  }
+  uint32_t free = 0, evictable = 0, referenced = 0, published = 0;
+  for (BlockId block = 0; block < blocks_.size(); ++block) {
+    const BlockMeta& meta = blocks_[block];
+    switch (meta.state) {
+      case State::kFree:
+        ++free;
+        if (meta.ref_count != 0 || meta.published || !on_free_list[block]) {
+          return fail("free block ", block, " has ref ", meta.ref_count, " or a hash, or is lost");
+        }
+        break;
+      case State::kEvictable:
+        ++evictable;
+        if (meta.ref_count != 0 || !meta.published) {
+          return fail("evictable block ", block, " has ref ", meta.ref_count, " or no hash");
+        }
+        break;
+      case State::kReferenced:
+        ++referenced;
+        if (meta.ref_count == 0 || on_free_list[block]) {
+          return fail("referenced block ", block, " has ref 0 or is on the free list");
+        }
+        break;
+    }
+    if (meta.published) {
+      ++published;
+      if (Indexed(meta.identity.hash) != block) {
+        return fail("block ", block, " hash ", meta.identity.hash.ToHex(), " is not indexed to it");
+      }
+    }
+  }
+  if (free != free_list_.size()) return fail(free, " free blocks but free list has ", free_list_.size());
+  if (free + evictable + referenced != blocks_.size()) {
+    return fail("free ", free, " + evictable ", evictable, " + referenced ", referenced,
+                " != pool size ", blocks_.size());
+  }
+  if (published != index_.size()) {
+    return fail(published, " published blocks but the index holds ", index_.size(), " hashes");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvcache

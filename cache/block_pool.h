@@ -1,0 +1,134 @@
+// BlockPool: the bookkeeping of one pool's fixed set of blocks — reference counts, the prefix
+// index (hash -> block), the free list and the evictable LRU.
+//
+// Every block is in exactly one state:
+//   free        ref 0, no hash; on free_list_
+//   evictable   ref 0, hashed (still findable); on the LRU, least recently released at the front
+//   referenced  ref > 0, hashed or not
+// A block's hash is set only by Publish() (its contents are written) and dropped only by eviction.
+// Allocation takes the free list first and evicts the LRU front only when the free list is empty.
+// Every operation is O(1) or O(tokens of one block); nothing scans the pool.
+//
+// Thread safety: none. The owning Pool serializes all calls under its mutex.
+#ifndef KVCACHE_CACHE_BLOCK_POOL_H_
+#define KVCACHE_CACHE_BLOCK_POOL_H_
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/block_hash.h"
+
+namespace kvcache {
+
+using BlockId = uint32_t;
+inline constexpr BlockId kNoBlock = std::numeric_limits<BlockId>::max();
+
+// What a published block is, kept so every hit can be verified against the request: a hash
+// collision then costs a miss, never wrong KV.
+struct BlockIdentity {
+  Hash128 hash;
+  Hash128 parent_hash;              // h_{i-1}; the chain root for a sequence's first block
+  BlockId parent_block = kNoBlock;  // the indexed block holding h_{i-1}; kNoBlock for block 0
+  uint64_t extras_digest = 0;
+};
+
+struct BlockPoolCounters {
+  uint64_t evictions = 0;
+  uint64_t resurrections = 0;
+  uint64_t published = 0;
+  uint64_t duplicates = 0;
+};
+
+class BlockPool {
+ public:
+  BlockPool(uint32_t num_blocks, uint32_t block_size);
+
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  uint32_t num_blocks() const { return static_cast<uint32_t>(blocks_.size()); }
+  uint32_t block_size() const { return block_size_; }
+  uint32_t num_free() const { return static_cast<uint32_t>(free_list_.size()); }
+  uint32_t num_evictable() const { return num_evictable_; }
+  uint32_t num_referenced() const { return num_blocks() - num_free() - num_evictable_; }
+  const BlockPoolCounters& counters() const { return counters_; }
+
+  // The block that `expected.hash` maps to, if its stored identity and tokens equal `expected`
+  // and `tokens`; kNoBlock otherwise. Changes nothing.
+  BlockId FindVerified(const BlockIdentity& expected, absl::Span<const uint32_t> tokens) const;
+  // The block indexed under `hash` without verification, or kNoBlock.
+  BlockId Indexed(const Hash128& hash) const;
+  bool IsEvictable(BlockId block) const { return blocks_[block].state == State::kEvictable; }
+  bool IsPublished(BlockId block) const { return blocks_[block].published; }
+  uint32_t RefCount(BlockId block) const { return blocks_[block].ref_count; }
+  // A published block's bytes never change, so their checksum is computed once and kept until
+  // the block is reused. SetChecksum ignores unpublished blocks.
+  std::optional<uint64_t> CachedChecksum(BlockId block) const {
+    const BlockMeta& meta = blocks_[block];
+    return meta.published && meta.has_checksum ? std::optional<uint64_t>(meta.checksum)
+                                                : std::nullopt;
+  }
+  void SetChecksum(BlockId block, uint64_t checksum) {
+    BlockMeta& meta = blocks_[block];
+    if (!meta.published) return;
+    meta.checksum = checksum;
+    meta.has_checksum = true;
+  }
+
+  // ref+1; an evictable block is resurrected (taken off the LRU in O(1)).
+  // REQUIRES: `block` is referenced or evictable.
+  void Acquire(BlockId block);
+  // A block with ref 1 and no hash: the free list's, else the LRU front's after dropping its hash.
+  // Returns kNoBlock when every block is referenced; callers check capacity first.
+  BlockId AllocateFresh();
+  // ref-1. At 0 a published block joins the LRU's back (most recently released), an unpublished
+  // one the free list. REQUIRES: RefCount(block) > 0.
+  void Release(BlockId block);
+  // Records `identity` and `tokens` and indexes the block under identity.hash. Returns false and
+  // changes nothing when that hash already maps to another block (the first one stays; this one
+  // stays private). Publishing an already published block is a no-op returning true.
+  // REQUIRES: RefCount(block) > 0, tokens.size() == block_size().
+  bool Publish(BlockId block, const BlockIdentity& identity, absl::Span<const uint32_t> tokens);
+
+  // Full consistency check, O(pool): free + evictable + referenced = pool size, no block both free
+  // and referenced, every hash maps to exactly one block and back, LRU and free list well formed.
+  absl::Status CheckInvariants() const;
+
+ private:
+  enum class State : uint8_t { kFree, kEvictable, kReferenced };
+
+  struct BlockMeta {
+    uint32_t ref_count = 0;
+    State state = State::kFree;
+    bool published = false;
+    bool has_checksum = false;
+    uint64_t checksum = 0;
+    BlockIdentity identity;
+    // Doubly linked LRU of evictable blocks, by block id.
+    BlockId lru_prev = kNoBlock;
+    BlockId lru_next = kNoBlock;
+  };
+
+  void LruPushBack(BlockId block);
+  void LruRemove(BlockId block);
+  absl::Span<const uint32_t> TokensOf(BlockId block) const;
+
+  const uint32_t block_size_;
+  std::vector<BlockMeta> blocks_;
+  std::vector<uint32_t> tokens_;  // block_size_ tokens per published block, by block id
+  std::vector<BlockId> free_list_;
+  BlockId lru_head_ = kNoBlock;  // least recently released: evicted first
+  BlockId lru_tail_ = kNoBlock;
+  uint32_t num_evictable_ = 0;
+  absl::flat_hash_map<Hash128, BlockId> index_;
+  BlockPoolCounters counters_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_BLOCK_POOL_H_

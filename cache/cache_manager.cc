@@ -1,0 +1,114 @@
+#include "cache/cache_manager.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+
+CacheManager::CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch)
+    : epoch_(epoch), sessions_(limits, clock) {}
+
+CacheManager::~CacheManager() {
+  {
+    absl::MutexLock lock(&reaper_mu_);
+    stopping_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+uint64_t CacheManager::NewEpoch() {
+  std::random_device device;
+  uint64_t epoch = 0;
+  while (epoch == 0) epoch = (uint64_t{device()} << 32) ^ device();
+  return epoch;
+}
+
+absl::Status CacheManager::AddPool(const PoolOptions& options,
+                                   std::unique_ptr<PoolMemory> memory) {
+  if (FindPool(options.name).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("pool '", options.name, "' already exists"));
+  }
+  ASSIGN_OR_RETURN(auto pool, Pool::Create(options, static_cast<uint32_t>(pools_.size()),
+                                                  std::move(memory)));
+  pools_.push_back(std::move(pool));
+  return absl::OkStatus();
+}
+
+std::vector<Pool*> CacheManager::pools() const {
+  std::vector<Pool*> pools;
+  for (const auto& pool : pools_) pools.push_back(pool.get());
+  return pools;
+}
+
+absl::StatusOr<Pool*> CacheManager::FindPool(absl::string_view name) const {
+  for (const auto& pool : pools_) {
+    if (pool->options().name == name) return pool.get();
+  }
+  std::vector<std::string> names;
+  for (const auto& pool : pools_) names.push_back(pool->options().name);
+  return absl::NotFoundError(
+      absl::StrCat("no pool named '", name, "' (pools: ", absl::StrJoin(names, ", "), ")"));
+}
+
+absl::StatusOr<Pool*> CacheManager::PoolOfSequence(uint64_t sequence_id) const {
+  const uint32_t index = Pool::PoolIndexOf(sequence_id);
+  if (sequence_id == 0 || index >= pools_.size()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence_id, " not found"));
+  }
+  return pools_[index].get();
+}
+
+absl::Status CacheManager::CheckEpoch(uint64_t epoch) const {
+  if (epoch == 0 || epoch == epoch_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("daemon epoch is ", epoch_, ", request carries ", epoch,
+                   ": the daemon restarted; open a new session"));
+}
+
+absl::StatusOr<std::shared_ptr<Session>> CacheManager::SessionFor(uint64_t session_id,
+                                                                  uint64_t epoch) const {
+  RETURN_IF_ERROR(CheckEpoch(epoch));
+  return sessions_.Get(session_id);
+}
+
+uint32_t CacheManager::ReleaseSessionEverywhere(const Session& session) {
+  uint32_t released = 0;
+  for (const auto& pool : pools_) released += pool->ReleaseSession(session.id);
+  rendezvous_.DropSession(session.id);
+  return released;
+}
+
+absl::StatusOr<uint32_t> CacheManager::CloseSession(uint64_t session_id, uint64_t epoch) {
+  RETURN_IF_ERROR(CheckEpoch(epoch));
+  absl::StatusOr<std::shared_ptr<Session>> session = sessions_.Close(session_id);
+  // Closing an ended session is a no-op: its sequences were released when it ended.
+  if (absl::IsAborted(session.status())) return 0;
+  if (!session.ok()) return session.status();
+  return ReleaseSessionEverywhere(**session);
+}
+
+size_t CacheManager::ExpireSessions() {
+  const std::vector<std::shared_ptr<Session>> expired = sessions_.TakeExpired();
+  for (const auto& session : expired) ReleaseSessionEverywhere(*session);
+  return expired.size();
+}
+
+void CacheManager::StartReaper(absl::Duration period) {
+  reaper_ = std::thread([this, period] { ReaperLoop(period); });
+}
+
+void CacheManager::ReaperLoop(absl::Duration period) {
+  absl::MutexLock lock(&reaper_mu_);
+  while (!stopping_) {
+    reaper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
+    if (stopping_) break;
+    reaper_mu_.Unlock();
+    ExpireSessions();
+    reaper_mu_.Lock();
+  }
+}
+
+}  // namespace kvcache

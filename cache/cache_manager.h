@@ -1,0 +1,78 @@
+// CacheManager: the daemon's core without gRPC — its pools, its sessions and its epoch. Routes
+// each request to its session and pool and releases the sequences of sessions that end, whether
+// closed by the client or expired by the reaper.
+//
+// Requests that carry an epoch other than 0 or the manager's are answered FAILED_PRECONDITION:
+// the client's tables came from an earlier daemon.
+//
+// Thread safety: thread-safe. Pools are added before serving starts (AddPool is not safe against
+// concurrent requests). Lock order: a session's registry lock is never held while a pool's is
+// taken.
+#ifndef KVCACHE_CACHE_CACHE_MANAGER_H_
+#define KVCACHE_CACHE_CACHE_MANAGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "cache/pool.h"
+#include "cache/rendezvous_registry.h"
+#include "cache/session_registry.h"
+
+namespace kvcache {
+
+class CacheManager {
+ public:
+  CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch);
+  ~CacheManager();
+
+  // A fresh nonzero epoch for a daemon start.
+  static uint64_t NewEpoch();
+
+  uint64_t epoch() const { return epoch_; }
+  SessionRegistry& sessions() { return sessions_; }
+  RendezvousRegistry& rendezvous() { return rendezvous_; }
+
+  // INVALID_ARGUMENT for a bad layout or a duplicate name; RESOURCE_EXHAUSTED without memory.
+  absl::Status AddPool(const PoolOptions& options, std::unique_ptr<PoolMemory> memory);
+  std::vector<Pool*> pools() const;
+  // NOT_FOUND with the known names when there is no such pool.
+  absl::StatusOr<Pool*> FindPool(absl::string_view name) const;
+  // The pool a sequence id belongs to; NOT_FOUND if the id names none.
+  absl::StatusOr<Pool*> PoolOfSequence(uint64_t sequence_id) const;
+
+  // FAILED_PRECONDITION unless `epoch` is 0 or this manager's.
+  absl::Status CheckEpoch(uint64_t epoch) const;
+  // The live session for a request, after the epoch check.
+  absl::StatusOr<std::shared_ptr<Session>> SessionFor(uint64_t session_id, uint64_t epoch) const;
+  // Closes the session and releases its sequences in every pool; returns how many. Idempotent:
+  // an ended session answers 0; an id never issued is NOT_FOUND.
+  absl::StatusOr<uint32_t> CloseSession(uint64_t session_id, uint64_t epoch);
+  // Releases the sequences of every session whose lease has expired; returns how many sessions.
+  size_t ExpireSessions();
+
+  // Runs ExpireSessions every `period` on a background thread until the manager is destroyed.
+  void StartReaper(absl::Duration period);
+
+ private:
+  uint32_t ReleaseSessionEverywhere(const Session& session);
+  void ReaperLoop(absl::Duration period);
+
+  const uint64_t epoch_;
+  std::vector<std::unique_ptr<Pool>> pools_;  // constant once serving starts
+  SessionRegistry sessions_;                          // own synchronization
+  RendezvousRegistry rendezvous_;                     // own synchronization
+
+  absl::Mutex reaper_mu_;
+  bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_CACHE_MANAGER_H_

@@ -1,0 +1,119 @@
+#include "cache/cuda_pool_memory.h"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/block_checksum.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
+  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  if (error == cudaErrorNoDevice || error == cudaErrorInvalidDevice ||
+      error == cudaErrorInsufficientDriver) {
+    return absl::FailedPreconditionError(message);
+  }
+  return absl::InternalError(message);
+}
+
+class CudaPoolMemory final : public PoolMemory {
+ public:
+  CudaPoolMemory(int device, uint8_t* base, cudaStream_t stream, cudaIpcMemHandle_t handle,
+                 uint64_t block_bytes, uint32_t num_blocks)
+      : PoolMemory(block_bytes, num_blocks),
+        device_(device),
+        base_(base),
+        stream_(stream),
+        handle_(handle) {}
+
+  ~CudaPoolMemory() override {
+    cudaSetDevice(device_);
+    cudaStreamDestroy(stream_);
+    cudaFree(base_);
+  }
+
+  std::string kind() const override { return "cuda"; }
+
+  MappingInfo mapping() const override {
+    MappingInfo info;
+    info.kind = MappingInfo::Kind::kCudaIpc;
+    info.size_bytes = block_bytes() * num_blocks();
+    info.cuda_ipc_handle.assign(reinterpret_cast<const char*>(&handle_), sizeof(handle_));
+    info.cuda_device = device_;
+    return info;
+  }
+
+  absl::Status CopyBlock(uint32_t src, uint32_t dst) override {
+    RETURN_IF_ERROR(CheckRange(src, 0, block_bytes()));
+    RETURN_IF_ERROR(CheckRange(dst, 0, block_bytes()));
+    if (src == dst) return absl::OkStatus();
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "selecting the pool's device"));
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(BlockPointer(dst), BlockPointer(src),
+                                               block_bytes(), cudaMemcpyDeviceToDevice, stream_),
+                               "copying a block"));
+    return CudaStatus(cudaStreamSynchronize(stream_), "copying a block");
+  }
+
+  absl::Status Write(uint32_t block, uint64_t offset, absl::string_view bytes) override {
+    RETURN_IF_ERROR(CheckRange(block, offset, bytes.size()));
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "selecting the pool's device"));
+    return CudaStatus(cudaMemcpy(BlockPointer(block) + offset, bytes.data(), bytes.size(),
+                                 cudaMemcpyHostToDevice),
+                      "writing block bytes");
+  }
+
+  absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const override {
+    RETURN_IF_ERROR(CheckRange(block, offset, size));
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "selecting the pool's device"));
+    return CudaStatus(cudaMemcpy(out, BlockPointer(block) + offset, size, cudaMemcpyDeviceToHost),
+                      "reading block bytes");
+  }
+
+  absl::StatusOr<uint64_t> Checksum(uint32_t block) const override {
+    std::vector<char> host(block_bytes());
+    RETURN_IF_ERROR(Read(block, 0, block_bytes(), host.data()));
+    return BlockChecksum(host.data(), host.size());
+  }
+
+ private:
+  uint8_t* BlockPointer(uint32_t block) const { return base_ + uint64_t{block} * block_bytes(); }
+
+  const int device_;
+  uint8_t* const base_;
+  const cudaStream_t stream_;
+  const cudaIpcMemHandle_t handle_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PoolMemory>> CreateCudaPoolMemory(int device, uint64_t block_bytes,
+                                                                 uint32_t num_blocks) {
+  const uint64_t total = block_bytes * num_blocks;
+  if (total == 0) return absl::InvalidArgumentError("pool memory of 0 bytes");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("selecting cuda:", device)));
+  void* base = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&base, total),
+                             absl::StrCat("allocating ", total, " bytes on cuda:", device)));
+  cudaIpcMemHandle_t handle;
+  cudaStream_t stream = nullptr;
+  absl::Status status = CudaStatus(cudaIpcGetMemHandle(&handle, base), "exporting the pool");
+  if (status.ok()) {
+    status = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                        "creating the pool's stream");
+  }
+  if (!status.ok()) {
+    cudaFree(base);
+    return status;
+  }
+  return std::unique_ptr<PoolMemory>(new CudaPoolMemory(device, static_cast<uint8_t*>(base), stream,
+                                                        handle, block_bytes, num_blocks));
+}
+
+}  // namespace kvcache

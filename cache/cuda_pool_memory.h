@@ -1,0 +1,28 @@
+// CudaPoolMemory: a pool in device memory (cudaMalloc), exported as a CUDA IPC handle so workers on
+// the node map it once with cudaIpcOpenMemHandle and then work with block offsets. A block copy
+// (fork) is a device-to-device copy on the pool's own stream; reads, writes and checksums stage
+// through the host and synchronize (they serve the data RPCs, not the workers' hot path).
+//
+// Built without CUDA, CreateCudaPoolMemory returns FAILED_PRECONDITION.
+// Thread safety: as PoolMemory.
+#ifndef KVCACHE_CACHE_CUDA_POOL_MEMORY_H_
+#define KVCACHE_CACHE_CUDA_POOL_MEMORY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cache/pool_memory.h"
+
+namespace kvcache {
+
+// Parses "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.
+absl::StatusOr<int> ParseCudaDevice(absl::string_view device);
+
+// RESOURCE_EXHAUSTED when the device lacks memory; FAILED_PRECONDITION with no device or no CUDA.
+absl::StatusOr<std::unique_ptr<PoolMemory>> CreateCudaPoolMemory(int device, uint64_t block_bytes,
+                                                                 uint32_t num_blocks);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_CUDA_POOL_MEMORY_H_

@@ -1,0 +1,408 @@
+#include "cache/pool.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+size_t BlocksFor(size_t num_tokens, uint32_t block_size) {
+  return (num_tokens + block_size - 1) / block_size;
+}
+
+absl::Span<const uint32_t> BlockTokens(absl::Span<const uint32_t> tokens, size_t block,
+                                       uint32_t block_size) {
+  return tokens.subspan(block * block_size, block_size);
+}
+
+}  // namespace
+
+absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys& extras,
+                                  size_t num_tokens) {
+  if (cache_salt.size() > kMaxCacheSaltBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cache_salt has ", cache_salt.size(),
+                                                   " bytes; at most ", kMaxCacheSaltBytes));
+  }
+  if (extras.lora_id.size() > kMaxLoraIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("lora_id has ", extras.lora_id.size(),
+                                                   " bytes; at most ", kMaxLoraIdBytes));
+  }
+  if (extras.multimodal_items.size() > kMaxMultimodalItems) {
+    return absl::InvalidArgumentError(absl::StrCat("", extras.multimodal_items.size(),
+                                                   " multimodal items; at most ",
+                                                   kMaxMultimodalItems));
+  }
+  for (size_t i = 0; i < extras.multimodal_items.size(); ++i) {
+    const MultimodalItem& item = extras.multimodal_items[i];
+    if (item.content_hash.empty() || item.content_hash.size() > kMaxContentHashBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("multimodal item ", i, " content_hash has ",
+                                                     item.content_hash.size(),
+                                                     " bytes; want 1 to ", kMaxContentHashBytes));
+    }
+    if (item.length == 0 || uint64_t{item.offset} + item.length > num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "multimodal item ", i, " covers [", item.offset, ", ", uint64_t{item.offset} + item.length,
+          ") which is empty or outside the ", num_tokens, "-token prompt"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(
+    const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory) {
+  RETURN_IF_ERROR(options.layout.Validate());
+  if (options.name.empty() || options.name.size() > 64 ||
+      options.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_-.") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool name '", options.name, "' must be 1 to 64 characters of [A-Za-z0-9_.-]"));
+  }
+  if (options.num_blocks == 0 || options.num_blocks >= kNoBlock) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool '", options.name, "' needs 1 to ", kNoBlock - 1, " blocks"));
+  }
+  if (pool_index >= kMaxPools) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxPools, " pools"));
+  }
+  if (memory == nullptr || memory->num_blocks() != options.num_blocks ||
+      memory->block_bytes() != options.layout.BlockBytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool '", options.name, "' memory does not match its layout"));
+  }
+  return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory)));
+}
+
+Pool::Pool(const PoolOptions& options, uint32_t pool_index,
+                         std::unique_ptr<PoolMemory> memory)
+    : options_(options),
+      pool_index_(pool_index),
+      layout_fingerprint_(options.layout.Fingerprint()),
+      memory_(std::move(memory)),
+      pool_(options.num_blocks, options.layout.block_size) {}
+
+Hash128 Pool::RootFor(absl::string_view tenant, absl::string_view cache_salt) const {
+  BlockHasher hasher(options_.hash_algorithm);
+  return hasher.Root(HashNamespace{options_.model_id, layout_fingerprint_, tenant, cache_salt});
+}
+
+void Pool::HashNewBlocks(Sequence* sequence) const {
+  BlockHasher hasher(options_.hash_algorithm);
+  const uint32_t block_size = options_.layout.block_size;
+  const size_t first_new = sequence->chain.size();
+  hasher.ExtendChain(sequence->root, sequence->tokens, block_size, sequence->extras,
+                     &sequence->chain);
+  for (size_t i = first_new; i < sequence->chain.size(); ++i) {
+    const uint32_t start = static_cast<uint32_t>(i * block_size);
+    sequence->extras_digests.push_back(
+        hasher.ExtrasDigest(sequence->extras, start, start + block_size));
+  }
+}
+
+std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_blocks) const {
+  std::vector<BlockId> hits;
+  const size_t limit = std::min(max_blocks, sequence.chain.size());
+  for (size_t i = 0; i < limit; ++i) {
+    const BlockIdentity expected{
+        .hash = sequence.chain[i],
+        .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
+        .parent_block = i == 0 ? kNoBlock : hits.back(),
+        .extras_digest = sequence.extras_digests[i],
+    };
+    const BlockId block = pool_.FindVerified(
+        expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
+    if (block == kNoBlock) break;
+    hits.push_back(block);
+  }
+  return hits;
+}
+
+absl::Status Pool::CheckCapacityLocked(size_t needed, size_t reclaimable_hits,
+                                              absl::string_view what) const {
+  const size_t available = pool_.num_free() + pool_.num_evictable() - reclaimable_hits;
+  if (needed <= available) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "pool '", options_.name, "': ", what, " needs ", needed, " new blocks but only ",
+      pool_.num_free(), " are free and ", pool_.num_evictable() - reclaimable_hits,
+      " evictable (pool has ", pool_.num_blocks(), ")"));
+}
+
+absl::StatusOr<Pool::Sequence*> Pool::FindLocked(const Session& session,
+                                                               uint64_t sequence_id) {
+  if (session.closed.load(std::memory_order_acquire)) {
+    return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
+  }
+  auto it = sequences_.find(sequence_id);
+  // Another session's sequence is reported as unknown, so ids cannot be probed across sessions.
+  if (it == sequences_.end() || it->second->session_id != session.id) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence_id, " not found in session ",
+                                            session.id));
+  }
+  return it->second.get();
+}
+
+uint64_t Pool::AddLocked(std::unique_ptr<Sequence> sequence) {
+  const uint64_t id = next_sequence_++ * kMaxPools + pool_index_;
+  sequence->id = id;
+  by_session_[sequence->session_id].insert(id);
+  sequences_.emplace(id, std::move(sequence));
+  return id;
+}
+
+void Pool::ReleaseLocked(const Sequence& sequence) {
+  // Tail first, so a chain's tail is evicted before its prefix.
+  for (auto it = sequence.blocks.rbegin(); it != sequence.blocks.rend(); ++it) pool_.Release(*it);
+}
+
+absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const SequenceSpec& spec,
+                                                 OpenMode mode) {
+  const uint32_t block_size = options_.layout.block_size;
+  const size_t full_blocks = spec.tokens.size() / block_size;
+  if (spec.tokens.empty()) return absl::InvalidArgumentError("prompt has no tokens");
+  if (mode == OpenMode::kPut && full_blocks == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a put of ", spec.tokens.size(),
+                                                   " tokens holds no full block of ", block_size));
+  }
+  size_t total_blocks =
+      mode == OpenMode::kCompute ? BlocksFor(spec.tokens.size(), block_size) : full_blocks;
+  if (total_blocks > options_.num_blocks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool '", options_.name, "': a ", spec.tokens.size(), "-token prompt needs ",
+                     total_blocks, " blocks; the pool has ", options_.num_blocks));
+  }
+  RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
+
+  auto sequence = std::make_unique<Sequence>();
+  sequence->session_id = session.id;
+  sequence->root = RootFor(session.tenant, spec.cache_salt);
+  sequence->extras = spec.extra_keys;
+  const size_t kept_tokens =
+      mode == OpenMode::kCompute ? spec.tokens.size() : full_blocks * block_size;
+  sequence->tokens.assign(spec.tokens.begin(), spec.tokens.begin() + kept_tokens);
+  HashNewBlocks(sequence.get());
+
+  absl::MutexLock lock(&mu_);
+  if (session.closed.load(std::memory_order_acquire)) {
+    return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
+  }
+  // When computing, at least one prompt token is left: the worker needs its logits.
+  const size_t max_hit_blocks =
+      mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : full_blocks;
+  std::vector<BlockId> hits = WalkLocked(*sequence, max_hit_blocks);
+  if (mode == OpenMode::kPinCached) {
+    total_blocks = hits.size();
+    sequence->tokens.resize(total_blocks * block_size);
+    sequence->chain.resize(total_blocks);
+    sequence->extras_digests.resize(total_blocks);
+  }
+  size_t evictable_hits = 0;
+  for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
+  RETURN_IF_ERROR(CheckCapacityLocked(total_blocks - hits.size(), evictable_hits,
+                                      absl::StrCat("a ", spec.tokens.size(), "-token prompt with ",
+                                                   hits.size() * block_size, " cached tokens")));
+  for (BlockId block : hits) pool_.Acquire(block);
+  sequence->blocks = std::move(hits);
+  sequence->committed_blocks = static_cast<uint32_t>(sequence->blocks.size());
+  const size_t num_hits = sequence->blocks.size();
+  while (sequence->blocks.size() < total_blocks) sequence->blocks.push_back(pool_.AllocateFresh());
+
+  if (mode == OpenMode::kCompute) {
+    prompt_tokens_ += spec.tokens.size();
+    hit_blocks_ += num_hits;
+    miss_blocks_ += total_blocks - num_hits;
+  }
+  OpenedSequence opened{.block_ids = sequence->blocks,
+                        .num_cached_tokens = static_cast<uint32_t>(num_hits * block_size)};
+  opened.sequence_id = AddLocked(std::move(sequence));
+  return opened;
+}
+
+absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
+                                                     absl::Span<const uint32_t> tokens) {
+  if (tokens.empty()) return absl::InvalidArgumentError("extend with no tokens");
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
+  const size_t new_length = sequence->tokens.size() + tokens.size();
+  const size_t total_blocks = BlocksFor(new_length, options_.layout.block_size);
+  if (total_blocks > options_.num_blocks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool '", options_.name, "': sequence ", sequence_id, " would grow to ",
+                     total_blocks, " blocks; the pool has ", options_.num_blocks));
+  }
+  const size_t needed = total_blocks - sequence->blocks.size();
+  RETURN_IF_ERROR(CheckCapacityLocked(needed, 0, absl::StrCat("extending by ", tokens.size(),
+                                                              " tokens")));
+  ExtendedSequence extended;
+  for (size_t i = 0; i < needed; ++i) {
+    extended.new_block_ids.push_back(pool_.AllocateFresh());
+    sequence->blocks.push_back(extended.new_block_ids.back());
+  }
+  sequence->tokens.insert(sequence->tokens.end(), tokens.begin(), tokens.end());
+  HashNewBlocks(sequence);
+  extended.num_tokens = static_cast<uint32_t>(new_length);
+  return extended;
+}
+
+absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t sequence_id,
+                                                 uint32_t num_written_tokens) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
+  if (num_written_tokens > sequence->tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("commit of ", num_written_tokens,
+                                                   " tokens but sequence ", sequence_id, " has ",
+                                                   sequence->tokens.size()));
+  }
+  const uint32_t block_size = options_.layout.block_size;
+  const uint32_t written_blocks = num_written_tokens / block_size;
+  CommitResult result;
+  for (uint32_t i = sequence->committed_blocks; i < written_blocks; ++i) {
+    // The parent link is the indexed block of h_{i-1}: this sequence's own, or the first copy
+    // when its own was a duplicate. With no indexed parent the block could never be reached by a
+    // walk, so it stays private.
+    const BlockId parent = i == 0 ? kNoBlock : pool_.Indexed(sequence->chain[i - 1]);
+    if (i > 0 && parent == kNoBlock) continue;
+    const BlockIdentity identity{
+        .hash = sequence->chain[i],
+        .parent_hash = i == 0 ? sequence->root : sequence->chain[i - 1],
+        .parent_block = parent,
+        .extras_digest = sequence->extras_digests[i],
+    };
+    const BlockId block = sequence->blocks[i];
+    const bool was_published = pool_.IsPublished(block);
+    if (pool_.Publish(block, identity, BlockTokens(sequence->tokens, i, block_size)) &&
+        !was_published && pool_.IsPublished(block)) {
+      ++result.num_published_blocks;
+    }
+  }
+  sequence->committed_blocks = std::max(sequence->committed_blocks, written_blocks);
+  result.num_committed_blocks = sequence->committed_blocks;
+  return result;
+}
+
+absl::Status Pool::Release(const Session& session, uint64_t sequence_id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
+  ReleaseLocked(*sequence);
+  auto owner = by_session_.find(session.id);
+  owner->second.erase(sequence_id);
+  if (owner->second.empty()) by_session_.erase(owner);
+  sequences_.erase(sequence_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t sequence_id) {
+  ForkedSequence forked;
+  BlockId copy_dst = kNoBlock;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Sequence * parent, FindLocked(session, sequence_id));
+    const size_t full_blocks = parent->tokens.size() / options_.layout.block_size;
+    const bool has_partial = full_blocks < parent->blocks.size();
+    RETURN_IF_ERROR(CheckCapacityLocked(has_partial ? 1 : 0, 0, "forking"));
+    auto child = std::make_unique<Sequence>(*parent);
+    child->blocks.resize(full_blocks);
+    for (BlockId block : child->blocks) pool_.Acquire(block);
+    if (has_partial) {
+      // The source stays pinned until its bytes are copied, even if the parent is released.
+      forked.copied_from_block = parent->blocks.back();
+      pool_.Acquire(forked.copied_from_block);
+      copy_dst = pool_.AllocateFresh();
+      child->blocks.push_back(copy_dst);
+    }
+    forked.block_ids = child->blocks;
+    forked.sequence_id = AddLocked(std::move(child));
+  }
+  if (copy_dst == kNoBlock) return forked;
+  const absl::Status copied = memory_->CopyBlock(forked.copied_from_block, copy_dst);
+  absl::MutexLock lock(&mu_);
+  pool_.Release(forked.copied_from_block);
+  if (!copied.ok()) {
+    auto it = sequences_.find(forked.sequence_id);
+    if (it != sequences_.end()) {
+      ReleaseLocked(*it->second);
+      by_session_[session.id].erase(forked.sequence_id);
+      sequences_.erase(it);
+    }
+    return copied;
+  }
+  return forked;
+}
+
+absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant,
+                                                 const SequenceSpec& spec) {
+  RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
+  Sequence probe;
+  probe.root = RootFor(tenant, spec.cache_salt);
+  probe.extras = spec.extra_keys;
+  probe.tokens.assign(spec.tokens.begin(), spec.tokens.end());
+  HashNewBlocks(&probe);
+  absl::ReaderMutexLock lock(&mu_);
+  const size_t hits = WalkLocked(probe, probe.chain.size()).size();
+  return LookupResult{.num_cached_blocks = static_cast<uint32_t>(hits),
+                      .num_cached_tokens = static_cast<uint32_t>(hits * options_.layout.block_size)};
+}
+
+uint32_t Pool::ReleaseSession(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto owner = by_session_.find(session_id);
+  if (owner == by_session_.end()) return 0;
+  const uint32_t count = static_cast<uint32_t>(owner->second.size());
+  for (uint64_t sequence_id : owner->second) {
+    auto it = sequences_.find(sequence_id);
+    ReleaseLocked(*it->second);
+    sequences_.erase(it);
+  }
+  by_session_.erase(owner);
+  return count;
+}
+
+absl::StatusOr<uint64_t> Pool::BlockChecksum(BlockId block) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (std::optional<uint64_t> cached = pool_.CachedChecksum(block)) return *cached;
+  }
+  // Hashing a block outside the lock: it is pinned by the caller.
+  ASSIGN_OR_RETURN(uint64_t checksum, memory_->Checksum(block));
+  absl::MutexLock lock(&mu_);
+  pool_.SetChecksum(block, checksum);
+  return checksum;
+}
+
+PoolStatsSnapshot Pool::Stats() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return PoolStatsSnapshot{
+      .free = pool_.num_free(),
+      .evictable = pool_.num_evictable(),
+      .referenced = pool_.num_referenced(),
+      .prompt_tokens = prompt_tokens_,
+      .hit_tokens = hit_blocks_ * options_.layout.block_size,
+      .hit_blocks = hit_blocks_,
+      .miss_blocks = miss_blocks_,
+      .open_sequences = static_cast<uint32_t>(sequences_.size()),
+      .pool = pool_.counters(),
+  };
+}
+
+absl::Status Pool::CheckInvariants() const {
+  absl::ReaderMutexLock lock(&mu_);
+  RETURN_IF_ERROR(pool_.CheckInvariants());
+  // Every reference is held by a sequence (fork pins are transient and released before return).
+  absl::flat_hash_map<BlockId, uint32_t> held;
+  for (const auto& [id, sequence] : sequences_) {
+    for (BlockId block : sequence->blocks) ++held[block];
+  }
+  for (const auto& [block, count] : held) {
+    if (pool_.RefCount(block) != count) {
+      return absl::InternalError(absl::StrCat("block ", block, " has ref ", pool_.RefCount(block),
+                                              " but sequences hold it ", count, " times"));
+    }
+  }
+  if (pool_.num_referenced() != held.size()) {
+    return absl::InternalError(absl::StrCat(pool_.num_referenced(), " referenced blocks but ",
+                                            held.size(), " held by sequences"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvcache

@@ -1,0 +1,189 @@
+// Pool: one pool's sequences over its BlockPool — the DESIGN §3 contract. Opens sequences
+// with the longest verified cached prefix, extends them, commits written blocks into the prefix
+// index, releases tail first, forks, and answers lookups without acquiring.
+//
+// Sequence ids are opaque to clients; their low 8 bits name the pool (see PoolIndexOf) so the
+// CacheManager routes a request to its pool in O(1).
+//
+// Error codes: INVALID_ARGUMENT for malformed input, NOT_FOUND for a sequence that is unknown or
+// belongs to another session, ABORTED when the session has ended, RESOURCE_EXHAUSTED when the
+// pool has too few blocks (nothing changes then).
+//
+// Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
+// its source block pinned.
+#ifndef KVCACHE_CACHE_POOL_H_
+#define KVCACHE_CACHE_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/block_hash.h"
+#include "common/pool_layout.h"
+#include "cache/block_pool.h"
+#include "cache/pool_memory.h"
+#include "cache/session.h"
+
+namespace kvcache {
+
+inline constexpr uint32_t kMaxPools = 256;
+inline constexpr size_t kMaxCacheSaltBytes = 256;
+inline constexpr size_t kMaxLoraIdBytes = 256;
+inline constexpr size_t kMaxMultimodalItems = 1024;
+inline constexpr size_t kMaxContentHashBytes = 128;
+
+struct PoolOptions {
+  std::string name;
+  std::string model_id;
+  PoolLayout layout;
+  uint32_t num_blocks = 0;
+  HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
+};
+
+struct SequenceSpec {
+  absl::Span<const uint32_t> tokens;
+  absl::string_view cache_salt;
+  ExtraKeys extra_keys;
+};
+
+// What Open allocates besides the verified cached prefix.
+enum class OpenMode {
+  kCompute,     // a prompt to compute: hit capped to leave one token, fresh blocks for the rest
+  kPut,         // bytes arriving for the full blocks: no cap, fresh blocks for the missing ones
+  kPinCached,   // pin the cached full-block prefix only; allocates nothing
+};
+
+struct OpenedSequence {
+  uint64_t sequence_id = 0;
+  std::vector<BlockId> block_ids;
+  uint32_t num_cached_tokens = 0;
+};
+
+struct ExtendedSequence {
+  std::vector<BlockId> new_block_ids;
+  uint32_t num_tokens = 0;
+};
+
+struct CommitResult {
+  uint32_t num_committed_blocks = 0;
+  uint32_t num_published_blocks = 0;
+};
+
+struct ForkedSequence {
+  uint64_t sequence_id = 0;
+  std::vector<BlockId> block_ids;
+  BlockId copied_from_block = kNoBlock;  // kNoBlock: the parent ended on a block boundary
+};
+
+struct LookupResult {
+  uint32_t num_cached_blocks = 0;
+  uint32_t num_cached_tokens = 0;
+};
+
+struct PoolStatsSnapshot {
+  uint32_t free = 0;
+  uint32_t evictable = 0;
+  uint32_t referenced = 0;
+  uint64_t prompt_tokens = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t miss_blocks = 0;
+  uint32_t open_sequences = 0;
+  BlockPoolCounters pool;
+};
+
+// INVALID_ARGUMENT unless salt and extra keys are within limits and every multimodal item lies
+// inside a prompt of `num_tokens` tokens.
+absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys& extras,
+                                  size_t num_tokens);
+
+class Pool {
+ public:
+  // INVALID_ARGUMENT for a bad layout or block count; RESOURCE_EXHAUSTED if memory can't be had.
+  static absl::StatusOr<std::unique_ptr<Pool>> Create(const PoolOptions& options,
+                                                             uint32_t pool_index,
+                                                             std::unique_ptr<PoolMemory> memory);
+
+  static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
+
+  const PoolOptions& options() const { return options_; }
+  uint64_t layout_fingerprint() const { return layout_fingerprint_; }
+  PoolMemory& memory() { return *memory_; }
+
+  // kPut and kPinCached sequences cover only the prompt's full blocks (kPinCached: only the
+  // cached ones) and leave the hit/miss statistics alone; release them like any other.
+  absl::StatusOr<OpenedSequence> Open(const Session& session, const SequenceSpec& spec,
+                                      OpenMode mode = OpenMode::kCompute);
+  absl::StatusOr<ExtendedSequence> Extend(const Session& session, uint64_t sequence_id,
+                                          absl::Span<const uint32_t> tokens);
+  absl::StatusOr<CommitResult> Commit(const Session& session, uint64_t sequence_id,
+                                      uint32_t num_written_tokens);
+  absl::Status Release(const Session& session, uint64_t sequence_id);
+  absl::StatusOr<ForkedSequence> Fork(const Session& session, uint64_t sequence_id);
+  absl::StatusOr<LookupResult> Lookup(absl::string_view tenant, const SequenceSpec& spec);
+
+  // Releases every sequence of `session_id`; returns how many. Idempotent.
+  uint32_t ReleaseSession(uint64_t session_id);
+
+  // XXH3-64 of a block's bytes, computed once per publication (GetBlocks sends it with every
+  // read). REQUIRES: the caller holds a reference to `block`, so it cannot be reused meanwhile.
+  absl::StatusOr<uint64_t> BlockChecksum(BlockId block);
+
+  PoolStatsSnapshot Stats() const;
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Sequence {
+    uint64_t id = 0;
+    uint64_t session_id = 0;
+    Hash128 root;
+    ExtraKeys extras;
+    std::vector<uint32_t> tokens;
+    std::vector<BlockId> blocks;
+    std::vector<Hash128> chain;             // hash of each full block
+    std::vector<uint64_t> extras_digests;   // per full block, parallel to chain
+    uint32_t committed_blocks = 0;          // leading full blocks whose KV is written
+  };
+
+  Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory);
+
+  // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
+  void HashNewBlocks(Sequence* sequence) const;
+  Hash128 RootFor(absl::string_view tenant, absl::string_view cache_salt) const;
+  // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain.
+  std::vector<BlockId> WalkLocked(const Sequence& sequence, size_t max_blocks) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckCapacityLocked(size_t needed, size_t reclaimable_hits, absl::string_view what)
+      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Sequence*> FindLocked(const Session& session, uint64_t sequence_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t AddLocked(std::unique_ptr<Sequence> sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(const Sequence& sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const PoolOptions options_;
+  const uint32_t pool_index_;
+  const uint64_t layout_fingerprint_;
+  const std::unique_ptr<PoolMemory> memory_;
+
+  mutable absl::Mutex mu_;
+  BlockPool pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
+  uint64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t miss_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_POOL_H_

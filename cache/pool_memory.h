@@ -1,0 +1,96 @@
+// PoolMemory: the bytes behind a pool's blocks, block-major (block i at offset i * block_bytes).
+// HostPoolMemory is host memory, either private (tests, benchmarks) or a POSIX shared-memory
+// object created owner-only that workers on the node map themselves. CudaPoolMemory (built with
+// CUDA) is device memory exported as a CUDA IPC handle.
+//
+// Thread safety: all methods may run concurrently as long as no two of them touch the same block
+// at once; callers pin blocks (hold a reference) for the duration.
+#ifndef KVCACHE_CACHE_POOL_MEMORY_H_
+#define KVCACHE_CACHE_POOL_MEMORY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kvcache {
+
+// How another process on this node maps the memory (kvcache.v1.PoolMapping).
+struct MappingInfo {
+  enum class Kind { kNone = 0, kShm = 1, kCudaIpc = 2 };
+  Kind kind = Kind::kNone;
+  std::string shm_name;
+  uint64_t size_bytes = 0;
+  std::string cuda_ipc_handle;
+  int cuda_device = -1;
+};
+
+class PoolMemory {
+ public:
+  virtual ~PoolMemory() = default;
+  virtual std::string kind() const = 0;  // "host", "cuda"
+  virtual MappingInfo mapping() const = 0;
+  uint64_t block_bytes() const { return block_bytes_; }
+  uint32_t num_blocks() const { return num_blocks_; }
+
+  // Copies all bytes of block `src` into block `dst`.
+  virtual absl::Status CopyBlock(uint32_t src, uint32_t dst) = 0;
+  // Writes `bytes` at `offset` inside `block`. OUT_OF_RANGE past the block. The bytes are for
+  // other processes and later gets: a host pool writes them past the cache (StreamingCopy).
+  virtual absl::Status Write(uint32_t block, uint64_t offset, absl::string_view bytes) = 0;
+  // Reads `size` bytes at `offset` inside `block` into `out`. OUT_OF_RANGE past the block.
+  virtual absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const = 0;
+  // XXH3-64 (seed 0) of the whole block: the checksum the data RPCs carry.
+  virtual absl::StatusOr<uint64_t> Checksum(uint32_t block) const = 0;
+  // The block's bytes in this process's address space, or nullptr when they are not host memory
+  // (callers then Read). REQUIRES: block < num_blocks().
+  virtual const uint8_t* HostBlock(uint32_t block) const { return nullptr; }
+
+ protected:
+  PoolMemory(uint64_t block_bytes, uint32_t num_blocks)
+      : block_bytes_(block_bytes), num_blocks_(num_blocks) {}
+  absl::Status CheckRange(uint32_t block, uint64_t offset, uint64_t size) const;
+
+ private:
+  const uint64_t block_bytes_;
+  const uint32_t num_blocks_;
+};
+
+class HostPoolMemory final : public PoolMemory {
+ public:
+  // Private anonymous memory. RESOURCE_EXHAUSTED when the mapping fails.
+  static absl::StatusOr<std::unique_ptr<HostPoolMemory>> Create(uint64_t block_bytes,
+                                                               uint32_t num_blocks);
+  // A POSIX shared-memory object `shm_name` ("/name"), created exclusively with mode 0600 and
+  // unlinked when this object is destroyed. ALREADY_EXISTS if the name is taken.
+  static absl::StatusOr<std::unique_ptr<HostPoolMemory>> CreateShared(std::string shm_name,
+                                                                     uint64_t block_bytes,
+                                                                     uint32_t num_blocks);
+  ~HostPoolMemory() override;
+
+  std::string kind() const override { return "host"; }
+  MappingInfo mapping() const override;
+  absl::Status CopyBlock(uint32_t src, uint32_t dst) override;
+  absl::Status Write(uint32_t block, uint64_t offset, absl::string_view bytes) override;
+  absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const override;
+  absl::StatusOr<uint64_t> Checksum(uint32_t block) const override;
+  const uint8_t* HostBlock(uint32_t block) const override { return Block(block); }
+
+  uint8_t* Block(uint32_t block) const { return base_ + uint64_t{block} * block_bytes(); }
+
+ private:
+  HostPoolMemory(uint8_t* base, uint64_t block_bytes, uint32_t num_blocks, std::string shm_name)
+      : PoolMemory(block_bytes, num_blocks), base_(base), shm_name_(std::move(shm_name)) {}
+
+  uint8_t* const base_;
+  const std::string shm_name_;  // empty for private memory
+};
+
+// A shared-memory name unique to this daemon start: "/kvcache.<pid>.<epoch>.<pool>".
+std::string ShmNameFor(absl::string_view pool_name, uint64_t epoch);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_POOL_MEMORY_H_

@@ -1,0 +1,98 @@
+#include "cache/pool_spec.h"
+
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+absl::StatusOr<uint32_t> ParseField(absl::string_view key, absl::string_view value) {
+  uint32_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool field ", key, "='", value, "' is not a non-negative integer"));
+  }
+  return parsed;
+}
+
+}  // namespace
+
+PoolOptions DefaultPoolOptions() {
+  PoolOptions options;
+  options.name = "default";
+  options.model_id = "demo";
+  options.layout = PoolLayout{.num_layers = 4, .num_kv_heads = 2, .head_dim = 64,
+                              .block_size = 16, .dtype = DType::kFloat16};
+  options.num_blocks = 1024;
+  return options;
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  uint64_t multiplier = 1;
+  for (auto [suffix, factor] : {std::pair{"gib", 1ull << 30}, {"mib", 1ull << 20}, {"kib", 1ull << 10},
+                                {"g", 1ull << 30}, {"m", 1ull << 20}, {"k", 1ull << 10}}) {
+    if (absl::EndsWith(lower, suffix)) {
+      lower.resize(lower.size() - strlen(suffix));
+      multiplier = factor;
+      break;
+    }
+  }
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(lower, &value) || value > (~0ull) / multiplier) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a byte size"));
+  }
+  return value * multiplier;
+}
+
+absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
+  std::vector<absl::string_view> parts = absl::StrSplit(spec, ':');
+  PoolOptions options = DefaultPoolOptions();
+  options.name = std::string(parts[0]);
+  if (options.name.empty()) return absl::InvalidArgumentError("pool spec has no name");
+  uint64_t bytes = 0;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(parts[i], '=');
+    const absl::string_view key = kv.first, value = kv.second;
+    if (key == "model") {
+      options.model_id = std::string(value);
+    } else if (key == "layers") {
+      ASSIGN_OR_RETURN(options.layout.num_layers, ParseField(key, value));
+    } else if (key == "kv_heads") {
+      ASSIGN_OR_RETURN(options.layout.num_kv_heads, ParseField(key, value));
+    } else if (key == "head_dim") {
+      ASSIGN_OR_RETURN(options.layout.head_dim, ParseField(key, value));
+    } else if (key == "block_size") {
+      ASSIGN_OR_RETURN(options.layout.block_size, ParseField(key, value));
+    } else if (key == "blocks") {
+      ASSIGN_OR_RETURN(options.num_blocks, ParseField(key, value));
+    } else if (key == "dtype") {
+      ASSIGN_OR_RETURN(options.layout.dtype, ParseDType(value));
+    } else if (key == "hash") {
+      ASSIGN_OR_RETURN(options.hash_algorithm, ParseHashAlgorithm(value));
+    } else if (key == "bytes") {
+      ASSIGN_OR_RETURN(bytes, ParseByteSize(value));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown pool field '", key, "' (want model, layers, kv_heads, head_dim, block_size, "
+          "dtype, blocks, bytes, hash)"));
+    }
+  }
+  RETURN_IF_ERROR(options.layout.Validate());
+  if (bytes != 0) {
+    const uint64_t blocks = bytes / options.layout.BlockBytes();
+    if (blocks == 0 || blocks >= kNoBlock) {
+      return absl::InvalidArgumentError(absl::StrCat("bytes=", bytes, " holds ", blocks,
+                                                     " blocks of ", options.layout.BlockBytes()));
+    }
+    options.num_blocks = static_cast<uint32_t>(blocks);
+  }
+  return options;
+}
+
+}  // namespace kvcache

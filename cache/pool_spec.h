@@ -1,0 +1,23 @@
+// Parses a pool as given on the daemon's command line:
+//   NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N][:block_size=N][:dtype=fp16]
+//       [:blocks=N | :bytes=SIZE][:hash=xxh3_128|sha256]
+// SIZE takes a K/M/G (or KiB/MiB/GiB) suffix. Unset fields take the demo defaults below.
+#ifndef KVCACHE_CACHE_POOL_SPEC_H_
+#define KVCACHE_CACHE_POOL_SPEC_H_
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cache/pool.h"
+
+namespace kvcache {
+
+// The embedded default: a small host pool for a demo model.
+PoolOptions DefaultPoolOptions();
+
+// INVALID_ARGUMENT naming the offending field.
+absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec);
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_POOL_SPEC_H_

@@ -1,0 +1,28 @@
+// Session: a client's lease. Sequences belong to a session and are released when it ends.
+// `closed` is set once, before the session's sequences are released, so a pool that sees it
+// false under its own mutex knows the release sweep has not passed it yet.
+#ifndef KVCACHE_CACHE_SESSION_H_
+#define KVCACHE_CACHE_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace kvcache {
+
+struct Session {
+  Session(uint64_t id, std::string tenant, std::string client_name, absl::Duration ttl)
+      : id(id), tenant(std::move(tenant)), client_name(std::move(client_name)), ttl(ttl) {}
+
+  const uint64_t id;
+  const std::string tenant;
+  const std::string client_name;
+  const absl::Duration ttl;
+  std::atomic<bool> closed{false};
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_SESSION_H_

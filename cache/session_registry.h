@@ -1,0 +1,67 @@
+// SessionRegistry: the live client sessions (leases) and their deadlines. Session ids grow
+// monotonically and are never reused within an epoch, so an id below the next one that is no
+// longer registered is known to have ended: its late requests are fenced off with ABORTED.
+//
+// Thread safety: thread-safe.
+#ifndef KVCACHE_CACHE_SESSION_REGISTRY_H_
+#define KVCACHE_CACHE_SESSION_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "cache/session.h"
+
+namespace kvcache {
+
+struct SessionLimits {
+  absl::Duration default_ttl = absl::Seconds(10);
+  absl::Duration min_ttl = absl::Milliseconds(100);
+  absl::Duration max_ttl = absl::Minutes(10);
+  size_t max_sessions = 65536;
+};
+
+class SessionRegistry {
+ public:
+  SessionRegistry(const SessionLimits& limits, const Clock* clock);
+
+  // `ttl` of zero means the default; others are clamped to [min_ttl, max_ttl].
+  // INVALID_ARGUMENT for an oversize tenant; RESOURCE_EXHAUSTED past max_sessions.
+  absl::StatusOr<std::shared_ptr<Session>> Open(std::string tenant, std::string client_name,
+                                                absl::Duration ttl);
+  // NOT_FOUND for an id never issued; ABORTED for one that has ended.
+  absl::StatusOr<std::shared_ptr<Session>> Get(uint64_t session_id) const;
+  // Pushes the deadline to now + ttl. Errors as Get.
+  absl::Status KeepAlive(uint64_t session_id);
+  // Marks the session closed and unregisters it; the caller releases its sequences.
+  absl::StatusOr<std::shared_ptr<Session>> Close(uint64_t session_id);
+  // Closes and returns every session whose deadline has passed. O(sessions); not on a request path.
+  std::vector<std::shared_ptr<Session>> TakeExpired();
+
+  size_t size() const;
+  const SessionLimits& limits() const { return limits_; }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Session> session;
+    absl::Time deadline;
+  };
+  absl::Status UnknownLocked(uint64_t session_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const SessionLimits limits_;
+  const Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_SESSION_REGISTRY_H_

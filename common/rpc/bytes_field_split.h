@@ -1,0 +1,44 @@
+// SplitBytesField: reads a serialized protobuf message out of a grpc::ByteBuffer without copying
+// one of its bytes fields. The block data RPCs carry up to a few MiB of block bytes per message;
+// parsing such a message copies every byte into a std::string, and then the receiver copies it
+// again to where the bytes belong (the pool, the caller's buffer). Split instead hands out the
+// field's bytes as views into the buffer's slices, and the rest of the message — its small
+// fields, re-encoded — as a string to parse with protobuf as usual. Fields may come in any order;
+// when the bytes field occurs more than once, the last occurrence wins, as protobuf's parser does.
+//
+// Thread-safety: a SplitMessage is immutable once returned; its views live as long as it does.
+#ifndef KVCACHE_COMMON_RPC_BYTES_FIELD_SPLIT_H_
+#define KVCACHE_COMMON_RPC_BYTES_FIELD_SPLIT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kvcache {
+
+struct SplitMessage {
+  std::string rest;  // every other field, serialized: parse it into the message type
+  bool has_field = false;
+  uint64_t field_size = 0;                   // the bytes field's length
+  std::vector<absl::string_view> pieces;     // its bytes, in order, inside `slices`
+  std::vector<grpc::Slice> slices;           // keeps the pieces alive
+};
+
+// INVALID_ARGUMENT for a malformed message: a truncated field, an overlong varint, a group
+// (wire types 3 and 4) or an unknown wire type, field number 0.
+absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer,
+                                             uint32_t field_number);
+
+// The encoding's other direction: the tag and length that precede a bytes field of `size` bytes.
+// A sender puts this, then the bytes as slices of their own, and sends the bytes uncopied.
+std::string BytesFieldPrefix(uint32_t field_number, uint64_t size);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_COMMON_RPC_BYTES_FIELD_SPLIT_H_

@@ -1,0 +1,569 @@
+// CudaQwen3MoeModel (see qwen3_moe_cuda.h): host orchestration of the kernels of
+// kernels/worker_kernels.h through the CUDA runtime API. Compiled by the host compiler.
+//
+// Stream discipline: every copy and launch goes to impl->stream. The host reads device results
+// only after cudaStreamSynchronize (the routing of each layer, the logits), and host staging
+// buffers are rewritten only after such a sync, so pageable-memory copies can never race.
+#include "model/cuda/qwen3_moe_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/block_copy.h"
+#include "kernels/worker_kernels.h"
+#include "model/cuda/moe_dispatch.h"
+#include "model/paged_kv.h"
+
+namespace kvcache::worker {
+namespace {
+
+// INTERNAL with the CUDA error text. Also clears the runtime's last error, so that an error
+// already reported here does not resurface as a later launch's failure (sticky errors persist).
+absl::Status CudaOk(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+// Makes `device` current for the scope and restores the caller's current device afterwards.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    status_ = CudaOk(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  absl::Status status_;
+};
+
+// An owned device allocation that grows on demand; growing does not keep the contents.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { Release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // REQUIRES: no enqueued work uses the buffer (cudaFree of memory in use is undefined).
+  absl::Status Reserve(size_t bytes, const char* what) {
+    if (bytes <= capacity_ && ptr_ != nullptr) return absl::OkStatus();
+    Release();
+    void* ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, std::max<size_t>(bytes, 1));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what, ": ",
+                                              cudaGetErrorString(err)));
+    }
+    ptr_ = ptr;
+    capacity_ = bytes;
+    return absl::OkStatus();
+  }
+  void Release() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    capacity_ = 0;
+  }
+  template <typename T>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// Device addresses of the weights, all inside one allocation.
+struct DeviceExpert {
+  const float* gate_proj = nullptr;  // [moe_intermediate, hidden]
+  const float* up_proj = nullptr;    // [moe_intermediate, hidden]
+  const float* down_proj = nullptr;  // [hidden, moe_intermediate]
+};
+struct DeviceLayer {
+  const float* input_norm = nullptr;
+  const float* q_proj = nullptr;
+  const float* k_proj = nullptr;
+  const float* v_proj = nullptr;
+  const float* o_proj = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* post_norm = nullptr;
+  const float* router = nullptr;
+  std::vector<DeviceExpert> experts;
+};
+struct DeviceWeights {
+  DeviceBuffer storage;
+  const float* embed_tokens = nullptr;  // [vocab, hidden]
+  std::vector<DeviceLayer> layers;
+  const float* final_norm = nullptr;  // [hidden]
+  const float* lm_head = nullptr;     // [vocab, hidden]; embed_tokens when tied
+};
+
+// Lays tensors out in one allocation, each 256-byte aligned, and copies them in.
+class WeightUploader {
+ public:
+  // `*slot` receives the tensor's device address in Finish; it must stay valid until then.
+  void Add(const std::vector<float>& tensor, const float** slot) {
+    entries_.push_back(Entry{&tensor, slot, bytes_});
+    bytes_ += (tensor.size() * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+  }
+  absl::Status Finish(DeviceBuffer& storage, cudaStream_t stream) {
+    RETURN_IF_ERROR(storage.Reserve(bytes_, "weights"));
+    for (const Entry& entry : entries_) {
+      uint8_t* dst = storage.get<uint8_t>() + entry.offset;
+      RETURN_IF_ERROR(
+          CudaOk(cudaMemcpyAsync(dst, entry.tensor->data(), entry.tensor->size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream),
+                 "cudaMemcpyAsync (weights)"));
+      *entry.slot = reinterpret_cast<const float*>(dst);
+    }
+    return CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize (weights)");
+  }
+
+ private:
+  static constexpr size_t kAlign = 256;
+  struct Entry {
+    const std::vector<float>* tensor;
+    const float** slot;
+    size_t offset;
+  };
+  std::vector<Entry> entries_;
+  size_t bytes_ = 0;
+};
+
+absl::Status UploadWeights(const Qwen3MoeModel& model, cudaStream_t stream, DeviceWeights& w) {
+  const ModelConfig& config = model.config();
+  WeightUploader uploader;
+  uploader.Add(model.embed_tokens(), &w.embed_tokens);
+  uploader.Add(model.final_norm(), &w.final_norm);
+  if (!config.tie_word_embeddings) uploader.Add(model.lm_head(), &w.lm_head);
+  w.layers.resize(model.layers().size());  // no reallocation after this: Add keeps addresses
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const Qwen3MoeModel::Layer& src = model.layers()[l];
+    DeviceLayer& dst = w.layers[l];
+    using Tensor = std::pair<const std::vector<float>*, const float**>;
+    for (const auto& [tensor, slot] :
+         std::initializer_list<Tensor>{{&src.input_norm, &dst.input_norm},
+                                       {&src.q_proj, &dst.q_proj},
+                                       {&src.k_proj, &dst.k_proj},
+                                       {&src.v_proj, &dst.v_proj},
+                                       {&src.o_proj, &dst.o_proj},
+                                       {&src.q_norm, &dst.q_norm},
+                                       {&src.k_norm, &dst.k_norm},
+                                       {&src.post_norm, &dst.post_norm},
+                                       {&src.router, &dst.router}}) {
+      uploader.Add(*tensor, slot);
+    }
+    dst.experts.resize(src.experts.size());
+    for (size_t e = 0; e < src.experts.size(); ++e) {
+      uploader.Add(src.experts[e].gate_proj, &dst.experts[e].gate_proj);
+      uploader.Add(src.experts[e].up_proj, &dst.experts[e].up_proj);
+      uploader.Add(src.experts[e].down_proj, &dst.experts[e].down_proj);
+    }
+  }
+  RETURN_IF_ERROR(uploader.Finish(w.storage, stream));
+  if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  return absl::OkStatus();
+}
+
+// Limits of the kernels that a valid ModelConfig does not already imply.
+absl::Status CheckKernelLimits(const ModelConfig& config) {
+  if (config.head_dim > kernels::kMaxCudaHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "head_dim ", config.head_dim, " exceeds the CUDA kernels' ", kernels::kMaxCudaHeadDim));
+  }
+  if (config.num_experts > kernels::kMaxCudaExperts) {
+    return absl::InvalidArgumentError(absl::StrCat("num_experts ", config.num_experts,
+                                                   " exceeds the CUDA kernels' ",
+                                                   kernels::kMaxCudaExperts));
+  }
+  return absl::OkStatus();
+}
+
+// Per-call device buffers, sized for the largest call so far.
+struct Scratch {
+  DeviceBuffer x;              // [n, hidden] residual stream
+  DeviceBuffer normed;         // [n, hidden]
+  DeviceBuffer q;              // [n, heads * head_dim]
+  DeviceBuffer k;              // [n, kv_heads * head_dim]
+  DeviceBuffer v;              // [n, kv_heads * head_dim]
+  DeviceBuffer attn;           // [n, heads * head_dim]
+  DeviceBuffer router_logits;  // [n, experts]
+  DeviceBuffer topk_ids;       // [n, top_k] uint32
+  DeviceBuffer topk_weights;   // [n, top_k]
+  DeviceBuffer moe_in;         // [n * top_k, hidden] normed rows grouped by expert
+  DeviceBuffer moe_out;        // [n * top_k, hidden] expert outputs, same rows
+  DeviceBuffer moe_act;        // [n, moe_intermediate] ExpertSwiGluCuda's workspace
+  DeviceBuffer moe_rows;       // [2, n * top_k] uint32: gather_tokens, then combine_rows
+  DeviceBuffer moe_weights;    // [n * top_k] combine_weights
+  DeviceBuffer indices;        // uint32: tokens [n], positions [n], block table [blocks]
+  DeviceBuffer slots;          // [n] int64 slot mapping of the positions being written
+  DeviceBuffer logits;         // [vocab]
+
+  absl::Status Reserve(const ModelConfig& c, size_t n, size_t blocks) {
+    constexpr size_t kF = sizeof(float);
+    const size_t routed = n * c.num_experts_per_tok;
+    RETURN_IF_ERROR(x.Reserve(n * c.hidden_size * kF, "x"));
+    RETURN_IF_ERROR(normed.Reserve(n * c.hidden_size * kF, "normed"));
+    RETURN_IF_ERROR(q.Reserve(n * c.q_dim() * kF, "q"));
+    RETURN_IF_ERROR(k.Reserve(n * c.kv_dim() * kF, "k"));
+    RETURN_IF_ERROR(v.Reserve(n * c.kv_dim() * kF, "v"));
+    RETURN_IF_ERROR(attn.Reserve(n * c.q_dim() * kF, "attn"));
+    RETURN_IF_ERROR(router_logits.Reserve(n * c.num_experts * kF, "router_logits"));
+    RETURN_IF_ERROR(topk_ids.Reserve(routed * sizeof(uint32_t), "topk_ids"));
+    RETURN_IF_ERROR(topk_weights.Reserve(routed * kF, "topk_weights"));
+    RETURN_IF_ERROR(moe_in.Reserve(routed * c.hidden_size * kF, "moe_in"));
+    RETURN_IF_ERROR(moe_out.Reserve(routed * c.hidden_size * kF, "moe_out"));
+    RETURN_IF_ERROR(moe_act.Reserve(n * c.moe_intermediate_size * kF, "moe_act"));
+    RETURN_IF_ERROR(moe_rows.Reserve(2 * routed * sizeof(uint32_t), "moe_rows"));
+    RETURN_IF_ERROR(moe_weights.Reserve(routed * kF, "moe_weights"));
+    RETURN_IF_ERROR(indices.Reserve((2 * n + blocks) * sizeof(uint32_t), "indices"));
+    RETURN_IF_ERROR(slots.Reserve(n * sizeof(int64_t), "slots"));
+    return logits.Reserve(size_t{c.vocab_size} * kF, "logits");
+  }
+  void Release() {
+    for (DeviceBuffer* buffer :
+         {&x, &normed, &q, &k, &v, &attn, &router_logits, &topk_ids, &topk_weights, &moe_in,
+          &moe_out, &moe_act, &moe_rows, &moe_weights, &indices, &slots, &logits}) {
+      buffer->Release();
+    }
+  }
+};
+
+}  // namespace
+
+struct CudaQwen3MoeModel::Impl {
+  Impl(const ModelConfig& model_config, int device_ordinal)
+      : config(model_config), device(device_ordinal) {}
+  ~Impl();
+
+  // The device-only checks of a request; fills host_slots. REQUIRES: CheckForwardRequest passed.
+  absl::Status CheckDevicePool(const DevicePagedKv& kv, uint32_t start_position, size_t n);
+  // Enqueues the whole forward pass; REQUIRES: the checks passed and the stream is idle.
+  absl::StatusOr<std::vector<float>> Run(absl::Span<const uint32_t> tokens, uint32_t start_position,
+                                         const DevicePagedKv& kv);
+  absl::Status Upload(absl::Span<const uint32_t> tokens, uint32_t start_position, uint32_t blocks,
+                      const DevicePagedKv& kv);
+  absl::Status Attention(uint32_t layer, uint32_t n, uint32_t blocks, const DevicePagedKv& kv);
+  absl::Status Moe(uint32_t layer, uint32_t n);
+  // Brings the layer's routing to the host (a sync), plans and uploads the expert grouping.
+  absl::Status PlanExperts(uint32_t n);
+  absl::StatusOr<std::vector<float>> Logits(uint32_t n);
+
+  // Device pointers into `scratch.indices`.
+  const uint32_t* DeviceTokens() const { return scratch.indices.get<uint32_t>(); }
+  const uint32_t* DevicePositions(uint32_t n) const { return DeviceTokens() + n; }
+  const uint32_t* DeviceBlockTable(uint32_t n) const { return DeviceTokens() + 2 * size_t{n}; }
+
+  // Constant after Create.
+  const ModelConfig config;
+  const int device;
+  cudaStream_t stream = nullptr;
+  DeviceWeights weights;
+
+  // Per-call state (one Forward at a time).
+  Scratch scratch;
+  std::vector<uint32_t> host_indices;  // tokens, positions, block table: staged for upload
+  std::vector<int64_t> host_slots;     // slot mapping: staged for upload
+  std::vector<uint32_t> host_topk_ids;
+  std::vector<float> host_topk_weights;
+  MoeDispatchPlan plan;
+};
+
+CudaQwen3MoeModel::Impl::~Impl() {
+  ScopedDevice scoped(device);
+  // No kernel or copy may still use the buffers when they are freed.
+  if (stream != nullptr && cudaStreamSynchronize(stream) != cudaSuccess) cudaGetLastError();
+  scratch.Release();
+  weights.storage.Release();
+  if (stream != nullptr && cudaStreamDestroy(stream) != cudaSuccess) cudaGetLastError();
+}
+
+absl::Status CudaQwen3MoeModel::Impl::CheckDevicePool(const DevicePagedKv& kv,
+                                                      uint32_t start_position, size_t n) {
+  if (kv.num_pool_blocks == PagedKv::kUnknownPoolBlocks) {
+    return absl::InvalidArgumentError(
+        "a device KV pool needs its size (num_pool_blocks): the kernels bound every access by it");
+  }
+  cudaPointerAttributes attributes{};
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, kv.pool_base);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool base is not device memory: ", cudaGetErrorString(err)));
+  }
+  const bool usable = attributes.type == cudaMemoryTypeManaged ||
+                      (attributes.type == cudaMemoryTypeDevice && attributes.device == device);
+  if (!usable) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool base is not device memory of CUDA device ", device, " (memory type ",
+                     static_cast<int>(attributes.type), " on device ", attributes.device, ")"));
+  }
+  // The slots of the positions being written: two equal ones would race in WriteKvCuda.
+  const uint32_t block_size = kv.layout.block_size;
+  host_slots.resize(n);
+  for (size_t t = 0; t < n; ++t) {
+    const uint64_t position = uint64_t{start_position} + t;
+    host_slots[t] = static_cast<int64_t>(
+        uint64_t{kv.block_table[position / block_size]} * block_size + position % block_size);
+  }
+  const absl::Status slots =
+      kernels::ValidateSlotMapping(host_slots, kv.num_pool_blocks, block_size);
+  if (!slots.ok()) {
+    return absl::Status(slots.code(),
+                        absl::StrCat("KV slots of the positions being written: ", slots.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Impl::Run(absl::Span<const uint32_t> tokens,
+                                                                uint32_t start_position,
+                                                                const DevicePagedKv& kv) {
+  // CheckForwardRequest bounds start_position + n by max_position_embeddings (a uint32).
+  const uint32_t n = static_cast<uint32_t>(tokens.size());
+  const uint64_t widest = std::max(
+      {config.num_attention_heads, config.num_key_value_heads, config.num_experts_per_tok});
+  if (uint64_t{n} * widest > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(n, " tokens in one call overflow the kernels' 32-bit row counts"));
+  }
+  // Only the table entries that hold positions < start_position + n are read.
+  const uint64_t end = uint64_t{start_position} + n;
+  const uint32_t blocks =
+      static_cast<uint32_t>((end + kv.layout.block_size - 1) / kv.layout.block_size);
+  RETURN_IF_ERROR(scratch.Reserve(config, n, blocks));
+  RETURN_IF_ERROR(Upload(tokens, start_position, blocks, kv));
+  RETURN_IF_ERROR(kernels::GatherRowsCuda(weights.embed_tokens, config.vocab_size,
+                                          config.hidden_size, DeviceTokens(), n,
+                                          scratch.x.get<float>(), stream));
+  for (uint32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    RETURN_IF_ERROR(Attention(layer, n, blocks, kv));
+    RETURN_IF_ERROR(Moe(layer, n));
+  }
+  return Logits(n);
+}
+
+absl::Status CudaQwen3MoeModel::Impl::Upload(absl::Span<const uint32_t> tokens,
+                                             uint32_t start_position, uint32_t blocks,
+                                             const DevicePagedKv& kv) {
+  const size_t n = tokens.size();
+  host_indices.resize(2 * n + blocks);
+  std::copy(tokens.begin(), tokens.end(), host_indices.begin());
+  for (size_t t = 0; t < n; ++t) host_indices[n + t] = start_position + static_cast<uint32_t>(t);
+  std::copy(kv.block_table.begin(), kv.block_table.begin() + blocks, host_indices.begin() + 2 * n);
+  RETURN_IF_ERROR(CudaOk(
+      cudaMemcpyAsync(scratch.indices.get<uint32_t>(), host_indices.data(),
+                      host_indices.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync (indices)"));
+  return CudaOk(cudaMemcpyAsync(scratch.slots.get<int64_t>(), host_slots.data(),
+                                n * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync (slot mapping)");
+}
+
+absl::Status CudaQwen3MoeModel::Impl::Attention(uint32_t layer_index, uint32_t n, uint32_t blocks,
+                                                const DevicePagedKv& kv) {
+  const DeviceLayer& layer = weights.layers[layer_index];
+  const ModelConfig& c = config;
+  const uint32_t hidden = c.hidden_size;
+  const uint32_t head_dim = c.head_dim;
+  const uint32_t heads = c.num_attention_heads;
+  const uint32_t kv_heads = c.num_key_value_heads;
+  float* x = scratch.x.get<float>();
+  float* normed = scratch.normed.get<float>();
+  float* q = scratch.q.get<float>();
+  float* k = scratch.k.get<float>();
+  float* v = scratch.v.get<float>();
+  float* attn = scratch.attn.get<float>();
+  const uint32_t* positions = DevicePositions(n);
+
+  RETURN_IF_ERROR(
+      kernels::RmsNormCuda(x, layer.input_norm, c.rms_norm_eps, n, hidden, normed, stream));
+  RETURN_IF_ERROR(
+      kernels::LinearCuda(normed, layer.q_proj, n, hidden, c.q_dim(), false, q, stream));
+  RETURN_IF_ERROR(
+      kernels::LinearCuda(normed, layer.k_proj, n, hidden, c.kv_dim(), false, k, stream));
+  RETURN_IF_ERROR(
+      kernels::LinearCuda(normed, layer.v_proj, n, hidden, c.kv_dim(), false, v, stream));
+  // Per-head norms in place (rows = tokens * heads), then RoPE, as the CPU model per head.
+  RETURN_IF_ERROR(
+      kernels::RmsNormCuda(q, layer.q_norm, c.rms_norm_eps, n * heads, head_dim, q, stream));
+  RETURN_IF_ERROR(
+      kernels::RmsNormCuda(k, layer.k_norm, c.rms_norm_eps, n * kv_heads, head_dim, k, stream));
+  RETURN_IF_ERROR(kernels::RopeCuda(q, positions, n, heads, head_dim, c.rope_theta, stream));
+  RETURN_IF_ERROR(kernels::RopeCuda(k, positions, n, kv_heads, head_dim, c.rope_theta, stream));
+  // K/V go to the pool first; attention then reads every position, the new ones included, back
+  // from it (same stream: the write is complete before attention starts).
+  RETURN_IF_ERROR(kernels::WriteKvCuda(k, v, scratch.slots.get<int64_t>(), n, layer_index,
+                                       kv.layout, kv.num_pool_blocks, kv.pool_base, stream));
+  RETURN_IF_ERROR(kernels::PagedAttentionCuda(
+      q, positions, /*seq_ids=*/nullptr, DeviceBlockTable(n), n, heads, /*num_seqs=*/1, blocks,
+      layer_index, kv.layout, kv.num_pool_blocks, kv.pool_base, attn, stream));
+  // o_proj added onto the residual stream in place.
+  return kernels::LinearCuda(attn, layer.o_proj, n, c.q_dim(), hidden, /*accumulate=*/true, x,
+                             stream);
+}
+
+absl::Status CudaQwen3MoeModel::Impl::Moe(uint32_t layer_index, uint32_t n) {
+  const DeviceLayer& layer = weights.layers[layer_index];
+  const ModelConfig& c = config;
+  const uint32_t hidden = c.hidden_size;
+  const uint32_t top_k = c.num_experts_per_tok;
+  const uint32_t routed = n * top_k;
+  float* x = scratch.x.get<float>();
+  float* normed = scratch.normed.get<float>();
+  float* moe_in = scratch.moe_in.get<float>();
+  float* moe_out = scratch.moe_out.get<float>();
+  const uint32_t* gather_tokens = scratch.moe_rows.get<uint32_t>();
+  const uint32_t* combine_rows = gather_tokens + routed;
+
+  RETURN_IF_ERROR(
+      kernels::RmsNormCuda(x, layer.post_norm, c.rms_norm_eps, n, hidden, normed, stream));
+  RETURN_IF_ERROR(kernels::LinearCuda(normed, layer.router, n, hidden, c.num_experts, false,
+                                      scratch.router_logits.get<float>(), stream));
+  RETURN_IF_ERROR(kernels::MoeRouteCuda(scratch.router_logits.get<float>(), n, c.num_experts, top_k,
+                                        c.norm_topk_prob, scratch.topk_ids.get<uint32_t>(),
+                                        scratch.topk_weights.get<float>(), stream));
+  RETURN_IF_ERROR(PlanExperts(n));
+  RETURN_IF_ERROR(
+      kernels::GatherRowsCuda(normed, n, hidden, gather_tokens, routed, moe_in, stream));
+  // Each selected expert once, over its contiguous block of rows. The launches are serialized on
+  // the stream, so they can share one workspace (an expert has at most n rows).
+  for (uint32_t e = 0; e < c.num_experts; ++e) {
+    const uint32_t begin = plan.expert_begin[e];
+    const uint32_t rows = plan.expert_begin[e + 1] - begin;
+    if (rows == 0) continue;
+    const DeviceExpert& expert = layer.experts[e];
+    RETURN_IF_ERROR(kernels::ExpertSwiGluCuda(moe_in + size_t{begin} * hidden, expert.gate_proj,
+                                              expert.up_proj, expert.down_proj, rows, hidden,
+                                              c.moe_intermediate_size, scratch.moe_act.get<float>(),
+                                              moe_out + size_t{begin} * hidden, stream));
+  }
+  // Weighted sum in expert-index order (combine_rows is so ordered) and the residual add.
+  return kernels::MoeCombineCuda(moe_out, routed, hidden, combine_rows,
+                                 scratch.moe_weights.get<float>(), n, top_k, x, stream);
+}
+
+absl::Status CudaQwen3MoeModel::Impl::PlanExperts(uint32_t n) {
+  const uint32_t top_k = config.num_experts_per_tok;
+  const size_t routed = size_t{n} * top_k;
+  host_topk_ids.resize(routed);
+  host_topk_weights.resize(routed);
+  RETURN_IF_ERROR(CudaOk(cudaMemcpyAsync(host_topk_ids.data(), scratch.topk_ids.get<uint32_t>(),
+                                         routed * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
+                         "cudaMemcpyAsync (expert ids)"));
+  RETURN_IF_ERROR(
+      CudaOk(cudaMemcpyAsync(host_topk_weights.data(), scratch.topk_weights.get<float>(),
+                             routed * sizeof(float), cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync (expert weights)"));
+  // The expert row counts decide the launches, so the host needs the routing now. This sync also
+  // retires the previous layer's uploads from `plan`, which is rewritten below.
+  RETURN_IF_ERROR(CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize (routing)"));
+  const absl::Status planned =
+      PlanMoeDispatch(host_topk_ids, host_topk_weights, n, top_k, config.num_experts, plan);
+  if (!planned.ok()) {
+    return absl::InternalError(absl::StrCat("MoeRouteCuda output: ", planned.message()));
+  }
+  uint32_t* rows = scratch.moe_rows.get<uint32_t>();
+  RETURN_IF_ERROR(CudaOk(cudaMemcpyAsync(rows, plan.gather_tokens.data(), routed * sizeof(uint32_t),
+                                         cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync (gather rows)"));
+  RETURN_IF_ERROR(CudaOk(cudaMemcpyAsync(rows + routed, plan.combine_rows.data(),
+                                         routed * sizeof(uint32_t), cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync (combine rows)"));
+  return CudaOk(cudaMemcpyAsync(scratch.moe_weights.get<float>(), plan.combine_weights.data(),
+                                routed * sizeof(float), cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync (combine weights)");
+}
+
+absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Impl::Logits(uint32_t n) {
+  const uint32_t hidden = config.hidden_size;
+  const float* last = scratch.x.get<float>() + size_t{n - 1} * hidden;
+  float* normed = scratch.normed.get<float>();
+  float* logits_device = scratch.logits.get<float>();
+  // Only the last token's logits are needed.
+  RETURN_IF_ERROR(kernels::RmsNormCuda(last, weights.final_norm, config.rms_norm_eps, 1, hidden,
+                                       normed, stream));
+  RETURN_IF_ERROR(kernels::LinearCuda(normed, weights.lm_head, 1, hidden, config.vocab_size, false,
+                                      logits_device, stream));
+  std::vector<float> logits(config.vocab_size);
+  RETURN_IF_ERROR(
+      CudaOk(cudaMemcpyAsync(logits.data(), logits_device, logits.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync (logits)"));
+  // Also surfaces any asynchronous kernel fault of this call.
+  RETURN_IF_ERROR(CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize (forward)"));
+  return logits;
+}
+
+absl::StatusOr<CudaQwen3MoeModel> CudaQwen3MoeModel::Create(const Qwen3MoeModel& model,
+                                                            int device) {
+  if (!kernels::CudaDeviceAvailable()) {
+    return absl::FailedPreconditionError(
+        "no CUDA device: the CUDA runtime finds none, so the model cannot run on the GPU");
+  }
+  int count = 0;
+  RETURN_IF_ERROR(CudaOk(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", device, " does not exist (", count, " devices)"));
+  }
+  RETURN_IF_ERROR(CheckKernelLimits(model.config()));
+  auto impl = std::make_unique<Impl>(model.config(), device);
+  ScopedDevice scoped(device);
+  RETURN_IF_ERROR(scoped.status());
+  RETURN_IF_ERROR(CudaOk(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
+                         "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(UploadWeights(model, impl->stream, impl->weights));
+  return CudaQwen3MoeModel(std::move(impl));
+}
+
+CudaQwen3MoeModel::CudaQwen3MoeModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaQwen3MoeModel::~CudaQwen3MoeModel() = default;
+CudaQwen3MoeModel::CudaQwen3MoeModel(CudaQwen3MoeModel&& other) noexcept = default;
+CudaQwen3MoeModel& CudaQwen3MoeModel::operator=(CudaQwen3MoeModel&& other) noexcept = default;
+
+int CudaQwen3MoeModel::device() const { return impl_ == nullptr ? -1 : impl_->device; }
+
+absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Forward(absl::Span<const uint32_t> tokens,
+                                                              uint32_t start_position,
+                                                              const DevicePagedKv& kv) {
+  if (impl_ == nullptr) {
+    return absl::FailedPreconditionError("CudaQwen3MoeModel::Forward on a moved-from model");
+  }
+  // The CPU model's checks, codes and messages. The view is inspected (layout, table, pool size),
+  // never dereferenced.
+  const PagedKv view(kv.pool_base, kv.layout, kv.block_table, kv.num_pool_blocks);
+  RETURN_IF_ERROR(CheckForwardRequest(impl_->config, tokens, start_position, view));
+  ScopedDevice scoped(impl_->device);
+  RETURN_IF_ERROR(scoped.status());
+  RETURN_IF_ERROR(impl_->CheckDevicePool(kv, start_position, tokens.size()));
+  // A non-sticky error left by an earlier call of the caller's must not be reported as the
+  // failure of one of our launches (CheckLaunch reads cudaGetLastError).
+  cudaGetLastError();
+  absl::StatusOr<std::vector<float>> logits = impl_->Run(tokens, start_position, kv);
+  if (!logits.ok() && cudaStreamSynchronize(impl_->stream) != cudaSuccess) {
+    cudaGetLastError();  // the call's own error is already in `logits`
+  }
+  return logits;
+}
+
+}  // namespace kvcache::worker

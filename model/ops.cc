@@ -1,0 +1,92 @@
+#include "model/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace kvcache::worker {
+
+float Dot(const float* a, const float* b, size_t n) {
+  constexpr size_t kLanes = 8;
+  float lane[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) lane[j] += a[i + j] * b[i + j];
+  }
+  for (size_t j = 0; i < n; ++i, ++j) lane[j] += a[i] * b[i];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+void MatVec(const float* w, const float* x, size_t rows, size_t cols, float* out) {
+  for (size_t r = 0; r < rows; ++r) out[r] = Dot(w + r * cols, x, cols);
+}
+
+void RmsNorm(const float* x, const float* weight, size_t n, float eps, float* out) {
+  double sum_squares = 0;
+  for (size_t i = 0; i < n; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
+  const float inv_rms =
+      static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(n) + eps));
+  for (size_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv_rms);
+}
+
+std::vector<double> RopeInverseFrequencies(uint32_t head_dim, double theta) {
+  std::vector<double> inv_freq(head_dim / 2);
+  for (uint32_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / head_dim);
+  }
+  return inv_freq;
+}
+
+void RopeCosSin(uint32_t position, const std::vector<double>& inv_freq, float* cos, float* sin) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double angle = static_cast<double>(position) * inv_freq[i];
+    cos[i] = static_cast<float>(std::cos(angle));
+    sin[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void ApplyRope(float* x, uint32_t head_dim, const float* cos, const float* sin) {
+  const uint32_t half = head_dim / 2;
+  for (uint32_t i = 0; i < half; ++i) {
+    const float lo = x[i];
+    const float hi = x[i + half];
+    x[i] = lo * cos[i] - hi * sin[i];
+    x[i + half] = hi * cos[i] + lo * sin[i];
+  }
+}
+
+void Softmax(float* x, size_t n) {
+  if (n == 0) return;
+  float max_value = x[0];
+  for (size_t i = 1; i < n; ++i) max_value = std::max(max_value, x[i]);
+  float sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max_value);
+    sum += x[i];
+  }
+  for (size_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+void SwiGlu(const float* gate, const float* up, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = Silu(gate[i]) * up[i];
+}
+
+std::vector<uint32_t> TopK(const float* x, size_t n, size_t k) {
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  const auto before = [x](uint32_t a, uint32_t b) {
+    const bool a_nan = std::isnan(x[a]);
+    const bool b_nan = std::isnan(x[b]);
+    if (a_nan != b_nan) return b_nan;
+    if (!a_nan && x[a] != x[b]) return x[a] > x[b];
+    return a < b;
+  };
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    before);
+  order.resize(k);
+  return order;
+}
+
+}  // namespace kvcache::worker

@@ -1,0 +1,49 @@
+// Device pools against the host pool's behaviour. Labelled gpu; skips with no device.
+#include "cache/cuda_pool_memory.h"
+
+#include <random>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "kernels/block_copy.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache {
+namespace {
+
+TEST(CudaPoolMemoryTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
+  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint64_t kBlockBytes = (64 << 10) + 48;
+  constexpr uint32_t kBlocks = 8;
+  auto device = CreateCudaPoolMemory(0, kBlockBytes, kBlocks);
+  ASSERT_OK(device);
+  auto host = HostPoolMemory::Create(kBlockBytes, kBlocks);
+  ASSERT_OK(host);
+  std::string bytes(kBlockBytes, '\0');
+  std::mt19937 rng(7);
+  for (char& byte : bytes) byte = static_cast<char>(rng());
+  for (PoolMemory* memory : {device->get(), static_cast<PoolMemory*>(host->get())}) {
+    ASSERT_OK(memory->Write(2, 0, bytes));
+    ASSERT_OK(memory->CopyBlock(2, 5));
+  }
+  std::string from_device(kBlockBytes, '\0');
+  ASSERT_OK((*device)->Read(5, 0, kBlockBytes, from_device.data()));
+  EXPECT_EQ(from_device, bytes);
+  EXPECT_EQ(*(*device)->Checksum(5), *(*host)->Checksum(5));
+  EXPECT_THAT((*device)->Read(8, 0, 1, from_device.data()),
+              testing::StatusIs(absl::StatusCode::kOutOfRange));
+  const MappingInfo mapping = (*device)->mapping();
+  EXPECT_EQ(mapping.kind, MappingInfo::Kind::kCudaIpc);
+  EXPECT_EQ(mapping.cuda_ipc_handle.size(), 64u);
+  EXPECT_EQ(mapping.size_bytes, kBlockBytes * kBlocks);
+}
+
+TEST(CudaPoolMemoryTest, NoDeviceIsAPreconditionNotACrash) {
+  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_THAT(CreateCudaPoolMemory(0, 4096, 4),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace kvcache

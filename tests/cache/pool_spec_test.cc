@@ -1,0 +1,74 @@
+#include "cache/pool_spec.h"
+
+#include "cache/cuda_pool_memory.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(PoolSpecTest, ParsesEveryField) {
+  auto options = ParsePoolSpec(
+      "qwen:model=qwen3-moe:layers=48:kv_heads=4:head_dim=128:block_size=32:dtype=bf16:"
+      "blocks=100:hash=sha256");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->name, "qwen");
+  EXPECT_EQ(options->model_id, "qwen3-moe");
+  EXPECT_EQ(options->layout.num_layers, 48);
+  EXPECT_EQ(options->layout.num_kv_heads, 4);
+  EXPECT_EQ(options->layout.head_dim, 128);
+  EXPECT_EQ(options->layout.block_size, 32);
+  EXPECT_EQ(options->layout.dtype, DType::kBFloat16);
+  EXPECT_EQ(options->num_blocks, 100);
+  EXPECT_EQ(options->hash_algorithm, HashAlgorithm::kSha256);
+}
+
+TEST(PoolSpecTest, BytesBecomeWholeBlocks) {
+  // Default layout: 4 layers * 2 * 16 tokens * 2 heads * 64 dims * 2 bytes = 32 KiB per block.
+  auto options = ParsePoolSpec("p:bytes=1MiB");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->num_blocks, 32);
+  EXPECT_THAT(ParsePoolSpec("p:bytes=1K"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(PoolSpecTest, BadFieldsAreNamed) {
+  EXPECT_THAT(ParsePoolSpec("p:layers=many"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layers='many'")));
+  EXPECT_THAT(ParsePoolSpec("p:colour=red"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown pool field")));
+  EXPECT_THAT(ParsePoolSpec("p:dtype=int4"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int4")));
+  EXPECT_THAT(ParsePoolSpec("p:head_dim=0"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParsePoolSpec(":layers=1"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(PoolSpecTest, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("64"), 64);
+  EXPECT_EQ(*ParseByteSize("2k"), 2048);
+  EXPECT_EQ(*ParseByteSize("3MiB"), 3u << 20);
+  EXPECT_EQ(*ParseByteSize("1G"), 1u << 30);
+  EXPECT_THAT(ParseByteSize("lots"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+TEST(CudaDeviceTest, ParsesCudaDevices) {
+  EXPECT_EQ(*ParseCudaDevice("cuda:0"), 0);
+  EXPECT_EQ(*ParseCudaDevice("cuda:3"), 3);
+  EXPECT_THAT(ParseCudaDevice("gpu:0"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseCudaDevice("cuda:-1"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseCudaDevice("cuda:"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace kvcache
