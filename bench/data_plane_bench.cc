@@ -4,6 +4,8 @@
 // Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS client|visit|stub|put|redis
 // [unix|tcp] runs one path alone, for perf.
 #include <fcntl.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,16 +15,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <grpcpp/create_channel.h>
-#include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -48,8 +47,11 @@ constexpr uint64_t kPoolBytes = 64 << 20;
 
 PoolLayout LayoutFor(uint32_t layers) {
   // 8 KV heads * 128 dims * fp16 = 2 KiB per token per K or V; 64 KiB per layer per block.
-  return PoolLayout{.num_layers = layers, .num_kv_heads = 8, .head_dim = 128,
-                    .block_size = kBlockSize, .dtype = DType::kFloat16};
+  return PoolLayout{.num_layers = layers,
+                    .num_kv_heads = 8,
+                    .head_dim = 128,
+                    .block_size = kBlockSize,
+                    .dtype = DType::kFloat16};
 }
 
 // Runs `op` (returning bytes moved, or 0 on failure) repeatedly for `seconds`; GB/s.
@@ -73,24 +75,28 @@ class DaemonPeer {
   DaemonPeer(const std::string& listen, const std::string& log_path) {
     std::string pools;
     for (uint32_t layers : kLayerCounts) {
-      absl::StrAppend(&pools, pools.empty() ? "" : ",", "l", layers, ":model=bench:layers=",
-                      layers, ":kv_heads=8:head_dim=128:block_size=", kBlockSize,
+      absl::StrAppend(&pools, pools.empty() ? "" : ",", "l", layers, ":model=bench:layers=", layers,
+                      ":kv_heads=8:head_dim=128:block_size=", kBlockSize,
                       ":dtype=fp16:bytes=", kPoolBytes);
     }
-    std::vector<std::string> args = {bench::SiblingBinary("kvcache-manager"), "--listen=" + listen, "--pool=" + pools,
-                                     "--session_ttl=10m"};
+    std::vector<std::string> args = {bench::SiblingBinary("kvcache-manager"), "--listen=" + listen,
+                                     "--pool=" + pools, "--session_ttl=10m"};
     if (!absl::StartsWith(listen, "unix:")) args.push_back("--insecure");
     ClientOptions client_options;
     client_options.max_message_bytes = 64 << 20;
-    absl::StatusOr<bench::ChildProcess> daemon = bench::ChildProcess::Start(args, [&] {
-      absl::StatusOr<std::unique_ptr<KvCacheClient>> client =
-          KvCacheClient::Connect(listen, client_options);
-      if (!client.ok() || !(*client)->OpenSession("bench", "data_plane_bench", absl::Minutes(10)).ok()) {
-        return false;
-      }
-      client_ = *std::move(client);
-      return true;
-    }, log_path);
+    absl::StatusOr<bench::ChildProcess> daemon = bench::ChildProcess::Start(
+        args,
+        [&] {
+          absl::StatusOr<std::unique_ptr<KvCacheClient>> client =
+              KvCacheClient::Connect(listen, client_options);
+          if (!client.ok() ||
+              !(*client)->OpenSession("bench", "data_plane_bench", absl::Minutes(10)).ok()) {
+            return false;
+          }
+          client_ = *std::move(client);
+          return true;
+        },
+        log_path);
     if (!daemon.ok()) {
       std::fprintf(stderr, "kvcache-manager: %s\n", daemon.status().ToString().c_str());
       std::exit(1);
@@ -263,10 +269,12 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     if (received != bytes) std::printf("!! GetBlocks returned different bytes\n");
     // The same-node path: map the pool and copy the cached blocks out of it.
     const std::vector<uint32_t> hit_blocks = daemon.HitBlocks(pool, cached);
-    if (hit_blocks.size() != blocks) std::printf("!! only %zu of %zu blocks hit\n", hit_blocks.size(), blocks);
+    if (hit_blocks.size() != blocks)
+      std::printf("!! only %zu of %zu blocks hit\n", hit_blocks.size(), blocks);
     const int fd = shm_open(daemon.ShmName(pool).c_str(), O_RDONLY, 0);
     const size_t pool_bytes = kPoolBytes / block_bytes * block_bytes;
-    const auto* base = static_cast<const char*>(mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
+    const auto* base = static_cast<const char*>(
+        mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
     close(fd);
     // Page-aligned, as the pool's blocks are: with malloc's 16-byte offset, destination and
     // source sit 16 bytes apart modulo 4 KiB, and every store aliases the next loads (4K
@@ -284,32 +292,46 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     }
     auto unavailable = [] { return uint64_t{1}; };  // keeps a missing Redis from stalling the loop
     // In the order of the ops below.
-    enum Op { kPut, kGet, kStubGet, kVisit, kRedisSet, kRedisGet, kRedisGetInto, kMemcpy, kShmCopy };
-    const InterleavedRates rates(seconds, 5, {
-        [&] { return daemon.Put(pool, fresh_tokens(), bytes); },
-        [&] { return daemon.ClientGet(pool, cached, &client_buffer); },
-        [&] { return daemon.Get(pool, cached); },
-        [&] { return daemon.ClientVisit(pool, cached); },
-        redis.ok() ? std::function<uint64_t()>([&] {
-          return (*redis)->SetAll(keys, values).ok() ? bytes.size() : 0;
-        }) : unavailable,
-        redis.ok() ? std::function<uint64_t()>([&] {
-          return (*redis)->GetAll(keys, &scratch).value_or(0);
-        }) : unavailable,
-        redis.ok() ? std::function<uint64_t()>([&] {
-          return (*redis)->GetAllInto(keys, absl::MakeSpan(redis_buffer)).value_or(0);
-        }) : unavailable,
-        [&] {
-          std::memcpy(copy.data(), bytes.data(), bytes.size());
-          return bytes.size();
-        },
-        [&] {
-          for (size_t i = 0; i < hit_blocks.size(); ++i) {
-            std::memcpy(copy.data() + i * block_bytes, base + hit_blocks[i] * block_bytes, block_bytes);
-          }
-          return hit_blocks.size() * block_bytes;
-        },
-    });
+    enum Op {
+      kPut,
+      kGet,
+      kStubGet,
+      kVisit,
+      kRedisSet,
+      kRedisGet,
+      kRedisGetInto,
+      kMemcpy,
+      kShmCopy
+    };
+    const InterleavedRates rates(
+        seconds, 5,
+        {
+            [&] { return daemon.Put(pool, fresh_tokens(), bytes); },
+            [&] { return daemon.ClientGet(pool, cached, &client_buffer); },
+            [&] { return daemon.Get(pool, cached); },
+            [&] { return daemon.ClientVisit(pool, cached); },
+            redis.ok() ? std::function<uint64_t()>(
+                             [&] { return (*redis)->SetAll(keys, values).ok() ? bytes.size() : 0; })
+                       : unavailable,
+            redis.ok() ? std::function<uint64_t()>(
+                             [&] { return (*redis)->GetAll(keys, &scratch).value_or(0); })
+                       : unavailable,
+            redis.ok() ? std::function<uint64_t()>([&] {
+              return (*redis)->GetAllInto(keys, absl::MakeSpan(redis_buffer)).value_or(0);
+            })
+                       : unavailable,
+            [&] {
+              std::memcpy(copy.data(), bytes.data(), bytes.size());
+              return bytes.size();
+            },
+            [&] {
+              for (size_t i = 0; i < hit_blocks.size(); ++i) {
+                std::memcpy(copy.data() + i * block_bytes, base + hit_blocks[i] * block_bytes,
+                            block_bytes);
+              }
+              return hit_blocks.size() * block_bytes;
+            },
+        });
     if (std::memcmp(copy.data(), bytes.data(), bytes.size()) != 0) {
       std::printf("!! shared-memory blocks differ from what was put\n");
     }
@@ -330,8 +352,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
 
 // Runs one path (a get, the put, or Redis GET) on 2 MiB blocks over the Unix socket (or TCP
 // loopback) for `seconds`, for perf record and perf stat.
-bool ProfileGet(const std::string& path, bool unix_socket, const std::string& dir,
-                double seconds) {
+bool ProfileGet(const std::string& path, bool unix_socket, const std::string& dir, double seconds) {
   const std::string listen = unix_socket ? "unix://" + dir + "/kv.sock" : "127.0.0.1:46380";
   DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
   const uint32_t layers = kLayerCounts[3];
@@ -389,18 +410,19 @@ int main(int argc, char** argv) {
     std::string cleanup = "rm -rf " + dir;
     return system(cleanup.c_str()) == 0 && ran ? 0 : 1;
   }
-  std::printf("8 MiB of whole blocks per operation, %u KiB chunks; GB/s (1e9 bytes/s), each the\n"
-              "median of 5 slices interleaved with the others; each ratio (x) the median of the\n"
-              "5 rounds' ratios of side-by-side slices; kvcache-manager and redis-server\n"
-              "run as processes. put: KvCacheClient::PutBlocks (checksums computed, bytes lent\n"
-              "to gRPC). get: KvCacheClient::GetBlocksInto\n"
-              "(every block's checksum verified, the bytes copied into the caller's buffer);\n"
-              "visit: KvCacheClient::GetBlocksVisit (every block verified, the bytes left where\n"
-              "gRPC received them); stub get: the typed stub, bytes left in the parsed messages,\n"
-              "nothing verified. redis GET: each value read into one reused buffer (compare\n"
-              "visit); GET into: the values read one after another into the prompt's buffer\n"
-              "(compare get)\n",
-              kvcache::kChunkBytes >> 10);
+  std::printf(
+      "8 MiB of whole blocks per operation, %u KiB chunks; GB/s (1e9 bytes/s), each the\n"
+      "median of 5 slices interleaved with the others; each ratio (x) the median of the\n"
+      "5 rounds' ratios of side-by-side slices; kvcache-manager and redis-server\n"
+      "run as processes. put: KvCacheClient::PutBlocks (checksums computed, bytes lent\n"
+      "to gRPC). get: KvCacheClient::GetBlocksInto\n"
+      "(every block's checksum verified, the bytes copied into the caller's buffer);\n"
+      "visit: KvCacheClient::GetBlocksVisit (every block verified, the bytes left where\n"
+      "gRPC received them); stub get: the typed stub, bytes left in the parsed messages,\n"
+      "nothing verified. redis GET: each value read into one reused buffer (compare\n"
+      "visit); GET into: the values read one after another into the prompt's buffer\n"
+      "(compare get)\n",
+      kvcache::kChunkBytes >> 10);
   std::printf("%-5s %9s %8s %8s %8s %8s %9s %9s %8s %8s %8s %8s %8s %8s %7s\n", "via", "block",
               "put", "get", "visit", "stub get", "redis SET", "redis GET", "GET into", "put/SET",
               "get/into", "visit/GET", "memcpy", "shm copy", "shm/mc");

@@ -20,8 +20,11 @@ std::unique_ptr<Pool> MakeCache() {
   options.name = "bench";
   options.model_id = "bench";
   // A tiny block keeps the pool's memory small; bookkeeping does not depend on block bytes.
-  options.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 1,
-                              .block_size = kBlockSize, .dtype = DType::kFloat16};
+  options.layout = PoolLayout{.num_layers = 1,
+                              .num_kv_heads = 1,
+                              .head_dim = 1,
+                              .block_size = kBlockSize,
+                              .dtype = DType::kFloat16};
   options.num_blocks = kNumBlocks;
   auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), kNumBlocks);
   return *Pool::Create(options, 0, *std::move(memory));
@@ -56,11 +59,12 @@ void Run(double shared_fraction, double seconds) {
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("shared %3.0f%%  %8.0f requests/s  %10.0f blocks/s  %6.2f us/request  "
-              "hit %5.1f%%  evictions %llu\n",
-              shared_fraction * 100, requests / elapsed, blocks / elapsed,
-              elapsed / requests * 1e6, 100.0 * cached_tokens / (requests * kPromptTokens),
-              static_cast<unsigned long long>(cache->Stats().pool.evictions));
+  std::printf(
+      "shared %3.0f%%  %8.0f requests/s  %10.0f blocks/s  %6.2f us/request  "
+      "hit %5.1f%%  evictions %llu\n",
+      shared_fraction * 100, requests / elapsed, blocks / elapsed, elapsed / requests * 1e6,
+      100.0 * cached_tokens / (requests * kPromptTokens),
+      static_cast<unsigned long long>(cache->Stats().pool.evictions));
 }
 
 }  // namespace
@@ -68,8 +72,9 @@ void Run(double shared_fraction, double seconds) {
 
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 2.0;
-  std::printf("block manager: open+commit+release of %u-token prompts, block_size %u, "
-              "pool %u blocks, one thread\n",
-              kvcache::kPromptTokens, kvcache::kBlockSize, kvcache::kNumBlocks);
+  std::printf(
+      "block manager: open+commit+release of %u-token prompts, block_size %u, "
+      "pool %u blocks, one thread\n",
+      kvcache::kPromptTokens, kvcache::kBlockSize, kvcache::kNumBlocks);
   for (double shared : {0.0, 0.5, 0.9}) kvcache::Run(shared, seconds);
 }

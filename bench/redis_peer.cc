@@ -54,16 +54,32 @@ absl::StatusOr<std::unique_ptr<RedisPeer>> RedisPeer::Start(const std::string& d
   }
   const std::string socket_path = dir + "/redis.sock";
   const std::string port_text = absl::StrCat(port);
-  std::vector<std::string> args = {binary, "--port", port_text, "--bind",
-                                   "127.0.0.1", "--unixsocket", socket_path, "--save", "",
-                                   "--appendonly", "no", "--dir", dir, "--logfile", dir + "/redis.log",
-                                   "--proto-max-bulk-len", "1gb"};
+  std::vector<std::string> args = {binary,
+                                   "--port",
+                                   port_text,
+                                   "--bind",
+                                   "127.0.0.1",
+                                   "--unixsocket",
+                                   socket_path,
+                                   "--save",
+                                   "",
+                                   "--appendonly",
+                                   "no",
+                                   "--dir",
+                                   dir,
+                                   "--logfile",
+                                   dir + "/redis.log",
+                                   "--proto-max-bulk-len",
+                                   "1gb"};
   int fd = -1;
-  ASSIGN_OR_RETURN(ChildProcess server, ChildProcess::Start(std::move(args), [&] {
-                     fd = ConnectOnce(use_unix_socket ? socket_path : "", port);
-                     return fd >= 0;
-                   },
-                   dir + "/redis-server.out"));
+  ASSIGN_OR_RETURN(ChildProcess server, ChildProcess::Start(
+                                            std::move(args),
+                                            [&] {
+                                              fd = ConnectOnce(use_unix_socket ? socket_path : "",
+                                                               port);
+                                              return fd >= 0;
+                                            },
+                                            dir + "/redis-server.out"));
   return std::unique_ptr<RedisPeer>(new RedisPeer(std::move(server), fd));
 }
 

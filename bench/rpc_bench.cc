@@ -1,6 +1,7 @@
 // Control-plane rate and latency over gRPC: several concurrent clients on one channel to a real
 // daemon on a Unix socket, measuring an empty RPC (Ping) and the sequence calls in the same run.
 // Prints the ratio of each call's rate to Ping's. Usage: rpc_bench [seconds] [clients]
+#include <grpcpp/create_channel.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -11,8 +12,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/create_channel.h>
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/daemon.h"
@@ -116,13 +115,17 @@ int Main(double seconds, int clients) {
     });
   });
 
-  const Result ping = Summarize("Ping (empty)", RunClients(clients, seconds, [&](int, Samples* s) {
-    Timed(s, [&] {
-      grpc::ClientContext context;
-      v1::PingResponse response;
-      return stub->Ping(&context, v1::PingRequest(), &response);
-    });
-  }), seconds);
+  const Result ping =
+      Summarize("Ping (empty)",
+                RunClients(clients, seconds,
+                           [&](int, Samples* s) {
+                             Timed(s, [&] {
+                               grpc::ClientContext context;
+                               v1::PingResponse response;
+                               return stub->Ping(&context, v1::PingRequest(), &response);
+                             });
+                           }),
+                seconds);
 
   // 256-token prompts (16 blocks); half of each prompt is a prefix shared by every client.
   std::vector<Samples> open_samples(clients), commit_samples(clients), release_samples(clients);
@@ -132,7 +135,8 @@ int Main(double seconds, int clients) {
     open.set_session_id(sessions[i]);
     open.set_pool("bench");
     for (uint32_t t = 0; t < 128; ++t) open.add_tokens(t);
-    for (uint32_t t = 0; t < 128; ++t) open.add_tokens(1000000 + i * 1000000 + counters[i] * 128 + t);
+    for (uint32_t t = 0; t < 128; ++t)
+      open.add_tokens(1000000 + i * 1000000 + counters[i] * 128 + t);
     ++counters[i];
     v1::OpenSequenceResponse opened;
     Timed(&open_samples[i], [&] {
@@ -173,8 +177,8 @@ int Main(double seconds, int clients) {
               clients, seconds);
   // With `clients` closed-loop callers, a call type's sustainable rate is clients / mean latency
   // (Little's law); for Ping that matches its measured rate.
-  std::printf("%-24s %12s %12s %10s %10s %8s %7s\n", "call", "measured/s", "capacity/s",
-              "p50 us", "p99 us", "vs Ping", "errors");
+  std::printf("%-24s %12s %12s %10s %10s %8s %7s\n", "call", "measured/s", "capacity/s", "p50 us",
+              "p99 us", "vs Ping", "errors");
   const double ping_capacity = clients / (ping.mean_us * 1e-6);
   for (const Result& r : results) {
     const double capacity = clients / (r.mean_us * 1e-6);

@@ -46,8 +46,8 @@ PoolOptions Pool(uint32_t layers) {
   pool.name = "p";
   pool.model_id = "bench";
   // 8 KV heads * 128 dims * fp16: 64 KiB per layer per block.
-  pool.layout = PoolLayout{.num_layers = layers, .num_kv_heads = 8, .head_dim = 128,
-                           .block_size = kBlockSize};
+  pool.layout = PoolLayout{
+      .num_layers = layers, .num_kv_heads = 8, .head_dim = 128, .block_size = kBlockSize};
   pool.num_blocks = static_cast<uint32_t>((256ull << 20) / pool.layout.BlockBytes());
   return pool;
 }
@@ -69,10 +69,10 @@ struct Node {
 Node StartNode(const std::string& dir, const std::string& name, uint32_t layers) {
   const std::string listen = "unix://" + dir + "/" + name + ".sock";
   const PoolOptions pool = Pool(layers);
-  const std::string pool_flag = absl::StrCat(
-      "--pool=", pool.name, ":model=", pool.model_id, ":layers=", layers,
-      ":kv_heads=", pool.layout.num_kv_heads, ":head_dim=", pool.layout.head_dim,
-      ":block_size=", pool.layout.block_size, ":blocks=", pool.num_blocks);
+  const std::string pool_flag =
+      absl::StrCat("--pool=", pool.name, ":model=", pool.model_id, ":layers=", layers,
+                   ":kv_heads=", pool.layout.num_kv_heads, ":head_dim=", pool.layout.head_dim,
+                   ":block_size=", pool.layout.block_size, ":blocks=", pool.num_blocks);
   Node node;
   absl::StatusOr<bench::ChildProcess> daemon = bench::ChildProcess::Start(
       {bench::SiblingBinary("kvcache-manager"), "--listen=" + listen, pool_flag,
@@ -114,8 +114,8 @@ void RunCase(const std::string& dir, uint32_t layers, double seconds) {
   auto ship = [&](BlockTransport& transport) -> uint64_t {
     std::vector<uint32_t> shipment_tokens = tokens;
     shipment_tokens[0] = 1000000 + ++round;
-    auto stats = transport.Ship(Shipment{.tokens = shipment_tokens, .source = source.get(),
-                                         .source_blocks = held.block_ids});
+    auto stats = transport.Ship(Shipment{
+        .tokens = shipment_tokens, .source = source.get(), .source_blocks = held.block_ids});
     if (!stats.ok()) {
       std::fprintf(stderr, "%s\n", stats.status().ToString().c_str());
       return 0;
@@ -194,8 +194,9 @@ void RunNcclCase(NcclChannel& channel, uint32_t layers, double seconds) {
 #endif
 
 void RunNccl(const std::string& dir, double seconds) {
-  std::printf("\nnccl transport's copy on one GPU: 512 MiB of blocks per copy, a single-rank "
-              "channel's send-to-self vs cudaMemcpy device-to-device; GB/s\n");
+  std::printf(
+      "\nnccl transport's copy on one GPU: 512 MiB of blocks per copy, a single-rank "
+      "channel's send-to-self vs cudaMemcpy device-to-device; GB/s\n");
 #if KVCACHE_TRANSPORT_BENCH_NCCL
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

@@ -17,8 +17,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/block_copy.h"
-#include "model/qwen3_moe.h"
 #include "model/cuda/qwen3_moe_cuda.h"
+#include "model/qwen3_moe.h"
 #include "model/sampler.h"
 
 namespace kvcache::worker {

@@ -186,7 +186,8 @@ absl::Status BlockPool::CheckInvariants() const {
       }
     }
   }
-  if (free != free_list_.size()) return fail(free, " free blocks but free list has ", free_list_.size());
+  if (free != free_list_.size())
+    return fail(free, " free blocks but free list has ", free_list_.size());
   if (free + evictable + referenced != blocks_.size()) {
     return fail("free ", free, " + evictable ", evictable, " + referenced ", referenced,
                 " != pool size ", blocks_.size());

@@ -71,7 +71,7 @@ class BlockPool {
   std::optional<uint64_t> CachedChecksum(BlockId block) const {
     const BlockMeta& meta = blocks_[block];
     return meta.published && meta.has_checksum ? std::optional<uint64_t>(meta.checksum)
-                                                : std::nullopt;
+                                               : std::nullopt;
   }
   void SetChecksum(BlockId block, uint64_t checksum) {
     BlockMeta& meta = blocks_[block];

@@ -26,13 +26,12 @@ uint64_t CacheManager::NewEpoch() {
   return epoch;
 }
 
-absl::Status CacheManager::AddPool(const PoolOptions& options,
-                                   std::unique_ptr<PoolMemory> memory) {
+absl::Status CacheManager::AddPool(const PoolOptions& options, std::unique_ptr<PoolMemory> memory) {
   if (FindPool(options.name).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("pool '", options.name, "' already exists"));
   }
-  ASSIGN_OR_RETURN(auto pool, Pool::Create(options, static_cast<uint32_t>(pools_.size()),
-                                                  std::move(memory)));
+  ASSIGN_OR_RETURN(auto pool,
+                   Pool::Create(options, static_cast<uint32_t>(pools_.size()), std::move(memory)));
   pools_.push_back(std::move(pool));
   return absl::OkStatus();
 }
@@ -63,9 +62,9 @@ absl::StatusOr<Pool*> CacheManager::PoolOfSequence(uint64_t sequence_id) const {
 
 absl::Status CacheManager::CheckEpoch(uint64_t epoch) const {
   if (epoch == 0 || epoch == epoch_) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("daemon epoch is ", epoch_, ", request carries ", epoch,
-                   ": the daemon restarted; open a new session"));
+  return absl::FailedPreconditionError(absl::StrCat("daemon epoch is ", epoch_,
+                                                    ", request carries ", epoch,
+                                                    ": the daemon restarted; open a new session"));
 }
 
 absl::StatusOr<std::shared_ptr<Session>> CacheManager::SessionFor(uint64_t session_id,

@@ -19,10 +19,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/clock.h"
 #include "cache/pool.h"
 #include "cache/rendezvous_registry.h"
 #include "cache/session_registry.h"
+#include "common/clock.h"
 
 namespace kvcache {
 
@@ -65,8 +65,8 @@ class CacheManager {
 
   const uint64_t epoch_;
   std::vector<std::unique_ptr<Pool>> pools_;  // constant once serving starts
-  SessionRegistry sessions_;                          // own synchronization
-  RendezvousRegistry rendezvous_;                     // own synchronization
+  SessionRegistry sessions_;                  // own synchronization
+  RendezvousRegistry rendezvous_;             // own synchronization
 
   absl::Mutex reaper_mu_;
   bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;

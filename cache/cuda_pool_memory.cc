@@ -55,8 +55,8 @@ class CudaPoolMemory final : public PoolMemory {
     RETURN_IF_ERROR(CheckRange(dst, 0, block_bytes()));
     if (src == dst) return absl::OkStatus();
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "selecting the pool's device"));
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(BlockPointer(dst), BlockPointer(src),
-                                               block_bytes(), cudaMemcpyDeviceToDevice, stream_),
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(BlockPointer(dst), BlockPointer(src), block_bytes(),
+                                               cudaMemcpyDeviceToDevice, stream_),
                                "copying a block"));
     return CudaStatus(cudaStreamSynchronize(stream_), "copying a block");
   }

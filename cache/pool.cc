@@ -22,36 +22,36 @@ absl::Span<const uint32_t> BlockTokens(absl::Span<const uint32_t> tokens, size_t
 absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys& extras,
                                   size_t num_tokens) {
   if (cache_salt.size() > kMaxCacheSaltBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("cache_salt has ", cache_salt.size(),
-                                                   " bytes; at most ", kMaxCacheSaltBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache_salt has ", cache_salt.size(), " bytes; at most ", kMaxCacheSaltBytes));
   }
   if (extras.lora_id.size() > kMaxLoraIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("lora_id has ", extras.lora_id.size(),
-                                                   " bytes; at most ", kMaxLoraIdBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora_id has ", extras.lora_id.size(), " bytes; at most ", kMaxLoraIdBytes));
   }
   if (extras.multimodal_items.size() > kMaxMultimodalItems) {
-    return absl::InvalidArgumentError(absl::StrCat("", extras.multimodal_items.size(),
-                                                   " multimodal items; at most ",
-                                                   kMaxMultimodalItems));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "", extras.multimodal_items.size(), " multimodal items; at most ", kMaxMultimodalItems));
   }
   for (size_t i = 0; i < extras.multimodal_items.size(); ++i) {
     const MultimodalItem& item = extras.multimodal_items[i];
     if (item.content_hash.empty() || item.content_hash.size() > kMaxContentHashBytes) {
       return absl::InvalidArgumentError(absl::StrCat("multimodal item ", i, " content_hash has ",
-                                                     item.content_hash.size(),
-                                                     " bytes; want 1 to ", kMaxContentHashBytes));
+                                                     item.content_hash.size(), " bytes; want 1 to ",
+                                                     kMaxContentHashBytes));
     }
     if (item.length == 0 || uint64_t{item.offset} + item.length > num_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "multimodal item ", i, " covers [", item.offset, ", ", uint64_t{item.offset} + item.length,
-          ") which is empty or outside the ", num_tokens, "-token prompt"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("multimodal item ", i, " covers [", item.offset, ", ",
+                       uint64_t{item.offset} + item.length, ") which is empty or outside the ",
+                       num_tokens, "-token prompt"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(
-    const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory) {
+absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, uint32_t pool_index,
+                                                   std::unique_ptr<PoolMemory> memory) {
   RETURN_IF_ERROR(options.layout.Validate());
   if (options.name.empty() || options.name.size() > 64 ||
       options.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -74,8 +74,7 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(
   return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory)));
 }
 
-Pool::Pool(const PoolOptions& options, uint32_t pool_index,
-                         std::unique_ptr<PoolMemory> memory)
+Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
@@ -110,8 +109,8 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
         .parent_block = i == 0 ? kNoBlock : hits.back(),
         .extras_digest = sequence.extras_digests[i],
     };
-    const BlockId block = pool_.FindVerified(
-        expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
+    const BlockId block =
+        pool_.FindVerified(expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
     if (block == kNoBlock) break;
     hits.push_back(block);
   }
@@ -119,25 +118,24 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
 }
 
 absl::Status Pool::CheckCapacityLocked(size_t needed, size_t reclaimable_hits,
-                                              absl::string_view what) const {
+                                       absl::string_view what) const {
   const size_t available = pool_.num_free() + pool_.num_evictable() - reclaimable_hits;
   if (needed <= available) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "pool '", options_.name, "': ", what, " needs ", needed, " new blocks but only ",
-      pool_.num_free(), " are free and ", pool_.num_evictable() - reclaimable_hits,
-      " evictable (pool has ", pool_.num_blocks(), ")"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("pool '", options_.name, "': ", what, " needs ", needed, " new blocks but only ",
+                   pool_.num_free(), " are free and ", pool_.num_evictable() - reclaimable_hits,
+                   " evictable (pool has ", pool_.num_blocks(), ")"));
 }
 
-absl::StatusOr<Pool::Sequence*> Pool::FindLocked(const Session& session,
-                                                               uint64_t sequence_id) {
+absl::StatusOr<Pool::Sequence*> Pool::FindLocked(const Session& session, uint64_t sequence_id) {
   if (session.closed.load(std::memory_order_acquire)) {
     return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
   }
   auto it = sequences_.find(sequence_id);
   // Another session's sequence is reported as unknown, so ids cannot be probed across sessions.
   if (it == sequences_.end() || it->second->session_id != session.id) {
-    return absl::NotFoundError(absl::StrCat("sequence ", sequence_id, " not found in session ",
-                                            session.id));
+    return absl::NotFoundError(
+        absl::StrCat("sequence ", sequence_id, " not found in session ", session.id));
   }
   return it->second.get();
 }
@@ -156,7 +154,7 @@ void Pool::ReleaseLocked(const Sequence& sequence) {
 }
 
 absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const SequenceSpec& spec,
-                                                 OpenMode mode) {
+                                          OpenMode mode) {
   const uint32_t block_size = options_.layout.block_size;
   const size_t full_blocks = spec.tokens.size() / block_size;
   if (spec.tokens.empty()) return absl::InvalidArgumentError("prompt has no tokens");
@@ -219,7 +217,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
 }
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
-                                                     absl::Span<const uint32_t> tokens) {
+                                              absl::Span<const uint32_t> tokens) {
   if (tokens.empty()) return absl::InvalidArgumentError("extend with no tokens");
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
@@ -231,8 +229,8 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
                      total_blocks, " blocks; the pool has ", options_.num_blocks));
   }
   const size_t needed = total_blocks - sequence->blocks.size();
-  RETURN_IF_ERROR(CheckCapacityLocked(needed, 0, absl::StrCat("extending by ", tokens.size(),
-                                                              " tokens")));
+  RETURN_IF_ERROR(
+      CheckCapacityLocked(needed, 0, absl::StrCat("extending by ", tokens.size(), " tokens")));
   ExtendedSequence extended;
   for (size_t i = 0; i < needed; ++i) {
     extended.new_block_ids.push_back(pool_.AllocateFresh());
@@ -245,7 +243,7 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
 }
 
 absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t sequence_id,
-                                                 uint32_t num_written_tokens) {
+                                          uint32_t num_written_tokens) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
   if (num_written_tokens > sequence->tokens.size()) {
@@ -329,8 +327,7 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   return forked;
 }
 
-absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant,
-                                                 const SequenceSpec& spec) {
+absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const SequenceSpec& spec) {
   RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
   Sequence probe;
   probe.root = RootFor(tenant, spec.cache_salt);
@@ -339,8 +336,9 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant,
   HashNewBlocks(&probe);
   absl::ReaderMutexLock lock(&mu_);
   const size_t hits = WalkLocked(probe, probe.chain.size()).size();
-  return LookupResult{.num_cached_blocks = static_cast<uint32_t>(hits),
-                      .num_cached_tokens = static_cast<uint32_t>(hits * options_.layout.block_size)};
+  return LookupResult{
+      .num_cached_blocks = static_cast<uint32_t>(hits),
+      .num_cached_tokens = static_cast<uint32_t>(hits * options_.layout.block_size)};
 }
 
 uint32_t Pool::ReleaseSession(uint64_t session_id) {

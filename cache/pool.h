@@ -26,11 +26,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "common/block_hash.h"
-#include "common/pool_layout.h"
 #include "cache/block_pool.h"
 #include "cache/pool_memory.h"
 #include "cache/session.h"
+#include "common/block_hash.h"
+#include "common/pool_layout.h"
 
 namespace kvcache {
 
@@ -56,9 +56,9 @@ struct SequenceSpec {
 
 // What Open allocates besides the verified cached prefix.
 enum class OpenMode {
-  kCompute,     // a prompt to compute: hit capped to leave one token, fresh blocks for the rest
-  kPut,         // bytes arriving for the full blocks: no cap, fresh blocks for the missing ones
-  kPinCached,   // pin the cached full-block prefix only; allocates nothing
+  kCompute,    // a prompt to compute: hit capped to leave one token, fresh blocks for the rest
+  kPut,        // bytes arriving for the full blocks: no cap, fresh blocks for the missing ones
+  kPinCached,  // pin the cached full-block prefix only; allocates nothing
 };
 
 struct OpenedSequence {
@@ -109,8 +109,8 @@ class Pool {
  public:
   // INVALID_ARGUMENT for a bad layout or block count; RESOURCE_EXHAUSTED if memory can't be had.
   static absl::StatusOr<std::unique_ptr<Pool>> Create(const PoolOptions& options,
-                                                             uint32_t pool_index,
-                                                             std::unique_ptr<PoolMemory> memory);
+                                                      uint32_t pool_index,
+                                                      std::unique_ptr<PoolMemory> memory);
 
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
 
@@ -148,9 +148,9 @@ class Pool {
     ExtraKeys extras;
     std::vector<uint32_t> tokens;
     std::vector<BlockId> blocks;
-    std::vector<Hash128> chain;             // hash of each full block
-    std::vector<uint64_t> extras_digests;   // per full block, parallel to chain
-    uint32_t committed_blocks = 0;          // leading full blocks whose KV is written
+    std::vector<Hash128> chain;            // hash of each full block
+    std::vector<uint64_t> extras_digests;  // per full block, parallel to chain
+    uint32_t committed_blocks = 0;         // leading full blocks whose KV is written
   };
 
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory);
@@ -161,8 +161,8 @@ class Pool {
   // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain.
   std::vector<BlockId> WalkLocked(const Sequence& sequence, size_t max_blocks) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status CheckCapacityLocked(size_t needed, size_t reclaimable_hits, absl::string_view what)
-      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckCapacityLocked(size_t needed, size_t reclaimable_hits,
+                                   absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Sequence*> FindLocked(const Session& session, uint64_t sequence_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t AddLocked(std::unique_ptr<Sequence> sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -30,9 +30,9 @@ absl::Status ErrnoStatus(absl::string_view what) {
 
 absl::Status PoolMemory::CheckRange(uint32_t block, uint64_t offset, uint64_t size) const {
   if (block >= num_blocks_ || offset > block_bytes_ || size > block_bytes_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + size,
-                                              ") of block ", block, " are outside a pool of ",
-                                              num_blocks_, " blocks of ", block_bytes_, " bytes"));
+    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + size, ") of block ",
+                                              block, " are outside a pool of ", num_blocks_,
+                                              " blocks of ", block_bytes_, " bytes"));
   }
   return absl::OkStatus();
 }
@@ -42,7 +42,7 @@ std::string ShmNameFor(absl::string_view pool_name, uint64_t epoch) {
 }
 
 absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::Create(uint64_t block_bytes,
-                                                                      uint32_t num_blocks) {
+                                                                       uint32_t num_blocks) {
   const uint64_t total = block_bytes * num_blocks;
   if (total == 0) return absl::InvalidArgumentError("pool memory of 0 bytes");
   // Anonymous mappings are zero-filled and only backed by pages once touched.
@@ -52,8 +52,9 @@ absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::Create(uint64_t 
       new HostPoolMemory(static_cast<uint8_t*>(base), block_bytes, num_blocks, ""));
 }
 
-absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::CreateShared(
-    std::string shm_name, uint64_t block_bytes, uint32_t num_blocks) {
+absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::CreateShared(std::string shm_name,
+                                                                             uint64_t block_bytes,
+                                                                             uint32_t num_blocks) {
   const uint64_t total = block_bytes * num_blocks;
   if (total == 0) return absl::InvalidArgumentError("pool memory of 0 bytes");
   const int fd = shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -103,8 +104,7 @@ absl::Status HostPoolMemory::Write(uint32_t block, uint64_t offset, absl::string
   return absl::OkStatus();
 }
 
-absl::Status HostPoolMemory::Read(uint32_t block, uint64_t offset, uint64_t size,
-                                  char* out) const {
+absl::Status HostPoolMemory::Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const {
   RETURN_IF_ERROR(CheckRange(block, offset, size));
   std::memcpy(out, Block(block) + offset, size);
   return absl::OkStatus();

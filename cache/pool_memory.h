@@ -62,12 +62,12 @@ class HostPoolMemory final : public PoolMemory {
  public:
   // Private anonymous memory. RESOURCE_EXHAUSTED when the mapping fails.
   static absl::StatusOr<std::unique_ptr<HostPoolMemory>> Create(uint64_t block_bytes,
-                                                               uint32_t num_blocks);
+                                                                uint32_t num_blocks);
   // A POSIX shared-memory object `shm_name` ("/name"), created exclusively with mode 0600 and
   // unlinked when this object is destroyed. ALREADY_EXISTS if the name is taken.
   static absl::StatusOr<std::unique_ptr<HostPoolMemory>> CreateShared(std::string shm_name,
-                                                                     uint64_t block_bytes,
-                                                                     uint32_t num_blocks);
+                                                                      uint64_t block_bytes,
+                                                                      uint32_t num_blocks);
   ~HostPoolMemory() override;
 
   std::string kind() const override { return "host"; }

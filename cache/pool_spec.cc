@@ -26,8 +26,11 @@ PoolOptions DefaultPoolOptions() {
   PoolOptions options;
   options.name = "default";
   options.model_id = "demo";
-  options.layout = PoolLayout{.num_layers = 4, .num_kv_heads = 2, .head_dim = 64,
-                              .block_size = 16, .dtype = DType::kFloat16};
+  options.layout = PoolLayout{.num_layers = 4,
+                              .num_kv_heads = 2,
+                              .head_dim = 64,
+                              .block_size = 16,
+                              .dtype = DType::kFloat16};
   options.num_blocks = 1024;
   return options;
 }
@@ -35,8 +38,12 @@ PoolOptions DefaultPoolOptions() {
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   uint64_t multiplier = 1;
-  for (auto [suffix, factor] : {std::pair{"gib", 1ull << 30}, {"mib", 1ull << 20}, {"kib", 1ull << 10},
-                                {"g", 1ull << 30}, {"m", 1ull << 20}, {"k", 1ull << 10}}) {
+  for (auto [suffix, factor] : {std::pair{"gib", 1ull << 30},
+                                {"mib", 1ull << 20},
+                                {"kib", 1ull << 10},
+                                {"g", 1ull << 30},
+                                {"m", 1ull << 20},
+                                {"k", 1ull << 10}}) {
     if (absl::EndsWith(lower, suffix)) {
       lower.resize(lower.size() - strlen(suffix));
       multiplier = factor;
@@ -78,9 +85,10 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
     } else if (key == "bytes") {
       ASSIGN_OR_RETURN(bytes, ParseByteSize(value));
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown pool field '", key, "' (want model, layers, kv_heads, head_dim, block_size, "
-          "dtype, blocks, bytes, hash)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown pool field '", key,
+                       "' (want model, layers, kv_heads, head_dim, block_size, "
+                       "dtype, blocks, bytes, hash)"));
     }
   }
   RETURN_IF_ERROR(options.layout.Validate());

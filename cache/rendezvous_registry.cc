@@ -26,8 +26,8 @@ absl::Status RendezvousRegistry::Publish(const std::string& tenant, const std::s
                                          std::string value, uint64_t session_id) {
   if (absl::Status status = CheckKey(key); !status.ok()) return status;
   if (value.empty() || value.size() > kMaxRendezvousValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous value has ", value.size(), " bytes; want 1 to ", kMaxRendezvousValueBytes));
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous value has ", value.size(),
+                                                   " bytes; want 1 to ", kMaxRendezvousValueBytes));
   }
   std::vector<Callback> woken;
   {

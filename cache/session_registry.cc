@@ -16,9 +16,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(std::string tenan
                                                                std::string client_name,
                                                                absl::Duration ttl) {
   if (tenant.size() > kMaxTenantBytes || client_name.size() > kMaxClientNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("tenant (", tenant.size(), " bytes) or client_name (",
-                                                   client_name.size(), " bytes) exceeds ",
-                                                   kMaxTenantBytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("tenant (", tenant.size(),
+                                                   " bytes) or client_name (", client_name.size(),
+                                                   " bytes) exceeds ", kMaxTenantBytes, " bytes"));
   }
   if (ttl == absl::ZeroDuration()) ttl = limits_.default_ttl;
   ttl = std::clamp(ttl, limits_.min_ttl, limits_.max_ttl);

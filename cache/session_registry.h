@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "cache/session.h"
+#include "common/clock.h"
 
 namespace kvcache {
 

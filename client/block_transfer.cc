@@ -1,14 +1,14 @@
 // KvCacheClient's block data calls: PutBlocks and GetBlocks streams, with per-block XXH3-64
 // checksums computed on the way out and verified on the way in.
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
-
-#include <grpcpp/impl/rpc_method.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -136,8 +136,10 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
     blocks.push_back(bytes.substr(i * shape.block_bytes, shape.block_bytes));
   }
   return PutBlocks(pool, tokens, blocks,
-                   PutOptions{.cache_salt = cache_salt, .extra_keys = extra_keys,
-                              .chunk_bytes = chunk_bytes, .first_block = first_block});
+                   PutOptions{.cache_salt = cache_salt,
+                              .extra_keys = extra_keys,
+                              .chunk_bytes = chunk_bytes,
+                              .first_block = first_block});
 }
 
 absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
@@ -152,10 +154,10 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   }
   const size_t num_blocks = full_blocks - options.first_block;
   if (blocks.size() != num_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PutBlocks: ", blocks.size(), " blocks given for blocks ", options.first_block, " to ",
-        full_blocks, " of a ", tokens.size(), "-token prompt in pool '", pool, "' (",
-        shape.block_size, " tokens per block): want ", num_blocks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PutBlocks: ", blocks.size(), " blocks given for blocks ", options.first_block,
+                     " to ", full_blocks, " of a ", tokens.size(), "-token prompt in pool '", pool,
+                     "' (", shape.block_size, " tokens per block): want ", num_blocks));
   }
   v1::PutBlocksRequest request;
   v1::PutBlocksHeader* header = request.mutable_header();
@@ -165,9 +167,9 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   header->mutable_block_checksums()->Reserve(num_blocks);
   for (size_t i = 0; i < num_blocks; ++i) {
     if (blocks[i].size() != shape.block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PutBlocks: block ", options.first_block + i, " has ", blocks[i].size(),
-          " bytes; blocks of pool '", pool, "' have ", shape.block_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PutBlocks: block ", options.first_block + i, " has ", blocks[i].size(),
+                       " bytes; blocks of pool '", pool, "' have ", shape.block_bytes));
     }
     header->add_block_checksums(BlockChecksum(blocks[i].data(), blocks[i].size()));
   }
@@ -185,12 +187,12 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   grpc::ByteBuffer reply;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                   &context, &reply));
+                                                                    &context, &reply));
   // A failed Write means the stream broke (or the daemon answered early): Finish says why.
   grpc::ByteBuffer header_message;
   bool own_buffer = false;
   bool open = grpc::SerializationTraits<v1::PutBlocksRequest>::Serialize(request, &header_message,
-                                                                        &own_buffer)
+                                                                         &own_buffer)
                   .ok() &&
               writer->Write(header_message);
   const uint64_t total = uint64_t{num_blocks} * shape.block_bytes;
@@ -234,18 +236,17 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
                                                                   const ExtraKeys& extra_keys,
                                                                   uint32_t max_chunk_bytes) {
   GetResult result;
-  ASSIGN_OR_RETURN(
-      static_cast<GetInfo&>(result),
-      ReadBlocks(
-          pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
-          [&result](uint64_t total) {
-            result.bytes.reserve(total);
-            return absl::OkStatus();
-          },
-          [&result](uint32_t, uint64_t, absl::string_view piece) {
-            result.bytes.append(piece.data(), piece.size());
-            return absl::OkStatus();
-          }));
+  ASSIGN_OR_RETURN(static_cast<GetInfo&>(result),
+                   ReadBlocks(
+                       pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+                       [&result](uint64_t total) {
+                         result.bytes.reserve(total);
+                         return absl::OkStatus();
+                       },
+                       [&result](uint32_t, uint64_t, absl::string_view piece) {
+                         result.bytes.append(piece.data(), piece.size());
+                         return absl::OkStatus();
+                       }));
   return result;
 }
 
@@ -312,7 +313,7 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
                                          grpc::internal::RpcMethod::SERVER_STREAMING);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                   &context, request));
+                                                                    &context, request));
   GetInfo result;
   std::optional<BlockStreamVerifier> verifier;  // from the header on
   uint64_t reply_epoch = session.epoch;         // until a message says otherwise
@@ -322,9 +323,9 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
   while (local.ok() && reader->Read(&buffer)) {
     absl::StatusOr<SplitMessage> split = SplitBytesField(buffer, kGetBlocksDataField);
     if (!split.ok() || !message.ParseFromString(split->rest)) {
-      local = absl::InternalError(absl::StrCat(
-          "GetBlocks: the daemon sent a malformed message",
-          split.ok() ? "" : absl::StrCat(": ", split.status().message())));
+      local = absl::InternalError(
+          absl::StrCat("GetBlocks: the daemon sent a malformed message",
+                       split.ok() ? "" : absl::StrCat(": ", split.status().message())));
       break;
     }
     reply_epoch = message.epoch();

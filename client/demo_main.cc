@@ -8,8 +8,8 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
-#include "common/command_line.h"
 #include "client/kv_cache_client.h"
+#include "common/command_line.h"
 #include "common/rpc/listen_address.h"
 
 ABSL_FLAG(
@@ -105,6 +105,7 @@ int Run() {
 }  // namespace kvcache
 
 int main(int argc, char** argv) {
-  kvcache::ParseCommandLineFlags(argc, argv, "Shows a prefix hit against a running kvcache-manager");
+  kvcache::ParseCommandLineFlags(argc, argv,
+                                 "Shows a prefix hit against a running kvcache-manager");
   return kvcache::Run();
 }

@@ -60,9 +60,9 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
   return std::make_unique<KvCacheClient>(std::move(channel), std::move(options));
 }
 
-KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel,
-                             ClientOptions options)
-    : channel_(std::move(channel)), stub_(v1::KvCache::NewStub(channel_)),
+KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      stub_(v1::KvCache::NewStub(channel_)),
       options_(std::move(options)) {}
 
 KvCacheClient::~KvCacheClient() {

@@ -279,8 +279,8 @@ class KvCacheClient {
   // device memory, a file). Pieces come in stream order; `piece` is valid only during the call.
   // A block's checksum is checked once its last piece was visited: on DATA_LOSS the consumer must
   // drop what it got of that block. An error from `visit` cancels the stream and is returned.
-  using BlockVisitor = absl::FunctionRef<absl::Status(uint32_t block, uint64_t offset,
-                                                      absl::string_view piece)>;
+  using BlockVisitor =
+      absl::FunctionRef<absl::Status(uint32_t block, uint64_t offset, absl::string_view piece)>;
   absl::StatusOr<GetInfo> GetBlocksVisit(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                          BlockVisitor visit, absl::string_view cache_salt = "",
                                          const ExtraKeys& extra_keys = {},

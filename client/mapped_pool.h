@@ -126,8 +126,8 @@ class MappedPool {
 
   static absl::StatusOr<std::unique_ptr<MappedPool>> MapShm(const KvCacheClient::PoolInfo& pool,
                                                             uint64_t epoch);
-  static absl::StatusOr<std::unique_ptr<MappedPool>> MapCudaIpc(
-      const KvCacheClient::PoolInfo& pool, uint64_t epoch);
+  static absl::StatusOr<std::unique_ptr<MappedPool>> MapCudaIpc(const KvCacheClient::PoolInfo& pool,
+                                                                uint64_t epoch);
 
   // FAILED_PRECONDITION naming `accessor` for a device mapping.
   absl::Status CheckHost(absl::string_view accessor) const;
@@ -153,7 +153,7 @@ class MappedPool {
   const PoolLayout layout_;
   const uint64_t block_bytes_;
   const uint32_t num_blocks_;
-  uint8_t* const base_;         // host address, or device address on device_
+  uint8_t* const base_;        // host address, or device address on device_
   const uint64_t size_bytes_;  // of the whole mapping
   const int device_;           // CUDA device of a device mapping; -1 for a host mapping
 };

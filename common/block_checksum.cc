@@ -8,9 +8,7 @@ namespace kvcache {
 
 BlockStreamVerifier::BlockStreamVerifier(uint64_t block_bytes, std::vector<uint64_t> checksums,
                                          uint32_t first_block)
-    : block_bytes_(block_bytes),
-      checksums_(std::move(checksums)),
-      first_block_(first_block) {}
+    : block_bytes_(block_bytes), checksums_(std::move(checksums)), first_block_(first_block) {}
 
 absl::Status BlockStreamVerifier::Feed(absl::string_view data, Sink sink) {
   while (!data.empty()) {
@@ -25,9 +23,9 @@ absl::Status BlockStreamVerifier::Feed(absl::string_view data, Sink sink) {
     if (received_ % block_bytes_ != 0) continue;
     const uint64_t checksum = stream_.DigestAndReset();
     if (checksum != checksums_[index]) {
-      return absl::DataLossError(absl::StrCat("block ", block, " of ", first_block_ + checksums_.size(),
-                                              " has checksum ", checksum,
-                                              ", the header says ", checksums_[index]));
+      return absl::DataLossError(absl::StrCat("block ", block, " of ",
+                                              first_block_ + checksums_.size(), " has checksum ",
+                                              checksum, ", the header says ", checksums_[index]));
     }
   }
   return absl::OkStatus();

@@ -17,9 +17,7 @@
 
 namespace kvcache {
 
-inline uint64_t BlockChecksum(const void* data, uint64_t size) {
-  return xxh3::Hash64(data, size);
-}
+inline uint64_t BlockChecksum(const void* data, uint64_t size) { return xxh3::Hash64(data, size); }
 
 class BlockStreamVerifier {
  public:
@@ -32,8 +30,8 @@ class BlockStreamVerifier {
   uint64_t received_bytes() const { return received_; }
 
   // Where a piece of a block goes: called before the block's checksum is checked.
-  using Sink = absl::FunctionRef<absl::Status(uint32_t block, uint64_t offset,
-                                              absl::string_view piece)>;
+  using Sink =
+      absl::FunctionRef<absl::Status(uint32_t block, uint64_t offset, absl::string_view piece)>;
   // Feeds the next bytes of the stream; REQUIRES: data.size() <= expected_bytes() -
   // received_bytes(). DATA_LOSS naming the block when a completed block's checksum differs;
   // the sink's error as it is.

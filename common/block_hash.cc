@@ -43,7 +43,8 @@ absl::string_view HashAlgorithmName(HashAlgorithm algorithm) {
 
 absl::StatusOr<HashAlgorithm> ParseHashAlgorithm(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
-  if (lower == "xxh3" || lower == "xxh3_128" || lower == "xxh3-128") return HashAlgorithm::kXxh3_128;
+  if (lower == "xxh3" || lower == "xxh3_128" || lower == "xxh3-128")
+    return HashAlgorithm::kXxh3_128;
   if (lower == "sha256" || lower == "sha-256") return HashAlgorithm::kSha256;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown hash algorithm '", name, "' (want xxh3_128 or sha256)"));

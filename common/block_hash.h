@@ -25,7 +25,9 @@ struct Hash128 {
   uint64_t hi = 0;
   uint64_t lo = 0;
 
-  friend bool operator==(const Hash128& a, const Hash128& b) { return a.hi == b.hi && a.lo == b.lo; }
+  friend bool operator==(const Hash128& a, const Hash128& b) {
+    return a.hi == b.hi && a.lo == b.lo;
+  }
   friend bool operator!=(const Hash128& a, const Hash128& b) { return !(a == b); }
   template <typename H>
   friend H AbslHashValue(H state, const Hash128& hash) {

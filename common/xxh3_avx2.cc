@@ -2,9 +2,9 @@
 // CPU has AVX2. This file includes nothing but xxhash.h, whose inline functions are static here:
 // no AVX2 code can leak into functions other files share.
 #define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "common/xxh3_avx2.h"
+
+#include <xxhash.h>
 
 namespace kvcache::xxh3::avx2 {
 

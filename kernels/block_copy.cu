@@ -2,8 +2,6 @@
 // contract; block_copy.cc holds the CPU reference each kernel is tested against.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda_launch.h"
-
 #include <algorithm>
 #include <cstdint>
 
@@ -11,6 +9,7 @@
 #include "common/status_macros.h"
 #include "kernels/block_copy.h"
 #include "kernels/block_copy_internal.h"
+#include "kernels/cuda_launch.h"
 
 namespace kvcache::kernels {
 namespace {
@@ -62,7 +61,8 @@ __device__ __forceinline__ bool ActiveId(int64_t id, uint32_t num_blocks) {
 }
 
 // Grid: (min(num_pairs, 2^31 - 1), slices), Block: (kThreadsPerBlock). blockIdx.x picks the copied
-// KV block (grid-stride over pairs when there are more pairs than CUDA blocks), blockIdx.y its slice.
+// KV block (grid-stride over pairs when there are more pairs than CUDA blocks), blockIdx.y its
+// slice.
 template <bool kVec16>
 __global__ void CopyBlocksKernel(uint8_t* __restrict__ pool,           // [num_blocks, block_bytes]
                                  const int64_t* __restrict__ src_ids,  // [num_pairs]
@@ -116,7 +116,8 @@ bool CanVectorize(uint64_t block_bytes, const void* a, const void* b) {
 
 dim3 GridFor(uint32_t count, uint64_t block_bytes) {
   const uint64_t slices = (block_bytes + kSliceBytes - 1) / kSliceBytes;
-  return dim3(std::min(count, kMaxGridX), static_cast<uint32_t>(std::min<uint64_t>(slices, kMaxGridY)));
+  return dim3(std::min(count, kMaxGridX),
+              static_cast<uint32_t>(std::min<uint64_t>(slices, kMaxGridY)));
 }
 
 }  // namespace

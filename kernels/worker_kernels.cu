@@ -10,8 +10,6 @@
 // (warp trees, online softmax) and are not bit-exact with it.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda_launch.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cuda_launch.h"
 #include "kernels/worker_kernels.h"
 
 namespace kvcache::kernels {
@@ -30,7 +29,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr uint64_t kMaxGridX = 0x7fffffffu;
 
 dim3 GridFor(uint64_t count) { return dim3(static_cast<unsigned>(std::min(count, kMaxGridX))); }
-
 
 absl::Status NotNull(const char* op, const char* what, const void* ptr) {
   if (ptr == nullptr) {
@@ -627,7 +625,7 @@ static_assert(kLinearDepth % kDotLanes == 0, "a tile must start at lane 0");
 // multiple of 8, input k always lands in lane k % 8, and the zero padding past in_features adds
 // exact +0 (a lane is never -0: it starts at +0), so every output follows worker::Dot's order
 // whatever rows or tile it belongs to.
-__global__ void __launch_bounds__(kLinearOuts * kLinearRows)
+__global__ void __launch_bounds__(kLinearOuts* kLinearRows)
     LinearKernel(float* __restrict__ out,           // [rows, out_features]
                  const float* __restrict__ x,       // [rows, in_features]
                  const float* __restrict__ weight,  // [out_features, in_features]

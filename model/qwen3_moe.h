@@ -32,9 +32,9 @@
 namespace kvcache::worker {
 
 // The argument checks of Qwen3MoeModel::Forward, in one place so that every backend of the model
-// (model/cuda/qwen3_moe_cuda.h) answers a bad request with the same code and message; see Forward for
-// the codes. Reads only kv's layout, block table and pool size, never the pool memory, so `kv` may
-// view a device pool.
+// (model/cuda/qwen3_moe_cuda.h) answers a bad request with the same code and message; see Forward
+// for the codes. Reads only kv's layout, block table and pool size, never the pool memory, so `kv`
+// may view a device pool.
 absl::Status CheckForwardRequest(const ModelConfig& config, absl::Span<const uint32_t> tokens,
                                  uint32_t start_position, const PagedKv& kv);
 

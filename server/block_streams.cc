@@ -12,8 +12,8 @@ namespace kvcache {
 namespace {
 
 // The transfer's own session: the requester's tenant (so hashes match its namespace), id 0.
-absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager,
-                                                         uint64_t session_id, uint64_t epoch) {
+absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager, uint64_t session_id,
+                                                         uint64_t epoch) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->SessionFor(session_id, epoch));
   return std::make_unique<Session>(kTransferSessionId, session->tenant, "transfer", session->ttl);
 }
@@ -58,10 +58,10 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
   }
   first_block_ = header.first_block();
   if (static_cast<size_t>(header.block_checksums_size()) != full_blocks - first_block_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "put header carries ", header.block_checksums_size(), " checksums for ",
-        full_blocks - first_block_, " blocks sent of ", full_blocks, " full blocks of ",
-        header.tokens_size(), " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("put header carries ", header.block_checksums_size(), " checksums for ",
+                     full_blocks - first_block_, " blocks sent of ", full_blocks,
+                     " full blocks of ", header.tokens_size(), " tokens"));
   }
   ASSIGN_OR_RETURN(
       OpenedSequence opened,
@@ -73,21 +73,21 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
   block_ids_ = std::move(opened.block_ids);
   cached_blocks_ = opened.num_cached_tokens / block_size;
   if (cached_blocks_ < first_block_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the put skips the first ", first_block_, " blocks but only ", cached_blocks_,
-        " of them are cached here; send from block ", cached_blocks_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the put skips the first ", first_block_, " blocks but only ", cached_blocks_,
+                     " of them are cached here; send from block ", cached_blocks_));
   }
-  verifier_.emplace(pool_->options().layout.BlockBytes(),
-                    std::vector<uint64_t>(header.block_checksums().begin(),
-                                          header.block_checksums().end()),
-                    first_block_);
+  verifier_.emplace(
+      pool_->options().layout.BlockBytes(),
+      std::vector<uint64_t>(header.block_checksums().begin(), header.block_checksums().end()),
+      first_block_);
   return absl::OkStatus();
 }
 
 absl::Status PutBlocksReactor::Consume(absl::string_view data) {
   // Cached blocks keep their bytes; the client's copy is only checksummed.
-  const absl::Status status = verifier_->Feed(
-      data, [this](uint32_t block, uint64_t offset, absl::string_view piece) {
+  const absl::Status status =
+      verifier_->Feed(data, [this](uint32_t block, uint64_t offset, absl::string_view piece) {
         if (block < cached_blocks_) return absl::OkStatus();
         return pool_->memory().Write(block_ids_[block], offset, piece);
       });
@@ -98,9 +98,8 @@ absl::Status PutBlocksReactor::Consume(absl::string_view data) {
 absl::Status PutBlocksReactor::Complete() {
   if (pool_ == nullptr) return absl::InvalidArgumentError("put stream carried no header");
   if (verifier_->received_bytes() != verifier_->expected_bytes()) {
-    return absl::DataLossError(absl::StrCat("put stream ended after ",
-                                            verifier_->received_bytes(), " of ",
-                                            verifier_->expected_bytes(), " bytes"));
+    return absl::DataLossError(absl::StrCat("put stream ended after ", verifier_->received_bytes(),
+                                            " of ", verifier_->expected_bytes(), " bytes"));
   }
   ASSIGN_OR_RETURN(CommitResult committed,
                    pool_->Commit(*transfer_session_, sequence_id_,
@@ -193,8 +192,8 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
                    TransferSession(manager_, request.session_id(), request.epoch()));
   ASSIGN_OR_RETURN(pool_, manager_->FindPool(request.pool()));
   const uint32_t requested = request.max_chunk_bytes();
-  chunk_bytes_ = std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested, 4096,
-                                      max_chunk_bytes_);
+  chunk_bytes_ =
+      std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested, 4096, max_chunk_bytes_);
   ASSIGN_OR_RETURN(
       OpenedSequence opened,
       pool_->Open(*transfer_session_,

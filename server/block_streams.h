@@ -9,17 +9,16 @@
 #ifndef KVCACHE_SERVER_BLOCK_STREAMS_H_
 #define KVCACHE_SERVER_BLOCK_STREAMS_H_
 
-#include <optional>
-
-#include <memory>
-#include <vector>
-
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
-#include "kvcache/v1/kvcache.grpc.pb.h"
-#include "common/block_checksum.h"
+#include <memory>
+#include <optional>
+#include <vector>
+
 #include "cache/cache_manager.h"
+#include "common/block_checksum.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 
 namespace kvcache {
 

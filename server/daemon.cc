@@ -1,20 +1,19 @@
 #include "server/daemon.h"
 
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server_builder.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cache/cuda_pool_memory.h"
 #include "common/rpc/http2_tuning.h"
 #include "common/status_macros.h"
-#include "cache/cuda_pool_memory.h"
 
 namespace kvcache {
 namespace {
@@ -94,7 +93,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (daemon->unix_listener_ != nullptr) {
     daemon->unix_listener_->Serve(daemon->server_.get());
   } else if (bound_port != 0 && absl::EndsWith(options.listen, ":0")) {
-    daemon->address_ = absl::StrCat(options.listen.substr(0, options.listen.size() - 1), bound_port);
+    daemon->address_ =
+        absl::StrCat(options.listen.substr(0, options.listen.size() - 1), bound_port);
   }
   daemon->manager_->StartReaper(options.reaper_period);
   return daemon;

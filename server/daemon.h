@@ -7,15 +7,15 @@
 #ifndef KVCACHE_SERVER_DAEMON_H_
 #define KVCACHE_SERVER_DAEMON_H_
 
+#include <grpcpp/server.h>
+
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <grpcpp/server.h>
-
 #include "absl/status/statusor.h"
-#include "common/rpc/listen_address.h"
 #include "cache/cache_manager.h"
+#include "common/rpc/listen_address.h"
 #include "server/kv_cache_service.h"
 #include "server/unix_listener.h"
 

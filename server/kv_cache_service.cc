@@ -4,8 +4,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
-#include "server/proto_keys.h"
 #include "server/block_streams.h"
+#include "server/proto_keys.h"
 
 namespace kvcache {
 namespace {
@@ -239,8 +239,8 @@ grpc::ServerUnaryReactor* KvCacheService::CommitSequence(grpc::CallbackServerCon
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
     ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
-    ASSIGN_OR_RETURN(CommitResult result, pool->Commit(*session, request->sequence_id(),
-                                                       request->num_written_tokens()));
+    ASSIGN_OR_RETURN(CommitResult result,
+                     pool->Commit(*session, request->sequence_id(), request->num_written_tokens()));
     response->set_num_committed_blocks(result.num_committed_blocks);
     response->set_num_published_blocks(result.num_published_blocks);
     return absl::OkStatus();
@@ -278,10 +278,10 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* co
                                                  v1::LookupResponse* response) {
   return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-    ASSIGN_OR_RETURN(LookupResult result,
-                     pool->Lookup(request->tenant(),
-                                  ToSequenceSpec(request->tokens(), request->cache_salt(),
-                                                 request->extra_keys())));
+    ASSIGN_OR_RETURN(
+        LookupResult result,
+        pool->Lookup(request->tenant(), ToSequenceSpec(request->tokens(), request->cache_salt(),
+                                                       request->extra_keys())));
     response->set_num_cached_tokens(result.num_cached_tokens);
     response->set_num_cached_blocks(result.num_cached_blocks);
     return absl::OkStatus();
@@ -313,9 +313,9 @@ grpc::ServerUnaryReactor* KvCacheService::PublishRendezvous(
   });
 }
 
-grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(
-    grpc::CallbackServerContext* context, const v1::AwaitRendezvousRequest* request,
-    v1::AwaitRendezvousResponse* response) {
+grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerContext* context,
+                                                          const v1::AwaitRendezvousRequest* request,
+                                                          v1::AwaitRendezvousResponse* response) {
   response->set_epoch(manager_->epoch());
   AddEpochTrailer(context, manager_->epoch());
   auto* reactor = new AwaitRendezvousReactor(&manager_->rendezvous(), response);

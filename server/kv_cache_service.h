@@ -6,8 +6,8 @@
 #ifndef KVCACHE_SERVER_KV_CACHE_SERVICE_H_
 #define KVCACHE_SERVER_KV_CACHE_SERVICE_H_
 
-#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "cache/cache_manager.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 
 namespace kvcache {
 
@@ -68,9 +68,9 @@ class KvCacheService final
                                             const v1::AwaitRendezvousRequest* request,
                                             v1::AwaitRendezvousResponse* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* PutBlocks(grpc::CallbackServerContext* context,
-                                                      grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(
-      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+                                                       grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request) override;
 
  private:
   CacheManager* const manager_;

@@ -9,22 +9,24 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cache/pool_spec.h"
 #include "common/command_line.h"
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/malloc_tuning.h"
 #include "server/daemon.h"
-#include "cache/pool_spec.h"
 
 ABSL_FLAG(std::string, listen, "",
           "unix:///path/kv.sock or HOST:PORT (TCP needs --insecure); default: a Unix socket "
           "under $XDG_RUNTIME_DIR or /tmp/kvcache-$UID");
-ABSL_FLAG(std::vector<std::string>, pool, {},
-          "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
-          "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]; "
-          "default: one pool 'default' of 1024 blocks");
+ABSL_FLAG(
+    std::vector<std::string>, pool, {},
+    "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
+    "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]; "
+    "default: one pool 'default' of 1024 blocks");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(10),
           "lease of a session that asks for no TTL of its own");
-ABSL_FLAG(absl::Duration, max_session_ttl, absl::Minutes(10), "longest lease a session may ask for");
+ABSL_FLAG(absl::Duration, max_session_ttl, absl::Minutes(10),
+          "longest lease a session may ask for");
 ABSL_FLAG(bool, insecure, false, "allow a TCP listen address without TLS");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
@@ -40,8 +42,8 @@ int Run() {
   options.device = absl::GetFlag(FLAGS_device);
   options.session_limits.default_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
-  options.session_limits.min_ttl = std::min(options.session_limits.min_ttl,
-                                            options.session_limits.default_ttl);
+  options.session_limits.min_ttl =
+      std::min(options.session_limits.min_ttl, options.session_limits.default_ttl);
   for (const std::string& spec : absl::GetFlag(FLAGS_pool)) {
     absl::StatusOr<PoolOptions> pool = ParsePoolSpec(spec);
     if (!pool.ok()) {
@@ -90,7 +92,8 @@ int Run() {
 
 int main(int argc, char** argv) {
   kvcache::TuneGrpcForBlockStreams();
-  kvcache::ParseCommandLineFlags(argc, argv, "KV-cache manager daemon: block pools, prefix index, gRPC API v1");
+  kvcache::ParseCommandLineFlags(argc, argv,
+                                 "KV-cache manager daemon: block pools, prefix index, gRPC API v1");
   // Debian's abseil checks every Mutex acquisition for lock-order cycles, through a global graph
   // (1.7% of the daemon's CPU in rpc_bench). The tests keep the check; the daemon drops it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -1,5 +1,6 @@
 #include "server/unix_listener.h"
 
+#include <grpcpp/server_posix.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -7,8 +8,6 @@
 
 #include <cerrno>
 #include <cstring>
-
-#include <grpcpp/server_posix.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -56,7 +55,8 @@ void UnixListener::Stop() {
 
 void UnixListener::AcceptLoop(grpc::Server* server) {
   while (true) {
-    const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);  // gRPC needs non-blocking
+    const int connection =
+        accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);  // gRPC needs non-blocking
     if (connection < 0) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
         if (errno == EMFILE || errno == ENFILE) usleep(10000);  // wait for a descriptor

@@ -9,11 +9,11 @@
 #ifndef KVCACHE_SERVER_UNIX_LISTENER_H_
 #define KVCACHE_SERVER_UNIX_LISTENER_H_
 
+#include <grpcpp/server.h>
+
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
 

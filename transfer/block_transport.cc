@@ -24,10 +24,9 @@ absl::Status CheckShipment(const Shipment& shipment) {
   }
   for (size_t i = 0; i < full_blocks; ++i) {
     if (shipment.source_blocks[i] >= source.num_blocks()) {
-      return absl::OutOfRangeError(absl::StrCat("shipment's source block ",
-                                                shipment.source_blocks[i], " is past pool '",
-                                                source.name(), "' of ", source.num_blocks(),
-                                                " blocks"));
+      return absl::OutOfRangeError(
+          absl::StrCat("shipment's source block ", shipment.source_blocks[i], " is past pool '",
+                       source.name(), "' of ", source.num_blocks(), " blocks"));
     }
   }
   return absl::OkStatus();
@@ -135,7 +134,7 @@ std::unique_ptr<BlockTransport> MakeStreamTransport(KvCacheClient* receiver, std
 }
 
 absl::StatusOr<std::unique_ptr<BlockTransport>> MakeShmTransport(KvCacheClient* receiver,
-                                                                  std::string pool) {
+                                                                 std::string pool) {
   ASSIGN_OR_RETURN(KvCacheClient::PoolDescription description, receiver->DescribePool(pool));
   if (description.pool.mapping.kind == KvCacheClient::PoolMapping::Kind::kCudaIpc) {
     // Checked before mapping: a CUDA IPC mapping would cost an import only to be refused.

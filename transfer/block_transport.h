@@ -40,10 +40,10 @@
 namespace kvcache::worker {
 
 struct Shipment {
-  absl::Span<const uint32_t> tokens;          // the prompt
+  absl::Span<const uint32_t> tokens;  // the prompt
   absl::string_view cache_salt;
-  const MappedPool* source = nullptr;         // the sender's pool, mapped
-  absl::Span<const uint32_t> source_blocks;   // the sender's block table for `tokens`
+  const MappedPool* source = nullptr;        // the sender's pool, mapped
+  absl::Span<const uint32_t> source_blocks;  // the sender's block table for `tokens`
 };
 
 struct ShipmentStats {
@@ -85,7 +85,7 @@ std::unique_ptr<BlockTransport> MakeStreamTransport(KvCacheClient* receiver, std
 // device memory (ship into it with the nccl or the stream transport). Ship refuses a device
 // source pool the same way.
 absl::StatusOr<std::unique_ptr<BlockTransport>> MakeShmTransport(KvCacheClient* receiver,
-                                                                  std::string pool);
+                                                                 std::string pool);
 
 }  // namespace kvcache::worker
 

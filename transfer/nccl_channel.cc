@@ -373,8 +373,8 @@ namespace {
 // A point-to-point peer: another rank of this world (a copy within a rank is SelfCopyBlocks).
 absl::Status CheckPeer(const char* op, int peer, int rank, int world_size) {
   if (peer >= 0 && peer < world_size && peer != rank) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(op, ": peer ", peer, " of a world of ",
-                                                 world_size, " (this is rank ", rank,
+  return absl::InvalidArgumentError(absl::StrCat(op, ": peer ", peer, " of a world of ", world_size,
+                                                 " (this is rank ", rank,
                                                  "; copy within a rank with SelfCopyBlocks)"));
 }
 
@@ -439,8 +439,8 @@ absl::Status NcclChannel::SelfCopyBlocks(const uint8_t* src_pool, uint8_t* dst_p
     const absl::flat_hash_set<uint32_t> sources(src_ids.begin(), src_ids.end());
     for (uint32_t id : dst_ids) {
       if (sources.contains(id)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            kOp, ": block ", id, " is both a src and a dst (the copies run at once)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(kOp, ": block ", id, " is both a src and a dst (the copies run at once)"));
       }
     }
   }

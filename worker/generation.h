@@ -20,20 +20,20 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/pool_layout.h"
-#include "worker/pool_forward.h"
-#include "model/qwen3_moe.h"
 #include "model/cuda/qwen3_moe_cuda.h"
+#include "model/qwen3_moe.h"
 #include "model/sampler.h"
+#include "worker/pool_forward.h"
 
 namespace kvcache::worker {
 
 struct GenerationResult {
   std::vector<uint32_t> tokens;  // generated, max_new_tokens of them
   uint32_t prompt_tokens = 0;
-  uint32_t cached_tokens = 0;    // prompt tokens whose KV came from the cache
-  uint64_t logits_digest = 0;    // over the logits of the prompt's last token, then each step's
-  absl::Duration prefill_time;   // computing the uncached prompt tokens
-  absl::Duration decode_time;    // every decode step after the prefill
+  uint32_t cached_tokens = 0;   // prompt tokens whose KV came from the cache
+  uint64_t logits_digest = 0;   // over the logits of the prompt's last token, then each step's
+  absl::Duration prefill_time;  // computing the uncached prompt tokens
+  absl::Duration decode_time;   // every decode step after the prefill
 };
 
 class LogitsDigest {

@@ -28,9 +28,8 @@ KvWorker::KvWorker(KvCacheClient* client, std::string pool, const Qwen3MoeModel*
       cuda_model_(std::move(cuda_model)),
       forward_(ForwardOver(*mapped_, *model_, cuda_model_.get())) {}
 
-absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client,
-                                                          std::string pool,
-                                                          const Qwen3MoeModel* model) {
+absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client, std::string pool,
+                                                           const Qwen3MoeModel* model) {
   ASSIGN_OR_RETURN(KvCacheClient::PoolDescription description, client->DescribePool(pool));
   // A device pool fails here in a build without CUDA or on a machine without a usable device.
   ASSIGN_OR_RETURN(std::unique_ptr<MappedPool> mapped, MappedPool::Map(description));
@@ -38,10 +37,10 @@ absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client
   const ModelConfig& config = model->config();
   if (layout.num_layers != config.num_hidden_layers ||
       layout.num_kv_heads != config.num_key_value_heads || layout.head_dim != config.head_dim) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool '", pool, "' is laid out for ", layout.DebugString(), " but the model has ",
-        config.num_hidden_layers, " layers, ", config.num_key_value_heads, " KV heads, head dim ",
-        config.head_dim));
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool '", pool, "' is laid out for ", layout.DebugString(),
+                     " but the model has ", config.num_hidden_layers, " layers, ",
+                     config.num_key_value_heads, " KV heads, head dim ", config.head_dim));
   }
   std::unique_ptr<CudaQwen3MoeModel> cuda_model;
   if (mapped->is_device()) {
@@ -49,15 +48,15 @@ absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client
     // would fault on the device addresses). The weights are uploaded once, here.
     absl::StatusOr<CudaQwen3MoeModel> created = CudaQwen3MoeModel::Create(*model, mapped->device());
     if (!created.ok()) {
-      return absl::Status(created.status().code(),
-                          absl::StrCat("pool '", pool, "' is device memory (cuda:",
-                                       mapped->device(), ") and the model cannot run there: ",
-                                       created.status().message()));
+      return absl::Status(
+          created.status().code(),
+          absl::StrCat("pool '", pool, "' is device memory (cuda:", mapped->device(),
+                       ") and the model cannot run there: ", created.status().message()));
     }
     cuda_model = std::make_unique<CudaQwen3MoeModel>(*std::move(created));
   }
-  return std::unique_ptr<KvWorker>(new KvWorker(client, std::move(pool), model, std::move(mapped),
-                                                std::move(cuda_model)));
+  return std::unique_ptr<KvWorker>(
+      new KvWorker(client, std::move(pool), model, std::move(mapped), std::move(cuda_model)));
 }
 
 absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> prompt,
@@ -126,8 +125,9 @@ absl::StatusOr<GenerationResult> KvWorker::Run(uint64_t sequence_id, std::vector
   return result;
 }
 
-absl::StatusOr<GenerationResult> KvWorker::GenerateColdReference(
-    absl::Span<const uint32_t> prompt, uint32_t max_new_tokens, Sampler& sampler) {
+absl::StatusOr<GenerationResult> KvWorker::GenerateColdReference(absl::Span<const uint32_t> prompt,
+                                                                 uint32_t max_new_tokens,
+                                                                 Sampler& sampler) {
   if (cuda_model_ != nullptr) {
     return GenerateColdCuda(*cuda_model_, prompt, max_new_tokens, sampler, layout());
   }

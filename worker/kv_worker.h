@@ -28,11 +28,11 @@
 #include "absl/status/statusor.h"
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
+#include "model/cuda/qwen3_moe_cuda.h"
+#include "model/qwen3_moe.h"
+#include "model/sampler.h"
 #include "worker/generation.h"
 #include "worker/pool_forward.h"
-#include "model/qwen3_moe.h"
-#include "model/cuda/qwen3_moe_cuda.h"
-#include "model/sampler.h"
 
 namespace kvcache::worker {
 
@@ -47,8 +47,7 @@ class KvWorker {
   //   (CudaQwen3MoeModel::Create's codes, the message naming the pool: FAILED_PRECONDITION
   //    without CUDA or a device, INVALID_ARGUMENT for a model the kernels cannot run, INTERNAL
   //    for a CUDA error such as out of device memory)
-  static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client,
-                                                          std::string pool,
+  static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client, std::string pool,
                                                           const Qwen3MoeModel* model);
 
   // Called once the prompt's KV is written and committed, with the sequence's block table, while
@@ -68,8 +67,7 @@ class KvWorker {
   // model, a fresh device buffer on the pool's device) for a device pool. Generate's tokens and
   // logits digest, prefix hit or not, must equal it bit for bit. Errors as those functions'.
   absl::StatusOr<GenerationResult> GenerateColdReference(absl::Span<const uint32_t> prompt,
-                                                         uint32_t max_new_tokens,
-                                                         Sampler& sampler);
+                                                         uint32_t max_new_tokens, Sampler& sampler);
 
   const PoolLayout& layout() const { return mapped_->layout(); }
   const MappedPool& mapped() const { return *mapped_; }

@@ -12,8 +12,8 @@
 #include "common/rpc/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "transfer/block_transport.h"
-#include "worker/kv_worker.h"
 #include "transfer/nccl_transport.h"
+#include "worker/kv_worker.h"
 
 ABSL_FLAG(std::string, prefill_target, "", "the prefill node's daemon");
 ABSL_FLAG(std::string, decode_target, "", "the decode node's daemon");
@@ -68,9 +68,9 @@ absl::Status Run() {
     transport = MakeStreamTransport(decode.client.get(), absl::GetFlag(FLAGS_tenant),
                                     absl::GetFlag(FLAGS_pool));
   } else if (transport_flag == "nccl") {
-    ASSIGN_OR_RETURN(transport, MakeSingleGpuNcclTransport(
-                                    prefill.client.get(), prefill.worker->mapped(),
-                                    decode.client.get(), absl::GetFlag(FLAGS_pool)));
+    ASSIGN_OR_RETURN(transport,
+                     MakeSingleGpuNcclTransport(prefill.client.get(), prefill.worker->mapped(),
+                                                decode.client.get(), absl::GetFlag(FLAGS_pool)));
   } else {
     return absl::InvalidArgumentError("--transport is stream, shm or nccl");
   }
@@ -86,14 +86,14 @@ absl::Status Run() {
     Sampler prefill_sampler = Sampler::Greedy();
     ASSIGN_OR_RETURN(
         GenerationResult first,
-        prefill.worker->Generate(prompt, 1, prefill_sampler, "",
-                                 [&](absl::Span<const uint32_t> table) -> absl::Status {
-                                   ASSIGN_OR_RETURN(shipped, transport->Ship(Shipment{
-                                       .tokens = prompt,
-                                       .source = &prefill.worker->mapped(),
-                                       .source_blocks = table}));
-                                   return absl::OkStatus();
-                                 }));
+        prefill.worker->Generate(
+            prompt, 1, prefill_sampler, "", [&](absl::Span<const uint32_t> table) -> absl::Status {
+              ASSIGN_OR_RETURN(shipped,
+                               transport->Ship(Shipment{.tokens = prompt,
+                                                        .source = &prefill.worker->mapped(),
+                                                        .source_blocks = table}));
+              return absl::OkStatus();
+            }));
     const absl::Duration ttft = first.prefill_time;
     Sampler decode_sampler = Sampler::Greedy();
     ASSIGN_OR_RETURN(GenerationResult rest,
@@ -134,7 +134,8 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   kvcache::TuneGrpcForBlockStreams();
-  kvcache::ParseCommandLineFlags(argc, argv, "prefill → decode driver over two kvcache-manager daemons");
+  kvcache::ParseCommandLineFlags(argc, argv,
+                                 "prefill → decode driver over two kvcache-manager daemons");
   kvcache::TuneMallocForBlockStreams();
   const absl::Status status = kvcache::worker::Run();
   if (!status.ok()) {

@@ -25,8 +25,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/pool_layout.h"
-#include "model/qwen3_moe.h"
 #include "model/cuda/qwen3_moe_cuda.h"
+#include "model/qwen3_moe.h"
 
 namespace kvcache::worker {
 

@@ -15,15 +15,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/command_line.h"
-#include "common/rpc/listen_address.h"
 #include "common/rpc/grpc_tuning.h"
+#include "common/rpc/listen_address.h"
 #include "common/rpc/malloc_tuning.h"
 #include "common/status_macros.h"
-#include "absl/time/clock.h"
 #include "transfer/block_transport.h"
-#include "worker/kv_worker.h"
 #include "transfer/nccl_transport.h"
+#include "worker/kv_worker.h"
 
 ABSL_FLAG(std::string, target, "", "daemon address (default: the daemon's default socket)");
 ABSL_FLAG(std::string, pool, "default", "pool laid out for this model");
@@ -115,30 +115,32 @@ absl::Status RunPrefill(KvCacheClient& client, KvWorker& worker,
   }
   ShipmentStats shipped;
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
-  ASSIGN_OR_RETURN(
-      GenerationResult result,
-      worker.Generate(prompt, 1, sampler, absl::GetFlag(FLAGS_cache_salt),
-                      [&](absl::Span<const uint32_t> table) -> absl::Status {
-                        ASSIGN_OR_RETURN(shipped, transport->Ship(Shipment{
+  ASSIGN_OR_RETURN(GenerationResult result,
+                   worker.Generate(prompt, 1, sampler, absl::GetFlag(FLAGS_cache_salt),
+                                   [&](absl::Span<const uint32_t> table) -> absl::Status {
+                                     ASSIGN_OR_RETURN(
+                                         shipped, transport->Ship(Shipment{
                                                       .tokens = prompt,
                                                       .cache_salt = absl::GetFlag(FLAGS_cache_salt),
                                                       .source = &worker.mapped(),
                                                       .source_blocks = table}));
-                        return absl::OkStatus();
-                      }));
-  std::printf("prefill: %u prompt tokens, %u from the cache, first token %u after %.2f ms; "
-              "shipped %u blocks (%llu bytes) over %s in %.2f ms, %u already on the decode side\n",
-              result.prompt_tokens, result.cached_tokens, result.tokens[0],
-              absl::ToDoubleMilliseconds(result.prefill_time), shipped.blocks_sent,
-              static_cast<unsigned long long>(shipped.bytes_sent), transport->name().c_str(),
-              absl::ToDoubleMilliseconds(shipped.elapsed), shipped.blocks_already_there);
-  std::printf("result role=prefill prompt_tokens=%u cached=%u first_token=%u sent_blocks=%u "
-              "skipped_blocks=%u bytes=%llu ttft_us=%lld ship_us=%lld compute=%s\n",
-              result.prompt_tokens, result.cached_tokens, result.tokens[0], shipped.blocks_sent,
-              shipped.blocks_already_there, static_cast<unsigned long long>(shipped.bytes_sent),
-              static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
-              static_cast<long long>(absl::ToInt64Microseconds(shipped.elapsed)),
-              ComputeName(worker).c_str());
+                                     return absl::OkStatus();
+                                   }));
+  std::printf(
+      "prefill: %u prompt tokens, %u from the cache, first token %u after %.2f ms; "
+      "shipped %u blocks (%llu bytes) over %s in %.2f ms, %u already on the decode side\n",
+      result.prompt_tokens, result.cached_tokens, result.tokens[0],
+      absl::ToDoubleMilliseconds(result.prefill_time), shipped.blocks_sent,
+      static_cast<unsigned long long>(shipped.bytes_sent), transport->name().c_str(),
+      absl::ToDoubleMilliseconds(shipped.elapsed), shipped.blocks_already_there);
+  std::printf(
+      "result role=prefill prompt_tokens=%u cached=%u first_token=%u sent_blocks=%u "
+      "skipped_blocks=%u bytes=%llu ttft_us=%lld ship_us=%lld compute=%s\n",
+      result.prompt_tokens, result.cached_tokens, result.tokens[0], shipped.blocks_sent,
+      shipped.blocks_already_there, static_cast<unsigned long long>(shipped.bytes_sent),
+      static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
+      static_cast<long long>(absl::ToInt64Microseconds(shipped.elapsed)),
+      ComputeName(worker).c_str());
   RETURN_IF_ERROR(receiver->CloseSession().status());
   return absl::OkStatus();
 }
@@ -166,27 +168,28 @@ absl::Status Run() {
     std::string cold_check = "unchecked";
     if (absl::GetFlag(FLAGS_check_cold)) {
       ASSIGN_OR_RETURN(Sampler cold_sampler, Sampler::Create(sampling));
-      ASSIGN_OR_RETURN(GenerationResult cold,
-                       worker->GenerateColdReference(prompt, absl::GetFlag(FLAGS_max_new_tokens),
-                                                     cold_sampler));
+      ASSIGN_OR_RETURN(
+          GenerationResult cold,
+          worker->GenerateColdReference(prompt, absl::GetFlag(FLAGS_max_new_tokens), cold_sampler));
       const bool same = cold.tokens == result.tokens && cold.logits_digest == result.logits_digest;
       cold_check = same ? "identical" : "DIFFERENT";
       if (!same) return absl::InternalError("cached run differs from the cold run");
     }
-    std::printf("turn %u: %u prompt tokens, %u from the cache, %u computed in %.2f ms; "
-                "%zu tokens decoded in %.2f ms; cold check: %s\n",
-                turn, result.prompt_tokens, result.cached_tokens,
-                result.prompt_tokens - result.cached_tokens,
-                absl::ToDoubleMilliseconds(result.prefill_time), result.tokens.size(),
-                absl::ToDoubleMilliseconds(result.decode_time), cold_check.c_str());
-    std::printf("result turn=%u prompt_tokens=%u cached=%u tokens=%s digest=%016llx "
-                "prefill_us=%lld decode_us=%lld compute=%s\n",
-                turn, result.prompt_tokens, result.cached_tokens,
-                absl::StrJoin(result.tokens, ",").c_str(),
-                static_cast<unsigned long long>(result.logits_digest),
-                static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
-                static_cast<long long>(absl::ToInt64Microseconds(result.decode_time)),
-                ComputeName(*worker).c_str());
+    std::printf(
+        "turn %u: %u prompt tokens, %u from the cache, %u computed in %.2f ms; "
+        "%zu tokens decoded in %.2f ms; cold check: %s\n",
+        turn, result.prompt_tokens, result.cached_tokens,
+        result.prompt_tokens - result.cached_tokens,
+        absl::ToDoubleMilliseconds(result.prefill_time), result.tokens.size(),
+        absl::ToDoubleMilliseconds(result.decode_time), cold_check.c_str());
+    std::printf(
+        "result turn=%u prompt_tokens=%u cached=%u tokens=%s digest=%016llx "
+        "prefill_us=%lld decode_us=%lld compute=%s\n",
+        turn, result.prompt_tokens, result.cached_tokens, absl::StrJoin(result.tokens, ",").c_str(),
+        static_cast<unsigned long long>(result.logits_digest),
+        static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
+        static_cast<long long>(absl::ToInt64Microseconds(result.decode_time)),
+        ComputeName(*worker).c_str());
     std::fflush(stdout);
     // Next turn: the conversation so far and a new user message.
     prompt.insert(prompt.end(), result.tokens.begin(), result.tokens.end());

@@ -92,7 +92,9 @@ absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer,
     return absl::InvalidArgumentError("malformed message: unreadable buffer");
   }
   SliceCursor cursor(split.slices);
-  const auto append_to_rest = [&split](absl::string_view piece) { split.rest.append(piece.data(), piece.size()); };
+  const auto append_to_rest = [&split](absl::string_view piece) {
+    split.rest.append(piece.data(), piece.size());
+  };
   while (!cursor.AtEnd()) {
     const absl::StatusOr<uint64_t> tag = cursor.ReadVarint();
     if (!tag.ok()) return tag.status();

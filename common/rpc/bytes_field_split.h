@@ -10,12 +10,12 @@
 #ifndef KVCACHE_COMMON_RPC_BYTES_FIELD_SPLIT_H_
 #define KVCACHE_COMMON_RPC_BYTES_FIELD_SPLIT_H_
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/slice.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -25,15 +25,14 @@ namespace kvcache {
 struct SplitMessage {
   std::string rest;  // every other field, serialized: parse it into the message type
   bool has_field = false;
-  uint64_t field_size = 0;                   // the bytes field's length
-  std::vector<absl::string_view> pieces;     // its bytes, in order, inside `slices`
-  std::vector<grpc::Slice> slices;           // keeps the pieces alive
+  uint64_t field_size = 0;                // the bytes field's length
+  std::vector<absl::string_view> pieces;  // its bytes, in order, inside `slices`
+  std::vector<grpc::Slice> slices;        // keeps the pieces alive
 };
 
 // INVALID_ARGUMENT for a malformed message: a truncated field, an overlong varint, a group
 // (wire types 3 and 4) or an unknown wire type, field number 0.
-absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer,
-                                             uint32_t field_number);
+absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer, uint32_t field_number);
 
 // The encoding's other direction: the tag and length that precede a bytes field of `size` bytes.
 // A sender puts this, then the bytes as slices of their own, and sends the bytes uncopied.

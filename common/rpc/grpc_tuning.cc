@@ -1,10 +1,9 @@
 #include "common/rpc/grpc_tuning.h"
 
+#include <grpc/grpc.h>
 #include <stdlib.h>
 
 #include <string>
-
-#include <grpc/grpc.h>
 
 #include "absl/strings/string_view.h"
 

@@ -11,8 +11,10 @@ namespace {
 constexpr uint32_t kBlockSize = 2;
 
 BlockIdentity Identity(uint64_t hash, uint64_t parent = 0, BlockId parent_block = kNoBlock) {
-  return BlockIdentity{.hash = {hash, hash}, .parent_hash = {parent, parent},
-                       .parent_block = parent_block, .extras_digest = 7};
+  return BlockIdentity{.hash = {hash, hash},
+                       .parent_hash = {parent, parent},
+                       .parent_block = parent_block,
+                       .extras_digest = 7};
 }
 
 class BlockPoolTest : public ::testing::Test {

@@ -1,10 +1,10 @@
 // Device pools against the host pool's behaviour. Labelled gpu; skips with no device.
 #include "cache/cuda_pool_memory.h"
 
+#include <gtest/gtest.h>
+
 #include <random>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "kernels/block_copy.h"
 #include "tests/testing/status_matchers.h"

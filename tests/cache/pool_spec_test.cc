@@ -1,10 +1,9 @@
 #include "cache/pool_spec.h"
 
-#include "cache/cuda_pool_memory.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "cache/cuda_pool_memory.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {

@@ -2,11 +2,11 @@
 // the pool's invariants checked (TearDown).
 #include "cache/pool.h"
 
-#include <cstring>
-#include <numeric>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
 
 #include "tests/testing/status_matchers.h"
 
@@ -42,8 +42,11 @@ class PoolTest : public ::testing::Test {
     PoolOptions options;
     options.name = "test";
     options.model_id = "model";
-    options.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 4,
-                                .block_size = kBlockSize, .dtype = DType::kFloat32};
+    options.layout = PoolLayout{.num_layers = 1,
+                                .num_kv_heads = 1,
+                                .head_dim = 4,
+                                .block_size = kBlockSize,
+                                .dtype = DType::kFloat32};
     options.num_blocks = kNumBlocks;
     options.hash_algorithm = algorithm;
     auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
@@ -55,8 +58,8 @@ class PoolTest : public ::testing::Test {
 
   OpenedSequence Open(const std::vector<uint32_t>& tokens, const Session* session = nullptr,
                       absl::string_view salt = "", ExtraKeys extras = {}) {
-    auto opened = cache_->Open(session ? *session : session_,
-                               SequenceSpec{tokens, salt, std::move(extras)});
+    auto opened =
+        cache_->Open(session ? *session : session_, SequenceSpec{tokens, salt, std::move(extras)});
     EXPECT_OK(opened);
     return opened.ok() ? *opened : OpenedSequence{};
   }
@@ -201,7 +204,7 @@ TEST_F(PoolTest, Sha256ChainsBehaveTheSame) {
 }
 
 TEST_F(PoolTest, ExhaustionIsAnErrorThatChangesNothing) {
-  Compute(Tokens(100, 5));                      // one evictable block
+  Compute(Tokens(100, 5));                               // one evictable block
   const OpenedSequence held = Open(Tokens(200, 4 * 5));  // 5 referenced, 2 free
   const auto before = Counts();
   const auto stats_before = cache_->Stats();
@@ -359,8 +362,7 @@ TEST_F(PoolTest, SequencesAreScopedToTheirSession) {
   EXPECT_THAT(cache_->Commit(other_session_, opened.sequence_id, 4),
               StatusIs(absl::StatusCode::kNotFound));
   ASSERT_OK(cache_->Release(session_, opened.sequence_id));
-  EXPECT_THAT(cache_->Release(session_, opened.sequence_id),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(cache_->Release(session_, opened.sequence_id), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(cache_->Extend(session_, 12345, {1}), StatusIs(absl::StatusCode::kNotFound));
 }
 

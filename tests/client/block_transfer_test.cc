@@ -229,7 +229,8 @@ TEST_F(BlockTransferTest, PutStoppedHalfwayByItsProgressCallbackStoresNothing) {
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string bytes = BlockBytes(4, block_bytes, 31);
   std::vector<absl::string_view> blocks;
-  for (int b = 0; b < 4; ++b) blocks.push_back(absl::string_view(bytes).substr(b * block_bytes, block_bytes));
+  for (int b = 0; b < 4; ++b)
+    blocks.push_back(absl::string_view(bytes).substr(b * block_bytes, block_bytes));
   KvCacheClient::PutOptions options;
   options.chunk_bytes = block_bytes;
   options.after_chunk = [&](uint64_t sent) {

@@ -17,9 +17,9 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cache/pool_spec.h"
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
-#include "cache/pool_spec.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"

@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/kv_cache_client.h"
 #include "cache/rendezvous_registry.h"
+#include "client/kv_cache_client.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 

@@ -56,8 +56,8 @@ TEST(BlockStreamVerifierTest, RebuildsTheBlocksFromPiecesOfAnySize) {
                             [&](uint32_t block, uint64_t block_offset, absl::string_view part) {
                               EXPECT_GE(block, 3u);
                               EXPECT_LE(block_offset + part.size(), kBlockBytes);
-                              rebuilt.replace((block - 3) * kBlockBytes + block_offset,
-                                              part.size(), part.data(), part.size());
+                              rebuilt.replace((block - 3) * kBlockBytes + block_offset, part.size(),
+                                              part.data(), part.size());
                               return absl::OkStatus();
                             })
                       .ok());

@@ -1,12 +1,12 @@
 // The hash chain against the published test vectors (docs/hash_test_vectors.tsv) and its rules.
 #include "common/block_hash.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -62,8 +62,10 @@ TEST(BlockHashTest, ReproducesThePublishedTestVectors) {
     auto dtype = ParseDType(row[7]);
     ASSERT_OK(algorithm);
     ASSERT_OK(dtype);
-    const PoolLayout layout{.num_layers = ToU32(row[3]), .num_kv_heads = ToU32(row[4]),
-                            .head_dim = ToU32(row[5]), .block_size = ToU32(row[6]),
+    const PoolLayout layout{.num_layers = ToU32(row[3]),
+                            .num_kv_heads = ToU32(row[4]),
+                            .head_dim = ToU32(row[5]),
+                            .block_size = ToU32(row[6]),
                             .dtype = *dtype};
     EXPECT_EQ(absl::StrFormat("%016x", layout.Fingerprint()), row[13]);
     BlockHasher hasher(*algorithm);

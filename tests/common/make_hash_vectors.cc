@@ -42,22 +42,25 @@ void Print(const Vector& v) {
   }
   for (const Hash128& hash : chain) hashes.push_back(hash.ToHex());
   std::printf("%s\n",
-              absl::StrJoin({v.name, std::string(HashAlgorithmName(v.algorithm)), v.model_id,
-                             absl::StrCat(v.layout.num_layers), absl::StrCat(v.layout.num_kv_heads),
-                             absl::StrCat(v.layout.head_dim), absl::StrCat(v.layout.block_size),
-                             std::string(DTypeName(v.layout.dtype)), v.tenant, v.salt,
-                             v.extras.lora_id, absl::StrJoin(items, ";"),
-                             absl::StrJoin(v.tokens, ","), absl::StrFormat("%016x", fingerprint),
-                             root.ToHex(), absl::StrJoin(hashes, ",")},
-                            "\t")
+              absl::StrJoin(
+                  {v.name, std::string(HashAlgorithmName(v.algorithm)), v.model_id,
+                   absl::StrCat(v.layout.num_layers), absl::StrCat(v.layout.num_kv_heads),
+                   absl::StrCat(v.layout.head_dim), absl::StrCat(v.layout.block_size),
+                   std::string(DTypeName(v.layout.dtype)), v.tenant, v.salt, v.extras.lora_id,
+                   absl::StrJoin(items, ";"), absl::StrJoin(v.tokens, ","),
+                   absl::StrFormat("%016x", fingerprint), root.ToHex(), absl::StrJoin(hashes, ",")},
+                  "\t")
                   .c_str());
 }
 
 void Main() {
-  const PoolLayout demo{.num_layers = 4, .num_kv_heads = 2, .head_dim = 64, .block_size = 16,
+  const PoolLayout demo{.num_layers = 4,
+                        .num_kv_heads = 2,
+                        .head_dim = 64,
+                        .block_size = 16,
                         .dtype = DType::kFloat16};
-  const PoolLayout tiny{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 4,
-                        .dtype = DType::kFloat32};
+  const PoolLayout tiny{
+      .num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 4, .dtype = DType::kFloat32};
   const ExtraKeys image{.multimodal_items = {{"img:3f2a", 10, 12}}};
   const ExtraKeys everything{.lora_id = "adapter-7",
                              .multimodal_items = {{"img:a", 2, 3}, {"audio:b", 5, 6}}};
@@ -69,10 +72,22 @@ void Main() {
     Print({tag + "-plain", algorithm, "demo", demo, "acme", "", {}, Range(1, 35)});
     Print({tag + "-salted", algorithm, "demo", demo, "acme", "user-42", {}, Range(1, 35)});
     Print({tag + "-other-tenant", algorithm, "demo", demo, "globex", "", {}, Range(1, 35)});
-    Print({tag + "-lora", algorithm, "demo", demo, "acme", "", {.lora_id = "adapter-7"},
+    Print({tag + "-lora",
+           algorithm,
+           "demo",
+           demo,
+           "acme",
+           "",
+           {.lora_id = "adapter-7"},
            Range(1, 35)});
     Print({tag + "-image", algorithm, "demo", demo, "acme", "", image, Range(1, 35)});
-    Print({tag + "-tiny-everything", algorithm, "", tiny, "", "s", everything,
+    Print({tag + "-tiny-everything",
+           algorithm,
+           "",
+           tiny,
+           "",
+           "s",
+           everything,
            {0, 4294967295u, 7, 7, 65536, 1, 2, 3, 9, 9, 9, 9, 5}});
   }
 }

@@ -11,7 +11,10 @@ namespace {
 using ::kvcache::testing::StatusIs;
 
 TEST(PoolLayoutTest, BlockBytesFollowTheBlockMajorFormula) {
-  const PoolLayout layout{.num_layers = 48, .num_kv_heads = 4, .head_dim = 128, .block_size = 16,
+  const PoolLayout layout{.num_layers = 48,
+                          .num_kv_heads = 4,
+                          .head_dim = 128,
+                          .block_size = 16,
                           .dtype = DType::kBFloat16};
   EXPECT_EQ(layout.TokenBytes(), 4 * 128 * 2);
   EXPECT_EQ(layout.BlockBytes(), 48ull * 2 * 16 * 4 * 128 * 2);
@@ -36,8 +39,11 @@ TEST(PoolLayoutTest, ValidateRejectsZeroAndHugeShapes) {
   EXPECT_OK((PoolLayout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 1}).Validate());
   EXPECT_THAT((PoolLayout{.num_layers = 0, .num_kv_heads = 1, .head_dim = 1}).Validate(),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT((PoolLayout{.num_layers = 4096, .num_kv_heads = 64, .head_dim = 1024,
-                          .block_size = 64, .dtype = DType::kFloat32})
+  EXPECT_THAT((PoolLayout{.num_layers = 4096,
+                          .num_kv_heads = 64,
+                          .head_dim = 1024,
+                          .block_size = 64,
+                          .dtype = DType::kFloat32})
                   .Validate(),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }

@@ -1,10 +1,10 @@
 #include "common/streaming_copy.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <random>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace kvcache {
 namespace {
@@ -32,8 +32,8 @@ void ExpectCopies(size_t size, size_t source_offset, size_t destination_offset) 
   char* to = destination.data() + kGuard + destination_offset;
   StreamingCopy(to, source.data() + source_offset, size);
   EXPECT_EQ(std::string(to, size), source.substr(source_offset, size));
-  EXPECT_EQ(destination.find_first_not_of(kGuardByte), size == 0 ? std::string::npos
-                                                                 : kGuard + destination_offset);
+  EXPECT_EQ(destination.find_first_not_of(kGuardByte),
+            size == 0 ? std::string::npos : kGuard + destination_offset);
   EXPECT_EQ(destination.find_last_not_of(kGuardByte),
             size == 0 ? std::string::npos : kGuard + destination_offset + size - 1);
 }

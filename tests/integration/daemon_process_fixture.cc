@@ -74,9 +74,9 @@ void DaemonProcessTest::TearDown() {
 }
 
 void DaemonProcessTest::StartDaemon() {
-  absl::StatusOr<Subprocess> daemon = Subprocess::Start(
-      {bin_dir_ + "/kvcache-manager", "--listen=" + target_,
-       "--pool=" + pool_flag_, "--device=" + device_flag_, "--session_ttl=2s"});
+  absl::StatusOr<Subprocess> daemon =
+      Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + target_,
+                         "--pool=" + pool_flag_, "--device=" + device_flag_, "--session_ttl=2s"});
   ASSERT_OK(daemon);
   daemon_.emplace(*std::move(daemon));
   ASSERT_OK(daemon_->ReadLineStartingWith("kvcache-manager: listening on", kStartBound));

@@ -16,8 +16,9 @@ namespace kvcache::testing {
 namespace {
 
 constexpr uint32_t kNewTokens = 10;
-constexpr char kPool[] = "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=16:"
-                         "dtype=bf16:blocks=64";
+constexpr char kPool[] =
+    "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=16:"
+    "dtype=bf16:blocks=64";
 
 std::vector<uint32_t> Prompt(uint32_t seed, size_t length) {
   std::vector<uint32_t> tokens(length);
@@ -36,9 +37,9 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
     DaemonProcessTest::SetUp();
     StartDaemon();  // daemon A: the prefill node
     decode_target_ = "unix://" + dir_ + "/decode.sock";
-    absl::StatusOr<Subprocess> decode_daemon = Subprocess::Start(
-        {bin_dir_ + "/kvcache-manager", "--listen=" + decode_target_, std::string("--pool=") + kPool,
-         "--session_ttl=2s"});
+    absl::StatusOr<Subprocess> decode_daemon =
+        Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + decode_target_,
+                           std::string("--pool=") + kPool, "--session_ttl=2s"});
     ASSERT_OK(decode_daemon);
     decode_daemon_.emplace(*std::move(decode_daemon));
     ASSERT_OK(decode_daemon_->ReadLineStartingWith("kvcache-manager: listening on", kStartBound));
@@ -63,7 +64,9 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
 
   std::vector<std::string> WorkerArgs(const std::string& target,
                                       const std::vector<uint32_t>& prompt) {
-    return {bin_dir_ + "/kvcache-worker", "--target=" + target, "--pool=qwen",
+    return {bin_dir_ + "/kvcache-worker",
+            "--target=" + target,
+            "--pool=qwen",
             "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR,
             "--tokens=" + absl::StrJoin(prompt, ","),
             "--max_new_tokens=" + std::to_string(kNewTokens)};

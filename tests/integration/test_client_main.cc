@@ -143,8 +143,7 @@ absl::Status WriteDeviceKv(const MappedPool& pool, const std::vector<uint32_t>& 
       if (!status.ok()) return status;
     }
     WriteTokenPattern(layout, tokens[position], position, image.data());
-    const bool block_end =
-        position + 1 == tokens.size() || (position + 1) % layout.block_size == 0;
+    const bool block_end = position + 1 == tokens.size() || (position + 1) % layout.block_size == 0;
     if (block_end) {
       absl::Status status = CudaCopy(pool.Block(block), image.data(), image.size(),
                                      cudaMemcpyHostToDevice, pool.device());

@@ -23,10 +23,10 @@
 #include "absl/strings/str_join.h"
 #include "client/mapped_pool.h"
 #include "kernels/block_copy.h"
+#include "model/cuda/qwen3_moe_cuda.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/generation.h"
-#include "model/cuda/qwen3_moe_cuda.h"
 
 namespace kvcache::testing {
 namespace {

@@ -48,8 +48,10 @@ class WorkerProcessTest : public DaemonProcessTest {
   // Runs kvcache-worker on `prompt` and returns its result line.
   ClientResult RunWorker(const std::vector<uint32_t>& prompt,
                          const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {bin_dir_ + "/kvcache-worker", "--target=" + target_,
-                                     "--pool=qwen", "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR,
+    std::vector<std::string> argv = {bin_dir_ + "/kvcache-worker",
+                                     "--target=" + target_,
+                                     "--pool=qwen",
+                                     "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR,
                                      "--tokens=" + absl::StrJoin(prompt, ","),
                                      "--max_new_tokens=" + std::to_string(kNewTokens)};
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -65,12 +67,11 @@ class WorkerProcessTest : public DaemonProcessTest {
   // The cold reference's tokens and digest, as the worker prints them.
   std::pair<std::string, std::string> Cold(const std::vector<uint32_t>& prompt) {
     worker::Sampler sampler = worker::Sampler::Greedy();
-    auto cold = worker::GenerateCold(*model_, prompt, kNewTokens, sampler, kBlockSize,
-                                     DType::kBFloat16);
+    auto cold =
+        worker::GenerateCold(*model_, prompt, kNewTokens, sampler, kBlockSize, DType::kBFloat16);
     EXPECT_OK(cold);
     if (!cold.ok()) return {};
-    return {absl::StrJoin(cold->tokens, ","),
-            absl::StrFormat("%016x", cold->logits_digest)};
+    return {absl::StrJoin(cold->tokens, ","), absl::StrFormat("%016x", cold->logits_digest)};
   }
 
   void ExpectMatchesCold(const ClientResult& result, const std::vector<uint32_t>& prompt) {
@@ -118,8 +119,7 @@ TEST_F(WorkerProcessTest, EvictedPrefixIsRecomputedIdentically) {
     ExpectMatchesCold(RunWorker(other), other);
   }
   EXPECT_GT(PoolStats().evictions, 0u);
-  absl::StatusOr<KvCacheClient::LookupResult> lookup =
-      observer_->Lookup("qwen", "demo", prompt);
+  absl::StatusOr<KvCacheClient::LookupResult> lookup = observer_->Lookup("qwen", "demo", prompt);
   ASSERT_OK(lookup);
   EXPECT_EQ(lookup->num_cached_tokens, 0u);
   const ClientResult recomputed = RunWorker(prompt);

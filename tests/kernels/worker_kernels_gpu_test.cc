@@ -36,9 +36,9 @@
 #include "absl/types/span.h"
 #include "common/pool_layout.h"
 #include "kernels/worker_kernels.h"
-#include "tests/testing/status_matchers.h"
 #include "model/ops.h"
 #include "model/paged_kv.h"
+#include "tests/testing/status_matchers.h"
 
 namespace kvcache::kernels {
 namespace {

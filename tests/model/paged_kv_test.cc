@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "tests/testing/status_matchers.h"
 #include "model/float_convert.h"
+#include "tests/testing/status_matchers.h"
 
 namespace kvcache::worker {
 namespace {

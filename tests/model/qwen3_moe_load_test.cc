@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "model/qwen3_moe.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_files.h"
 #include "tests/testing/tiny_model.h"
-#include "model/qwen3_moe.h"
 
 namespace kvcache::worker {
 namespace {

@@ -16,10 +16,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/sampler.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_files.h"
 #include "tests/testing/tiny_model.h"
-#include "model/sampler.h"
 
 namespace kvcache::worker {
 namespace {
@@ -158,7 +158,8 @@ TEST_P(PoolDTypeTest, DecodeAfterPrefixHitMatchesColdGeneration) {
   HostPool cold_pool(layout, 8);
   const std::vector<uint32_t> cold_table = {0, 1, 2, 3};
   Sampler cold_sampler = Sampler::Greedy();
-  absl::StatusOr<std::vector<uint32_t>> cold = GenerateTokens(model, cold_pool, cold_table, prompt, kNewTokens, cold_sampler);
+  absl::StatusOr<std::vector<uint32_t>> cold =
+      GenerateTokens(model, cold_pool, cold_table, prompt, kNewTokens, cold_sampler);
   ASSERT_OK(cold);
 
   // Another sequence computed the first 32 tokens into blocks 6 and 2 of a second pool.

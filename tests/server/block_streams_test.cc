@@ -3,6 +3,11 @@
 #include "server/block_streams.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,12 +16,6 @@
 
 #include <numeric>
 #include <random>
-
-#include <gmock/gmock.h>
-#include <grpcpp/create_channel.h>
-#include <grpcpp/impl/rpc_method.h>
-#include <grpcpp/support/sync_stream.h>
-#include <gtest/gtest.h>
 
 #include "common/rpc/grpc_status.h"
 #include "server/daemon.h"
@@ -45,8 +44,8 @@ class BlockStreamsTest : public ::testing::Test {
     pool.name = "p";
     pool.model_id = "m";
     // 1 layer * 2 * 4 tokens * 2 heads * 128 dims * 2 bytes = 4 KiB blocks.
-    pool.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 2, .head_dim = 128,
-                             .block_size = kBlockSize};
+    pool.layout =
+        PoolLayout{.num_layers = 1, .num_kv_heads = 2, .head_dim = 128, .block_size = kBlockSize};
     pool.num_blocks = kNumBlocks;
     options.pools.push_back(pool);
     auto daemon = Daemon::Start(options);
@@ -183,7 +182,8 @@ TEST_F(BlockStreamsTest, PutThenGetReturnsIdenticalBytesToAnotherSession) {
 TEST_F(BlockStreamsTest, PutKeepsCachedBlocksAndStoresOnlyTheMissingOnes) {
   const std::string bytes = RandomBlocks(3, 2);
   std::vector<uint32_t> prefix(tokens_.begin(), tokens_.begin() + 8);
-  ASSERT_OK(Put(Header(prefix, bytes.substr(0, 2 * block_bytes_)), bytes.substr(0, 2 * block_bytes_)));
+  ASSERT_OK(
+      Put(Header(prefix, bytes.substr(0, 2 * block_bytes_)), bytes.substr(0, 2 * block_bytes_)));
   auto put = Put(Header(tokens_, bytes), bytes);
   ASSERT_OK(put);
   EXPECT_EQ(put->num_already_cached(), 2);
@@ -290,7 +290,7 @@ absl::Status PutRaw(grpc::ChannelInterface* channel, const std::vector<std::stri
                                          grpc::internal::RpcMethod::CLIENT_STREAMING);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, method, &context,
-                                                                   &response));
+                                                                    &response));
   for (const std::string& message : messages) {
     grpc::Slice slice(message);
     if (!writer->Write(grpc::ByteBuffer(&slice, 1))) break;

@@ -1,6 +1,8 @@
 #include "server/unix_listener.h"
 
 #include <dirent.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/server_builder.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -12,9 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <grpcpp/generic/async_generic_service.h>
-#include <grpcpp/server_builder.h>
 
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"

@@ -4,9 +4,9 @@
 #ifndef KVCACHE_TESTS_TESTING_FAKE_SESSION_SERVICE_H_
 #define KVCACHE_TESTS_TESTING_FAKE_SESSION_SERVICE_H_
 
-#include <cstdint>
-
 #include <grpcpp/grpcpp.h>
+
+#include <cstdint>
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
 

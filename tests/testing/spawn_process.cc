@@ -66,8 +66,8 @@ absl::StatusOr<pid_t> SpawnTiedProcess(const std::vector<std::string>& argv,
   close(error_pipe[0]);
   if (n > 0) {
     waitpid(pid, nullptr, 0);
-    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ",
-                                            std::strerror(child_error)));
+    return absl::InternalError(
+        absl::StrCat("cannot start ", argv[0], ": ", std::strerror(child_error)));
   }
   return pid;
 }

@@ -8,7 +8,6 @@
 #include <sys/types.h>
 
 #include <csignal>
-
 #include <string>
 #include <vector>
 

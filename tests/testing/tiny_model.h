@@ -56,12 +56,9 @@ struct HostPool {
 
 // The cold generation loop (GenerateOver) over `pool`, which the caller can inspect afterwards:
 // the generated tokens.
-inline absl::StatusOr<std::vector<uint32_t>> GenerateTokens(const Qwen3MoeModel& model,
-                                                            HostPool& pool,
-                                                            const std::vector<uint32_t>& table,
-                                                            absl::Span<const uint32_t> prompt,
-                                                            uint32_t max_new_tokens,
-                                                            Sampler& sampler) {
+inline absl::StatusOr<std::vector<uint32_t>> GenerateTokens(
+    const Qwen3MoeModel& model, HostPool& pool, const std::vector<uint32_t>& table,
+    absl::Span<const uint32_t> prompt, uint32_t max_new_tokens, Sampler& sampler) {
   const uint64_t num_blocks = pool.bytes.size() / pool.layout.BlockBytes();
   absl::StatusOr<GenerationResult> result =
       GenerateOver(HostPoolForward(model, pool.bytes.data(), pool.layout, num_blocks),

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "server/daemon.h"
 #include "cache/pool_spec.h"
+#include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"

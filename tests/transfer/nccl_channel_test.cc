@@ -253,9 +253,9 @@ TEST_F(NcclChannelGpuTest, SelfCopyBlocksBetweenTwoPools) {
   }
   std::vector<uint8_t> got(expected.size()), source_after(source.size());
   ASSERT_EQ(cudaMemcpy(got.data(), to.get(), got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(source_after.data(), from.get(), source_after.size(),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(source_after.data(), from.get(), source_after.size(), cudaMemcpyDeviceToHost),
+      cudaSuccess);
   EXPECT_TRUE(got == expected) << "first difference at "
                                << FirstDifference(got, expected, kBlockBytes);
   EXPECT_TRUE(source_after == source);

@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "cache/pool_spec.h"
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
-#include "cache/pool_spec.h"
 #include "tests/testing/fake_session_service.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/status_matchers.h"

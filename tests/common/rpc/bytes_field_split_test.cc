@@ -136,9 +136,15 @@ TEST(BytesFieldSplitTest, AgreesWithProtobufOnMutatedMessages) {
     for (int edits = 1 + rng() % 3; edits > 0 && !wire.empty(); --edits) {
       const size_t at = rng() % wire.size();
       switch (rng() % 3) {
-        case 0: wire[at] = static_cast<char>(rng()); break;
-        case 1: wire.resize(at); break;
-        default: wire.insert(at, 1, static_cast<char>(rng())); break;
+        case 0:
+          wire[at] = static_cast<char>(rng());
+          break;
+        case 1:
+          wire.resize(at);
+          break;
+        default:
+          wire.insert(at, 1, static_cast<char>(rng()));
+          break;
       }
     }
     std::vector<size_t> cuts;

@@ -2,12 +2,11 @@
 // settings once, when it starts. The child reports what gRPC runs; the parent matches it.
 #include "common/rpc/grpc_tuning.h"
 
+#include <grpc/grpc.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <cstdio>
-
-#include <grpc/grpc.h>
-#include <gtest/gtest.h>
 
 // gRPC's own name for the engine it picked (src/core/lib/iomgr/ev_posix.h; not in its public
 // headers, exported by libgrpc).
@@ -19,10 +18,14 @@ namespace {
 // Sets the environment of a fresh process; at debug verbosity gRPC lists its experiments.
 void SetEnvironment(const char* poll_strategy, const char* experiments) {
   setenv("GRPC_VERBOSITY", "DEBUG", 1);
-  if (poll_strategy == nullptr) unsetenv("GRPC_POLL_STRATEGY");
-  else setenv("GRPC_POLL_STRATEGY", poll_strategy, 1);
-  if (experiments == nullptr) unsetenv("GRPC_EXPERIMENTS");
-  else setenv("GRPC_EXPERIMENTS", experiments, 1);
+  if (poll_strategy == nullptr)
+    unsetenv("GRPC_POLL_STRATEGY");
+  else
+    setenv("GRPC_POLL_STRATEGY", poll_strategy, 1);
+  if (experiments == nullptr)
+    unsetenv("GRPC_EXPERIMENTS");
+  else
+    setenv("GRPC_EXPERIMENTS", experiments, 1);
 }
 
 // Starts gRPC and prints what it runs.

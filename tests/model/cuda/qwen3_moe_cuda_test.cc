@@ -32,10 +32,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/block_copy.h"
-#include "tests/testing/status_matchers.h"
-#include "tests/testing/tiny_model.h"
 #include "model/cuda/moe_dispatch.h"
 #include "model/sampler.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_model.h"
 
 #if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
 #include <cuda_runtime.h>
@@ -289,7 +289,8 @@ TEST_P(CudaQwen3MoeModelGpuTest, GreedyDecodeMatchesCpu) {
   const std::vector<uint32_t> table = {5, 1, 7, 2};  // 64 slots >= 40 + 15
   HostPool host(Layout(), 8);
   Sampler sampler = Sampler::Greedy();
-  absl::StatusOr<std::vector<uint32_t>> want = GenerateTokens(TinyModel(), host, table, prompt, kNewTokens, sampler);
+  absl::StatusOr<std::vector<uint32_t>> want =
+      GenerateTokens(TinyModel(), host, table, prompt, kNewTokens, sampler);
   ASSERT_OK(want);
 
   DevicePool device(Layout(), 8);
