@@ -6,7 +6,8 @@
 # gets it from the cache. Every turn is checked against a cold in-process run, bit for bit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+# Only what the demo runs; ./scripts/test.sh builds the rest.
+BUILD_TARGETS="kvcache-manager kvcache-demo kvcache-worker" ./scripts/setup.sh
 
 checkpoint=build/demo-checkpoint
 [ -f "$checkpoint/model.safetensors" ] || /usr/bin/python3 scripts/make_tiny_checkpoint.py "$checkpoint"
