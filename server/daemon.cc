@@ -64,8 +64,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
 
   const uint64_t epoch = CacheManager::NewEpoch();
-  daemon->manager_ =
-      std::make_unique<CacheManager>(options.session_limits, RealClock::Get(), epoch);
+  daemon->manager_ = std::make_unique<CacheManager>(options.session_limits, options.clock, epoch);
   for (const PoolOptions& pool : options.pools) {
     ASSIGN_OR_RETURN(auto memory, CreatePoolMemory(options.device, pool, epoch));
     RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "cache/cache_manager.h"
+#include "common/clock.h"
 #include "common/rpc/listen_address.h"
 #include "server/kv_cache_service.h"
 #include "server/unix_listener.h"
@@ -30,6 +31,8 @@ struct DaemonOptions {
   SessionLimits session_limits;
   absl::Duration reaper_period = absl::Milliseconds(100);
   int max_message_bytes = 16 << 20;
+  // Session leases expire on this clock; tests pass a FakeClock. Must outlive the daemon.
+  const Clock* clock = RealClock::Get();
 };
 
 class Daemon {
