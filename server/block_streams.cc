@@ -98,7 +98,7 @@ absl::Status PutBlocksReactor::Consume(absl::string_view data) {
   const absl::Status status =
       verifier_->Feed(data, [this](uint32_t block, uint64_t offset, absl::string_view piece) {
         if (block < cached_blocks_) return absl::OkStatus();
-        return pool_->memory().Write(block_ids_[block], offset, piece);
+        return pool_->WriteBlock(block_ids_[block], offset, piece);
       });
   if (absl::IsDataLoss(status)) return absl::DataLossError(absl::StrCat("put: ", status.message()));
   return status;
@@ -243,7 +243,7 @@ absl::Status GetBlocksReactor::WriteNextChunk() {
       slices.emplace_back(host + offset, piece, grpc::Slice::STATIC_SLICE);
     } else {
       grpc_slice staged = grpc_slice_malloc(piece);
-      const absl::Status read = pool_->memory().Read(
+      const absl::Status read = pool_->ReadBlock(
           block_ids_[index], offset, piece, reinterpret_cast<char*>(GRPC_SLICE_START_PTR(staged)));
       // Owned before the check, so a failed read frees the buffer. Not before the read: a small
       // slice keeps its bytes inline, in this very struct, and a copy in `slices` would not see
