@@ -30,8 +30,8 @@ absl::Status CacheManager::AddPool(const PoolOptions& options, std::unique_ptr<P
   if (FindPool(options.name).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("pool '", options.name, "' already exists"));
   }
-  ASSIGN_OR_RETURN(auto pool,
-                   Pool::Create(options, static_cast<uint32_t>(pools_.size()), std::move(memory)));
+  ASSIGN_OR_RETURN(auto pool, Pool::Create(options, static_cast<uint32_t>(pools_.size()),
+                                           std::move(memory), device_faults_));
   pools_.push_back(std::move(pool));
   return absl::OkStatus();
 }

@@ -5,6 +5,12 @@
 // Requests that carry an epoch other than 0 or the manager's are answered FAILED_PRECONDITION:
 // the client's tables came from an earlier daemon.
 //
+// Device faults latch daemon-wide: every pool shares the manager's DeviceFaultLatch, because a
+// daemon places all its pools on one device (DaemonOptions::device) and a sticky CUDA error breaks
+// the process's context on that device for every pool at once. Once latched, each pool refuses
+// its block calls with UNAVAILABLE (pool.h); sessions, rendezvous and the read-only descriptions
+// keep working, so clients can end their leases and operators can still look.
+//
 // Thread safety: thread-safe. Pools are added before serving starts (AddPool is not safe against
 // concurrent requests). Lock order: a session's registry lock is never held while a pool's is
 // taken.
@@ -19,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cache/device_fault_latch.h"
 #include "cache/pool.h"
 #include "cache/rendezvous_registry.h"
 #include "cache/session_registry.h"
@@ -37,6 +44,8 @@ class CacheManager {
   uint64_t epoch() const { return epoch_; }
   SessionRegistry& sessions() { return sessions_; }
   RendezvousRegistry& rendezvous() { return rendezvous_; }
+  // Shared by every pool; the daemon listens on it to report NOT_SERVING.
+  DeviceFaultLatch& device_faults() { return *device_faults_; }
 
   // INVALID_ARGUMENT for a bad layout or a duplicate name; RESOURCE_EXHAUSTED without memory.
   absl::Status AddPool(const PoolOptions& options, std::unique_ptr<PoolMemory> memory);
@@ -64,6 +73,8 @@ class CacheManager {
   void ReaperLoop(absl::Duration period);
 
   const uint64_t epoch_;
+  const std::shared_ptr<DeviceFaultLatch> device_faults_ =  // own synchronization
+      std::make_shared<DeviceFaultLatch>();
   std::vector<std::unique_ptr<Pool>> pools_;  // constant once serving starts
   SessionRegistry sessions_;                  // own synchronization
   RendezvousRegistry rendezvous_;             // own synchronization

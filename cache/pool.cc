@@ -51,7 +51,8 @@ absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys&
 }
 
 absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, uint32_t pool_index,
-                                                   std::unique_ptr<PoolMemory> memory) {
+                                                   std::unique_ptr<PoolMemory> memory,
+                                                   std::shared_ptr<DeviceFaultLatch> faults) {
   RETURN_IF_ERROR(options.layout.Validate());
   if (options.name.empty() || options.name.size() > 64 ||
       options.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -71,14 +72,17 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' memory does not match its layout"));
   }
-  return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory)));
+  if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
+  return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory), std::move(faults)));
 }
 
-Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory)
+Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
+           std::shared_ptr<DeviceFaultLatch> faults)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
       memory_(std::move(memory)),
+      faults_(std::move(faults)),
       pool_(options.num_blocks, options.layout.block_size) {}
 
 Hash128 Pool::RootFor(absl::string_view tenant, absl::string_view cache_salt) const {
@@ -155,6 +159,7 @@ void Pool::ReleaseLocked(const Sequence& sequence) {
 
 absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const SequenceSpec& spec,
                                           OpenMode mode) {
+  RETURN_IF_ERROR(faults_->status());
   const uint32_t block_size = options_.layout.block_size;
   const size_t full_blocks = spec.tokens.size() / block_size;
   if (spec.tokens.empty()) return absl::InvalidArgumentError("prompt has no tokens");
@@ -218,6 +223,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
                                               absl::Span<const uint32_t> tokens) {
+  RETURN_IF_ERROR(faults_->status());
   if (tokens.empty()) return absl::InvalidArgumentError("extend with no tokens");
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
@@ -244,6 +250,8 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
 
 absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t sequence_id,
                                           uint32_t num_written_tokens) {
+  // Publishing blocks whose bytes a failed device may never have received would serve them.
+  RETURN_IF_ERROR(faults_->status());
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
   if (num_written_tokens > sequence->tokens.size()) {
@@ -290,6 +298,7 @@ absl::Status Pool::Release(const Session& session, uint64_t sequence_id) {
 }
 
 absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t sequence_id) {
+  RETURN_IF_ERROR(faults_->status());
   ForkedSequence forked;
   BlockId copy_dst = kNoBlock;
   {
@@ -312,7 +321,7 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
     forked.sequence_id = AddLocked(std::move(child));
   }
   if (copy_dst == kNoBlock) return forked;
-  const absl::Status copied = memory_->CopyBlock(forked.copied_from_block, copy_dst);
+  const absl::Status copied = CheckMemory(memory_->CopyBlock(forked.copied_from_block, copy_dst));
   absl::MutexLock lock(&mu_);
   pool_.Release(forked.copied_from_block);
   if (!copied.ok()) {
@@ -328,6 +337,8 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
 }
 
 absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const SequenceSpec& spec) {
+  // A hit promises bytes this daemon can no longer vouch for or serve.
+  RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
   Sequence probe;
   probe.root = RootFor(tenant, spec.cache_salt);
@@ -356,15 +367,27 @@ uint32_t Pool::ReleaseSession(uint64_t session_id) {
 }
 
 absl::StatusOr<uint64_t> Pool::BlockChecksum(BlockId block) {
+  RETURN_IF_ERROR(faults_->status());
   {
     absl::ReaderMutexLock lock(&mu_);
     if (std::optional<uint64_t> cached = pool_.CachedChecksum(block)) return *cached;
   }
   // Hashing a block outside the lock: it is pinned by the caller.
-  ASSIGN_OR_RETURN(uint64_t checksum, memory_->Checksum(block));
+  const absl::StatusOr<uint64_t> checksum = memory_->Checksum(block);
+  RETURN_IF_ERROR(CheckMemory(checksum.status()));
   absl::MutexLock lock(&mu_);
-  pool_.SetChecksum(block, checksum);
-  return checksum;
+  pool_.SetChecksum(block, *checksum);
+  return *checksum;
+}
+
+absl::Status Pool::WriteBlock(BlockId block, uint64_t offset, absl::string_view bytes) {
+  RETURN_IF_ERROR(faults_->status());
+  return CheckMemory(memory_->Write(block, offset, bytes));
+}
+
+absl::Status Pool::ReadBlock(BlockId block, uint64_t offset, uint64_t size, char* out) {
+  RETURN_IF_ERROR(faults_->status());
+  return CheckMemory(memory_->Read(block, offset, size, out));
 }
 
 PoolStatsSnapshot Pool::Stats() const {

@@ -7,7 +7,14 @@
 //
 // Error codes: INVALID_ARGUMENT for malformed input, NOT_FOUND for a sequence that is unknown or
 // belongs to another session, ABORTED when the session has ended, RESOURCE_EXHAUSTED when the
-// pool has too few blocks (nothing changes then).
+// pool has too few blocks (nothing changes then), UNAVAILABLE once a device fault has latched.
+//
+// Device faults: a failure of the pool's memory (DeviceFaultLatch::IsDeviceFault) latches in the
+// pool's DeviceFaultLatch, which a CacheManager shares among its pools. From then on every call
+// that hands out, publishes, copies or reads blocks (Open, Extend, Commit, Fork, Lookup,
+// BlockChecksum, ReadBlock, WriteBlock) answers the latched UNAVAILABLE without touching memory,
+// the call that hit the fault included. Release and ReleaseSession still work: they only drop
+// references, and ending sessions must keep returning their blocks.
 //
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
 // its source block pinned.
@@ -27,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "cache/block_pool.h"
+#include "cache/device_fault_latch.h"
 #include "cache/pool_memory.h"
 #include "cache/session.h"
 #include "common/block_hash.h"
@@ -108,14 +116,18 @@ absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys&
 class Pool {
  public:
   // INVALID_ARGUMENT for a bad layout or block count; RESOURCE_EXHAUSTED if memory can't be had.
-  static absl::StatusOr<std::unique_ptr<Pool>> Create(const PoolOptions& options,
-                                                      uint32_t pool_index,
-                                                      std::unique_ptr<PoolMemory> memory);
+  // `faults` is where this pool latches its memory's faults and whose status gates its calls;
+  // null: a latch of the pool's own.
+  static absl::StatusOr<std::unique_ptr<Pool>> Create(
+      const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
+      std::shared_ptr<DeviceFaultLatch> faults = nullptr);
 
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
 
   const PoolOptions& options() const { return options_; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
+  // The raw memory, for its description and for tests. Request paths move bytes with ReadBlock
+  // and WriteBlock, which latch device faults.
   PoolMemory& memory() { return *memory_; }
 
   // kPut and kPinCached sequences cover only the prompt's full blocks (kPinCached: only the
@@ -136,6 +148,10 @@ class Pool {
   // XXH3-64 of a block's bytes, computed once per publication (GetBlocks sends it with every
   // read). REQUIRES: the caller holds a reference to `block`, so it cannot be reused meanwhile.
   absl::StatusOr<uint64_t> BlockChecksum(BlockId block);
+  // PoolMemory::Write / Read of a block, with the device fault latch. OUT_OF_RANGE outside the
+  // block. REQUIRES: the caller holds a reference to `block`.
+  absl::Status WriteBlock(BlockId block, uint64_t offset, absl::string_view bytes);
+  absl::Status ReadBlock(BlockId block, uint64_t offset, uint64_t size, char* out);
 
   PoolStatsSnapshot Stats() const;
   absl::Status CheckInvariants() const;
@@ -153,7 +169,10 @@ class Pool {
     uint32_t committed_blocks = 0;         // leading full blocks whose KV is written
   };
 
-  Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory);
+  Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
+       std::shared_ptr<DeviceFaultLatch> faults);
+  // The result of a memory operation, a device fault turned into the latched status.
+  absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -173,6 +192,7 @@ class Pool {
   const uint32_t pool_index_;
   const uint64_t layout_fingerprint_;
   const std::unique_ptr<PoolMemory> memory_;
+  const std::shared_ptr<DeviceFaultLatch> faults_;  // own synchronization
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);

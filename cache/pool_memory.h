@@ -3,6 +3,11 @@
 // object created owner-only that workers on the node map themselves. CudaPoolMemory (built with
 // CUDA) is device memory exported as a CUDA IPC handle.
 //
+// Errors of the block operations: OUT_OF_RANGE for bytes outside the pool (the caller's bug);
+// INTERNAL or DATA_LOSS only when the memory itself failed (a device fault, e.g. a sticky CUDA
+// error): the owning Pool then latches it for good (cache/device_fault_latch.h), so an
+// implementation must not use those two codes for anything a retry could fix.
+//
 // Thread safety: all methods may run concurrently as long as no two of them touch the same block
 // at once; callers pin blocks (hold a reference) for the duration.
 #ifndef KVCACHE_CACHE_POOL_MEMORY_H_

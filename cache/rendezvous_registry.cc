@@ -104,4 +104,9 @@ void RendezvousRegistry::DropSession(uint64_t session_id) {
   }
 }
 
+size_t RendezvousRegistry::parked_waiters() const {
+  absl::MutexLock lock(&mu_);
+  return ticket_keys_.size();
+}
+
 }  // namespace kvcache

@@ -40,6 +40,8 @@ class RendezvousRegistry {
   bool Cancel(uint64_t ticket);
   // Drops every value `session_id` published.
   void DropSession(uint64_t session_id);
+  // Waiters parked until a publish, over all keys (tests wait for a wait to have parked).
+  size_t parked_waiters() const;
 
  private:
   struct Entry {
@@ -50,7 +52,7 @@ class RendezvousRegistry {
   };
   static std::string Scoped(const std::string& tenant, const std::string& key);
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::string> ticket_keys_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;

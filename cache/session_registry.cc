@@ -56,6 +56,13 @@ absl::Status SessionRegistry::KeepAlive(uint64_t session_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<absl::Time> SessionRegistry::Deadline(uint64_t session_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return UnknownLocked(session_id);
+  return it->second.deadline;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Close(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);

@@ -39,6 +39,8 @@ class SessionRegistry {
   absl::StatusOr<std::shared_ptr<Session>> Get(uint64_t session_id) const;
   // Pushes the deadline to now + ttl. Errors as Get.
   absl::Status KeepAlive(uint64_t session_id);
+  // When the lease ends unless kept alive (tests watch a client's keep-alives land). Errors as Get.
+  absl::StatusOr<absl::Time> Deadline(uint64_t session_id) const;
   // Marks the session closed and unregisters it; the caller releases its sequences.
   absl::StatusOr<std::shared_ptr<Session>> Close(uint64_t session_id);
   // Closes and returns every session whose deadline has passed. O(sessions); not on a request path.

@@ -12,6 +12,25 @@ void FillExtraKeys(const ExtraKeys& extras, v1::ExtraKeys* proto) {
   }
 }
 
+// ToPoolInfo casts the proto's enums to ours: each of our enumerators must carry the number of
+// the proto's value of the same meaning, and the proto must have no value past ours (a newer
+// enumerator there needs one here first).
+static_assert(static_cast<int>(DType::kFloat16) == v1::DTYPE_FLOAT16 &&
+              static_cast<int>(DType::kBFloat16) == v1::DTYPE_BFLOAT16 &&
+              static_cast<int>(DType::kFloat32) == v1::DTYPE_FLOAT32 &&
+              static_cast<int>(DType::kFp8E4M3) == v1::DTYPE_FP8_E4M3 &&
+              v1::DType_MAX == v1::DTYPE_FP8_E4M3);
+static_assert(static_cast<int>(HashAlgorithm::kXxh3_128) == v1::HASH_ALGORITHM_XXH3_128 &&
+              static_cast<int>(HashAlgorithm::kSha256) == v1::HASH_ALGORITHM_SHA256 &&
+              v1::HashAlgorithm_MAX == v1::HASH_ALGORITHM_SHA256);
+static_assert(static_cast<int>(KvCacheClient::PoolMapping::Kind::kNone) ==
+                  v1::PoolMapping::KIND_UNSPECIFIED &&
+              static_cast<int>(KvCacheClient::PoolMapping::Kind::kShm) ==
+                  v1::PoolMapping::KIND_SHM &&
+              static_cast<int>(KvCacheClient::PoolMapping::Kind::kCudaIpc) ==
+                  v1::PoolMapping::KIND_CUDA_IPC &&
+              v1::PoolMapping::Kind_MAX == v1::PoolMapping::KIND_CUDA_IPC);
+
 KvCacheClient::PoolInfo ToPoolInfo(const v1::PoolInfo& proto) {
   KvCacheClient::PoolInfo info;
   info.name = proto.name();

@@ -1,6 +1,7 @@
 #include "server/block_streams.h"
 
 #include <algorithm>
+#include <cassert>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/bytes_field_split.h"
@@ -35,6 +36,14 @@ grpc::Slice DataFraming(uint64_t epoch, uint64_t data_size) {
   for (int i = 0; i < 8; ++i) framing.push_back(static_cast<char>(epoch >> (8 * i)));
   framing += BytesFieldPrefix(v1::GetBlocksResponse::kDataFieldNumber, data_size);
   return grpc::Slice(framing);
+}
+
+// Releases a stream's own sequence. It belongs to the stream's private transfer session, which
+// nothing else closes and no lease ends, so a failure here means the pool's bookkeeping is broken
+// (an invariant breach, not anything a client can cause): checked in debug builds only.
+void ReleaseTransferSequence(Pool* pool, const Session& session, uint64_t sequence_id) {
+  [[maybe_unused]] const absl::Status released = pool->Release(session, sequence_id);
+  assert(released.ok() && "a transfer stream's own sequence could not be released");
 }
 
 }  // namespace
@@ -89,7 +98,7 @@ absl::Status PutBlocksReactor::Consume(absl::string_view data) {
   const absl::Status status =
       verifier_->Feed(data, [this](uint32_t block, uint64_t offset, absl::string_view piece) {
         if (block < cached_blocks_) return absl::OkStatus();
-        return pool_->memory().Write(block_ids_[block], offset, piece);
+        return pool_->WriteBlock(block_ids_[block], offset, piece);
       });
   if (absl::IsDataLoss(status)) return absl::DataLossError(absl::StrCat("put: ", status.message()));
   return status;
@@ -165,7 +174,7 @@ void PutBlocksReactor::FinishWith(const absl::Status& status) {
 
 void PutBlocksReactor::ReleaseSequence() {
   if (sequence_id_ == 0) return;
-  (void)pool_->Release(*transfer_session_, sequence_id_);
+  ReleaseTransferSequence(pool_, *transfer_session_, sequence_id_);
   sequence_id_ = 0;
 }
 
@@ -234,9 +243,14 @@ absl::Status GetBlocksReactor::WriteNextChunk() {
       slices.emplace_back(host + offset, piece, grpc::Slice::STATIC_SLICE);
     } else {
       grpc_slice staged = grpc_slice_malloc(piece);
-      RETURN_IF_ERROR(pool_->memory().Read(block_ids_[index], offset, piece,
-                                           reinterpret_cast<char*>(GRPC_SLICE_START_PTR(staged))));
-      slices.emplace_back(staged, grpc::Slice::STEAL_REF);
+      const absl::Status read = pool_->ReadBlock(
+          block_ids_[index], offset, piece, reinterpret_cast<char*>(GRPC_SLICE_START_PTR(staged)));
+      // Owned before the check, so a failed read frees the buffer. Not before the read: a small
+      // slice keeps its bytes inline, in this very struct, and a copy in `slices` would not see
+      // them.
+      grpc::Slice owned(staged, grpc::Slice::STEAL_REF);
+      RETURN_IF_ERROR(read);
+      slices.push_back(std::move(owned));
     }
     filled += piece;
   }
@@ -259,7 +273,7 @@ void GetBlocksReactor::OnWriteDone(bool ok) {
 }
 
 void GetBlocksReactor::OnDone() {
-  if (sequence_id_ != 0) (void)pool_->Release(*transfer_session_, sequence_id_);
+  if (sequence_id_ != 0) ReleaseTransferSequence(pool_, *transfer_session_, sequence_id_);
   delete this;
 }
 

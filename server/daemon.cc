@@ -1,6 +1,5 @@
 #include "server/daemon.h"
 
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
@@ -19,6 +18,8 @@ namespace kvcache {
 namespace {
 
 constexpr absl::string_view kUnixScheme = "unix://";
+// The name gRPC health clients ask about besides "" (the whole server).
+constexpr char kServiceName[] = "kvcache.v1.KvCache";
 
 absl::Status PrepareSocketPath(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -64,10 +65,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
 
   const uint64_t epoch = CacheManager::NewEpoch();
-  daemon->manager_ =
-      std::make_unique<CacheManager>(options.session_limits, RealClock::Get(), epoch);
+  daemon->manager_ = std::make_unique<CacheManager>(options.session_limits, options.clock, epoch);
   for (const PoolOptions& pool : options.pools) {
-    ASSIGN_OR_RETURN(auto memory, CreatePoolMemory(options.device, pool, epoch));
+    ASSIGN_OR_RETURN(std::unique_ptr<PoolMemory> memory,
+                     CreatePoolMemory(options.device, pool, epoch));
+    if (options.wrap_pool_memory) memory = options.wrap_pool_memory(pool, std::move(memory));
     RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));
   }
   daemon->service_ =
@@ -90,18 +92,40 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (daemon->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  // Before the Unix listener hands over its first connection, so no health check sees the
+  // service unknown.
+  {
+    absl::MutexLock lock(&daemon->health_mu_);
+    daemon->health_ = daemon->server_->GetHealthCheckService();
+    if (daemon->health_ != nullptr) daemon->health_->SetServingStatus(kServiceName, true);
+  }
   if (daemon->unix_listener_ != nullptr) {
     daemon->unix_listener_->Serve(daemon->server_.get());
   } else if (bound_port != 0 && absl::EndsWith(options.listen, ":0")) {
     daemon->address_ =
         absl::StrCat(options.listen.substr(0, options.listen.size() - 1), bound_port);
   }
+  // Installed after serving started: a fault latched before this runs the listener right here.
+  Daemon* raw = daemon.get();
+  daemon->manager_->device_faults().SetListener(
+      [raw](const absl::Status&) { raw->ReportNotServing(); });
   daemon->manager_->StartReaper(options.reaper_period);
   return daemon;
 }
 
+void Daemon::ReportNotServing() {
+  absl::MutexLock lock(&health_mu_);
+  // Every service, "" included. gRPC ignores updates after its own shutdown set NOT_SERVING.
+  if (health_ != nullptr) health_->SetServingStatus(false);
+}
+
 void Daemon::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
+  manager_->device_faults().SetListener(nullptr);
+  {
+    absl::MutexLock lock(&health_mu_);
+    health_ = nullptr;
+  }
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   if (!socket_path_.empty()) unlink(socket_path_.c_str());

@@ -34,6 +34,18 @@ SequenceSpec ToSequenceSpec(const google::protobuf::RepeatedField<uint32_t>& tok
                       .extra_keys = ToExtraKeys(extras)};
 }
 
+// FillPoolInfo casts our enums to the proto's: each of our enumerators must carry the number of
+// the proto's value of the same meaning.
+static_assert(static_cast<int>(HashAlgorithm::kXxh3_128) == v1::HASH_ALGORITHM_XXH3_128);
+static_assert(static_cast<int>(HashAlgorithm::kSha256) == v1::HASH_ALGORITHM_SHA256);
+static_assert(static_cast<int>(DType::kFloat16) == v1::DTYPE_FLOAT16);
+static_assert(static_cast<int>(DType::kBFloat16) == v1::DTYPE_BFLOAT16);
+static_assert(static_cast<int>(DType::kFloat32) == v1::DTYPE_FLOAT32);
+static_assert(static_cast<int>(DType::kFp8E4M3) == v1::DTYPE_FP8_E4M3);
+static_assert(static_cast<int>(MappingInfo::Kind::kNone) == v1::PoolMapping::KIND_UNSPECIFIED);
+static_assert(static_cast<int>(MappingInfo::Kind::kShm) == v1::PoolMapping::KIND_SHM);
+static_assert(static_cast<int>(MappingInfo::Kind::kCudaIpc) == v1::PoolMapping::KIND_CUDA_IPC);
+
 void FillPoolInfo(Pool& pool, v1::PoolInfo* info) {
   const PoolOptions& options = pool.options();
   info->set_name(options.name);

@@ -1,17 +1,24 @@
-// Sessions as leases, epochs and request routing, on simulated time.
+// Sessions as leases, epochs, request routing, and the device fault latch the pools share, on
+// simulated time and on pool memory that can fail like a device (FaultInjectionPoolMemory).
 #include "cache/cache_manager.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 #include "cache/pool_spec.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/fault_injection_pool_memory.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
+using ::kvcache::testing::FaultInjectionPoolMemory;
 using ::kvcache::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr uint64_t kEpoch = 42;
@@ -25,7 +32,10 @@ class CacheManagerTest : public ::testing::Test {
       options.num_blocks = 16;
       auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
       ASSERT_OK(memory);
-      ASSERT_OK(manager_.AddPool(options, *std::move(memory)));
+      // Works as the memory it wraps until a test arms a fault.
+      auto faulty = std::make_unique<FaultInjectionPoolMemory>(*std::move(memory));
+      memories_.push_back(faulty.get());
+      ASSERT_OK(manager_.AddPool(options, std::move(faulty)));
     }
   }
   void TearDown() override {
@@ -38,20 +48,35 @@ class CacheManagerTest : public ::testing::Test {
     return *session;
   }
 
-  uint64_t OpenSequence(const Session& session, absl::string_view pool_name) {
+  // 40 tokens: two full blocks of 16 and a partial one.
+  OpenedSequence Open(const Session& session, absl::string_view pool_name) {
     Pool* pool = *manager_.FindPool(pool_name);
-    std::vector<uint32_t> tokens(40, 7);
-    auto opened = pool->Open(session, SequenceSpec{tokens});
+    auto opened = pool->Open(session, SequenceSpec{kTokens});
     EXPECT_OK(opened);
-    return opened->sequence_id;
+    return opened.ok() ? *opened : OpenedSequence{};
+  }
+  uint64_t OpenSequence(const Session& session, absl::string_view pool_name) {
+    return Open(session, pool_name).sequence_id;
   }
 
   uint32_t Referenced(absl::string_view pool_name) {
     return (*manager_.FindPool(pool_name))->Stats().referenced;
   }
 
+  // Arms alpha's memory to fail its next block copy like a sticky CUDA error, then forks
+  // `sequence` (which ends in a partial block) into it; returns the fork's status.
+  absl::Status ForkIntoADeviceFault(const Session& session, uint64_t sequence) {
+    memories_[0]->FailNth(FaultInjectionPoolMemory::Op::kCopyBlock, 1,
+                          FaultInjectionPoolMemory::StickyCudaError());
+    const absl::Status forked = (*manager_.FindPool("alpha"))->Fork(session, sequence).status();
+    EXPECT_TRUE(memories_[0]->tripped());
+    return forked;
+  }
+
+  inline static const std::vector<uint32_t> kTokens = std::vector<uint32_t>(40, 7);
   ::kvcache::testing::FakeClock clock_;
   CacheManager manager_{SessionLimits{}, &clock_, kEpoch};
+  std::vector<FaultInjectionPoolMemory*> memories_;  // alpha's, beta's; owned by the pools
 };
 
 TEST_F(CacheManagerTest, SequenceIdsRouteToTheirPool) {
@@ -152,6 +177,81 @@ TEST_F(CacheManagerTest, ReaperExpiresSessionsInTheBackground) {
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (Referenced("alpha") != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(Referenced("alpha"), 0);
+}
+
+TEST_F(CacheManagerTest, DeviceFaultInAForkIsUnavailableNamingItAndLeavesNoChild) {
+  auto session = OpenSession();
+  const uint64_t parent = OpenSequence(*session, "alpha");
+  const PoolStatsSnapshot before = (*manager_.FindPool("alpha"))->Stats();
+
+  const absl::Status forked = ForkIntoADeviceFault(*session, parent);
+  EXPECT_THAT(forked, StatusIs(absl::StatusCode::kUnavailable,
+                               AllOf(HasSubstr("pool 'alpha'"),
+                                     HasSubstr("INTERNAL: copying a block: an illegal memory"))));
+  EXPECT_EQ(manager_.device_faults().status(), forked);
+  // The half-made child and the copy's pin are gone; the parent is untouched.
+  const PoolStatsSnapshot after = (*manager_.FindPool("alpha"))->Stats();
+  EXPECT_EQ(after.open_sequences, before.open_sequences);
+  EXPECT_EQ(after.referenced, before.referenced);
+}
+
+TEST_F(CacheManagerTest, AfterADeviceFaultEveryPoolsBlockCallsAnswerTheLatchedStatus) {
+  auto session = OpenSession();
+  const OpenedSequence in_alpha = Open(*session, "alpha");
+  const OpenedSequence in_beta = Open(*session, "beta");
+  const absl::Status latched = ForkIntoADeviceFault(*session, in_alpha.sequence_id);
+  ASSERT_THAT(latched, StatusIs(absl::StatusCode::kUnavailable));
+  const int alpha_calls = memories_[0]->calls();
+  const int beta_calls = memories_[1]->calls();
+
+  // beta's memory never failed, but it shares the device, and so the latch, with alpha.
+  for (const OpenedSequence& sequence : {in_alpha, in_beta}) {
+    Pool* pool = *manager_.PoolOfSequence(sequence.sequence_id);
+    SCOPED_TRACE(pool->options().name);
+    const BlockId block = sequence.block_ids[0];
+    EXPECT_EQ(pool->Open(*session, SequenceSpec{kTokens}).status(), latched);
+    EXPECT_EQ(pool->Extend(*session, sequence.sequence_id, kTokens).status(), latched);
+    EXPECT_EQ(pool->Commit(*session, sequence.sequence_id, 16).status(), latched);
+    EXPECT_EQ(pool->Fork(*session, sequence.sequence_id).status(), latched);
+    EXPECT_EQ(pool->Lookup("tenant", SequenceSpec{kTokens}).status(), latched);
+    EXPECT_EQ(pool->BlockChecksum(block).status(), latched);
+    char byte = 0;
+    EXPECT_EQ(pool->ReadBlock(block, 0, 1, &byte), latched);
+    EXPECT_EQ(pool->WriteBlock(block, 0, "x"), latched);
+  }
+  // Refused before touching memory.
+  EXPECT_EQ(memories_[0]->calls(), alpha_calls);
+  EXPECT_EQ(memories_[1]->calls(), beta_calls);
+
+  // Dropping references still works, so leases end cleanly and the invariants hold (TearDown).
+  EXPECT_OK((*manager_.FindPool("alpha"))->Release(*session, in_alpha.sequence_id));
+  EXPECT_OK(manager_.CloseSession(session->id, kEpoch));
+  EXPECT_EQ(Referenced("alpha") + Referenced("beta"), 0);
+  EXPECT_EQ(manager_.device_faults().status(), latched);
+}
+
+TEST_F(CacheManagerTest, AFaultingChecksumLatchesForEveryPool) {
+  auto session = OpenSession();
+  const BlockId in_alpha = Open(*session, "alpha").block_ids[0];
+  const BlockId in_beta = Open(*session, "beta").block_ids[0];
+  memories_[1]->FailNth(FaultInjectionPoolMemory::Op::kChecksum, 1,
+                        absl::DataLossError("uncorrectable ECC error"));
+  const absl::Status latched = (*manager_.FindPool("beta"))->BlockChecksum(in_beta).status();
+  EXPECT_THAT(latched, StatusIs(absl::StatusCode::kUnavailable,
+                                AllOf(HasSubstr("pool 'beta'"),
+                                      HasSubstr("DATA_LOSS: uncorrectable ECC error"))));
+  char byte = 0;
+  EXPECT_EQ((*manager_.FindPool("alpha"))->ReadBlock(in_alpha, 0, 1, &byte), latched);
+}
+
+TEST_F(CacheManagerTest, ACallersRangeErrorIsNotADeviceFault) {
+  auto session = OpenSession();
+  Pool* alpha = *manager_.FindPool("alpha");
+  const BlockId block = Open(*session, "alpha").block_ids[0];
+  EXPECT_THAT(alpha->WriteBlock(block, alpha->options().layout.BlockBytes(), "x"),
+              StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_OK(manager_.device_faults().status());
+  EXPECT_OK(alpha->WriteBlock(block, 0, "x"));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // KvCacheClient: the fixture of the client tests that need a daemon's pools (shared memory,
 // block streams). Pools: "default" (kDefaultBlocks), "tiny" (kTinyBlocks) and "large"
 // (kLargeBlocks, room for a get past kStreamingCopyMinTotalBytes), all of DefaultPoolOptions'
-// layout. TearDown checks every pool's invariants.
+// layout. Leases run on the fixture's FakeClock (clock_): they end only when a test advances it.
+// TearDown checks every pool's invariants.
 #ifndef KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
 #define KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
 
@@ -20,6 +21,7 @@
 #include "cache/pool_spec.h"
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
@@ -80,6 +82,7 @@ class DaemonFixture : public ::testing::Test {
     pool.num_blocks = kLargeBlocks;
     options.pools.push_back(pool);
     options.reaper_period = absl::Milliseconds(20);
+    options.clock = &clock_;
     absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
     ASSERT_OK(daemon);
     daemon_ = *std::move(daemon);
@@ -100,6 +103,7 @@ class DaemonFixture : public ::testing::Test {
 
   std::string dir_;
   std::string address_;
+  FakeClock clock_;  // the daemon's: declared first, so it outlives the daemon
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<KvCacheClient> client_;
 };

@@ -287,13 +287,29 @@ TEST_F(KvCacheClientTest, DestructorClosesTheSession) {
 }
 
 TEST_F(KvCacheClientTest, KeepAliveHoldsAShortLeaseOpen) {
-  // A 1 s lease refreshed every ~333 ms; after three lease lengths the session must still be
-  // there. (The wait is not an assertion on timing: without keep-alives the lease would end.)
-  ASSERT_OK(client_->OpenSession("tenant", "test", absl::Seconds(1)));
+  // What is tested is the client's background thread really sending keep-alives, and that runs on
+  // real time (every ttl/3), so the lease is short: 300 ms, a keep-alive every 100 ms. The
+  // daemon's side runs on the fixture's FakeClock, so no sleep has to outlast a deadline: each
+  // round moves the daemon's time 90% of the lease on and waits until a keep-alive sent after
+  // that has pushed the deadline to a full lease from the new now (without keep-alives that wait
+  // fails). Three rounds take the daemon 2.7 leases past the open, with the session still there.
+  constexpr absl::Duration kLease = absl::Milliseconds(300);
+  absl::StatusOr<KvCacheClient::SessionInfo> session =
+      client_->OpenSession("tenant", "test", kLease);
+  ASSERT_OK(session);
+  ASSERT_EQ(session->ttl, kLease);
   absl::StatusOr<KvCacheClient::Sequence> sequence =
       client_->OpenSequence("default", Tokens(2 * kBlockSize));
   ASSERT_OK(sequence);
-  absl::SleepFor(absl::Seconds(3));
+  SessionRegistry& sessions = daemon_->manager().sessions();
+  for (int round = 0; round < 3; ++round) {
+    clock_.Advance(kLease * 9 / 10);
+    ASSERT_TRUE(PollUntil([&] {
+      const absl::StatusOr<absl::Time> deadline = sessions.Deadline(session->session_id);
+      return deadline.ok() && *deadline == clock_.Now() + kLease;
+    })) << "no keep-alive arrived in round "
+        << round << ": " << sessions.Deadline(session->session_id).status();
+  }
   EXPECT_OK(client_->CommitSequence(sequence->sequence_id, 2 * kBlockSize));
   EXPECT_EQ(Stats(*client_).open_sessions, 1u);
   EXPECT_FALSE(client_->session_lost());

@@ -21,6 +21,7 @@
 namespace kvcache {
 namespace {
 
+using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::StatusIs;
 
 // An OK StatusOr<std::string> holding `expected`.
@@ -94,8 +95,9 @@ TEST_F(RendezvousTest, AwaitParkedBeforePublishIsAnswered) {
       waited[i] = absl::Now() - start;
     });
   }
-  // Give the waits time to park on the daemon; they are answered either way.
-  absl::SleepFor(absl::Milliseconds(200));
+  // Publish only once every wait has parked on the daemon, so the publish is what answers them.
+  EXPECT_TRUE(PollUntil(
+      [&] { return daemon_->manager().rendezvous().parked_waiters() == size_t{kWaiters}; }));
   ASSERT_OK(client_->PublishRendezvous("late", "value"));
   for (std::thread& thread : threads) thread.join();
   for (int i = 0; i < kWaiters; ++i) {
@@ -128,7 +130,9 @@ TEST_F(RendezvousTest, TheAwaitDeadlineIsTheTimeoutNotTheRpcTimeout) {
   ASSERT_OK(client_->OpenSession("acme", "prefill"));
   absl::StatusOr<std::string> result = absl::UnknownError("not run");
   std::thread waiter([&] { result = decode->AwaitRendezvous("slow", kLongWait); });
-  // Publish well after the client's rpc_timeout has passed.
+  // Publish well after the client's rpc_timeout has passed. Real time: the deadline that must not
+  // fire is gRPC's own timer on the client, which no injected clock reaches.
+  EXPECT_TRUE(PollUntil([&] { return daemon_->manager().rendezvous().parked_waiters() == 1; }));
   absl::SleepFor(absl::Milliseconds(600));
   ASSERT_OK(client_->PublishRendezvous("slow", "finally"));
   waiter.join();

@@ -1,0 +1,276 @@
+// The daemon end to end over a real Unix socket, with a real gRPC health client: health reporting,
+// the latch of a device fault (through a pool memory that fails like a device with a sticky
+// error), and leases on the injected clock.
+#include "server/daemon.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "cache/pool_spec.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fault_injection_pool_memory.h"
+#include "tests/testing/grpc_kept_alive.h"
+#include "tests/testing/poll_until.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::FaultInjectionPoolMemory;
+using ::kvcache::testing::PollUntil;
+using ::kvcache::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// grpc.health.v1.HealthCheckResponse.ServingStatus.
+constexpr int kServing = 1;
+constexpr int kNotServing = 2;
+constexpr char kServiceName[] = "kvcache.v1.KvCache";
+constexpr uint32_t kBlockSize = 16;  // DefaultPoolOptions' block size
+
+// grpc.health.v1.Health/Check, called raw: Debian's libgrpc++ serves the health service but ships
+// no client stub for it. The request is `string service = 1`, the response
+// `ServingStatus status = 1`; both are hand-serialized. Returns the serving status.
+absl::StatusOr<int> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                const std::string& service) {
+  std::string request;
+  if (!service.empty()) {  // field 1, length-delimited; the names here are under 128 bytes
+    request.push_back(0x0a);
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  const grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
+                 &response_buffer, [&](grpc::Status result) {
+                   status = std::move(result);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) return FromGrpcStatus(status);
+  grpc::Slice flat;
+  if (!response_buffer.DumpToSingleSlice(&flat).ok()) return absl::DataLossError("no response");
+  // UNKNOWN (0) is the default and is not sent; any other status is tag 0x08 and a 1-byte varint.
+  if (flat.size() == 0) return 0;
+  if (flat.size() != 2 || flat.begin()[0] != 0x08) {
+    return absl::DataLossError("unexpected HealthCheckResponse bytes");
+  }
+  return flat.begin()[1];
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::kvcache::testing::KeepGrpcInitialized();
+    char dir[] = "/tmp/kvcache-daemon-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    DaemonOptions options;
+    options.listen = "unix://" + dir_ + "/kv.sock";
+    options.pools.push_back(DefaultPoolOptions());
+    options.pools.back().num_blocks = 16;
+    options.reaper_period = absl::Milliseconds(10);
+    options.clock = &clock_;
+    options.wrap_pool_memory = [this](const PoolOptions&, std::unique_ptr<PoolMemory> memory) {
+      auto faulty = std::make_unique<FaultInjectionPoolMemory>(std::move(memory));
+      memory_ = faulty.get();
+      return faulty;
+    };
+    auto daemon = Daemon::Start(options);
+    ASSERT_OK(daemon);
+    daemon_ = *std::move(daemon);
+    channel_ = grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials());
+    stub_ = v1::KvCache::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (daemon_ != nullptr) {
+      for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
+      daemon_.reset();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  template <typename Request, typename Response>
+  absl::Status Call(grpc::Status (v1::KvCache::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                              Response*),
+                    const Request& request, Response* response) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return FromGrpcStatus(((*stub_).*method)(&context, request, response));
+  }
+
+  uint64_t OpenSession(absl::Duration ttl = absl::Seconds(10)) {
+    v1::OpenSessionRequest request;
+    request.set_tenant("tenant");
+    request.set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(ttl)));
+    v1::OpenSessionResponse response;
+    EXPECT_OK(Call(&v1::KvCache::Stub::OpenSession, request, &response));
+    return response.session_id();
+  }
+
+  absl::StatusOr<v1::OpenSequenceResponse> OpenSequence(uint64_t session, size_t num_tokens) {
+    v1::OpenSequenceRequest request;
+    request.set_session_id(session);
+    request.set_pool("default");
+    for (size_t i = 0; i < num_tokens; ++i) request.add_tokens(static_cast<uint32_t>(100 + i));
+    v1::OpenSequenceResponse response;
+    RETURN_IF_ERROR(Call(&v1::KvCache::Stub::OpenSequence, request, &response));
+    return response;
+  }
+
+  // A sequence of `num_tokens` tokens whose first `num_committed` tokens are committed.
+  absl::StatusOr<v1::OpenSequenceResponse> OpenCommitted(uint64_t session, size_t num_tokens,
+                                                         uint32_t num_committed) {
+    ASSIGN_OR_RETURN(v1::OpenSequenceResponse opened, OpenSequence(session, num_tokens));
+    v1::CommitSequenceRequest commit;
+    commit.set_session_id(session);
+    commit.set_sequence_id(opened.sequence_id());
+    commit.set_num_written_tokens(num_committed);
+    v1::CommitSequenceResponse committed;
+    RETURN_IF_ERROR(Call(&v1::KvCache::Stub::CommitSequence, commit, &committed));
+    return opened;
+  }
+
+  // The status a GetBlocks stream of the first `num_tokens` tokens ends with.
+  absl::Status GetBlocks(uint64_t session, size_t num_tokens) {
+    v1::GetBlocksRequest request;
+    request.set_session_id(session);
+    request.set_pool("default");
+    for (size_t i = 0; i < num_tokens; ++i) request.add_tokens(static_cast<uint32_t>(100 + i));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    std::unique_ptr<grpc::ClientReader<v1::GetBlocksResponse>> reader =
+        stub_->GetBlocks(&context, request);
+    v1::GetBlocksResponse response;
+    while (reader->Read(&response)) {
+    }
+    return FromGrpcStatus(reader->Finish());
+  }
+
+  void ExpectHealth(int expected) {
+    for (const std::string service : {"", kServiceName}) {
+      absl::StatusOr<int> health = CheckHealth(channel_, service);
+      ASSERT_OK(health) << "service '" << service << "'";
+      EXPECT_EQ(*health, expected) << "service '" << service << "'";
+    }
+  }
+
+  std::string dir_;
+  ::kvcache::testing::FakeClock clock_;         // declared before daemon_, so it outlives it
+  FaultInjectionPoolMemory* memory_ = nullptr;  // the "default" pool's, owned by it
+  std::unique_ptr<Daemon> daemon_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+};
+
+TEST_F(DaemonTest, HealthIsServingForTheServerAndTheService) {
+  ExpectHealth(kServing);
+  EXPECT_THAT(CheckHealth(channel_, "no.such.Service"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(DaemonTest, DeviceFaultInAForkTurnsHealthNotServingAndPoolCallsUnavailable) {
+  const uint64_t session = OpenSession();
+  // Two full blocks and a partial one: a fork copies the partial block.
+  absl::StatusOr<v1::OpenSequenceResponse> parent =
+      OpenCommitted(session, 2 * kBlockSize + 3, 2 * kBlockSize);
+  ASSERT_OK(parent);
+  ASSERT_NO_FATAL_FAILURE(ExpectHealth(kServing));
+
+  memory_->FailNth(FaultInjectionPoolMemory::Op::kCopyBlock, 1,
+                   FaultInjectionPoolMemory::StickyCudaError());
+  v1::ForkSequenceRequest fork;
+  fork.set_session_id(session);
+  fork.set_sequence_id(parent->sequence_id());
+  v1::ForkSequenceResponse forked;
+  const absl::Status fault = Call(&v1::KvCache::Stub::ForkSequence, fork, &forked);
+  EXPECT_THAT(fault, StatusIs(absl::StatusCode::kUnavailable,
+                              HasSubstr("INTERNAL: copying a block: an illegal memory access")));
+  // The listener ran before the fork's reply left: no waiting needed.
+  ExpectHealth(kNotServing);
+
+  // Every later call that needs the pool answers the same latched status, on any sequence.
+  EXPECT_EQ(OpenSequence(session, kBlockSize).status(), fault);
+  EXPECT_EQ(Call(&v1::KvCache::Stub::ForkSequence, fork, &forked), fault);
+  v1::LookupRequest lookup;
+  lookup.set_pool("default");
+  lookup.set_tenant("tenant");
+  for (uint32_t i = 0; i < 2 * kBlockSize; ++i) lookup.add_tokens(100 + i);
+  v1::LookupResponse looked_up;
+  EXPECT_EQ(Call(&v1::KvCache::Stub::Lookup, lookup, &looked_up), fault);
+  EXPECT_EQ(GetBlocks(session, 2 * kBlockSize), fault);
+  // Calls that need no block still work: the transport probe and ending the lease.
+  v1::PingResponse pong;
+  EXPECT_OK(Call(&v1::KvCache::Stub::Ping, v1::PingRequest(), &pong));
+  v1::ReleaseSequenceRequest release;
+  release.set_session_id(session);
+  release.set_sequence_id(parent->sequence_id());
+  v1::ReleaseSequenceResponse released;
+  EXPECT_OK(Call(&v1::KvCache::Stub::ReleaseSequence, release, &released));
+  ExpectHealth(kNotServing);
+}
+
+TEST_F(DaemonTest, DeviceFaultWhileStreamingBlocksEndsTheStreamUnavailable) {
+  const uint64_t session = OpenSession();
+  absl::StatusOr<v1::OpenSequenceResponse> opened =
+      OpenCommitted(session, 2 * kBlockSize + 1, 2 * kBlockSize);
+  ASSERT_OK(opened);
+  ASSERT_OK(GetBlocks(session, 2 * kBlockSize));  // bytes staged through Read, as on a device
+
+  // The first staged read fails: the stream ends with the latched status, its staging buffer
+  // freed and its blocks unpinned (TearDown checks the invariants).
+  memory_->FailNth(FaultInjectionPoolMemory::Op::kRead, 1,
+                   absl::DataLossError("uncorrectable ECC error"));
+  EXPECT_THAT(GetBlocks(session, 2 * kBlockSize),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("DATA_LOSS: uncorrectable ECC")));
+  ExpectHealth(kNotServing);
+  // The stream's pins are released in OnDone, which may trail the client's view of the stream.
+  Pool* pool = daemon_->manager().pools()[0];
+  const uint32_t held = static_cast<uint32_t>(opened->block_ids_size());
+  EXPECT_TRUE(PollUntil([&] { return pool->Stats().referenced == held; }));
+}
+
+TEST_F(DaemonTest, LeasesRunOnTheInjectedClock) {
+  // A lease far longer than the test: on real time it would never end here.
+  constexpr absl::Duration kLease = absl::Minutes(1);
+  const uint64_t session = OpenSession(kLease);
+  v1::KeepAliveRequest keep_alive;
+  keep_alive.set_session_id(session);
+  v1::KeepAliveResponse kept;
+  // The reaper runs on real time but reads the daemon's clock: the lease ends only once the fake
+  // clock passes its deadline, which a keep-alive pushes to a full lease from the fake now.
+  clock_.Advance(kLease - absl::Seconds(1));
+  ASSERT_OK(Call(&v1::KvCache::Stub::KeepAlive, keep_alive, &kept));
+  clock_.Advance(kLease - absl::Seconds(1));
+  ASSERT_OK(Call(&v1::KvCache::Stub::KeepAlive, keep_alive, &kept));
+  clock_.Advance(kLease);
+  // Watched through GetStats: a keep-alive would itself renew the lease if it beat the reaper.
+  EXPECT_TRUE(PollUntil([&] {
+    v1::GetStatsResponse stats;
+    return Call(&v1::KvCache::Stub::GetStats, v1::GetStatsRequest(), &stats).ok() &&
+           stats.open_sessions() == 0;
+  }));
+  EXPECT_THAT(Call(&v1::KvCache::Stub::KeepAlive, keep_alive, &kept),
+              StatusIs(absl::StatusCode::kAborted));
+}
+
+}  // namespace
+}  // namespace kvcache
