@@ -19,3 +19,20 @@ function(kvcache_test)
     set_tests_properties(${KV_NAME} PROPERTIES LABELS "${KV_LABELS}")
   endif()
 endfunction()
+
+# kvcache_cuda_sources(<target> REAL <src>... STUB <src>... [NCCL]): the one real-vs-stub switch.
+# Adds the REAL sources and links CUDA::cudart (and NCCL with NCCL) when the build has CUDA (and
+# NCCL: KVCACHE_WITH_NCCL); otherwise the STUB sources, which answer NotBuiltWith
+# (common/cuda/not_built.h). Stubs hold only what calls CUDA; the rest is built either way.
+function(kvcache_cuda_sources target)
+  cmake_parse_arguments(KV "NCCL" "" "REAL;STUB" ${ARGN})
+  if(KVCACHE_WITH_CUDA AND (NOT KV_NCCL OR KVCACHE_WITH_NCCL))
+    target_sources(${target} PRIVATE ${KV_REAL})
+    target_link_libraries(${target} PUBLIC CUDA::cudart)
+    if(KV_NCCL)
+      target_link_libraries(${target} PUBLIC ${KVCACHE_NCCL_LIBRARY})
+    endif()
+  else()
+    target_sources(${target} PRIVATE ${KV_STUB})
+  endif()
+endfunction()

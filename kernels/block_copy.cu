@@ -122,17 +122,6 @@ dim3 GridFor(uint32_t count, uint64_t block_bytes) {
 
 }  // namespace
 
-bool BuiltWithCuda() { return true; }
-
-bool CudaDeviceAvailable() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // Clear the error so that it does not surface in a later launch check.
-    return false;
-  }
-  return count > 0;
-}
-
 absl::Status CopyBlocksCuda(uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
                             const int64_t* src_ids, const int64_t* dst_ids, uint32_t num_pairs,
                             void* stream) {

@@ -1,17 +1,14 @@
 // The CUDA entry points of block_copy.h for a build without CUDA: they exist so that callers link
-// either way, and report UNIMPLEMENTED.
+// either way, and answer FAILED_PRECONDITION("built without CUDA").
+#include "common/cuda/not_built.h"
 #include "kernels/block_copy.h"
 
 namespace kvcache::kernels {
 namespace {
 
-absl::Status NoCuda() { return absl::UnimplementedError("built without CUDA"); }
+absl::Status NoCuda() { return NotBuiltWith("CUDA"); }
 
 }  // namespace
-
-bool BuiltWithCuda() { return false; }
-
-bool CudaDeviceAvailable() { return false; }
 
 absl::Status CopyBlocksCuda(uint8_t*, uint64_t, uint32_t, const int64_t*, const int64_t*, uint32_t,
                             void*) {

@@ -1,11 +1,12 @@
 // The CUDA entry points of worker_kernels.h for a build without CUDA: they exist so that callers
-// link either way, and report UNIMPLEMENTED.
+// link either way, and answer FAILED_PRECONDITION("built without CUDA").
+#include "common/cuda/not_built.h"
 #include "kernels/worker_kernels.h"
 
 namespace kvcache::kernels {
 namespace {
 
-absl::Status NoCuda() { return absl::UnimplementedError("built without CUDA"); }
+absl::Status NoCuda() { return NotBuiltWith("CUDA"); }
 
 }  // namespace
 

@@ -7,28 +7,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda/cuda_device.h"
+#include "common/cuda/cuda_status.h"
 #include "common/cuda/scoped_cuda_device.h"
 #include "common/status_macros.h"
 
 namespace kvcache::worker {
-namespace {
-
-// `what` failed with `error`, as the status the header promises; clears the (non-sticky) error so
-// that it cannot resurface in the caller's next CUDA check.
-absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
-  cudaGetLastError();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorInvalidDevice:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<DeviceKvPool> DeviceKvPool::Create(int device, const PoolLayout& layout,
                                                   uint32_t num_blocks) {
@@ -37,35 +21,18 @@ absl::StatusOr<DeviceKvPool> DeviceKvPool::Create(int device, const PoolLayout& 
   if (device < 0) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device, " is not a device"));
   }
-  int count = 0;
-  const cudaError_t counted = cudaGetDeviceCount(&count);
-  if (counted != cudaSuccess || count == 0) {
-    // Whatever the runtime says (no driver, a stub driver, no device), there is no GPU to use.
-    cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device: ", counted != cudaSuccess ? cudaGetErrorString(counted)
-                                                                : "the CUDA runtime finds none"));
-  }
-  if (device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, " does not exist here (", count, " device(s))"));
-  }
+  RETURN_IF_ERROR(CheckCudaDevice(device));
   ScopedCudaDevice scoped;
-  if (const cudaError_t error = scoped.Set(device); error != cudaSuccess) {
-    return CudaStatus(error, absl::StrCat("cudaSetDevice(", device, ")"));
-  }
+  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(device), absl::StrCat("cudaSetDevice(", device, ")"));
   const uint64_t bytes = uint64_t{num_blocks} * layout.BlockBytes();
   void* base = nullptr;
-  cudaError_t error = cudaMalloc(&base, bytes);
-  if (error != cudaSuccess) {
-    return CudaStatus(error, absl::StrCat("cudaMalloc of a ", bytes, "-byte KV pool"));
-  }
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaMalloc(&base, bytes),
+                               absl::StrCat("cudaMalloc of a ", bytes, "-byte KV pool"));
   DeviceKvPool pool(static_cast<uint8_t*>(base), device, layout, num_blocks);
   // cudaMemset on the legacy default stream; the synchronize makes the fill complete before any
   // stream (the model's is non-blocking, so it would not wait for it) touches the pool.
-  error = cudaMemset(base, 0, bytes);
-  if (error == cudaSuccess) error = cudaDeviceSynchronize();
-  if (error != cudaSuccess) return CudaStatus(error, "zero-filling the device KV pool");
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaMemset(base, 0, bytes), "zero-filling the device KV pool");
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "zero-filling the device KV pool");
   return pool;
 }
 

@@ -2,12 +2,13 @@
 // either way; Create answers FAILED_PRECONDITION("built without CUDA") and no pool ever exists.
 #include <utility>
 
+#include "common/cuda/not_built.h"
 #include "model/cuda/device_kv_pool.h"
 
 namespace kvcache::worker {
 
 absl::StatusOr<DeviceKvPool> DeviceKvPool::Create(int, const PoolLayout&, uint32_t) {
-  return absl::FailedPreconditionError("built without CUDA: no device KV pool");
+  return NotBuiltWith("CUDA", "no device KV pool");
 }
 
 DeviceKvPool::~DeviceKvPool() = default;

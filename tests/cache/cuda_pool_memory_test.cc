@@ -6,14 +6,14 @@
 #include <random>
 #include <string>
 
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
 TEST(CudaPoolMemoryTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   constexpr uint64_t kBlockBytes = (64 << 10) + 48;
   constexpr uint32_t kBlocks = 8;
   auto device = CreateCudaPoolMemory(0, kBlockBytes, kBlocks);
@@ -40,7 +40,7 @@ TEST(CudaPoolMemoryTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
 }
 
 TEST(CudaPoolMemoryTest, NoDeviceIsAPreconditionNotACrash) {
-  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   EXPECT_THAT(CreateCudaPoolMemory(0, 4096, 4),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition));
 }

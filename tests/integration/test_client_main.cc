@@ -41,7 +41,7 @@
 #include "tests/integration/kv_pattern.h"
 
 #if KVCACHE_TEST_CLIENT_CUDA
-#include <cuda_runtime_api.h>
+#include "common/cuda/cuda_status.h"
 #endif
 
 namespace kvcache {
@@ -119,10 +119,8 @@ absl::Status WriteTokenKvOfAnyType(const MappedPool& pool, uint32_t block_id, ui
 
 #if KVCACHE_TEST_CLIENT_CUDA
 absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind, int device) {
-  cudaError_t error = cudaSetDevice(device);
-  if (error == cudaSuccess) error = cudaMemcpy(to, from, bytes, kind);
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cudaMemcpy: ", cudaGetErrorString(error)));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  return CudaStatus(cudaMemcpy(to, from, bytes, kind), "cudaMemcpy");
 }
 #endif
 
@@ -151,11 +149,7 @@ absl::Status WriteDeviceKv(const MappedPool& pool, const std::vector<uint32_t>& 
     }
   }
   // A copy from pageable memory may return before its DMA lands: wait for it before the commit.
-  const cudaError_t synced = cudaDeviceSynchronize();
-  if (synced != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaDeviceSynchronize: ", cudaGetErrorString(synced)));
-  }
-  return absl::OkStatus();
+  return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 #else
   return absl::FailedPreconditionError("kvcache-test-client was built without CUDA");
 #endif

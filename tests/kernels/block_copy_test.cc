@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::kernels {
@@ -306,11 +307,11 @@ TEST(BlockCopyCudaHost, LauncherChecksOrStubs) {
   if (!BuiltWithCuda()) {
     EXPECT_FALSE(CudaDeviceAvailable());
     EXPECT_THAT(CopyBlocksCuda(fake, 16, 4, fake_ids, fake_ids, 1, nullptr),
-                StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
+                StatusIs(absl::StatusCode::kFailedPrecondition, "built without CUDA"));
     EXPECT_THAT(GatherBlocksCuda(fake, 16, 4, fake_ids, 1, fake, nullptr),
-                StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
+                StatusIs(absl::StatusCode::kFailedPrecondition, "built without CUDA"));
     EXPECT_THAT(ScatterBlocksCuda(fake, 16, 4, fake_ids, 1, fake, nullptr),
-                StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
+                StatusIs(absl::StatusCode::kFailedPrecondition, "built without CUDA"));
     return;
   }
   // Checked on the host before anything is enqueued, so no device is needed.

@@ -1,7 +1,7 @@
 // Host-side parts of kernels/worker_kernels.h that need no device: the Validate* checks of the
 // device index arrays (every build), and the launchers' argument checks — exact codes and
-// messages in a CUDA build, UNIMPLEMENTED in a build without CUDA. In a CUDA build on a machine
-// without a device, a well-formed launch must come back INTERNAL with the CUDA error text.
+// messages in a CUDA build, FAILED_PRECONDITION in a build without CUDA. In a CUDA build on a
+// machine without a device, a well-formed launch must come back INTERNAL with the CUDA error text.
 // The launchers never touch memory on the host, so the "device pointers" here are fake addresses;
 // no case that reaches a launch runs where a device exists.
 #include "kernels/worker_kernels.h"
@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::kernels {
@@ -127,22 +128,22 @@ TEST_F(ValidateAttentionTest, RejectsMismatchedSizesAndZeroDimensions) {
 // Launcher argument checks
 // ---------------------------------------------------------------------------------------------
 
-// A host-side argument error: INVALID_ARGUMENT whose message contains `what`, or UNIMPLEMENTED in
-// a build without CUDA.
+// A host-side argument error: INVALID_ARGUMENT whose message contains `what`, or
+// FAILED_PRECONDITION in a build without CUDA.
 void ExpectArgError(const absl::Status& status, const std::string& what) {
   if (BuiltWithCuda()) {
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(what)));
   } else {
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition, "built without CUDA"));
   }
 }
 
-// A call with nothing to do: OK without a launch (so without a device), or UNIMPLEMENTED.
+// A call with nothing to do: OK without a launch (so without a device), or FAILED_PRECONDITION.
 void ExpectEmptyOk(const absl::Status& status) {
   if (BuiltWithCuda()) {
     EXPECT_OK(status);
   } else {
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition, "built without CUDA"));
   }
 }
 
@@ -378,13 +379,14 @@ TEST(WorkerKernelArgsTest, MoeCombine) {
 }
 
 // With CUDA compiled in but no device, a well-formed call reaches the launch, which fails: the
-// error must come back as INTERNAL with the CUDA text, not be swallowed. (With a device this
-// would launch on fake pointers, so it only runs where there is none.)
-TEST(WorkerKernelArgsTest, LaunchFailureIsInternalWithoutADevice) {
+// error must come back with the CUDA text, not be swallowed, and as FAILED_PRECONDITION (no
+// usable device or driver; common/cuda/cuda_status.h), not INTERNAL. (With a device this would
+// launch on fake pointers, so it only runs where there is none.)
+TEST(WorkerKernelArgsTest, LaunchWithoutADeviceIsFailedPrecondition) {
   if (!BuiltWithCuda()) GTEST_SKIP() << "built without CUDA";
   if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   const auto launch_failed = [](const char* op) {
-    return StatusIs(absl::StatusCode::kInternal,
+    return StatusIs(absl::StatusCode::kFailedPrecondition,
                     HasSubstr(std::string(op) + ": kernel launch failed: "));
   };
   float* f = Fake<float>();

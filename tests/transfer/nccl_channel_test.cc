@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 
@@ -94,7 +94,7 @@ TEST_F(NcclChannelTest, ConnectToAMissingDeviceFailsPrecondition) {
 }
 
 TEST_F(NcclChannelTest, WithoutADeviceConnectFailsPreconditionAndPublishesNothing) {
-  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   ASSERT_OK(client_->OpenSession("acme", "prefill"));
   const absl::Time start = absl::Now();
   EXPECT_THAT(NcclChannel::Connect(client_.get(), Key(), 0, 1, 0, kLongWait),
@@ -158,7 +158,7 @@ class NcclChannelGpuTest : public NcclChannelTest {
   void SetUp() override {
     NcclChannelTest::SetUp();
     if (HasFatalFailure()) return;
-    if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
     ASSERT_OK(client_->OpenSession("acme", "prefill"));
   }
 

@@ -32,7 +32,7 @@
 #if KVCACHE_NCCL_TRANSPORT_GPU_TESTS
 #include <cuda_runtime_api.h>
 
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/integration/kv_pattern.h"
 #endif
@@ -107,7 +107,7 @@ class NcclTransportGpuTest : public kvcache::testing::DaemonProcessTest {
  protected:
   void SetUp() override {
     DaemonProcessTest::SetUp();
-    if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
     device_flag_ = "cuda:0";
     ASSERT_NO_FATAL_FAILURE(StartDaemon());  // the sender's daemon (prefill node)
     receiver_target_ = "unix://" + dir_ + "/receiver.sock";

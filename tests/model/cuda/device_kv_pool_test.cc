@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
 #if KVCACHE_DEVICE_KV_POOL_GPU_TESTS
@@ -34,7 +34,7 @@ constexpr PoolLayout kLayout{.num_layers = 3,
                              .dtype = DType::kBFloat16};
 
 TEST(DeviceKvPoolTest, CreateAnswersForTheBuildAndTheMachine) {
-  if (!kernels::BuiltWithCuda()) {
+  if (!BuiltWithCuda()) {
     EXPECT_THAT(DeviceKvPool::Create(0, kLayout, 4),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("built without CUDA")));
     return;
@@ -43,7 +43,7 @@ TEST(DeviceKvPoolTest, CreateAnswersForTheBuildAndTheMachine) {
   EXPECT_THAT(DeviceKvPool::Create(-1, kLayout, 4), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(DeviceKvPool::Create(0, PoolLayout{}, 4),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  if (!kernels::CudaDeviceAvailable()) {
+  if (!CudaDeviceAvailable()) {
     EXPECT_THAT(DeviceKvPool::Create(0, kLayout, 4),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no CUDA device")));
   } else {
@@ -56,7 +56,7 @@ TEST(DeviceKvPoolTest, CreateAnswersForTheBuildAndTheMachine) {
 #if KVCACHE_DEVICE_KV_POOL_GPU_TESTS
 
 TEST(DeviceKvPoolGpuTest, IsZeroFilledDeviceMemoryAndMovesItsAllocation) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   absl::StatusOr<DeviceKvPool> created = DeviceKvPool::Create(0, kLayout, 5);
   ASSERT_OK(created);
   DeviceKvPool pool = *std::move(created);

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "model/cuda/moe_dispatch.h"
 #include "model/sampler.h"
 #include "tests/testing/status_matchers.h"
@@ -61,18 +61,18 @@ constexpr uint32_t kBlockSize = 16;
 
 TEST(CudaQwen3MoeModelTest, BuiltWithCudaMatchesTheBuild) {
 #if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
-  EXPECT_TRUE(kernels::BuiltWithCuda());
+  EXPECT_TRUE(BuiltWithCuda());
 #else
-  EXPECT_FALSE(kernels::BuiltWithCuda());
+  EXPECT_FALSE(BuiltWithCuda());
 #endif
 }
 
 // Never skips: each build and machine has its one right answer.
 TEST(CudaQwen3MoeModelTest, CreateAnswersForTheBuildAndTheMachine) {
   absl::StatusOr<CudaQwen3MoeModel> model = CudaQwen3MoeModel::Create(TinyModel(), 0);
-  if (!kernels::BuiltWithCuda()) {
+  if (!BuiltWithCuda()) {
     EXPECT_THAT(model, StatusIs(absl::StatusCode::kFailedPrecondition, "built without CUDA"));
-  } else if (!kernels::CudaDeviceAvailable()) {
+  } else if (!CudaDeviceAvailable()) {
     EXPECT_THAT(model,
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no CUDA device")));
   } else {
@@ -80,7 +80,7 @@ TEST(CudaQwen3MoeModelTest, CreateAnswersForTheBuildAndTheMachine) {
     EXPECT_THAT(CudaQwen3MoeModel::Create(TinyModel(), -1),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not exist")));
     EXPECT_THAT(CudaQwen3MoeModel::Create(TinyModel(), 1 << 20),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not exist")));
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("does not exist")));
   }
 }
 
@@ -230,7 +230,7 @@ void ExpectKvClose(PagedKv& gpu, PagedKv& cpu, uint32_t layer, uint32_t kv, uint
 class CudaQwen3MoeModelGpuTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
-    if (!kernels::BuiltWithCuda() || !kernels::CudaDeviceAvailable()) {
+    if (!BuiltWithCuda() || !CudaDeviceAvailable()) {
       GTEST_SKIP() << "no CUDA device";
     }
     absl::StatusOr<CudaQwen3MoeModel> created = CudaQwen3MoeModel::Create(TinyModel(), 0);
