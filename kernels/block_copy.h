@@ -14,8 +14,9 @@
 // the kernels treat every id outside [0, num_blocks) as a skip (never an out-of-bounds access);
 // callers that want the CPU path's strict checks run ValidateCopyIds / ValidateBlockIds on the host
 // copy of the ids before uploading them. A kernel fault surfaces on the next synchronizing call.
-// Built without CUDA, the *Cuda functions return FAILED_PRECONDITION("built without CUDA"), as
-// every stub does (common/cuda/not_built.h); common/cuda/cuda_device.h says which build this is.
+// Built without CUDA, the *Cuda functions make the same checks and, where they would launch,
+// return FAILED_PRECONDITION("built without CUDA"), as every stub does (common/cuda/not_built.h);
+// common/cuda/cuda_device.h says which build this is.
 #ifndef KVCACHE_KERNELS_BLOCK_COPY_H_
 #define KVCACHE_KERNELS_BLOCK_COPY_H_
 

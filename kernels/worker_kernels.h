@@ -40,8 +40,9 @@
 // on the host copies before uploading. A kernel fault surfaces on the next synchronizing call.
 // Outputs must not alias inputs unless a function says so.
 //
-// Built without CUDA (KVCACHE_WITH_CUDA off), every *Cuda function returns
-// FAILED_PRECONDITION("built without CUDA"); the Validate* functions work in every build.
+// Built without CUDA (KVCACHE_WITH_CUDA off), every *Cuda function makes the same argument checks
+// and, where it would launch, returns FAILED_PRECONDITION("built without CUDA"); the Validate*
+// functions work in every build.
 // BuiltWithCuda() and CudaDeviceAvailable() are declared in common/cuda/cuda_device.h.
 #ifndef KVCACHE_KERNELS_WORKER_KERNELS_H_
 #define KVCACHE_KERNELS_WORKER_KERNELS_H_
