@@ -1,4 +1,6 @@
-// Device pools against the host pool's behaviour. Labelled gpu; skips with no device.
+// CudaPoolMemory (cache/cuda_pool_memory.h). CudaPoolMemoryTest (label unit) has one right answer
+// for every build and machine without a device; CudaPoolMemoryGpuTest (label gpu; skips with no
+// device) holds a device pool against the host pool's behaviour.
 #include "cache/cuda_pool_memory.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +14,7 @@
 namespace kvcache {
 namespace {
 
-TEST(CudaPoolMemoryTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
+TEST(CudaPoolMemoryGpuTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   constexpr uint64_t kBlockBytes = (64 << 10) + 48;
   constexpr uint32_t kBlocks = 8;

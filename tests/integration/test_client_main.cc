@@ -40,7 +40,7 @@
 #include "client/mapped_pool.h"
 #include "tests/integration/kv_pattern.h"
 
-#if KVCACHE_TEST_CLIENT_CUDA
+#if KVCACHE_WITH_CUDA
 #include "common/cuda/cuda_status.h"
 #endif
 
@@ -117,7 +117,7 @@ absl::Status WriteTokenKvOfAnyType(const MappedPool& pool, uint32_t block_id, ui
   }
 }
 
-#if KVCACHE_TEST_CLIENT_CUDA
+#if KVCACHE_WITH_CUDA
 absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind, int device) {
   KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
   return CudaStatus(cudaMemcpy(to, from, bytes, kind), "cudaMemcpy");
@@ -129,7 +129,7 @@ absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind k
 // follows publishes complete bytes.
 absl::Status WriteDeviceKv(const MappedPool& pool, const std::vector<uint32_t>& block_ids,
                            const std::vector<uint32_t>& tokens, uint32_t first) {
-#if KVCACHE_TEST_CLIENT_CUDA
+#if KVCACHE_WITH_CUDA
   const PoolLayout& layout = pool.layout();
   std::string image(pool.block_bytes(), '\0');
   for (uint32_t position = first; position < tokens.size(); ++position) {
@@ -160,7 +160,7 @@ absl::StatusOr<std::string> ReadBlocks(const MappedPool& pool, absl::Span<const 
   std::string bytes;
   for (uint32_t block : blocks) {
     if (pool.is_device()) {
-#if KVCACHE_TEST_CLIENT_CUDA
+#if KVCACHE_WITH_CUDA
       std::string image(pool.block_bytes(), '\0');
       absl::Status status = CudaCopy(image.data(), pool.Block(block), image.size(),
                                      cudaMemcpyDeviceToHost, pool.device());

@@ -196,7 +196,7 @@ TEST_F(WorkerGpuProcessTest, MultiTurnConversationOnTheGpuHitsItsOwnAnswers) {
   EXPECT_TRUE(AwaitAllReleased());
 }
 
-#if KVCACHE_WORKER_GPU_NCCL_TESTS
+#if KVCACHE_WITH_NCCL
 
 // Disaggregated prefill/decode on one GPU: daemon A (this fixture's) and daemon B, both with
 // --device cuda:0; the prefill worker on A ships over a single-rank NCCL channel into B's pool.
@@ -288,7 +288,7 @@ TEST_F(PdGpuProcessTest, BlocksTheDecodeSideHoldsAreNotShippedAgain) {
   ExpectGpuRunMatchesCold(decode, second);
 }
 
-#endif  // KVCACHE_WORKER_GPU_NCCL_TESTS
+#endif  // KVCACHE_WITH_NCCL
 
 }  // namespace
 }  // namespace kvcache::testing

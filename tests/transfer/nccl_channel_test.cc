@@ -28,7 +28,7 @@
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 
-#if KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 #include <cuda_runtime.h>
 #endif
 
@@ -54,7 +54,7 @@ class NcclChannelTest : public kvcache::testing::DaemonFixture {
 };
 
 TEST_F(NcclChannelTest, BuiltWithNcclMatchesTheBuild) {
-#if KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#if KVCACHE_WITH_NCCL
   EXPECT_TRUE(NcclChannel::BuiltWithNccl());
 #else
   EXPECT_FALSE(NcclChannel::BuiltWithNccl());
@@ -111,7 +111,7 @@ TEST_F(NcclChannelTest, WithoutADeviceConnectFailsPreconditionAndPublishesNothin
               StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
 
-#if KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 
 // cudaMalloc'ed bytes, freed on destruction.
 class DeviceBuffer {
@@ -327,7 +327,7 @@ TEST_F(NcclChannelGpuTest, InitWaitingForAnAbsentRankRunsIntoTheTimeout) {
   CheckSelfCopy(*channel, 4, 256, {0}, {3}, 5);
 }
 
-#endif  // KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#endif  // KVCACHE_WITH_NCCL
 
 }  // namespace
 }  // namespace kvcache

@@ -29,7 +29,7 @@
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 
-#if KVCACHE_NCCL_TRANSPORT_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 #include <cuda_runtime_api.h>
 
 #include "common/cuda/cuda_device.h"
@@ -90,7 +90,7 @@ TEST_F(NcclTransportTest, FreshRendezvousKeysDifferAndFitTheDaemonsLimit) {
   EXPECT_OK(client_->PublishRendezvous(first, "value"));
 }
 
-#if KVCACHE_NCCL_TRANSPORT_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 
 using ::kvcache::testing::ExpectedBlockBytes;
 using ::kvcache::testing::Subprocess;
@@ -354,7 +354,7 @@ TEST_F(NcclTransportGpuTest, HostTransportsRefuseDevicePoolsAndNcclAHostSource) 
   EXPECT_EQ(ReceiverStats().published_blocks, 0u);
 }
 
-#endif  // KVCACHE_NCCL_TRANSPORT_GPU_TESTS
+#endif  // KVCACHE_WITH_NCCL
 
 }  // namespace
 }  // namespace kvcache::worker

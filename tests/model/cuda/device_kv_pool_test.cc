@@ -17,7 +17,7 @@
 #include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
-#if KVCACHE_DEVICE_KV_POOL_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
@@ -53,7 +53,7 @@ TEST(DeviceKvPoolTest, CreateAnswersForTheBuildAndTheMachine) {
   }
 }
 
-#if KVCACHE_DEVICE_KV_POOL_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 
 TEST(DeviceKvPoolGpuTest, IsZeroFilledDeviceMemoryAndMovesItsAllocation) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
@@ -86,7 +86,7 @@ TEST(DeviceKvPoolGpuTest, IsZeroFilledDeviceMemoryAndMovesItsAllocation) {
   EXPECT_EQ(moved.num_blocks(), 1u);
 }
 
-#endif  // KVCACHE_DEVICE_KV_POOL_GPU_TESTS
+#endif  // KVCACHE_WITH_CUDA
 
 }  // namespace
 }  // namespace kvcache::worker

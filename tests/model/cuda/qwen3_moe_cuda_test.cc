@@ -37,7 +37,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 
-#if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
 
@@ -60,7 +60,7 @@ constexpr uint32_t kBlockSize = 16;
 // ---------------------------------------------------------------------------------------------
 
 TEST(CudaQwen3MoeModelTest, BuiltWithCudaMatchesTheBuild) {
-#if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
+#if KVCACHE_WITH_CUDA
   EXPECT_TRUE(BuiltWithCuda());
 #else
   EXPECT_FALSE(BuiltWithCuda());
@@ -128,7 +128,7 @@ TEST(MoeDispatchPlanTest, RejectsBadRouterOutput) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 2 each")));
 }
 
-#if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 // ---------------------------------------------------------------------------------------------
 // GPU against CPU.
 // ---------------------------------------------------------------------------------------------
@@ -446,7 +446,7 @@ INSTANTIATE_TEST_SUITE_P(PoolDtypes, CudaQwen3MoeModelGpuTest,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
-#endif  // KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
+#endif  // KVCACHE_WITH_CUDA
 
 }  // namespace
 }  // namespace kvcache::worker
