@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/cuda/cuda_device.h"
+#include "common/cuda/cuda_status.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/integration/kv_pattern.h"
 #endif
@@ -98,9 +99,7 @@ using ::kvcache::testing::Subprocess;
 constexpr char kTenant[] = "acme";
 
 absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind) {
-  const cudaError_t error = cudaMemcpy(to, from, bytes, kind);
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(cudaGetErrorString(error));
+  return CudaStatus(cudaMemcpy(to, from, bytes, kind), "cudaMemcpy");
 }
 
 class NcclTransportGpuTest : public kvcache::testing::DaemonProcessTest {

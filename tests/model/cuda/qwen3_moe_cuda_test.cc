@@ -53,8 +53,6 @@ using ::testing::HasSubstr;
 
 using ::kvcache::worker::testing::TinyModel;
 
-constexpr uint32_t kBlockSize = 16;
-
 // ---------------------------------------------------------------------------------------------
 // Every build, every machine.
 // ---------------------------------------------------------------------------------------------
@@ -132,6 +130,8 @@ TEST(MoeDispatchPlanTest, RejectsBadRouterOutput) {
 // ---------------------------------------------------------------------------------------------
 // GPU against CPU.
 // ---------------------------------------------------------------------------------------------
+
+constexpr uint32_t kBlockSize = 16;
 
 // Logits: max |gpu - cpu| <= kLogitTolerance * max |cpu|. The GPU's attention and expert sums
 // run in another order (and CUDA's expf), so the logits differ in the last bits (~1e-6).
