@@ -14,6 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "common/cuda/cuda_device.h"
+#include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/block_copy.h"
 
@@ -24,11 +26,6 @@ constexpr uint64_t kBytesPerLaunch = uint64_t{256} << 20;  // moved by one timed
 constexpr int kWarmup = 3;
 constexpr int kIters = 20;
 
-absl::Status Cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrFormat("%s: %s", what, cudaGetErrorString(err)));
-}
-
 // Device allocation freed on scope exit.
 class DeviceMemory {
  public:
@@ -38,7 +35,7 @@ class DeviceMemory {
   }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
-  absl::Status Allocate(size_t bytes) { return Cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc"); }
+  absl::Status Allocate(size_t bytes) { return CudaStatus(cudaMalloc(&ptr_, bytes), "cudaMalloc"); }
   template <typename T = uint8_t>
   T* get() const {
     return static_cast<T*>(ptr_);
@@ -57,7 +54,7 @@ class Event {
   }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
-  absl::Status Create() { return Cuda(cudaEventCreate(&event_), "cudaEventCreate"); }
+  absl::Status Create() { return CudaStatus(cudaEventCreate(&event_), "cudaEventCreate"); }
   cudaEvent_t get() const { return event_; }
 
  private:
@@ -71,12 +68,13 @@ absl::StatusOr<double> TimeMs(cudaStream_t stream, Launch launch) {
   RETURN_IF_ERROR(start.Create());
   RETURN_IF_ERROR(stop.Create());
   for (int i = 0; i < kWarmup; ++i) RETURN_IF_ERROR(launch());
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(start.get(), stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start.get(), stream), "cudaEventRecord"));
   for (int i = 0; i < kIters; ++i) RETURN_IF_ERROR(launch());
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(stop.get(), stream), "cudaEventRecord"));
-  RETURN_IF_ERROR(Cuda(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(stop.get(), stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"));
   float ms = 0;
-  RETURN_IF_ERROR(Cuda(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime"));
   return static_cast<double>(ms) / kIters;
 }
 
@@ -99,18 +97,20 @@ absl::Status RunOne(uint64_t block_bytes, cudaStream_t stream) {
   RETURN_IF_ERROR(staging.Allocate(bytes));
   RETURN_IF_ERROR(d_ids.Allocate(n * sizeof(int64_t)));
   RETURN_IF_ERROR(d_dst_ids.Allocate(n * sizeof(int64_t)));
-  RETURN_IF_ERROR(Cuda(cudaMemsetAsync(pool.get(), 1, uint64_t{num_blocks} * block_bytes, stream),
-                       "cudaMemsetAsync"));
-  RETURN_IF_ERROR(Cuda(
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(pool.get(), 1, uint64_t{num_blocks} * block_bytes, stream),
+                 "cudaMemsetAsync"));
+  RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(d_ids.get(), ids.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
       "cudaMemcpyAsync"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_dst_ids.get(), dst_ids.data(), n * sizeof(int64_t),
-                                       cudaMemcpyHostToDevice, stream),
-                       "cudaMemcpyAsync"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d_dst_ids.get(), dst_ids.data(), n * sizeof(int64_t),
+                                             cudaMemcpyHostToDevice, stream),
+                             "cudaMemcpyAsync"));
 
   auto memcpy_d2d = [&] {
-    return Cuda(cudaMemcpyAsync(staging.get(), pool.get(), bytes, cudaMemcpyDeviceToDevice, stream),
-                "cudaMemcpyAsync");
+    return CudaStatus(
+        cudaMemcpyAsync(staging.get(), pool.get(), bytes, cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpyAsync");
   };
   auto gather = [&] {
     return GatherBlocksCuda(pool.get(), block_bytes, num_blocks, d_ids.get<int64_t>(), n,
@@ -148,7 +148,7 @@ int Main() {
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::printf("device: %s\n", prop.name);
   cudaStream_t stream;
-  if (absl::Status s = Cuda(cudaStreamCreate(&stream), "cudaStreamCreate"); !s.ok()) {
+  if (absl::Status s = CudaStatus(cudaStreamCreate(&stream), "cudaStreamCreate"); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }

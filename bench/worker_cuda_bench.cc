@@ -16,7 +16,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "model/cuda/qwen3_moe_cuda.h"
 #include "model/qwen3_moe.h"
 #include "model/sampler.h"
@@ -143,7 +143,7 @@ int Main(const std::string& checkpoint, int reps) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
   }
-  if (!kernels::BuiltWithCuda() || !kernels::CudaDeviceAvailable()) {
+  if (!BuiltWithCuda() || !CudaDeviceAvailable()) {
     std::printf("worker_cuda_bench: skipped: no CUDA device\n");
     return 0;
   }

@@ -7,21 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
+#include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
 namespace {
-
-absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  if (error == cudaErrorNoDevice || error == cudaErrorInvalidDevice ||
-      error == cudaErrorInsufficientDriver) {
-    return absl::FailedPreconditionError(message);
-  }
-  return absl::InternalError(message);
-}
 
 class CudaPoolMemory final : public PoolMemory {
  public:
@@ -54,16 +44,16 @@ class CudaPoolMemory final : public PoolMemory {
     RETURN_IF_ERROR(CheckRange(src, 0, block_bytes()));
     RETURN_IF_ERROR(CheckRange(dst, 0, block_bytes()));
     if (src == dst) return absl::OkStatus();
-    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "selecting the pool's device"));
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(BlockPointer(dst), BlockPointer(src), block_bytes(),
-                                               cudaMemcpyDeviceToDevice, stream_),
-                               "copying a block"));
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(BlockPointer(dst), BlockPointer(src),
+                                                 block_bytes(), cudaMemcpyDeviceToDevice, stream_),
+                                 "copying a block");
     return CudaStatus(cudaStreamSynchronize(stream_), "copying a block");
   }
 
   absl::Status Write(uint32_t block, uint64_t offset, absl::string_view bytes) override {
     RETURN_IF_ERROR(CheckRange(block, offset, bytes.size()));
-    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "selecting the pool's device"));
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
     return CudaStatus(cudaMemcpy(BlockPointer(block) + offset, bytes.data(), bytes.size(),
                                  cudaMemcpyHostToDevice),
                       "writing block bytes");
@@ -71,7 +61,7 @@ class CudaPoolMemory final : public PoolMemory {
 
   absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const override {
     RETURN_IF_ERROR(CheckRange(block, offset, size));
-    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "selecting the pool's device"));
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
     return CudaStatus(cudaMemcpy(out, BlockPointer(block) + offset, size, cudaMemcpyDeviceToHost),
                       "reading block bytes");
   }
@@ -97,10 +87,10 @@ absl::StatusOr<std::unique_ptr<PoolMemory>> CreateCudaPoolMemory(int device, uin
                                                                  uint32_t num_blocks) {
   const uint64_t total = block_bytes * num_blocks;
   if (total == 0) return absl::InvalidArgumentError("pool memory of 0 bytes");
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("selecting cuda:", device)));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), absl::StrCat("selecting cuda:", device));
   void* base = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&base, total),
-                             absl::StrCat("allocating ", total, " bytes on cuda:", device)));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaMalloc(&base, total),
+                               absl::StrCat("allocating ", total, " bytes on cuda:", device));
   cudaIpcMemHandle_t handle;
   cudaStream_t stream = nullptr;
   absl::Status status = CudaStatus(cudaIpcGetMemHandle(&handle, base), "exporting the pool");

@@ -11,15 +11,13 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "cache/pool_memory.h"
 
 namespace kvcache {
 
-// Parses "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.
-absl::StatusOr<int> ParseCudaDevice(absl::string_view device);
-
-// RESOURCE_EXHAUSTED when the device lacks memory; FAILED_PRECONDITION with no device or no CUDA.
+// CUDA errors as common/cuda/cuda_status.h maps them: RESOURCE_EXHAUSTED when the device lacks
+// memory; FAILED_PRECONDITION with no device or driver, and in a build without CUDA ("built
+// without CUDA"); INTERNAL otherwise. INVALID_ARGUMENT for a pool of 0 bytes.
 absl::StatusOr<std::unique_ptr<PoolMemory>> CreateCudaPoolMemory(int device, uint64_t block_bytes,
                                                                  uint32_t num_blocks);
 

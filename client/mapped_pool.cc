@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/mapped_pool_cuda.h"
+#include "common/cuda/cuda_device.h"
 
 namespace kvcache {
 namespace {
@@ -47,7 +48,7 @@ absl::Status CheckDescription(const KvCacheClient::PoolInfo& pool) {
 
 }  // namespace
 
-bool MappedPool::BuiltWithCuda() { return mapped_pool_internal::BuiltWithCuda(); }
+bool MappedPool::BuiltWithCuda() { return ::kvcache::BuiltWithCuda(); }
 
 absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::Map(const KvCacheClient::PoolInfo& pool,
                                                             uint64_t epoch) {

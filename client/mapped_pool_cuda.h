@@ -18,16 +18,14 @@ namespace kvcache::mapped_pool_internal {
 // mapped_pool_cuda.cc.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 
-// True when this binary was built with CUDA; false for the stub.
-bool BuiltWithCuda();
-
 // Opens `handle` (kCudaIpcHandleBytes raw bytes; REQUIRES: that size) with
 // cudaIpcOpenMemHandle(cudaIpcMemLazyEnablePeerAccess) on CUDA device `device` (REQUIRES:
 // device >= 0) and returns the device address of the allocation's first byte. `pool` names the
-// pool in error messages. Errors:
-//   FAILED_PRECONDITION  no usable CUDA device or driver, no device `device`, the handle cannot
-//                        be opened (its daemon stopped or restarted, or it is this process's
-//                        own allocation), or a build without CUDA ("built without CUDA")
+// pool in error messages. Errors (CUDA's as common/cuda/cuda_status.h maps them):
+//   FAILED_PRECONDITION  no usable CUDA device or driver ("no CUDA device"), no device `device`,
+//                        the handle cannot be opened (its daemon stopped or restarted, or it is
+//                        this process's own allocation), or a build without CUDA ("built
+//                        without CUDA")
 //   RESOURCE_EXHAUSTED   the device is out of memory or peer mappings
 //   INTERNAL             any other CUDA error, with cudaGetErrorString
 absl::StatusOr<uint8_t*> OpenCudaIpcMapping(absl::string_view handle, int device,

@@ -18,4 +18,44 @@ function(kvcache_test)
   if(KV_LABELS)
     set_tests_properties(${KV_NAME} PROPERTIES LABELS "${KV_LABELS}")
   endif()
+  # GPU cases GTEST_SKIP with "no CUDA device" on a machine without one: CTest reports them as
+  # skipped, not passed.
+  if("gpu" IN_LIST KV_LABELS)
+    set_tests_properties(${KV_NAME} PROPERTIES SKIP_REGULAR_EXPRESSION "no CUDA device")
+  endif()
+endfunction()
+
+# kvcache_gpu_test(NAME <name>_test SRCS ... DEPS ... GPU_FILTER <gtest pattern> [NEEDS_NCCL]):
+# one binary that mixes unit cases with GPU cases (those GPU_FILTER matches; compiled under
+# #if KVCACHE_WITH_CUDA, or KVCACHE_WITH_NCCL with NEEDS_NCCL, and skipping with "no CUDA device"
+# where there is none), two CTest entries: <name>_test (label unit) runs every case but the GPU
+# ones, in every build; <name>_gpu_test (label gpu) runs only the GPU cases, where they are built.
+function(kvcache_gpu_test)
+  cmake_parse_arguments(KV "NEEDS_NCCL" "NAME;GPU_FILTER" "SRCS;DEPS" ${ARGN})
+  kvcache_test(NAME ${KV_NAME} SRCS ${KV_SRCS} DEPS ${KV_DEPS} LABELS unit)
+  set_property(TEST ${KV_NAME} APPEND PROPERTY ENVIRONMENT "GTEST_FILTER=-${KV_GPU_FILTER}")
+  if(KVCACHE_WITH_CUDA AND (KVCACHE_WITH_NCCL OR NOT KV_NEEDS_NCCL))
+    string(REGEX REPLACE "_test$" "_gpu_test" gpu_name ${KV_NAME})
+    add_test(NAME ${gpu_name} COMMAND ${KV_NAME} --gtest_filter=${KV_GPU_FILTER})
+    set_tests_properties(${gpu_name} PROPERTIES LABELS gpu TIMEOUT 300
+      SKIP_REGULAR_EXPRESSION "no CUDA device"
+      ENVIRONMENT "KVCACHE_BIN_DIR=${PROJECT_BINARY_DIR}/bin;KVCACHE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  endif()
+endfunction()
+
+# kvcache_cuda_sources(<target> REAL <src>... STUB <src>... [NCCL]): the one real-vs-stub switch.
+# Adds the REAL sources and links CUDA::cudart (and NCCL with NCCL) when the build has CUDA (and
+# NCCL: KVCACHE_WITH_NCCL); otherwise the STUB sources, which answer NotBuiltWith
+# (common/cuda/not_built.h). Stubs hold only what calls CUDA; the rest is built either way.
+function(kvcache_cuda_sources target)
+  cmake_parse_arguments(KV "NCCL" "" "REAL;STUB" ${ARGN})
+  if(KVCACHE_WITH_CUDA AND (NOT KV_NCCL OR KVCACHE_WITH_NCCL))
+    target_sources(${target} PRIVATE ${KV_REAL})
+    target_link_libraries(${target} PUBLIC CUDA::cudart)
+    if(KV_NCCL)
+      target_link_libraries(${target} PUBLIC ${KVCACHE_NCCL_LIBRARY})
+    endif()
+  else()
+    target_sources(${target} PRIVATE ${KV_STUB})
+  endif()
 endfunction()

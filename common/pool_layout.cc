@@ -62,7 +62,10 @@ absl::Status PoolLayout::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("layout fields must be in [1, 65536]: ", DebugString()));
   }
-  if (DTypeBytes(dtype) == 0) return absl::InvalidArgumentError("layout has an unknown dtype");
+  if (DTypeBytes(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout has an unknown dtype ", static_cast<uint32_t>(dtype)));
+  }
   if (BlockBytes() > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("block of ", BlockBytes(), " bytes exceeds 1 GiB: ", DebugString()));

@@ -1,4 +1,5 @@
-// CPU reference for the block copy kernels, and the argument checks both paths share.
+// CPU reference for the block copy kernels, the argument checks both paths share, and the CUDA
+// launchers up to the launch (block_copy.cu), so that every build runs their checks.
 #include "kernels/block_copy.h"
 
 #include <algorithm>
@@ -154,6 +155,45 @@ absl::Status ScatterBlocksCpu(const uint8_t* in, uint64_t block_bytes, uint32_t 
                 block_bytes);
   }
   return absl::OkStatus();
+}
+
+absl::Status CopyBlocksCuda(uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
+                            const int64_t* src_ids, const int64_t* dst_ids, uint32_t num_pairs,
+                            void* stream) {
+  constexpr char kOp[] = "CopyBlocksCuda";
+  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, 0));
+  if (num_pairs == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "src_ids", src_ids));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dst_ids", dst_ids));
+  return internal::LaunchCopyBlocks(pool, block_bytes, num_blocks, src_ids, dst_ids, num_pairs,
+                                    stream);
+}
+
+absl::Status GatherBlocksCuda(const uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
+                              const int64_t* block_ids, uint32_t num_ids, uint8_t* out,
+                              void* stream) {
+  constexpr char kOp[] = "GatherBlocksCuda";
+  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, num_ids));
+  if (num_ids == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "block_ids", block_ids));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "out", out));
+  return internal::LaunchGatherBlocks(pool, block_bytes, num_blocks, block_ids, num_ids, out,
+                                      stream);
+}
+
+absl::Status ScatterBlocksCuda(const uint8_t* in, uint64_t block_bytes, uint32_t num_blocks,
+                               const int64_t* block_ids, uint32_t num_ids, uint8_t* pool,
+                               void* stream) {
+  constexpr char kOp[] = "ScatterBlocksCuda";
+  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, num_ids));
+  if (num_ids == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "in", in));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "block_ids", block_ids));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
+  return internal::LaunchScatterBlocks(in, block_bytes, num_blocks, block_ids, num_ids, pool,
+                                       stream);
 }
 
 }  // namespace kvcache::kernels

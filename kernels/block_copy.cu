@@ -1,12 +1,11 @@
 // CUDA block copy, gather and scatter over a block-major KV pool. See block_copy.h for the
-// contract; block_copy.cc holds the CPU reference each kernel is tested against.
+// contract; block_copy.cc holds the CPU reference each kernel is tested against and the
+// launchers' argument checks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include "absl/strings/str_format.h"
-#include "common/status_macros.h"
 #include "kernels/block_copy.h"
 #include "kernels/block_copy_internal.h"
 #include "kernels/cuda_launch.h"
@@ -122,26 +121,11 @@ dim3 GridFor(uint32_t count, uint64_t block_bytes) {
 
 }  // namespace
 
-bool BuiltWithCuda() { return true; }
+namespace internal {
 
-bool CudaDeviceAvailable() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // Clear the error so that it does not surface in a later launch check.
-    return false;
-  }
-  return count > 0;
-}
-
-absl::Status CopyBlocksCuda(uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
-                            const int64_t* src_ids, const int64_t* dst_ids, uint32_t num_pairs,
-                            void* stream) {
-  constexpr char kOp[] = "CopyBlocksCuda";
-  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, 0));
-  if (num_pairs == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "src_ids", src_ids));
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dst_ids", dst_ids));
+absl::Status LaunchCopyBlocks(uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
+                              const int64_t* src_ids, const int64_t* dst_ids, uint32_t num_pairs,
+                              void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (CanVectorize(block_bytes, pool, pool)) {
     CopyBlocksKernel<true><<<GridFor(num_pairs, block_bytes), kThreadsPerBlock, 0, s>>>(
@@ -150,18 +134,12 @@ absl::Status CopyBlocksCuda(uint8_t* pool, uint64_t block_bytes, uint32_t num_bl
     CopyBlocksKernel<false><<<GridFor(num_pairs, block_bytes), kThreadsPerBlock, 0, s>>>(
         pool, src_ids, dst_ids, num_pairs, block_bytes, num_blocks);
   }
-  return CheckLaunch(kOp);
+  return CheckLaunch("CopyBlocksCuda");
 }
 
-absl::Status GatherBlocksCuda(const uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
-                              const int64_t* block_ids, uint32_t num_ids, uint8_t* out,
-                              void* stream) {
-  constexpr char kOp[] = "GatherBlocksCuda";
-  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, num_ids));
-  if (num_ids == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "block_ids", block_ids));
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "out", out));
+absl::Status LaunchGatherBlocks(const uint8_t* pool, uint64_t block_bytes, uint32_t num_blocks,
+                                const int64_t* block_ids, uint32_t num_ids, uint8_t* out,
+                                void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (CanVectorize(block_bytes, pool, out)) {
     GatherBlocksKernel<true><<<GridFor(num_ids, block_bytes), kThreadsPerBlock, 0, s>>>(
@@ -170,18 +148,12 @@ absl::Status GatherBlocksCuda(const uint8_t* pool, uint64_t block_bytes, uint32_
     GatherBlocksKernel<false><<<GridFor(num_ids, block_bytes), kThreadsPerBlock, 0, s>>>(
         pool, block_ids, out, num_ids, block_bytes, num_blocks);
   }
-  return CheckLaunch(kOp);
+  return CheckLaunch("GatherBlocksCuda");
 }
 
-absl::Status ScatterBlocksCuda(const uint8_t* in, uint64_t block_bytes, uint32_t num_blocks,
-                               const int64_t* block_ids, uint32_t num_ids, uint8_t* pool,
-                               void* stream) {
-  constexpr char kOp[] = "ScatterBlocksCuda";
-  RETURN_IF_ERROR(internal::CheckGeometry(kOp, block_bytes, num_blocks, num_ids));
-  if (num_ids == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "in", in));
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "block_ids", block_ids));
-  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "pool", pool));
+absl::Status LaunchScatterBlocks(const uint8_t* in, uint64_t block_bytes, uint32_t num_blocks,
+                                 const int64_t* block_ids, uint32_t num_ids, uint8_t* pool,
+                                 void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (CanVectorize(block_bytes, in, pool)) {
     ScatterBlocksKernel<true><<<GridFor(num_ids, block_bytes), kThreadsPerBlock, 0, s>>>(
@@ -190,7 +162,8 @@ absl::Status ScatterBlocksCuda(const uint8_t* in, uint64_t block_bytes, uint32_t
     ScatterBlocksKernel<false><<<GridFor(num_ids, block_bytes), kThreadsPerBlock, 0, s>>>(
         in, block_ids, pool, num_ids, block_bytes, num_blocks);
   }
-  return CheckLaunch(kOp);
+  return CheckLaunch("ScatterBlocksCuda");
 }
 
+}  // namespace internal
 }  // namespace kvcache::kernels

@@ -14,7 +14,9 @@
 // the kernels treat every id outside [0, num_blocks) as a skip (never an out-of-bounds access);
 // callers that want the CPU path's strict checks run ValidateCopyIds / ValidateBlockIds on the host
 // copy of the ids before uploading them. A kernel fault surfaces on the next synchronizing call.
-// Built without CUDA, the *Cuda functions return UNIMPLEMENTED("built without CUDA").
+// Built without CUDA, the *Cuda functions make the same checks and, where they would launch,
+// return FAILED_PRECONDITION("built without CUDA"), as every stub does (common/cuda/not_built.h);
+// common/cuda/cuda_device.h says which build this is.
 #ifndef KVCACHE_KERNELS_BLOCK_COPY_H_
 #define KVCACHE_KERNELS_BLOCK_COPY_H_
 
@@ -60,12 +62,6 @@ absl::Status ScatterBlocksCpu(const uint8_t* in, uint64_t block_bytes, uint32_t 
                               absl::Span<const int64_t> block_ids, uint8_t* pool);
 
 // --- CUDA (device pointers, device id arrays, explicit stream). ---
-
-// True when this binary was compiled with the CUDA path.
-bool BuiltWithCuda();
-
-// True when built with CUDA and cudaGetDeviceCount succeeds with at least one device.
-bool CudaDeviceAvailable();
 
 // pool: device [num_blocks, block_bytes]; src_ids, dst_ids: device [num_pairs] int64.
 // Same contract as CopyBlocksCpu; the pairs must satisfy ValidateCopyIds (not checked here; a

@@ -1,31 +1,24 @@
-// The CUDA entry points of block_copy.h for a build without CUDA: they exist so that callers link
-// either way, and report UNIMPLEMENTED.
-#include "kernels/block_copy.h"
+// The launches behind block_copy.h's *Cuda functions in a build without CUDA: the functions
+// still check their arguments (block_copy.cc), then answer FAILED_PRECONDITION("built without
+// CUDA").
+#include "common/cuda/not_built.h"
+#include "kernels/block_copy_internal.h"
 
-namespace kvcache::kernels {
-namespace {
+namespace kvcache::kernels::internal {
 
-absl::Status NoCuda() { return absl::UnimplementedError("built without CUDA"); }
-
-}  // namespace
-
-bool BuiltWithCuda() { return false; }
-
-bool CudaDeviceAvailable() { return false; }
-
-absl::Status CopyBlocksCuda(uint8_t*, uint64_t, uint32_t, const int64_t*, const int64_t*, uint32_t,
-                            void*) {
-  return NoCuda();
+absl::Status LaunchCopyBlocks(uint8_t*, uint64_t, uint32_t, const int64_t*, const int64_t*,
+                              uint32_t, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-absl::Status GatherBlocksCuda(const uint8_t*, uint64_t, uint32_t, const int64_t*, uint32_t,
-                              uint8_t*, void*) {
-  return NoCuda();
+absl::Status LaunchGatherBlocks(const uint8_t*, uint64_t, uint32_t, const int64_t*, uint32_t,
+                                uint8_t*, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-absl::Status ScatterBlocksCuda(const uint8_t*, uint64_t, uint32_t, const int64_t*, uint32_t,
-                               uint8_t*, void*) {
-  return NoCuda();
+absl::Status LaunchScatterBlocks(const uint8_t*, uint64_t, uint32_t, const int64_t*, uint32_t,
+                                 uint8_t*, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-}  // namespace kvcache::kernels
+}  // namespace kvcache::kernels::internal

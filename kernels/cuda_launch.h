@@ -5,18 +5,17 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_cat.h"
+#include "common/cuda/cuda_status.h"
 
 namespace kvcache::kernels {
 
-// Returns the launch error, if any, as INTERNAL. Does not synchronize.
+// The launch error, if any, as CudaStatus maps it ("<op>: kernel launch failed: <CUDA text>").
+// Does not synchronize.
 inline absl::Status CheckLaunch(const char* op) {
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrFormat("%s: kernel launch failed: %s", op, cudaGetErrorString(err)));
-  }
-  return absl::OkStatus();
+  if (err == cudaSuccess) return absl::OkStatus();
+  return CudaStatus(err, absl::StrCat(op, ": kernel launch failed"));
 }
 
 }  // namespace kvcache::kernels

@@ -1,6 +1,6 @@
-// CUDA kernels for the worker's hot ops. See worker_kernels.h for the contracts; the CPU
-// references are model/ops.h and model/paged_kv.h, and tests/kernels/worker_kernels_gpu_test.cc
-// compares the two.
+// CUDA kernels for the worker's hot ops and their launches. See worker_kernels.h for the
+// contracts and worker_kernels_args.cc for the launchers' argument checks; the CPU references are
+// model/ops.h and model/paged_kv.h, and tests/kernels/worker_kernels_gpu_test.cc compares the two.
 //
 // Precision notes. nvcc contracts a * b + c into an FMA by default; where the CPU result is meant
 // to be reproduced (RMSNorm's scaling, RoPE's rotation, LinearCuda's lanes, the MoE combine) the
@@ -13,12 +13,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 
-#include "absl/strings/str_format.h"
-#include "common/status_macros.h"
 #include "kernels/cuda_launch.h"
 #include "kernels/worker_kernels.h"
+#include "kernels/worker_kernels_internal.h"
 
 namespace kvcache::kernels {
 namespace {
@@ -29,13 +27,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr uint64_t kMaxGridX = 0x7fffffffu;
 
 dim3 GridFor(uint64_t count) { return dim3(static_cast<unsigned>(std::min(count, kMaxGridX))); }
-
-absl::Status NotNull(const char* op, const char* what, const void* ptr) {
-  if (ptr == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: %s is null", op, what));
-  }
-  return absl::OkStatus();
-}
 
 // --- Warp reductions. The xor butterfly leaves the same value in every lane (a + b == b + a). ---
 
@@ -273,18 +264,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 
 constexpr uint32_t kWriteKvThreads = 256;
 
-// Byte geometry of one layer's K and V inside a block-major pool block.
-struct KvGeometry {
-  uint64_t block_bytes;  // bytes of one pool block
-  uint64_t k_offset;     // offset of `layer`'s K, token 0, inside a block
-  uint64_t v_minus_k;    // offset of V minus offset of K (block_size * token_bytes)
-  uint64_t token_bytes;  // bytes of one token's K (or V): num_kv_heads * head_dim * elem
-  uint64_t num_blocks;   // pool blocks
-  uint32_t block_size;   // tokens per block
-  uint32_t token_elems;  // num_kv_heads * head_dim
-  uint32_t head_dim;
-  uint32_t elem_bytes;
-};
+using internal::KvGeometry;
 
 // Grid: (min(num_tokens, 2^31 - 1)), Block: (256). One CUDA block per token (grid-stride over
 // tokens); threads stride over the token's num_kv_heads * head_dim elements of K and of V.
@@ -324,15 +304,7 @@ constexpr uint32_t kAttnTile = 256;  // positions scored per pass
 constexpr uint32_t kAttnDimsPerThread = kMaxCudaHeadDim / kAttnThreads;
 static_assert(kMaxCudaHeadDim % kAttnThreads == 0);
 
-struct AttnParams {
-  KvGeometry kv;
-  uint32_t num_tokens;
-  uint32_t num_q_heads;
-  uint32_t group;  // q heads per kv head
-  uint32_t num_seqs;
-  uint32_t max_blocks_per_seq;
-  float scale;
-};
+using internal::AttnParams;
 
 // Grid: (min(num_tokens * num_q_heads, 2^31 - 1)), Block: (128). One CUDA block per (token,
 // q head) (grid-stride over them). Positions 0..p are processed in tiles of kAttnTile: each warp
@@ -719,120 +691,32 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// --- Launcher helpers. ---
-
-uint32_t DTypeSize(DType dtype) { return DTypeBytes(dtype); }
-
-// PoolLayout::Validate's checks (kept here so that kvcache::kernels needs only the header of
-// common/pool_layout.h), the layer, and the pool's size and alignment; fills `g`.
-absl::Status CheckPool(const char* op, const PoolLayout& layout, uint32_t layer,
-                       uint64_t num_pool_blocks, KvGeometry& g) {
-  constexpr uint32_t kMaxDim = 1 << 16;
-  if (layout.num_layers == 0 || layout.num_layers > kMaxDim || layout.num_kv_heads == 0 ||
-      layout.num_kv_heads > kMaxDim || layout.head_dim == 0 || layout.head_dim > kMaxDim ||
-      layout.block_size == 0 || layout.block_size > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: layout fields must be in [1, 65536]: layers=%u kv_heads=%u head_dim=%u "
-        "block_size=%u",
-        op, layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.block_size));
-  }
-  const uint32_t elem = DTypeSize(layout.dtype);
-  if (elem == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: layout has an unknown dtype %u", op,
-                                                      static_cast<uint32_t>(layout.dtype)));
-  }
-  const uint64_t token_bytes = uint64_t{layout.num_kv_heads} * layout.head_dim * elem;
-  const uint64_t block_bytes = uint64_t{layout.num_layers} * 2 * layout.block_size * token_bytes;
-  if (block_bytes > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: block of %u bytes exceeds 1 GiB", op, block_bytes));
-  }
-  if (layer >= layout.num_layers) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: layer %u out of range: the pool has %u",
-                                                      op, layer, layout.num_layers));
-  }
-  if (num_pool_blocks == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: num_pool_blocks must be > 0", op));
-  }
-  if (num_pool_blocks > std::numeric_limits<uint64_t>::max() / block_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: pool of %u blocks of %u bytes overflows uint64", op, num_pool_blocks, block_bytes));
-  }
-  g.block_bytes = block_bytes;
-  g.k_offset = uint64_t{layer} * 2 * layout.block_size * token_bytes;
-  g.v_minus_k = uint64_t{layout.block_size} * token_bytes;
-  g.token_bytes = token_bytes;
-  g.num_blocks = num_pool_blocks;
-  g.block_size = layout.block_size;
-  g.token_elems = layout.num_kv_heads * layout.head_dim;  // < 2^30 given the 1 GiB block bound
-  g.head_dim = layout.head_dim;
-  g.elem_bytes = elem;
-  return absl::OkStatus();
-}
-
-absl::Status CheckPoolAlignment(const char* op, const void* pool, uint32_t elem_bytes) {
-  if (reinterpret_cast<uintptr_t>(pool) % elem_bytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: pool is not aligned to its %u-byte elements", op, elem_bytes));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-absl::Status RmsNormCuda(const float* x, const float* weight, float eps, uint32_t rows,
-                         uint32_t dim, float* out, void* stream) {
-  constexpr char kOp[] = "RmsNormCuda";
-  if (dim == 0) return absl::InvalidArgumentError(absl::StrFormat("%s: dim must be > 0", kOp));
-  if (rows == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "x", x));
-  RETURN_IF_ERROR(NotNull(kOp, "weight", weight));
-  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+namespace internal {
+
+absl::Status LaunchRmsNorm(const float* x, const float* weight, float eps, uint32_t rows,
+                           uint32_t dim, float* out, void* stream) {
   const uint32_t threads =
       std::min(kNormMaxThreads, std::max(kWarp, (dim + kWarp - 1) / kWarp * kWarp));
   RmsNormKernel<<<GridFor(rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(out, x, weight,
                                                                                   eps, rows, dim);
-  return CheckLaunch(kOp);
+  return CheckLaunch("RmsNormCuda");
 }
 
-absl::Status RopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens, uint32_t num_heads,
-                      uint32_t head_dim, double theta, void* stream) {
-  constexpr char kOp[] = "RopeCuda";
-  if (num_heads == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: num_heads must be > 0", kOp));
-  }
-  if (head_dim == 0 || head_dim % 2 != 0 || head_dim > kMaxCudaHeadDim) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: head_dim %u must be even and in [2, %u]",
-                                                      kOp, head_dim, kMaxCudaHeadDim));
-  }
-  if (!(theta > 0.0) || !std::isfinite(theta)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: theta %g must be positive and finite", kOp, theta));
-  }
-  if (num_tokens == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "x", x));
-  RETURN_IF_ERROR(NotNull(kOp, "positions", positions));
+absl::Status LaunchRope(float* x, const uint32_t* positions, uint32_t num_tokens,
+                        uint32_t num_heads, uint32_t head_dim, double theta, void* stream) {
   RopeKernel<<<GridFor(num_tokens), kRopeThreads, head_dim * sizeof(float),
                static_cast<cudaStream_t>(stream)>>>(x, positions, num_tokens, num_heads, head_dim,
                                                     theta);
-  return CheckLaunch(kOp);
+  return CheckLaunch("RopeCuda");
 }
 
-absl::Status WriteKvCuda(const float* k, const float* v, const int64_t* slot_mapping,
-                         uint32_t num_tokens, uint32_t layer, const PoolLayout& layout,
-                         uint64_t num_pool_blocks, uint8_t* pool, void* stream) {
-  constexpr char kOp[] = "WriteKvCuda";
-  KvGeometry g;
-  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, g));
-  if (num_tokens == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "k", k));
-  RETURN_IF_ERROR(NotNull(kOp, "v", v));
-  RETURN_IF_ERROR(NotNull(kOp, "slot_mapping", slot_mapping));
-  RETURN_IF_ERROR(NotNull(kOp, "pool", pool));
-  RETURN_IF_ERROR(CheckPoolAlignment(kOp, pool, g.elem_bytes));
+absl::Status LaunchWriteKv(const float* k, const float* v, const int64_t* slot_mapping,
+                           uint32_t num_tokens, const KvGeometry& g, uint8_t* pool, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const dim3 grid = GridFor(num_tokens);
-  switch (layout.dtype) {
+  switch (g.dtype) {
     case DType::kFloat32:
       WriteKvKernel<DType::kFloat32>
           <<<grid, kWriteKvThreads, 0, s>>>(pool, k, v, slot_mapping, num_tokens, g);
@@ -850,49 +734,16 @@ absl::Status WriteKvCuda(const float* k, const float* v, const int64_t* slot_map
           <<<grid, kWriteKvThreads, 0, s>>>(pool, k, v, slot_mapping, num_tokens, g);
       break;
   }
-  return CheckLaunch(kOp);
+  return CheckLaunch("WriteKvCuda");
 }
 
-absl::Status PagedAttentionCuda(const float* q, const uint32_t* positions, const uint32_t* seq_ids,
-                                const uint32_t* block_tables, uint32_t num_tokens,
-                                uint32_t num_q_heads, uint32_t num_seqs,
-                                uint32_t max_blocks_per_seq, uint32_t layer,
-                                const PoolLayout& layout, uint64_t num_pool_blocks,
-                                const uint8_t* pool, float* out, void* stream) {
-  constexpr char kOp[] = "PagedAttentionCuda";
-  AttnParams p;
-  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, p.kv));
-  if (num_q_heads == 0 || num_q_heads % layout.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: num_q_heads %u must be a positive multiple of num_kv_heads %u", kOp,
-                        num_q_heads, layout.num_kv_heads));
-  }
-  if (layout.head_dim > kMaxCudaHeadDim) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: head_dim %u exceeds the kernel's %u",
-                                                      kOp, layout.head_dim, kMaxCudaHeadDim));
-  }
-  if (num_seqs == 0 || max_blocks_per_seq == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: num_seqs (%u) and max_blocks_per_seq (%u) must be > 0", kOp, num_seqs,
-                        max_blocks_per_seq));
-  }
-  if (num_tokens == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "q", q));
-  RETURN_IF_ERROR(NotNull(kOp, "positions", positions));
-  RETURN_IF_ERROR(NotNull(kOp, "block_tables", block_tables));
-  RETURN_IF_ERROR(NotNull(kOp, "pool", pool));
-  RETURN_IF_ERROR(NotNull(kOp, "out", out));
-  RETURN_IF_ERROR(CheckPoolAlignment(kOp, pool, p.kv.elem_bytes));
-  p.num_tokens = num_tokens;
-  p.num_q_heads = num_q_heads;
-  p.group = num_q_heads / layout.num_kv_heads;
-  p.num_seqs = num_seqs;
-  p.max_blocks_per_seq = max_blocks_per_seq;
-  // Qwen3MoeModel::Attention's scale, computed the same way.
-  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(layout.head_dim)));
+absl::Status LaunchPagedAttention(const float* q, const uint32_t* positions,
+                                  const uint32_t* seq_ids, const uint32_t* block_tables,
+                                  const AttnParams& p, const uint8_t* pool, float* out,
+                                  void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const dim3 grid = GridFor(uint64_t{num_tokens} * num_q_heads);
-  switch (layout.dtype) {
+  const dim3 grid = GridFor(uint64_t{p.num_tokens} * p.num_q_heads);
+  switch (p.kv.dtype) {
     case DType::kFloat32:
       PagedAttentionKernel<DType::kFloat32>
           <<<grid, kAttnThreads, 0, s>>>(out, q, pool, block_tables, seq_ids, positions, p);
@@ -910,109 +761,61 @@ absl::Status PagedAttentionCuda(const float* q, const uint32_t* positions, const
           <<<grid, kAttnThreads, 0, s>>>(out, q, pool, block_tables, seq_ids, positions, p);
       break;
   }
-  return CheckLaunch(kOp);
+  return CheckLaunch("PagedAttentionCuda");
 }
 
-absl::Status MoeRouteCuda(const float* logits, uint32_t num_tokens, uint32_t num_experts,
-                          uint32_t top_k, bool norm_topk_prob, uint32_t* topk_ids,
-                          float* topk_weights, void* stream) {
-  constexpr char kOp[] = "MoeRouteCuda";
-  if (num_experts == 0 || num_experts > kMaxCudaExperts || top_k == 0 || top_k > num_experts) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: need 1 <= top_k (%u) <= num_experts (%u) <= %u", kOp, top_k,
-                        num_experts, kMaxCudaExperts));
-  }
-  if (num_tokens == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "logits", logits));
-  RETURN_IF_ERROR(NotNull(kOp, "topk_ids", topk_ids));
-  RETURN_IF_ERROR(NotNull(kOp, "topk_weights", topk_weights));
+absl::Status LaunchMoeRoute(const float* logits, uint32_t num_tokens, uint32_t num_experts,
+                            uint32_t top_k, bool norm_topk_prob, uint32_t* topk_ids,
+                            float* topk_weights, void* stream) {
   // Whole 16-byte groups: ptxas merges the serial sum's tail loads into one wider shared load
   // (compute-sanitizer flagged a 12-byte read at the array's start, on the sum's line).
   const uint32_t padded_experts = (num_experts + 3) / 4 * 4;
   MoeRouteKernel<<<GridFor(num_tokens), kWarp, padded_experts * sizeof(float),
                    static_cast<cudaStream_t>(stream)>>>(topk_ids, topk_weights, logits, num_tokens,
                                                         num_experts, top_k, norm_topk_prob);
-  return CheckLaunch(kOp);
+  return CheckLaunch("MoeRouteCuda");
 }
 
-absl::Status ExpertSwiGluCuda(const float* x, const float* gate_proj, const float* up_proj,
-                              const float* down_proj, uint32_t rows, uint32_t hidden,
-                              uint32_t intermediate, float* workspace, float* out, void* stream) {
+absl::Status LaunchExpertSwiGlu(const float* x, const float* gate_proj, const float* up_proj,
+                                const float* down_proj, uint32_t rows, uint32_t hidden,
+                                uint32_t intermediate, float* workspace, float* out, void* stream) {
   constexpr char kOp[] = "ExpertSwiGluCuda";
-  if (hidden == 0 || intermediate == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: hidden (%u) and intermediate (%u) must be > 0", kOp, hidden, intermediate));
-  }
-  if (rows == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "x", x));
-  RETURN_IF_ERROR(NotNull(kOp, "gate_proj", gate_proj));
-  RETURN_IF_ERROR(NotNull(kOp, "up_proj", up_proj));
-  RETURN_IF_ERROR(NotNull(kOp, "down_proj", down_proj));
-  RETURN_IF_ERROR(NotNull(kOp, "workspace", workspace));
-  RETURN_IF_ERROR(NotNull(kOp, "out", out));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint64_t act_outputs = uint64_t{rows} * intermediate;
   GateUpSiluKernel<<<GridFor((act_outputs + kMatVecWarps - 1) / kMatVecWarps), kMatVecThreads, 0,
                      s>>>(workspace, x, gate_proj, up_proj, rows, hidden, intermediate);
-  RETURN_IF_ERROR(CheckLaunch(kOp));
+  if (absl::Status launched = CheckLaunch(kOp); !launched.ok()) return launched;
   const uint64_t outputs = uint64_t{rows} * hidden;
   DownProjKernel<<<GridFor((outputs + kMatVecWarps - 1) / kMatVecWarps), kMatVecThreads, 0, s>>>(
       out, workspace, down_proj, rows, hidden, intermediate);
   return CheckLaunch(kOp);
 }
 
-absl::Status LinearCuda(const float* x, const float* weight, uint32_t rows, uint32_t in_features,
-                        uint32_t out_features, bool accumulate, float* out, void* stream) {
-  constexpr char kOp[] = "LinearCuda";
-  if (in_features == 0 || out_features == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: in_features (%u) and out_features (%u) must be > 0", kOp, in_features, out_features));
-  }
-  if (rows == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "x", x));
-  RETURN_IF_ERROR(NotNull(kOp, "weight", weight));
-  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+absl::Status LaunchLinear(const float* x, const float* weight, uint32_t rows, uint32_t in_features,
+                          uint32_t out_features, bool accumulate, float* out, void* stream) {
   const uint32_t out_groups = (out_features + kLinearOuts - 1) / kLinearOuts;
   const uint32_t row_groups = std::min((rows + kLinearRows - 1) / kLinearRows, kMaxGridY);
   LinearKernel<<<dim3(out_groups, row_groups), dim3(kLinearOuts, kLinearRows), 0,
                  static_cast<cudaStream_t>(stream)>>>(out, x, weight, rows, in_features,
                                                       out_features, accumulate);
-  return CheckLaunch(kOp);
+  return CheckLaunch("LinearCuda");
 }
 
-absl::Status GatherRowsCuda(const float* src, uint64_t num_src_rows, uint32_t cols,
-                            const uint32_t* row_ids, uint32_t num_rows, float* out, void* stream) {
-  constexpr char kOp[] = "GatherRowsCuda";
-  if (cols == 0 || num_src_rows == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: cols (%u) and num_src_rows (%u) must be > 0", kOp, cols, num_src_rows));
-  }
-  if (num_rows == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "src", src));
-  RETURN_IF_ERROR(NotNull(kOp, "row_ids", row_ids));
-  RETURN_IF_ERROR(NotNull(kOp, "out", out));
+absl::Status LaunchGatherRows(const float* src, uint64_t num_src_rows, uint32_t cols,
+                              const uint32_t* row_ids, uint32_t num_rows, float* out,
+                              void* stream) {
   GatherRowsKernel<<<GridFor(num_rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       out, src, row_ids, num_src_rows, cols, num_rows);
-  return CheckLaunch(kOp);
+  return CheckLaunch("GatherRowsCuda");
 }
 
-absl::Status MoeCombineCuda(const float* expert_out, uint64_t num_expert_rows, uint32_t hidden,
-                            const uint32_t* rows, const float* weights, uint32_t num_tokens,
-                            uint32_t top_k, float* x, void* stream) {
-  constexpr char kOp[] = "MoeCombineCuda";
-  if (top_k == 0 || hidden == 0 || num_expert_rows == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: top_k (%u), hidden (%u) and num_expert_rows (%u) must be > 0", kOp,
-                        top_k, hidden, num_expert_rows));
-  }
-  if (num_tokens == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(NotNull(kOp, "expert_out", expert_out));
-  RETURN_IF_ERROR(NotNull(kOp, "rows", rows));
-  RETURN_IF_ERROR(NotNull(kOp, "weights", weights));
-  RETURN_IF_ERROR(NotNull(kOp, "x", x));
+absl::Status LaunchMoeCombine(const float* expert_out, uint64_t num_expert_rows, uint32_t hidden,
+                              const uint32_t* rows, const float* weights, uint32_t num_tokens,
+                              uint32_t top_k, float* x, void* stream) {
   MoeCombineKernel<<<GridFor(num_tokens), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       x, expert_out, rows, weights, num_expert_rows, hidden, num_tokens, top_k);
-  return CheckLaunch(kOp);
+  return CheckLaunch("MoeCombineCuda");
 }
 
+}  // namespace internal
 }  // namespace kvcache::kernels

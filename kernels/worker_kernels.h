@@ -29,8 +29,10 @@
 // headers can include this file. A launcher checks its host-visible arguments, enqueues its
 // kernel(s) on `stream` and returns at once: no hidden synchronization, no allocation.
 //   INVALID_ARGUMENT  a bad size, layout or null pointer (checked before anything is enqueued);
-//   INTERNAL          a CUDA launch error, with cudaGetErrorString's text (cudaGetLastError: a
-//                     sticky error from an earlier asynchronous fault shows up here too);
+//   a CUDA launch error as common/cuda/cuda_status.h maps it (FAILED_PRECONDITION with no
+//                     usable device or driver, INTERNAL otherwise), with cudaGetErrorString's
+//                     text (cudaGetLastError: a sticky error from an earlier asynchronous fault
+//                     shows up here too);
 //   OK                for a zero token / row count, without launching (null pointers allowed then).
 // Values that live on the device (slots, positions, block ids) cannot be checked without a sync:
 // the kernels never access memory out of bounds for any such value and document what they do
@@ -38,9 +40,10 @@
 // on the host copies before uploading. A kernel fault surfaces on the next synchronizing call.
 // Outputs must not alias inputs unless a function says so.
 //
-// Built without CUDA (KVCACHE_WITH_CUDA off), every *Cuda function returns
-// UNIMPLEMENTED("built without CUDA"); the Validate* functions work in every build.
-// BuiltWithCuda() and CudaDeviceAvailable() are declared in kernels/block_copy.h.
+// Built without CUDA (KVCACHE_WITH_CUDA off), every *Cuda function makes the same argument checks
+// and, where it would launch, returns FAILED_PRECONDITION("built without CUDA"); the Validate*
+// functions work in every build.
+// BuiltWithCuda() and CudaDeviceAvailable() are declared in common/cuda/cuda_device.h.
 #ifndef KVCACHE_KERNELS_WORKER_KERNELS_H_
 #define KVCACHE_KERNELS_WORKER_KERNELS_H_
 

@@ -1,56 +1,52 @@
-// The CUDA entry points of worker_kernels.h for a build without CUDA: they exist so that callers
-// link either way, and report UNIMPLEMENTED.
-#include "kernels/worker_kernels.h"
+// The launches behind worker_kernels.h's *Cuda functions in a build without CUDA: the functions
+// still check their arguments (worker_kernels_args.cc), then answer FAILED_PRECONDITION("built
+// without CUDA").
+#include "common/cuda/not_built.h"
+#include "kernels/worker_kernels_internal.h"
 
-namespace kvcache::kernels {
-namespace {
+namespace kvcache::kernels::internal {
 
-absl::Status NoCuda() { return absl::UnimplementedError("built without CUDA"); }
-
-}  // namespace
-
-absl::Status RmsNormCuda(const float*, const float*, float, uint32_t, uint32_t, float*, void*) {
-  return NoCuda();
+absl::Status LaunchRmsNorm(const float*, const float*, float, uint32_t, uint32_t, float*, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-absl::Status RopeCuda(float*, const uint32_t*, uint32_t, uint32_t, uint32_t, double, void*) {
-  return NoCuda();
+absl::Status LaunchRope(float*, const uint32_t*, uint32_t, uint32_t, uint32_t, double, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-absl::Status WriteKvCuda(const float*, const float*, const int64_t*, uint32_t, uint32_t,
-                         const PoolLayout&, uint64_t, uint8_t*, void*) {
-  return NoCuda();
+absl::Status LaunchWriteKv(const float*, const float*, const int64_t*, uint32_t, const KvGeometry&,
+                           uint8_t*, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-absl::Status PagedAttentionCuda(const float*, const uint32_t*, const uint32_t*, const uint32_t*,
-                                uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, const PoolLayout&,
-                                uint64_t, const uint8_t*, float*, void*) {
-  return NoCuda();
+absl::Status LaunchPagedAttention(const float*, const uint32_t*, const uint32_t*, const uint32_t*,
+                                  const AttnParams&, const uint8_t*, float*, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-absl::Status MoeRouteCuda(const float*, uint32_t, uint32_t, uint32_t, bool, uint32_t*, float*,
-                          void*) {
-  return NoCuda();
-}
-
-absl::Status ExpertSwiGluCuda(const float*, const float*, const float*, const float*, uint32_t,
-                              uint32_t, uint32_t, float*, float*, void*) {
-  return NoCuda();
-}
-
-absl::Status LinearCuda(const float*, const float*, uint32_t, uint32_t, uint32_t, bool, float*,
-                        void*) {
-  return NoCuda();
-}
-
-absl::Status GatherRowsCuda(const float*, uint64_t, uint32_t, const uint32_t*, uint32_t, float*,
+absl::Status LaunchMoeRoute(const float*, uint32_t, uint32_t, uint32_t, bool, uint32_t*, float*,
                             void*) {
-  return NoCuda();
+  return NotBuiltWith("CUDA");
 }
 
-absl::Status MoeCombineCuda(const float*, uint64_t, uint32_t, const uint32_t*, const float*,
-                            uint32_t, uint32_t, float*, void*) {
-  return NoCuda();
+absl::Status LaunchExpertSwiGlu(const float*, const float*, const float*, const float*, uint32_t,
+                                uint32_t, uint32_t, float*, float*, void*) {
+  return NotBuiltWith("CUDA");
 }
 
-}  // namespace kvcache::kernels
+absl::Status LaunchLinear(const float*, const float*, uint32_t, uint32_t, uint32_t, bool, float*,
+                          void*) {
+  return NotBuiltWith("CUDA");
+}
+
+absl::Status LaunchGatherRows(const float*, uint64_t, uint32_t, const uint32_t*, uint32_t, float*,
+                              void*) {
+  return NotBuiltWith("CUDA");
+}
+
+absl::Status LaunchMoeCombine(const float*, uint64_t, uint32_t, const uint32_t*, const float*,
+                              uint32_t, uint32_t, float*, void*) {
+  return NotBuiltWith("CUDA");
+}
+
+}  // namespace kvcache::kernels::internal

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cuda_pool_memory.h"
+#include "common/cuda/cuda_device.h"
 #include "common/rpc/http2_tuning.h"
 #include "common/status_macros.h"
 

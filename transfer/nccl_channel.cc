@@ -20,6 +20,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/kv_cache_client.h"
+#include "common/cuda/cuda_device.h"
+#include "common/cuda/cuda_status.h"
+#include "common/cuda/scoped_cuda_device.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
@@ -33,11 +36,6 @@ constexpr absl::Duration kDestroyGrace = absl::Seconds(5);
 // The warm-up message, each way.
 constexpr size_t kWarmBytes = 4096;
 
-absl::Status CudaError(absl::string_view what, cudaError_t error) {
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
-}
-
 absl::Status NcclError(absl::string_view what, ncclResult_t result) {
   const char* detail = ncclGetLastError(nullptr);
   return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(result),
@@ -50,55 +48,6 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
 }
-
-// FAILED_PRECONDITION unless CUDA (driver included) has device `device`.
-absl::Status CheckDevice(int device) {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    cudaGetLastError();  // not sticky; keep it from surfacing in a later check
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no usable CUDA device: ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
-  }
-  if (device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, " does not exist (", count, " device(s))"));
-  }
-  return absl::OkStatus();
-}
-
-// Makes a device current for a scope and restores the previous one.
-class ScopedDevice {
- public:
-  ScopedDevice() = default;
-  ~ScopedDevice() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
-  absl::Status Set(int device) {
-    int previous = 0;
-    cudaError_t error = cudaGetDevice(&previous);
-    if (error != cudaSuccess) {
-      cudaGetLastError();
-      return CudaError("cudaGetDevice", error);
-    }
-    if (previous == device) return absl::OkStatus();
-    error = cudaSetDevice(device);
-    if (error != cudaSuccess) {
-      cudaGetLastError();
-      return CudaError(absl::StrCat("cudaSetDevice(", device, ")"), error);
-    }
-    previous_ = previous;
-    restore_ = true;
-    return absl::OkStatus();
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
 
 // Spins briefly, then sleeps: most waits end within microseconds, connection setup takes ~1 s.
 class Backoff {
@@ -231,9 +180,9 @@ NcclChannel::NcclChannel(int rank, int world_size, int cuda_device, std::unique_
 
 NcclChannel::~NcclChannel() {
   if (impl_ == nullptr) return;
-  ScopedDevice device;
+  ScopedCudaDevice device;
   // Best effort: the handles are freed below whichever device is current.
-  device.Set(cuda_device_).IgnoreError();
+  (void)device.Set(cuda_device_);
   if (impl_->comm != nullptr) {
     // Synchronize aborts the communicator if the work does not finish within the grace period.
     if (Synchronize(kDestroyGrace).ok()) {
@@ -280,7 +229,7 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Connect(KvCacheClient*
   }
   const absl::Time deadline = DeadlineAfter(timeout);
   // Before the rendezvous: a rank that cannot take part must not publish an id.
-  RETURN_IF_ERROR(Annotate(CheckDevice(cuda_device), kOp));
+  RETURN_IF_ERROR(Annotate(CheckCudaDevice(cuda_device), kOp));
 
   std::string id_bytes;
   if (rank == 0) {
@@ -305,8 +254,9 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Connect(KvCacheClient*
   ncclUniqueId id;
   std::memcpy(&id, id_bytes.data(), sizeof(id));
 
-  ScopedDevice device;
-  RETURN_IF_ERROR(Annotate(device.Set(cuda_device), kOp));
+  ScopedCudaDevice device;
+  KVCACHE_CUDA_RETURN_IF_ERROR(device.Set(cuda_device),
+                               absl::StrCat(kOp, ": cudaSetDevice(", cuda_device, ")"));
   auto impl = std::make_unique<Impl>();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -322,9 +272,8 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Connect(KvCacheClient*
   if (status.ok()) {
     const cudaError_t error = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
     if (error != cudaSuccess) {
-      cudaGetLastError();
       impl->stream = nullptr;
-      status = CudaError(absl::StrCat(kOp, ": cudaStreamCreateWithFlags"), error);
+      status = CudaStatus(error, absl::StrCat(kOp, ": cudaStreamCreateWithFlags"));
     }
   }
   if (!status.ok()) {
@@ -345,14 +294,14 @@ absl::Status NcclChannel::Warm(int peer, absl::Duration timeout) {
         absl::StrCat(kOp, ": peer ", peer, " of a world of ", world_size_));
   }
   const absl::Time deadline = DeadlineAfter(timeout);
-  ScopedDevice device;
-  RETURN_IF_ERROR(Annotate(device.Set(cuda_device_), kOp));
+  ScopedCudaDevice device;
+  KVCACHE_CUDA_RETURN_IF_ERROR(device.Set(cuda_device_),
+                               absl::StrCat(kOp, ": cudaSetDevice(", cuda_device_, ")"));
   if (impl_->warm_buffer == nullptr) {
     const cudaError_t error = cudaMalloc(&impl_->warm_buffer, 2 * kWarmBytes);
     if (error != cudaSuccess) {
-      cudaGetLastError();
       impl_->warm_buffer = nullptr;
-      return CudaError(absl::StrCat(kOp, ": cudaMalloc"), error);
+      return CudaStatus(error, absl::StrCat(kOp, ": cudaMalloc"));
     }
   }
   uint8_t* const send = static_cast<uint8_t*>(impl_->warm_buffer);
@@ -387,8 +336,9 @@ absl::Status NcclChannel::SendBlocks(const uint8_t* device_pool, uint64_t block_
   RETURN_IF_ERROR(CheckPeer(kOp, peer, rank_, world_size_));
   RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, block_ids));
   if (block_ids.empty()) return absl::OkStatus();
-  ScopedDevice device;
-  RETURN_IF_ERROR(Annotate(device.Set(cuda_device_), kOp));
+  ScopedCudaDevice device;
+  KVCACHE_CUDA_RETURN_IF_ERROR(device.Set(cuda_device_),
+                               absl::StrCat(kOp, ": cudaSetDevice(", cuda_device_, ")"));
   cudaStream_t stream = impl_->stream;
   ncclComm_t comm = impl_->comm;
   return impl_->Grouped(kOp, block_ids.size(), kMaxBlocksPerGroup, absl::InfiniteFuture(),
@@ -406,8 +356,9 @@ absl::Status NcclChannel::RecvBlocks(uint8_t* device_pool, uint64_t block_bytes,
   RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, block_ids));
   RETURN_IF_ERROR(CheckUnique(kOp, "destination", block_ids));
   if (block_ids.empty()) return absl::OkStatus();
-  ScopedDevice device;
-  RETURN_IF_ERROR(Annotate(device.Set(cuda_device_), kOp));
+  ScopedCudaDevice device;
+  KVCACHE_CUDA_RETURN_IF_ERROR(device.Set(cuda_device_),
+                               absl::StrCat(kOp, ": cudaSetDevice(", cuda_device_, ")"));
   cudaStream_t stream = impl_->stream;
   ncclComm_t comm = impl_->comm;
   return impl_->Grouped(kOp, block_ids.size(), kMaxBlocksPerGroup, absl::InfiniteFuture(),
@@ -445,8 +396,9 @@ absl::Status NcclChannel::SelfCopyBlocks(const uint8_t* src_pool, uint8_t* dst_p
     }
   }
   if (src_ids.empty()) return absl::OkStatus();
-  ScopedDevice device;
-  RETURN_IF_ERROR(Annotate(device.Set(cuda_device_), kOp));
+  ScopedCudaDevice device;
+  KVCACHE_CUDA_RETURN_IF_ERROR(device.Set(cuda_device_),
+                               absl::StrCat(kOp, ": cudaSetDevice(", cuda_device_, ")"));
   cudaStream_t stream = impl_->stream;
   ncclComm_t comm = impl_->comm;
   const int self = rank_;
@@ -470,8 +422,7 @@ absl::Status NcclChannel::Synchronize(absl::Duration timeout) {
   while (true) {
     const cudaError_t error = cudaStreamQuery(impl_->stream);
     if (error != cudaSuccess && error != cudaErrorNotReady) {
-      cudaGetLastError();
-      const absl::Status status = CudaError(absl::StrCat(kOp, ": cudaStreamQuery"), error);
+      const absl::Status status = CudaStatus(error, absl::StrCat(kOp, ": cudaStreamQuery"));
       impl_->Abort(status);
       return status;
     }

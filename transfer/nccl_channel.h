@@ -31,9 +31,10 @@
 //
 // Errors: INVALID_ARGUMENT for bad arguments; FAILED_PRECONDITION when there is no usable CUDA
 // device (or driver), after an abort, and for every call in a build without NCCL ("built without
-// NCCL"); INTERNAL with ncclGetErrorString / cudaGetErrorString for NCCL or CUDA failures;
-// DEADLINE_EXCEEDED when Connect or Synchronize runs past its timeout; and the rendezvous calls'
-// own codes from Connect.
+// NCCL"); INTERNAL with ncclGetErrorString for NCCL failures; CUDA failures as
+// common/cuda/cuda_status.h maps them (RESOURCE_EXHAUSTED out of device memory, INTERNAL for a
+// fault), with cudaGetErrorString; DEADLINE_EXCEEDED when Connect or Synchronize runs past its
+// timeout; and the rendezvous calls' own codes from Connect.
 //
 // Thread safety: thread-compatible. A channel is used by one thread at a time (NCCL
 // communicators are not thread-safe); different channels may be used concurrently. The calls set

@@ -2,18 +2,10 @@
 // FAILED_PRECONDITION("built without NCCL").
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "common/cuda/not_built.h"
 #include "transfer/nccl_channel.h"
 
 namespace kvcache {
-namespace {
-
-absl::Status BuiltWithoutNccl(absl::string_view op) {
-  return absl::FailedPreconditionError(absl::StrCat(op, ": built without NCCL"));
-}
-
-}  // namespace
-
 struct NcclChannel::Impl {};
 
 NcclChannel::NcclChannel(int rank, int world_size, int cuda_device, std::unique_ptr<Impl> impl)
@@ -24,7 +16,7 @@ NcclChannel::~NcclChannel() = default;
 bool NcclChannel::BuiltWithNccl() { return false; }
 
 absl::StatusOr<std::string> NcclChannel::NewUniqueId() {
-  return BuiltWithoutNccl("NcclChannel::NewUniqueId");
+  return NotBuiltWith("NCCL", "NcclChannel::NewUniqueId");
 }
 
 absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Connect(KvCacheClient* client,
@@ -32,39 +24,39 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Connect(KvCacheClient*
                                                                   int rank, int world_size,
                                                                   int cuda_device,
                                                                   absl::Duration timeout) {
-  return BuiltWithoutNccl("NcclChannel::Connect");
+  return NotBuiltWith("NCCL", "NcclChannel::Connect");
 }
 
 void* NcclChannel::stream() const { return nullptr; }
 
 absl::Status NcclChannel::Warm(int peer, absl::Duration timeout) {
-  return BuiltWithoutNccl("NcclChannel::Warm");
+  return NotBuiltWith("NCCL", "NcclChannel::Warm");
 }
 
 absl::Status NcclChannel::SendBlocks(const uint8_t* device_pool, uint64_t block_bytes,
                                      absl::Span<const uint32_t> block_ids, int peer) {
-  return BuiltWithoutNccl("NcclChannel::SendBlocks");
+  return NotBuiltWith("NCCL", "NcclChannel::SendBlocks");
 }
 
 absl::Status NcclChannel::RecvBlocks(uint8_t* device_pool, uint64_t block_bytes,
                                      absl::Span<const uint32_t> block_ids, int peer) {
-  return BuiltWithoutNccl("NcclChannel::RecvBlocks");
+  return NotBuiltWith("NCCL", "NcclChannel::RecvBlocks");
 }
 
 absl::Status NcclChannel::SelfCopyBlocks(uint8_t* device_pool, uint64_t block_bytes,
                                          absl::Span<const uint32_t> src_ids,
                                          absl::Span<const uint32_t> dst_ids) {
-  return BuiltWithoutNccl("NcclChannel::SelfCopyBlocks");
+  return NotBuiltWith("NCCL", "NcclChannel::SelfCopyBlocks");
 }
 
 absl::Status NcclChannel::SelfCopyBlocks(const uint8_t* src_pool, uint8_t* dst_pool,
                                          uint64_t block_bytes, absl::Span<const uint32_t> src_ids,
                                          absl::Span<const uint32_t> dst_ids) {
-  return BuiltWithoutNccl("NcclChannel::SelfCopyBlocks");
+  return NotBuiltWith("NCCL", "NcclChannel::SelfCopyBlocks");
 }
 
 absl::Status NcclChannel::Synchronize(absl::Duration timeout) {
-  return BuiltWithoutNccl("NcclChannel::Synchronize");
+  return NotBuiltWith("NCCL", "NcclChannel::Synchronize");
 }
 
 }  // namespace kvcache

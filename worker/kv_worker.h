@@ -45,8 +45,8 @@ class KvWorker {
   //    or on a machine without a usable CUDA device, or a stale handle)
   //   FAILED_PRECONDITION  the pool's layout is not the model's (layers, KV heads, head dim)
   //   (CudaQwen3MoeModel::Create's codes, the message naming the pool: FAILED_PRECONDITION
-  //    without CUDA or a device, INVALID_ARGUMENT for a model the kernels cannot run, INTERNAL
-  //    for a CUDA error such as out of device memory)
+  //    without CUDA or a device, INVALID_ARGUMENT for a model the kernels cannot run,
+  //    RESOURCE_EXHAUSTED out of device memory, INTERNAL for another CUDA error)
   static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client, std::string pool,
                                                           const Qwen3MoeModel* model);
 

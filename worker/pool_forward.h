@@ -8,7 +8,8 @@
 // start_position + 1, ...; writes their K/V into the pool slots that `block_table` maps those
 // positions to (K/V of lower positions must already be there) and returns the logits
 // (vocab_size floats) of the last token. Errors: those of Qwen3MoeModel::Forward (both backends
-// answer a bad request with the same codes), and INTERNAL for a CUDA error. When it returns, the
+// answer a bad request with the same codes), and a CUDA error as common/cuda/cuda_status.h maps
+// it (RESOURCE_EXHAUSTED out of device memory, INTERNAL for a fault). When it returns, the
 // pool writes it made are complete — for a device pool, the model's stream is synchronized — so
 // the caller may commit the blocks to the daemon, or ship them, right away.
 //

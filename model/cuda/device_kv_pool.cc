@@ -1,72 +1,22 @@
-// DeviceKvPool over the CUDA runtime (built with KVCACHE_WITH_CUDA; device_kv_pool_stub.cc
-// otherwise).
+// DeviceKvPool's build-independent half: the checks, the ownership and the moves. The CUDA calls
+// are in device_kv_pool_cuda.cc (device_kv_pool_stub.cc in a build without CUDA).
 #include "model/cuda/device_kv_pool.h"
-
-#include <cuda_runtime_api.h>
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "common/cuda/scoped_cuda_device.h"
+#include "common/cuda/cuda_device.h"
 #include "common/status_macros.h"
 
 namespace kvcache::worker {
-namespace {
-
-// `what` failed with `error`, as the status the header promises; clears the (non-sticky) error so
-// that it cannot resurface in the caller's next CUDA check.
-absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
-  cudaGetLastError();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorInvalidDevice:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<DeviceKvPool> DeviceKvPool::Create(int device, const PoolLayout& layout,
                                                   uint32_t num_blocks) {
   RETURN_IF_ERROR(layout.Validate());
   if (num_blocks == 0) return absl::InvalidArgumentError("a device KV pool needs blocks");
-  if (device < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device, " is not a device"));
-  }
-  int count = 0;
-  const cudaError_t counted = cudaGetDeviceCount(&count);
-  if (counted != cudaSuccess || count == 0) {
-    // Whatever the runtime says (no driver, a stub driver, no device), there is no GPU to use.
-    cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device: ", counted != cudaSuccess ? cudaGetErrorString(counted)
-                                                                : "the CUDA runtime finds none"));
-  }
-  if (device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, " does not exist here (", count, " device(s))"));
-  }
-  ScopedCudaDevice scoped;
-  if (const cudaError_t error = scoped.Set(device); error != cudaSuccess) {
-    return CudaStatus(error, absl::StrCat("cudaSetDevice(", device, ")"));
-  }
-  const uint64_t bytes = uint64_t{num_blocks} * layout.BlockBytes();
-  void* base = nullptr;
-  cudaError_t error = cudaMalloc(&base, bytes);
-  if (error != cudaSuccess) {
-    return CudaStatus(error, absl::StrCat("cudaMalloc of a ", bytes, "-byte KV pool"));
-  }
-  DeviceKvPool pool(static_cast<uint8_t*>(base), device, layout, num_blocks);
-  // cudaMemset on the legacy default stream; the synchronize makes the fill complete before any
-  // stream (the model's is non-blocking, so it would not wait for it) touches the pool.
-  error = cudaMemset(base, 0, bytes);
-  if (error == cudaSuccess) error = cudaDeviceSynchronize();
-  if (error != cudaSuccess) return CudaStatus(error, "zero-filling the device KV pool");
-  return pool;
+  RETURN_IF_ERROR(CheckCudaDevice(device));  // INVALID_ARGUMENT for a negative device
+  ASSIGN_OR_RETURN(uint8_t* const base,
+                   AllocateZeroed(device, uint64_t{num_blocks} * layout.BlockBytes()));
+  return DeviceKvPool(base, device, layout, num_blocks);
 }
 
 DeviceKvPool::~DeviceKvPool() { Free(); }
@@ -90,9 +40,7 @@ DeviceKvPool& DeviceKvPool::operator=(DeviceKvPool&& other) noexcept {
 
 void DeviceKvPool::Free() {
   if (base_ == nullptr) return;
-  ScopedCudaDevice scoped;
-  (void)scoped.Set(device_);  // freed on whichever device is current if this fails
-  if (cudaFree(base_) != cudaSuccess) cudaGetLastError();
+  Release(base_, device_);
   base_ = nullptr;
 }
 

@@ -3,7 +3,8 @@
 // run is compared with (GenerateColdCuda, worker/generation.h). Block i starts at
 // base() + i * layout().BlockBytes(), as in a daemon's pool.
 //
-// Built without CUDA, Create answers FAILED_PRECONDITION ("built without CUDA").
+// Built without CUDA, Create checks its arguments and then answers FAILED_PRECONDITION ("built
+// without CUDA").
 // Thread-safety: thread-compatible; the bytes are the caller's to synchronize. The calling
 // thread's current CUDA device is restored by Create and the destructor.
 #ifndef KVCACHE_MODEL_CUDA_DEVICE_KV_POOL_H_
@@ -44,6 +45,13 @@ class DeviceKvPool {
   DeviceKvPool(uint8_t* base, int device, const PoolLayout& layout, uint32_t num_blocks)
       : base_(base), device_(device), layout_(layout), num_blocks_(num_blocks) {}
   void Free();
+
+  // The CUDA calls, in device_kv_pool_cuda.cc (device_kv_pool_stub.cc without CUDA). Both leave
+  // the calling thread's current device as they found it.
+  // `bytes` of zero-filled memory on `device`, the fill complete. REQUIRES: device exists.
+  static absl::StatusOr<uint8_t*> AllocateZeroed(int device, uint64_t bytes);
+  // Frees an allocation of AllocateZeroed; best effort.
+  static void Release(uint8_t* base, int device);
 
   uint8_t* base_ = nullptr;  // owned device allocation; nullptr when moved from
   int device_ = -1;

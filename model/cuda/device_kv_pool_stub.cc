@@ -1,31 +1,14 @@
-// DeviceKvPool in a build without CUDA (KVCACHE_WITH_CUDA off): it exists so that callers link
-// either way; Create answers FAILED_PRECONDITION("built without CUDA") and no pool ever exists.
-#include <utility>
-
+// DeviceKvPool's CUDA calls in a build without CUDA (KVCACHE_WITH_CUDA off). Create's
+// CheckCudaDevice already answers "built without CUDA", so no pool ever exists.
+#include "common/cuda/not_built.h"
 #include "model/cuda/device_kv_pool.h"
 
 namespace kvcache::worker {
 
-absl::StatusOr<DeviceKvPool> DeviceKvPool::Create(int, const PoolLayout&, uint32_t) {
-  return absl::FailedPreconditionError("built without CUDA: no device KV pool");
+absl::StatusOr<uint8_t*> DeviceKvPool::AllocateZeroed(int, uint64_t) {
+  return NotBuiltWith("CUDA", "no device KV pool");
 }
 
-DeviceKvPool::~DeviceKvPool() = default;
-
-DeviceKvPool::DeviceKvPool(DeviceKvPool&& other) noexcept
-    : base_(std::exchange(other.base_, nullptr)),
-      device_(other.device_),
-      layout_(other.layout_),
-      num_blocks_(other.num_blocks_) {}
-
-DeviceKvPool& DeviceKvPool::operator=(DeviceKvPool&& other) noexcept {
-  base_ = std::exchange(other.base_, nullptr);
-  device_ = other.device_;
-  layout_ = other.layout_;
-  num_blocks_ = other.num_blocks_;
-  return *this;
-}
-
-void DeviceKvPool::Free() {}
+void DeviceKvPool::Release(uint8_t*, int) {}
 
 }  // namespace kvcache::worker

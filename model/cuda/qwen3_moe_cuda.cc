@@ -14,45 +14,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda/cuda_device.h"
+#include "common/cuda/cuda_status.h"
+#include "common/cuda/scoped_cuda_device.h"
 #include "common/status_macros.h"
-#include "kernels/block_copy.h"
 #include "kernels/worker_kernels.h"
 #include "model/cuda/moe_dispatch.h"
 #include "model/paged_kv.h"
 
 namespace kvcache::worker {
 namespace {
-
-// INTERNAL with the CUDA error text. Also clears the runtime's last error, so that an error
-// already reported here does not resurface as a later launch's failure (sticky errors persist).
-absl::Status CudaOk(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-}
-
-// Makes `device` current for the scope and restores the caller's current device afterwards.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
-      previous_ = -1;
-    }
-    status_ = CudaOk(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  absl::Status status_;
-};
 
 // An owned device allocation that grows on demand; growing does not keep the contents.
 class DeviceBuffer {
@@ -67,12 +38,8 @@ class DeviceBuffer {
     if (bytes <= capacity_ && ptr_ != nullptr) return absl::OkStatus();
     Release();
     void* ptr = nullptr;
-    const cudaError_t err = cudaMalloc(&ptr, std::max<size_t>(bytes, 1));
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      return absl::InternalError(absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what, ": ",
-                                              cudaGetErrorString(err)));
-    }
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, std::max<size_t>(bytes, 1)),
+                                 absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what));
     ptr_ = ptr;
     capacity_ = bytes;
     return absl::OkStatus();
@@ -130,13 +97,13 @@ class WeightUploader {
     RETURN_IF_ERROR(storage.Reserve(bytes_, "weights"));
     for (const Entry& entry : entries_) {
       uint8_t* dst = storage.get<uint8_t>() + entry.offset;
-      RETURN_IF_ERROR(
-          CudaOk(cudaMemcpyAsync(dst, entry.tensor->data(), entry.tensor->size() * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream),
-                 "cudaMemcpyAsync (weights)"));
+      KVCACHE_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst, entry.tensor->data(), entry.tensor->size() * sizeof(float),
+                          cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (weights)");
       *entry.slot = reinterpret_cast<const float*>(dst);
     }
-    return CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize (weights)");
+    return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize (weights)");
   }
 
  private:
@@ -290,7 +257,8 @@ struct CudaQwen3MoeModel::Impl {
 };
 
 CudaQwen3MoeModel::Impl::~Impl() {
-  ScopedDevice scoped(device);
+  ScopedCudaDevice scoped;
+  (void)scoped.Set(device);  // freed on whichever device is current if this fails
   // No kernel or copy may still use the buffers when they are freed.
   if (stream != nullptr && cudaStreamSynchronize(stream) != cudaSuccess) cudaGetLastError();
   scratch.Release();
@@ -370,13 +338,13 @@ absl::Status CudaQwen3MoeModel::Impl::Upload(absl::Span<const uint32_t> tokens,
   std::copy(tokens.begin(), tokens.end(), host_indices.begin());
   for (size_t t = 0; t < n; ++t) host_indices[n + t] = start_position + static_cast<uint32_t>(t);
   std::copy(kv.block_table.begin(), kv.block_table.begin() + blocks, host_indices.begin() + 2 * n);
-  RETURN_IF_ERROR(CudaOk(
+  KVCACHE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(scratch.indices.get<uint32_t>(), host_indices.data(),
                       host_indices.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, stream),
-      "cudaMemcpyAsync (indices)"));
-  return CudaOk(cudaMemcpyAsync(scratch.slots.get<int64_t>(), host_slots.data(),
-                                n * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
-                "cudaMemcpyAsync (slot mapping)");
+      "cudaMemcpyAsync (indices)");
+  return CudaStatus(cudaMemcpyAsync(scratch.slots.get<int64_t>(), host_slots.data(),
+                                    n * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync (slot mapping)");
 }
 
 absl::Status CudaQwen3MoeModel::Impl::Attention(uint32_t layer_index, uint32_t n, uint32_t blocks,
@@ -467,31 +435,34 @@ absl::Status CudaQwen3MoeModel::Impl::PlanExperts(uint32_t n) {
   const size_t routed = size_t{n} * top_k;
   host_topk_ids.resize(routed);
   host_topk_weights.resize(routed);
-  RETURN_IF_ERROR(CudaOk(cudaMemcpyAsync(host_topk_ids.data(), scratch.topk_ids.get<uint32_t>(),
-                                         routed * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
-                         "cudaMemcpyAsync (expert ids)"));
-  RETURN_IF_ERROR(
-      CudaOk(cudaMemcpyAsync(host_topk_weights.data(), scratch.topk_weights.get<float>(),
-                             routed * sizeof(float), cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync (expert weights)"));
+  KVCACHE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_topk_ids.data(), scratch.topk_ids.get<uint32_t>(),
+                      routed * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync (expert ids)");
+  KVCACHE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_topk_weights.data(), scratch.topk_weights.get<float>(),
+                      routed * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync (expert weights)");
   // The expert row counts decide the launches, so the host needs the routing now. This sync also
   // retires the previous layer's uploads from `plan`, which is rewritten below.
-  RETURN_IF_ERROR(CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize (routing)"));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize (routing)");
   const absl::Status planned =
       PlanMoeDispatch(host_topk_ids, host_topk_weights, n, top_k, config.num_experts, plan);
   if (!planned.ok()) {
     return absl::InternalError(absl::StrCat("MoeRouteCuda output: ", planned.message()));
   }
   uint32_t* rows = scratch.moe_rows.get<uint32_t>();
-  RETURN_IF_ERROR(CudaOk(cudaMemcpyAsync(rows, plan.gather_tokens.data(), routed * sizeof(uint32_t),
-                                         cudaMemcpyHostToDevice, stream),
-                         "cudaMemcpyAsync (gather rows)"));
-  RETURN_IF_ERROR(CudaOk(cudaMemcpyAsync(rows + routed, plan.combine_rows.data(),
-                                         routed * sizeof(uint32_t), cudaMemcpyHostToDevice, stream),
-                         "cudaMemcpyAsync (combine rows)"));
-  return CudaOk(cudaMemcpyAsync(scratch.moe_weights.get<float>(), plan.combine_weights.data(),
-                                routed * sizeof(float), cudaMemcpyHostToDevice, stream),
-                "cudaMemcpyAsync (combine weights)");
+  KVCACHE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(rows, plan.gather_tokens.data(), routed * sizeof(uint32_t),
+                      cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync (gather rows)");
+  KVCACHE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(rows + routed, plan.combine_rows.data(), routed * sizeof(uint32_t),
+                      cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync (combine rows)");
+  return CudaStatus(cudaMemcpyAsync(scratch.moe_weights.get<float>(), plan.combine_weights.data(),
+                                    routed * sizeof(float), cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync (combine weights)");
 }
 
 absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Impl::Logits(uint32_t n) {
@@ -505,33 +476,24 @@ absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Impl::Logits(uint32_t n) {
   RETURN_IF_ERROR(kernels::LinearCuda(normed, weights.lm_head, 1, hidden, config.vocab_size, false,
                                       logits_device, stream));
   std::vector<float> logits(config.vocab_size);
-  RETURN_IF_ERROR(
-      CudaOk(cudaMemcpyAsync(logits.data(), logits_device, logits.size() * sizeof(float),
-                             cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync (logits)"));
+  KVCACHE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(logits.data(), logits_device, logits.size() * sizeof(float),
+                      cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync (logits)");
   // Also surfaces any asynchronous kernel fault of this call.
-  RETURN_IF_ERROR(CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize (forward)"));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize (forward)");
   return logits;
 }
 
 absl::StatusOr<CudaQwen3MoeModel> CudaQwen3MoeModel::Create(const Qwen3MoeModel& model,
                                                             int device) {
-  if (!kernels::CudaDeviceAvailable()) {
-    return absl::FailedPreconditionError(
-        "no CUDA device: the CUDA runtime finds none, so the model cannot run on the GPU");
-  }
-  int count = 0;
-  RETURN_IF_ERROR(CudaOk(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  if (device < 0 || device >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA device ", device, " does not exist (", count, " devices)"));
-  }
+  RETURN_IF_ERROR(CheckCudaDevice(device));
   RETURN_IF_ERROR(CheckKernelLimits(model.config()));
   auto impl = std::make_unique<Impl>(model.config(), device);
-  ScopedDevice scoped(device);
-  RETURN_IF_ERROR(scoped.status());
-  RETURN_IF_ERROR(CudaOk(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
-                         "cudaStreamCreateWithFlags"));
+  ScopedCudaDevice scoped;
+  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
+                               "cudaStreamCreateWithFlags");
   RETURN_IF_ERROR(UploadWeights(model, impl->stream, impl->weights));
   return CudaQwen3MoeModel(std::move(impl));
 }
@@ -553,8 +515,9 @@ absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Forward(absl::Span<const u
   // never dereferenced.
   const PagedKv view(kv.pool_base, kv.layout, kv.block_table, kv.num_pool_blocks);
   RETURN_IF_ERROR(CheckForwardRequest(impl_->config, tokens, start_position, view));
-  ScopedDevice scoped(impl_->device);
-  RETURN_IF_ERROR(scoped.status());
+  ScopedCudaDevice scoped;
+  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(impl_->device),
+                               absl::StrCat("cudaSetDevice(", impl_->device, ")"));
   RETURN_IF_ERROR(impl_->CheckDevicePool(kv, start_position, tokens.size()));
   // A non-sticky error left by an earlier call of the caller's must not be reported as the
   // failure of one of our launches (CheckLaunch reads cudaGetLastError).

@@ -62,10 +62,11 @@ class CudaQwen3MoeModel {
  public:
   // Uploads `model`'s weights to CUDA device `device` and creates the stream. `model` is not
   // referenced afterwards.
-  // FAILED_PRECONDITION "built without CUDA" in a build without CUDA, and "no CUDA device" where
-  // the runtime finds none; INVALID_ARGUMENT for a device ordinal that does not exist or a model
-  // the kernels cannot run (head_dim > kMaxCudaHeadDim, num_experts > kMaxCudaExperts); INTERNAL
-  // for a CUDA error (out of device memory included), with its text.
+  // FAILED_PRECONDITION "built without CUDA" in a build without CUDA, "no CUDA device" where the
+  // runtime finds none, and "does not exist here" for a device this process does not see;
+  // INVALID_ARGUMENT for a negative device or a model the kernels cannot run (head_dim >
+  // kMaxCudaHeadDim, num_experts > kMaxCudaExperts); CUDA errors as common/cuda/cuda_status.h
+  // maps them (RESOURCE_EXHAUSTED out of device memory, INTERNAL for a fault), with their text.
   static absl::StatusOr<CudaQwen3MoeModel> Create(const Qwen3MoeModel& model, int device);
 
   // Frees every device allocation and the stream. Move-only; a moved-from object answers
@@ -82,8 +83,9 @@ class CudaQwen3MoeModel {
   // then: INVALID_ARGUMENT when num_pool_blocks is PagedKv::kUnknownPoolBlocks, when pool_base is
   // not device memory of this model's device, or when the block table maps two of the positions
   // being written to one slot (they would race; the CPU model would silently overwrite);
-  // INTERNAL for a CUDA error. Nothing is written to the pool when a check fails; after an
-  // INTERNAL error the pool contents of the positions being written are unspecified.
+  // RESOURCE_EXHAUSTED when growing the scratch buffers runs out of device memory; INTERNAL for
+  // another CUDA error (common/cuda/cuda_status.h). Nothing is written to the pool when a check
+  // fails; after a CUDA error the pool contents of the positions being written are unspecified.
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const uint32_t> tokens,
                                              uint32_t start_position, const DevicePagedKv& kv);
 

@@ -1,4 +1,6 @@
-// Device pools against the host pool's behaviour. Labelled gpu; skips with no device.
+// CudaPoolMemory (cache/cuda_pool_memory.h). CudaPoolMemoryTest (label unit) has one right answer
+// for every build and machine without a device; CudaPoolMemoryGpuTest (label gpu; skips with no
+// device) holds a device pool against the host pool's behaviour.
 #include "cache/cuda_pool_memory.h"
 
 #include <gtest/gtest.h>
@@ -6,14 +8,14 @@
 #include <random>
 #include <string>
 
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
-TEST(CudaPoolMemoryTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+TEST(CudaPoolMemoryGpuTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   constexpr uint64_t kBlockBytes = (64 << 10) + 48;
   constexpr uint32_t kBlocks = 8;
   auto device = CreateCudaPoolMemory(0, kBlockBytes, kBlocks);
@@ -40,7 +42,7 @@ TEST(CudaPoolMemoryTest, WritesReadsCopiesAndExportsLikeTheHostPool) {
 }
 
 TEST(CudaPoolMemoryTest, NoDeviceIsAPreconditionNotACrash) {
-  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   EXPECT_THAT(CreateCudaPoolMemory(0, 4096, 4),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition));
 }

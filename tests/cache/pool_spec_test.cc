@@ -3,7 +3,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "cache/cuda_pool_memory.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -53,20 +52,6 @@ TEST(PoolSpecTest, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("3MiB"), 3u << 20);
   EXPECT_EQ(*ParseByteSize("1G"), 1u << 30);
   EXPECT_THAT(ParseByteSize("lots"), StatusIs(absl::StatusCode::kInvalidArgument));
-}
-
-}  // namespace
-}  // namespace kvcache
-
-namespace kvcache {
-namespace {
-
-TEST(CudaDeviceTest, ParsesCudaDevices) {
-  EXPECT_EQ(*ParseCudaDevice("cuda:0"), 0);
-  EXPECT_EQ(*ParseCudaDevice("cuda:3"), 3);
-  EXPECT_THAT(ParseCudaDevice("gpu:0"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(ParseCudaDevice("cuda:-1"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(ParseCudaDevice("cuda:"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "client/mapped_pool.h"
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/integration/kv_pattern.h"
 #include "tests/testing/status_matchers.h"
@@ -29,7 +29,7 @@ class MappedPoolGpuTest : public DaemonProcessTest {
   void SetUp() override {
     DaemonProcessTest::SetUp();
     if (!MappedPool::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device (built without CUDA)";
-    if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
     device_flag_ = "cuda:0";
     ASSERT_NO_FATAL_FAILURE(StartDaemon());
   }

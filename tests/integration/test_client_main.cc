@@ -40,8 +40,8 @@
 #include "client/mapped_pool.h"
 #include "tests/integration/kv_pattern.h"
 
-#if KVCACHE_TEST_CLIENT_CUDA
-#include <cuda_runtime_api.h>
+#if KVCACHE_WITH_CUDA
+#include "common/cuda/cuda_status.h"
 #endif
 
 namespace kvcache {
@@ -117,12 +117,10 @@ absl::Status WriteTokenKvOfAnyType(const MappedPool& pool, uint32_t block_id, ui
   }
 }
 
-#if KVCACHE_TEST_CLIENT_CUDA
+#if KVCACHE_WITH_CUDA
 absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind, int device) {
-  cudaError_t error = cudaSetDevice(device);
-  if (error == cudaSuccess) error = cudaMemcpy(to, from, bytes, kind);
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cudaMemcpy: ", cudaGetErrorString(error)));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  return CudaStatus(cudaMemcpy(to, from, bytes, kind), "cudaMemcpy");
 }
 #endif
 
@@ -131,7 +129,7 @@ absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind k
 // follows publishes complete bytes.
 absl::Status WriteDeviceKv(const MappedPool& pool, const std::vector<uint32_t>& block_ids,
                            const std::vector<uint32_t>& tokens, uint32_t first) {
-#if KVCACHE_TEST_CLIENT_CUDA
+#if KVCACHE_WITH_CUDA
   const PoolLayout& layout = pool.layout();
   std::string image(pool.block_bytes(), '\0');
   for (uint32_t position = first; position < tokens.size(); ++position) {
@@ -151,11 +149,7 @@ absl::Status WriteDeviceKv(const MappedPool& pool, const std::vector<uint32_t>& 
     }
   }
   // A copy from pageable memory may return before its DMA lands: wait for it before the commit.
-  const cudaError_t synced = cudaDeviceSynchronize();
-  if (synced != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaDeviceSynchronize: ", cudaGetErrorString(synced)));
-  }
-  return absl::OkStatus();
+  return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 #else
   return absl::FailedPreconditionError("kvcache-test-client was built without CUDA");
 #endif
@@ -166,7 +160,7 @@ absl::StatusOr<std::string> ReadBlocks(const MappedPool& pool, absl::Span<const 
   std::string bytes;
   for (uint32_t block : blocks) {
     if (pool.is_device()) {
-#if KVCACHE_TEST_CLIENT_CUDA
+#if KVCACHE_WITH_CUDA
       std::string image(pool.block_bytes(), '\0');
       absl::Status status = CudaCopy(image.data(), pool.Block(block), image.size(),
                                      cudaMemcpyDeviceToHost, pool.device());

@@ -22,7 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/mapped_pool.h"
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "model/cuda/qwen3_moe_cuda.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/testing/status_matchers.h"
@@ -66,7 +66,7 @@ class WorkerGpuProcessTest : public DaemonProcessTest {
   void SetUp() override {
     DaemonProcessTest::SetUp();
     if (!MappedPool::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device (built without CUDA)";
-    if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
     device_flag_ = "cuda:0";
     ASSERT_NO_FATAL_FAILURE(StartDaemon());
     absl::StatusOr<worker::Qwen3MoeModel> model =
@@ -196,7 +196,7 @@ TEST_F(WorkerGpuProcessTest, MultiTurnConversationOnTheGpuHitsItsOwnAnswers) {
   EXPECT_TRUE(AwaitAllReleased());
 }
 
-#if KVCACHE_WORKER_GPU_NCCL_TESTS
+#if KVCACHE_WITH_NCCL
 
 // Disaggregated prefill/decode on one GPU: daemon A (this fixture's) and daemon B, both with
 // --device cuda:0; the prefill worker on A ships over a single-rank NCCL channel into B's pool.
@@ -288,7 +288,7 @@ TEST_F(PdGpuProcessTest, BlocksTheDecodeSideHoldsAreNotShippedAgain) {
   ExpectGpuRunMatchesCold(decode, second);
 }
 
-#endif  // KVCACHE_WORKER_GPU_NCCL_TESTS
+#endif  // KVCACHE_WITH_NCCL
 
 }  // namespace
 }  // namespace kvcache::testing

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda/cuda_device.h"
 #include "kernels/block_copy.h"
 #include "tests/testing/status_matchers.h"
 

@@ -1,6 +1,6 @@
 // CPU reference of the block copy kernels against a naive byte-by-byte model, over several block
 // sizes and element sizes; every argument error with its exact code and message. Also the CUDA
-// launchers' host-side checks (no device needed) or, built without CUDA, their stubs.
+// launchers' host-side checks (no device needed, every build).
 #include "kernels/block_copy.h"
 
 #include <gmock/gmock.h>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::kernels {
@@ -298,22 +299,13 @@ TEST(ValidateIds, HostChecksUsableBeforeUpload) {
               StatusIs(absl::StatusCode::kOutOfRange));
 }
 
-// --- The CUDA entry points without a device: host-side checks, or the stubs. ---
+// --- The CUDA entry points without a device. ---
 
-TEST(BlockCopyCudaHost, LauncherChecksOrStubs) {
+// Checked on the host (block_copy.cc) before anything is enqueued: no device is needed, and a
+// build without CUDA answers the same.
+TEST(BlockCopyCudaHost, LauncherChecks) {
   uint8_t* const fake = reinterpret_cast<uint8_t*>(uintptr_t{256});  // never dereferenced
   const int64_t* const fake_ids = reinterpret_cast<const int64_t*>(uintptr_t{512});
-  if (!BuiltWithCuda()) {
-    EXPECT_FALSE(CudaDeviceAvailable());
-    EXPECT_THAT(CopyBlocksCuda(fake, 16, 4, fake_ids, fake_ids, 1, nullptr),
-                StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
-    EXPECT_THAT(GatherBlocksCuda(fake, 16, 4, fake_ids, 1, fake, nullptr),
-                StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
-    EXPECT_THAT(ScatterBlocksCuda(fake, 16, 4, fake_ids, 1, fake, nullptr),
-                StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
-    return;
-  }
-  // Checked on the host before anything is enqueued, so no device is needed.
   EXPECT_OK(CopyBlocksCuda(nullptr, 16, 4, nullptr, nullptr, 0, nullptr));
   EXPECT_OK(GatherBlocksCuda(nullptr, 16, 4, nullptr, 0, nullptr, nullptr));
   EXPECT_OK(ScatterBlocksCuda(nullptr, 16, 4, nullptr, 0, nullptr, nullptr));
@@ -337,6 +329,26 @@ TEST(BlockCopyCudaHost, LauncherChecksOrStubs) {
               StatusIs(absl::StatusCode::kInvalidArgument, "ScatterBlocksCuda: in is null"));
   EXPECT_THAT(ScatterBlocksCuda(fake, 16, 4, fake_ids, 1, nullptr, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, "ScatterBlocksCuda: pool is null"));
+}
+
+// A well-formed call reaches the launch, which fails without a device: FAILED_PRECONDITION in
+// every build, with the CUDA error's text or "built without CUDA". (With a device this would
+// launch on fake pointers, so it only runs where there is none.)
+TEST(BlockCopyCudaHost, LaunchWithoutADeviceIsFailedPrecondition) {
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  uint8_t* const fake = reinterpret_cast<uint8_t*>(uintptr_t{256});  // never dereferenced
+  const int64_t* const fake_ids = reinterpret_cast<const int64_t*>(uintptr_t{512});
+  const auto launch_failed = [](const char* op) {
+    return StatusIs(absl::StatusCode::kFailedPrecondition,
+                    HasSubstr(BuiltWithCuda() ? std::string(op) + ": kernel launch failed: "
+                                              : std::string("built without CUDA")));
+  };
+  EXPECT_THAT(CopyBlocksCuda(fake, 16, 4, fake_ids, fake_ids, 1, nullptr),
+              launch_failed("CopyBlocksCuda"));
+  EXPECT_THAT(GatherBlocksCuda(fake, 16, 4, fake_ids, 1, fake, nullptr),
+              launch_failed("GatherBlocksCuda"));
+  EXPECT_THAT(ScatterBlocksCuda(fake, 16, 4, fake_ids, 1, fake, nullptr),
+              launch_failed("ScatterBlocksCuda"));
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/cuda/cuda_device.h"
 #include "common/pool_layout.h"
 #include "kernels/worker_kernels.h"
 #include "model/ops.h"

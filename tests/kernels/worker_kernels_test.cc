@@ -1,7 +1,7 @@
-// Host-side parts of kernels/worker_kernels.h that need no device: the Validate* checks of the
-// device index arrays (every build), and the launchers' argument checks — exact codes and
-// messages in a CUDA build, UNIMPLEMENTED in a build without CUDA. In a CUDA build on a machine
-// without a device, a well-formed launch must come back INTERNAL with the CUDA error text.
+// Host-side parts of kernels/worker_kernels.h that need no device, in every build: the Validate*
+// checks of the device index arrays, and the launchers' argument checks with their exact codes
+// and messages. On a machine without a device, a well-formed launch must come back
+// FAILED_PRECONDITION (with the CUDA error text, or "built without CUDA").
 // The launchers never touch memory on the host, so the "device pointers" here are fake addresses;
 // no case that reaches a launch runs where a device exists.
 #include "kernels/worker_kernels.h"
@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::kernels {
@@ -127,23 +128,10 @@ TEST_F(ValidateAttentionTest, RejectsMismatchedSizesAndZeroDimensions) {
 // Launcher argument checks
 // ---------------------------------------------------------------------------------------------
 
-// A host-side argument error: INVALID_ARGUMENT whose message contains `what`, or UNIMPLEMENTED in
-// a build without CUDA.
+// A host-side argument error: INVALID_ARGUMENT whose message contains `what`. The checks run
+// before the launch (worker_kernels_args.cc), so every build answers the same.
 void ExpectArgError(const absl::Status& status, const std::string& what) {
-  if (BuiltWithCuda()) {
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(what)));
-  } else {
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
-  }
-}
-
-// A call with nothing to do: OK without a launch (so without a device), or UNIMPLEMENTED.
-void ExpectEmptyOk(const absl::Status& status) {
-  if (BuiltWithCuda()) {
-    EXPECT_OK(status);
-  } else {
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnimplemented, "built without CUDA"));
-  }
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(what)));
 }
 
 // Fake, suitably aligned device addresses. Never dereferenced on the host.
@@ -168,7 +156,7 @@ TEST(WorkerKernelArgsTest, RmsNorm) {
   float* out = Fake<float>();
   ExpectArgError(RmsNormCuda(x, w, 1e-6f, 4, 0, out, nullptr), "RmsNormCuda: dim must be > 0");
   ExpectArgError(RmsNormCuda(x, w, 1e-6f, 0, 0, out, nullptr), "dim must be > 0");
-  ExpectEmptyOk(RmsNormCuda(nullptr, nullptr, 1e-6f, 0, 16, nullptr, nullptr));
+  EXPECT_OK(RmsNormCuda(nullptr, nullptr, 1e-6f, 0, 16, nullptr, nullptr));
   ExpectArgError(RmsNormCuda(nullptr, w, 1e-6f, 4, 16, out, nullptr), "RmsNormCuda: x is null");
   ExpectArgError(RmsNormCuda(x, nullptr, 1e-6f, 4, 16, out, nullptr), "weight is null");
   ExpectArgError(RmsNormCuda(x, w, 1e-6f, 4, 16, nullptr, nullptr), "out is null");
@@ -185,7 +173,7 @@ TEST(WorkerKernelArgsTest, Rope) {
                        std::numeric_limits<double>::quiet_NaN()}) {
     ExpectArgError(RopeCuda(x, pos, 3, 2, 8, theta, nullptr), "must be positive and finite");
   }
-  ExpectEmptyOk(RopeCuda(nullptr, nullptr, 0, 2, 8, 1e4, nullptr));
+  EXPECT_OK(RopeCuda(nullptr, nullptr, 0, 2, 8, 1e4, nullptr));
   ExpectArgError(RopeCuda(nullptr, pos, 3, 2, 8, 1e4, nullptr), "RopeCuda: x is null");
   ExpectArgError(RopeCuda(x, nullptr, 3, 2, 8, 1e4, nullptr), "positions is null");
 }
@@ -221,7 +209,7 @@ TEST(WorkerKernelArgsTest, WriteKvLayoutAndPool) {
   // The layout is checked even with no tokens; then nothing else is.
   ExpectArgError(WriteKvCuda(nullptr, nullptr, nullptr, 0, 0, bad, 8, nullptr, nullptr),
                  "exceeds 1 GiB");
-  ExpectEmptyOk(WriteKvCuda(nullptr, nullptr, nullptr, 0, 0, SmallLayout(), 8, nullptr, nullptr));
+  EXPECT_OK(WriteKvCuda(nullptr, nullptr, nullptr, 0, 0, SmallLayout(), 8, nullptr, nullptr));
 }
 
 TEST(WorkerKernelArgsTest, WriteKvPointers) {
@@ -276,8 +264,8 @@ TEST(WorkerKernelArgsTest, PagedAttention) {
   ExpectArgError(
       PagedAttentionCuda(q, pos, nullptr, tables, 2, 4, 1, 0, 0, layout, 8, pool, out, nullptr),
       "must be > 0");
-  ExpectEmptyOk(PagedAttentionCuda(nullptr, nullptr, nullptr, nullptr, 0, 4, 1, 3, 0, layout, 8,
-                                   nullptr, nullptr, nullptr));
+  EXPECT_OK(PagedAttentionCuda(nullptr, nullptr, nullptr, nullptr, 0, 4, 1, 3, 0, layout, 8,
+                               nullptr, nullptr, nullptr));
   ExpectArgError(PagedAttentionCuda(nullptr, pos, nullptr, tables, 2, 4, 1, 3, 0, layout, 8, pool,
                                     out, nullptr),
                  "q is null");
@@ -307,7 +295,7 @@ TEST(WorkerKernelArgsTest, MoeRoute) {
     ExpectArgError(MoeRouteCuda(logits, 3, experts, top_k, true, ids, weights, nullptr),
                    "MoeRouteCuda: need 1 <= top_k");
   }
-  ExpectEmptyOk(MoeRouteCuda(nullptr, 0, 8, 2, true, nullptr, nullptr, nullptr));
+  EXPECT_OK(MoeRouteCuda(nullptr, 0, 8, 2, true, nullptr, nullptr, nullptr));
   ExpectArgError(MoeRouteCuda(nullptr, 3, 8, 2, true, ids, weights, nullptr), "logits is null");
   ExpectArgError(MoeRouteCuda(logits, 3, 8, 2, true, nullptr, weights, nullptr),
                  "topk_ids is null");
@@ -323,7 +311,7 @@ TEST(WorkerKernelArgsTest, ExpertSwiGlu) {
   ExpectArgError(ExpertSwiGluCuda(x, w, w, w, 2, 0, 8, ws, out, nullptr),
                  "ExpertSwiGluCuda: hidden (0) and intermediate (8) must be > 0");
   ExpectArgError(ExpertSwiGluCuda(x, w, w, w, 2, 8, 0, ws, out, nullptr), "must be > 0");
-  ExpectEmptyOk(
+  EXPECT_OK(
       ExpertSwiGluCuda(nullptr, nullptr, nullptr, nullptr, 0, 8, 8, nullptr, nullptr, nullptr));
   ExpectArgError(ExpertSwiGluCuda(nullptr, w, w, w, 2, 8, 8, ws, out, nullptr), "x is null");
   ExpectArgError(ExpertSwiGluCuda(x, nullptr, w, w, 2, 8, 8, ws, out, nullptr),
@@ -342,7 +330,7 @@ TEST(WorkerKernelArgsTest, Linear) {
   ExpectArgError(LinearCuda(x, w, 2, 0, 8, false, out, nullptr),
                  "LinearCuda: in_features (0) and out_features (8) must be > 0");
   ExpectArgError(LinearCuda(x, w, 2, 8, 0, true, out, nullptr), "must be > 0");
-  ExpectEmptyOk(LinearCuda(nullptr, nullptr, 0, 8, 8, false, nullptr, nullptr));
+  EXPECT_OK(LinearCuda(nullptr, nullptr, 0, 8, 8, false, nullptr, nullptr));
   ExpectArgError(LinearCuda(nullptr, w, 2, 8, 8, false, out, nullptr), "LinearCuda: x is null");
   ExpectArgError(LinearCuda(x, nullptr, 2, 8, 8, false, out, nullptr), "weight is null");
   ExpectArgError(LinearCuda(x, w, 2, 8, 8, false, nullptr, nullptr), "out is null");
@@ -355,7 +343,7 @@ TEST(WorkerKernelArgsTest, GatherRows) {
   ExpectArgError(GatherRowsCuda(src, 10, 0, ids, 2, out, nullptr),
                  "GatherRowsCuda: cols (0) and num_src_rows (10) must be > 0");
   ExpectArgError(GatherRowsCuda(src, 0, 4, ids, 2, out, nullptr), "must be > 0");
-  ExpectEmptyOk(GatherRowsCuda(nullptr, 10, 4, nullptr, 0, nullptr, nullptr));
+  EXPECT_OK(GatherRowsCuda(nullptr, 10, 4, nullptr, 0, nullptr, nullptr));
   ExpectArgError(GatherRowsCuda(nullptr, 10, 4, ids, 2, out, nullptr), "src is null");
   ExpectArgError(GatherRowsCuda(src, 10, 4, nullptr, 2, out, nullptr), "row_ids is null");
   ExpectArgError(GatherRowsCuda(src, 10, 4, ids, 2, nullptr, nullptr), "out is null");
@@ -370,22 +358,23 @@ TEST(WorkerKernelArgsTest, MoeCombine) {
                  "MoeCombineCuda: top_k (0), hidden (8) and num_expert_rows (4) must be > 0");
   ExpectArgError(MoeCombineCuda(y, 4, 0, rows, w, 2, 2, x, nullptr), "must be > 0");
   ExpectArgError(MoeCombineCuda(y, 0, 8, rows, w, 2, 2, x, nullptr), "must be > 0");
-  ExpectEmptyOk(MoeCombineCuda(nullptr, 4, 8, nullptr, nullptr, 0, 2, nullptr, nullptr));
+  EXPECT_OK(MoeCombineCuda(nullptr, 4, 8, nullptr, nullptr, 0, 2, nullptr, nullptr));
   ExpectArgError(MoeCombineCuda(nullptr, 4, 8, rows, w, 2, 2, x, nullptr), "expert_out is null");
   ExpectArgError(MoeCombineCuda(y, 4, 8, nullptr, w, 2, 2, x, nullptr), "rows is null");
   ExpectArgError(MoeCombineCuda(y, 4, 8, rows, nullptr, 2, 2, x, nullptr), "weights is null");
   ExpectArgError(MoeCombineCuda(y, 4, 8, rows, w, 2, 2, nullptr, nullptr), "x is null");
 }
 
-// With CUDA compiled in but no device, a well-formed call reaches the launch, which fails: the
-// error must come back as INTERNAL with the CUDA text, not be swallowed. (With a device this
-// would launch on fake pointers, so it only runs where there is none.)
-TEST(WorkerKernelArgsTest, LaunchFailureIsInternalWithoutADevice) {
-  if (!BuiltWithCuda()) GTEST_SKIP() << "built without CUDA";
+// A well-formed call reaches the launch, which fails without a device: the error must come back
+// with its text, not be swallowed, and as FAILED_PRECONDITION in every build — the CUDA error (no
+// usable device or driver; common/cuda/cuda_status.h), or "built without CUDA". (With a device
+// this would launch on fake pointers, so it only runs where there is none.)
+TEST(WorkerKernelArgsTest, LaunchWithoutADeviceIsFailedPrecondition) {
   if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   const auto launch_failed = [](const char* op) {
-    return StatusIs(absl::StatusCode::kInternal,
-                    HasSubstr(std::string(op) + ": kernel launch failed: "));
+    return StatusIs(absl::StatusCode::kFailedPrecondition,
+                    HasSubstr(BuiltWithCuda() ? std::string(op) + ": kernel launch failed: "
+                                              : std::string("built without CUDA")));
   };
   float* f = Fake<float>();
   const uint32_t* u = Fake<const uint32_t>();

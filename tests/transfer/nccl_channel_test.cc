@@ -24,11 +24,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 
-#if KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 #include <cuda_runtime.h>
 #endif
 
@@ -54,7 +54,7 @@ class NcclChannelTest : public kvcache::testing::DaemonFixture {
 };
 
 TEST_F(NcclChannelTest, BuiltWithNcclMatchesTheBuild) {
-#if KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#if KVCACHE_WITH_NCCL
   EXPECT_TRUE(NcclChannel::BuiltWithNccl());
 #else
   EXPECT_FALSE(NcclChannel::BuiltWithNccl());
@@ -94,7 +94,7 @@ TEST_F(NcclChannelTest, ConnectToAMissingDeviceFailsPrecondition) {
 }
 
 TEST_F(NcclChannelTest, WithoutADeviceConnectFailsPreconditionAndPublishesNothing) {
-  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   ASSERT_OK(client_->OpenSession("acme", "prefill"));
   const absl::Time start = absl::Now();
   EXPECT_THAT(NcclChannel::Connect(client_.get(), Key(), 0, 1, 0, kLongWait),
@@ -111,7 +111,7 @@ TEST_F(NcclChannelTest, WithoutADeviceConnectFailsPreconditionAndPublishesNothin
               StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
 
-#if KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 
 // cudaMalloc'ed bytes, freed on destruction.
 class DeviceBuffer {
@@ -158,7 +158,7 @@ class NcclChannelGpuTest : public NcclChannelTest {
   void SetUp() override {
     NcclChannelTest::SetUp();
     if (HasFatalFailure()) return;
-    if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
     ASSERT_OK(client_->OpenSession("acme", "prefill"));
   }
 
@@ -327,7 +327,7 @@ TEST_F(NcclChannelGpuTest, InitWaitingForAnAbsentRankRunsIntoTheTimeout) {
   CheckSelfCopy(*channel, 4, 256, {0}, {3}, 5);
 }
 
-#endif  // KVCACHE_NCCL_CHANNEL_GPU_TESTS
+#endif  // KVCACHE_WITH_NCCL
 
 }  // namespace
 }  // namespace kvcache

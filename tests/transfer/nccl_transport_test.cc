@@ -29,10 +29,11 @@
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/status_matchers.h"
 
-#if KVCACHE_NCCL_TRANSPORT_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 #include <cuda_runtime_api.h>
 
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
+#include "common/cuda/cuda_status.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/integration/kv_pattern.h"
 #endif
@@ -90,7 +91,7 @@ TEST_F(NcclTransportTest, FreshRendezvousKeysDifferAndFitTheDaemonsLimit) {
   EXPECT_OK(client_->PublishRendezvous(first, "value"));
 }
 
-#if KVCACHE_NCCL_TRANSPORT_GPU_TESTS
+#if KVCACHE_WITH_NCCL
 
 using ::kvcache::testing::ExpectedBlockBytes;
 using ::kvcache::testing::Subprocess;
@@ -98,16 +99,14 @@ using ::kvcache::testing::Subprocess;
 constexpr char kTenant[] = "acme";
 
 absl::Status CudaCopy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind) {
-  const cudaError_t error = cudaMemcpy(to, from, bytes, kind);
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(cudaGetErrorString(error));
+  return CudaStatus(cudaMemcpy(to, from, bytes, kind), "cudaMemcpy");
 }
 
 class NcclTransportGpuTest : public kvcache::testing::DaemonProcessTest {
  protected:
   void SetUp() override {
     DaemonProcessTest::SetUp();
-    if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
     device_flag_ = "cuda:0";
     ASSERT_NO_FATAL_FAILURE(StartDaemon());  // the sender's daemon (prefill node)
     receiver_target_ = "unix://" + dir_ + "/receiver.sock";
@@ -354,7 +353,7 @@ TEST_F(NcclTransportGpuTest, HostTransportsRefuseDevicePoolsAndNcclAHostSource) 
   EXPECT_EQ(ReceiverStats().published_blocks, 0u);
 }
 
-#endif  // KVCACHE_NCCL_TRANSPORT_GPU_TESTS
+#endif  // KVCACHE_WITH_NCCL
 
 }  // namespace
 }  // namespace kvcache::worker

@@ -1,8 +1,8 @@
 // DeviceKvPool (model/cuda/device_kv_pool.h), the private device pool of in-process GPU runs.
 //
-// DeviceKvPoolTest (label unit): every build and machine has its one right answer — without CUDA
-// FAILED_PRECONDITION "built without CUDA"; with CUDA the argument checks (before any device is
-// looked at), then FAILED_PRECONDITION "no CUDA device" without a GPU.
+// DeviceKvPoolTest (label unit): every build and machine has its one right answer — the argument
+// checks (before the build or any device is looked at), then FAILED_PRECONDITION "built without
+// CUDA" without CUDA, or "no CUDA device" without a GPU.
 // DeviceKvPoolGpuTest (label gpu; skips with no CUDA device): the pool is zero-filled device
 // memory on the asked device, and a move hands the allocation over.
 #include "model/cuda/device_kv_pool.h"
@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/status_matchers.h"
 
-#if KVCACHE_DEVICE_KV_POOL_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
@@ -34,16 +34,15 @@ constexpr PoolLayout kLayout{.num_layers = 3,
                              .dtype = DType::kBFloat16};
 
 TEST(DeviceKvPoolTest, CreateAnswersForTheBuildAndTheMachine) {
-  if (!kernels::BuiltWithCuda()) {
-    EXPECT_THAT(DeviceKvPool::Create(0, kLayout, 4),
-                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("built without CUDA")));
-    return;
-  }
+  // The arguments are checked before the build or a device is looked at.
   EXPECT_THAT(DeviceKvPool::Create(0, kLayout, 0), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(DeviceKvPool::Create(-1, kLayout, 4), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(DeviceKvPool::Create(0, PoolLayout{}, 4),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  if (!kernels::CudaDeviceAvailable()) {
+  if (!BuiltWithCuda()) {
+    EXPECT_THAT(DeviceKvPool::Create(0, kLayout, 4),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("built without CUDA")));
+  } else if (!CudaDeviceAvailable()) {
     EXPECT_THAT(DeviceKvPool::Create(0, kLayout, 4),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no CUDA device")));
   } else {
@@ -53,10 +52,10 @@ TEST(DeviceKvPoolTest, CreateAnswersForTheBuildAndTheMachine) {
   }
 }
 
-#if KVCACHE_DEVICE_KV_POOL_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 
 TEST(DeviceKvPoolGpuTest, IsZeroFilledDeviceMemoryAndMovesItsAllocation) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   absl::StatusOr<DeviceKvPool> created = DeviceKvPool::Create(0, kLayout, 5);
   ASSERT_OK(created);
   DeviceKvPool pool = *std::move(created);
@@ -86,7 +85,7 @@ TEST(DeviceKvPoolGpuTest, IsZeroFilledDeviceMemoryAndMovesItsAllocation) {
   EXPECT_EQ(moved.num_blocks(), 1u);
 }
 
-#endif  // KVCACHE_DEVICE_KV_POOL_GPU_TESTS
+#endif  // KVCACHE_WITH_CUDA
 
 }  // namespace
 }  // namespace kvcache::worker

@@ -31,13 +31,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/block_copy.h"
+#include "common/cuda/cuda_device.h"
 #include "model/cuda/moe_dispatch.h"
 #include "model/sampler.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 
-#if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
 
@@ -53,26 +53,24 @@ using ::testing::HasSubstr;
 
 using ::kvcache::worker::testing::TinyModel;
 
-constexpr uint32_t kBlockSize = 16;
-
 // ---------------------------------------------------------------------------------------------
 // Every build, every machine.
 // ---------------------------------------------------------------------------------------------
 
 TEST(CudaQwen3MoeModelTest, BuiltWithCudaMatchesTheBuild) {
-#if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
-  EXPECT_TRUE(kernels::BuiltWithCuda());
+#if KVCACHE_WITH_CUDA
+  EXPECT_TRUE(BuiltWithCuda());
 #else
-  EXPECT_FALSE(kernels::BuiltWithCuda());
+  EXPECT_FALSE(BuiltWithCuda());
 #endif
 }
 
 // Never skips: each build and machine has its one right answer.
 TEST(CudaQwen3MoeModelTest, CreateAnswersForTheBuildAndTheMachine) {
   absl::StatusOr<CudaQwen3MoeModel> model = CudaQwen3MoeModel::Create(TinyModel(), 0);
-  if (!kernels::BuiltWithCuda()) {
+  if (!BuiltWithCuda()) {
     EXPECT_THAT(model, StatusIs(absl::StatusCode::kFailedPrecondition, "built without CUDA"));
-  } else if (!kernels::CudaDeviceAvailable()) {
+  } else if (!CudaDeviceAvailable()) {
     EXPECT_THAT(model,
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no CUDA device")));
   } else {
@@ -80,7 +78,7 @@ TEST(CudaQwen3MoeModelTest, CreateAnswersForTheBuildAndTheMachine) {
     EXPECT_THAT(CudaQwen3MoeModel::Create(TinyModel(), -1),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not exist")));
     EXPECT_THAT(CudaQwen3MoeModel::Create(TinyModel(), 1 << 20),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not exist")));
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("does not exist")));
   }
 }
 
@@ -128,10 +126,12 @@ TEST(MoeDispatchPlanTest, RejectsBadRouterOutput) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 2 each")));
 }
 
-#if KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
+#if KVCACHE_WITH_CUDA
 // ---------------------------------------------------------------------------------------------
 // GPU against CPU.
 // ---------------------------------------------------------------------------------------------
+
+constexpr uint32_t kBlockSize = 16;
 
 // Logits: max |gpu - cpu| <= kLogitTolerance * max |cpu|. The GPU's attention and expert sums
 // run in another order (and CUDA's expf), so the logits differ in the last bits (~1e-6).
@@ -230,7 +230,7 @@ void ExpectKvClose(PagedKv& gpu, PagedKv& cpu, uint32_t layer, uint32_t kv, uint
 class CudaQwen3MoeModelGpuTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
-    if (!kernels::BuiltWithCuda() || !kernels::CudaDeviceAvailable()) {
+    if (!BuiltWithCuda() || !CudaDeviceAvailable()) {
       GTEST_SKIP() << "no CUDA device";
     }
     absl::StatusOr<CudaQwen3MoeModel> created = CudaQwen3MoeModel::Create(TinyModel(), 0);
@@ -446,7 +446,7 @@ INSTANTIATE_TEST_SUITE_P(PoolDtypes, CudaQwen3MoeModelGpuTest,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
-#endif  // KVCACHE_QWEN3_MOE_CUDA_GPU_TESTS
+#endif  // KVCACHE_WITH_CUDA
 
 }  // namespace
 }  // namespace kvcache::worker
