@@ -73,7 +73,7 @@ void Run(double shared_fraction, double seconds) {
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 2.0;
   std::printf(
-      "block manager: open+commit+release of %u-token prompts, block_size %u, "
+      "Pool: open+commit+release of %u-token prompts, block_size %u, "
       "pool %u blocks, one thread\n",
       kvcache::kPromptTokens, kvcache::kBlockSize, kvcache::kNumBlocks);
   for (double shared : {0.0, 0.5, 0.9}) kvcache::Run(shared, seconds);
