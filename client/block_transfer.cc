@@ -16,6 +16,7 @@
 #include "client/proto_convert.h"
 #include "common/block_checksum.h"
 #include "common/rpc/bytes_field_split.h"
+#include "common/rpc/chunk_bytes.h"
 #include "common/status_macros.h"
 #include "common/streaming_copy.h"
 
@@ -24,8 +25,6 @@ namespace {
 
 // Room for a data message's framing (tag and length) within max_message_bytes.
 constexpr size_t kMessageOverhead = 1024;
-constexpr size_t kMinChunkBytes = 4096;
-constexpr uint32_t kDaemonDefaultChunkBytes = 1 << 20;
 // A stream's deadline grows by one second per this many bytes moved.
 constexpr double kBytesPerExtraSecond = 64.0 * (1 << 20);
 
@@ -34,6 +33,13 @@ constexpr double kBytesPerExtraSecond = 64.0 * (1 << 20);
 constexpr char kGetBlocksMethod[] = "/kvcache.v1.KvCache/GetBlocks";
 constexpr char kPutBlocksMethod[] = "/kvcache.v1.KvCache/PutBlocks";
 constexpr uint32_t kGetBlocksDataField = v1::GetBlocksResponse::kDataFieldNumber;
+
+// The largest data message this client sends or asks for: what max_message_bytes leaves after the
+// framing, and never below the daemon's smallest chunk.
+size_t MaxChunkBytes(int max_message_bytes) {
+  return std::max<size_t>(kMinChunkBytes,
+                          static_cast<size_t>(max_message_bytes) - kMessageOverhead);
+}
 
 // Slices of memory the caller owns, handed to gRPC without a copy. gRPC may hold a slice past
 // the call that sent it (a write still draining after the call failed): the destructor waits
@@ -174,9 +180,8 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
     header->add_block_checksums(BlockChecksum(blocks[i].data(), blocks[i].size()));
   }
 
-  const size_t max_chunk =
-      std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead);
-  const size_t chunk = std::clamp<size_t>(options.chunk_bytes, 1, max_chunk);
+  const size_t chunk =
+      std::clamp<size_t>(options.chunk_bytes, 1, MaxChunkBytes(options_.max_message_bytes));
   BorrowedBytes borrowed;  // outlives the call's objects below: destroyed last
   grpc::ClientContext context;
   PrepareContext(&context, StreamTimeout(num_blocks * shape.block_bytes));
@@ -298,11 +303,10 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
   FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys,
                     &request);
   // Chunks must fit this client's receive limit; 0 leaves the daemon's default when it fits.
-  const uint32_t max_chunk = static_cast<uint32_t>(
-      std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead));
-  if (max_chunk_bytes != 0 || max_chunk < kDaemonDefaultChunkBytes) {
+  const uint32_t max_chunk = static_cast<uint32_t>(MaxChunkBytes(options_.max_message_bytes));
+  if (max_chunk_bytes != 0 || max_chunk < kDefaultChunkBytes) {
     request.set_max_chunk_bytes(
-        std::min(max_chunk_bytes == 0 ? kDaemonDefaultChunkBytes : max_chunk_bytes, max_chunk));
+        std::min(max_chunk_bytes == 0 ? kDefaultChunkBytes : max_chunk_bytes, max_chunk));
   }
 
   grpc::ClientContext context;
