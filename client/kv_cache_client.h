@@ -317,14 +317,26 @@ class KvCacheClient {
     uint64_t epoch = 0;
   };
 
+  // A unary method of the typed stub.
+  template <typename Request, typename Response>
+  using StubMethod = grpc::Status (v1::KvCache::StubInterface::*)(grpc::ClientContext*,
+                                                                  const Request&, Response*);
   // Runs one unary call with a deadline and checks the reply's epoch against `session`'s (unless
   // that is 0). `session_call` marks requests that carried the session: their FAILED_PRECONDITION
   // means a restart and their ABORTED a lost lease.
   template <typename Request, typename Response>
-  absl::Status Call(grpc::Status (v1::KvCache::StubInterface::*method)(grpc::ClientContext*,
-                                                                       const Request&, Response*),
-                    const char* name, const Request& request, Response* response,
-                    const SessionRef& session, bool session_call);
+  absl::Status Call(StubMethod<Request, Response> method, const char* name, const Request& request,
+                    Response* response, const SessionRef& session, bool session_call);
+  // Call for a request that carries the session: stamps `request` with `session` first.
+  template <typename Request, typename Response>
+  absl::Status SessionCall(StubMethod<Request, Response> method, const char* name,
+                           const SessionRef& session, Request* request, Response* response);
+  // Sets the session id and epoch every session request carries.
+  template <typename Request>
+  static void StampSession(const SessionRef& session, Request* request) {
+    request->set_session_id(session.session_id);
+    request->set_epoch(session.epoch);
+  }
   // Turns a finished call's status into the client's: on an error, notes a restart or a lost
   // lease as Call does; on success, fences on `reply_epoch`.
   absl::Status CheckReply(const char* name, const grpc::ClientContext& context,
