@@ -61,8 +61,8 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
 }
 
 KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel, ClientOptions options)
-    : channel_(std::move(channel)),
-      stub_(v1::KvCache::NewStub(channel_)),
+    : stub_(v1::KvCache::NewStub(channel)),
+      generic_stub_(std::move(channel)),
       options_(std::move(options)) {}
 
 KvCacheClient::~KvCacheClient() {

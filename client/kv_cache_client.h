@@ -31,6 +31,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include <cstdint>
 #include <functional>
@@ -370,10 +371,11 @@ class KvCacheClient {
   // REQUIRES: lifecycle_mu_ held (it owns keepalive_thread_).
   void StopKeepAlive() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
 
-  // Constant after construction. GetBlocks reads its stream raw from channel_, the other calls
-  // go through stub_.
-  const std::shared_ptr<grpc::ChannelInterface> channel_;
+  // Constant after construction. The block data calls move raw bytes through generic_stub_
+  // (client/block_stream.h), the other calls go through stub_. generic_stub_ is not const only
+  // because PrepareCall is not; it changes nothing and is safe to call from any thread.
   const std::unique_ptr<v1::KvCache::Stub> stub_;
+  grpc::GenericStub generic_stub_;
   const ClientOptions options_;
 
   // Serializes OpenSession, CloseSession and destruction. Lock order: lifecycle_mu_, then mu_.
