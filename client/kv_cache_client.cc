@@ -61,8 +61,8 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
 }
 
 KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel, ClientOptions options)
-    : channel_(std::move(channel)),
-      stub_(v1::KvCache::NewStub(channel_)),
+    : stub_(v1::KvCache::NewStub(channel)),
+      generic_stub_(std::move(channel)),
       options_(std::move(options)) {}
 
 KvCacheClient::~KvCacheClient() {
@@ -76,8 +76,7 @@ KvCacheClient::~KvCacheClient() {
     session_open_ = false;
   }
   v1::CloseSessionRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
+  StampSession(session, &request);
   v1::CloseSessionResponse response;
   grpc::ClientContext context;
   context.set_deadline(
@@ -106,14 +105,21 @@ absl::StatusOr<KvCacheClient::SessionRef> KvCacheClient::RequireSession(const ch
 }
 
 template <typename Request, typename Response>
-absl::Status KvCacheClient::Call(grpc::Status (v1::KvCache::StubInterface::*method)(
-                                     grpc::ClientContext*, const Request&, Response*),
-                                 const char* name, const Request& request, Response* response,
+absl::Status KvCacheClient::Call(StubMethod<Request, Response> method, const char* name,
+                                 const Request& request, Response* response,
                                  const SessionRef& session, bool session_call) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.rpc_timeout);
   const grpc::Status status = ((*stub_).*method)(&context, request, response);
   return CheckReply(name, context, status, response->epoch(), session, session_call);
+}
+
+template <typename Request, typename Response>
+absl::Status KvCacheClient::SessionCall(StubMethod<Request, Response> method, const char* name,
+                                        const SessionRef& session, Request* request,
+                                        Response* response) {
+  StampSession(session, request);
+  return Call(method, name, *request, response, session, true);
 }
 
 absl::Status KvCacheClient::CheckReply(const char* name, const grpc::ClientContext& context,
@@ -268,13 +274,10 @@ absl::StatusOr<KvCacheClient::SessionInfo> KvCacheClient::OpenSession(std::strin
 absl::StatusOr<uint32_t> KvCacheClient::CloseSession() {
   absl::MutexLock lifecycle(&lifecycle_mu_);
   StopKeepAlive();
-  const SessionRef session = CurrentSession();
   v1::CloseSessionRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
   v1::CloseSessionResponse response;
-  const absl::Status status = Call(&v1::KvCache::StubInterface::CloseSession, "CloseSession",
-                                   request, &response, session, true);
+  const absl::Status status = SessionCall(&v1::KvCache::StubInterface::CloseSession, "CloseSession",
+                                          CurrentSession(), &request, &response);
   {
     // Closed or not, the user is done with it: ABORTED from here on is expected, not a loss.
     absl::MutexLock lock(&mu_);
@@ -295,8 +298,7 @@ void KvCacheClient::StopKeepAlive() {
 
 void KvCacheClient::KeepAliveLoop(SessionRef session, absl::Duration period) {
   v1::KeepAliveRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
+  StampSession(session, &request);
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -359,54 +361,42 @@ absl::StatusOr<KvCacheClient::Sequence> KvCacheClient::OpenSequence(
 
 absl::StatusOr<KvCacheClient::Extension> KvCacheClient::ExtendSequence(
     uint64_t sequence_id, absl::Span<const uint32_t> tokens) {
-  const SessionRef session = CurrentSession();
   v1::ExtendSequenceRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
   request.set_sequence_id(sequence_id);
   request.mutable_tokens()->Add(tokens.begin(), tokens.end());
   v1::ExtendSequenceResponse response;
-  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::ExtendSequence, "ExtendSequence", request,
-                       &response, session, true));
+  RETURN_IF_ERROR(SessionCall(&v1::KvCache::StubInterface::ExtendSequence, "ExtendSequence",
+                              CurrentSession(), &request, &response));
   return Extension{.new_block_ids = ToVector(response.new_block_ids()),
                    .num_tokens = response.num_tokens()};
 }
 
 absl::StatusOr<KvCacheClient::Commit> KvCacheClient::CommitSequence(uint64_t sequence_id,
                                                                     uint32_t num_written_tokens) {
-  const SessionRef session = CurrentSession();
   v1::CommitSequenceRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
   request.set_sequence_id(sequence_id);
   request.set_num_written_tokens(num_written_tokens);
   v1::CommitSequenceResponse response;
-  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::CommitSequence, "CommitSequence", request,
-                       &response, session, true));
+  RETURN_IF_ERROR(SessionCall(&v1::KvCache::StubInterface::CommitSequence, "CommitSequence",
+                              CurrentSession(), &request, &response));
   return Commit{.num_committed_blocks = response.num_committed_blocks(),
                 .num_published_blocks = response.num_published_blocks()};
 }
 
 absl::Status KvCacheClient::ReleaseSequence(uint64_t sequence_id) {
-  const SessionRef session = CurrentSession();
   v1::ReleaseSequenceRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
   request.set_sequence_id(sequence_id);
   v1::ReleaseSequenceResponse response;
-  return Call(&v1::KvCache::StubInterface::ReleaseSequence, "ReleaseSequence", request, &response,
-              session, true);
+  return SessionCall(&v1::KvCache::StubInterface::ReleaseSequence, "ReleaseSequence",
+                     CurrentSession(), &request, &response);
 }
 
 absl::StatusOr<KvCacheClient::Fork> KvCacheClient::ForkSequence(uint64_t sequence_id) {
-  const SessionRef session = CurrentSession();
   v1::ForkSequenceRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
   request.set_sequence_id(sequence_id);
   v1::ForkSequenceResponse response;
-  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::ForkSequence, "ForkSequence", request,
-                       &response, session, true));
+  RETURN_IF_ERROR(SessionCall(&v1::KvCache::StubInterface::ForkSequence, "ForkSequence",
+                              CurrentSession(), &request, &response));
   Fork fork{.sequence_id = response.sequence_id(),
             .block_ids = ToVector(response.block_ids()),
             .copied_from_block = std::nullopt};
@@ -417,21 +407,18 @@ absl::StatusOr<KvCacheClient::Fork> KvCacheClient::ForkSequence(uint64_t sequenc
 absl::Status KvCacheClient::PublishRendezvous(absl::string_view key, absl::string_view value) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PublishRendezvous"));
   v1::PublishRendezvousRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::PublishRendezvousResponse response;
-  return Call(&v1::KvCache::StubInterface::PublishRendezvous, "PublishRendezvous", request,
-              &response, session, true);
+  return SessionCall(&v1::KvCache::StubInterface::PublishRendezvous, "PublishRendezvous", session,
+                     &request, &response);
 }
 
 absl::StatusOr<std::string> KvCacheClient::AwaitRendezvous(absl::string_view key,
                                                            absl::Duration timeout) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("AwaitRendezvous"));
   v1::AwaitRendezvousRequest request;
-  request.set_session_id(session.session_id);
-  request.set_epoch(session.epoch);
+  StampSession(session, &request);
   request.set_key(std::string(key));
   v1::AwaitRendezvousResponse response;
   // Call() would bound the wait by rpc_timeout; the caller's timeout is the deadline here.

@@ -31,6 +31,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include <cstdint>
 #include <functional>
@@ -317,14 +318,26 @@ class KvCacheClient {
     uint64_t epoch = 0;
   };
 
+  // A unary method of the typed stub.
+  template <typename Request, typename Response>
+  using StubMethod = grpc::Status (v1::KvCache::StubInterface::*)(grpc::ClientContext*,
+                                                                  const Request&, Response*);
   // Runs one unary call with a deadline and checks the reply's epoch against `session`'s (unless
   // that is 0). `session_call` marks requests that carried the session: their FAILED_PRECONDITION
   // means a restart and their ABORTED a lost lease.
   template <typename Request, typename Response>
-  absl::Status Call(grpc::Status (v1::KvCache::StubInterface::*method)(grpc::ClientContext*,
-                                                                       const Request&, Response*),
-                    const char* name, const Request& request, Response* response,
-                    const SessionRef& session, bool session_call);
+  absl::Status Call(StubMethod<Request, Response> method, const char* name, const Request& request,
+                    Response* response, const SessionRef& session, bool session_call);
+  // Call for a request that carries the session: stamps `request` with `session` first.
+  template <typename Request, typename Response>
+  absl::Status SessionCall(StubMethod<Request, Response> method, const char* name,
+                           const SessionRef& session, Request* request, Response* response);
+  // Sets the session id and epoch every session request carries.
+  template <typename Request>
+  static void StampSession(const SessionRef& session, Request* request) {
+    request->set_session_id(session.session_id);
+    request->set_epoch(session.epoch);
+  }
   // Turns a finished call's status into the client's: on an error, notes a restart or a lost
   // lease as Call does; on success, fences on `reply_epoch`.
   absl::Status CheckReply(const char* name, const grpc::ClientContext& context,
@@ -358,10 +371,11 @@ class KvCacheClient {
   // REQUIRES: lifecycle_mu_ held (it owns keepalive_thread_).
   void StopKeepAlive() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
 
-  // Constant after construction. GetBlocks reads its stream raw from channel_, the other calls
-  // go through stub_.
-  const std::shared_ptr<grpc::ChannelInterface> channel_;
+  // Constant after construction. The block data calls move raw bytes through generic_stub_
+  // (client/block_stream.h), the other calls go through stub_. generic_stub_ is not const only
+  // because PrepareCall is not; it changes nothing and is safe to call from any thread.
   const std::unique_ptr<v1::KvCache::Stub> stub_;
+  grpc::GenericStub generic_stub_;
   const ClientOptions options_;
 
   // Serializes OpenSession, CloseSession and destruction. Lock order: lifecycle_mu_, then mu_.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/bytes_field_split.h"
+#include "common/rpc/chunk_bytes.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/proto_keys.h"
@@ -201,8 +202,8 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
                    TransferSession(manager_, request.session_id(), request.epoch()));
   ASSIGN_OR_RETURN(pool_, manager_->FindPool(request.pool()));
   const uint32_t requested = request.max_chunk_bytes();
-  chunk_bytes_ =
-      std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested, 4096, max_chunk_bytes_);
+  chunk_bytes_ = std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested,
+                                      kMinChunkBytes, max_chunk_bytes_);
   ASSIGN_OR_RETURN(
       OpenedSequence opened,
       pool_->Open(*transfer_session_,

@@ -23,7 +23,6 @@
 namespace kvcache {
 
 inline constexpr uint64_t kTransferSessionId = 0;
-inline constexpr uint32_t kDefaultChunkBytes = 1 << 20;
 
 // Reads PutBlocksRequest messages raw: the data field's bytes go from the received slices
 // straight into pool memory (common/rpc/bytes_field_split.h), checksummed on the way.

@@ -5,7 +5,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <grpcpp/create_channel.h>
-#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/sync_stream.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 
+#include "client/block_stream.h"
 #include "common/rpc/grpc_status.h"
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
@@ -283,20 +284,21 @@ TEST_F(BlockStreamsTest, WrongSizesAndOrderAreInvalidArgument) {
 }
 
 // Put messages as raw bytes, for encodings the typed stub cannot produce.
-absl::Status PutRaw(grpc::ChannelInterface* channel, const std::vector<std::string>& messages) {
-  grpc::ClientContext context;
-  grpc::ByteBuffer response;
-  const grpc::internal::RpcMethod method("/kvcache.v1.KvCache/PutBlocks",
-                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, method, &context,
-                                                                    &response));
+absl::Status PutRaw(const std::shared_ptr<grpc::Channel>& channel,
+                    const std::vector<std::string>& messages) {
+  grpc::GenericStub stub(channel);
+  BlockStream stream(&stub, "/kvcache.v1.KvCache/PutBlocks", absl::Now() + absl::Seconds(30),
+                     /*wait_for_ready=*/false);
+  bool open = true;
   for (const std::string& message : messages) {
     grpc::Slice slice(message);
-    if (!writer->Write(grpc::ByteBuffer(&slice, 1))) break;
+    open = stream.Write(grpc::ByteBuffer(&slice, 1));
+    if (!open) break;
   }
-  writer->WritesDone();
-  return FromGrpcStatus(writer->Finish());
+  if (open) stream.WritesDone();
+  grpc::ByteBuffer reply;
+  stream.Read(&reply);  // a put's reply must be read before its status
+  return FromGrpcStatus(stream.Finish());
 }
 
 TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing) {
@@ -311,16 +313,16 @@ TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing)
   const auto counts = Counts();
 
   // The data field cut short inside the message.
-  EXPECT_THAT(PutRaw(channel.get(), {header, data.substr(0, data.size() - 10)}),
+  EXPECT_THAT(PutRaw(channel, {header, data.substr(0, data.size() - 10)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncated")));
   // Header and data in one message (the typed API's oneof cannot say that).
-  EXPECT_THAT(PutRaw(channel.get(), {header + data}),
+  EXPECT_THAT(PutRaw(channel, {header + data}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not both")));
   // A group, which proto3 never encodes.
-  EXPECT_THAT(PutRaw(channel.get(), {header, "\x0b"}),
+  EXPECT_THAT(PutRaw(channel, {header, "\x0b"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("wire type 3")));
   // Bytes that are no PutBlocksRequest: field 1 (the header) holding an invalid message.
-  EXPECT_THAT(PutRaw(channel.get(), {std::string("\x0a\x02\x08\x80", 4)}),
+  EXPECT_THAT(PutRaw(channel, {std::string("\x0a\x02\x08\x80", 4)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PutBlocksRequest")));
   EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
   // OnDone releases after the client saw the status.
@@ -329,7 +331,7 @@ TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing)
   EXPECT_EQ(Counts(), counts);
 
   // The same connection still serves a well-formed put.
-  EXPECT_OK(PutRaw(channel.get(), {header, data}));
+  EXPECT_OK(PutRaw(channel, {header, data}));
   EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 3);
 }
 

@@ -44,12 +44,12 @@ std::string BlockBytes(size_t num_blocks, uint64_t block_bytes, uint32_t seed) {
   return bytes;
 }
 
-class BlockTransferTest : public kvcache::testing::DaemonFixture {
+class KvCacheClientStreamsTest : public kvcache::testing::DaemonFixture {
  protected:
   uint64_t PoolBlockBytes() { return client_->DescribePool("default")->pool.block_bytes; }
 };
 
-TEST_F(BlockTransferTest, PutThenGetRoundTripsTheBytes) {
+TEST_F(KvCacheClientStreamsTest, PutThenGetRoundTripsTheBytes) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   // 3 full blocks and a partial one, which a put ignores.
@@ -94,7 +94,7 @@ TEST_F(BlockTransferTest, PutThenGetRoundTripsTheBytes) {
   }));
 }
 
-TEST_F(BlockTransferTest, PutBlocksAreWhatAMappedWorkerHits) {
+TEST_F(KvCacheClientStreamsTest, PutBlocksAreWhatAMappedWorkerHits) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
   ASSERT_OK(described);
@@ -116,7 +116,8 @@ TEST_F(BlockTransferTest, PutBlocksAreWhatAMappedWorkerHits) {
   }
 }
 
-TEST_F(BlockTransferTest, PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheCallersBuffer) {
+TEST_F(KvCacheClientStreamsTest,
+       PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheCallersBuffer) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   // Each block in a buffer of its own, as blocks lie in a mapped pool.
@@ -162,7 +163,7 @@ TEST_F(BlockTransferTest, PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheC
 
 // A get of kStreamingCopyMinTotalBytes or more writes the caller's buffer with streaming stores:
 // the bytes land intact wherever the buffer starts and however the chunks cut the blocks.
-TEST_F(BlockTransferTest, LargeGetIntoAnUnalignedBufferRoundTripsTheBytes) {
+TEST_F(KvCacheClientStreamsTest, LargeGetIntoAnUnalignedBufferRoundTripsTheBytes) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = client_->DescribePool("large")->pool.block_bytes;
   const size_t num_blocks = kLargeBlocks;
@@ -184,7 +185,7 @@ TEST_F(BlockTransferTest, LargeGetIntoAnUnalignedBufferRoundTripsTheBytes) {
   }
 }
 
-TEST_F(BlockTransferTest, GetVisitHandsOutEveryPieceInOrderAndItsErrorCancelsTheStream) {
+TEST_F(KvCacheClientStreamsTest, GetVisitHandsOutEveryPieceInOrderAndItsErrorCancelsTheStream) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string bytes = BlockBytes(4, block_bytes, 30);
@@ -224,7 +225,7 @@ TEST_F(BlockTransferTest, GetVisitHandsOutEveryPieceInOrderAndItsErrorCancelsThe
   }));
 }
 
-TEST_F(BlockTransferTest, PutStoppedHalfwayByItsProgressCallbackStoresNothing) {
+TEST_F(KvCacheClientStreamsTest, PutStoppedHalfwayByItsProgressCallbackStoresNothing) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string bytes = BlockBytes(4, block_bytes, 31);
@@ -249,7 +250,7 @@ TEST_F(BlockTransferTest, PutStoppedHalfwayByItsProgressCallbackStoresNothing) {
   EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(4 * kBlockSize))->num_cached_blocks, 4u);
 }
 
-TEST_F(BlockTransferTest, PutOfScatteredBlocksChecksEachBlock) {
+TEST_F(KvCacheClientStreamsTest, PutOfScatteredBlocksChecksEachBlock) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string block = BlockBytes(1, block_bytes, 5);
@@ -266,7 +267,7 @@ TEST_F(BlockTransferTest, PutOfScatteredBlocksChecksEachBlock) {
   EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(2 * kBlockSize))->num_cached_blocks, 0u);
 }
 
-TEST_F(BlockTransferTest, GetReturnsTheLongestCachedPrefixOnly) {
+TEST_F(KvCacheClientStreamsTest, GetReturnsTheLongestCachedPrefixOnly) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string bytes = BlockBytes(2, block_bytes, 3);
@@ -288,7 +289,7 @@ TEST_F(BlockTransferTest, GetReturnsTheLongestCachedPrefixOnly) {
   EXPECT_EQ(got->num_blocks, 0u);
 }
 
-TEST_F(BlockTransferTest, SaltsExtraKeysAndTenantsNamespaceTheBlocks) {
+TEST_F(KvCacheClientStreamsTest, SaltsExtraKeysAndTenantsNamespaceTheBlocks) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const std::vector<uint32_t> prompt = Tokens(2 * kBlockSize);
   const ExtraKeys lora{.lora_id = "adapter", .multimodal_items = {}};
@@ -302,7 +303,7 @@ TEST_F(BlockTransferTest, SaltsExtraKeysAndTenantsNamespaceTheBlocks) {
   EXPECT_EQ(stranger->GetBlocks("default", prompt, "salt", lora)->num_blocks, 0u);
 }
 
-TEST_F(BlockTransferTest, WrongByteCountIsInvalidArgumentAndStoresNothing) {
+TEST_F(KvCacheClientStreamsTest, WrongByteCountIsInvalidArgumentAndStoresNothing) {
   ASSERT_OK(client_->OpenSession("tenant", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::vector<uint32_t> prompt = Tokens(2 * kBlockSize + 3);
@@ -332,7 +333,7 @@ TEST_F(BlockTransferTest, WrongByteCountIsInvalidArgumentAndStoresNothing) {
   EXPECT_FALSE(client_->epoch_changed());
 }
 
-TEST_F(BlockTransferTest, DataCallsNeedAnOpenSession) {
+TEST_F(KvCacheClientStreamsTest, DataCallsNeedAnOpenSession) {
   const std::vector<uint32_t> prompt = Tokens(kBlockSize);
   const std::string bytes = BlockBytes(1, PoolBlockBytes(), 0);
   EXPECT_THAT(client_->PutBlocks("default", prompt, bytes),
@@ -347,7 +348,7 @@ TEST_F(BlockTransferTest, DataCallsNeedAnOpenSession) {
   EXPECT_FALSE(client_->epoch_changed());
 }
 
-TEST_F(BlockTransferTest, LostLeaseIsAborted) {
+TEST_F(KvCacheClientStreamsTest, LostLeaseIsAborted) {
   absl::StatusOr<KvCacheClient::SessionInfo> session = client_->OpenSession("tenant", "remote");
   ASSERT_OK(session);
   const std::vector<uint32_t> prompt = Tokens(kBlockSize);
@@ -359,7 +360,7 @@ TEST_F(BlockTransferTest, LostLeaseIsAborted) {
   EXPECT_TRUE(client_->session_lost());
 }
 
-TEST_F(BlockTransferTest, RestartedDaemonFencesTheStreams) {
+TEST_F(KvCacheClientStreamsTest, RestartedDaemonFencesTheStreams) {
   ClientOptions options;
   options.wait_for_ready = true;  // across the restart
   std::unique_ptr<KvCacheClient> client = Connect(options);

@@ -1,21 +1,17 @@
-// KvCacheClient's block data calls: PutBlocks and GetBlocks streams, with per-block XXH3-64
-// checksums computed on the way out and verified on the way in.
-#include <grpcpp/impl/rpc_method.h>
-#include <grpcpp/support/sync_stream.h>
-
+// KvCacheClient's block data calls: PutBlocks and GetBlocks streams (over BlockStream), with
+// per-block XXH3-64 checksums computed on the way out and verified on the way in.
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "client/block_stream.h"
 #include "client/kv_cache_client.h"
 #include "client/proto_convert.h"
 #include "common/block_checksum.h"
 #include "common/rpc/bytes_field_split.h"
+#include "common/rpc/chunk_bytes.h"
 #include "common/status_macros.h"
 #include "common/streaming_copy.h"
 
@@ -24,8 +20,6 @@ namespace {
 
 // Room for a data message's framing (tag and length) within max_message_bytes.
 constexpr size_t kMessageOverhead = 1024;
-constexpr size_t kMinChunkBytes = 4096;
-constexpr uint32_t kDaemonDefaultChunkBytes = 1 << 20;
 // A stream's deadline grows by one second per this many bytes moved.
 constexpr double kBytesPerExtraSecond = 64.0 * (1 << 20);
 
@@ -35,38 +29,24 @@ constexpr char kGetBlocksMethod[] = "/kvcache.v1.KvCache/GetBlocks";
 constexpr char kPutBlocksMethod[] = "/kvcache.v1.KvCache/PutBlocks";
 constexpr uint32_t kGetBlocksDataField = v1::GetBlocksResponse::kDataFieldNumber;
 
-// Slices of memory the caller owns, handed to gRPC without a copy. gRPC may hold a slice past
-// the call that sent it (a write still draining after the call failed): the destructor waits
-// until gRPC dropped every one, so the memory may go once this object is gone.
-class BorrowedBytes {
- public:
-  BorrowedBytes() = default;
-  BorrowedBytes(const BorrowedBytes&) = delete;
-  BorrowedBytes& operator=(const BorrowedBytes&) = delete;
-  ~BorrowedBytes() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* outstanding) { return *outstanding == 0; }, &outstanding_));
-  }
+// The largest data message this client sends or asks for: what max_message_bytes leaves after the
+// framing, and never below the daemon's smallest chunk.
+size_t MaxChunkBytes(int max_message_bytes) {
+  return std::max<size_t>(kMinChunkBytes,
+                          static_cast<size_t>(max_message_bytes) - kMessageOverhead);
+}
 
-  grpc::Slice Lend(const char* data, size_t size) {
-    {
-      absl::MutexLock lock(&mu_);
-      ++outstanding_;
-    }
-    return grpc::Slice(const_cast<char*>(data), size, &BorrowedBytes::Return, this);
+// `message` as a BlockStream writes it.
+template <typename Message>
+absl::StatusOr<grpc::ByteBuffer> Serialize(const Message& message) {
+  grpc::ByteBuffer buffer;
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<Message>::Serialize(message, &buffer, &own_buffer).ok()) {
+    return absl::InternalError(
+        absl::StrCat("cannot serialize a ", message.GetDescriptor()->name()));
   }
-
- private:
-  static void Return(void* self) {
-    auto* borrowed = static_cast<BorrowedBytes*>(self);
-    absl::MutexLock lock(&borrowed->mu_);
-    --borrowed->outstanding_;
-  }
-
-  absl::Mutex mu_;
-  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
-};
+  return buffer;
+}
 
 // The header must describe at most the prompt's full blocks of the pool's shape.
 absl::Status CheckGetHeader(const v1::GetBlocksHeader& header, uint32_t block_size,
@@ -174,27 +154,16 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
     header->add_block_checksums(BlockChecksum(blocks[i].data(), blocks[i].size()));
   }
 
-  const size_t max_chunk =
-      std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead);
-  const size_t chunk = std::clamp<size_t>(options.chunk_bytes, 1, max_chunk);
-  BorrowedBytes borrowed;  // outlives the call's objects below: destroyed last
-  grpc::ClientContext context;
-  PrepareContext(&context, StreamTimeout(num_blocks * shape.block_bytes));
+  const size_t chunk =
+      std::clamp<size_t>(options.chunk_bytes, 1, MaxChunkBytes(options_.max_message_bytes));
   // Written raw: each data message is its framing plus slices lent from `blocks`, so the bytes
   // are not copied into messages first.
-  const grpc::internal::RpcMethod method(kPutBlocksMethod,
-                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
-  grpc::ByteBuffer reply;
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                    &context, &reply));
+  ASSIGN_OR_RETURN(const grpc::ByteBuffer header_message, Serialize(request));
+  BlockStream stream(&generic_stub_, kPutBlocksMethod,
+                     absl::Now() + StreamTimeout(num_blocks * shape.block_bytes),
+                     options_.wait_for_ready);
   // A failed Write means the stream broke (or the daemon answered early): Finish says why.
-  grpc::ByteBuffer header_message;
-  bool own_buffer = false;
-  bool open = grpc::SerializationTraits<v1::PutBlocksRequest>::Serialize(request, &header_message,
-                                                                         &own_buffer)
-                  .ok() &&
-              writer->Write(header_message);
+  bool open = stream.Write(header_message);
   const uint64_t total = uint64_t{num_blocks} * shape.block_bytes;
   absl::Status interrupted;  // by options.after_chunk
   for (uint64_t sent = 0; open && sent < total;) {
@@ -205,26 +174,32 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
       const absl::string_view block = blocks[(sent + filled) / shape.block_bytes];
       const uint64_t offset = (sent + filled) % shape.block_bytes;
       const uint64_t piece = std::min(size - filled, shape.block_bytes - offset);
-      slices.push_back(borrowed.Lend(block.data() + offset, piece));
+      slices.push_back(stream.Lend(block.data() + offset, piece));
       filled += piece;
     }
-    open = writer->Write(grpc::ByteBuffer(slices.data(), slices.size()));
+    open = stream.Write(grpc::ByteBuffer(slices.data(), slices.size()));
     sent += size;
     if (open && options.after_chunk) interrupted = options.after_chunk(sent);
     if (!interrupted.ok()) {
-      context.TryCancel();
+      stream.Cancel();
       break;
     }
   }
-  if (open && interrupted.ok()) writer->WritesDone();
-  const grpc::Status status = writer->Finish();
+  if (open && interrupted.ok()) stream.WritesDone();
+  // The reply (absent after an error) must be read before Finish: gRPC hands out the status only
+  // once every message that came before it was read.
+  grpc::ByteBuffer reply;
+  const bool replied = stream.Read(&reply);
+  const grpc::Status status = stream.Finish();
   RETURN_IF_ERROR(interrupted);
   v1::PutBlocksResponse response;
   if (status.ok() &&
-      !grpc::SerializationTraits<v1::PutBlocksResponse>::Deserialize(&reply, &response).ok()) {
+      (!replied ||
+       !grpc::SerializationTraits<v1::PutBlocksResponse>::Deserialize(&reply, &response).ok())) {
     return absl::InternalError("PutBlocks: the daemon's reply is not a PutBlocksResponse");
   }
-  RETURN_IF_ERROR(CheckReply("PutBlocks", context, status, response.epoch(), session, true));
+  RETURN_IF_ERROR(
+      CheckReply("PutBlocks", stream.context(), status, response.epoch(), session, true));
   return PutResult{.num_blocks = response.num_blocks(),
                    .num_already_cached = response.num_already_cached(),
                    .num_stored = response.num_stored()};
@@ -298,29 +273,28 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
   FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys,
                     &request);
   // Chunks must fit this client's receive limit; 0 leaves the daemon's default when it fits.
-  const uint32_t max_chunk = static_cast<uint32_t>(
-      std::max(kMinChunkBytes, static_cast<size_t>(options_.max_message_bytes) - kMessageOverhead));
-  if (max_chunk_bytes != 0 || max_chunk < kDaemonDefaultChunkBytes) {
+  const uint32_t max_chunk = static_cast<uint32_t>(MaxChunkBytes(options_.max_message_bytes));
+  if (max_chunk_bytes != 0 || max_chunk < kDefaultChunkBytes) {
     request.set_max_chunk_bytes(
-        std::min(max_chunk_bytes == 0 ? kDaemonDefaultChunkBytes : max_chunk_bytes, max_chunk));
+        std::min(max_chunk_bytes == 0 ? kDefaultChunkBytes : max_chunk_bytes, max_chunk));
   }
 
-  grpc::ClientContext context;
-  PrepareContext(&context, StreamTimeout(max_blocks * shape.block_bytes));
   // Read raw: each data message's bytes are checksummed and copied once, straight from the
   // received slices into the result, instead of being parsed into a message and copied again.
-  const grpc::internal::RpcMethod method(kGetBlocksMethod,
-                                         grpc::internal::RpcMethod::SERVER_STREAMING);
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                    &context, request));
+  ASSIGN_OR_RETURN(const grpc::ByteBuffer request_message, Serialize(request));
+  BlockStream stream(&generic_stub_, kGetBlocksMethod,
+                     absl::Now() + StreamTimeout(max_blocks * shape.block_bytes),
+                     options_.wait_for_ready);
+  // GetBlocks takes one request: it leaves with the half-close. If the write fails, so does the
+  // first Read, and Finish says why.
+  stream.WriteLast(request_message);
   GetInfo result;
   std::optional<BlockStreamVerifier> verifier;  // from the header on
   uint64_t reply_epoch = session.epoch;         // until a message says otherwise
   absl::Status local;                           // what this client found wrong with the stream
   grpc::ByteBuffer buffer;
   v1::GetBlocksResponse message;
-  while (local.ok() && reader->Read(&buffer)) {
+  while (local.ok() && stream.Read(&buffer)) {
     absl::StatusOr<SplitMessage> split = SplitBytesField(buffer, kGetBlocksDataField);
     if (!split.ok() || !message.ParseFromString(split->rest)) {
       local = absl::InternalError(
@@ -359,13 +333,13 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
     }
   }
   const bool stopped_early = reply_epoch != session.epoch || !local.ok();
-  if (stopped_early) context.TryCancel();
-  const grpc::Status status = reader->Finish();
+  if (stopped_early) stream.Cancel();
+  const grpc::Status status = stream.Finish();
   if (reply_epoch != session.epoch) {
-    return CheckReply("GetBlocks", context, grpc::Status::OK, reply_epoch, session, true);
+    return CheckReply("GetBlocks", stream.context(), grpc::Status::OK, reply_epoch, session, true);
   }
   RETURN_IF_ERROR(local);
-  RETURN_IF_ERROR(CheckReply("GetBlocks", context, status, reply_epoch, session, true));
+  RETURN_IF_ERROR(CheckReply("GetBlocks", stream.context(), status, reply_epoch, session, true));
   if (!verifier.has_value()) {
     return absl::DataLossError("GetBlocks: the stream ended before its header");
   }
