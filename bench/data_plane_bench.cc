@@ -90,7 +90,7 @@ class DaemonPeer {
           absl::StatusOr<std::unique_ptr<KvCacheClient>> client =
               KvCacheClient::Connect(listen, client_options);
           if (!client.ok() ||
-              !(*client)->OpenSession("bench", "data_plane_bench", absl::Minutes(10)).ok()) {
+              !(*client)->OpenSession("", "data_plane_bench", absl::Minutes(10)).ok()) {
             return false;
           }
           client_ = *std::move(client);
@@ -111,7 +111,6 @@ class DaemonPeer {
         grpc::CreateCustomChannel(listen, grpc::InsecureChannelCredentials(), args_for_stub));
     grpc::ClientContext context;
     v1::OpenSessionRequest request;
-    request.set_tenant("bench");
     request.set_ttl_ms(600000);
     v1::OpenSessionResponse response;
     stub_->OpenSession(&context, request, &response);

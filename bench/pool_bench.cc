@@ -33,7 +33,7 @@ std::unique_ptr<Pool> MakeCache() {
 // Every prompt starts with the same `shared_fraction` of tokens; the rest is unique.
 void Run(double shared_fraction, double seconds) {
   std::unique_ptr<Pool> cache = MakeCache();
-  Session session(1, "tenant", "bench", absl::Seconds(60));
+  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(60));
   const uint32_t shared_tokens =
       static_cast<uint32_t>(kPromptTokens * shared_fraction) / kBlockSize * kBlockSize;
   std::vector<uint32_t> prompt(kPromptTokens);

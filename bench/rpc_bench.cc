@@ -99,7 +99,6 @@ int Main(double seconds, int clients) {
   for (int i = 0; i < clients; ++i) {
     grpc::ClientContext context;
     v1::OpenSessionRequest request;
-    request.set_tenant("bench");
     request.set_ttl_ms(600000);
     v1::OpenSessionResponse response;
     if (!stub->OpenSession(&context, request, &response).ok()) return 1;

@@ -79,7 +79,7 @@ Node StartNode(const std::string& dir, const std::string& name, uint32_t layers)
        "--session_ttl=10m"},
       [&] {
         absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(listen);
-        if (!client.ok() || !(*client)->OpenSession("bench", "transport_bench").ok()) return false;
+        if (!client.ok() || !(*client)->OpenSession("", "transport_bench").ok()) return false;
         node.client = *std::move(client);
         return true;
       },

@@ -93,7 +93,7 @@ int Main(const std::string& checkpoint, int reps) {
   options.pools.push_back(pool);
   auto daemon = Daemon::Start(options);
   auto client = KvCacheClient::Connect(options.listen);
-  if (!daemon.ok() || !client.ok() || !(*client)->OpenSession("bench", "worker_bench").ok()) {
+  if (!daemon.ok() || !client.ok() || !(*client)->OpenSession("", "worker_bench").ok()) {
     std::fprintf(stderr, "cannot start the daemon or connect\n");
     return 1;
   }

@@ -9,7 +9,7 @@
 namespace kvcache {
 
 CacheManager::CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch)
-    : epoch_(epoch), sessions_(limits, clock) {}
+    : epoch_(epoch), sessions_(limits, clock, &quotas_) {}
 
 CacheManager::~CacheManager() {
   {
@@ -31,7 +31,7 @@ absl::Status CacheManager::AddPool(const PoolOptions& options, std::unique_ptr<P
     return absl::InvalidArgumentError(absl::StrCat("pool '", options.name, "' already exists"));
   }
   ASSIGN_OR_RETURN(auto pool, Pool::Create(options, static_cast<uint32_t>(pools_.size()),
-                                           std::move(memory), device_faults_));
+                                           std::move(memory), device_faults_, &quotas_));
   pools_.push_back(std::move(pool));
   return absl::OkStatus();
 }
@@ -67,10 +67,15 @@ absl::Status CacheManager::CheckEpoch(uint64_t epoch) const {
                                                     ": the daemon restarted; open a new session"));
 }
 
-absl::StatusOr<std::shared_ptr<Session>> CacheManager::SessionFor(uint64_t session_id,
-                                                                  uint64_t epoch) const {
+absl::StatusOr<std::shared_ptr<Session>> CacheManager::SessionFor(
+    uint64_t session_id, uint64_t epoch, absl::string_view principal) const {
   RETURN_IF_ERROR(CheckEpoch(epoch));
-  return sessions_.Get(session_id);
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Get(session_id));
+  if (session->principal != principal) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", session_id, " belongs to another identity"));
+  }
+  return session;
 }
 
 uint32_t CacheManager::ReleaseSessionEverywhere(const Session& session) {
@@ -80,8 +85,10 @@ uint32_t CacheManager::ReleaseSessionEverywhere(const Session& session) {
   return released;
 }
 
-absl::StatusOr<uint32_t> CacheManager::CloseSession(uint64_t session_id, uint64_t epoch) {
-  RETURN_IF_ERROR(CheckEpoch(epoch));
+absl::StatusOr<uint32_t> CacheManager::CloseSession(uint64_t session_id, uint64_t epoch,
+                                                    absl::string_view principal) {
+  absl::StatusOr<std::shared_ptr<Session>> owned = SessionFor(session_id, epoch, principal);
+  if (!owned.ok() && !absl::IsAborted(owned.status())) return owned.status();
   absl::StatusOr<std::shared_ptr<Session>> session = sessions_.Close(session_id);
   // Closing an ended session is a no-op: its sequences were released when it ended.
   if (absl::IsAborted(session.status())) return 0;

@@ -29,6 +29,7 @@
 #include "cache/pool.h"
 #include "cache/rendezvous_registry.h"
 #include "cache/session_registry.h"
+#include "cache/tenant_quotas.h"
 #include "common/clock.h"
 
 namespace kvcache {
@@ -44,6 +45,8 @@ class CacheManager {
   uint64_t epoch() const { return epoch_; }
   SessionRegistry& sessions() { return sessions_; }
   RendezvousRegistry& rendezvous() { return rendezvous_; }
+  // The tenants' limits (set from the identity file) and their use of the daemon-wide ones.
+  TenantQuotas& quotas() { return quotas_; }
   // Shared by every pool; the daemon listens on it to report NOT_SERVING.
   DeviceFaultLatch& device_faults() { return *device_faults_; }
 
@@ -57,11 +60,15 @@ class CacheManager {
 
   // FAILED_PRECONDITION unless `epoch` is 0 or this manager's.
   absl::Status CheckEpoch(uint64_t epoch) const;
-  // The live session for a request, after the epoch check.
-  absl::StatusOr<std::shared_ptr<Session>> SessionFor(uint64_t session_id, uint64_t epoch) const;
-  // Closes the session and releases its sequences in every pool; returns how many. Idempotent:
-  // an ended session answers 0; an id never issued is NOT_FOUND.
-  absl::StatusOr<uint32_t> CloseSession(uint64_t session_id, uint64_t epoch);
+  // The live session for a request by `principal`, after the epoch check. PERMISSION_DENIED
+  // when another identity opened it.
+  absl::StatusOr<std::shared_ptr<Session>> SessionFor(uint64_t session_id, uint64_t epoch,
+                                                      absl::string_view principal) const;
+  // Closes `principal`'s session and releases its sequences in every pool; returns how many.
+  // Idempotent: an ended session answers 0; an id never issued is NOT_FOUND; another identity's
+  // session is PERMISSION_DENIED and stays open.
+  absl::StatusOr<uint32_t> CloseSession(uint64_t session_id, uint64_t epoch,
+                                        absl::string_view principal);
   // Releases the sequences of every session whose lease has expired; returns how many sessions.
   size_t ExpireSessions();
 
@@ -75,6 +82,7 @@ class CacheManager {
   const uint64_t epoch_;
   const std::shared_ptr<DeviceFaultLatch> device_faults_ =  // own synchronization
       std::make_shared<DeviceFaultLatch>();
+  TenantQuotas quotas_;                       // own synchronization
   std::vector<std::unique_ptr<Pool>> pools_;  // constant once serving starts
   SessionRegistry sessions_;                  // own synchronization
   RendezvousRegistry rendezvous_;             // own synchronization

@@ -52,7 +52,8 @@ absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys&
 
 absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, uint32_t pool_index,
                                                    std::unique_ptr<PoolMemory> memory,
-                                                   std::shared_ptr<DeviceFaultLatch> faults) {
+                                                   std::shared_ptr<DeviceFaultLatch> faults,
+                                                   TenantQuotas* quotas) {
   RETURN_IF_ERROR(options.layout.Validate());
   if (options.name.empty() || options.name.size() > 64 ||
       options.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -73,17 +74,79 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
         absl::StrCat("pool '", options.name, "' memory does not match its layout"));
   }
   if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
-  return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory), std::move(faults)));
+  return std::unique_ptr<Pool>(
+      new Pool(options, pool_index, std::move(memory), std::move(faults), quotas));
 }
 
 Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
-           std::shared_ptr<DeviceFaultLatch> faults)
+           std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
       memory_(std::move(memory)),
       faults_(std::move(faults)),
-      pool_(options.num_blocks, options.layout.block_size) {}
+      own_quotas_(quotas == nullptr ? std::make_unique<TenantQuotas>() : nullptr),
+      quotas_(quotas == nullptr ? own_quotas_.get() : quotas),
+      pool_(options.num_blocks, options.layout.block_size),
+      block_tenant_(options.num_blocks, 0) {}
+
+uint32_t Pool::TenantSlotLocked(absl::string_view tenant) {
+  auto [it, inserted] = tenant_slots_.try_emplace(tenant, static_cast<uint32_t>(tenants_.size()));
+  if (inserted) tenants_.push_back(TenantUsage{.name = std::string(tenant)});
+  return it->second;
+}
+
+absl::Status Pool::ReserveLocked(uint32_t tenant, size_t new_blocks, uint32_t new_sequences) {
+  const TenantUsage& usage = tenants_[tenant];
+  const uint64_t limit = quotas_->LimitsOf(usage.name).max_referenced_blocks;
+  if (new_blocks > limit || usage.referenced > limit - new_blocks) {
+    return TenantQuotas::Exceeded(
+        usage.name, absl::StrCat("max_referenced_blocks (pool '", options_.name, "')"), limit,
+        usage.referenced, new_blocks);
+  }
+  if (new_sequences == 0) return absl::OkStatus();
+  return quotas_->TryAcquire(usage.name, QuotaResource::kOpenSequences, new_sequences);
+}
+
+void Pool::AcquireLocked(BlockId block, uint32_t tenant) {
+  if (pool_.RefCount(block) == 0) {
+    block_tenant_[block] = tenant;
+    ++tenants_[tenant].referenced;
+    if (pool_.IsEvictable(block)) ++tenants_[tenant].counters.resurrections;
+  }
+  pool_.Acquire(block);
+}
+
+BlockId Pool::AllocateLocked(uint32_t tenant) {
+  const uint64_t evictions = pool_.counters().evictions;
+  const BlockId block = pool_.AllocateFresh();
+  // block_tenant_ still names the owner of the evicted block's hash.
+  if (pool_.counters().evictions != evictions) ++tenants_[block_tenant_[block]].counters.evictions;
+  block_tenant_[block] = tenant;
+  ++tenants_[tenant].referenced;
+  return block;
+}
+
+void Pool::ReleaseBlockLocked(BlockId block) {
+  pool_.Release(block);
+  if (pool_.RefCount(block) == 0) --tenants_[block_tenant_[block]].referenced;
+}
+
+void Pool::EraseLocked(uint64_t sequence_id) {
+  auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return;
+  const Sequence& sequence = *it->second;
+  ReleaseLocked(sequence);
+  auto owner = by_session_.find(sequence.session_id);
+  if (owner != by_session_.end()) {
+    owner->second.erase(sequence_id);
+    if (owner->second.empty()) by_session_.erase(owner);
+  }
+  TenantUsage& usage = tenants_[sequence.tenant];
+  --usage.open_sequences;
+  quotas_->Release(usage.name, QuotaResource::kOpenSequences, 1);
+  sequences_.erase(it);
+}
 
 Hash128 Pool::RootFor(absl::string_view tenant, absl::string_view cache_salt) const {
   BlockHasher hasher(options_.hash_algorithm);
@@ -148,13 +211,16 @@ uint64_t Pool::AddLocked(std::unique_ptr<Sequence> sequence) {
   const uint64_t id = next_sequence_++ * kMaxPools + pool_index_;
   sequence->id = id;
   by_session_[sequence->session_id].insert(id);
+  ++tenants_[sequence->tenant].open_sequences;
   sequences_.emplace(id, std::move(sequence));
   return id;
 }
 
 void Pool::ReleaseLocked(const Sequence& sequence) {
   // Tail first, so a chain's tail is evicted before its prefix.
-  for (auto it = sequence.blocks.rbegin(); it != sequence.blocks.rend(); ++it) pool_.Release(*it);
+  for (auto it = sequence.blocks.rbegin(); it != sequence.blocks.rend(); ++it) {
+    ReleaseBlockLocked(*it);
+  }
 }
 
 absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const SequenceSpec& spec,
@@ -204,16 +270,25 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   RETURN_IF_ERROR(CheckCapacityLocked(total_blocks - hits.size(), evictable_hits,
                                       absl::StrCat("a ", spec.tokens.size(), "-token prompt with ",
                                                    hits.size() * block_size, " cached tokens")));
-  for (BlockId block : hits) pool_.Acquire(block);
+  sequence->tenant = TenantSlotLocked(session.tenant);
+  // Hits on evictable blocks become the tenant's referenced blocks too.
+  RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - hits.size() + evictable_hits, 1));
+  for (BlockId block : hits) AcquireLocked(block, sequence->tenant);
   sequence->blocks = std::move(hits);
   sequence->committed_blocks = static_cast<uint32_t>(sequence->blocks.size());
   const size_t num_hits = sequence->blocks.size();
-  while (sequence->blocks.size() < total_blocks) sequence->blocks.push_back(pool_.AllocateFresh());
+  while (sequence->blocks.size() < total_blocks) {
+    sequence->blocks.push_back(AllocateLocked(sequence->tenant));
+  }
 
   if (mode == OpenMode::kCompute) {
+    TenantUsage& usage = tenants_[sequence->tenant];
     prompt_tokens_ += spec.tokens.size();
     hit_blocks_ += num_hits;
     miss_blocks_ += total_blocks - num_hits;
+    usage.prompt_tokens += spec.tokens.size();
+    usage.hit_blocks += num_hits;
+    usage.miss_blocks += total_blocks - num_hits;
   }
   OpenedSequence opened{.block_ids = sequence->blocks,
                         .num_cached_tokens = static_cast<uint32_t>(num_hits * block_size)};
@@ -237,9 +312,10 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
   const size_t needed = total_blocks - sequence->blocks.size();
   RETURN_IF_ERROR(
       CheckCapacityLocked(needed, 0, absl::StrCat("extending by ", tokens.size(), " tokens")));
+  RETURN_IF_ERROR(ReserveLocked(sequence->tenant, needed, 0));
   ExtendedSequence extended;
   for (size_t i = 0; i < needed; ++i) {
-    extended.new_block_ids.push_back(pool_.AllocateFresh());
+    extended.new_block_ids.push_back(AllocateLocked(sequence->tenant));
     sequence->blocks.push_back(extended.new_block_ids.back());
   }
   sequence->tokens.insert(sequence->tokens.end(), tokens.begin(), tokens.end());
@@ -262,6 +338,7 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
   const uint32_t block_size = options_.layout.block_size;
   const uint32_t written_blocks = num_written_tokens / block_size;
   CommitResult result;
+  const BlockPoolCounters before = pool_.counters();
   for (uint32_t i = sequence->committed_blocks; i < written_blocks; ++i) {
     // The parent link is the indexed block of h_{i-1}: this sequence's own, or the first copy
     // when its own was a duplicate. With no indexed parent the block could never be reached by a
@@ -283,17 +360,16 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
   }
   sequence->committed_blocks = std::max(sequence->committed_blocks, written_blocks);
   result.num_committed_blocks = sequence->committed_blocks;
+  BlockPoolCounters& counters = tenants_[sequence->tenant].counters;
+  counters.published += pool_.counters().published - before.published;
+  counters.duplicates += pool_.counters().duplicates - before.duplicates;
   return result;
 }
 
 absl::Status Pool::Release(const Session& session, uint64_t sequence_id) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
-  ReleaseLocked(*sequence);
-  auto owner = by_session_.find(session.id);
-  owner->second.erase(sequence_id);
-  if (owner->second.empty()) by_session_.erase(owner);
-  sequences_.erase(sequence_id);
+  RETURN_IF_ERROR(FindLocked(session, sequence_id).status());
+  EraseLocked(sequence_id);
   return absl::OkStatus();
 }
 
@@ -307,14 +383,15 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
     const size_t full_blocks = parent->tokens.size() / options_.layout.block_size;
     const bool has_partial = full_blocks < parent->blocks.size();
     RETURN_IF_ERROR(CheckCapacityLocked(has_partial ? 1 : 0, 0, "forking"));
+    RETURN_IF_ERROR(ReserveLocked(parent->tenant, has_partial ? 1 : 0, 1));
     auto child = std::make_unique<Sequence>(*parent);
     child->blocks.resize(full_blocks);
-    for (BlockId block : child->blocks) pool_.Acquire(block);
+    for (BlockId block : child->blocks) AcquireLocked(block, child->tenant);
     if (has_partial) {
       // The source stays pinned until its bytes are copied, even if the parent is released.
       forked.copied_from_block = parent->blocks.back();
-      pool_.Acquire(forked.copied_from_block);
-      copy_dst = pool_.AllocateFresh();
+      AcquireLocked(forked.copied_from_block, child->tenant);
+      copy_dst = AllocateLocked(child->tenant);
       child->blocks.push_back(copy_dst);
     }
     forked.block_ids = child->blocks;
@@ -323,14 +400,9 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   if (copy_dst == kNoBlock) return forked;
   const absl::Status copied = CheckMemory(memory_->CopyBlock(forked.copied_from_block, copy_dst));
   absl::MutexLock lock(&mu_);
-  pool_.Release(forked.copied_from_block);
+  ReleaseBlockLocked(forked.copied_from_block);
   if (!copied.ok()) {
-    auto it = sequences_.find(forked.sequence_id);
-    if (it != sequences_.end()) {
-      ReleaseLocked(*it->second);
-      by_session_[session.id].erase(forked.sequence_id);
-      sequences_.erase(it);
-    }
+    EraseLocked(forked.sequence_id);
     return copied;
   }
   return forked;
@@ -356,14 +428,9 @@ uint32_t Pool::ReleaseSession(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto owner = by_session_.find(session_id);
   if (owner == by_session_.end()) return 0;
-  const uint32_t count = static_cast<uint32_t>(owner->second.size());
-  for (uint64_t sequence_id : owner->second) {
-    auto it = sequences_.find(sequence_id);
-    ReleaseLocked(*it->second);
-    sequences_.erase(it);
-  }
-  by_session_.erase(owner);
-  return count;
+  const std::vector<uint64_t> sequence_ids(owner->second.begin(), owner->second.end());
+  for (uint64_t sequence_id : sequence_ids) EraseLocked(sequence_id);
+  return static_cast<uint32_t>(sequence_ids.size());
 }
 
 absl::StatusOr<uint64_t> Pool::BlockChecksum(BlockId block) {
@@ -405,6 +472,22 @@ PoolStatsSnapshot Pool::Stats() const {
   };
 }
 
+PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
+  absl::ReaderMutexLock lock(&mu_);
+  PoolStatsSnapshot stats{.free = pool_.num_free(), .evictable = pool_.num_evictable()};
+  auto slot = tenant_slots_.find(tenant);
+  if (slot == tenant_slots_.end()) return stats;
+  const TenantUsage& usage = tenants_[slot->second];
+  stats.referenced = usage.referenced;
+  stats.prompt_tokens = usage.prompt_tokens;
+  stats.hit_tokens = usage.hit_blocks * options_.layout.block_size;
+  stats.hit_blocks = usage.hit_blocks;
+  stats.miss_blocks = usage.miss_blocks;
+  stats.open_sequences = usage.open_sequences;
+  stats.pool = usage.counters;
+  return stats;
+}
+
 absl::Status Pool::CheckInvariants() const {
   absl::ReaderMutexLock lock(&mu_);
   RETURN_IF_ERROR(pool_.CheckInvariants());
@@ -422,6 +505,29 @@ absl::Status Pool::CheckInvariants() const {
   if (pool_.num_referenced() != held.size()) {
     return absl::InternalError(absl::StrCat(pool_.num_referenced(), " referenced blocks but ",
                                             held.size(), " held by sequences"));
+  }
+  // Each tenant's referenced count is the blocks its sequences hold, and no block is held by
+  // two tenants.
+  std::vector<uint32_t> referenced(tenants_.size(), 0);
+  std::vector<uint32_t> open(tenants_.size(), 0);
+  for (const auto& [id, sequence] : sequences_) {
+    ++open[sequence->tenant];
+    for (BlockId block : sequence->blocks) {
+      if (block_tenant_[block] != sequence->tenant) {
+        return absl::InternalError(
+            absl::StrCat("block ", block, " of tenant '", tenants_[block_tenant_[block]].name,
+                         "' is held by a sequence of '", tenants_[sequence->tenant].name, "'"));
+      }
+    }
+  }
+  for (const auto& [block, count] : held) ++referenced[block_tenant_[block]];
+  for (size_t i = 0; i < tenants_.size(); ++i) {
+    if (tenants_[i].referenced != referenced[i] || tenants_[i].open_sequences != open[i]) {
+      return absl::InternalError(absl::StrCat("tenant '", tenants_[i].name, "' counts ",
+                                              tenants_[i].referenced, " referenced blocks and ",
+                                              tenants_[i].open_sequences, " sequences but holds ",
+                                              referenced[i], " and ", open[i]));
+    }
   }
   return absl::OkStatus();
 }

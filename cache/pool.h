@@ -7,7 +7,14 @@
 //
 // Error codes: INVALID_ARGUMENT for malformed input, NOT_FOUND for a sequence that is unknown or
 // belongs to another session, ABORTED when the session has ended, RESOURCE_EXHAUSTED when the
-// pool has too few blocks (nothing changes then), UNAVAILABLE once a device fault has latched.
+// pool has too few blocks or the session's tenant would pass a quota (max_referenced_blocks of
+// this pool, max_open_sequences; nothing changes then), UNAVAILABLE once a device fault has
+// latched.
+//
+// Tenants: every block a sequence holds belongs to the sequence's tenant (blocks are never shared
+// across tenants: the tenant is part of every hash root), so a tenant's referenced blocks are the
+// blocks its sequences hold. A tenant only ever takes free or evictable blocks; another tenant's
+// referenced blocks are out of its reach whatever its quota.
 //
 // Device faults: a failure of the pool's memory (DeviceFaultLatch::IsDeviceFault) latches in the
 // pool's DeviceFaultLatch, which a CacheManager shares among its pools. From then on every call
@@ -37,6 +44,7 @@
 #include "cache/device_fault_latch.h"
 #include "cache/pool_memory.h"
 #include "cache/session.h"
+#include "cache/tenant_quotas.h"
 #include "common/block_hash.h"
 #include "common/pool_layout.h"
 
@@ -96,6 +104,10 @@ struct LookupResult {
   uint32_t num_cached_tokens = 0;
 };
 
+// A pool's figures, or one tenant's share of them (Stats(tenant)): then `referenced`, the
+// request figures, `open_sequences` and the pool counters count only that tenant's blocks and
+// sequences (evictions: its blocks evicted), while `free` and `evictable` stay the pool's, the
+// capacity every tenant draws on.
 struct PoolStatsSnapshot {
   uint32_t free = 0;
   uint32_t evictable = 0;
@@ -117,10 +129,11 @@ class Pool {
  public:
   // INVALID_ARGUMENT for a bad layout or block count; RESOURCE_EXHAUSTED if memory can't be had.
   // `faults` is where this pool latches its memory's faults and whose status gates its calls;
-  // null: a latch of the pool's own.
+  // null: a latch of the pool's own. `quotas` holds the tenants' limits and counts their open
+  // sequences (it must outlive the pool); null: quotas of the pool's own, without limits.
   static absl::StatusOr<std::unique_ptr<Pool>> Create(
       const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
-      std::shared_ptr<DeviceFaultLatch> faults = nullptr);
+      std::shared_ptr<DeviceFaultLatch> faults = nullptr, TenantQuotas* quotas = nullptr);
 
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
 
@@ -154,12 +167,15 @@ class Pool {
   absl::Status ReadBlock(BlockId block, uint64_t offset, uint64_t size, char* out);
 
   PoolStatsSnapshot Stats() const;
+  // One tenant's share (see PoolStatsSnapshot); all zero but the capacity for a stranger.
+  PoolStatsSnapshot Stats(absl::string_view tenant) const;
   absl::Status CheckInvariants() const;
 
  private:
   struct Sequence {
     uint64_t id = 0;
     uint64_t session_id = 0;
+    uint32_t tenant = 0;  // slot in tenants_
     Hash128 root;
     ExtraKeys extras;
     std::vector<uint32_t> tokens;
@@ -169,8 +185,19 @@ class Pool {
     uint32_t committed_blocks = 0;         // leading full blocks whose KV is written
   };
 
+  // One tenant's share of the pool.
+  struct TenantUsage {
+    std::string name;
+    uint32_t referenced = 0;  // blocks with ref > 0 that belong to the tenant
+    uint32_t open_sequences = 0;
+    uint64_t prompt_tokens = 0;
+    uint64_t hit_blocks = 0;
+    uint64_t miss_blocks = 0;
+    BlockPoolCounters counters;
+  };
+
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
-       std::shared_ptr<DeviceFaultLatch> faults);
+       std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas);
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
@@ -186,6 +213,19 @@ class Pool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t AddLocked(std::unique_ptr<Sequence> sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(const Sequence& sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the sequence's blocks, its quota and its entry.
+  void EraseLocked(uint64_t sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The tenant's slot in tenants_, added on first use.
+  uint32_t TenantSlotLocked(absl::string_view tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED if `new_blocks` more referenced blocks would pass the tenant's
+  // max_referenced_blocks; then the open-sequence quota for `new_sequences` is taken.
+  absl::Status ReserveLocked(uint32_t tenant, size_t new_blocks, uint32_t new_sequences)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BlockPool's Acquire / AllocateFresh / Release, keeping each tenant's referenced count.
+  void AcquireLocked(BlockId block, uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BlockId AllocateLocked(uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseBlockLocked(BlockId block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const PoolOptions options_;
@@ -193,6 +233,8 @@ class Pool {
   const uint64_t layout_fingerprint_;
   const std::unique_ptr<PoolMemory> memory_;
   const std::shared_ptr<DeviceFaultLatch> faults_;  // own synchronization
+  std::unique_ptr<TenantQuotas> own_quotas_;        // when none was given
+  TenantQuotas* const quotas_;                      // own synchronization
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);
@@ -202,6 +244,9 @@ class Pool {
   uint64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t miss_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> tenant_slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> block_tenant_ ABSL_GUARDED_BY(mu_);  // slot of each referenced block
 };
 
 }  // namespace kvcache

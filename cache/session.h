@@ -1,4 +1,5 @@
 // Session: a client's lease. Sequences belong to a session and are released when it ends.
+// A session belongs to the identity that opened it and acts within that identity's tenant.
 // `closed` is set once, before the session's sequences are released, so a pool that sees it
 // false under its own mutex knows the release sweep has not passed it yet.
 #ifndef KVCACHE_CACHE_SESSION_H_
@@ -13,10 +14,18 @@
 namespace kvcache {
 
 struct Session {
-  Session(uint64_t id, std::string tenant, std::string client_name, absl::Duration ttl)
-      : id(id), tenant(std::move(tenant)), client_name(std::move(client_name)), ttl(ttl) {}
+  Session(uint64_t id, std::string principal, std::string tenant, std::string client_name,
+          absl::Duration ttl)
+      : id(id),
+        principal(std::move(principal)),
+        tenant(std::move(tenant)),
+        client_name(std::move(client_name)),
+        ttl(ttl) {}
 
   const uint64_t id;
+  // The identity that opened the session ("uid:1000", "token:router", ...): the only one that
+  // may use it.
+  const std::string principal;
   const std::string tenant;
   const std::string client_name;
   const absl::Duration ttl;

@@ -1,11 +1,18 @@
-// SessionRegistry: the live client sessions (leases) and their deadlines. Session ids grow
-// monotonically and are never reused within an epoch, so an id below the next one that is no
-// longer registered is known to have ended: its late requests are fenced off with ABORTED.
+// SessionRegistry: the live client sessions (leases) and their deadlines.
+//
+// Session ids are unguessable and never reused within an epoch: the n-th session's id is n run
+// through a keyed 64-bit permutation (a Feistel network over SHA-256, keyed from the OS's random
+// source at construction). Knowing one's own ids tells nothing of another's, yet every id maps
+// back to its n, so an id whose n was issued but is no longer registered is known to have ended:
+// its late requests are fenced off with ABORTED; any other id is NOT_FOUND.
+//
+// Each session counts against its tenant's max_sessions quota (TenantQuotas) until it ends.
 //
 // Thread safety: thread-safe.
 #ifndef KVCACHE_CACHE_SESSION_REGISTRY_H_
 #define KVCACHE_CACHE_SESSION_REGISTRY_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -16,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache/session.h"
+#include "cache/tenant_quotas.h"
 #include "common/clock.h"
 
 namespace kvcache {
@@ -29,12 +37,14 @@ struct SessionLimits {
 
 class SessionRegistry {
  public:
-  SessionRegistry(const SessionLimits& limits, const Clock* clock);
+  // `quotas` must outlive the registry.
+  SessionRegistry(const SessionLimits& limits, const Clock* clock, TenantQuotas* quotas);
 
-  // `ttl` of zero means the default; others are clamped to [min_ttl, max_ttl].
-  // INVALID_ARGUMENT for an oversize tenant; RESOURCE_EXHAUSTED past max_sessions.
-  absl::StatusOr<std::shared_ptr<Session>> Open(std::string tenant, std::string client_name,
-                                                absl::Duration ttl);
+  // A session of `tenant` owned by `principal`. `ttl` of zero means the default; others are
+  // clamped to [min_ttl, max_ttl]. INVALID_ARGUMENT for an empty or oversize tenant or an oversize
+  // client name; RESOURCE_EXHAUSTED past max_sessions or the tenant's quota.
+  absl::StatusOr<std::shared_ptr<Session>> Open(std::string principal, std::string tenant,
+                                                std::string client_name, absl::Duration ttl);
   // NOT_FOUND for an id never issued; ABORTED for one that has ended.
   absl::StatusOr<std::shared_ptr<Session>> Get(uint64_t session_id) const;
   // Pushes the deadline to now + ttl. Errors as Get.
@@ -55,12 +65,19 @@ class SessionRegistry {
     absl::Time deadline;
   };
   absl::Status UnknownLocked(uint64_t session_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The keyed permutation of the session counter, and its inverse.
+  uint64_t IdOf(uint64_t counter) const;
+  uint64_t CounterOf(uint64_t session_id) const;
+  void EndLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Constant after construction.
   const SessionLimits limits_;
   const Clock* const clock_;
+  std::array<uint8_t, 32> id_key_;
+  TenantQuotas* const quotas_;  // own synchronization
 
   mutable absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -15,9 +15,12 @@ namespace {
 
 // The transfer's own session: the requester's tenant (so hashes match its namespace), id 0.
 absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager, uint64_t session_id,
-                                                         uint64_t epoch) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->SessionFor(session_id, epoch));
-  return std::make_unique<Session>(kTransferSessionId, session->tenant, "transfer", session->ttl);
+                                                         uint64_t epoch,
+                                                         absl::string_view principal) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   manager->SessionFor(session_id, epoch, principal));
+  return std::make_unique<Session>(kTransferSessionId, session->principal, session->tenant,
+                                   "transfer", session->ttl);
 }
 
 absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
@@ -50,15 +53,20 @@ void ReleaseTransferSequence(Pool* pool, const Session& session, uint64_t sequen
 }  // namespace
 
 PutBlocksReactor::PutBlocksReactor(CacheManager* manager, grpc::CallbackServerContext* context,
-                                   grpc::ByteBuffer* response)
+                                   grpc::ByteBuffer* response, absl::StatusOr<Identity> caller)
     : manager_(manager), context_(context), response_(response) {
   reply_.set_epoch(manager_->epoch());
+  if (!caller.ok()) {
+    FinishWith(caller.status());
+    return;
+  }
+  principal_ = std::move(caller->principal);
   StartRead(&message_);
 }
 
 absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
   ASSIGN_OR_RETURN(transfer_session_,
-                   TransferSession(manager_, header.session_id(), header.epoch()));
+                   TransferSession(manager_, header.session_id(), header.epoch(), principal_));
   ASSIGN_OR_RETURN(pool_, manager_->FindPool(header.pool()));
   const uint32_t block_size = pool_->options().layout.block_size;
   const size_t full_blocks = header.tokens_size() / block_size;
@@ -73,6 +81,10 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
                      full_blocks - first_block_, " blocks sent of ", full_blocks,
                      " full blocks of ", header.tokens_size(), " tokens"));
   }
+  const uint64_t put_bytes = (full_blocks - first_block_) * pool_->options().layout.BlockBytes();
+  RETURN_IF_ERROR(manager_->quotas().TryAcquire(transfer_session_->tenant,
+                                                QuotaResource::kPutBytesInFlight, put_bytes));
+  put_bytes_reserved_ = put_bytes;
   ASSIGN_OR_RETURN(
       OpenedSequence opened,
       pool_->Open(*transfer_session_,
@@ -174,6 +186,11 @@ void PutBlocksReactor::FinishWith(const absl::Status& status) {
 }
 
 void PutBlocksReactor::ReleaseSequence() {
+  if (put_bytes_reserved_ != 0) {
+    manager_->quotas().Release(transfer_session_->tenant, QuotaResource::kPutBytesInFlight,
+                               put_bytes_reserved_);
+    put_bytes_reserved_ = 0;
+  }
   if (sequence_id_ == 0) return;
   ReleaseTransferSequence(pool_, *transfer_session_, sequence_id_);
   sequence_id_ = 0;
@@ -185,11 +202,12 @@ void PutBlocksReactor::OnDone() {
 }
 
 GetBlocksReactor::GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer* request,
-                                   uint32_t max_chunk_bytes)
+                                   uint32_t max_chunk_bytes, absl::StatusOr<Identity> caller)
     : manager_(manager), max_chunk_bytes_(max_chunk_bytes) {
   v1::GetBlocksRequest parsed;
-  absl::Status status = ParseMessage(*request, &parsed);
-  if (status.ok()) status = Begin(parsed);
+  absl::Status status = caller.status();
+  if (status.ok()) status = ParseMessage(*request, &parsed);
+  if (status.ok()) status = Begin(parsed, caller->principal);
   if (!status.ok()) {
     Finish(ToGrpcStatus(status));
     return;
@@ -197,9 +215,10 @@ GetBlocksReactor::GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer
   StartWrite(&message_);
 }
 
-absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request) {
+absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request,
+                                     absl::string_view principal) {
   ASSIGN_OR_RETURN(transfer_session_,
-                   TransferSession(manager_, request.session_id(), request.epoch()));
+                   TransferSession(manager_, request.session_id(), request.epoch(), principal));
   ASSIGN_OR_RETURN(pool_, manager_->FindPool(request.pool()));
   const uint32_t requested = request.max_chunk_bytes();
   chunk_bytes_ = std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested,

@@ -5,6 +5,9 @@
 // failed, cancelled, or its client killed — OnDone releases that sequence, so a put that did not
 // complete leaves its fresh blocks unpublished on the free list and nothing else changed.
 //
+// A stream acts for the identity that opened the session it names, in that session's tenant;
+// a put also holds the bytes it will write against the tenant's max_put_bytes_in_flight.
+//
 // Thread safety: gRPC serializes a reactor's read/write callbacks; OnCancel touches no state.
 #ifndef KVCACHE_SERVER_BLOCK_STREAMS_H_
 #define KVCACHE_SERVER_BLOCK_STREAMS_H_
@@ -16,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "auth/identity.h"
 #include "cache/cache_manager.h"
 #include "common/block_checksum.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -28,8 +32,9 @@ inline constexpr uint64_t kTransferSessionId = 0;
 // straight into pool memory (common/rpc/bytes_field_split.h), checksummed on the way.
 class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
+  // `caller`: the authenticated identity, or why there is none (the put then fails with it).
   PutBlocksReactor(CacheManager* manager, grpc::CallbackServerContext* context,
-                   grpc::ByteBuffer* response);
+                   grpc::ByteBuffer* response, absl::StatusOr<Identity> caller);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -48,6 +53,7 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   v1::PutBlocksResponse reply_;
   grpc::ByteBuffer message_;
   bool finished_ = false;
+  std::string principal_;
 
   // Set by Begin.
   Pool* pool_ = nullptr;
@@ -55,7 +61,8 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   uint64_t sequence_id_ = 0;
   std::vector<BlockId> block_ids_;
   uint32_t cached_blocks_ = 0;
-  uint32_t first_block_ = 0;  // blocks before it are not sent (already cached here)
+  uint32_t first_block_ = 0;         // blocks before it are not sent (already cached here)
+  uint64_t put_bytes_reserved_ = 0;  // of the tenant's max_put_bytes_in_flight
   std::optional<BlockStreamVerifier> verifier_;  // of the blocks sent
 };
 
@@ -64,14 +71,14 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
 // staged through host slices), so the bytes are never copied into a protobuf message.
 class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer* request,
-                   uint32_t max_chunk_bytes);
+  GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer* request, uint32_t max_chunk_bytes,
+                   absl::StatusOr<Identity> caller);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
 
  private:
-  absl::Status Begin(const v1::GetBlocksRequest& request);
+  absl::Status Begin(const v1::GetBlocksRequest& request, absl::string_view principal);
   absl::Status WriteNextChunk();
 
   CacheManager* const manager_;

@@ -7,9 +7,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "auth/identity_file.h"
 #include "cache/cuda_pool_memory.h"
 #include "common/cuda/cuda_device.h"
 #include "common/rpc/http2_tuning.h"
@@ -22,11 +25,13 @@ constexpr absl::string_view kUnixScheme = "unix://";
 // The name gRPC health clients ask about besides "" (the whole server).
 constexpr char kServiceName[] = "kvcache.v1.KvCache";
 
-absl::Status PrepareSocketPath(const std::string& path) {
+// A missing directory is made owner-only, or traversable by all when the socket is for others.
+absl::Status PrepareSocketPath(const std::string& path, mode_t socket_mode) {
   const size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const std::string dir = path.substr(0, slash);
-    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    const mode_t dir_mode = (socket_mode & 0077) == 0 ? 0700 : 0711;
+    if (mkdir(dir.c_str(), dir_mode) != 0 && errno != EEXIST) {
       return absl::UnavailableError(
           absl::StrCat("cannot create socket directory ", dir, ": ", std::strerror(errno)));
     }
@@ -35,6 +40,16 @@ absl::Status PrepareSocketPath(const std::string& path) {
   struct stat info;
   if (lstat(path.c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) unlink(path.c_str());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read the ", what, " file ", path));
+  }
+  return text.str();
 }
 
 // Memory that workers on this node map in place: shared host memory or a CUDA IPC export.
@@ -49,41 +64,72 @@ absl::StatusOr<std::unique_ptr<PoolMemory>> CreatePoolMemory(const std::string& 
   return CreateCudaPoolMemory(index, pool.layout.BlockBytes(), pool.num_blocks);
 }
 
+// TLS credentials from the PEM files; INVALID_ARGUMENT naming a file that cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials(
+    const TlsServerOptions& tls) {
+  if (tls.key_file.empty()) return absl::InvalidArgumentError("TLS needs a key file (--tls_key)");
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(tls.cert_file, "TLS certificate"));
+  ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(tls.key_file, "TLS key"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!tls.client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(tls.client_ca_file, "TLS client CA"));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   auto daemon = std::unique_ptr<Daemon>(new Daemon());
   daemon->address_ = options.listen;
+  daemon->identities_path_ = options.identities_path;
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
   if (absl::StartsWith(options.listen, kUnixScheme)) {
+    if ((options.socket_mode & 0077) != 0 && options.identities_path.empty()) {
+      return absl::InvalidArgumentError(
+          "a Unix socket open to other users needs an identity file (--identities) to tell "
+          "them apart");
+    }
     daemon->socket_path_ = options.listen.substr(kUnixScheme.size());
-    RETURN_IF_ERROR(PrepareSocketPath(daemon->socket_path_));
-  } else if (!options.allow_insecure_tcp) {
+    RETURN_IF_ERROR(PrepareSocketPath(daemon->socket_path_, options.socket_mode));
+  } else if (!options.tls.cert_file.empty()) {
+    ASSIGN_OR_RETURN(tcp_credentials, TlsCredentials(options.tls));
+  } else if (options.allow_insecure_tcp) {
+    tcp_credentials = grpc::InsecureServerCredentials();
+  } else {
     return absl::InvalidArgumentError(
         absl::StrCat("TCP address ", options.listen,
-                     " needs TLS, which this build does not configure; pass --insecure to listen "
-                     "without it (loopback and trusted networks only)"));
+                     " needs TLS (--tls_cert and --tls_key), or --insecure to listen without it "
+                     "(loopback and trusted networks only)"));
   }
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
 
   const uint64_t epoch = CacheManager::NewEpoch();
   daemon->manager_ = std::make_unique<CacheManager>(options.session_limits, options.clock, epoch);
+  if (!options.identities_path.empty()) RETURN_IF_ERROR(daemon->ReloadIdentities());
   for (const PoolOptions& pool : options.pools) {
     ASSIGN_OR_RETURN(std::unique_ptr<PoolMemory> memory,
                      CreatePoolMemory(options.device, pool, epoch));
     if (options.wrap_pool_memory) memory = options.wrap_pool_memory(pool, std::move(memory));
     RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));
   }
-  daemon->service_ =
-      std::make_unique<KvCacheService>(daemon->manager_.get(), options.max_message_bytes);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
   if (daemon->socket_path_.empty()) {
-    builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+    builder.AddListeningPort(options.listen, tcp_credentials, &bound_port);
   } else {
-    ASSIGN_OR_RETURN(daemon->unix_listener_, UnixListener::Bind(daemon->socket_path_));
+    ASSIGN_OR_RETURN(daemon->unix_listener_,
+                     UnixListener::Bind(daemon->socket_path_, options.socket_mode));
   }
+  daemon->authenticator_ =
+      std::make_unique<Authenticator>(&daemon->identities_, daemon->unix_listener_.get());
+  daemon->service_ = std::make_unique<KvCacheService>(
+      daemon->manager_.get(), daemon->authenticator_.get(), options.max_message_bytes);
   builder.RegisterService(daemon->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -112,6 +158,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       [raw](const absl::Status&) { raw->ReportNotServing(); });
   daemon->manager_->StartReaper(options.reaper_period);
   return daemon;
+}
+
+absl::Status Daemon::ReloadIdentities() {
+  if (identities_path_.empty()) {
+    return absl::FailedPreconditionError("the daemon runs without an identity file");
+  }
+  ASSIGN_OR_RETURN(IdentityFile file, LoadIdentityFile(identities_path_));
+  manager_->quotas().SetLimits(file.limits);
+  identities_.Install(std::move(file));
+  return absl::OkStatus();
 }
 
 void Daemon::ReportNotServing() {

@@ -3,8 +3,12 @@
 // "kvcache.v1.KvCache" until a device fault latches in the manager (cache/device_fault_latch.h),
 // then NOT_SERVING for both, for good: a restart is the only repair.
 // Unix sockets are created owner-only (0600) in a directory the daemon makes owner-only if it is
-// missing. TCP listens insecurely only when asked for explicitly (TLS comes with the security
-// work); the caller decides that.
+// missing; a wider socket_mode (for peers of other uids) needs an identity file, which then
+// authenticates them. TCP serves TLS (server certificate and key; with a client CA, mutual TLS
+// that requires and verifies client certificates); plaintext TCP only when asked for explicitly.
+//
+// Every call is authenticated (server/authenticator.h) against the identity file, reloaded by
+// ReloadIdentities (SIGHUP in kvcache-manager), or without one against the default identity.
 //
 // Thread safety: Start, then Wait on one thread and Shutdown from another.
 #ifndef KVCACHE_SERVER_DAEMON_H_
@@ -21,17 +25,30 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "auth/identity_registry.h"
 #include "cache/cache_manager.h"
 #include "common/clock.h"
 #include "common/rpc/listen_address.h"
+#include "server/authenticator.h"
 #include "server/kv_cache_service.h"
 #include "server/unix_listener.h"
 
 namespace kvcache {
 
+struct TlsServerOptions {
+  std::string cert_file;       // PEM; TLS is on when set
+  std::string key_file;        // PEM
+  std::string client_ca_file;  // PEM; when set, clients must present a certificate it signed
+};
+
 struct DaemonOptions {
   std::string listen = DefaultListenAddress();
   bool allow_insecure_tcp = false;
+  TlsServerOptions tls;
+  // The identity file (auth/identity_file.h); empty: every caller is tenant "default", worker.
+  std::string identities_path;
+  // Permissions of a Unix socket; wider than 0600 only with an identity file.
+  mode_t socket_mode = 0600;
   // "host" (POSIX shared memory) or "cuda:N" (device memory exported over CUDA IPC).
   std::string device = "host";
   std::vector<PoolOptions> pools;
@@ -47,12 +64,16 @@ struct DaemonOptions {
 
 class Daemon {
  public:
-  // INVALID_ARGUMENT for bad options; UNAVAILABLE when the address cannot be bound.
+  // INVALID_ARGUMENT for bad options or identity file; UNAVAILABLE when the address cannot be
+  // bound.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();
 
   const std::string& address() const { return address_; }
   CacheManager& manager() { return *manager_; }
+  // Reads the identity file again and installs it with its quotas; on error the previous one
+  // stays. FAILED_PRECONDITION when the daemon runs without one.
+  absl::Status ReloadIdentities();
   void Wait() { server_->Wait(); }
   // Stops accepting calls, finishes those in flight (up to `grace`) and removes the socket file.
   void Shutdown(absl::Duration grace = absl::Seconds(2));
@@ -65,14 +86,19 @@ class Daemon {
 
   std::string address_;
   std::string socket_path_;  // empty for TCP
+  std::string identities_path_;
   std::unique_ptr<CacheManager> manager_;
+  IdentityRegistry identities_;  // own synchronization
   // server_'s health service, set once serving starts and cleared at Shutdown. Declared before
   // server_ so that it outlives every reactor that may report a fault.
   absl::Mutex health_mu_;
   grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(health_mu_) = nullptr;
+  // For a Unix socket; gRPC listens on TCP itself. Declared before the authenticator that asks
+  // it for peers' credentials.
+  std::unique_ptr<UnixListener> unix_listener_;
+  std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<UnixListener> unix_listener_;  // for a Unix socket; gRPC listens on TCP itself
 };
 
 }  // namespace kvcache

@@ -15,11 +15,14 @@ void AddEpochTrailer(grpc::CallbackServerContext* context, uint64_t epoch) {
   context->AddTrailingMetadata(std::string(kEpochMetadataKey), absl::StrCat(epoch));
 }
 
-// Runs `body` (returning absl::Status), stamps the epoch and finishes the call.
+// Authenticates the caller, checks that its role may call `method`, runs `body(caller)`
+// (returning absl::Status), stamps the epoch and finishes the call.
 template <typename Response, typename Body>
-grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, Response* response,
-                                 uint64_t epoch, Body body) {
-  const absl::Status status = body();
+grpc::ServerUnaryReactor* Handle(const KvCacheService& service,
+                                 grpc::CallbackServerContext* context, Response* response,
+                                 uint64_t epoch, const char* method, Role needed, Body body) {
+  const absl::StatusOr<Identity> caller = service.Caller(*context, method, needed);
+  const absl::Status status = caller.ok() ? body(*caller) : caller.status();
   response->set_epoch(epoch);
   AddEpochTrailer(context, epoch);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -46,7 +49,9 @@ static_assert(static_cast<int>(MappingInfo::Kind::kNone) == v1::PoolMapping::KIN
 static_assert(static_cast<int>(MappingInfo::Kind::kShm) == v1::PoolMapping::KIND_SHM);
 static_assert(static_cast<int>(MappingInfo::Kind::kCudaIpc) == v1::PoolMapping::KIND_CUDA_IPC);
 
-void FillPoolInfo(Pool& pool, v1::PoolInfo* info) {
+// The mapping (shm name, CUDA IPC handle) opens the whole pool's memory: only for roles that may
+// hold blocks.
+void FillPoolInfo(Pool& pool, const Identity& caller, v1::PoolInfo* info) {
   const PoolOptions& options = pool.options();
   info->set_name(options.name);
   info->set_model_id(options.model_id);
@@ -61,6 +66,7 @@ void FillPoolInfo(Pool& pool, v1::PoolInfo* info) {
   layout->set_dtype(static_cast<v1::DType>(options.layout.dtype));
   layout->set_block_bytes(options.layout.BlockBytes());
   layout->set_fingerprint(pool.layout_fingerprint());
+  if (caller.role < Role::kWorker) return;
   const MappingInfo mapping = pool.memory().mapping();
   v1::PoolMapping* out = info->mutable_mapping();
   out->set_kind(static_cast<v1::PoolMapping::Kind>(mapping.kind));
@@ -76,9 +82,11 @@ void FillCounts(const PoolStatsSnapshot& stats, v1::BlockCounts* counts) {
   counts->set_referenced(stats.referenced);
 }
 
-void FillStats(Pool& pool, v1::PoolStats* out) {
-  const PoolStatsSnapshot stats = pool.Stats();
+// `tenant` empty: the whole pool's figures (an admin's view).
+void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
+  const PoolStatsSnapshot stats = tenant.empty() ? pool.Stats() : pool.Stats(tenant);
   out->set_pool(pool.options().name);
+  out->set_tenant(std::string(tenant));
   FillCounts(stats, out->mutable_counts());
   out->set_prompt_tokens(stats.prompt_tokens);
   out->set_hit_tokens(stats.hit_tokens);
@@ -153,176 +161,229 @@ class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
+absl::StatusOr<Identity> KvCacheService::Caller(const grpc::CallbackServerContext& context,
+                                                const char* method, Role needed) const {
+  ASSIGN_OR_RETURN(Identity caller, authenticator_->Authenticate(context));
+  RETURN_IF_ERROR(Permit(caller, needed, method));
+  return caller;
+}
+
 grpc::ServerUnaryReactor* KvCacheService::Ping(grpc::CallbackServerContext* context,
                                                const v1::PingRequest* request,
                                                v1::PingResponse* response) {
-  return Handle(context, response, manager_->epoch(), [] { return absl::OkStatus(); });
+  return Handle(*this, context, response, manager_->epoch(), "Ping", Role::kReader,
+                [](const Identity&) { return absl::OkStatus(); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ListPools(grpc::CallbackServerContext* context,
                                                     const v1::ListPoolsRequest* request,
                                                     v1::ListPoolsResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&] {
-    for (Pool* pool : manager_->pools()) FillPoolInfo(*pool, response->add_pools());
-    return absl::OkStatus();
-  });
+  return Handle(*this, context, response, manager_->epoch(), "ListPools", Role::kReader,
+                [&](const Identity& caller) {
+                  for (Pool* pool : manager_->pools())
+                    FillPoolInfo(*pool, caller, response->add_pools());
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::DescribePool(grpc::CallbackServerContext* context,
                                                        const v1::DescribePoolRequest* request,
                                                        v1::DescribePoolResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-    FillPoolInfo(*pool, response->mutable_pool());
-    FillCounts(pool->Stats(), response->mutable_counts());
-    return absl::OkStatus();
-  });
+  return Handle(*this, context, response, manager_->epoch(), "DescribePool", Role::kReader,
+                [&](const Identity& caller) -> absl::Status {
+                  ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+                  FillPoolInfo(*pool, caller, response->mutable_pool());
+                  FillCounts(
+                      caller.role == Role::kAdmin ? pool->Stats() : pool->Stats(caller.tenant),
+                      response->mutable_counts());
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::OpenSession(grpc::CallbackServerContext* context,
                                                       const v1::OpenSessionRequest* request,
                                                       v1::OpenSessionResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session,
-                     manager_->sessions().Open(request->tenant(), request->client_name(),
-                                               absl::Milliseconds(request->ttl_ms())));
-    response->set_session_id(session->id);
-    response->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(session->ttl)));
-    return absl::OkStatus();
-  });
+  return Handle(
+      *this, context, response, manager_->epoch(), "OpenSession", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
+        ASSIGN_OR_RETURN(
+            auto session,
+            manager_->sessions().Open(caller.principal, std::move(tenant), request->client_name(),
+                                      absl::Milliseconds(request->ttl_ms())));
+        response->set_session_id(session->id);
+        response->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(session->ttl)));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::KeepAlive(grpc::CallbackServerContext* context,
                                                     const v1::KeepAliveRequest* request,
                                                     v1::KeepAliveResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    RETURN_IF_ERROR(manager_->CheckEpoch(request->epoch()));
-    return manager_->sessions().KeepAlive(request->session_id());
-  });
+  return Handle(
+      *this, context, response, manager_->epoch(), "KeepAlive", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        RETURN_IF_ERROR(
+            manager_->SessionFor(request->session_id(), request->epoch(), caller.principal)
+                .status());
+        return manager_->sessions().KeepAlive(request->session_id());
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::CloseSession(grpc::CallbackServerContext* context,
                                                        const v1::CloseSessionRequest* request,
                                                        v1::CloseSessionResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(uint32_t released,
-                     manager_->CloseSession(request->session_id(), request->epoch()));
-    response->set_released_sequences(released);
-    return absl::OkStatus();
-  });
+  return Handle(*this, context, response, manager_->epoch(), "CloseSession", Role::kWorker,
+                [&](const Identity& caller) -> absl::Status {
+                  ASSIGN_OR_RETURN(uint32_t released,
+                                   manager_->CloseSession(request->session_id(), request->epoch(),
+                                                          caller.principal));
+                  response->set_released_sequences(released);
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerContext* context,
                                                        const v1::OpenSequenceRequest* request,
                                                        v1::OpenSequenceResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-    ASSIGN_OR_RETURN(OpenedSequence opened,
-                     pool->Open(*session, ToSequenceSpec(request->tokens(), request->cache_salt(),
-                                                         request->extra_keys())));
-    response->set_sequence_id(opened.sequence_id);
-    response->mutable_block_ids()->Add(opened.block_ids.begin(), opened.block_ids.end());
-    response->set_num_cached_tokens(opened.num_cached_tokens);
-    return absl::OkStatus();
-  });
+  return Handle(
+      *this, context, response, manager_->epoch(), "OpenSequence", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(
+            OpenedSequence opened,
+            pool->Open(*session, ToSequenceSpec(request->tokens(), request->cache_salt(),
+                                                request->extra_keys())));
+        response->set_sequence_id(opened.sequence_id);
+        response->mutable_block_ids()->Add(opened.block_ids.begin(), opened.block_ids.end());
+        response->set_num_cached_tokens(opened.num_cached_tokens);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ExtendSequence(grpc::CallbackServerContext* context,
                                                          const v1::ExtendSequenceRequest* request,
                                                          v1::ExtendSequenceResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
-    ASSIGN_OR_RETURN(
-        ExtendedSequence extended,
-        pool->Extend(*session, request->sequence_id(),
-                     absl::MakeConstSpan(request->tokens().data(), request->tokens_size())));
-    response->mutable_new_block_ids()->Add(extended.new_block_ids.begin(),
-                                           extended.new_block_ids.end());
-    response->set_num_tokens(extended.num_tokens);
-    return absl::OkStatus();
-  });
+  return Handle(
+      *this, context, response, manager_->epoch(), "ExtendSequence", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
+        ASSIGN_OR_RETURN(
+            ExtendedSequence extended,
+            pool->Extend(*session, request->sequence_id(),
+                         absl::MakeConstSpan(request->tokens().data(), request->tokens_size())));
+        response->mutable_new_block_ids()->Add(extended.new_block_ids.begin(),
+                                               extended.new_block_ids.end());
+        response->set_num_tokens(extended.num_tokens);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::CommitSequence(grpc::CallbackServerContext* context,
                                                          const v1::CommitSequenceRequest* request,
                                                          v1::CommitSequenceResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
-    ASSIGN_OR_RETURN(CommitResult result,
-                     pool->Commit(*session, request->sequence_id(), request->num_written_tokens()));
-    response->set_num_committed_blocks(result.num_committed_blocks);
-    response->set_num_published_blocks(result.num_published_blocks);
-    return absl::OkStatus();
-  });
+  return Handle(
+      *this, context, response, manager_->epoch(), "CommitSequence", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
+        ASSIGN_OR_RETURN(CommitResult result, pool->Commit(*session, request->sequence_id(),
+                                                           request->num_written_tokens()));
+        response->set_num_committed_blocks(result.num_committed_blocks);
+        response->set_num_published_blocks(result.num_published_blocks);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReleaseSequence(grpc::CallbackServerContext* context,
                                                           const v1::ReleaseSequenceRequest* request,
                                                           v1::ReleaseSequenceResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
-    return pool->Release(*session, request->sequence_id());
-  });
+  return Handle(*this, context, response, manager_->epoch(), "ReleaseSequence", Role::kWorker,
+                [&](const Identity& caller) -> absl::Status {
+                  ASSIGN_OR_RETURN(auto session,
+                                   manager_->SessionFor(request->session_id(), request->epoch(),
+                                                        caller.principal));
+                  ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
+                  return pool->Release(*session, request->sequence_id());
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ForkSequence(grpc::CallbackServerContext* context,
                                                        const v1::ForkSequenceRequest* request,
                                                        v1::ForkSequenceResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
-    ASSIGN_OR_RETURN(ForkedSequence forked, pool->Fork(*session, request->sequence_id()));
-    response->set_sequence_id(forked.sequence_id);
-    response->mutable_block_ids()->Add(forked.block_ids.begin(), forked.block_ids.end());
-    if (forked.copied_from_block != kNoBlock) {
-      response->set_copied_from_block(forked.copied_from_block);
-    }
-    return absl::OkStatus();
-  });
+  return Handle(
+      *this, context, response, manager_->epoch(), "ForkSequence", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
+        ASSIGN_OR_RETURN(ForkedSequence forked, pool->Fork(*session, request->sequence_id()));
+        response->set_sequence_id(forked.sequence_id);
+        response->mutable_block_ids()->Add(forked.block_ids.begin(), forked.block_ids.end());
+        if (forked.copied_from_block != kNoBlock) {
+          response->set_copied_from_block(forked.copied_from_block);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* context,
                                                  const v1::LookupRequest* request,
                                                  v1::LookupResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-    ASSIGN_OR_RETURN(
-        LookupResult result,
-        pool->Lookup(request->tenant(), ToSequenceSpec(request->tokens(), request->cache_salt(),
-                                                       request->extra_keys())));
-    response->set_num_cached_tokens(result.num_cached_tokens);
-    response->set_num_cached_blocks(result.num_cached_blocks);
-    return absl::OkStatus();
-  });
+  return Handle(*this, context, response, manager_->epoch(), "Lookup", Role::kReader,
+                [&](const Identity& caller) -> absl::Status {
+                  ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
+                  ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+                  ASSIGN_OR_RETURN(
+                      LookupResult result,
+                      pool->Lookup(tenant, ToSequenceSpec(request->tokens(), request->cache_salt(),
+                                                          request->extra_keys())));
+                  response->set_num_cached_tokens(result.num_cached_tokens);
+                  response->set_num_cached_blocks(result.num_cached_blocks);
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* context,
                                                    const v1::GetStatsRequest* request,
                                                    v1::GetStatsResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    if (!request->pool().empty()) {
-      ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-      FillStats(*pool, response->add_pools());
-    } else {
-      for (Pool* pool : manager_->pools()) FillStats(*pool, response->add_pools());
-    }
-    response->set_open_sessions(static_cast<uint32_t>(manager_->sessions().size()));
-    return absl::OkStatus();
-  });
+  return Handle(*this, context, response, manager_->epoch(), "GetStats", Role::kReader,
+                [&](const Identity& caller) -> absl::Status {
+                  // An admin that names no tenant sees the whole daemon; everyone else one tenant.
+                  std::string tenant;
+                  if (caller.role != Role::kAdmin || !request->tenant().empty()) {
+                    ASSIGN_OR_RETURN(tenant, TenantFor(caller, request->tenant()));
+                  }
+                  if (!request->pool().empty()) {
+                    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+                    FillStats(*pool, tenant, response->add_pools());
+                  } else {
+                    for (Pool* pool : manager_->pools())
+                      FillStats(*pool, tenant, response->add_pools());
+                  }
+                  response->set_open_sessions(static_cast<uint32_t>(
+                      tenant.empty() ? manager_->sessions().size()
+                                     : manager_->quotas().InUse(tenant, QuotaResource::kSessions)));
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::PublishRendezvous(
     grpc::CallbackServerContext* context, const v1::PublishRendezvousRequest* request,
     v1::PublishRendezvousResponse* response) {
-  return Handle(context, response, manager_->epoch(), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch()));
-    return manager_->rendezvous().Publish(session->tenant, request->key(), request->value(),
-                                          session->id);
-  });
+  return Handle(*this, context, response, manager_->epoch(), "PublishRendezvous", Role::kWorker,
+                [&](const Identity& caller) -> absl::Status {
+                  ASSIGN_OR_RETURN(auto session,
+                                   manager_->SessionFor(request->session_id(), request->epoch(),
+                                                        caller.principal));
+                  return manager_->rendezvous().Publish(session->tenant, request->key(),
+                                                        request->value(), session->id);
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerContext* context,
@@ -331,8 +392,10 @@ grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerCo
   response->set_epoch(manager_->epoch());
   AddEpochTrailer(context, manager_->epoch());
   auto* reactor = new AwaitRendezvousReactor(&manager_->rendezvous(), response);
+  const absl::StatusOr<Identity> caller = Caller(*context, "AwaitRendezvous", Role::kWorker);
   absl::StatusOr<std::shared_ptr<Session>> session =
-      manager_->SessionFor(request->session_id(), request->epoch());
+      caller.ok() ? manager_->SessionFor(request->session_id(), request->epoch(), caller->principal)
+                  : caller.status();
   if (!session.ok()) {
     reactor->FinishOnce(ToGrpcStatus(session.status()));
   } else {
@@ -344,13 +407,15 @@ grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerCo
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::PutBlocks(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   AddEpochTrailer(context, manager_->epoch());
-  return new PutBlocksReactor(manager_, context, response);
+  return new PutBlocksReactor(manager_, context, response,
+                              Caller(*context, "PutBlocks", Role::kWorker));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::GetBlocks(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   AddEpochTrailer(context, manager_->epoch());
-  return new GetBlocksReactor(manager_, request, max_chunk_bytes_);
+  return new GetBlocksReactor(manager_, request, max_chunk_bytes_,
+                              Caller(*context, "GetBlocks", Role::kWorker));
 }
 
 }  // namespace kvcache

@@ -1,6 +1,12 @@
-// KvCacheService: the gRPC edge of the daemon. Each handler converts the request, calls the
-// CacheManager, converts the status once (ToGrpcStatus) and finishes; nothing blocks beyond a
-// pool's short critical section, so handlers run inline on the callback reactor.
+// KvCacheService: the gRPC edge of the daemon. Each handler authenticates the caller and checks
+// its role (server/authenticator.h), converts the request, calls the CacheManager within the
+// caller's tenant and as its principal, converts the status once (ToGrpcStatus) and finishes;
+// nothing blocks beyond a pool's short critical section, so handlers run inline on the callback
+// reactor.
+//
+// Roles: reader may Ping, ListPools, DescribePool, Lookup and GetStats (pool mappings are not
+// shown to it); worker may call everything within its tenant; admin may also name another
+// tenant (OpenSession, Lookup, GetStats) and sees whole-pool figures.
 //
 // Thread safety: thread-safe (all state lives in the CacheManager).
 #ifndef KVCACHE_SERVER_KV_CACHE_SERVICE_H_
@@ -8,6 +14,7 @@
 
 #include "cache/cache_manager.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/authenticator.h"
 
 namespace kvcache {
 
@@ -18,9 +25,17 @@ class KvCacheService final
     : public v1::KvCache::WithRawCallbackMethod_GetBlocks<
           v1::KvCache::WithRawCallbackMethod_PutBlocks<v1::KvCache::CallbackService>> {
  public:
-  // `max_message_bytes` bounds the chunks GetBlocks sends.
-  KvCacheService(CacheManager* manager, int max_message_bytes)
-      : manager_(manager), max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {}
+  // `max_message_bytes` bounds the chunks GetBlocks sends. Both pointers must outlive the
+  // service.
+  KvCacheService(CacheManager* manager, const Authenticator* authenticator, int max_message_bytes)
+      : manager_(manager),
+        authenticator_(authenticator),
+        max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {}
+
+  // The authenticated caller of a call to `method`, if its role reaches `needed`;
+  // UNAUTHENTICATED or PERMISSION_DENIED otherwise.
+  absl::StatusOr<Identity> Caller(const grpc::CallbackServerContext& context, const char* method,
+                                  Role needed) const;
 
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
                                  const v1::PingRequest* request,
@@ -74,6 +89,7 @@ class KvCacheService final
 
  private:
   CacheManager* const manager_;
+  const Authenticator* const authenticator_;
   const uint32_t max_chunk_bytes_;
 };
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/pool_spec.h"
@@ -27,7 +28,18 @@ ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(10),
           "lease of a session that asks for no TTL of its own");
 ABSL_FLAG(absl::Duration, max_session_ttl, absl::Minutes(10),
           "longest lease a session may ask for");
-ABSL_FLAG(bool, insecure, false, "allow a TCP listen address without TLS");
+ABSL_FLAG(bool, insecure, false,
+          "allow a TCP listen address without TLS (loopback and trusted networks only)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS on the TCP address");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA: require mutual TLS, clients present a certificate it signed");
+ABSL_FLAG(std::string, identities, "",
+          "identity file mapping uids, bearer tokens and certificate subjects to tenants, roles "
+          "and quotas (see docs/security.md); reread on SIGHUP. Default: every caller is tenant "
+          "'default', role worker");
+ABSL_FLAG(std::string, socket_mode, "0600",
+          "permissions of the Unix socket, octal; wider than 0600 needs --identities");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
@@ -39,6 +51,18 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   if (options.listen.empty()) options.listen = DefaultListenAddress();
   options.allow_insecure_tcp = absl::GetFlag(FLAGS_insecure);
+  options.tls = TlsServerOptions{.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                                 .key_file = absl::GetFlag(FLAGS_tls_key),
+                                 .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
+  options.identities_path = absl::GetFlag(FLAGS_identities);
+  unsigned socket_mode = 0;
+  if (std::sscanf(absl::GetFlag(FLAGS_socket_mode).c_str(), "%o", &socket_mode) != 1 ||
+      socket_mode > 0777) {
+    std::fprintf(stderr, "kvcache-manager: --socket_mode %s is not an octal mode\n",
+                 absl::GetFlag(FLAGS_socket_mode).c_str());
+    return 2;
+  }
+  options.socket_mode = static_cast<mode_t>(socket_mode);
   options.device = absl::GetFlag(FLAGS_device);
   options.session_limits.default_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
@@ -60,6 +84,7 @@ int Run() {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);  // reloads the identity file
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
@@ -78,10 +103,28 @@ int Run() {
                 std::string(HashAlgorithmName(pool_options.hash_algorithm)).c_str(),
                 pool->memory().kind().c_str());
   }
+  if (options.identities_path.empty()) {
+    std::printf("  no --identities: every caller is tenant 'default', role worker\n");
+  }
+  if (!absl::StartsWith(options.listen, "unix://") && options.tls.cert_file.empty()) {
+    std::printf(
+        "  WARNING: plaintext TCP (--insecure): anyone who reaches %s can read and write "
+        "this cache's prompts' KV\n",
+        (*daemon)->address().c_str());
+  }
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (sigwait(&stop_signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    const absl::Status reloaded = (*daemon)->ReloadIdentities();
+    if (reloaded.ok()) {
+      std::printf("kvcache-manager: reloaded %s\n", options.identities_path.c_str());
+    } else {
+      std::printf("kvcache-manager: SIGHUP: %s; the previous identities stay\n",
+                  std::string(reloaded.message()).c_str());
+    }
+    std::fflush(stdout);
+  }
   std::printf("kvcache-manager: signal %d, shutting down\n", signal_number);
   (*daemon)->Shutdown();
   return 0;

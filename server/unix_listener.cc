@@ -9,11 +9,14 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace kvcache {
 
-absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(const std::string& path) {
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(const std::string& path,
+                                                                 mode_t mode) {
   sockaddr_un address{};
   if (path.size() >= sizeof(address.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path ", path, " is longer than ",
@@ -34,7 +37,7 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(const std::stri
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", path, ": ", std::strerror(error)));
   }
-  chmod(path.c_str(), 0600);
+  chmod(path.c_str(), mode);
   return std::unique_ptr<UnixListener>(new UnixListener(fd));
 }
 
@@ -64,10 +67,29 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
       }
       return;  // Stop shut the socket down
     }
+    ucred peer{};
+    socklen_t peer_size = sizeof(peer);
+    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &peer_size) != 0) {
+      close(connection);  // a peer without credentials could not be told apart from another
+      continue;
+    }
+    {
+      absl::MutexLock lock(&peers_mu_);
+      peers_[connection] = peer;
+    }
     const int send_buffer = kSendBufferBytes;
     setsockopt(connection, SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof(send_buffer));
     grpc::AddInsecureChannelFromFd(server, connection);
   }
+}
+
+std::optional<ucred> UnixListener::PeerOf(absl::string_view peer) const {
+  int fd = -1;
+  if (!absl::ConsumePrefix(&peer, "fd:") || !absl::SimpleAtoi(peer, &fd)) return std::nullopt;
+  absl::ReaderMutexLock lock(&peers_mu_);
+  auto it = peers_.find(fd);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace kvcache

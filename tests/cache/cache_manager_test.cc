@@ -22,6 +22,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr uint64_t kEpoch = 42;
+constexpr char kPrincipal[] = "uid:1000";
 
 class CacheManagerTest : public ::testing::Test {
  protected:
@@ -43,7 +44,7 @@ class CacheManagerTest : public ::testing::Test {
   }
 
   std::shared_ptr<Session> OpenSession(absl::Duration ttl = absl::Seconds(1)) {
-    auto session = manager_.sessions().Open("tenant", "test", ttl);
+    auto session = manager_.sessions().Open(kPrincipal, "tenant", "test", ttl);
     EXPECT_OK(session);
     return *session;
   }
@@ -120,7 +121,8 @@ TEST_F(CacheManagerTest, ExpiredLeaseReleasesEverySequenceOfTheSession) {
   EXPECT_EQ(Referenced("beta"), 0);
   EXPECT_TRUE(session->closed);
   // Late requests under the dead lease are fenced off.
-  EXPECT_THAT(manager_.SessionFor(session->id, kEpoch), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(manager_.SessionFor(session->id, kEpoch, kPrincipal),
+              StatusIs(absl::StatusCode::kAborted));
   EXPECT_THAT(manager_.sessions().KeepAlive(session->id), StatusIs(absl::StatusCode::kAborted));
   Pool* alpha = *manager_.FindPool("alpha");
   std::vector<uint32_t> tokens{1, 2, 3};
@@ -131,21 +133,22 @@ TEST_F(CacheManagerTest, CloseSessionReleasesAndReportsTheCount) {
   auto session = OpenSession();
   OpenSequence(*session, "alpha");
   OpenSequence(*session, "beta");
-  auto released = manager_.CloseSession(session->id, kEpoch);
+  auto released = manager_.CloseSession(session->id, kEpoch, kPrincipal);
   ASSERT_OK(released);
   EXPECT_EQ(*released, 2);
   EXPECT_EQ(Referenced("alpha") + Referenced("beta"), 0);
-  released = manager_.CloseSession(session->id, kEpoch);  // idempotent
+  released = manager_.CloseSession(session->id, kEpoch, kPrincipal);  // idempotent
   ASSERT_OK(released);
   EXPECT_EQ(*released, 0);
-  EXPECT_THAT(manager_.CloseSession(999, kEpoch), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(manager_.CloseSession(999, kEpoch, kPrincipal),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(CacheManagerTest, StaleEpochIsFailedPrecondition) {
   auto session = OpenSession();
-  EXPECT_OK(manager_.SessionFor(session->id, 0));
-  EXPECT_OK(manager_.SessionFor(session->id, kEpoch));
-  EXPECT_THAT(manager_.SessionFor(session->id, kEpoch + 1),
+  EXPECT_OK(manager_.SessionFor(session->id, 0, kPrincipal));
+  EXPECT_OK(manager_.SessionFor(session->id, kEpoch, kPrincipal));
+  EXPECT_THAT(manager_.SessionFor(session->id, kEpoch + 1, kPrincipal),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("restarted")));
 }
 
@@ -156,15 +159,15 @@ TEST_F(CacheManagerTest, TtlIsClampedAndDefaulted) {
   EXPECT_EQ(tiny->ttl, SessionLimits{}.min_ttl);
   auto huge = OpenSession(absl::Hours(100));
   EXPECT_EQ(huge->ttl, SessionLimits{}.max_ttl);
-  EXPECT_THAT(manager_.sessions().Open(std::string(300, 't'), "", absl::Seconds(1)),
+  EXPECT_THAT(manager_.sessions().Open(kPrincipal, std::string(300, 't'), "", absl::Seconds(1)),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(CacheManagerTest, SessionLimitIsResourceExhausted) {
   CacheManager small(SessionLimits{.max_sessions = 2}, &clock_, kEpoch);
-  ASSERT_OK(small.sessions().Open("t", "", absl::Seconds(1)));
-  ASSERT_OK(small.sessions().Open("t", "", absl::Seconds(1)));
-  EXPECT_THAT(small.sessions().Open("t", "", absl::Seconds(1)),
+  ASSERT_OK(small.sessions().Open(kPrincipal, "t", "", absl::Seconds(1)));
+  ASSERT_OK(small.sessions().Open(kPrincipal, "t", "", absl::Seconds(1)));
+  EXPECT_THAT(small.sessions().Open(kPrincipal, "t", "", absl::Seconds(1)),
               StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
@@ -225,7 +228,7 @@ TEST_F(CacheManagerTest, AfterADeviceFaultEveryPoolsBlockCallsAnswerTheLatchedSt
 
   // Dropping references still works, so leases end cleanly and the invariants hold (TearDown).
   EXPECT_OK((*manager_.FindPool("alpha"))->Release(*session, in_alpha.sequence_id));
-  EXPECT_OK(manager_.CloseSession(session->id, kEpoch));
+  EXPECT_OK(manager_.CloseSession(session->id, kEpoch, kPrincipal));
   EXPECT_EQ(Referenced("alpha") + Referenced("beta"), 0);
   EXPECT_EQ(manager_.device_faults().status(), latched);
 }

@@ -85,8 +85,8 @@ class PoolTest : public ::testing::Test {
     return {stats.free, stats.evictable, stats.referenced};
   }
 
-  Session session_{1, "tenant-a", "test", absl::Seconds(10)};
-  Session other_session_{2, "tenant-a", "other", absl::Seconds(10)};
+  Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  Session other_session_{2, "uid:1", "tenant-a", "other", absl::Seconds(10)};
   std::unique_ptr<Pool> cache_;
 };
 

@@ -37,7 +37,7 @@ class BlockStreamTest : public kvcache::testing::DaemonFixture {
  protected:
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(DaemonFixture::SetUp());
-    ASSERT_OK(client_->OpenSession("tenant", "block-stream-test"));
+    ASSERT_OK(client_->OpenSession("", "block-stream-test"));
     block_bytes_ = client_->DescribePool("large")->pool.block_bytes;
     ASSERT_OK(client_->PutBlocks("large", Tokens(kBlocks * kBlockSize),
                                  std::string(kBlocks * block_bytes_, 'b')));

@@ -95,6 +95,13 @@ class DaemonFixture : public ::testing::Test {
     return client.ok() ? *std::move(client) : nullptr;
   }
 
+  // The principal that opened a live session (to end it from the daemon's side).
+  std::string OwnerOf(uint64_t session_id) {
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        daemon_->manager().sessions().Get(session_id);
+    return session.ok() ? (*session)->principal : std::string();
+  }
+
   static std::vector<uint32_t> Tokens(size_t count, uint32_t first = 100) {
     std::vector<uint32_t> tokens(count);
     for (size_t i = 0; i < count; ++i) tokens[i] = first + static_cast<uint32_t>(i);

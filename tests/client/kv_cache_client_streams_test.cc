@@ -50,7 +50,7 @@ class KvCacheClientStreamsTest : public kvcache::testing::DaemonFixture {
 };
 
 TEST_F(KvCacheClientStreamsTest, PutThenGetRoundTripsTheBytes) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   // 3 full blocks and a partial one, which a put ignores.
   const std::vector<uint32_t> prompt = Tokens(3 * kBlockSize + 5);
@@ -80,7 +80,7 @@ TEST_F(KvCacheClientStreamsTest, PutThenGetRoundTripsTheBytes) {
   }
   // Another client of the same tenant gets them too; the stream pinned nothing for long.
   std::unique_ptr<KvCacheClient> other = Connect();
-  ASSERT_OK(other->OpenSession("tenant", "other"));
+  ASSERT_OK(other->OpenSession("", "other"));
   absl::StatusOr<KvCacheClient::GetResult> got =
       other->GetBlocks("default", Tokens(2 * kBlockSize));
   ASSERT_OK(got);
@@ -95,7 +95,7 @@ TEST_F(KvCacheClientStreamsTest, PutThenGetRoundTripsTheBytes) {
 }
 
 TEST_F(KvCacheClientStreamsTest, PutBlocksAreWhatAMappedWorkerHits) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
   ASSERT_OK(described);
   const uint64_t block_bytes = described->pool.block_bytes;
@@ -118,7 +118,7 @@ TEST_F(KvCacheClientStreamsTest, PutBlocksAreWhatAMappedWorkerHits) {
 
 TEST_F(KvCacheClientStreamsTest,
        PutOfScatteredBlocksReportsProgressAndGetIntoFillsTheCallersBuffer) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   // Each block in a buffer of its own, as blocks lie in a mapped pool.
   std::vector<std::string> owned;
@@ -164,7 +164,7 @@ TEST_F(KvCacheClientStreamsTest,
 // A get of kStreamingCopyMinTotalBytes or more writes the caller's buffer with streaming stores:
 // the bytes land intact wherever the buffer starts and however the chunks cut the blocks.
 TEST_F(KvCacheClientStreamsTest, LargeGetIntoAnUnalignedBufferRoundTripsTheBytes) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = client_->DescribePool("large")->pool.block_bytes;
   const size_t num_blocks = kLargeBlocks;
   ASSERT_GE(num_blocks * block_bytes, kStreamingCopyMinTotalBytes);
@@ -186,7 +186,7 @@ TEST_F(KvCacheClientStreamsTest, LargeGetIntoAnUnalignedBufferRoundTripsTheBytes
 }
 
 TEST_F(KvCacheClientStreamsTest, GetVisitHandsOutEveryPieceInOrderAndItsErrorCancelsTheStream) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string bytes = BlockBytes(4, block_bytes, 30);
   ASSERT_OK(client_->PutBlocks("default", Tokens(4 * kBlockSize + 1), bytes));
@@ -226,7 +226,7 @@ TEST_F(KvCacheClientStreamsTest, GetVisitHandsOutEveryPieceInOrderAndItsErrorCan
 }
 
 TEST_F(KvCacheClientStreamsTest, PutStoppedHalfwayByItsProgressCallbackStoresNothing) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string bytes = BlockBytes(4, block_bytes, 31);
   std::vector<absl::string_view> blocks;
@@ -239,7 +239,7 @@ TEST_F(KvCacheClientStreamsTest, PutStoppedHalfwayByItsProgressCallbackStoresNot
   };
   EXPECT_THAT(client_->PutBlocks("default", Tokens(4 * kBlockSize), blocks, options),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("stop here")));
-  EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(4 * kBlockSize))->num_cached_blocks, 0u);
+  EXPECT_EQ(client_->Lookup("default", "", Tokens(4 * kBlockSize))->num_cached_blocks, 0u);
   EXPECT_TRUE(PollUntil([&] {
     absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("default");
     return described.ok() && described->counts.referenced == 0;
@@ -247,11 +247,11 @@ TEST_F(KvCacheClientStreamsTest, PutStoppedHalfwayByItsProgressCallbackStoresNot
   // The same client puts them afterwards.
   options.after_chunk = nullptr;
   ASSERT_OK(client_->PutBlocks("default", Tokens(4 * kBlockSize), blocks, options));
-  EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(4 * kBlockSize))->num_cached_blocks, 4u);
+  EXPECT_EQ(client_->Lookup("default", "", Tokens(4 * kBlockSize))->num_cached_blocks, 4u);
 }
 
 TEST_F(KvCacheClientStreamsTest, PutOfScatteredBlocksChecksEachBlock) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string block = BlockBytes(1, block_bytes, 5);
   const std::vector<absl::string_view> two = {block, block};
@@ -264,11 +264,11 @@ TEST_F(KvCacheClientStreamsTest, PutOfScatteredBlocksChecksEachBlock) {
   past.first_block = 3;
   EXPECT_THAT(client_->PutBlocks("default", Tokens(2 * kBlockSize), {}, past),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("past the 2 full blocks")));
-  EXPECT_EQ(client_->Lookup("default", "tenant", Tokens(2 * kBlockSize))->num_cached_blocks, 0u);
+  EXPECT_EQ(client_->Lookup("default", "", Tokens(2 * kBlockSize))->num_cached_blocks, 0u);
 }
 
 TEST_F(KvCacheClientStreamsTest, GetReturnsTheLongestCachedPrefixOnly) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::string bytes = BlockBytes(2, block_bytes, 3);
   ASSERT_OK(client_->PutBlocks("default", Tokens(2 * kBlockSize), bytes));
@@ -290,7 +290,7 @@ TEST_F(KvCacheClientStreamsTest, GetReturnsTheLongestCachedPrefixOnly) {
 }
 
 TEST_F(KvCacheClientStreamsTest, SaltsExtraKeysAndTenantsNamespaceTheBlocks) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const std::vector<uint32_t> prompt = Tokens(2 * kBlockSize);
   const ExtraKeys lora{.lora_id = "adapter", .multimodal_items = {}};
   ASSERT_OK(
@@ -304,7 +304,7 @@ TEST_F(KvCacheClientStreamsTest, SaltsExtraKeysAndTenantsNamespaceTheBlocks) {
 }
 
 TEST_F(KvCacheClientStreamsTest, WrongByteCountIsInvalidArgumentAndStoresNothing) {
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   const uint64_t block_bytes = PoolBlockBytes();
   const std::vector<uint32_t> prompt = Tokens(2 * kBlockSize + 3);
   EXPECT_THAT(client_->PutBlocks("default", prompt, BlockBytes(3, block_bytes, 0)),
@@ -340,7 +340,7 @@ TEST_F(KvCacheClientStreamsTest, DataCallsNeedAnOpenSession) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("OpenSession")));
   EXPECT_THAT(client_->GetBlocks("default", prompt),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("OpenSession")));
-  ASSERT_OK(client_->OpenSession("tenant", "remote"));
+  ASSERT_OK(client_->OpenSession("", "remote"));
   EXPECT_OK(client_->PutBlocks("default", prompt, bytes));
   ASSERT_OK(client_->CloseSession());
   EXPECT_THAT(client_->GetBlocks("default", prompt),
@@ -349,11 +349,12 @@ TEST_F(KvCacheClientStreamsTest, DataCallsNeedAnOpenSession) {
 }
 
 TEST_F(KvCacheClientStreamsTest, LostLeaseIsAborted) {
-  absl::StatusOr<KvCacheClient::SessionInfo> session = client_->OpenSession("tenant", "remote");
+  absl::StatusOr<KvCacheClient::SessionInfo> session = client_->OpenSession("", "remote");
   ASSERT_OK(session);
   const std::vector<uint32_t> prompt = Tokens(kBlockSize);
   ASSERT_OK(client_->GetBlocks("default", prompt));  // caches the pool's layout
-  ASSERT_OK(daemon_->manager().CloseSession(session->session_id, session->epoch));
+  ASSERT_OK(daemon_->manager().CloseSession(session->session_id, session->epoch,
+                                            OwnerOf(session->session_id)));
   EXPECT_THAT(client_->PutBlocks("default", prompt, BlockBytes(1, PoolBlockBytes(), 0)),
               StatusIs(absl::StatusCode::kAborted));
   EXPECT_THAT(client_->GetBlocks("default", prompt), StatusIs(absl::StatusCode::kAborted));
@@ -364,7 +365,7 @@ TEST_F(KvCacheClientStreamsTest, RestartedDaemonFencesTheStreams) {
   ClientOptions options;
   options.wait_for_ready = true;  // across the restart
   std::unique_ptr<KvCacheClient> client = Connect(options);
-  ASSERT_OK(client->OpenSession("tenant", "remote"));
+  ASSERT_OK(client->OpenSession("", "remote"));
   const std::vector<uint32_t> prompt = Tokens(kBlockSize);
   const std::string bytes = BlockBytes(1, PoolBlockBytes(), 0);
   ASSERT_OK(client->PutBlocks("default", prompt, bytes));
@@ -378,7 +379,7 @@ TEST_F(KvCacheClientStreamsTest, RestartedDaemonFencesTheStreams) {
   EXPECT_THAT(client->PutBlocks("default", prompt, bytes),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   // A new session works against the new daemon (and its freshly described layout).
-  ASSERT_OK(client->OpenSession("tenant", "remote"));
+  ASSERT_OK(client->OpenSession("", "remote"));
   absl::StatusOr<KvCacheClient::PutResult> put = client->PutBlocks("default", prompt, bytes);
   ASSERT_OK(put);
   EXPECT_EQ(put->num_stored, 1u);
@@ -518,7 +519,7 @@ class FakeDaemonTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(address);
     ASSERT_OK(client);
     client_ = *std::move(client);
-    ASSERT_OK(client_->OpenSession("tenant", "test"));
+    ASSERT_OK(client_->OpenSession("", "test"));
   }
 
   void TearDown() override {

@@ -82,7 +82,7 @@ TEST_F(KvCacheClientTest, DescribePool) {
 
 TEST_F(KvCacheClientTest, OpenSessionGrantsTtlAndEpoch) {
   absl::StatusOr<KvCacheClient::SessionInfo> session =
-      client_->OpenSession("tenant", "test", absl::Seconds(2));
+      client_->OpenSession("", "test", absl::Seconds(2));
   ASSERT_OK(session);
   EXPECT_NE(session->session_id, 0u);
   EXPECT_EQ(session->epoch, daemon_->manager().epoch());
@@ -91,17 +91,17 @@ TEST_F(KvCacheClientTest, OpenSessionGrantsTtlAndEpoch) {
   EXPECT_EQ(client_->session_epoch(), session->epoch);
   EXPECT_EQ(Stats(*client_).open_sessions, 1u);
   // One session per client while it is healthy.
-  EXPECT_THAT(client_->OpenSession("tenant", "test"), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(client_->OpenSession("", "test"), StatusIs(absl::StatusCode::kAlreadyExists));
   // A TTL of zero takes the daemon's default.
   std::unique_ptr<KvCacheClient> other = Connect();
-  absl::StatusOr<KvCacheClient::SessionInfo> defaulted = other->OpenSession("tenant", "other");
+  absl::StatusOr<KvCacheClient::SessionInfo> defaulted = other->OpenSession("", "other");
   ASSERT_OK(defaulted);
   EXPECT_EQ(defaulted->ttl, SessionLimits().default_ttl);
   EXPECT_NE(defaulted->session_id, session->session_id);
 }
 
 TEST_F(KvCacheClientTest, CommittedPrefixIsHitOnTheSameBlocks) {
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   const std::vector<uint32_t> prompt = Tokens(3 * kBlockSize + 8);
   absl::StatusOr<KvCacheClient::Sequence> first = client_->OpenSequence("default", prompt);
   ASSERT_OK(first);
@@ -146,7 +146,7 @@ TEST_F(KvCacheClientTest, CommittedPrefixIsHitOnTheSameBlocks) {
 }
 
 TEST_F(KvCacheClientTest, LookupSeesOnlyTheSameTenantSaltAndExtraKeys) {
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   const std::vector<uint32_t> prompt = Tokens(2 * kBlockSize);
   const ExtraKeys lora{.lora_id = "adapter-1", .multimodal_items = {}};
   absl::StatusOr<KvCacheClient::Sequence> sequence =
@@ -155,19 +155,19 @@ TEST_F(KvCacheClientTest, LookupSeesOnlyTheSameTenantSaltAndExtraKeys) {
   ASSERT_OK(client_->CommitSequence(sequence->sequence_id, prompt.size()));
 
   absl::StatusOr<KvCacheClient::LookupResult> hit =
-      client_->Lookup("default", "tenant", prompt, "salt", lora);
+      client_->Lookup("default", "", prompt, "salt", lora);
   ASSERT_OK(hit);
   // Lookup is not capped: the whole prompt is reported.
   EXPECT_EQ(hit->num_cached_blocks, 2u);
   EXPECT_EQ(hit->num_cached_tokens, 2 * kBlockSize);
   EXPECT_EQ(client_->Lookup("default", "other", prompt, "salt", lora)->num_cached_blocks, 0u);
-  EXPECT_EQ(client_->Lookup("default", "tenant", prompt, "pepper", lora)->num_cached_blocks, 0u);
-  EXPECT_EQ(client_->Lookup("default", "tenant", prompt, "salt")->num_cached_blocks, 0u);
+  EXPECT_EQ(client_->Lookup("default", "", prompt, "pepper", lora)->num_cached_blocks, 0u);
+  EXPECT_EQ(client_->Lookup("default", "", prompt, "salt")->num_cached_blocks, 0u);
   EXPECT_THAT(client_->Lookup("nope", "tenant", prompt), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(KvCacheClientTest, ExtendAllocatesBlocksAsTheSequenceGrows) {
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   absl::StatusOr<KvCacheClient::Sequence> sequence =
       client_->OpenSequence("default", Tokens(kBlockSize));
   ASSERT_OK(sequence);
@@ -186,7 +186,7 @@ TEST_F(KvCacheClientTest, ExtendAllocatesBlocksAsTheSequenceGrows) {
 }
 
 TEST_F(KvCacheClientTest, ForkSharesFullBlocksAndCopiesThePartialOne) {
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   absl::StatusOr<KvCacheClient::Sequence> parent =
       client_->OpenSequence("default", Tokens(kBlockSize + 4));
   ASSERT_OK(parent);
@@ -208,7 +208,7 @@ TEST_F(KvCacheClientTest, ForkSharesFullBlocksAndCopiesThePartialOne) {
 }
 
 TEST_F(KvCacheClientTest, BadRequestsGetExactCodes) {
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   const std::vector<uint32_t> prompt = Tokens(kBlockSize + 1);
   EXPECT_THAT(client_->OpenSequence("nope", prompt), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(client_->OpenSequence("default", {}),
@@ -237,7 +237,7 @@ TEST_F(KvCacheClientTest, BadRequestsGetExactCodes) {
 }
 
 TEST_F(KvCacheClientTest, TinyPoolIsResourceExhaustedAndUnchanged) {
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   EXPECT_THAT(client_->OpenSequence("tiny", Tokens((kTinyBlocks + 1) * kBlockSize)),
               StatusIs(absl::StatusCode::kResourceExhausted));
   ASSERT_OK(client_->OpenSequence("tiny", Tokens(3 * kBlockSize)));
@@ -250,7 +250,7 @@ TEST_F(KvCacheClientTest, TinyPoolIsResourceExhaustedAndUnchanged) {
 }
 
 TEST_F(KvCacheClientTest, CloseSessionReleasesAndLaterCallsAreAborted) {
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   absl::StatusOr<KvCacheClient::Sequence> sequence =
       client_->OpenSequence("default", Tokens(3 * kBlockSize));
   ASSERT_OK(sequence);
@@ -271,13 +271,13 @@ TEST_F(KvCacheClientTest, CloseSessionReleasesAndLaterCallsAreAborted) {
   // The user closed it: that is not a lost lease.
   EXPECT_FALSE(client_->session_lost());
   // A new session may be opened after closing.
-  ASSERT_OK(client_->OpenSession("tenant", "test"));
+  ASSERT_OK(client_->OpenSession("", "test"));
   EXPECT_OK(client_->OpenSequence("default", Tokens(4)));
 }
 
 TEST_F(KvCacheClientTest, DestructorClosesTheSession) {
   std::unique_ptr<KvCacheClient> other = Connect();
-  ASSERT_OK(other->OpenSession("tenant", "short-lived"));
+  ASSERT_OK(other->OpenSession("", "short-lived"));
   ASSERT_OK(other->OpenSequence("default", Tokens(2 * kBlockSize)));
   EXPECT_EQ(Stats(*client_).open_sessions, 1u);
   other.reset();
@@ -294,8 +294,7 @@ TEST_F(KvCacheClientTest, KeepAliveHoldsAShortLeaseOpen) {
   // that has pushed the deadline to a full lease from the new now (without keep-alives that wait
   // fails). Three rounds take the daemon 2.7 leases past the open, with the session still there.
   constexpr absl::Duration kLease = absl::Milliseconds(300);
-  absl::StatusOr<KvCacheClient::SessionInfo> session =
-      client_->OpenSession("tenant", "test", kLease);
+  absl::StatusOr<KvCacheClient::SessionInfo> session = client_->OpenSession("", "test", kLease);
   ASSERT_OK(session);
   ASSERT_EQ(session->ttl, kLease);
   absl::StatusOr<KvCacheClient::Sequence> sequence =
@@ -325,11 +324,12 @@ TEST_F(KvCacheClientTest, LeaseEndedByTheDaemonMarksSessionLost) {
   };
   std::unique_ptr<KvCacheClient> client = Connect(options);
   absl::StatusOr<KvCacheClient::SessionInfo> session =
-      client->OpenSession("tenant", "test", absl::Milliseconds(300));
+      client->OpenSession("", "test", absl::Milliseconds(300));
   ASSERT_OK(session);
   ASSERT_OK(client->OpenSequence("default", Tokens(2 * kBlockSize)));
   // The daemon ends the lease on its side, as if it had expired.
-  ASSERT_OK(daemon_->manager().CloseSession(session->session_id, session->epoch));
+  ASSERT_OK(daemon_->manager().CloseSession(session->session_id, session->epoch,
+                                            OwnerOf(session->session_id)));
   // The flag is latched before the callback runs: wait for both.
   ASSERT_TRUE(PollUntil([&] {
     absl::MutexLock lock(&mu);
@@ -343,7 +343,7 @@ TEST_F(KvCacheClientTest, LeaseEndedByTheDaemonMarksSessionLost) {
   EXPECT_FALSE(client->epoch_changed());
   EXPECT_THAT(client->OpenSequence("default", Tokens(4)), StatusIs(absl::StatusCode::kAborted));
   // A lost session may be replaced without closing it first.
-  ASSERT_OK(client->OpenSession("tenant", "test"));
+  ASSERT_OK(client->OpenSession("", "test"));
   EXPECT_FALSE(client->session_lost());
   EXPECT_OK(client->OpenSequence("default", Tokens(4)));
 }
@@ -361,7 +361,7 @@ TEST_F(KvCacheClientTest, RestartedDaemonIsFencedWithFailedPrecondition) {
     ++changes;
   };
   std::unique_ptr<KvCacheClient> client = Connect(options);
-  absl::StatusOr<KvCacheClient::SessionInfo> session = client->OpenSession("tenant", "test");
+  absl::StatusOr<KvCacheClient::SessionInfo> session = client->OpenSession("", "test");
   ASSERT_OK(session);
   absl::StatusOr<KvCacheClient::Sequence> sequence =
       client->OpenSequence("default", Tokens(2 * kBlockSize));
@@ -390,7 +390,7 @@ TEST_F(KvCacheClientTest, RestartedDaemonIsFencedWithFailedPrecondition) {
   EXPECT_EQ(changes.load(), 1);
 
   // Reopening clears the fence.
-  absl::StatusOr<KvCacheClient::SessionInfo> reopened = client->OpenSession("tenant", "test");
+  absl::StatusOr<KvCacheClient::SessionInfo> reopened = client->OpenSession("", "test");
   ASSERT_OK(reopened);
   EXPECT_EQ(reopened->epoch, new_epoch);
   EXPECT_FALSE(client->epoch_changed());

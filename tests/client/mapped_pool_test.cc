@@ -272,7 +272,7 @@ TEST_F(MappedPoolTest, GoneShmIsNotFound) {
 }
 
 TEST_F(MappedPoolTest, CommittedKvWrittenInPlaceIsWhatTheNextHitReads) {
-  ASSERT_OK(client_->OpenSession("tenant", "writer"));
+  ASSERT_OK(client_->OpenSession("", "writer"));
   std::unique_ptr<MappedPool> mapped = MapOrDie(Describe());
   ASSERT_NE(mapped, nullptr);
   const std::vector<uint32_t> prompt = Tokens(2 * kBlockSize + 3);
@@ -288,7 +288,7 @@ TEST_F(MappedPoolTest, CommittedKvWrittenInPlaceIsWhatTheNextHitReads) {
   ASSERT_OK(client_->ReleaseSequence(first->sequence_id));
 
   std::unique_ptr<KvCacheClient> other = Connect();
-  ASSERT_OK(other->OpenSession("tenant", "reader"));
+  ASSERT_OK(other->OpenSession("", "reader"));
   std::unique_ptr<MappedPool> other_mapping = MapOrDie(Describe());
   ASSERT_NE(other_mapping, nullptr);
   absl::StatusOr<KvCacheClient::Sequence> second = other->OpenSequence("default", prompt);

@@ -52,7 +52,7 @@ class RendezvousTest : public kvcache::testing::DaemonFixture {
 };
 
 TEST_F(RendezvousTest, PublishThenAwaitFromAnotherClientOfTheTenant) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   std::unique_ptr<KvCacheClient> decode = SessionClient("acme", "decode");
   ASSERT_NE(decode, nullptr);
 
@@ -66,7 +66,7 @@ TEST_F(RendezvousTest, PublishThenAwaitFromAnotherClientOfTheTenant) {
 }
 
 TEST_F(RendezvousTest, ValuesAreBytes) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   std::string id(128, '\0');  // an NCCL unique id is 128 raw bytes, zeros included
   for (size_t i = 0; i < id.size(); i += 3) id[i] = static_cast<char>(0xff - i);
   ASSERT_OK(client_->PublishRendezvous("id", id));
@@ -78,7 +78,7 @@ TEST_F(RendezvousTest, ValuesAreBytes) {
 }
 
 TEST_F(RendezvousTest, AwaitParkedBeforePublishIsAnswered) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   constexpr int kWaiters = 3;
   std::vector<std::unique_ptr<KvCacheClient>> waiters;
   for (int i = 0; i < kWaiters; ++i) {
@@ -109,7 +109,7 @@ TEST_F(RendezvousTest, AwaitParkedBeforePublishIsAnswered) {
 }
 
 TEST_F(RendezvousTest, AwaitOfAnUnpublishedKeyRunsIntoItsDeadline) {
-  ASSERT_OK(client_->OpenSession("acme", "decode"));
+  ASSERT_OK(client_->OpenSession("", "decode"));
   const absl::Time start = absl::Now();
   EXPECT_THAT(client_->AwaitRendezvous("never", kShortWait),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
@@ -126,8 +126,8 @@ TEST_F(RendezvousTest, TheAwaitDeadlineIsTheTimeoutNotTheRpcTimeout) {
   options.rpc_timeout = absl::Milliseconds(200);
   std::unique_ptr<KvCacheClient> decode = Connect(options);
   ASSERT_NE(decode, nullptr);
-  ASSERT_OK(decode->OpenSession("acme", "decode"));
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(decode->OpenSession("", "decode"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   absl::StatusOr<std::string> result = absl::UnknownError("not run");
   std::thread waiter([&] { result = decode->AwaitRendezvous("slow", kLongWait); });
   // Publish well after the client's rpc_timeout has passed. Real time: the deadline that must not
@@ -141,7 +141,7 @@ TEST_F(RendezvousTest, TheAwaitDeadlineIsTheTimeoutNotTheRpcTimeout) {
 }
 
 TEST_F(RendezvousTest, AnotherTenantCannotSeeTheKey) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   ASSERT_OK(client_->PublishRendezvous("shared-name", "acme's"));
   std::unique_ptr<KvCacheClient> other = SessionClient("globex");
   ASSERT_NE(other, nullptr);
@@ -154,7 +154,7 @@ TEST_F(RendezvousTest, AnotherTenantCannotSeeTheKey) {
 }
 
 TEST_F(RendezvousTest, OnlyThePublishingSessionMayOverwrite) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   ASSERT_OK(client_->PublishRendezvous("key", "first"));
   std::unique_ptr<KvCacheClient> other = SessionClient("acme");
   ASSERT_NE(other, nullptr);
@@ -168,7 +168,7 @@ TEST_F(RendezvousTest, OnlyThePublishingSessionMayOverwrite) {
 }
 
 TEST_F(RendezvousTest, ClosingThePublishersSessionDropsTheValue) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   ASSERT_OK(client_->PublishRendezvous("key", "value"));
   std::unique_ptr<KvCacheClient> other = SessionClient("acme");
   ASSERT_NE(other, nullptr);
@@ -183,7 +183,7 @@ TEST_F(RendezvousTest, ClosingThePublishersSessionDropsTheValue) {
 }
 
 TEST_F(RendezvousTest, OversizeOrEmptyKeysAndValuesAreInvalid) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   const std::string max_key(kMaxRendezvousKeyBytes, 'k');
   const std::string max_value(kMaxRendezvousValueBytes, 'v');
   EXPECT_THAT(client_->PublishRendezvous(max_key + "k", "value"),
@@ -209,7 +209,7 @@ TEST_F(RendezvousTest, BothCallsNeedAnOpenSession) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(client_->AwaitRendezvous("key", kShortWait),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   ASSERT_OK(client_->CloseSession());
   EXPECT_THAT(client_->PublishRendezvous("key", "value"),
               StatusIs(absl::StatusCode::kFailedPrecondition));

@@ -53,7 +53,7 @@ using ::kvcache::testing::ExpectedPrefixBytes;
 using ::kvcache::testing::KvPatternValue;
 using ::kvcache::testing::WriteTokenPattern;
 
-constexpr char kTenant[] = "integration";
+constexpr char kTenant[] = "default";  // the default identity's tenant
 
 int Fail(const std::string& what, const absl::Status& status) {
   std::fprintf(stderr, "kvcache-test-client: %s: %s\n", what.c_str(), status.ToString().c_str());

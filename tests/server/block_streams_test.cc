@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "client/block_stream.h"
 #include "common/rpc/grpc_status.h"
 #include "server/daemon.h"
@@ -55,7 +56,7 @@ class BlockStreamsTest : public ::testing::Test {
     block_bytes_ = pool.layout.BlockBytes();
     stub_ = v1::KvCache::NewStub(
         grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials()));
-    session_ = OpenSession("tenant-a");
+    session_ = OpenSession("");  // the default identity's tenant, "default"
   }
 
   void TearDown() override {
@@ -170,7 +171,7 @@ TEST_F(BlockStreamsTest, PutThenGetReturnsIdenticalBytesToAnotherSession) {
   EXPECT_EQ(put->num_already_cached(), 0);
   EXPECT_EQ(Counts(), std::make_tuple(13u, 3u, 0u));  // published, released, findable
 
-  auto got = Get(tokens_, OpenSession("tenant-a"), 4096);
+  auto got = Get(tokens_, OpenSession(""), 4096);
   ASSERT_OK(got);
   EXPECT_EQ(got->header.num_blocks(), 3);
   EXPECT_EQ(got->header.num_cached_tokens(), 12);
@@ -215,7 +216,7 @@ TEST_F(BlockStreamsTest, PutCanSkipTheBlocksTheDaemonHolds) {
   bad.set_first_block(1);
   EXPECT_THAT(Put(bad, rest), StatusIs(absl::StatusCode::kFailedPrecondition,
                                        HasSubstr("only 0 of them are cached")));
-  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{other})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{other})->num_cached_blocks, 0);
   bad.set_first_block(4);
   EXPECT_THAT(Put(bad, ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 4")));
 }
@@ -229,7 +230,12 @@ TEST_F(BlockStreamsTest, GetOfAnUncachedOrForeignPromptMatchesNothing) {
   ASSERT_OK(got);
   EXPECT_EQ(got->header.num_blocks(), 0);
   EXPECT_TRUE(got->bytes.empty());
-  got = Get(tokens_, OpenSession("tenant-b"));  // tenants never share blocks
+  // Tenants never share blocks: a session of another tenant, opened (in the core: the default
+  // identity may not name another tenant) for this test's own uid.
+  absl::StatusOr<std::shared_ptr<Session>> other_tenant = daemon_->manager().sessions().Open(
+      absl::StrCat("uid:", getuid()), "tenant-b", "test", absl::Seconds(10));
+  ASSERT_OK(other_tenant);
+  got = Get(tokens_, (*other_tenant)->id);
   ASSERT_OK(got);
   EXPECT_EQ(got->header.num_blocks(), 0);
 }
@@ -253,7 +259,7 @@ TEST_F(BlockStreamsTest, StreamEndingEarlyIsDataLossAndLeavesThePoolUnchanged) {
   const std::string bytes = RandomBlocks(3, 5);
   EXPECT_THAT(Put(Header(tokens_, bytes), bytes.substr(0, bytes.size() - 100)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ended after")));
-  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens_})->num_cached_blocks, 0);
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (Counts() != before && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
   EXPECT_EQ(Counts(), before);
@@ -280,7 +286,7 @@ TEST_F(BlockStreamsTest, WrongSizesAndOrderAreInvalidArgument) {
   writer->WritesDone();
   EXPECT_THAT(FromGrpcStatus(writer->Finish()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header")));
-  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens_})->num_cached_blocks, 0);
 }
 
 // Put messages as raw bytes, for encodings the typed stub cannot produce.
@@ -324,7 +330,7 @@ TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing)
   // Bytes that are no PutBlocksRequest: field 1 (the header) holding an invalid message.
   EXPECT_THAT(PutRaw(channel, {std::string("\x0a\x02\x08\x80", 4)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PutBlocksRequest")));
-  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens_})->num_cached_blocks, 0);
   // OnDone releases after the client saw the status.
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (Counts() != counts && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
@@ -332,7 +338,7 @@ TEST_F(BlockStreamsTest, MalformedPutMessagesAreInvalidArgumentAndChangeNothing)
 
   // The same connection still serves a well-formed put.
   EXPECT_OK(PutRaw(channel, {header, data}));
-  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 3);
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens_})->num_cached_blocks, 3);
 }
 
 TEST_F(BlockStreamsTest, OversizeMessageIsResourceExhaustedAndChangesNothing) {
@@ -342,7 +348,7 @@ TEST_F(BlockStreamsTest, OversizeMessageIsResourceExhaustedAndChangesNothing) {
   const std::string huge = bytes + std::string(300 << 10, 'x');
   EXPECT_THAT(Put(Header(many, bytes), huge, huge.size()),
               StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{many})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{many})->num_cached_blocks, 0);
 }
 
 TEST_F(BlockStreamsTest, CancelledPutReleasesItsBlocks) {
@@ -357,7 +363,7 @@ TEST_F(BlockStreamsTest, CancelledPutReleasesItsBlocks) {
   writer->Write(request);
   context.TryCancel();
   EXPECT_THAT(FromGrpcStatus(writer->Finish()), StatusIs(absl::StatusCode::kCancelled));
-  EXPECT_EQ(FirstPool().Lookup("tenant-a", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens_})->num_cached_blocks, 0);
   // TearDown waits (bounded) for the reactor's release and checks nothing is referenced.
 }
 

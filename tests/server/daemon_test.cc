@@ -120,7 +120,6 @@ class DaemonTest : public ::testing::Test {
 
   uint64_t OpenSession(absl::Duration ttl = absl::Seconds(10)) {
     v1::OpenSessionRequest request;
-    request.set_tenant("tenant");
     request.set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(ttl)));
     v1::OpenSessionResponse response;
     EXPECT_OK(Call(&v1::KvCache::Stub::OpenSession, request, &response));
@@ -212,7 +211,6 @@ TEST_F(DaemonTest, DeviceFaultInAForkTurnsHealthNotServingAndPoolCallsUnavailabl
   EXPECT_EQ(Call(&v1::KvCache::Stub::ForkSequence, fork, &forked), fault);
   v1::LookupRequest lookup;
   lookup.set_pool("default");
-  lookup.set_tenant("tenant");
   for (uint32_t i = 0; i < 2 * kBlockSize; ++i) lookup.add_tokens(100 + i);
   v1::LookupResponse looked_up;
   EXPECT_EQ(Call(&v1::KvCache::Stub::Lookup, lookup, &looked_up), fault);

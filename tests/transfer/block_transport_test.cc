@@ -29,7 +29,7 @@ using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::StatusIs;
 using ::testing::HasSubstr;
 
-constexpr char kTenant[] = "acme";
+constexpr char kTenant[] = "default";  // the default identity's tenant
 constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kBlocks = 32;
 

@@ -76,7 +76,7 @@ TEST_F(NcclChannelTest, NewUniqueIdNeedsNoDevice) {
 }
 
 TEST_F(NcclChannelTest, ConnectRejectsBadArguments) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   const absl::StatusCode invalid = Expected(absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(NcclChannel::Connect(nullptr, Key(), 0, 1, 0, kShortWait), StatusIs(invalid));
   EXPECT_THAT(NcclChannel::Connect(client_.get(), "", 0, 1, 0, kShortWait), StatusIs(invalid));
@@ -87,7 +87,7 @@ TEST_F(NcclChannelTest, ConnectRejectsBadArguments) {
 }
 
 TEST_F(NcclChannelTest, ConnectToAMissingDeviceFailsPrecondition) {
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   // No machine has device 4096; with no driver at all the answer is the same.
   EXPECT_THAT(NcclChannel::Connect(client_.get(), Key(), 0, 1, 4096, kShortWait),
               StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -95,7 +95,7 @@ TEST_F(NcclChannelTest, ConnectToAMissingDeviceFailsPrecondition) {
 
 TEST_F(NcclChannelTest, WithoutADeviceConnectFailsPreconditionAndPublishesNothing) {
   if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
-  ASSERT_OK(client_->OpenSession("acme", "prefill"));
+  ASSERT_OK(client_->OpenSession("", "prefill"));
   const absl::Time start = absl::Now();
   EXPECT_THAT(NcclChannel::Connect(client_.get(), Key(), 0, 1, 0, kLongWait),
               StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -106,7 +106,7 @@ TEST_F(NcclChannelTest, WithoutADeviceConnectFailsPreconditionAndPublishesNothin
   // Rank 0 published no id that a peer could pick up.
   std::unique_ptr<KvCacheClient> peer = Connect();
   ASSERT_NE(peer, nullptr);
-  ASSERT_OK(peer->OpenSession("acme", "decode"));
+  ASSERT_OK(peer->OpenSession("", "decode"));
   EXPECT_THAT(peer->AwaitRendezvous(Key(), kShortWait),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
@@ -159,7 +159,7 @@ class NcclChannelGpuTest : public NcclChannelTest {
     NcclChannelTest::SetUp();
     if (HasFatalFailure()) return;
     if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_OK(client_->OpenSession("acme", "prefill"));
+    ASSERT_OK(client_->OpenSession("", "prefill"));
   }
 
   // A single-rank channel on device 0 through the rendezvous.
@@ -204,7 +204,7 @@ TEST_F(NcclChannelGpuTest, SingleRankChannelThroughTheRendezvous) {
   // Rank 0 published the id: a peer of the tenant reads the raw unique id.
   std::unique_ptr<KvCacheClient> peer = Connect();
   ASSERT_NE(peer, nullptr);
-  ASSERT_OK(peer->OpenSession("acme", "decode"));
+  ASSERT_OK(peer->OpenSession("", "decode"));
   absl::StatusOr<std::string> id = peer->AwaitRendezvous(Key(), kShortWait);
   ASSERT_OK(id);
   EXPECT_EQ(id->size(), NcclChannel::kUniqueIdBytes);

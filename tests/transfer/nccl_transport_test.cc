@@ -54,7 +54,7 @@ class NcclTransportTest : public kvcache::testing::DaemonFixture {
  protected:
   void SetUp() override {
     DaemonFixture::SetUp();
-    ASSERT_OK(client_->OpenSession("acme", "prefill"));
+    ASSERT_OK(client_->OpenSession("", "prefill"));
   }
 };
 

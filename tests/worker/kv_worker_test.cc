@@ -71,7 +71,7 @@ class KvWorkerHostPoolTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(options.listen);
     ASSERT_OK(client);
     client_ = *std::move(client);
-    ASSERT_OK(client_->OpenSession("acme", "kv_worker_test"));
+    ASSERT_OK(client_->OpenSession("", "kv_worker_test"));
   }
 
   void TearDown() override {
@@ -191,7 +191,7 @@ TEST(KvWorkerDevicePoolTest, DevicePoolThisProcessCannotUseIsFailedPrecondition)
   {
     absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(address);
     ASSERT_OK(client);
-    ASSERT_OK((*client)->OpenSession("acme", "kv_worker_test"));
+    ASSERT_OK((*client)->OpenSession("", "kv_worker_test"));
     absl::StatusOr<KvCacheClient::PoolDescription> described = (*client)->DescribePool("gpu");
     ASSERT_OK(described);
     ASSERT_EQ(described->pool.mapping.kind, KvCacheClient::PoolMapping::Kind::kCudaIpc);
