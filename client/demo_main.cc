@@ -17,7 +17,8 @@ ABSL_FLAG(
     std::string, target, "",
     "daemon address: unix:///path/kv.sock or HOST:PORT; default: the daemon's default socket");
 ABSL_FLAG(std::string, pool, "default", "pool to use");
-ABSL_FLAG(std::string, tenant, "demo", "tenant of the demo's session");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant of the demo's session; empty: the tenant of this caller's identity");
 
 namespace kvcache {
 namespace {

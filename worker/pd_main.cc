@@ -23,7 +23,8 @@ ABSL_FLAG(std::string, checkpoint, "", "directory with config.json and model.saf
 ABSL_FLAG(std::string, transport, "shm",
           "stream (any node), shm (same node, host pools) or nccl (same node and GPU, device "
           "pools: a single-rank NCCL channel, connected and warmed before the first request)");
-ABSL_FLAG(std::string, tenant, "demo", "tenant of both sessions");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant of both sessions; empty: the tenant of this caller's identity");
 ABSL_FLAG(uint32_t, requests, 8, "requests in the batch");
 ABSL_FLAG(uint32_t, prompt_tokens, 512, "tokens per prompt");
 ABSL_FLAG(uint32_t, shared_prefix, 256, "leading tokens every prompt shares");

@@ -29,7 +29,8 @@
 ABSL_FLAG(std::string, target, "", "daemon address (default: the daemon's default socket)");
 ABSL_FLAG(std::string, pool, "default", "pool laid out for this model");
 ABSL_FLAG(std::string, checkpoint, "", "directory with config.json and model.safetensors");
-ABSL_FLAG(std::string, tenant, "demo", "tenant of this worker's session");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant of this worker's sessions; empty: the tenant of this caller's identity");
 ABSL_FLAG(std::string, prompt, "", "prompt text; its bytes are the tokens (byte-level vocab)");
 ABSL_FLAG(std::string, tokens, "", "prompt as comma-separated token ids (instead of --prompt)");
 ABSL_FLAG(uint32_t, max_new_tokens, 16, "tokens to generate per turn");
