@@ -14,9 +14,15 @@ char kFinishTag;
 }  // namespace
 
 BlockStream::BlockStream(grpc::GenericStub* stub, const char* method, absl::Time deadline,
-                         bool wait_for_ready) {
-  context_.set_deadline(absl::ToChronoTime(deadline));
-  context_.set_wait_for_ready(wait_for_ready);
+                         bool wait_for_ready)
+    : BlockStream(stub, method, [deadline, wait_for_ready](grpc::ClientContext* context) {
+        context->set_deadline(absl::ToChronoTime(deadline));
+        context->set_wait_for_ready(wait_for_ready);
+      }) {}
+
+BlockStream::BlockStream(grpc::GenericStub* stub, const char* method,
+                         absl::FunctionRef<void(grpc::ClientContext* context)> prepare) {
+  prepare(&context_);
   // The headers leave with the first message, as gRPC's sync calls send them: one op and one
   // HTTP/2 write fewer. A corked StartCall delivers no tag to the queue.
   context_.set_initial_metadata_corked(true);

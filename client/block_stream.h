@@ -32,6 +32,7 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -40,7 +41,12 @@ namespace kvcache {
 class BlockStream {
  public:
   // Starts a call of `method` ("/package.Service/Method") on `stub`'s channel, which must outlive
-  // the stream. Nothing goes on the wire before the first write: the call's headers leave with it.
+  // the stream. `prepare` readies the call's context before the call starts (its deadline,
+  // wait_for_ready, metadata such as credentials); it runs once, within the constructor. Nothing
+  // goes on the wire before the first write: the call's headers leave with it.
+  BlockStream(grpc::GenericStub* stub, const char* method,
+              absl::FunctionRef<void(grpc::ClientContext* context)> prepare);
+  // Same, for a call that needs only a deadline and wait_for_ready.
   BlockStream(grpc::GenericStub* stub, const char* method, absl::Time deadline,
               bool wait_for_ready);
   // Cancels the call if it was not finished, then waits for gRPC to drop every lent slice.

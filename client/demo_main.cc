@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
+#include "client/client_flags.h"
 #include "client/kv_cache_client.h"
 #include "common/command_line.h"
 #include "common/rpc/listen_address.h"
@@ -16,7 +17,8 @@ ABSL_FLAG(
     std::string, target, "",
     "daemon address: unix:///path/kv.sock or HOST:PORT; default: the daemon's default socket");
 ABSL_FLAG(std::string, pool, "default", "pool to use");
-ABSL_FLAG(std::string, tenant, "demo", "tenant of the demo's session");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant of the demo's session; empty: the tenant of this caller's identity");
 
 namespace kvcache {
 namespace {
@@ -38,7 +40,10 @@ int Run() {
   if (target.empty()) target = DefaultListenAddress();
   const std::string pool = absl::GetFlag(FLAGS_pool);
 
-  absl::StatusOr<std::unique_ptr<KvCacheClient>> connected = KvCacheClient::Connect(target);
+  absl::StatusOr<ClientOptions> options = ClientOptionsFromFlags();
+  if (!options.ok()) return Fail("client options", options.status());
+  absl::StatusOr<std::unique_ptr<KvCacheClient>> connected =
+      KvCacheClient::Connect(target, *std::move(options));
   if (!connected.ok()) return Fail("connect", connected.status());
   KvCacheClient& client = **connected;
 

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/proto_convert.h"
+#include "client/read_file.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/http2_tuning.h"
 #include "common/status_macros.h"
@@ -37,10 +39,77 @@ uint64_t EpochFromTrailers(const grpc::ClientContext& context) {
   return epoch;
 }
 
+// Local sockets: nothing to encrypt, and no host name to verify a certificate against.
+bool IsUnixTarget(absl::string_view target) {
+  return absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:");
+}
+
+// The PEM text of `path`. INVALID_ARGUMENT naming the file (never its contents: it may be a
+// private key) when it cannot be read or holds no PEM block; an empty CA file must not fall back
+// to gRPC's default roots unnoticed.
+absl::StatusOr<std::string> ReadPemFile(absl::string_view what, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS ", what, " file: ", text.status().message()));
+  }
+  if (!absl::StrContains(*text, "-----BEGIN ")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the TLS ", what, " file '", path, "' holds no PEM block"));
+  }
+  return text;
+}
+
+// Insecure credentials without TLS; with it, SSL credentials from `tls`'s files, and the name to
+// verify the daemon's certificate against in `args`.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const std::string& target, const ClientTlsOptions& tls, grpc::ChannelArguments* args) {
+  if (!tls.enabled) return grpc::InsecureChannelCredentials();
+  if (IsUnixTarget(target)) {
+    return absl::InvalidArgumentError(absl::StrCat("TLS is for TCP targets; ", target,
+                                                   " is a local socket: connect without TLS"));
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a TLS client certificate goes with its key: certificate file '",
+                     tls.cert_file, "', key file '", tls.key_file, "'"));
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!tls.ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile("CA", tls.ca_file));
+  }
+  if (!tls.cert_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPemFile("certificate", tls.cert_file));
+    ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPemFile("key", tls.key_file));
+  }
+  if (!tls.server_name.empty()) args->SetSslTargetNameOverride(tls.server_name);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(ssl);
+  if (credentials == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("gRPC refused the TLS files for ", target,
+                                                   ": CA '", tls.ca_file, "', certificate '",
+                                                   tls.cert_file, "', key '", tls.key_file, "'"));
+  }
+  return credentials;
+}
+
 }  // namespace
+
+absl::Status CheckBearerToken(absl::string_view token) {
+  // gRPC sends a header value only if it is printable ASCII, and aborts the process on another.
+  for (const unsigned char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      // Neither the token nor the character: a secret stays out of errors.
+      return absl::InvalidArgumentError(
+          "the bearer token holds a character that cannot go in a gRPC header "
+          "(only visible ASCII, no spaces)");
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::string target,
                                                                       ClientOptions options) {
+  RETURN_IF_ERROR(CheckBearerToken(options.bearer_token));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -49,13 +118,17 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   ChannelCredentials(target, options.tls, &args));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
   if (channel == nullptr) return absl::InvalidArgumentError(absl::StrCat("bad target ", target));
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to the kvcache daemon at ", target,
-                                               " within ",
-                                               absl::FormatDuration(options.connect_timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to the kvcache daemon at ", target, " within ",
+        absl::FormatDuration(options.connect_timeout),
+        options.tls.enabled ? " (over TLS: is the daemon's certificate trusted and named as the "
+                              "target, and is the client certificate one it accepts?)"
+                            : ""));
   }
   return std::make_unique<KvCacheClient>(std::move(channel), std::move(options));
 }
@@ -63,7 +136,9 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
 KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel, ClientOptions options)
     : stub_(v1::KvCache::NewStub(channel)),
       generic_stub_(std::move(channel)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      authorization_(
+          options_.bearer_token.empty() ? "" : absl::StrCat("Bearer ", options_.bearer_token)) {}
 
 KvCacheClient::~KvCacheClient() {
   absl::MutexLock lifecycle(&lifecycle_mu_);
@@ -81,6 +156,7 @@ KvCacheClient::~KvCacheClient() {
   grpc::ClientContext context;
   context.set_deadline(
       absl::ToChronoTime(absl::Now() + std::min(options_.rpc_timeout, kCloseOnDestroyTimeout)));
+  AddCredentials(&context);
   // Best effort: if it fails the lease simply runs out.
   stub_->CloseSession(&context, request, &response).IgnoreError();
 }
@@ -88,6 +164,11 @@ KvCacheClient::~KvCacheClient() {
 void KvCacheClient::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context->set_wait_for_ready(options_.wait_for_ready);
+  AddCredentials(context);
+}
+
+void KvCacheClient::AddCredentials(grpc::ClientContext* context) const {
+  if (!authorization_.empty()) context->AddMetadata("authorization", authorization_);
 }
 
 KvCacheClient::SessionRef KvCacheClient::CurrentSession() const {

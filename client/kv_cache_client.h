@@ -12,8 +12,16 @@
 // thread's ABORTED, NOT_FOUND or FAILED_PRECONDITION, or a session call's ABORTED) sets
 // session_lost(): the daemon has released its sequences.
 //
+// Identity: with ClientOptions::bearer_token every call, keep-alives and block streams included,
+// carries the token; with ClientOptions::tls the channel is TLS (mutual TLS with a client
+// certificate). A daemon that checks identities answers a call it cannot authenticate, or one
+// that reaches outside the caller's tenant, with its own codes (UNAUTHENTICATED,
+// PERMISSION_DENIED), passed on unchanged.
+//
 // Error codes are the daemon's, unchanged (see proto/kvcache/v1/kvcache.proto); the client adds
-// UNAVAILABLE when Connect cannot reach the daemon, DEADLINE_EXCEEDED when a call outlives
+// INVALID_ARGUMENT when Connect is given unusable options (an unreadable TLS file, TLS for a
+// unix:// target, a token that cannot go in a header), UNAVAILABLE when Connect cannot reach the
+// daemon (a failed TLS handshake included), DEADLINE_EXCEEDED when a call outlives
 // rpc_timeout, ALREADY_EXISTS when OpenSession is called while a healthy session is open, and
 // for the block data calls FAILED_PRECONDITION without an open session, INVALID_ARGUMENT for a
 // put of the wrong size and DATA_LOSS for received bytes that fail their checksum.
@@ -57,6 +65,22 @@
 
 namespace kvcache {
 
+// TLS for a TCP target (a unix:// target is local and takes no TLS). Files are PEM; Connect reads
+// them, and names a file it cannot read, never its contents.
+struct ClientTlsOptions {
+  bool enabled = false;
+  // CA certificates that verify the daemon's certificate; empty: gRPC's default roots (the
+  // system's, or $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH).
+  std::string ca_file;
+  // A client certificate (chain) and its private key, for a daemon that requires mutual TLS:
+  // both or neither.
+  std::string cert_file;
+  std::string key_file;
+  // The name the daemon's certificate must carry, when it differs from the target's host (a
+  // daemon reached by IP address or through a tunnel); empty: the target's host.
+  std::string server_name;
+};
+
 struct ClientOptions {
   // How long Connect waits for the channel to become ready.
   absl::Duration connect_timeout = absl::Seconds(5);
@@ -66,12 +90,21 @@ struct ClientOptions {
   // come back instead of failing UNAVAILABLE at once: useful across a sidecar's restart.
   bool wait_for_ready = false;
   int max_message_bytes = 16 << 20;
+  // When not empty, every call carries `authorization: Bearer <bearer_token>`, which the daemon
+  // maps to this caller's identity. Visible ASCII only (no spaces): Connect refuses anything else
+  // with INVALID_ARGUMENT. The client never puts the token in an error or a log.
+  std::string bearer_token;
+  ClientTlsOptions tls;
   // Runs once per detected restart. `new_epoch` is 0 when the daemon only said FAILED_PRECONDITION
   // (an error carries no response body, so its epoch is unknown).
   std::function<void(uint64_t old_epoch, uint64_t new_epoch)> on_epoch_change;
   // Runs once when the keep-alive thread finds the lease ended; `status` is the daemon's answer.
   std::function<void(const absl::Status& status)> on_session_lost;
 };
+
+// OK when `token` can go in ClientOptions::bearer_token: visible ASCII, no spaces (what a gRPC
+// header value and RFC 6750 allow). INVALID_ARGUMENT otherwise, quoting nothing of the token.
+absl::Status CheckBearerToken(absl::string_view token);
 
 class KvCacheClient {
  public:
@@ -171,12 +204,18 @@ class KvCacheClient {
     std::string bytes;  // num_blocks * block_bytes: the blocks' bytes, concatenated in order
   };
 
-  // Connects to `target` ("unix:///path/kv.sock" or "host:port", no TLS) and waits up to
-  // options.connect_timeout for the channel to be ready; UNAVAILABLE if it is not.
+  // Connects to `target` ("unix:///path/kv.sock" or "host:port"; over TLS with options.tls) and
+  // waits up to options.connect_timeout for the channel to be ready; UNAVAILABLE if it is not
+  // (the daemon is not there, or the TLS handshake failed: an untrusted or misnamed daemon
+  // certificate, a client certificate the daemon refuses). INVALID_ARGUMENT for TLS with a
+  // unix:// target, TLS files that cannot be read, a client certificate without its key (or the
+  // reverse), or a bearer token that is not visible ASCII.
   static absl::StatusOr<std::unique_ptr<KvCacheClient>> Connect(std::string target,
                                                                 ClientOptions options = {});
 
-  // Talks over `channel` (Connect makes one with the options' message limits).
+  // Talks over `channel` (Connect makes one with the options' message limits and TLS).
+  // REQUIRES: options.bearer_token is visible ASCII (Connect checks it; gRPC aborts on a header
+  // value it cannot send).
   explicit KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel,
                          ClientOptions options = {});
   // Stops the keep-alive thread and closes an open session (best effort, short deadline), so
@@ -343,7 +382,11 @@ class KvCacheClient {
   absl::Status CheckReply(const char* name, const grpc::ClientContext& context,
                           const grpc::Status& grpc_status, uint64_t reply_epoch,
                           const SessionRef& session, bool session_call);
+  // Readies every call's context: its deadline (now + `timeout`), wait_for_ready and the
+  // authorization header.
   void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
+  // Adds the authorization header, if the client has a token.
+  void AddCredentials(grpc::ClientContext* context) const;
   SessionRef CurrentSession() const;
   // The open session, or FAILED_PRECONDITION naming `call` when there is none.
   absl::StatusOr<SessionRef> RequireSession(const char* call) const;
@@ -377,6 +420,8 @@ class KvCacheClient {
   const std::unique_ptr<v1::KvCache::Stub> stub_;
   grpc::GenericStub generic_stub_;
   const ClientOptions options_;
+  // "Bearer <token>", or empty without a token. A secret: never in an error or a log.
+  const std::string authorization_;
 
   // Serializes OpenSession, CloseSession and destruction. Lock order: lifecycle_mu_, then mu_.
   absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);

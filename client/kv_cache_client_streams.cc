@@ -159,9 +159,9 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   // Written raw: each data message is its framing plus slices lent from `blocks`, so the bytes
   // are not copied into messages first.
   ASSIGN_OR_RETURN(const grpc::ByteBuffer header_message, Serialize(request));
-  BlockStream stream(&generic_stub_, kPutBlocksMethod,
-                     absl::Now() + StreamTimeout(num_blocks * shape.block_bytes),
-                     options_.wait_for_ready);
+  BlockStream stream(&generic_stub_, kPutBlocksMethod, [&](grpc::ClientContext* context) {
+    PrepareContext(context, StreamTimeout(num_blocks * shape.block_bytes));
+  });
   // A failed Write means the stream broke (or the daemon answered early): Finish says why.
   bool open = stream.Write(header_message);
   const uint64_t total = uint64_t{num_blocks} * shape.block_bytes;
@@ -282,9 +282,9 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
   // Read raw: each data message's bytes are checksummed and copied once, straight from the
   // received slices into the result, instead of being parsed into a message and copied again.
   ASSIGN_OR_RETURN(const grpc::ByteBuffer request_message, Serialize(request));
-  BlockStream stream(&generic_stub_, kGetBlocksMethod,
-                     absl::Now() + StreamTimeout(max_blocks * shape.block_bytes),
-                     options_.wait_for_ready);
+  BlockStream stream(&generic_stub_, kGetBlocksMethod, [&](grpc::ClientContext* context) {
+    PrepareContext(context, StreamTimeout(max_blocks * shape.block_bytes));
+  });
   // GetBlocks takes one request: it leaves with the half-close. If the write fails, so does the
   // first Read, and Finish says why.
   stream.WriteLast(request_message);

@@ -3,7 +3,8 @@
 // Abseil's --help lists only the flags defined in a file named after the program
 // (kvcache-manager.cc, kvcache-manager_main.cc); ours live in manager_main.cc, worker_main.cc and
 // so on, so --help printed "No flags matched". This makes --help and --helpshort list the flags
-// defined in any *_main.cc file, with their defaults (--helpfull still lists Abseil's own too).
+// defined in any *_main.cc file, and in any *_flags.cc file (flags several binaries share, such
+// as client/client_flags.cc's), with their defaults (--helpfull still lists Abseil's own too).
 //
 // Thread safety: call once, first thing in main(), before any other thread exists.
 #ifndef KVCACHE_COMMON_COMMAND_LINE_H_

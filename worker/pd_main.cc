@@ -7,6 +7,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
+#include "client/client_flags.h"
 #include "common/command_line.h"
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/malloc_tuning.h"
@@ -22,7 +23,8 @@ ABSL_FLAG(std::string, checkpoint, "", "directory with config.json and model.saf
 ABSL_FLAG(std::string, transport, "shm",
           "stream (any node), shm (same node, host pools) or nccl (same node and GPU, device "
           "pools: a single-rank NCCL channel, connected and warmed before the first request)");
-ABSL_FLAG(std::string, tenant, "demo", "tenant of both sessions");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant of both sessions; empty: the tenant of this caller's identity");
 ABSL_FLAG(uint32_t, requests, 8, "requests in the batch");
 ABSL_FLAG(uint32_t, prompt_tokens, 512, "tokens per prompt");
 ABSL_FLAG(uint32_t, shared_prefix, 256, "leading tokens every prompt shares");
@@ -37,9 +39,10 @@ struct Side {
   std::unique_ptr<KvWorker> worker;
 };
 
-absl::StatusOr<Side> Connect(const std::string& target, const Qwen3MoeModel& model) {
+absl::StatusOr<Side> Connect(const std::string& target, const ClientOptions& options,
+                             const Qwen3MoeModel& model) {
   Side side;
-  ASSIGN_OR_RETURN(side.client, KvCacheClient::Connect(target));
+  ASSIGN_OR_RETURN(side.client, KvCacheClient::Connect(target, options));
   RETURN_IF_ERROR(side.client->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-pd").status());
   ASSIGN_OR_RETURN(side.worker,
                    KvWorker::Create(side.client.get(), absl::GetFlag(FLAGS_pool), &model));
@@ -58,8 +61,9 @@ std::vector<uint32_t> RequestPrompt(uint32_t request) {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(Qwen3MoeModel model, Qwen3MoeModel::Load(absl::GetFlag(FLAGS_checkpoint)));
-  ASSIGN_OR_RETURN(Side prefill, Connect(absl::GetFlag(FLAGS_prefill_target), model));
-  ASSIGN_OR_RETURN(Side decode, Connect(absl::GetFlag(FLAGS_decode_target), model));
+  ASSIGN_OR_RETURN(const ClientOptions options, ClientOptionsFromFlags());
+  ASSIGN_OR_RETURN(Side prefill, Connect(absl::GetFlag(FLAGS_prefill_target), options, model));
+  ASSIGN_OR_RETURN(Side decode, Connect(absl::GetFlag(FLAGS_decode_target), options, model));
   std::unique_ptr<BlockTransport> transport;
   const std::string transport_flag = absl::GetFlag(FLAGS_transport);
   if (transport_flag == "shm") {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client_flags.h"
 #include "common/command_line.h"
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/listen_address.h"
@@ -28,7 +29,8 @@
 ABSL_FLAG(std::string, target, "", "daemon address (default: the daemon's default socket)");
 ABSL_FLAG(std::string, pool, "default", "pool laid out for this model");
 ABSL_FLAG(std::string, checkpoint, "", "directory with config.json and model.safetensors");
-ABSL_FLAG(std::string, tenant, "demo", "tenant of this worker's session");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant of this worker's sessions; empty: the tenant of this caller's identity");
 ABSL_FLAG(std::string, prompt, "", "prompt text; its bytes are the tokens (byte-level vocab)");
 ABSL_FLAG(std::string, tokens, "", "prompt as comma-separated token ids (instead of --prompt)");
 ABSL_FLAG(uint32_t, max_new_tokens, 16, "tokens to generate per turn");
@@ -97,9 +99,10 @@ absl::StatusOr<std::unique_ptr<BlockTransport>> MakeTransport(KvCacheClient& cli
 
 // Prefill role: prompt → first token here, KV shipped to the decode side before release.
 absl::Status RunPrefill(KvCacheClient& client, KvWorker& worker,
-                        const std::vector<uint32_t>& prompt, const SamplerOptions& sampling) {
+                        const std::vector<uint32_t>& prompt, const SamplerOptions& sampling,
+                        const ClientOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<KvCacheClient> receiver,
-                   KvCacheClient::Connect(absl::GetFlag(FLAGS_decode_target)));
+                   KvCacheClient::Connect(absl::GetFlag(FLAGS_decode_target), options));
   RETURN_IF_ERROR(
       receiver->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-worker prefill").status());
   std::string pool = absl::GetFlag(FLAGS_decode_pool);
@@ -149,7 +152,8 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(Qwen3MoeModel model, Qwen3MoeModel::Load(absl::GetFlag(FLAGS_checkpoint)));
   std::string target = absl::GetFlag(FLAGS_target);
   if (target.empty()) target = DefaultListenAddress();
-  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheClient> client, KvCacheClient::Connect(target));
+  ASSIGN_OR_RETURN(const ClientOptions options, ClientOptionsFromFlags());
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheClient> client, KvCacheClient::Connect(target, options));
   RETURN_IF_ERROR(client->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-worker").status());
   ASSIGN_OR_RETURN(std::unique_ptr<KvWorker> worker,
                    KvWorker::Create(client.get(), absl::GetFlag(FLAGS_pool), &model));
@@ -157,7 +161,7 @@ absl::Status Run() {
                                 .seed = absl::GetFlag(FLAGS_seed)};
   ASSIGN_OR_RETURN(std::vector<uint32_t> prompt, PromptTokens());
   if (absl::GetFlag(FLAGS_role) == "prefill") {
-    RETURN_IF_ERROR(RunPrefill(*client, *worker, prompt, sampling));
+    RETURN_IF_ERROR(RunPrefill(*client, *worker, prompt, sampling, options));
     return client->CloseSession().status();
   }
   for (uint32_t turn = 1; turn <= absl::GetFlag(FLAGS_turns); ++turn) {

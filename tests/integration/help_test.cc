@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/subprocess.h"
@@ -68,7 +70,22 @@ TEST(HelpTest, PrefillDecodeDriverListsItsFlagsWithDefaults) {
 TEST(HelpTest, DemoListsItsFlagsWithDefaults) {
   EXPECT_THAT(HelpOf("kvcache-demo"),
               AllOf(Not(HasSubstr("No flags matched")), HasSubstr("-target"), HasSubstr("-pool"),
-                    HasSubstr("default: \"demo\"")));
+                    HasSubstr("default: \"default\"")));
+}
+
+// The clients' shared flags (client/client_flags.cc, listed as a *_flags.cc file) show in every
+// tool's --help, and the tenant defaults to the caller's own.
+TEST(HelpTest, ClientToolsListTheCredentialFlags) {
+  for (const char* binary : {"kvcache-demo", "kvcache-worker", "kvcache-pd"}) {
+    // One line, single spaces: --help wraps descriptions where their length says.
+    const std::string help = absl::StrJoin(
+        absl::StrSplit(HelpOf(binary), absl::ByAnyChar(" \n"), absl::SkipEmpty()), " ");
+    EXPECT_THAT(
+        help, AllOf(HasSubstr("-token_file"), HasSubstr("KVCACHE_TOKEN"), HasSubstr("-tls_ca"),
+                    HasSubstr("-tls_cert"), HasSubstr("-tls_key"), HasSubstr("-tls_server_name"),
+                    HasSubstr("-tenant"), HasSubstr("empty: the tenant of this caller's identity")))
+        << binary;
+  }
 }
 
 }  // namespace

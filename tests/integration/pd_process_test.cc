@@ -114,7 +114,8 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
   }
 
   uint32_t DecodeCached(const std::vector<uint32_t>& prompt) {
-    auto lookup = decode_observer_->Lookup("qwen", "demo", prompt);
+    // The workers' tenant: their --tenant default, the caller's own.
+    auto lookup = decode_observer_->Lookup("qwen", "", prompt);
     EXPECT_OK(lookup);
     return lookup.ok() ? lookup->num_cached_tokens : 0;
   }

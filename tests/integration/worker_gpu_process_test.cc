@@ -243,8 +243,9 @@ class PdGpuProcessTest : public WorkerGpuProcessTest {
   }
 
   uint32_t DecodeCached(const std::vector<uint32_t>& prompt) {
+    // The workers' tenant: their --tenant default, the caller's own.
     absl::StatusOr<KvCacheClient::LookupResult> lookup =
-        decode_observer_->Lookup("qwen", "demo", prompt);
+        decode_observer_->Lookup("qwen", "", prompt);
     EXPECT_OK(lookup);
     return lookup.ok() ? lookup->num_cached_tokens : 0;
   }

@@ -119,7 +119,8 @@ TEST_F(WorkerProcessTest, EvictedPrefixIsRecomputedIdentically) {
     ExpectMatchesCold(RunWorker(other), other);
   }
   EXPECT_GT(PoolStats().evictions, 0u);
-  absl::StatusOr<KvCacheClient::LookupResult> lookup = observer_->Lookup("qwen", "demo", prompt);
+  // The worker's tenant: its --tenant default, the caller's own.
+  absl::StatusOr<KvCacheClient::LookupResult> lookup = observer_->Lookup("qwen", "", prompt);
   ASSERT_OK(lookup);
   EXPECT_EQ(lookup->num_cached_tokens, 0u);
   const ClientResult recomputed = RunWorker(prompt);
