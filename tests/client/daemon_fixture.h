@@ -2,22 +2,27 @@
 // KvCacheClient: the fixture of the client tests that need a daemon's pools (shared memory,
 // block streams). Pools: "default" (kDefaultBlocks), "tiny" (kTinyBlocks) and "large"
 // (kLargeBlocks, room for a get past kStreamingCopyMinTotalBytes), all of DefaultPoolOptions'
-// layout. Leases run on the fixture's FakeClock (clock_): they end only when a test advances it.
-// TearDown checks every pool's invariants.
+// layout. Without an identity file (every caller is tenant "default") unless a test asks for a
+// second tenant (with_other_tenant_). Leases run on the fixture's FakeClock (clock_): they end only
+// when a test advances it. TearDown checks every pool's invariants.
 #ifndef KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
 #define KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "auth/identity_file.h"
 #include "cache/pool_spec.h"
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
@@ -72,6 +77,16 @@ class DaemonFixture : public ::testing::Test {
   void StartDaemon() {
     DaemonOptions options;
     options.listen = address_;
+    if (with_other_tenant_) {
+      // The test's own uid stays tenant "default"; kOtherTenantToken is tenant "globex".
+      std::string hex;
+      for (uint8_t byte : Sha256Of(kOtherTenantToken)) {
+        absl::StrAppend(&hex, absl::Hex(byte, absl::kZeroPad2));
+      }
+      options.identities_path = dir_ + "/identities";
+      std::ofstream(options.identities_path) << "uid " << getuid() << " default worker\n"
+                                             << "token globex sha256:" << hex << " globex worker\n";
+    }
     PoolOptions pool = DefaultPoolOptions();
     pool.num_blocks = kDefaultBlocks;
     options.pools.push_back(pool);
@@ -95,6 +110,13 @@ class DaemonFixture : public ::testing::Test {
     return client.ok() ? *std::move(client) : nullptr;
   }
 
+  // A client of tenant "globex" (needs with_other_tenant_ set before SetUp).
+  std::unique_ptr<KvCacheClient> ConnectAsOtherTenant() {
+    ClientOptions options;
+    options.bearer_token = kOtherTenantToken;
+    return Connect(std::move(options));
+  }
+
   // The principal that opened a live session (to end it from the daemon's side).
   std::string OwnerOf(uint64_t session_id) {
     absl::StatusOr<std::shared_ptr<Session>> session =
@@ -108,6 +130,10 @@ class DaemonFixture : public ::testing::Test {
     return tokens;
   }
 
+  // When set (in the test's constructor), the daemon runs with an identity file that adds a
+  // second tenant, "globex", reached with kOtherTenantToken (ConnectAsOtherTenant).
+  bool with_other_tenant_ = false;
+  static constexpr char kOtherTenantToken[] = "globex-token-for-tests";
   std::string dir_;
   std::string address_;
   FakeClock clock_;  // the daemon's: declared first, so it outlives the daemon

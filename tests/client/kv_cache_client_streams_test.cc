@@ -46,6 +46,7 @@ std::string BlockBytes(size_t num_blocks, uint64_t block_bytes, uint32_t seed) {
 
 class KvCacheClientStreamsTest : public kvcache::testing::DaemonFixture {
  protected:
+  KvCacheClientStreamsTest() { with_other_tenant_ = true; }
   uint64_t PoolBlockBytes() { return client_->DescribePool("default")->pool.block_bytes; }
 };
 
@@ -298,8 +299,9 @@ TEST_F(KvCacheClientStreamsTest, SaltsExtraKeysAndTenantsNamespaceTheBlocks) {
   EXPECT_EQ(client_->GetBlocks("default", prompt, "salt", lora)->num_blocks, 2u);
   EXPECT_EQ(client_->GetBlocks("default", prompt, "salt")->num_blocks, 0u);
   EXPECT_EQ(client_->GetBlocks("default", prompt, "", lora)->num_blocks, 0u);
-  std::unique_ptr<KvCacheClient> stranger = Connect();
-  ASSERT_OK(stranger->OpenSession("another-tenant", "remote"));
+  std::unique_ptr<KvCacheClient> stranger = ConnectAsOtherTenant();
+  ASSERT_NE(stranger, nullptr);
+  ASSERT_OK(stranger->OpenSession("", "remote"));
   EXPECT_EQ(stranger->GetBlocks("default", prompt, "salt", lora)->num_blocks, 0u);
 }
 

@@ -160,10 +160,12 @@ TEST_F(KvCacheClientTest, LookupSeesOnlyTheSameTenantSaltAndExtraKeys) {
   // Lookup is not capped: the whole prompt is reported.
   EXPECT_EQ(hit->num_cached_blocks, 2u);
   EXPECT_EQ(hit->num_cached_tokens, 2 * kBlockSize);
-  EXPECT_EQ(client_->Lookup("default", "other", prompt, "salt", lora)->num_cached_blocks, 0u);
+  // Another tenant is not this caller's to look into.
+  EXPECT_THAT(client_->Lookup("default", "other", prompt, "salt", lora),
+              StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_EQ(client_->Lookup("default", "", prompt, "pepper", lora)->num_cached_blocks, 0u);
   EXPECT_EQ(client_->Lookup("default", "", prompt, "salt")->num_cached_blocks, 0u);
-  EXPECT_THAT(client_->Lookup("nope", "tenant", prompt), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(client_->Lookup("nope", "", prompt), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(KvCacheClientTest, ExtendAllocatesBlocksAsTheSequenceGrows) {

@@ -41,6 +41,8 @@ constexpr absl::Duration kShortWait = absl::Milliseconds(300);
 
 class RendezvousTest : public kvcache::testing::DaemonFixture {
  protected:
+  RendezvousTest() { with_other_tenant_ = true; }
+
   // A connected client with an open session of `tenant`.
   std::unique_ptr<KvCacheClient> SessionClient(const std::string& tenant,
                                                const std::string& name = "peer") {
@@ -53,7 +55,7 @@ class RendezvousTest : public kvcache::testing::DaemonFixture {
 
 TEST_F(RendezvousTest, PublishThenAwaitFromAnotherClientOfTheTenant) {
   ASSERT_OK(client_->OpenSession("", "prefill"));
-  std::unique_ptr<KvCacheClient> decode = SessionClient("acme", "decode");
+  std::unique_ptr<KvCacheClient> decode = SessionClient("", "decode");
   ASSERT_NE(decode, nullptr);
 
   ASSERT_OK(client_->PublishRendezvous("nccl/job-1", "unique-id"));
@@ -70,7 +72,7 @@ TEST_F(RendezvousTest, ValuesAreBytes) {
   std::string id(128, '\0');  // an NCCL unique id is 128 raw bytes, zeros included
   for (size_t i = 0; i < id.size(); i += 3) id[i] = static_cast<char>(0xff - i);
   ASSERT_OK(client_->PublishRendezvous("id", id));
-  std::unique_ptr<KvCacheClient> peer = SessionClient("acme");
+  std::unique_ptr<KvCacheClient> peer = SessionClient("");
   ASSERT_NE(peer, nullptr);
   absl::StatusOr<std::string> value = peer->AwaitRendezvous("id", kLongWait);
   ASSERT_OK(value);
@@ -82,7 +84,7 @@ TEST_F(RendezvousTest, AwaitParkedBeforePublishIsAnswered) {
   constexpr int kWaiters = 3;
   std::vector<std::unique_ptr<KvCacheClient>> waiters;
   for (int i = 0; i < kWaiters; ++i) {
-    waiters.push_back(SessionClient("acme", "decode"));
+    waiters.push_back(SessionClient("", "decode"));
     ASSERT_NE(waiters.back(), nullptr);
   }
   std::vector<absl::StatusOr<std::string>> results(kWaiters, absl::UnknownError("not run"));
@@ -143,7 +145,9 @@ TEST_F(RendezvousTest, TheAwaitDeadlineIsTheTimeoutNotTheRpcTimeout) {
 TEST_F(RendezvousTest, AnotherTenantCannotSeeTheKey) {
   ASSERT_OK(client_->OpenSession("", "prefill"));
   ASSERT_OK(client_->PublishRendezvous("shared-name", "acme's"));
-  std::unique_ptr<KvCacheClient> other = SessionClient("globex");
+  std::unique_ptr<KvCacheClient> other = ConnectAsOtherTenant();
+  ASSERT_NE(other, nullptr);
+  ASSERT_OK(other->OpenSession("", "peer"));
   ASSERT_NE(other, nullptr);
   EXPECT_THAT(other->AwaitRendezvous("shared-name", kShortWait),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
@@ -156,7 +160,7 @@ TEST_F(RendezvousTest, AnotherTenantCannotSeeTheKey) {
 TEST_F(RendezvousTest, OnlyThePublishingSessionMayOverwrite) {
   ASSERT_OK(client_->OpenSession("", "prefill"));
   ASSERT_OK(client_->PublishRendezvous("key", "first"));
-  std::unique_ptr<KvCacheClient> other = SessionClient("acme");
+  std::unique_ptr<KvCacheClient> other = SessionClient("");
   ASSERT_NE(other, nullptr);
   EXPECT_THAT(other->PublishRendezvous("key", "intruder"),
               StatusIs(absl::StatusCode::kAlreadyExists));
@@ -170,7 +174,7 @@ TEST_F(RendezvousTest, OnlyThePublishingSessionMayOverwrite) {
 TEST_F(RendezvousTest, ClosingThePublishersSessionDropsTheValue) {
   ASSERT_OK(client_->OpenSession("", "prefill"));
   ASSERT_OK(client_->PublishRendezvous("key", "value"));
-  std::unique_ptr<KvCacheClient> other = SessionClient("acme");
+  std::unique_ptr<KvCacheClient> other = SessionClient("");
   ASSERT_NE(other, nullptr);
   ASSERT_OK(other->AwaitRendezvous("key", kLongWait));
 
