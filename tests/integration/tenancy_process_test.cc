@@ -83,7 +83,8 @@ class TenancyProcessTest : public ::testing::Test {
     std::ofstream out(dir_ + "/identities");
     out << "# tenants and their quotas\n"
         << "tenant tenant-a max_sessions=8\n"
-        << "tenant tenant-b max_sessions=2 max_open_sequences=3 max_referenced_blocks=8\n"
+        << "tenant tenant-b max_sessions=2 max_open_sequences=3 max_referenced_blocks=8 "
+        << "max_put_bytes_in_flight=48KiB\n"
         << "uid " << getuid() << " tenant-a worker\n"
         << "uid " << kOtherUid << " tenant-b worker\n"
         << "token a-worker " << DigestLine(kTokenA) << " tenant-a worker\n"
@@ -442,6 +443,26 @@ TEST_F(TenancyProcessTest, QuotasBoundOneTenantAndSpareTheOther) {
   EXPECT_THAT(open_sequence(b, b2, 1, 5000),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("max_open_sequences=3: 3 in use, 1 more")));
+  // max_put_bytes_in_flight=48KiB: a put of two 32 KiB blocks is refused at its header; one of
+  // one block passes that quota and meets the open-sequence one (a put holds a sequence).
+  auto put = [&](uint32_t blocks) {
+    v1::PutBlocksResponse response;
+    auto context = RawContext(b);
+    auto writer = stub->PutBlocks(context.get(), &response);
+    v1::PutBlocksRequest header;
+    header.mutable_header()->set_session_id(b2);
+    header.mutable_header()->set_pool("p");
+    for (uint32_t i = 0; i < blocks * kBlockSize; ++i)
+      header.mutable_header()->add_tokens(7000 + i);
+    for (uint32_t i = 0; i < blocks; ++i) header.mutable_header()->add_block_checksums(i);
+    writer->Write(header);
+    writer->WritesDone();
+    return StatusOf(writer->Finish());
+  };
+  EXPECT_THAT(put(2), StatusIs(absl::StatusCode::kResourceExhausted,
+                               HasSubstr("max_put_bytes_in_flight=49152: 0 in use, 65536 more")));
+  EXPECT_THAT(put(1), StatusIs(absl::StatusCode::kResourceExhausted,
+                               HasSubstr("max_open_sequences=3: 3 in use, 1 more")));
   // Tenant A is unaffected: it takes the rest of the pool's free blocks.
   uint64_t a1 = 0;
   ASSERT_OK(open_session(a, &a1));
