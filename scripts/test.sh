@@ -18,6 +18,7 @@ BUILD_DIR=build-clang CC=clang CXX=clang++ \
   CMAKE_ARGS="-DKVCACHE_SANITIZE=ON -DKVCACHE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug" \
   ./scripts/setup.sh
 # malloc_tuning_test checks glibc's allocator, which ASan replaces (TuneMallocForBlockStreams then
-# says false, as documented). A UBSan report fails its test instead of scrolling by.
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+# says false, as documented). A UBSan report fails its test instead of scrolling by. LeakSanitizer
+# ignores only third-party leaks (scripts/lsan.supp).
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp \
   ctest --test-dir build-clang --output-on-failure -j2 --timeout 300 -E '^malloc_tuning_test$'
