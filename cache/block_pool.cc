@@ -54,7 +54,7 @@ void BlockPool::Acquire(BlockId block) {
   ++meta.ref_count;
 }
 
-BlockId BlockPool::AllocateFresh() {
+BlockId BlockPool::AllocateFresh(std::optional<Hash128>* evicted) {
   BlockId block = kNoBlock;
   if (!free_list_.empty()) {
     block = free_list_.back();
@@ -64,6 +64,7 @@ BlockId BlockPool::AllocateFresh() {
     LruRemove(block);
     BlockMeta& meta = blocks_[block];
     index_.erase(meta.identity.hash);
+    if (evicted != nullptr) *evicted = meta.identity.hash;
     meta.published = false;
     meta.identity = BlockIdentity{};
     ++counters_.evictions;

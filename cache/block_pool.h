@@ -83,9 +83,10 @@ class BlockPool {
   // ref+1; an evictable block is resurrected (taken off the LRU in O(1)).
   // REQUIRES: `block` is referenced or evictable.
   void Acquire(BlockId block);
-  // A block with ref 1 and no hash: the free list's, else the LRU front's after dropping its hash.
-  // Returns kNoBlock when every block is referenced; callers check capacity first.
-  BlockId AllocateFresh();
+  // A block with ref 1 and no hash: the free list's, else the LRU front's after dropping its hash
+  // (then *evicted, when given, is that hash). Returns kNoBlock when every block is referenced;
+  // callers check capacity first.
+  BlockId AllocateFresh(std::optional<Hash128>* evicted = nullptr);
   // ref-1. At 0 a published block joins the LRU's back (most recently released), an unpublished
   // one the free list. REQUIRES: RefCount(block) > 0.
   void Release(BlockId block);

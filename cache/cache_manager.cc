@@ -8,8 +8,12 @@
 
 namespace kvcache {
 
-CacheManager::CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch)
-    : epoch_(epoch), sessions_(limits, clock, &quotas_) {}
+CacheManager::CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch,
+                           size_t event_log_capacity)
+    : epoch_(epoch),
+      clock_(clock),
+      events_(event_log_capacity, clock),
+      sessions_(limits, clock, &quotas_) {}
 
 CacheManager::~CacheManager() {
   {
@@ -30,8 +34,11 @@ absl::Status CacheManager::AddPool(const PoolOptions& options, std::unique_ptr<P
   if (FindPool(options.name).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("pool '", options.name, "' already exists"));
   }
-  ASSIGN_OR_RETURN(auto pool, Pool::Create(options, static_cast<uint32_t>(pools_.size()),
-                                           std::move(memory), device_faults_, &quotas_));
+  const uint32_t pool_index = static_cast<uint32_t>(pools_.size());
+  const std::string medium(KvEventMediumOf(memory == nullptr ? "" : memory->kind()));
+  ASSIGN_OR_RETURN(auto pool, Pool::Create(options, pool_index, std::move(memory), device_faults_,
+                                           &quotas_, &events_, clock_));
+  events_.AddPool(pool_index, options.name, medium, options.layout.block_size);
   pools_.push_back(std::move(pool));
   return absl::OkStatus();
 }

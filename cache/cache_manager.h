@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/device_fault_latch.h"
+#include "cache/kv_event_log.h"
 #include "cache/pool.h"
 #include "cache/rendezvous_registry.h"
 #include "cache/session_registry.h"
@@ -36,7 +37,9 @@ namespace kvcache {
 
 class CacheManager {
  public:
-  CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch);
+  // `event_log_capacity`: how many KV events are kept for watchers to resume from.
+  CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch,
+               size_t event_log_capacity = KvEventLog::kDefaultCapacity);
   ~CacheManager();
 
   // A fresh nonzero epoch for a daemon start.
@@ -47,6 +50,8 @@ class CacheManager {
   RendezvousRegistry& rendezvous() { return rendezvous_; }
   // The tenants' limits (set from the identity file) and their use of the daemon-wide ones.
   TenantQuotas& quotas() { return quotas_; }
+  // Every pool's index changes, in one sequence.
+  KvEventLog& events() { return events_; }
   // Shared by every pool; the daemon listens on it to report NOT_SERVING.
   DeviceFaultLatch& device_faults() { return *device_faults_; }
 
@@ -82,7 +87,9 @@ class CacheManager {
   const uint64_t epoch_;
   const std::shared_ptr<DeviceFaultLatch> device_faults_ =  // own synchronization
       std::make_shared<DeviceFaultLatch>();
+  const Clock* const clock_;
   TenantQuotas quotas_;                       // own synchronization
+  KvEventLog events_;                         // own synchronization; outlives the pools
   std::vector<std::unique_ptr<Pool>> pools_;  // constant once serving starts
   SessionRegistry sessions_;                  // own synchronization
   RendezvousRegistry rendezvous_;             // own synchronization

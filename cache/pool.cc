@@ -53,7 +53,8 @@ absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys&
 absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, uint32_t pool_index,
                                                    std::unique_ptr<PoolMemory> memory,
                                                    std::shared_ptr<DeviceFaultLatch> faults,
-                                                   TenantQuotas* quotas) {
+                                                   TenantQuotas* quotas, KvEventLog* events,
+                                                   const Clock* clock) {
   RETURN_IF_ERROR(options.layout.Validate());
   if (options.name.empty() || options.name.size() > 64 ||
       options.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -75,11 +76,12 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
   }
   if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
   return std::unique_ptr<Pool>(
-      new Pool(options, pool_index, std::move(memory), std::move(faults), quotas));
+      new Pool(options, pool_index, std::move(memory), std::move(faults), quotas, events, clock));
 }
 
 Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
-           std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas)
+           std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
+           const Clock* clock)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
@@ -87,8 +89,13 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
       faults_(std::move(faults)),
       own_quotas_(quotas == nullptr ? std::make_unique<TenantQuotas>() : nullptr),
       quotas_(quotas == nullptr ? own_quotas_.get() : quotas),
+      events_(events),
+      clock_(clock),
       pool_(options.num_blocks, options.layout.block_size),
-      block_tenant_(options.num_blocks, 0) {}
+      block_tenant_(options.num_blocks, 0),
+      allocated_at_(options.num_blocks),
+      last_access_(options.num_blocks),
+      released_at_(options.num_blocks) {}
 
 uint32_t Pool::TenantSlotLocked(absl::string_view tenant) {
   auto [it, inserted] = tenant_slots_.try_emplace(tenant, static_cast<uint32_t>(tenants_.size()));
@@ -109,6 +116,9 @@ absl::Status Pool::ReserveLocked(uint32_t tenant, size_t new_blocks, uint32_t ne
 }
 
 void Pool::AcquireLocked(BlockId block, uint32_t tenant) {
+  const absl::Time now = clock_->Now();
+  residency_.reuse_gap.Observe(absl::ToDoubleSeconds(now - last_access_[block]));
+  last_access_[block] = now;
   if (pool_.RefCount(block) == 0) {
     block_tenant_[block] = tenant;
     ++tenants_[tenant].referenced;
@@ -118,10 +128,18 @@ void Pool::AcquireLocked(BlockId block, uint32_t tenant) {
 }
 
 BlockId Pool::AllocateLocked(uint32_t tenant) {
-  const uint64_t evictions = pool_.counters().evictions;
-  const BlockId block = pool_.AllocateFresh();
-  // block_tenant_ still names the owner of the evicted block's hash.
-  if (pool_.counters().evictions != evictions) ++tenants_[block_tenant_[block]].counters.evictions;
+  std::optional<Hash128> evicted;
+  const BlockId block = pool_.AllocateFresh(&evicted);
+  const absl::Time now = clock_->Now();
+  if (evicted.has_value()) {
+    // block_tenant_ still names the owner of the evicted block's hash.
+    ++tenants_[block_tenant_[block]].counters.evictions;
+    residency_.lifetime.Observe(absl::ToDoubleSeconds(now - allocated_at_[block]));
+    residency_.idle_before_evict.Observe(absl::ToDoubleSeconds(now - released_at_[block]));
+    if (events_ != nullptr) evicted_.push_back(*evicted);
+  }
+  allocated_at_[block] = now;
+  last_access_[block] = now;
   block_tenant_[block] = tenant;
   ++tenants_[tenant].referenced;
   return block;
@@ -129,7 +147,16 @@ BlockId Pool::AllocateLocked(uint32_t tenant) {
 
 void Pool::ReleaseBlockLocked(BlockId block) {
   pool_.Release(block);
-  if (pool_.RefCount(block) == 0) --tenants_[block_tenant_[block]].referenced;
+  if (pool_.RefCount(block) == 0) {
+    --tenants_[block_tenant_[block]].referenced;
+    released_at_[block] = clock_->Now();
+  }
+}
+
+void Pool::ReportEvictionsLocked() {
+  if (evicted_.empty()) return;
+  events_->BlocksRemoved(pool_index_, evicted_);
+  evicted_.clear();
 }
 
 void Pool::EraseLocked(uint64_t sequence_id) {
@@ -280,6 +307,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   while (sequence->blocks.size() < total_blocks) {
     sequence->blocks.push_back(AllocateLocked(sequence->tenant));
   }
+  ReportEvictionsLocked();
 
   if (mode == OpenMode::kCompute) {
     TenantUsage& usage = tenants_[sequence->tenant];
@@ -318,6 +346,7 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
     extended.new_block_ids.push_back(AllocateLocked(sequence->tenant));
     sequence->blocks.push_back(extended.new_block_ids.back());
   }
+  ReportEvictionsLocked();
   sequence->tokens.insert(sequence->tokens.end(), tokens.begin(), tokens.end());
   HashNewBlocks(sequence);
   extended.num_tokens = static_cast<uint32_t>(new_length);
@@ -339,12 +368,25 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
   const uint32_t written_blocks = num_written_tokens / block_size;
   CommitResult result;
   const BlockPoolCounters before = pool_.counters();
+  // Newly indexed blocks, reported as chains: a run of consecutive ones is one event.
+  std::vector<StoredBlock> run;
+  std::optional<Hash128> run_parent;
+  const auto report_run = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (events_ != nullptr && !run.empty()) {
+      events_->BlocksStored(pool_index_, tenants_[sequence->tenant].name, run_parent,
+                            std::move(run));
+    }
+    run.clear();
+  };
   for (uint32_t i = sequence->committed_blocks; i < written_blocks; ++i) {
     // The parent link is the indexed block of h_{i-1}: this sequence's own, or the first copy
     // when its own was a duplicate. With no indexed parent the block could never be reached by a
     // walk, so it stays private.
     const BlockId parent = i == 0 ? kNoBlock : pool_.Indexed(sequence->chain[i - 1]);
-    if (i > 0 && parent == kNoBlock) continue;
+    if (i > 0 && parent == kNoBlock) {
+      report_run();
+      continue;
+    }
     const BlockIdentity identity{
         .hash = sequence->chain[i],
         .parent_hash = i == 0 ? sequence->root : sequence->chain[i - 1],
@@ -353,11 +395,20 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
     };
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
-    if (pool_.Publish(block, identity, BlockTokens(sequence->tokens, i, block_size)) &&
-        !was_published && pool_.IsPublished(block)) {
+    const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
+    if (pool_.Publish(block, identity, tokens) && !was_published && pool_.IsPublished(block)) {
       ++result.num_published_blocks;
+      if (run.empty()) {
+        run_parent = i == 0 ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
+      }
+      run.push_back(StoredBlock{.hash = identity.hash,
+                                .token_ids = std::vector<uint32_t>(tokens.begin(), tokens.end()),
+                                .extras_digest = identity.extras_digest});
+    } else {
+      report_run();
     }
   }
+  report_run();
   sequence->committed_blocks = std::max(sequence->committed_blocks, written_blocks);
   result.num_committed_blocks = sequence->committed_blocks;
   BlockPoolCounters& counters = tenants_[sequence->tenant].counters;
@@ -393,6 +444,7 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
       AcquireLocked(forked.copied_from_block, child->tenant);
       copy_dst = AllocateLocked(child->tenant);
       child->blocks.push_back(copy_dst);
+      ReportEvictionsLocked();
     }
     forked.block_ids = child->blocks;
     forked.sequence_id = AddLocked(std::move(child));

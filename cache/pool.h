@@ -23,6 +23,12 @@
 // the call that hit the fault included. Release and ReleaseSession still work: they only drop
 // references, and ending sessions must keep returning their blocks.
 //
+// Events and residency: every hash entering or leaving the prefix index is reported to the
+// KvEventLog given at creation (stored as a chain per commit, removed per eviction batch), and
+// every eviction and hit is timed into the residency histograms (vLLM's semantics: lifetime from
+// allocation to eviction, idle from the last release to eviction, reuse gap between consecutive
+// accesses — an allocation or a hit).
+//
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
 // its source block pinned.
 #ifndef KVCACHE_CACHE_POOL_H_
@@ -42,10 +48,13 @@
 #include "absl/types/span.h"
 #include "cache/block_pool.h"
 #include "cache/device_fault_latch.h"
+#include "cache/kv_event_log.h"
 #include "cache/pool_memory.h"
 #include "cache/session.h"
 #include "cache/tenant_quotas.h"
 #include "common/block_hash.h"
+#include "common/clock.h"
+#include "common/histogram.h"
 #include "common/pool_layout.h"
 
 namespace kvcache {
@@ -99,6 +108,13 @@ struct ForkedSequence {
   BlockId copied_from_block = kNoBlock;  // kNoBlock: the parent ended on a block boundary
 };
 
+// Residency of the pool's blocks, in seconds (see the class comment).
+struct PoolResidency {
+  Histogram lifetime{ResidencyBucketsSeconds()};
+  Histogram idle_before_evict{ResidencyBucketsSeconds()};
+  Histogram reuse_gap{ResidencyBucketsSeconds()};
+};
+
 struct LookupResult {
   uint32_t num_cached_blocks = 0;
   uint32_t num_cached_tokens = 0;
@@ -131,13 +147,18 @@ class Pool {
   // `faults` is where this pool latches its memory's faults and whose status gates its calls;
   // null: a latch of the pool's own. `quotas` holds the tenants' limits and counts their open
   // sequences (it must outlive the pool); null: quotas of the pool's own, without limits.
+  // `events` receives the index's changes (it must outlive the pool; null: none are reported);
+  // `clock` times residency.
   static absl::StatusOr<std::unique_ptr<Pool>> Create(
       const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
-      std::shared_ptr<DeviceFaultLatch> faults = nullptr, TenantQuotas* quotas = nullptr);
+      std::shared_ptr<DeviceFaultLatch> faults = nullptr, TenantQuotas* quotas = nullptr,
+      KvEventLog* events = nullptr, const Clock* clock = RealClock::Get());
 
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
 
   const PoolOptions& options() const { return options_; }
+  uint32_t pool_index() const { return pool_index_; }
+  const PoolResidency& residency() const { return residency_; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   // The raw memory, for its description and for tests. Request paths move bytes with ReadBlock
   // and WriteBlock, which latch device faults.
@@ -197,7 +218,8 @@ class Pool {
   };
 
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
-       std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas);
+       std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
+       const Clock* clock);
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
@@ -226,6 +248,8 @@ class Pool {
   void AcquireLocked(BlockId block, uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockId AllocateLocked(uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseBlockLocked(BlockId block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports the hashes evicted since the last call as one BlocksRemoved batch.
+  void ReportEvictionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const PoolOptions options_;
@@ -235,6 +259,9 @@ class Pool {
   const std::shared_ptr<DeviceFaultLatch> faults_;  // own synchronization
   std::unique_ptr<TenantQuotas> own_quotas_;        // when none was given
   TenantQuotas* const quotas_;                      // own synchronization
+  KvEventLog* const events_;                        // own synchronization; may be null
+  const Clock* const clock_;
+  PoolResidency residency_;  // own synchronization
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);
@@ -247,6 +274,11 @@ class Pool {
   std::vector<TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> tenant_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> block_tenant_ ABSL_GUARDED_BY(mu_);  // slot of each referenced block
+  // Per block, for the residency histograms.
+  std::vector<absl::Time> allocated_at_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> last_access_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> released_at_ ABSL_GUARDED_BY(mu_);
+  std::vector<Hash128> evicted_ ABSL_GUARDED_BY(mu_);  // not yet reported
 };
 
 }  // namespace kvcache

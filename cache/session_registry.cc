@@ -91,6 +91,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(std::string princ
   auto session = std::make_shared<Session>(id, std::move(principal), std::move(tenant),
                                            std::move(client_name), ttl);
   sessions_.emplace(session->id, Entry{session, clock_->Now() + ttl});
+  ++counters_[session->tenant].opened;
   return session;
 }
 
@@ -137,6 +138,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Close(uint64_t session
   std::shared_ptr<Session> session = std::move(it->second.session);
   sessions_.erase(it);
   EndLocked(*session);
+  ++counters_[session->tenant].closed;
   return session;
 }
 
@@ -147,6 +149,7 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::TakeExpired() {
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (it->second.deadline <= now) {
       EndLocked(*it->second.session);
+      ++counters_[it->second.session->tenant].expired;
       expired.push_back(std::move(it->second.session));
       sessions_.erase(it++);
     } else {
@@ -159,6 +162,27 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::TakeExpired() {
 size_t SessionRegistry::size() const {
   absl::ReaderMutexLock lock(&mu_);
   return sessions_.size();
+}
+
+std::vector<SessionRegistry::Listed> SessionRegistry::List(absl::string_view tenant) const {
+  std::vector<Listed> listed;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [id, entry] : sessions_) {
+    if (tenant.empty() || entry.session->tenant == tenant) {
+      listed.push_back(Listed{.session = entry.session, .deadline = entry.deadline});
+    }
+  }
+  return listed;
+}
+
+absl::flat_hash_map<std::string, SessionCounters> SessionRegistry::Counters() const {
+  absl::ReaderMutexLock lock(&mu_);
+  absl::flat_hash_map<std::string, SessionCounters> counters = counters_;
+  for (auto& [tenant, tenant_counters] : counters) {
+    tenant_counters.open =
+        tenant_counters.opened - tenant_counters.closed - tenant_counters.expired;
+  }
+  return counters;
 }
 
 }  // namespace kvcache

@@ -35,6 +35,14 @@ struct SessionLimits {
   size_t max_sessions = 65536;
 };
 
+// How many sessions a tenant has opened, closed and lost to lease expiry, for the metrics.
+struct SessionCounters {
+  uint64_t opened = 0;
+  uint64_t closed = 0;
+  uint64_t expired = 0;
+  uint64_t open = 0;  // now
+};
+
 class SessionRegistry {
  public:
   // `quotas` must outlive the registry.
@@ -59,6 +67,15 @@ class SessionRegistry {
   size_t size() const;
   const SessionLimits& limits() const { return limits_; }
 
+  struct Listed {
+    std::shared_ptr<Session> session;
+    absl::Time deadline;
+  };
+  // The open sessions of `tenant` (empty: every tenant). O(sessions).
+  std::vector<Listed> List(absl::string_view tenant) const;
+  // Per tenant, every tenant that ever opened one.
+  absl::flat_hash_map<std::string, SessionCounters> Counters() const;
+
  private:
   struct Entry {
     std::shared_ptr<Session> session;
@@ -79,6 +96,7 @@ class SessionRegistry {
   mutable absl::Mutex mu_;
   uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, SessionCounters> counters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvcache

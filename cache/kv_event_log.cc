@@ -1,0 +1,184 @@
+#include "cache/kv_event_log.h"
+
+#include <cassert>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+
+namespace kvcache {
+
+bool KvEventFilter::Matches(const KvEvent& event) const {
+  if (event.kind == KvEventKind::kAllBlocksCleared)
+    return event.pool.empty() || pool.empty() || pool == event.pool;
+  return (pool.empty() || pool == event.pool) && (tenant.empty() || tenant == event.tenant);
+}
+
+absl::string_view KvEventMediumOf(absl::string_view memory_kind) {
+  return memory_kind == "cuda" ? "GPU" : "CPU";
+}
+
+KvEventLog::KvEventLog(size_t capacity, const Clock* clock) : capacity_(capacity), clock_(clock) {
+  assert(capacity > 0);
+  absl::MutexLock lock(&mu_);
+  auto cleared = std::make_shared<KvEvent>();
+  cleared->kind = KvEventKind::kAllBlocksCleared;
+  AppendLocked(std::move(cleared));
+}
+
+void KvEventLog::AddPool(uint32_t pool_index, std::string name, std::string medium,
+                         uint32_t block_size) {
+  absl::MutexLock lock(&mu_);
+  pools_[pool_index] =
+      PoolInfo{.name = std::move(name), .medium = std::move(medium), .block_size = block_size};
+}
+
+const KvEventLog::PoolInfo& KvEventLog::PoolLocked(uint32_t pool_index) const {
+  auto it = pools_.find(pool_index);
+  assert(it != pools_.end());
+  return it->second;
+}
+
+void KvEventLog::AppendLocked(std::shared_ptr<KvEvent> event) {
+  event->sequence = next_sequence_++;
+  event->time = clock_->Now();
+  buffer_.push_back(std::move(event));
+  if (buffer_.size() > capacity_) buffer_.pop_front();
+}
+
+void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
+                              std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks) {
+  if (blocks.empty()) return;
+  absl::MutexLock lock(&mu_);
+  const PoolInfo& pool = PoolLocked(pool_index);
+  std::optional<Hash128> parent = parent_hash;
+  for (const StoredBlock& block : blocks) {
+    index_.insert_or_assign(IndexKey{pool_index, block.hash},
+                            IndexEntry{.tenant = std::string(tenant),
+                                       .parent_hash = parent,
+                                       .token_ids = block.token_ids,
+                                       .extras_digest = block.extras_digest});
+    parent = block.hash;
+  }
+  auto event = std::make_shared<KvEvent>();
+  event->kind = KvEventKind::kBlocksStored;
+  event->pool = pool.name;
+  event->tenant = std::string(tenant);
+  event->medium = pool.medium;
+  event->block_size = pool.block_size;
+  event->parent_hash = parent_hash;
+  event->blocks = std::move(blocks);
+  AppendLocked(std::move(event));
+}
+
+void KvEventLog::BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> hashes) {
+  if (hashes.empty()) return;
+  absl::MutexLock lock(&mu_);
+  const PoolInfo& pool = PoolLocked(pool_index);
+  // Usually one tenant; keep the owners in first-seen order so events are deterministic.
+  std::vector<std::shared_ptr<KvEvent>> by_tenant;
+  for (const Hash128& hash : hashes) {
+    auto it = index_.find(IndexKey{pool_index, hash});
+    if (it == index_.end()) continue;
+    std::shared_ptr<KvEvent>* owner = nullptr;
+    for (auto& event : by_tenant) {
+      if (event->tenant == it->second.tenant) owner = &event;
+    }
+    if (owner == nullptr) {
+      auto event = std::make_shared<KvEvent>();
+      event->kind = KvEventKind::kBlocksRemoved;
+      event->pool = pool.name;
+      event->tenant = it->second.tenant;
+      event->medium = pool.medium;
+      event->block_size = pool.block_size;
+      by_tenant.push_back(std::move(event));
+      owner = &by_tenant.back();
+    }
+    (*owner)->removed.push_back(hash);
+    index_.erase(it);
+  }
+  for (auto& event : by_tenant) AppendLocked(std::move(event));
+}
+
+uint64_t KvEventLog::next_sequence() const {
+  absl::MutexLock lock(&mu_);
+  return next_sequence_;
+}
+
+uint64_t KvEventLog::first_sequence() const {
+  absl::MutexLock lock(&mu_);
+  return buffer_.front()->sequence;
+}
+
+KvEventLog::ReadResult KvEventLog::Read(uint64_t start, size_t max_events) const {
+  ReadResult result;
+  result.next_sequence = start;
+  absl::MutexLock lock(&mu_);
+  const uint64_t first = buffer_.front()->sequence;
+  if (start < first) {
+    result.lost = true;
+    return result;
+  }
+  for (uint64_t sequence = start; sequence < next_sequence_ && result.events.size() < max_events;
+       ++sequence) {
+    result.events.push_back(buffer_[sequence - first]);
+  }
+  result.next_sequence = start + result.events.size();
+  return result;
+}
+
+bool KvEventLog::WaitFor(uint64_t start, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto arrived = [this, start]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_sequence_ > start; };
+  return mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
+}
+
+KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const {
+  Snapshot snapshot;
+  absl::MutexLock lock(&mu_);
+  snapshot.next_sequence = next_sequence_;
+  const uint64_t sequence = next_sequence_ - 1;
+  const absl::Time now = clock_->Now();
+  // A parent before its children: emit each entry after its parent, when the parent is indexed.
+  absl::flat_hash_set<IndexKey> emitted;
+  emitted.reserve(index_.size());
+  std::vector<const std::pair<const IndexKey, IndexEntry>*> chain;
+  for (const auto& entry : index_) {
+    chain.clear();
+    const auto* current = &entry;
+    while (current != nullptr && !emitted.contains(current->first)) {
+      chain.push_back(current);
+      const std::optional<Hash128>& parent = current->second.parent_hash;
+      if (!parent.has_value()) break;
+      auto it = index_.find(IndexKey{current->first.pool_index, *parent});
+      current = it == index_.end() ? nullptr : &*it;
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const auto& [key, value] = **it;
+      emitted.insert(key);
+      const PoolInfo& pool = PoolLocked(key.pool_index);
+      if (!filter.pool.empty() && filter.pool != pool.name) continue;
+      if (!filter.tenant.empty() && filter.tenant != value.tenant) continue;
+      KvEvent event;
+      event.sequence = sequence;
+      event.time = now;
+      event.kind = KvEventKind::kBlocksStored;
+      event.pool = pool.name;
+      event.tenant = value.tenant;
+      event.medium = pool.medium;
+      event.block_size = pool.block_size;
+      event.parent_hash = value.parent_hash;
+      event.blocks.push_back(StoredBlock{
+          .hash = key.hash, .token_ids = value.token_ids, .extras_digest = value.extras_digest});
+      snapshot.events.push_back(std::move(event));
+    }
+  }
+  return snapshot;
+}
+
+size_t KvEventLog::indexed_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return index_.size();
+}
+
+}  // namespace kvcache
