@@ -46,6 +46,7 @@ class CacheManager {
   static uint64_t NewEpoch();
 
   uint64_t epoch() const { return epoch_; }
+  const Clock* clock() const { return clock_; }
   SessionRegistry& sessions() { return sessions_; }
   RendezvousRegistry& rendezvous() { return rendezvous_; }
   // The tenants' limits (set from the identity file) and their use of the daemon-wide ones.

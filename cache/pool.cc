@@ -460,6 +460,12 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   return forked;
 }
 
+uint32_t Pool::SequencesOfSession(uint64_t session_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = by_session_.find(session_id);
+  return it == by_session_.end() ? 0 : static_cast<uint32_t>(it->second.size());
+}
+
 absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const SequenceSpec& spec) {
   // A hit promises bytes this daemon can no longer vouch for or serve.
   RETURN_IF_ERROR(faults_->status());

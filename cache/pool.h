@@ -176,6 +176,8 @@ class Pool {
   absl::StatusOr<ForkedSequence> Fork(const Session& session, uint64_t sequence_id);
   absl::StatusOr<LookupResult> Lookup(absl::string_view tenant, const SequenceSpec& spec);
 
+  // How many sequences `session_id` holds in this pool.
+  uint32_t SequencesOfSession(uint64_t session_id) const;
   // Releases every sequence of `session_id`; returns how many. Idempotent.
   uint32_t ReleaseSession(uint64_t session_id);
 

@@ -315,6 +315,60 @@ absl::StatusOr<KvCacheClient::Stats> KvCacheClient::GetStats(absl::string_view p
   return stats;
 }
 
+absl::StatusOr<std::vector<KvCacheClient::ListedSession>> KvCacheClient::ListSessions(
+    absl::string_view tenant) {
+  v1::ListSessionsRequest request;
+  request.set_tenant(std::string(tenant));
+  v1::ListSessionsResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::ListSessions, "ListSessions", request,
+                       &response, CurrentSession(), false));
+  std::vector<ListedSession> sessions;
+  for (const v1::SessionInfo& info : response.sessions()) {
+    sessions.push_back(ListedSession{.session_id = info.session_id(),
+                                     .tenant = info.tenant(),
+                                     .principal = info.principal(),
+                                     .client_name = info.client_name(),
+                                     .ttl = absl::Milliseconds(info.ttl_ms()),
+                                     .expires_in = absl::Milliseconds(info.expires_in_ms()),
+                                     .open_sequences = info.open_sequences()});
+  }
+  return sessions;
+}
+
+std::unique_ptr<EventWatch> KvCacheClient::WatchEvents(const WatchOptions& options) {
+  auto watch = std::unique_ptr<EventWatch>(new EventWatch());
+  watch->context_.set_wait_for_ready(options_.wait_for_ready);
+  AddCredentials(&watch->context_);
+  v1::WatchEventsRequest request;
+  request.set_start_sequence(options.start_sequence);
+  request.set_epoch(options.epoch);
+  request.set_tenant(options.tenant);
+  request.set_pool(options.pool);
+  watch->reader_ = stub_->WatchEvents(&watch->context_, request);
+  return watch;
+}
+
+absl::StatusOr<v1::WatchEventsResponse> EventWatch::Next() {
+  if (!finished_) {
+    v1::WatchEventsResponse response;
+    if (reader_->Read(&response)) return response;
+    final_status_ = FromGrpcStatus(reader_->Finish());
+    if (final_status_.ok()) final_status_ = absl::UnavailableError("the event stream ended");
+    finished_ = true;
+  }
+  return final_status_;
+}
+
+EventWatch::~EventWatch() {
+  if (!finished_) {
+    context_.TryCancel();
+    v1::WatchEventsResponse ignored;
+    while (reader_->Read(&ignored)) {
+    }
+    reader_->Finish();
+  }
+}
+
 absl::StatusOr<KvCacheClient::SessionInfo> KvCacheClient::OpenSession(std::string tenant,
                                                                       std::string client_name,
                                                                       absl::Duration ttl) {

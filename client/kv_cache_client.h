@@ -106,6 +106,31 @@ struct ClientOptions {
 // header value and RFC 6750 allow). INVALID_ARGUMENT otherwise, quoting nothing of the token.
 absl::Status CheckBearerToken(absl::string_view token);
 
+// One WatchEvents stream (see the proto): Next blocks for the next response. Resume a broken
+// watch with a new one from the last response's next_sequence and epoch.
+// Thread safety: Next from one thread; Cancel from any.
+class EventWatch {
+ public:
+  ~EventWatch();
+  EventWatch(const EventWatch&) = delete;
+  EventWatch& operator=(const EventWatch&) = delete;
+
+  // The next response, or the stream's final status once it ends: CANCELLED after Cancel,
+  // UNAVAILABLE when the daemon went away, the daemon's error otherwise (PERMISSION_DENIED,
+  // NOT_FOUND, RESOURCE_EXHAUSTED).
+  absl::StatusOr<v1::WatchEventsResponse> Next();
+  void Cancel() { context_.TryCancel(); }
+
+ private:
+  friend class KvCacheClient;
+  EventWatch() = default;
+
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::WatchEventsResponse>> reader_;
+  bool finished_ = false;
+  absl::Status final_status_;
+};
+
 class KvCacheClient {
  public:
   // How a process on the daemon's node maps a pool's memory (kvcache.v1.PoolMapping); see
@@ -190,6 +215,21 @@ class KvCacheClient {
     std::vector<PoolStats> pools;
     uint32_t open_sessions = 0;
   };
+  struct ListedSession {
+    uint64_t session_id = 0;  // 0: another identity's session, hidden from a non-admin
+    std::string tenant;
+    std::string principal;
+    std::string client_name;
+    absl::Duration ttl;
+    absl::Duration expires_in;
+    uint32_t open_sequences = 0;
+  };
+  struct WatchOptions {
+    uint64_t start_sequence = 0;  // 0: everything; else the last response's next_sequence
+    uint64_t epoch = 0;           // the epoch start_sequence was counted in
+    std::string tenant;           // empty: the caller's (an admin: every tenant)
+    std::string pool;             // empty: every pool
+  };
   struct PutResult {
     uint32_t num_blocks = 0;          // full blocks in the put prefix
     uint32_t num_already_cached = 0;  // of those, kept from the cache (their bytes were dropped)
@@ -236,6 +276,10 @@ class KvCacheClient {
                                       const ExtraKeys& extra_keys = {});
   // Every pool when `pool` is empty.
   absl::StatusOr<Stats> GetStats(absl::string_view pool = "");
+  // The caller's tenant's open sessions (an admin's: every tenant's, or `tenant`'s).
+  absl::StatusOr<std::vector<ListedSession>> ListSessions(absl::string_view tenant = "");
+  // Starts a KV-event stream; errors come from its first Next. The stream has no deadline.
+  std::unique_ptr<EventWatch> WatchEvents(const WatchOptions& options);
 
   // Opens this client's session; `ttl` of zero asks for the daemon's default. Replaces a session
   // that was lost or fenced by a restart; ALREADY_EXISTS while a healthy one is open. Not

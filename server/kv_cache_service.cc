@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "server/block_streams.h"
 #include "server/proto_keys.h"
+#include "server/watch_events.h"
 
 namespace kvcache {
 namespace {
@@ -371,6 +372,73 @@ grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* 
                                      : manager_->quotas().InUse(tenant, QuotaResource::kSessions)));
                   return absl::OkStatus();
                 });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ListSessions(grpc::CallbackServerContext* context,
+                                                       const v1::ListSessionsRequest* request,
+                                                       v1::ListSessionsResponse* response) {
+  return Handle(*this, context, response, manager_->epoch(), "ListSessions", Role::kReader,
+                [&](const Identity& caller) -> absl::Status {
+                  std::string tenant;
+                  if (caller.role != Role::kAdmin || !request->tenant().empty()) {
+                    ASSIGN_OR_RETURN(tenant, TenantFor(caller, request->tenant()));
+                  }
+                  const absl::Time now = manager_->clock()->Now();
+                  const std::vector<Pool*> pools = manager_->pools();
+                  for (const SessionRegistry::Listed& listed : manager_->sessions().List(tenant)) {
+                    const Session& session = *listed.session;
+                    v1::SessionInfo* info = response->add_sessions();
+                    // An id is only worth something to the identity that opened it; admins see them
+                    // all.
+                    if (caller.role == Role::kAdmin || session.principal == caller.principal) {
+                      info->set_session_id(session.id);
+                    }
+                    info->set_tenant(session.tenant);
+                    info->set_principal(session.principal);
+                    info->set_client_name(session.client_name);
+                    info->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(session.ttl)));
+                    info->set_expires_in_ms(static_cast<uint32_t>(
+                        std::max<int64_t>(0, absl::ToInt64Milliseconds(listed.deadline - now))));
+                    uint32_t open_sequences = 0;
+                    for (Pool* pool : pools) open_sequences += pool->SequencesOfSession(session.id);
+                    info->set_open_sequences(open_sequences);
+                  }
+                  return absl::OkStatus();
+                });
+}
+
+grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
+    grpc::CallbackServerContext* context, const v1::WatchEventsRequest* request) {
+  AddEpochTrailer(context, manager_->epoch());
+  watchers_.fetch_add(1, std::memory_order_relaxed);
+  auto* reactor = new WatchEventsReactor(&manager_->events(), manager_->epoch(), &watchers_);
+  const absl::Status status = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(Identity caller, Caller(*context, "WatchEvents", Role::kReader));
+    KvEventFilter filter;
+    if (caller.role != Role::kAdmin || !request->tenant().empty()) {
+      ASSIGN_OR_RETURN(filter.tenant, TenantFor(caller, request->tenant()));
+    }
+    if (!request->pool().empty()) {
+      RETURN_IF_ERROR(manager_->FindPool(request->pool()).status());
+      filter.pool = request->pool();
+    }
+    if (watchers_.load(std::memory_order_relaxed) > kMaxWatchers) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the daemon serves at most ", kMaxWatchers, " event watchers"));
+    }
+    const KvEventLog& log = manager_->events();
+    const uint64_t start = request->start_sequence();
+    // Another epoch's numbers mean nothing here; a start ahead of the log is one too.
+    const bool need_snapshot = (request->epoch() != 0 && request->epoch() != manager_->epoch()) ||
+                               start > log.next_sequence() || start < log.first_sequence();
+    if (start < log.first_sequence() && request->epoch() == manager_->epoch()) {
+      manager_->events().CountDropped(KvEventSink::kGrpc, log.first_sequence() - start);
+    }
+    reactor->Start(start, need_snapshot, std::move(filter));
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) reactor->Reject(ToGrpcStatus(status));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvCacheService::PublishRendezvous(

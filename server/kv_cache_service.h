@@ -4,13 +4,15 @@
 // nothing blocks beyond a pool's short critical section, so handlers run inline on the callback
 // reactor.
 //
-// Roles: reader may Ping, ListPools, DescribePool, Lookup and GetStats (pool mappings are not
-// shown to it); worker may call everything within its tenant; admin may also name another
-// tenant (OpenSession, Lookup, GetStats) and sees whole-pool figures.
+// Roles: reader may Ping, ListPools, DescribePool, Lookup, GetStats, ListSessions and
+// WatchEvents (pool mappings are not shown to it); worker may call everything within its tenant;
+// admin may also name another tenant (OpenSession, Lookup, GetStats) and sees whole-pool figures.
 //
 // Thread safety: thread-safe (all state lives in the CacheManager).
 #ifndef KVCACHE_SERVER_KV_CACHE_SERVICE_H_
 #define KVCACHE_SERVER_KV_CACHE_SERVICE_H_
+
+#include <atomic>
 
 #include "cache/cache_manager.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -76,6 +78,11 @@ class KvCacheService final
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerWriteReactor<v1::WatchEventsResponse>* WatchEvents(
+      grpc::CallbackServerContext* context, const v1::WatchEventsRequest* request) override;
   grpc::ServerUnaryReactor* PublishRendezvous(grpc::CallbackServerContext* context,
                                               const v1::PublishRendezvousRequest* request,
                                               v1::PublishRendezvousResponse* response) override;
@@ -87,10 +94,14 @@ class KvCacheService final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request) override;
 
+  // Event watchers the daemon serves at once (each has a thread); more is RESOURCE_EXHAUSTED.
+  static constexpr int kMaxWatchers = 64;
+
  private:
   CacheManager* const manager_;
   const Authenticator* const authenticator_;
   const uint32_t max_chunk_bytes_;
+  std::atomic<int> watchers_{0};
 };
 
 }  // namespace kvcache

@@ -1,0 +1,178 @@
+#include "server/watch_events.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+namespace {
+
+// How long the thread waits for the log before it looks at cancellation again.
+constexpr absl::Duration kPollPeriod = absl::Milliseconds(200);
+
+void ToProto(const Hash128& hash, v1::BlockHash* out) {
+  out->set_hi(hash.hi);
+  out->set_lo(hash.lo);
+}
+
+}  // namespace
+
+void ToProto(const KvEvent& event, v1::KvEvent* out) {
+  out->set_sequence(event.sequence);
+  out->set_time_unix_micros(absl::ToUnixMicros(event.time));
+  switch (event.kind) {
+    case KvEventKind::kBlocksStored: {
+      v1::BlocksStored* stored = out->mutable_blocks_stored();
+      stored->set_pool(event.pool);
+      stored->set_tenant(event.tenant);
+      stored->set_medium(event.medium);
+      stored->set_block_size(event.block_size);
+      if (event.parent_hash.has_value()) ToProto(*event.parent_hash, stored->mutable_parent_hash());
+      for (const StoredBlock& block : event.blocks) {
+        v1::StoredBlock* stored_block = stored->add_blocks();
+        ToProto(block.hash, stored_block->mutable_hash());
+        stored_block->mutable_token_ids()->Add(block.token_ids.begin(), block.token_ids.end());
+        stored_block->set_extras_digest(block.extras_digest);
+      }
+      break;
+    }
+    case KvEventKind::kBlocksRemoved: {
+      v1::BlocksRemoved* removed = out->mutable_blocks_removed();
+      removed->set_pool(event.pool);
+      removed->set_tenant(event.tenant);
+      removed->set_medium(event.medium);
+      for (const Hash128& hash : event.removed) ToProto(hash, removed->add_hashes());
+      break;
+    }
+    case KvEventKind::kAllBlocksCleared:
+      out->mutable_all_blocks_cleared()->set_pool(event.pool);
+      break;
+  }
+}
+
+WatchEventsReactor::WatchEventsReactor(KvEventLog* log, uint64_t epoch, std::atomic<int>* active)
+    : log_(log), epoch_(epoch), active_(active) {}
+
+void WatchEventsReactor::Start(uint64_t start_sequence, bool need_snapshot, KvEventFilter filter) {
+  filter_ = std::move(filter);
+  thread_ =
+      std::thread([this, start_sequence, need_snapshot] { Run(start_sequence, need_snapshot); });
+}
+
+void WatchEventsReactor::Reject(const grpc::Status& status) { Finish(status); }
+
+bool WatchEventsReactor::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void WatchEventsReactor::OnCancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+}
+
+void WatchEventsReactor::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+  write_ok_ = ok;
+}
+
+bool WatchEventsReactor::WriteAndWait(const v1::WatchEventsResponse& response) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return false;
+    writing_ = true;
+  }
+  StartWrite(&response);
+  absl::MutexLock lock(&mu_);
+  auto written = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; };
+  mu_.Await(absl::Condition(&written));
+  return write_ok_ && !cancelled_;
+}
+
+std::optional<uint64_t> WatchEventsReactor::SendSnapshot(uint64_t resume_sequence) {
+  log_->CountSnapshot();
+  KvEventLog::Snapshot snapshot = log_->TakeSnapshot(filter_);
+  KvEvent cleared;
+  cleared.sequence = snapshot.next_sequence - 1;
+  cleared.kind = KvEventKind::kAllBlocksCleared;
+  cleared.pool = filter_.pool;
+  // Until the last message, next_sequence stays where the watcher came from: a stream cut
+  // during the snapshot resumes with a whole new one.
+  v1::WatchEventsResponse response;
+  response.set_epoch(epoch_);
+  response.set_snapshot(true);
+  response.set_next_sequence(resume_sequence);
+  ToProto(cleared, response.add_events());
+  for (const KvEvent& event : snapshot.events) {
+    if (static_cast<size_t>(response.events_size()) == kMaxEventsPerResponse) {
+      if (!WriteAndWait(response)) return std::nullopt;
+      response.clear_events();
+    }
+    ToProto(event, response.add_events());
+  }
+  response.set_next_sequence(snapshot.next_sequence);
+  if (!WriteAndWait(response)) return std::nullopt;
+  return snapshot.next_sequence;
+}
+
+void WatchEventsReactor::Run(uint64_t start_sequence, bool need_snapshot) {
+  uint64_t cursor = start_sequence;
+  bool snapshot = need_snapshot;
+  bool unsent_progress = false;  // the cursor passed events this watcher does not see
+  while (!cancelled()) {
+    if (snapshot) {
+      std::optional<uint64_t> next = SendSnapshot(cursor);
+      if (!next.has_value()) break;
+      cursor = *next;
+      snapshot = false;
+      continue;
+    }
+    KvEventLog::ReadResult read = log_->Read(cursor, kMaxEventsPerResponse);
+    if (read.lost) {
+      // Fell behind the buffer: the events in between are gone, the index is not.
+      log_->CountDropped(KvEventSink::kGrpc, log_->first_sequence() - cursor);
+      snapshot = true;
+      continue;
+    }
+    if (read.events.empty()) {
+      if (unsent_progress) {
+        v1::WatchEventsResponse progress;
+        progress.set_epoch(epoch_);
+        progress.set_next_sequence(cursor);
+        if (!WriteAndWait(progress)) break;
+        unsent_progress = false;
+      }
+      log_->WaitFor(cursor, kPollPeriod);
+      continue;
+    }
+    v1::WatchEventsResponse response;
+    response.set_epoch(epoch_);
+    for (const auto& event : read.events) {
+      if (filter_.Matches(*event)) ToProto(*event, response.add_events());
+    }
+    cursor = read.next_sequence;
+    if (response.events().empty()) {
+      unsent_progress = true;
+      continue;
+    }
+    response.set_next_sequence(cursor);
+    if (!WriteAndWait(response)) break;
+    unsent_progress = false;
+  }
+  Finish(cancelled() ? grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled")
+                     : grpc::Status(grpc::StatusCode::UNAVAILABLE, "the event stream broke"));
+}
+
+void WatchEventsReactor::OnDone() {
+  active_->fetch_sub(1, std::memory_order_relaxed);
+  if (thread_.joinable()) {
+    // gRPC may run OnDone inline in the thread's own Finish; then nothing follows it there.
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+  delete this;
+}
+
+}  // namespace kvcache
