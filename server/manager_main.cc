@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, identities, "",
           "'default', role worker");
 ABSL_FLAG(std::string, socket_mode, "0600",
           "permissions of the Unix socket, octal; wider than 0600 needs --identities");
+ABSL_FLAG(uint64_t, kv_events_buffer, 10000,
+          "KV events kept for watchers (WatchEvents, the ZeroMQ replay socket) to resume from; "
+          "one further behind gets a snapshot of the index");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
@@ -64,6 +67,7 @@ int Run() {
   }
   options.socket_mode = static_cast<mode_t>(socket_mode);
   options.device = absl::GetFlag(FLAGS_device);
+  options.kv_events_buffer = absl::GetFlag(FLAGS_kv_events_buffer);
   options.session_limits.default_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
   options.session_limits.min_ttl =

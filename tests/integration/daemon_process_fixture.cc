@@ -74,9 +74,11 @@ void DaemonProcessTest::TearDown() {
 }
 
 void DaemonProcessTest::StartDaemon() {
-  absl::StatusOr<Subprocess> daemon =
-      Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + target_,
-                         "--pool=" + pool_flag_, "--device=" + device_flag_, "--session_ttl=2s"});
+  std::vector<std::string> argv = {bin_dir_ + "/kvcache-manager", "--listen=" + target_,
+                                   "--pool=" + pool_flag_, "--device=" + device_flag_,
+                                   "--session_ttl=2s"};
+  argv.insert(argv.end(), extra_daemon_flags_.begin(), extra_daemon_flags_.end());
+  absl::StatusOr<Subprocess> daemon = Subprocess::Start(argv);
   ASSERT_OK(daemon);
   daemon_.emplace(*std::move(daemon));
   ASSERT_OK(daemon_->ReadLineStartingWith("kvcache-manager: listening on", kStartBound));

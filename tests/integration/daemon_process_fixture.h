@@ -75,6 +75,8 @@ class DaemonProcessTest : public ::testing::Test {
   std::string pool_name_ = "default";
   // The daemon's --device flag: "host" (shm pools) or "cuda:N" (device pools over CUDA IPC).
   std::string device_flag_ = "host";
+  // More kvcache-manager flags, set before StartDaemon.
+  std::vector<std::string> extra_daemon_flags_;
   std::string bin_dir_;
   std::string dir_;
   std::string socket_path_;
