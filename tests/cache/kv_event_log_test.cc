@@ -1,0 +1,295 @@
+// KvEventLog on its own (sequence, buffer, snapshot) and fed by a Pool: every hash that enters or
+// leaves the prefix index is reported once, in order, so a replay of the events answers every
+// prompt as the pool's own Lookup does.
+#include "cache/kv_event_log.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+#include "cache/pool.h"
+#include "tests/testing/event_index.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+Hash128 H(uint64_t n) { return Hash128{.hi = n * 7, .lo = n}; }
+
+StoredBlock Block(uint64_t n) {
+  return StoredBlock{.hash = H(n), .token_ids = {uint32_t(n), uint32_t(n + 1)}, .extras_digest = 0};
+}
+
+TEST(KvEventLogTest, StartsWithAllBlocksClearedAtZero) {
+  KvEventLog log;
+  EXPECT_EQ(log.next_sequence(), 1u);
+  EXPECT_EQ(log.first_sequence(), 0u);
+  KvEventLog::ReadResult read = log.Read(0, 10);
+  ASSERT_EQ(read.events.size(), 1u);
+  EXPECT_EQ(read.events[0]->sequence, 0u);
+  EXPECT_EQ(read.events[0]->kind, KvEventKind::kAllBlocksCleared);
+  EXPECT_EQ(read.events[0]->pool, "");
+  EXPECT_EQ(read.next_sequence, 1u);
+}
+
+TEST(KvEventLogTest, RemovalsAreGroupedByOwnerAndUnknownHashesDropped) {
+  KvEventLog log;
+  log.AddPool(0, "p", "CPU", 2);
+  log.BlocksStored(0, "a", std::nullopt, {Block(1), Block(2)});
+  log.BlocksStored(0, "b", std::nullopt, {Block(3)});
+  log.BlocksRemoved(0, {H(2), H(99), H(3), H(1)});
+  KvEventLog::ReadResult read = log.Read(1, 10);
+  ASSERT_EQ(read.events.size(), 4u);
+  EXPECT_EQ(read.events[0]->kind, KvEventKind::kBlocksStored);
+  EXPECT_EQ(read.events[0]->parent_hash, std::nullopt);
+  EXPECT_EQ(read.events[0]->blocks.size(), 2u);
+  EXPECT_EQ(read.events[0]->medium, "CPU");
+  EXPECT_EQ(read.events[0]->block_size, 2u);
+  EXPECT_EQ(read.events[2]->tenant, "a");
+  EXPECT_THAT(read.events[2]->removed, ElementsAre(H(2), H(1)));
+  EXPECT_EQ(read.events[3]->tenant, "b");
+  EXPECT_THAT(read.events[3]->removed, ElementsAre(H(3)));
+  EXPECT_EQ(log.indexed_blocks(), 0u);
+  // A hash removed again is not announced again.
+  log.BlocksRemoved(0, {H(1)});
+  EXPECT_EQ(log.next_sequence(), 5u);
+}
+
+TEST(KvEventLogTest, ABufferOverflowMakesOldStartsLost) {
+  KvEventLog log(/*capacity=*/3);
+  log.AddPool(0, "p", "CPU", 2);
+  for (uint64_t n = 1; n <= 5; ++n) log.BlocksStored(0, "a", std::nullopt, {Block(n)});
+  EXPECT_EQ(log.next_sequence(), 6u);
+  EXPECT_EQ(log.first_sequence(), 3u);
+  EXPECT_TRUE(log.Read(2, 10).lost);
+  KvEventLog::ReadResult read = log.Read(3, 2);
+  EXPECT_FALSE(read.lost);
+  ASSERT_EQ(read.events.size(), 2u);
+  EXPECT_EQ(read.events[1]->sequence, 4u);
+  EXPECT_EQ(read.next_sequence, 5u);
+  EXPECT_THAT(log.Read(6, 10).events, IsEmpty());
+}
+
+TEST(KvEventLogTest, WaitForWakesOnAppend) {
+  KvEventLog log;
+  log.AddPool(0, "p", "CPU", 2);
+  EXPECT_FALSE(log.WaitFor(1, absl::Milliseconds(10)));
+  std::thread appender([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    log.BlocksStored(0, "a", std::nullopt, {Block(1)});
+  });
+  EXPECT_TRUE(log.WaitFor(1, absl::Seconds(30)));
+  appender.join();
+}
+
+TEST(KvEventLogTest, SnapshotPutsParentsFirstAndFilters) {
+  KvEventLog log;
+  log.AddPool(0, "p", "CPU", 2);
+  log.AddPool(1, "q", "GPU", 2);
+  // A long chain stored in pieces, so the log's map order cannot match the chain's.
+  log.BlocksStored(0, "a", std::nullopt, {Block(1)});
+  for (uint64_t n = 2; n <= 40; ++n) log.BlocksStored(0, "a", H(n - 1), {Block(n)});
+  log.BlocksStored(0, "b", std::nullopt, {Block(100)});
+  log.BlocksStored(1, "a", std::nullopt, {Block(200)});
+
+  KvEventLog::Snapshot all = log.TakeSnapshot(KvEventFilter{});
+  EXPECT_EQ(all.next_sequence, log.next_sequence());
+  ASSERT_EQ(all.events.size(), 42u);
+  testing::EventIndex index;
+  for (const KvEvent& event : all.events) {
+    EXPECT_EQ(event.sequence, all.next_sequence - 1);
+    ASSERT_EQ(event.blocks.size(), 1u);
+    index.Store(event.pool, event.tenant, event.parent_hash, event.blocks[0].hash,
+                event.blocks[0].token_ids);
+  }
+  EXPECT_THAT(index.violations(), IsEmpty());
+
+  KvEventLog::Snapshot tenant_b = log.TakeSnapshot(KvEventFilter{.tenant = "b"});
+  ASSERT_EQ(tenant_b.events.size(), 1u);
+  EXPECT_EQ(tenant_b.events[0].blocks[0].hash, H(100));
+  KvEventLog::Snapshot pool_q = log.TakeSnapshot(KvEventFilter{.pool = "q"});
+  ASSERT_EQ(pool_q.events.size(), 1u);
+  EXPECT_EQ(pool_q.events[0].medium, "GPU");
+}
+
+TEST(KvEventLogTest, FilterLetsEveryoneSeeAClearOfAllPools) {
+  KvEvent cleared_all{.kind = KvEventKind::kAllBlocksCleared};
+  KvEvent stored{.kind = KvEventKind::kBlocksStored, .pool = "p", .tenant = "a"};
+  EXPECT_TRUE((KvEventFilter{.tenant = "b", .pool = "q"}).Matches(cleared_all));
+  EXPECT_TRUE((KvEventFilter{.tenant = "a"}).Matches(stored));
+  EXPECT_FALSE((KvEventFilter{.tenant = "b"}).Matches(stored));
+  EXPECT_FALSE((KvEventFilter{.pool = "q"}).Matches(stored));
+}
+
+// A Pool reporting into a log.
+class PoolEventsTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kBlockSize = 4;
+  static constexpr uint32_t kNumBlocks = 24;
+
+  void SetUp() override {
+    PoolOptions options;
+    options.name = "small";
+    options.model_id = "model";
+    options.layout = PoolLayout{.num_layers = 1,
+                                .num_kv_heads = 1,
+                                .head_dim = 4,
+                                .block_size = kBlockSize,
+                                .dtype = DType::kFloat32};
+    options.num_blocks = kNumBlocks;
+    auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
+    ASSERT_OK(memory);
+    log_.AddPool(0, options.name, "CPU", kBlockSize);
+    auto pool = Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, &log_, &clock_);
+    ASSERT_OK(pool);
+    pool_ = *std::move(pool);
+  }
+  void TearDown() override { EXPECT_OK(pool_->CheckInvariants()); }
+
+  // Opens, commits every full block and releases.
+  void Compute(const std::vector<uint32_t>& tokens) {
+    auto opened = pool_->Open(session_, SequenceSpec{.tokens = tokens});
+    ASSERT_OK(opened);
+    ASSERT_OK(pool_->Commit(session_, opened->sequence_id, tokens.size()));
+    ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  }
+
+  // Applies every event not applied yet.
+  void Replay() {
+    KvEventLog::ReadResult read = log_.Read(replayed_, 1 << 20);
+    ASSERT_FALSE(read.lost);
+    for (const auto& event : read.events) {
+      switch (event->kind) {
+        case KvEventKind::kBlocksStored: {
+          std::optional<Hash128> parent = event->parent_hash;
+          for (const StoredBlock& block : event->blocks) {
+            index_.Store(event->pool, event->tenant, parent, block.hash, block.token_ids);
+            parent = block.hash;
+          }
+          break;
+        }
+        case KvEventKind::kBlocksRemoved:
+          for (const Hash128& hash : event->removed) index_.Remove(event->pool, hash);
+          break;
+        case KvEventKind::kAllBlocksCleared:
+          index_.Clear(event->pool);
+          break;
+      }
+    }
+    replayed_ = read.next_sequence;
+  }
+
+  testing::FakeClock clock_;
+  KvEventLog log_;
+  std::unique_ptr<Pool> pool_;
+  Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  testing::EventIndex index_;
+  uint64_t replayed_ = 0;
+};
+
+std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
+  std::vector<uint32_t> tokens(n);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+TEST_F(PoolEventsTest, ACommitIsOneChainAndASharedPrefixIsNotAnnouncedAgain) {
+  const uint64_t start = log_.next_sequence();
+  Compute(Tokens(0, 3 * kBlockSize + 1));
+  KvEventLog::ReadResult first = log_.Read(start, 10);
+  ASSERT_EQ(first.events.size(), 1u);
+  const KvEvent& stored = *first.events[0];
+  EXPECT_EQ(stored.kind, KvEventKind::kBlocksStored);
+  EXPECT_EQ(stored.pool, "small");
+  EXPECT_EQ(stored.tenant, "tenant-a");
+  EXPECT_EQ(stored.parent_hash, std::nullopt);
+  ASSERT_EQ(stored.blocks.size(), 3u);
+  EXPECT_EQ(stored.blocks[1].token_ids, Tokens(kBlockSize, kBlockSize));
+
+  // The same two leading blocks, then two new ones: one event whose parent is block 1.
+  std::vector<uint32_t> longer = Tokens(0, 2 * kBlockSize);
+  const std::vector<uint32_t> tail = Tokens(1000, 2 * kBlockSize + 1);
+  longer.insert(longer.end(), tail.begin(), tail.end());
+  Compute(longer);
+  KvEventLog::ReadResult second = log_.Read(first.next_sequence, 10);
+  ASSERT_EQ(second.events.size(), 1u);
+  EXPECT_EQ(second.events[0]->parent_hash, stored.blocks[1].hash);
+  EXPECT_EQ(second.events[0]->blocks.size(), 2u);
+}
+
+TEST_F(PoolEventsTest, EvictionsAreRemovalsAndResidencyIsTimed) {
+  // Fill the pool with released chains, then one prompt that needs every block.
+  for (uint32_t i = 0; i < kNumBlocks / 4; ++i) {
+    Compute(Tokens(i * 100, 4 * kBlockSize));
+    clock_.Advance(absl::Seconds(1));
+  }
+  Replay();
+  EXPECT_EQ(index_.size(), kNumBlocks);
+  clock_.Advance(absl::Seconds(10));
+  Compute(Tokens(50000, kNumBlocks * kBlockSize - 1));
+  Replay();
+  EXPECT_THAT(index_.violations(), IsEmpty());
+  // Every block but the last (partial, never published) holds the new prompt.
+  EXPECT_EQ(index_.size(), kNumBlocks - 1);
+  const PoolStatsSnapshot stats = pool_->Stats();
+  EXPECT_EQ(stats.pool.evictions, kNumBlocks);
+  const HistogramSnapshot lifetime = pool_->residency().lifetime.Snapshot();
+  EXPECT_EQ(lifetime.count, kNumBlocks);
+  // Allocated 10 to 15 simulated seconds before their eviction.
+  EXPECT_GE(lifetime.sum, kNumBlocks * 10.0);
+  EXPECT_LE(lifetime.sum, kNumBlocks * 16.0);
+  EXPECT_EQ(pool_->residency().idle_before_evict.Snapshot().count, kNumBlocks);
+}
+
+TEST_F(PoolEventsTest, ReplayAnswersLikeLookupAfterARandomWorkload) {
+  std::mt19937 random(15);
+  // Prompts built from a few shared prefixes, so hits, resurrections and evictions all happen.
+  std::vector<std::vector<uint32_t>> prompts;
+  for (uint32_t p = 0; p < 40; ++p) {
+    std::vector<uint32_t> prompt = Tokens((p % 4) * 10000, (1 + p % 3) * kBlockSize);
+    const std::vector<uint32_t> tail = Tokens(p * 100 + 1, 1 + random() % (3 * kBlockSize));
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    prompts.push_back(std::move(prompt));
+  }
+  std::vector<uint64_t> held;  // sequences kept open a while: referenced blocks
+  for (int step = 0; step < 600; ++step) {
+    const std::vector<uint32_t>& prompt = prompts[random() % prompts.size()];
+    auto opened = pool_->Open(session_, SequenceSpec{.tokens = prompt});
+    if (!opened.ok()) {
+      ASSERT_EQ(opened.status().code(), absl::StatusCode::kResourceExhausted);
+    } else {
+      ASSERT_OK(pool_->Commit(session_, opened->sequence_id, prompt.size()));
+      held.push_back(opened->sequence_id);
+    }
+    while (held.size() > random() % 3) {
+      ASSERT_OK(pool_->Release(session_, held.front()));
+      held.erase(held.begin());
+    }
+    if (step % 50 == 0) {
+      Replay();
+      for (const auto& probe : prompts) {
+        auto lookup = pool_->Lookup(session_.tenant, SequenceSpec{.tokens = probe});
+        ASSERT_OK(lookup);
+        ASSERT_EQ(index_.CachedBlocks("small", session_.tenant, probe, kBlockSize),
+                  lookup->num_cached_blocks)
+            << "step " << step;
+      }
+    }
+  }
+  Replay();
+  EXPECT_THAT(index_.violations(), IsEmpty());
+  EXPECT_GT(pool_->Stats().pool.evictions, 50u);
+  EXPECT_GT(pool_->Stats().pool.resurrections, 10u);
+  // The log's own copy of the index is the pool's.
+  EXPECT_EQ(log_.indexed_blocks(), index_.size());
+  for (uint64_t id : held) ASSERT_OK(pool_->Release(session_, id));
+}
+
+}  // namespace
+}  // namespace kvcache
