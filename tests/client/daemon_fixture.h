@@ -78,14 +78,19 @@ class DaemonFixture : public ::testing::Test {
     DaemonOptions options;
     options.listen = address_;
     if (with_other_tenant_) {
-      // The test's own uid stays tenant "default"; kOtherTenantToken is tenant "globex".
-      std::string hex;
-      for (uint8_t byte : Sha256Of(kOtherTenantToken)) {
-        absl::StrAppend(&hex, absl::Hex(byte, absl::kZeroPad2));
-      }
+      // The test's own uid stays tenant "default"; kOtherTenantToken is tenant "globex",
+      // kAdminToken an admin (of tenant "ops").
+      const auto digest = [](absl::string_view token) {
+        std::string hex;
+        for (uint8_t byte : Sha256Of(token))
+          absl::StrAppend(&hex, absl::Hex(byte, absl::kZeroPad2));
+        return hex;
+      };
       options.identities_path = dir_ + "/identities";
-      std::ofstream(options.identities_path) << "uid " << getuid() << " default worker\n"
-                                             << "token globex sha256:" << hex << " globex worker\n";
+      std::ofstream(options.identities_path)
+          << "uid " << getuid() << " default worker\n"
+          << "token globex sha256:" << digest(kOtherTenantToken) << " globex worker\n"
+          << "token ops sha256:" << digest(kAdminToken) << " ops admin\n";
     }
     PoolOptions pool = DefaultPoolOptions();
     pool.num_blocks = kDefaultBlocks;
@@ -117,6 +122,13 @@ class DaemonFixture : public ::testing::Test {
     return Connect(std::move(options));
   }
 
+  // An admin of tenant "ops" (needs with_other_tenant_ set before SetUp).
+  std::unique_ptr<KvCacheClient> ConnectAsAdmin() {
+    ClientOptions options;
+    options.bearer_token = kAdminToken;
+    return Connect(std::move(options));
+  }
+
   // The principal that opened a live session (to end it from the daemon's side).
   std::string OwnerOf(uint64_t session_id) {
     absl::StatusOr<std::shared_ptr<Session>> session =
@@ -134,6 +146,7 @@ class DaemonFixture : public ::testing::Test {
   // second tenant, "globex", reached with kOtherTenantToken (ConnectAsOtherTenant).
   bool with_other_tenant_ = false;
   static constexpr char kOtherTenantToken[] = "globex-token-for-tests";
+  static constexpr char kAdminToken[] = "ops-admin-token-for-tests";
   std::string dir_;
   std::string address_;
   FakeClock clock_;  // the daemon's: declared first, so it outlives the daemon
