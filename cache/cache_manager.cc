@@ -9,9 +9,10 @@
 namespace kvcache {
 
 CacheManager::CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch,
-                           size_t event_log_capacity)
+                           size_t event_log_capacity, bool record_events)
     : epoch_(epoch),
       clock_(clock),
+      record_events_(record_events),
       events_(event_log_capacity, clock),
       sessions_(limits, clock, &quotas_) {}
 
@@ -37,7 +38,7 @@ absl::Status CacheManager::AddPool(const PoolOptions& options, std::unique_ptr<P
   const uint32_t pool_index = static_cast<uint32_t>(pools_.size());
   const std::string medium(KvEventMediumOf(memory == nullptr ? "" : memory->kind()));
   ASSIGN_OR_RETURN(auto pool, Pool::Create(options, pool_index, std::move(memory), device_faults_,
-                                           &quotas_, &events_, clock_));
+                                           &quotas_, record_events_ ? &events_ : nullptr, clock_));
   events_.AddPool(pool_index, options.name, medium, options.layout.block_size);
   pools_.push_back(std::move(pool));
   return absl::OkStatus();

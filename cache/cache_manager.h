@@ -38,8 +38,9 @@ namespace kvcache {
 class CacheManager {
  public:
   // `event_log_capacity`: how many KV events are kept for watchers to resume from.
+  // `record_events` false: pools report nothing to events() (the benchmarks' baseline).
   CacheManager(const SessionLimits& limits, const Clock* clock, uint64_t epoch,
-               size_t event_log_capacity = KvEventLog::kDefaultCapacity);
+               size_t event_log_capacity = KvEventLog::kDefaultCapacity, bool record_events = true);
   ~CacheManager();
 
   // A fresh nonzero epoch for a daemon start.
@@ -89,6 +90,7 @@ class CacheManager {
   const std::shared_ptr<DeviceFaultLatch> device_faults_ =  // own synchronization
       std::make_shared<DeviceFaultLatch>();
   const Clock* const clock_;
+  const bool record_events_;
   TenantQuotas quotas_;                       // own synchronization
   KvEventLog events_;                         // own synchronization; outlives the pools
   std::vector<std::unique_ptr<Pool>> pools_;  // constant once serving starts

@@ -111,8 +111,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.kv_events_buffer == 0) {
     return absl::InvalidArgumentError("the KV event buffer needs room for at least one event");
   }
-  daemon->manager_ = std::make_unique<CacheManager>(options.session_limits, options.clock, epoch,
-                                                    options.kv_events_buffer);
+  daemon->manager_ =
+      std::make_unique<CacheManager>(options.session_limits, options.clock, epoch,
+                                     options.kv_events_buffer, options.record_kv_events);
   if (!options.identities_path.empty()) RETURN_IF_ERROR(daemon->ReloadIdentities());
   for (const PoolOptions& pool : options.pools) {
     ASSIGN_OR_RETURN(std::unique_ptr<PoolMemory> memory,

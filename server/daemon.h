@@ -57,6 +57,8 @@ struct DaemonOptions {
   int max_message_bytes = 16 << 20;
   // KV events kept for WatchEvents watchers (and the ZeroMQ replay socket) to resume from.
   size_t kv_events_buffer = KvEventLog::kDefaultCapacity;
+  // False: pools report no KV events at all (the benchmarks' baseline; watchers see none).
+  bool record_kv_events = true;
   // Session leases expire on this clock; tests pass a FakeClock. Must outlive the daemon.
   const Clock* clock = RealClock::Get();
   // Test hook (fault injection): replaces each pool's memory, once created, with what it returns.
