@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
           libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libssl-dev
-          nlohmann-json3-dev python3 python3-xxhash ${EXTRA_PACKAGES:-})
+          nlohmann-json3-dev python3 python3-xxhash
+          grpc-proto python3-grpcio ${EXTRA_PACKAGES:-})
 
 missing=()
 for package in "${PACKAGES[@]}"; do

@@ -1,5 +1,7 @@
 #include "server/daemon.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
@@ -80,7 +82,43 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// Keeps a server builder from adding gRPC's reflection service, which registers itself with every
+// builder of the process: the health-only port must serve nothing but health.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return plugin->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
+
 }  // namespace
+
+absl::Status Daemon::StartHealthServer(const std::string& listen) {
+  grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<WithoutReflection>());
+  unimplemented_ = std::make_unique<grpc::CallbackGenericService>();
+  builder.RegisterCallbackGenericService(unimplemented_.get());
+  int bound_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  health_server_ = builder.BuildAndStart();
+  if (health_server_ == nullptr || bound_port == 0) {
+    health_server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen for health checks on ", listen));
+  }
+  health_address_ = listen;
+  if (absl::EndsWith(listen, ":0")) {
+    health_address_ = absl::StrCat(listen.substr(0, listen.size() - 1), bound_port);
+  }
+  absl::MutexLock lock(&health_mu_);
+  port_health_ = health_server_->GetHealthCheckService();
+  if (port_health_ != nullptr) port_health_->SetServingStatus(kServiceName, true);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   auto daemon = std::unique_ptr<Daemon>(new Daemon());
@@ -123,6 +161,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (!options.health_listen.empty()) {
+    RETURN_IF_ERROR(daemon->StartHealthServer(options.health_listen));
+  }
   grpc::ServerBuilder builder;
   int bound_port = 0;
   if (daemon->socket_path_.empty()) {
@@ -179,7 +221,10 @@ void Daemon::ReportNotServing() {
   absl::MutexLock lock(&health_mu_);
   // Every service, "" included. gRPC ignores updates after its own shutdown set NOT_SERVING.
   if (health_ != nullptr) health_->SetServingStatus(false);
+  if (port_health_ != nullptr) port_health_->SetServingStatus(false);
 }
+
+void Daemon::Drain() { ReportNotServing(); }
 
 void Daemon::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
@@ -191,6 +236,11 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   if (!socket_path_.empty()) unlink(socket_path_.c_str());
+  {
+    absl::MutexLock lock(&health_mu_);
+    port_health_ = nullptr;
+  }
+  if (health_server_ != nullptr) health_server_->Shutdown(std::chrono::system_clock::now());
 }
 
 Daemon::~Daemon() { Shutdown(absl::ZeroDuration()); }

@@ -1,7 +1,10 @@
-// Daemon: a CacheManager served over gRPC on one listen address, with health checking.
+// Daemon: a CacheManager served over gRPC on one listen address, with health checking and
+// server reflection (grpc.reflection.v1alpha, what gRPC 1.51 serves).
 // The gRPC health service (grpc.health.v1.Health) answers SERVING for "" and for
-// "kvcache.v1.KvCache" until a device fault latches in the manager (cache/device_fault_latch.h),
-// then NOT_SERVING for both, for good: a restart is the only repair.
+// "kvcache.v1.KvCache" until the daemon drains (Drain) or a device fault latches in the manager
+// (cache/device_fault_latch.h), then NOT_SERVING for both, for good: a restart is the only repair.
+// With health_listen the same statuses are served on a plaintext TCP port that serves nothing
+// else (no KvCache, no reflection): Kubernetes' grpc probes reach neither a Unix socket nor TLS.
 // Unix sockets are created owner-only (0600) in a directory the daemon makes owner-only if it is
 // missing; a wider socket_mode (for peers of other uids) needs an identity file, which then
 // authenticates them. TCP serves TLS (server certificate and key; with a client CA, mutual TLS
@@ -14,6 +17,7 @@
 #ifndef KVCACHE_SERVER_DAEMON_H_
 #define KVCACHE_SERVER_DAEMON_H_
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
 
@@ -43,6 +47,9 @@ struct TlsServerOptions {
 
 struct DaemonOptions {
   std::string listen = DefaultListenAddress();
+  // "HOST:PORT" of the health-only plaintext port; empty: none. Port 0 picks one
+  // (health_address() tells which).
+  std::string health_listen;
   bool allow_insecure_tcp = false;
   TlsServerOptions tls;
   // The identity file (auth/identity_file.h); empty: every caller is tenant "default", worker.
@@ -74,12 +81,18 @@ class Daemon {
   ~Daemon();
 
   const std::string& address() const { return address_; }
+  // "HOST:PORT" of the health-only port; empty without one.
+  const std::string& health_address() const { return health_address_; }
   CacheManager& manager() { return *manager_; }
   // Reads the identity file again and installs it with its quotas; on error the previous one
   // stays. FAILED_PRECONDITION when the daemon runs without one.
   absl::Status ReloadIdentities();
   void Wait() { server_->Wait(); }
+  // Reports NOT_SERVING for every service on both health services while the daemon keeps
+  // serving calls, so load balancers and kubelet stop sending new work before Shutdown.
+  void Drain();
   // Stops accepting calls, finishes those in flight (up to `grace`) and removes the socket file.
+  // The health-only port closes last, so probes see NOT_SERVING to the end.
   void Shutdown(absl::Duration grace = absl::Seconds(2));
 
  private:
@@ -87,8 +100,11 @@ class Daemon {
   // The manager's fault listener: reports NOT_SERVING. Runs on the thread that latched the fault
   // (a reactor); SetServingStatus only takes the health service's own short lock.
   void ReportNotServing();
+  // The health-only server on `listen`; sets health_address_.
+  absl::Status StartHealthServer(const std::string& listen);
 
   std::string address_;
+  std::string health_address_;
   std::string socket_path_;  // empty for TCP
   std::string identities_path_;
   std::unique_ptr<CacheManager> manager_;
@@ -97,12 +113,17 @@ class Daemon {
   // server_ so that it outlives every reactor that may report a fault.
   absl::Mutex health_mu_;
   grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(health_mu_) = nullptr;
+  grpc::HealthCheckServiceInterface* port_health_ ABSL_GUARDED_BY(health_mu_) = nullptr;
   // For a Unix socket; gRPC listens on TCP itself. Declared before the authenticator that asks
   // it for peers' credentials.
   std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Answers every call but health's on the health-only port UNIMPLEMENTED; gRPC also needs a
+  // callback service there to poll for calls at all.
+  std::unique_ptr<grpc::CallbackGenericService> unimplemented_;
+  std::unique_ptr<grpc::Server> health_server_;  // the health-only port, if any
 };
 
 }  // namespace kvcache

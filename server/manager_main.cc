@@ -24,6 +24,12 @@ ABSL_FLAG(
     "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
     "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]; "
     "default: one pool 'default' of 1024 blocks");
+ABSL_FLAG(std::string, health_listen, "",
+          "HOST:PORT of a plaintext TCP port that serves only grpc.health.v1.Health (for kubelet "
+          "grpc probes, which reach neither a Unix socket nor TLS); default: none");
+ABSL_FLAG(absl::Duration, drain_period, absl::Seconds(1),
+          "on SIGTERM/SIGINT, how long health reports NOT_SERVING while calls are still served, "
+          "so load balancers and kubelet stop sending new work before the daemon stops");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(10),
           "lease of a session that asks for no TTL of its own");
 ABSL_FLAG(absl::Duration, max_session_ttl, absl::Minutes(10),
@@ -54,6 +60,7 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   if (options.listen.empty()) options.listen = DefaultListenAddress();
   options.allow_insecure_tcp = absl::GetFlag(FLAGS_insecure);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.tls = TlsServerOptions{.cert_file = absl::GetFlag(FLAGS_tls_cert),
                                  .key_file = absl::GetFlag(FLAGS_tls_key),
                                  .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
@@ -98,6 +105,10 @@ int Run() {
   }
   std::printf("kvcache-manager: listening on %s, epoch %llu\n", (*daemon)->address().c_str(),
               static_cast<unsigned long long>((*daemon)->manager().epoch()));
+  if (!(*daemon)->health_address().empty()) {
+    std::printf("  health on %s (grpc.health.v1 only, plaintext)\n",
+                (*daemon)->health_address().c_str());
+  }
   for (Pool* pool : (*daemon)->manager().pools()) {
     const PoolOptions& pool_options = pool->options();
     std::printf("  pool '%s' model=%s %s blocks=%u block_bytes=%llu hash=%s memory=%s\n",
@@ -129,7 +140,14 @@ int Run() {
     }
     std::fflush(stdout);
   }
-  std::printf("kvcache-manager: signal %d, shutting down\n", signal_number);
+  const absl::Duration drain = absl::GetFlag(FLAGS_drain_period);
+  std::printf("kvcache-manager: signal %d, draining for %s\n", signal_number,
+              absl::FormatDuration(drain).c_str());
+  std::fflush(stdout);
+  (*daemon)->Drain();
+  absl::SleepFor(drain);
+  std::printf("kvcache-manager: shutting down\n");
+  std::fflush(stdout);
   (*daemon)->Shutdown();
   return 0;
 }
