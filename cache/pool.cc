@@ -546,6 +546,14 @@ PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   return stats;
 }
 
+std::vector<std::string> Pool::Tenants() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> names;
+  names.reserve(tenants_.size());
+  for (const TenantUsage& usage : tenants_) names.push_back(usage.name);
+  return names;
+}
+
 absl::Status Pool::CheckInvariants() const {
   absl::ReaderMutexLock lock(&mu_);
   RETURN_IF_ERROR(pool_.CheckInvariants());

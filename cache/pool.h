@@ -34,6 +34,7 @@
 #ifndef KVCACHE_CACHE_POOL_H_
 #define KVCACHE_CACHE_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -115,6 +116,14 @@ struct PoolResidency {
   Histogram reuse_gap{ResidencyBucketsSeconds()};
 };
 
+// Block bytes moved by the data streams (PutBlocks, GetBlocks), counted by the server.
+struct PoolTransferCounters {
+  std::atomic<uint64_t> put_bytes{0};
+  std::atomic<uint64_t> got_bytes{0};
+  std::atomic<uint64_t> put_failures{0};  // streams that ended with an error
+  std::atomic<uint64_t> get_failures{0};
+};
+
 struct LookupResult {
   uint32_t num_cached_blocks = 0;
   uint32_t num_cached_tokens = 0;
@@ -159,6 +168,8 @@ class Pool {
   const PoolOptions& options() const { return options_; }
   uint32_t pool_index() const { return pool_index_; }
   const PoolResidency& residency() const { return residency_; }
+  PoolTransferCounters& transfers() { return transfers_; }
+  const PoolTransferCounters& transfers() const { return transfers_; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   // The raw memory, for its description and for tests. Request paths move bytes with ReadBlock
   // and WriteBlock, which latch device faults.
@@ -192,6 +203,8 @@ class Pool {
   PoolStatsSnapshot Stats() const;
   // One tenant's share (see PoolStatsSnapshot); all zero but the capacity for a stranger.
   PoolStatsSnapshot Stats(absl::string_view tenant) const;
+  // Every tenant that has used the pool, in first-use order.
+  std::vector<std::string> Tenants() const;
   absl::Status CheckInvariants() const;
 
  private:
@@ -263,7 +276,8 @@ class Pool {
   TenantQuotas* const quotas_;                      // own synchronization
   KvEventLog* const events_;                        // own synchronization; may be null
   const Clock* const clock_;
-  PoolResidency residency_;  // own synchronization
+  PoolResidency residency_;         // own synchronization
+  PoolTransferCounters transfers_;  // own synchronization
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);

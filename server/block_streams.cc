@@ -126,6 +126,7 @@ absl::Status PutBlocksReactor::Complete() {
   ASSIGN_OR_RETURN(CommitResult committed,
                    pool_->Commit(*transfer_session_, sequence_id_,
                                  block_ids_.size() * pool_->options().layout.block_size));
+  pool_->transfers().put_bytes.fetch_add(verifier_->received_bytes(), std::memory_order_relaxed);
   reply_.set_num_blocks(block_ids_.size());
   reply_.set_num_already_cached(cached_blocks_);
   reply_.set_num_stored(committed.num_published_blocks);
@@ -176,6 +177,9 @@ absl::Status PutBlocksReactor::OnMessage() {
 
 void PutBlocksReactor::FinishWith(const absl::Status& status) {
   finished_ = true;
+  if (!status.ok() && pool_ != nullptr) {
+    pool_->transfers().put_failures.fetch_add(1, std::memory_order_relaxed);
+  }
   ReleaseSequence();
   if (status.ok()) {
     const std::string serialized = reply_.SerializeAsString();
@@ -286,6 +290,7 @@ void GetBlocksReactor::OnWriteDone(bool ok) {
     return;
   }
   if (sent_ == block_bytes_ * block_ids_.size()) {
+    completed_ = true;
     Finish(grpc::Status::OK);
     return;
   }
@@ -293,6 +298,10 @@ void GetBlocksReactor::OnWriteDone(bool ok) {
 }
 
 void GetBlocksReactor::OnDone() {
+  if (pool_ != nullptr) {
+    pool_->transfers().got_bytes.fetch_add(sent_, std::memory_order_relaxed);
+    if (!completed_) pool_->transfers().get_failures.fetch_add(1, std::memory_order_relaxed);
+  }
   if (sequence_id_ != 0) ReleaseTransferSequence(pool_, *transfer_session_, sequence_id_);
   delete this;
 }

@@ -92,6 +92,7 @@ class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   uint64_t block_bytes_ = 0;
   uint32_t chunk_bytes_ = 0;
   uint64_t sent_ = 0;
+  bool completed_ = false;  // every byte sent
 };
 
 }  // namespace kvcache

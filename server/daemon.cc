@@ -178,6 +178,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->service_ = std::make_unique<KvCacheService>(
       daemon->manager_.get(), daemon->authenticator_.get(), options.max_message_bytes);
   builder.RegisterService(daemon->service_.get());
+  if (!options.metrics_listen.empty()) {
+    daemon->rpc_metrics_ = std::make_unique<RpcMetrics>();
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(daemon->rpc_metrics_->InterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+    daemon->metrics_ =
+        std::make_shared<DaemonMetrics>(daemon->manager_.get(), daemon->rpc_metrics_.get());
+    try {
+      daemon->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
+    } catch (const std::exception& error) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", error.what()));
+    }
+    daemon->exposer_->RegisterCollectable(daemon->metrics_);
+    const std::vector<int> ports = daemon->exposer_->GetListeningPorts();
+    const size_t colon = options.metrics_listen.rfind(':');
+    daemon->metrics_address_ =
+        ports.empty() || colon == std::string::npos
+            ? options.metrics_listen
+            : absl::StrCat(options.metrics_listen.substr(0, colon + 1), ports[0]);
+  }
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
@@ -233,6 +254,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     absl::MutexLock lock(&health_mu_);
     health_ = nullptr;
   }
+  exposer_.reset();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   if (!socket_path_.empty()) unlink(socket_path_.c_str());

@@ -20,6 +20,7 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
+#include <prometheus/exposer.h>
 
 #include <functional>
 #include <memory>
@@ -35,6 +36,8 @@
 #include "common/rpc/listen_address.h"
 #include "server/authenticator.h"
 #include "server/kv_cache_service.h"
+#include "server/metrics.h"
+#include "server/rpc_metrics.h"
 #include "server/unix_listener.h"
 
 namespace kvcache {
@@ -50,6 +53,9 @@ struct DaemonOptions {
   // "HOST:PORT" of the health-only plaintext port; empty: none. Port 0 picks one
   // (health_address() tells which).
   std::string health_listen;
+  // "HOST:PORT" of the Prometheus /metrics HTTP port; empty: none (and no per-call RPC
+  // accounting). Port 0 picks one (metrics_address() tells which).
+  std::string metrics_listen;
   bool allow_insecure_tcp = false;
   TlsServerOptions tls;
   // The identity file (auth/identity_file.h); empty: every caller is tenant "default", worker.
@@ -83,6 +89,8 @@ class Daemon {
   const std::string& address() const { return address_; }
   // "HOST:PORT" of the health-only port; empty without one.
   const std::string& health_address() const { return health_address_; }
+  // "HOST:PORT" of /metrics; empty without it.
+  const std::string& metrics_address() const { return metrics_address_; }
   CacheManager& manager() { return *manager_; }
   // Reads the identity file again and installs it with its quotas; on error the previous one
   // stays. FAILED_PRECONDITION when the daemon runs without one.
@@ -105,6 +113,7 @@ class Daemon {
 
   std::string address_;
   std::string health_address_;
+  std::string metrics_address_;
   std::string socket_path_;  // empty for TCP
   std::string identities_path_;
   std::unique_ptr<CacheManager> manager_;
@@ -119,6 +128,10 @@ class Daemon {
   std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<KvCacheService> service_;
+  // With metrics_listen: the per-call accounting (an interceptor of server_) and the exposition.
+  std::unique_ptr<RpcMetrics> rpc_metrics_;
+  std::shared_ptr<DaemonMetrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> server_;
   // Answers every call but health's on the health-only port UNIMPLEMENTED; gRPC also needs a
   // callback service there to poll for calls at all.

@@ -434,6 +434,7 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
     if (start < log.first_sequence() && request->epoch() == manager_->epoch()) {
       manager_->events().CountDropped(KvEventSink::kGrpc, log.first_sequence() - start);
     }
+    if (start > 0 && !need_snapshot) manager_->events().CountReplay(KvEventSink::kGrpc);
     reactor->Start(start, need_snapshot, std::move(filter));
     return absl::OkStatus();
   }();

@@ -27,6 +27,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT of a plaintext TCP port that serves only grpc.health.v1.Health (for kubelet "
           "grpc probes, which reach neither a Unix socket nor TLS); default: none");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT: serve Prometheus /metrics over plain HTTP on its own port (e.g. "
+          "0.0.0.0:9400); default: off");
 ABSL_FLAG(absl::Duration, drain_period, absl::Seconds(1),
           "on SIGTERM/SIGINT, how long health reports NOT_SERVING while calls are still served, "
           "so load balancers and kubelet stop sending new work before the daemon stops");
@@ -61,6 +64,7 @@ int Run() {
   if (options.listen.empty()) options.listen = DefaultListenAddress();
   options.allow_insecure_tcp = absl::GetFlag(FLAGS_insecure);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tls = TlsServerOptions{.cert_file = absl::GetFlag(FLAGS_tls_cert),
                                  .key_file = absl::GetFlag(FLAGS_tls_key),
                                  .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
@@ -105,6 +109,9 @@ int Run() {
   }
   std::printf("kvcache-manager: listening on %s, epoch %llu\n", (*daemon)->address().c_str(),
               static_cast<unsigned long long>((*daemon)->manager().epoch()));
+  if (!(*daemon)->metrics_address().empty()) {
+    std::printf("  metrics on http://%s/metrics\n", (*daemon)->metrics_address().c_str());
+  }
   if (!(*daemon)->health_address().empty()) {
     std::printf("  health on %s (grpc.health.v1 only, plaintext)\n",
                 (*daemon)->health_address().c_str());

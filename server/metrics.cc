@@ -1,0 +1,234 @@
+#include "server/metrics.h"
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+namespace kvcache {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<ClientMetric::Label>;
+
+// Families in the order they are declared, each added to as the sources are read.
+class Exposition {
+ public:
+  // Declares a family; `Add*` then name it by the index returned.
+  size_t Family(std::string name, std::string help, MetricType type) {
+    families_.push_back(
+        MetricFamily{.name = std::move(name), .help = std::move(help), .type = type, .metric = {}});
+    return families_.size() - 1;
+  }
+  void Counter(size_t family, Labels labels, double value) {
+    ClientMetric metric;
+    metric.label = std::move(labels);
+    metric.counter.value = value;
+    families_[family].metric.push_back(std::move(metric));
+  }
+  void Gauge(size_t family, Labels labels, double value) {
+    ClientMetric metric;
+    metric.label = std::move(labels);
+    metric.gauge.value = value;
+    families_[family].metric.push_back(std::move(metric));
+  }
+  void Histogram(size_t family, Labels labels, const HistogramSnapshot& snapshot) {
+    ClientMetric metric;
+    metric.label = std::move(labels);
+    metric.histogram.sample_count = snapshot.count;
+    metric.histogram.sample_sum = snapshot.sum;
+    for (size_t i = 0; i < snapshot.upper_bounds.size(); ++i) {
+      metric.histogram.bucket.push_back(
+          ClientMetric::Bucket{.cumulative_count = snapshot.cumulative_counts[i],
+                               .upper_bound = snapshot.upper_bounds[i]});
+    }
+    families_[family].metric.push_back(std::move(metric));
+  }
+  // Families with no sample are left out: the text format wants none empty.
+  std::vector<MetricFamily> Take() {
+    std::vector<MetricFamily> families;
+    for (MetricFamily& family : families_) {
+      if (!family.metric.empty()) families.push_back(std::move(family));
+    }
+    return families;
+  }
+
+ private:
+  std::vector<MetricFamily> families_;
+};
+
+Labels PoolTenant(const std::string& pool, const std::string& tenant) {
+  return {{"pool", pool}, {"tenant", tenant}};
+}
+
+}  // namespace
+
+std::vector<MetricFamily> DaemonMetrics::Collect() const {
+  Exposition out;
+  const auto counter = MetricType::Counter;
+  const auto gauge = MetricType::Gauge;
+  const auto histogram = MetricType::Histogram;
+
+  // Pools, whole and per tenant.
+  const size_t queries =
+      out.Family("kvcache_prefix_cache_queries_total",
+                 "Prompt tokens asked for by OpenSequence (vLLM's prefix_cache_queries).", counter);
+  const size_t hits = out.Family(
+      "kvcache_prefix_cache_hits_total",
+      "Of those, tokens served from the cache: prefill saved (vLLM's prefix_cache_hits).", counter);
+  const size_t blocks = out.Family(
+      "kvcache_blocks",
+      "Blocks by state: free, evictable (unreferenced, still cached), referenced.", gauge);
+  const size_t capacity = out.Family("kvcache_blocks_capacity", "Blocks in the pool.", gauge);
+  const size_t usage = out.Family(
+      "kvcache_usage_ratio",
+      "Referenced blocks over capacity, 0 to 1 (vLLM's kv_cache_usage_perc): evictable blocks "
+      "count as free, since any allocation may take them.",
+      gauge);
+  const size_t referenced = out.Family("kvcache_tenant_referenced_blocks",
+                                       "Blocks held by the tenant's sequences.", gauge);
+  const size_t sequences =
+      out.Family("kvcache_open_sequences", "Sequences open in the pool.", gauge);
+  const size_t hit_blocks =
+      out.Family("kvcache_hit_blocks_total", "Blocks served from the cache on open.", counter);
+  const size_t miss_blocks =
+      out.Family("kvcache_miss_blocks_total", "Blocks freshly allocated on open.", counter);
+  const size_t evicted = out.Family(
+      "kvcache_evicted_blocks_total",
+      "Cached blocks evicted to make room (their hashes leave the index), by owning tenant.",
+      counter);
+  const size_t resurrected = out.Family(
+      "kvcache_resurrected_blocks_total",
+      "Hits on evictable blocks: soft-freed KV brought back before it was reused.", counter);
+  const size_t published =
+      out.Family("kvcache_published_blocks_total", "Blocks added to the prefix index.", counter);
+  const size_t duplicates = out.Family(
+      "kvcache_duplicate_blocks_total",
+      "Committed blocks whose hash was already indexed (computed twice; kept private).", counter);
+  const size_t lifetime = out.Family(
+      "kvcache_block_lifetime_seconds",
+      "Time from a block's allocation to its eviction (vLLM's kv_block_lifetime_seconds).",
+      histogram);
+  const size_t idle = out.Family(
+      "kvcache_block_idle_before_evict_seconds",
+      "Time from a block's last release to its eviction: how long soft-freed KV survives.",
+      histogram);
+  const size_t reuse =
+      out.Family("kvcache_block_reuse_gap_seconds",
+                 "Time between consecutive accesses (allocation or hit) of a block when it is hit.",
+                 histogram);
+  const size_t bytes = out.Family(
+      "kvcache_transfer_bytes_total",
+      "Block bytes received by PutBlocks (direction put) and sent by GetBlocks (get).", counter);
+  const size_t failures = out.Family(
+      "kvcache_transfer_failures_total",
+      "PutBlocks and GetBlocks streams that ended with an error or were cut off.", counter);
+  for (const Pool* pool : manager_->pools()) {
+    const std::string& name = pool->options().name;
+    const PoolStatsSnapshot whole = pool->Stats();
+    const double total = pool->options().num_blocks;
+    out.Gauge(blocks, {{"pool", name}, {"state", "free"}}, whole.free);
+    out.Gauge(blocks, {{"pool", name}, {"state", "evictable"}}, whole.evictable);
+    out.Gauge(blocks, {{"pool", name}, {"state", "referenced"}}, whole.referenced);
+    out.Gauge(capacity, {{"pool", name}}, total);
+    out.Gauge(usage, {{"pool", name}}, total == 0 ? 0 : whole.referenced / total);
+    for (const std::string& tenant : pool->Tenants()) {
+      const PoolStatsSnapshot share = pool->Stats(tenant);
+      out.Counter(queries, PoolTenant(name, tenant), share.prompt_tokens);
+      out.Counter(hits, PoolTenant(name, tenant), share.hit_tokens);
+      out.Gauge(referenced, PoolTenant(name, tenant), share.referenced);
+      out.Gauge(sequences, PoolTenant(name, tenant), share.open_sequences);
+      out.Counter(hit_blocks, PoolTenant(name, tenant), share.hit_blocks);
+      out.Counter(miss_blocks, PoolTenant(name, tenant), share.miss_blocks);
+      out.Counter(evicted, PoolTenant(name, tenant), share.pool.evictions);
+      out.Counter(resurrected, PoolTenant(name, tenant), share.pool.resurrections);
+      out.Counter(published, PoolTenant(name, tenant), share.pool.published);
+      out.Counter(duplicates, PoolTenant(name, tenant), share.pool.duplicates);
+    }
+    out.Histogram(lifetime, {{"pool", name}}, pool->residency().lifetime.Snapshot());
+    out.Histogram(idle, {{"pool", name}}, pool->residency().idle_before_evict.Snapshot());
+    out.Histogram(reuse, {{"pool", name}}, pool->residency().reuse_gap.Snapshot());
+    const PoolTransferCounters& transfers = pool->transfers();
+    out.Counter(bytes, {{"pool", name}, {"direction", "put"}}, transfers.put_bytes.load());
+    out.Counter(bytes, {{"pool", name}, {"direction", "get"}}, transfers.got_bytes.load());
+    out.Counter(failures, {{"pool", name}, {"direction", "put"}}, transfers.put_failures.load());
+    out.Counter(failures, {{"pool", name}, {"direction", "get"}}, transfers.get_failures.load());
+  }
+
+  // Sessions.
+  const size_t open = out.Family("kvcache_sessions_open", "Sessions (leases) open now.", gauge);
+  const size_t opened = out.Family("kvcache_sessions_opened_total", "Sessions opened.", counter);
+  const size_t closed =
+      out.Family("kvcache_sessions_closed_total", "Sessions closed by their client.", counter);
+  const size_t expired = out.Family(
+      "kvcache_sessions_expired_total",
+      "Sessions whose lease ran out (a client that died or stopped its keep-alives); their "
+      "sequences were released.",
+      counter);
+  for (const auto& [tenant, counts] : manager_->sessions().Counters()) {
+    out.Gauge(open, {{"tenant", tenant}}, counts.open);
+    out.Counter(opened, {{"tenant", tenant}}, counts.opened);
+    out.Counter(closed, {{"tenant", tenant}}, counts.closed);
+    out.Counter(expired, {{"tenant", tenant}}, counts.expired);
+  }
+
+  // RPCs.
+  const size_t requests = out.Family("kvcache_rpc_requests_total",
+                                     "Calls finished, by method and gRPC status code.", counter);
+  const size_t duration =
+      out.Family("kvcache_rpc_duration_seconds",
+                 "Time from a call's arrival to its status being sent (streams: their whole life).",
+                 histogram);
+  for (const auto& method : rpc_->methods()) {
+    uint64_t calls = 0;
+    for (int code = 0; code < kNumGrpcCodes; ++code) {
+      const uint64_t count = method->calls[code].load(std::memory_order_relaxed);
+      if (count == 0) continue;
+      calls += count;
+      out.Counter(requests, {{"method", method->label}, {"code", GrpcCodeName(code)}}, count);
+    }
+    if (calls > 0)
+      out.Histogram(duration, {{"method", method->label}}, method->duration.Snapshot());
+  }
+
+  // KV events.
+  const KvEventLog& events = manager_->events();
+  out.Counter(out.Family("kvcache_kv_events_published_total",
+                         "KV events appended to the daemon's one sequence (AllBlocksCleared at "
+                         "start included); WatchEvents and the ZeroMQ publisher carry them.",
+                         counter),
+              {}, events.next_sequence());
+  const size_t dropped = out.Family(
+      "kvcache_kv_events_dropped_total",
+      "Events a consumer missed because they left the buffer first (a watcher then gets a "
+      "snapshot; a ZeroMQ subscriber sees the gap).",
+      counter);
+  const size_t replays = out.Family(
+      "kvcache_kv_events_replay_requests_total",
+      "Replay requests served (ZeroMQ ROUTER socket) or watches resumed (gRPC).", counter);
+  for (const auto& [sink, label] :
+       {std::pair{KvEventSink::kGrpc, "grpc"}, std::pair{KvEventSink::kZmq, "zmq"}}) {
+    out.Counter(dropped, {{"sink", label}}, events.dropped(sink));
+    out.Counter(replays, {{"sink", label}}, events.replays(sink));
+  }
+  out.Counter(out.Family("kvcache_kv_events_snapshots_total",
+                         "Index snapshots sent to watchers that could not resume.", counter),
+              {}, events.snapshots());
+  out.Gauge(out.Family("kvcache_kv_events_indexed_blocks",
+                       "Blocks in the event log's copy of the prefix index (every pool).", gauge),
+            {}, events.indexed_blocks());
+  if (zmq_published_) {
+    out.Counter(out.Family("kvcache_kv_events_zmq_messages_total",
+                           "Messages sent by the ZeroMQ publisher (one per event).", counter),
+                {}, zmq_published_());
+  }
+
+  out.Gauge(
+      out.Family("kvcache_device_fault",
+                 "1 once a pool-memory fault has latched (the daemon must be restarted).", gauge),
+      {}, manager_->device_faults().status().ok() ? 0 : 1);
+  return out.Take();
+}
+
+}  // namespace kvcache
