@@ -1,0 +1,169 @@
+// Prometheus /metrics of a real kvcache-manager process, scraped over HTTP while client processes
+// work against it: prefix-cache hits and queries, resurrections, evictions and their residency,
+// bytes put and got, sessions closed and expired (a client killed), RPCs by method and code; and
+// the exposition passes `promtool check metrics`.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "tests/integration/daemon_process_fixture.h"
+#include "tests/testing/poll_until.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache::testing {
+namespace {
+
+// GET http://127.0.0.1:PORT/metrics; the body, or "" on any failure.
+std::string Scrape(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port)) {
+    return "";
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &address.sin_addr);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[65536];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The value of the sample `series` (name and labels exactly as exposed); -1 when absent.
+double Sample(const std::string& exposition, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (!absl::StartsWith(line, series) || line.size() <= series.size() ||
+        line[series.size()] != ' ') {
+      continue;
+    }
+    double value = -1;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
+  }
+  return -1;
+}
+
+class MetricsProcessTest : public DaemonProcessTest {
+ protected:
+  void SetUp() override {
+    DaemonProcessTest::SetUp();
+    extra_daemon_flags_ = {"--metrics_listen=127.0.0.1:0"};
+  }
+
+  void StartWithMetrics() {
+    ASSERT_NO_FATAL_FAILURE(StartDaemon());
+    absl::StatusOr<std::string> line =
+        daemon_->ReadLineStartingWith("  metrics on http://", kStartBound);
+    ASSERT_OK(line);
+    std::string address = line->substr(std::string("  metrics on http://").size());
+    address = address.substr(0, address.find('/'));
+    metrics_address_ = address;
+  }
+
+  double Now(const std::string& series) { return Sample(Scrape(metrics_address_), series); }
+
+  std::string metrics_address_;
+};
+
+TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExposition) {
+  StartWithMetrics();
+  const std::string tenant = R"(pool="default",tenant="default")";
+  const std::string before = Scrape(metrics_address_);
+  ASSERT_FALSE(before.empty());
+  EXPECT_EQ(Sample(before, "kvcache_blocks_capacity{pool=\"default\"}"), kPoolBlocks);
+  EXPECT_EQ(Sample(before, "kvcache_usage_ratio{pool=\"default\"}"), 0);
+
+  // Two full blocks computed, then hit: 32 of the second prompt's 40 tokens, both resurrected.
+  RunClient({"compute-and-commit", "default", "40", "1000"});
+  RunClient({"open-and-report", "default", "40", "1000"});
+  std::string now = Scrape(metrics_address_);
+  EXPECT_EQ(Sample(now, "kvcache_prefix_cache_queries_total{" + tenant + "}"), 80);
+  EXPECT_EQ(Sample(now, "kvcache_prefix_cache_hits_total{" + tenant + "}"), 32);
+  EXPECT_EQ(Sample(now, "kvcache_resurrected_blocks_total{" + tenant + "}"), 2);
+  EXPECT_EQ(Sample(now, "kvcache_published_blocks_total{" + tenant + "}"), 2);
+  EXPECT_EQ(Sample(now, "kvcache_sessions_closed_total{tenant=\"default\"}"), 2);
+  EXPECT_EQ(Sample(now, R"(kvcache_rpc_requests_total{method="OpenSequence",code="OK"})"), 2);
+  EXPECT_GE(Sample(now, R"(kvcache_rpc_duration_seconds_count{method="OpenSequence"})"), 2);
+  EXPECT_GE(Sample(now, "kvcache_kv_events_published_total"), 2);  // cleared + stored
+
+  // A prompt that needs every block evicts the two cached ones.
+  RunClient(
+      {"compute-and-commit", "default", std::to_string(kPoolBlocks * kBlockSize - 1), "50000"});
+  now = Scrape(metrics_address_);
+  EXPECT_EQ(Sample(now, "kvcache_evicted_blocks_total{" + tenant + "}"), 2);
+  EXPECT_EQ(Sample(now, "kvcache_block_lifetime_seconds_count{pool=\"default\"}"), 2);
+  EXPECT_EQ(Sample(now, "kvcache_block_idle_before_evict_seconds_count{pool=\"default\"}"), 2);
+
+  // Bytes through the data streams.
+  RunClient({"put-kv", "default", "48", "7000"});
+  RunClient({"get-kv", "default", "48", "7000"});
+  now = Scrape(metrics_address_);
+  const double block_bytes = 32768;  // the default layout's
+  EXPECT_EQ(Sample(now, R"(kvcache_transfer_bytes_total{pool="default",direction="put"})"),
+            3 * block_bytes);
+  EXPECT_EQ(Sample(now, R"(kvcache_transfer_bytes_total{pool="default",direction="get"})"),
+            3 * block_bytes);
+
+  // A client killed while holding a lease: its session expires, and the gauge drops back.
+  absl::StatusOr<Subprocess> holder = StartClient({"hold-and-hang", "default", "20", "900", "400"});
+  ASSERT_OK(holder);
+  ReadResult(*holder);
+  EXPECT_EQ(Now("kvcache_sessions_open{tenant=\"default\"}"), 1);
+  ASSERT_OK(holder->Signal(SIGKILL));
+  EXPECT_TRUE(
+      PollUntil([&] { return Now("kvcache_sessions_expired_total{tenant=\"default\"}") == 1; }));
+  EXPECT_EQ(Now("kvcache_sessions_open{tenant=\"default\"}"), 0);
+
+  // An error is counted under its code.
+  absl::StatusOr<Subprocess> lost = StartClient({"open-and-report", "no-such-pool", "20", "1"});
+  ASSERT_OK(lost);
+  ASSERT_OK(lost->Wait(kClientBound).status());
+  EXPECT_EQ(Now(R"(kvcache_rpc_requests_total{method="OpenSequence",code="NOT_FOUND"})"), 1);
+
+  // The exposition as Prometheus' own checker reads it.
+  const std::string path = dir_ + "/scrape.txt";
+  std::ofstream(path) << Scrape(metrics_address_);
+  const std::string command =
+      "promtool check metrics < " + path + " > " + dir_ + "/promtool.txt 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream report(dir_ + "/promtool.txt");
+  const std::string findings((std::istreambuf_iterator<char>(report)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_EQ(status, 0) << findings;
+  EXPECT_EQ(findings, "");
+  // Every family of ours has HELP, and every counter's name ends in _total.
+  const std::string final_scrape = Scrape(metrics_address_);
+  int families = 0;
+  for (absl::string_view line : absl::StrSplit(final_scrape, '\n')) {
+    if (!absl::StartsWith(line, "# TYPE kvcache_")) continue;
+    const std::vector<std::string> words = absl::StrSplit(line, ' ');
+    ASSERT_EQ(words.size(), 4u) << line;
+    const std::string& name = words[2];
+    EXPECT_TRUE(absl::StrContains(final_scrape, "# HELP " + name + " ")) << name;
+    if (words[3] == "counter") EXPECT_TRUE(absl::EndsWith(name, "_total")) << name;
+    ++families;
+  }
+  EXPECT_GE(families, 25);
+  StopDaemon();
+}
+
+}  // namespace
+}  // namespace kvcache::testing
