@@ -1,10 +1,19 @@
 // Control-plane rate and latency over gRPC: several concurrent clients on one channel to a real
 // daemon on a Unix socket, measuring an empty RPC (Ping) and the sequence calls in the same run.
-// Prints the ratio of each call's rate to Ping's. Usage: rpc_bench [seconds] [clients]
+// Prints the ratio of each call's rate to Ping's. Then the cost of being watched: the same calls
+// against a daemon that records no KV events and serves no metrics (the baseline) and against
+// one with KV events recorded and streamed to a WatchEvents watcher and /metrics scraped every
+// 100 ms, alternated twice, with the ratio of their call rates (the bar: >= 0.9x).
+// Usage: rpc_bench [seconds] [clients]
+#include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -76,11 +85,43 @@ void Timed(Samples* samples, Call call) {
   if (!status.ok()) ++samples->errors;
 }
 
-int Main(double seconds, int clients) {
+// One GET of http://HOST:PORT/metrics; the bytes read.
+size_t ScrapeOnce(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(std::atoi(host_port.c_str() + colon + 1)));
+  inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &address.sin_addr);
+  size_t total = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, request.data(), request.size()) > 0) {
+      char buffer[65536];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) total += n;
+    }
+  }
+  close(fd);
+  return total;
+}
+
+struct SuiteResult {
+  std::vector<Result> results;
+  double mix_rate = 0;
+  uint64_t events_watched = 0;
+  uint64_t scrapes = 0;
+};
+
+// The calls against a fresh daemon; `observed`: KV events recorded and watched, /metrics on and
+// scraped.
+SuiteResult RunSuite(double seconds, int clients, bool observed) {
   char dir_template[] = "/tmp/kvcache-bench-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   DaemonOptions options;
   options.listen = "unix://" + dir + "/kv.sock";
+  options.record_kv_events = observed;
+  if (observed) options.metrics_listen = "127.0.0.1:0";
   PoolOptions pool;
   pool.name = "bench";
   pool.model_id = "bench";
@@ -90,10 +131,33 @@ int Main(double seconds, int clients) {
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) {
     std::fprintf(stderr, "daemon: %s\n", daemon.status().ToString().c_str());
-    return 1;
+    std::exit(1);
   }
   auto channel = grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials());
   auto stub = v1::KvCache::NewStub(channel);
+
+  // The observers: a router's watcher on its own channel, and a Prometheus scraping often.
+  SuiteResult suite;
+  std::atomic<bool> stop_observers{false};
+  std::vector<std::thread> observers;
+  grpc::ClientContext watch_context;
+  if (observed) {
+    auto watch_channel = grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials());
+    observers.emplace_back([&, watch_channel] {
+      auto watch_stub = v1::KvCache::NewStub(watch_channel);
+      auto reader = watch_stub->WatchEvents(&watch_context, v1::WatchEventsRequest());
+      v1::WatchEventsResponse response;
+      while (reader->Read(&response)) suite.events_watched += response.events_size();
+      reader->Finish();
+    });
+    const std::string metrics_address = (*daemon)->metrics_address();
+    observers.emplace_back([&, metrics_address] {
+      while (!stop_observers.load()) {
+        if (ScrapeOnce(metrics_address) > 0) ++suite.scrapes;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
 
   std::vector<uint64_t> sessions;
   for (int i = 0; i < clients; ++i) {
@@ -101,7 +165,7 @@ int Main(double seconds, int clients) {
     v1::OpenSessionRequest request;
     request.set_ttl_ms(600000);
     v1::OpenSessionResponse response;
-    if (!stub->OpenSession(&context, request, &response).ok()) return 1;
+    if (!stub->OpenSession(&context, request, &response).ok()) std::exit(1);
     sessions.push_back(response.session_id());
   }
 
@@ -160,7 +224,7 @@ int Main(double seconds, int clients) {
       return stub->ReleaseSequence(&context, release, &response);
     });
   });
-  std::vector<Result> results = {
+  suite.results = {
       ping,
       Summarize("OpenSequence (256 tok)", open_samples, seconds),
       Summarize("CommitSequence", commit_samples, seconds),
@@ -171,6 +235,19 @@ int Main(double seconds, int clients) {
     loop_calls += open_samples[i].latencies_us.size() + commit_samples[i].latencies_us.size() +
                   release_samples[i].latencies_us.size();
   }
+  suite.mix_rate = loop_calls / seconds;
+  stop_observers = true;
+  watch_context.TryCancel();
+  for (std::thread& observer : observers) observer.join();
+  (*daemon)->Shutdown();
+  rmdir(dir.c_str());
+  return suite;
+}
+
+int Main(double seconds, int clients) {
+  const SuiteResult plain = RunSuite(seconds, clients, false);
+  const std::vector<Result>& results = plain.results;
+  const Result& ping = results[0];
 
   std::printf("control plane over gRPC: %d clients, one channel, unix socket, %.1f s per phase\n",
               clients, seconds);
@@ -185,10 +262,23 @@ int Main(double seconds, int clients) {
                 capacity, r.p50_us, r.p99_us, capacity / ping_capacity,
                 static_cast<unsigned long long>(r.errors));
   }
-  std::printf("%-24s %12.0f %12s %10s %10s %7.2fx\n", "open+commit+release mix",
-              loop_calls / seconds, "", "", "", loop_calls / seconds / ping.rate);
-  (*daemon)->Shutdown();
-  rmdir(dir.c_str());
+  std::printf("%-24s %12.0f %12s %10s %10s %7.2fx\n", "open+commit+release mix", plain.mix_rate, "",
+              "", "", plain.mix_rate / ping.rate);
+
+  // Watched vs not, alternated so that drift in the machine's speed hits both alike.
+  std::printf("\nKV events + metrics on vs off (open+commit+release mix, calls/s)\n");
+  std::printf("%-6s %12s %12s %8s %10s %8s\n", "round", "off", "on", "on/off", "events", "scrapes");
+  double off_total = plain.mix_rate, on_total = 0;
+  for (int round = 1; round <= 2; ++round) {
+    const SuiteResult on = RunSuite(seconds, clients, true);
+    const SuiteResult off = round == 1 ? plain : RunSuite(seconds, clients, false);
+    if (round == 2) off_total += off.mix_rate;
+    on_total += on.mix_rate;
+    std::printf("%-6d %12.0f %12.0f %7.2fx %10llu %8llu\n", round, off.mix_rate, on.mix_rate,
+                on.mix_rate / off.mix_rate, static_cast<unsigned long long>(on.events_watched),
+                static_cast<unsigned long long>(on.scrapes));
+  }
+  std::printf("%-6s %12.0f %12.0f %7.2fx\n", "total", off_total, on_total, on_total / off_total);
   return 0;
 }
 
