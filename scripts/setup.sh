@@ -8,7 +8,8 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
           libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libssl-dev
           nlohmann-json3-dev python3 python3-xxhash
-          grpc-proto python3-grpcio prometheus-cpp-dev prometheus ${EXTRA_PACKAGES:-})
+          grpc-proto python3-grpcio prometheus-cpp-dev prometheus
+          libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack ${EXTRA_PACKAGES:-})
 
 missing=()
 for package in "${PACKAGES[@]}"; do

@@ -160,6 +160,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));
   }
 
+  if (!options.kv_events.endpoint.empty()) {
+    ASSIGN_OR_RETURN(daemon->zmq_publisher_,
+                     ZmqEventPublisher::Start(&daemon->manager_->events(), options.kv_events));
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   if (!options.health_listen.empty()) {
@@ -183,8 +188,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
     creators.push_back(daemon->rpc_metrics_->InterceptorFactory());
     builder.experimental().SetInterceptorCreators(std::move(creators));
-    daemon->metrics_ =
-        std::make_shared<DaemonMetrics>(daemon->manager_.get(), daemon->rpc_metrics_.get());
+    Daemon* raw = daemon.get();
+    daemon->metrics_ = std::make_shared<DaemonMetrics>(
+        daemon->manager_.get(), daemon->rpc_metrics_.get(), [raw]() -> uint64_t {
+          return raw->zmq_publisher_ == nullptr ? 0 : raw->zmq_publisher_->published();
+        });
     try {
       daemon->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
     } catch (const std::exception& error) {
@@ -255,6 +263,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     health_ = nullptr;
   }
   exposer_.reset();
+  if (zmq_publisher_ != nullptr) zmq_publisher_->Stop();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   if (!socket_path_.empty()) unlink(socket_path_.c_str());

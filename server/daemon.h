@@ -34,6 +34,7 @@
 #include "cache/cache_manager.h"
 #include "common/clock.h"
 #include "common/rpc/listen_address.h"
+#include "events/zmq_publisher.h"
 #include "server/authenticator.h"
 #include "server/kv_cache_service.h"
 #include "server/metrics.h"
@@ -72,6 +73,9 @@ struct DaemonOptions {
   size_t kv_events_buffer = KvEventLog::kDefaultCapacity;
   // False: pools report no KV events at all (the benchmarks' baseline; watchers see none).
   bool record_kv_events = true;
+  // The ZeroMQ publisher of the KV events in vLLM's format (events/zmq_publisher.h); off when
+  // kv_events.endpoint is empty.
+  ZmqPublisherOptions kv_events;
   // Session leases expire on this clock; tests pass a FakeClock. Must outlive the daemon.
   const Clock* clock = RealClock::Get();
   // Test hook (fault injection): replaces each pool's memory, once created, with what it returns.
@@ -132,6 +136,7 @@ class Daemon {
   std::unique_ptr<RpcMetrics> rpc_metrics_;
   std::shared_ptr<DaemonMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<ZmqEventPublisher> zmq_publisher_;
   std::unique_ptr<grpc::Server> server_;
   // Answers every call but health's on the health-only port UNIMPLEMENTED; gRPC also needs a
   // callback service there to poll for calls at all.

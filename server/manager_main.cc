@@ -1,6 +1,7 @@
 // kvcache-manager: the KV-cache manager daemon. With no flags it serves one host-memory pool
 // ("default") on a Unix socket; see --help.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -49,6 +50,17 @@ ABSL_FLAG(std::string, identities, "",
           "'default', role worker");
 ABSL_FLAG(std::string, socket_mode, "0600",
           "permissions of the Unix socket, octal; wider than 0600 needs --identities");
+ABSL_FLAG(std::string, kv_events_endpoint, "",
+          "ZeroMQ endpoint of the KV-event PUB socket in vLLM's wire format, for llm-d and Dynamo "
+          "(e.g. tcp://*:5557; binds when it has '*', '::', ipc:// or inproc://, else connects, "
+          "as vLLM does); default: off");
+ABSL_FLAG(std::string, kv_events_replay_endpoint, "",
+          "ZeroMQ ROUTER endpoint where subscribers that saw a gap ask for the buffered events "
+          "(e.g. tcp://*:5558); default: none");
+ABSL_FLAG(std::string, kv_events_topic, "",
+          "topic frame of every KV-event message; default kv@<hostname>@<model of the first "
+          "pool>, llm-d's kv@<pod-id>@<model> (llm-d splits it on '@' into three parts, so "
+          "neither part may contain '@')");
 ABSL_FLAG(uint64_t, kv_events_buffer, 10000,
           "KV events kept for watchers (WatchEvents, the ZeroMQ replay socket) to resume from; "
           "one further behind gets a snapshot of the index");
@@ -79,6 +91,9 @@ int Run() {
   options.socket_mode = static_cast<mode_t>(socket_mode);
   options.device = absl::GetFlag(FLAGS_device);
   options.kv_events_buffer = absl::GetFlag(FLAGS_kv_events_buffer);
+  options.kv_events.endpoint = absl::GetFlag(FLAGS_kv_events_endpoint);
+  options.kv_events.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay_endpoint);
+  options.kv_events.topic = absl::GetFlag(FLAGS_kv_events_topic);
   options.session_limits.default_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
   options.session_limits.min_ttl =
@@ -93,6 +108,13 @@ int Run() {
     options.pools.push_back(*std::move(pool));
   }
   if (options.pools.empty()) options.pools.push_back(DefaultPoolOptions());
+  if (options.kv_events.topic.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const PoolOptions& first = options.pools.front();
+    options.kv_events.topic =
+        absl::StrCat("kv@", host, "@", first.model_id.empty() ? first.name : first.model_id);
+  }
 
   // Block the stop signals before any server thread exists, so only sigwait below sees them.
   sigset_t stop_signals;
@@ -109,6 +131,13 @@ int Run() {
   }
   std::printf("kvcache-manager: listening on %s, epoch %llu\n", (*daemon)->address().c_str(),
               static_cast<unsigned long long>((*daemon)->manager().epoch()));
+  if (!options.kv_events.endpoint.empty()) {
+    std::printf("  kv events: PUB %s, replay %s, topic %s\n", options.kv_events.endpoint.c_str(),
+                options.kv_events.replay_endpoint.empty()
+                    ? "off"
+                    : options.kv_events.replay_endpoint.c_str(),
+                options.kv_events.topic.c_str());
+  }
   if (!(*daemon)->metrics_address().empty()) {
     std::printf("  metrics on http://%s/metrics\n", (*daemon)->metrics_address().c_str());
   }
