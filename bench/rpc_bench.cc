@@ -2,9 +2,9 @@
 // daemon on a Unix socket, measuring an empty RPC (Ping) and the sequence calls in the same run.
 // Prints the ratio of each call's rate to Ping's. Then the cost of being watched: the same calls
 // against a daemon that records no KV events and serves no metrics (the baseline) and against
-// one with KV events recorded and streamed to a WatchEvents watcher and /metrics scraped every
-// 100 ms, alternated twice, with the ratio of their call rates (the issue's bar: >= 0.9x).
-// Usage: rpc_bench [seconds] [clients]
+// one with KV events recorded and streamed to a WatchEvents watcher and to a ZeroMQ subscriber,
+// and /metrics scraped every 100 ms, alternated twice, with the ratio of their call rates (the
+// issue's bar: >= 0.9x). Usage: rpc_bench [seconds] [clients]
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
@@ -21,6 +21,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/daemon.h"
@@ -110,6 +112,7 @@ struct SuiteResult {
   std::vector<Result> results;
   double mix_rate = 0;
   uint64_t events_watched = 0;
+  uint64_t zmq_messages = 0;
   uint64_t scrapes = 0;
 };
 
@@ -121,7 +124,11 @@ SuiteResult RunSuite(double seconds, int clients, bool observed) {
   DaemonOptions options;
   options.listen = "unix://" + dir + "/kv.sock";
   options.record_kv_events = observed;
-  if (observed) options.metrics_listen = "127.0.0.1:0";
+  if (observed) {
+    options.metrics_listen = "127.0.0.1:0";
+    options.kv_events.endpoint = "ipc://" + dir + "/events.sock";
+    options.kv_events.topic = "kv@bench@bench";
+  }
   PoolOptions pool;
   pool.name = "bench";
   pool.model_id = "bench";
@@ -149,6 +156,17 @@ SuiteResult RunSuite(double seconds, int clients, bool observed) {
       v1::WatchEventsResponse response;
       while (reader->Read(&response)) suite.events_watched += response.events_size();
       reader->Finish();
+    });
+    observers.emplace_back([&, endpoint = options.kv_events.endpoint] {
+      zmq::context_t context;
+      zmq::socket_t sub(context, zmq::socket_type::sub);
+      sub.set(zmq::sockopt::subscribe, "kv@");
+      sub.set(zmq::sockopt::rcvtimeo, 100);
+      sub.connect(endpoint);
+      while (!stop_observers.load()) {
+        std::vector<zmq::message_t> frames;
+        if (zmq::recv_multipart(sub, std::back_inserter(frames))) ++suite.zmq_messages;
+      }
     });
     const std::string metrics_address = (*daemon)->metrics_address();
     observers.emplace_back([&, metrics_address] {
@@ -267,15 +285,17 @@ int Main(double seconds, int clients) {
 
   // Watched vs not, alternated so that drift in the machine's speed hits both alike.
   std::printf("\nKV events + metrics on vs off (open+commit+release mix, calls/s)\n");
-  std::printf("%-6s %12s %12s %8s %10s %8s\n", "round", "off", "on", "on/off", "events", "scrapes");
+  std::printf("%-6s %12s %12s %8s %10s %10s %8s\n", "round", "off", "on", "on/off", "watched",
+              "zmq msgs", "scrapes");
   double off_total = plain.mix_rate, on_total = 0;
   for (int round = 1; round <= 2; ++round) {
     const SuiteResult on = RunSuite(seconds, clients, true);
     const SuiteResult off = round == 1 ? plain : RunSuite(seconds, clients, false);
     if (round == 2) off_total += off.mix_rate;
     on_total += on.mix_rate;
-    std::printf("%-6d %12.0f %12.0f %7.2fx %10llu %8llu\n", round, off.mix_rate, on.mix_rate,
+    std::printf("%-6d %12.0f %12.0f %7.2fx %10llu %10llu %8llu\n", round, off.mix_rate, on.mix_rate,
                 on.mix_rate / off.mix_rate, static_cast<unsigned long long>(on.events_watched),
+                static_cast<unsigned long long>(on.zmq_messages),
                 static_cast<unsigned long long>(on.scrapes));
   }
   std::printf("%-6s %12.0f %12.0f %7.2fx\n", "total", off_total, on_total, on_total / off_total);
