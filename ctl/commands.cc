@@ -235,6 +235,19 @@ bool Retryable(const absl::Status& status) {
   }
 }
 
+// Whether the watcher can resume from `response` (its next_sequence and epoch): after any live
+// response, and after the last message of a snapshot. A snapshot's events all carry its sequence
+// S, and only its last message moves next_sequence to S + 1; the others repeat the sequence the
+// watch stood at before it (`before`). When that is S + 1 itself (a restarted daemon that has
+// counted to the same number) the two cannot be told apart, and the message counts as not the
+// last: resuming from before it costs a repeated snapshot, never a missed block.
+bool Resumable(const v1::WatchEventsResponse& response, const ResumePoint& before) {
+  if (!response.snapshot()) return true;
+  if (response.events().empty()) return false;
+  const uint64_t after_snapshot = response.events(0).sequence() + 1;
+  return response.next_sequence() == after_snapshot && after_snapshot != before.sequence;
+}
+
 bool Interrupted(const CommandOptions& options) {
   return options.interrupted != nullptr && options.interrupted->load(std::memory_order_relaxed);
 }
@@ -250,15 +263,13 @@ bool SleepUnlessInterrupted(absl::Duration duration, const CommandOptions& optio
 }
 
 // `events`. The resume point is the last response's next_sequence and epoch, except inside a
-// snapshot: its messages keep next_sequence where the watch started until the last one, so a
-// watch cut (or stopped by --limit) there resumes from where it started, in the epoch it
-// started in, and the daemon sends a whole new snapshot. Stopping by --limit inside a live
-// response resumes right after the last event printed.
+// snapshot (see Resumable): a watch cut, or stopped by --limit, there resumes from where the
+// snapshot began, in that epoch, and the daemon sends a whole new snapshot. Stopping by --limit
+// inside a live response resumes right after the last event printed.
 //
 // Without --follow the command ends once no response arrives for options.idle: the daemon sends
 // what it holds at once, then only new events, so a quiet stream means "caught up". A snapshot
-// in progress (a snapshot message that did not advance next_sequence) is waited out for up to
-// the call timeout.
+// in progress is waited out for up to the call timeout.
 int RunEvents(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
               Streams streams) {
   ResumePoint resume{.sequence = options.from, .epoch = options.epoch};
@@ -316,9 +327,10 @@ int RunEvents(Connection& connection, const GlobalOptions& global, const Command
       last_response = absl::Now();
       backoff = options.min_backoff;
       const ResumePoint before = resume;
-      mid_snapshot = response.snapshot() && response.next_sequence() == before.sequence;
-      const ResumePoint after{.sequence = response.next_sequence(),
-                              .epoch = mid_snapshot ? before.epoch : response.epoch()};
+      mid_snapshot = !Resumable(response, before);
+      const ResumePoint after = mid_snapshot ? before
+                                             : ResumePoint{.sequence = response.next_sequence(),
+                                                           .epoch = response.epoch()};
       for (int i = 0; i < response.events_size(); ++i) {
         const v1::KvEvent& event = response.events(i);
         if (global.json) {

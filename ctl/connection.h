@@ -5,8 +5,9 @@
 //   - the grpc.health.v1.Health stub, which the daemon serves on the same listener.
 //
 // The channel is made as KvCacheClient::Connect makes its own: the same TLS (ClientTlsOptions),
-// message limits and reconnect backoff, and every call carries the bearer token. Connect keeps
-// its channel private, so the credential setup is repeated here; see ChannelFor.
+// message limits and reconnect backoff (but not its 100 ms connection-attempt timeout, see
+// connection.cc), and every call carries the bearer token. Connect keeps its channel private,
+// so the credential setup is repeated here; see ChannelFor.
 //
 // Error codes: Open answers INVALID_ARGUMENT for unusable options (TLS for a unix:// target, an
 // unreadable or non-PEM TLS file, a certificate without its key, a token a header cannot carry)
