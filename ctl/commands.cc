@@ -41,9 +41,11 @@ const std::vector<CommandSpec>& CommandList() {
       {"events",
        "[--from N] [--epoch E] [--pool P] [--tenant T] [--follow] [--limit N]",
        "KV events (WatchEvents), one line each. Without --follow: what the daemon holds now, "
-       "then exits once nothing arrives for 300 ms (a snapshot in progress is waited out). With "
+       "then exits once nothing arrives for 300 ms (a snapshot in progress is waited out; a "
+       "daemon that is never quiet that long needs --limit). With "
        "--follow: keeps streaming and resumes a broken stream where it left off (backoff "
-       "0.1 s doubling to 5 s). Always ends with \"resume with --from N --epoch E\" on stderr",
+       "0.1 s doubling to 5 s). Always ends, ^C included (exit 0), with \"resume with --from N "
+       "--epoch E\" on stderr",
        {"from", "epoch", "pool", "tenant", "follow", "limit"}},
       {"health",
        "[--service S]",
@@ -268,8 +270,10 @@ bool SleepUnlessInterrupted(absl::Duration duration, const CommandOptions& optio
 // inside a live response resumes right after the last event printed.
 //
 // Without --follow the command ends once no response arrives for options.idle: the daemon sends
-// what it holds at once, then only new events, so a quiet stream means "caught up". A snapshot
-// in progress is waited out for up to the call timeout.
+// what it holds at once, then only new events, so a quiet stream means "caught up" (the API
+// tells no head sequence to stop at). A snapshot in progress is waited out for up to the call
+// timeout. A daemon whose events never pause that long keeps the command printing: --limit
+// bounds it.
 int RunEvents(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
               Streams streams) {
   ResumePoint resume{.sequence = options.from, .epoch = options.epoch};
