@@ -48,26 +48,40 @@ class Daemon:
         self.log = open(os.path.join(directory, "daemon.log"), "ab")
         args = [binary("kvcache-manager"), "--listen", self.target,
                 "--pool", "default:blocks=%d" % POOL_BLOCKS]
-        # A colleague's flag: the health service on TCP too. Used where this build has it.
+        # The health service on a TCP port of its own too, where this build has the flag.
         help_text = subprocess.run([binary("kvcache-manager"), "--help"], capture_output=True,
                                    text=True, timeout=COMMAND_BOUND).stdout
-        if "--health_listen" in help_text:
+        with_health_port = "--health_listen" in help_text
+        if with_health_port:
             args += ["--health_listen", "127.0.0.1:0"]
+        self.health_target = None  # HOST:PORT of that port
+        self.terminated = False
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_BOUND
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError("kvcache-manager exited with %d" % self.process.returncode)
-            if os.path.exists(self.socket) and ctl(self.target, "health").returncode == 0:
+            if with_health_port and self.health_target is None:
+                with open(os.path.join(directory, "daemon.log")) as log:
+                    found = re.search(r"health on (\S+:\d+)", log.read())
+                self.health_target = found.group(1) if found else None
+            if (os.path.exists(self.socket) and ctl(self.target, "health").returncode == 0 and
+                    (self.health_target is not None or not with_health_port)):
                 return
             time.sleep(0.1)
         raise RuntimeError("kvcache-manager did not serve within %ss" % START_BOUND)
+
+    def terminate(self):
+        """SIGTERM without waiting: the daemon drains, then exits."""
+        self.process.send_signal(signal.SIGTERM)
+        self.terminated = True
 
     def stop(self):
         """SIGTERM, and waits for the exit: the daemon removes its socket as it goes, so a new
         one must not start on the same path before."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            if not self.terminated:
+                self.terminate()
             self.process.wait(timeout=COMMAND_BOUND)
         self.log.close()
 
@@ -136,14 +150,19 @@ class Watcher:
         try:
             self.process.wait(timeout=COMMAND_BOUND)
         finally:
-            self.kill()
-        self.reader.join(timeout=COMMAND_BOUND)
-        return self.process.returncode, self.process.stderr.read()
+            self.close()
+        return self.process.returncode, self.stderr
 
-    def kill(self):
+    def close(self):
+        """Kills kvcachectl if it still runs, and keeps what it wrote on stderr."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self.reader.join(timeout=COMMAND_BOUND)
+        if not self.process.stderr.closed:
+            self.stderr = self.process.stderr.read()
+            self.process.stderr.close()
+            self.process.stdout.close()
 
 
 def json_lines(text):
@@ -330,11 +349,15 @@ class KvcachectlTest(unittest.TestCase):
             self.assertEqual(event["num_blocks"], 3)
             code, stderr = watcher.interrupt()
         finally:
-            watcher.kill()
+            watcher.close()
         self.assertEqual(code, 0, stderr)
         self.assertEqual(resume_point(stderr)[0], event["sequence"] + 1)
 
     def test_health(self):
+        if self.daemon.health_target is not None:
+            over_tcp = ctl(self.daemon.health_target, "health")
+            self.assertEqual((over_tcp.returncode, over_tcp.stdout), (0, "SERVING\n"),
+                             over_tcp.stderr)
         done = self.run_ok("health")
         self.assertEqual(done.stdout, "SERVING\n")
         self.assertEqual(self.document("health"), {"service": "", "status": "SERVING"})
@@ -375,8 +398,30 @@ class KvcachectlTest(unittest.TestCase):
 
 
 class KvcachectlRestartTest(unittest.TestCase):
-    """events --follow across a daemon restart: it resumes by itself, and the new daemon's
-    snapshot (its epoch differs) brings it up to date."""
+    """Daemons that stop: events --follow across a restart (it resumes by itself, and the new
+    daemon's snapshot, its epoch differing, brings it up to date); health while draining."""
+
+    def test_health_reports_not_serving_while_draining(self):
+        with tempfile.TemporaryDirectory(prefix="kvcachectl_drain.") as directory:
+            daemon = Daemon(directory)
+            try:
+                if daemon.health_target is None:
+                    self.skipTest("kvcache-manager has no --health_listen")
+                serving = ctl(daemon.health_target, "health")
+                self.assertEqual((serving.returncode, serving.stdout), (0, "SERVING\n"),
+                                 serving.stderr)
+                # SIGTERM: health says NOT_SERVING (exit 4) for the drain period, then the port
+                # goes away.
+                daemon.terminate()
+                deadline = time.monotonic() + COMMAND_BOUND
+                while True:
+                    done = ctl(daemon.health_target, "--timeout", "1s", "health")
+                    if done.returncode != 0 or time.monotonic() > deadline:
+                        break
+                self.assertEqual((done.returncode, done.stdout), (4, "NOT_SERVING\n"),
+                                 done.stderr)
+            finally:
+                daemon.stop()
 
     def test_follow_resumes_after_a_restart(self):
         with tempfile.TemporaryDirectory(prefix="kvcachectl_restart.") as directory:
@@ -403,7 +448,7 @@ class KvcachectlRestartTest(unittest.TestCase):
                     self.assertTrue(all(e["kind"] == "BlocksStored" for e in after[1:]), after)
                     code, stderr = watcher.interrupt()
                 finally:
-                    watcher.kill()
+                    watcher.close()
                 self.assertEqual(code, 0, stderr)
                 self.assertIn("stream broke", stderr)
                 old_epoch = int(re.search(r"resuming with --from \d+ --epoch (\d+)",
