@@ -73,10 +73,36 @@ TEST(HelpTest, DemoListsItsFlagsWithDefaults) {
                     HasSubstr("default: \"default\"")));
 }
 
+// kvcachectl answers --help itself: its commands, exit codes and JSON conventions, then its
+// flags, and exits 0 (Abseil's --help exits 1, which kvcachectl keeps for a daemon's error).
+TEST(HelpTest, KvcachectlListsCommandsExitCodesAndFlags) {
+  const std::string help = absl::StrJoin(
+      absl::StrSplit(HelpOf("kvcachectl"), absl::ByAnyChar(" \n"), absl::SkipEmpty()), " ");
+  EXPECT_THAT(help, AllOf(HasSubstr("usage: kvcachectl [flags] COMMAND"), HasSubstr("pools"),
+                          HasSubstr("stats"), HasSubstr("sessions"), HasSubstr("lookup"),
+                          HasSubstr("events"), HasSubstr("health"), HasSubstr("exit codes"),
+                          HasSubstr("3 cannot reach the daemon"), HasSubstr("hex digits"),
+                          HasSubstr("-target"), HasSubstr("-json"), HasSubstr("-timeout"),
+                          HasSubstr("(default: 5s)"), HasSubstr("-follow"), HasSubstr("-from"),
+                          HasSubstr("-epoch"), HasSubstr("-tokens_file"), HasSubstr("-service")));
+
+  const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
+  ASSERT_NE(bin_dir, nullptr);
+  absl::StatusOr<Subprocess> child =
+      Subprocess::Start({std::string(bin_dir) + "/kvcachectl", "--help"});
+  ASSERT_OK(child);
+  while (child->ReadLine(absl::Seconds(30)).ok()) {
+  }
+  absl::StatusOr<int> wait_status = child->Wait(absl::Seconds(30));
+  ASSERT_OK(wait_status);
+  EXPECT_TRUE(WIFEXITED(*wait_status) && WEXITSTATUS(*wait_status) == 0)
+      << testing::DescribeWaitStatus(*wait_status);
+}
+
 // The clients' shared flags (client/client_flags.cc, listed as a *_flags.cc file) show in every
 // tool's --help, and the tenant defaults to the caller's own.
 TEST(HelpTest, ClientToolsListTheCredentialFlags) {
-  for (const char* binary : {"kvcache-demo", "kvcache-worker", "kvcache-pd"}) {
+  for (const char* binary : {"kvcache-demo", "kvcache-worker", "kvcache-pd", "kvcachectl"}) {
     // One line, single spaces: --help wraps descriptions where their length says.
     const std::string help = absl::StrJoin(
         absl::StrSplit(HelpOf(binary), absl::ByAnyChar(" \n"), absl::SkipEmpty()), " ");

@@ -1,0 +1,412 @@
+#include "ctl/commands.h"
+
+#include <algorithm>
+#include <deque>
+#include <istream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/read_file.h"
+#include "ctl/connection.h"
+#include "ctl/format.h"
+
+namespace kvcache::ctl {
+namespace {
+
+const std::vector<CommandSpec>& CommandList() {
+  static const auto* const commands = new std::vector<CommandSpec>{
+      {"pools", "", "every pool: layout, memory, block counts, hash algorithm", {}},
+      {"stats",
+       "[--pool P] [--tenant T]",
+       "per pool: prompt and hit tokens, hit ratio, block counts, evictions, resurrections, "
+       "published and duplicate blocks, open sequences; open sessions",
+       {"pool", "tenant"}},
+      {"sessions",
+       "[--tenant T]",
+       "open sessions: id (\"-\" when hidden), tenant, principal, client, TTL, expiry, sequences",
+       {"tenant"}},
+      {"lookup",
+       "--pool P [--salt S] [--tenant T] [--tokens_file F]",
+       "cached blocks and tokens of a prompt, read as decimal token ids (whitespace or comma "
+       "separated) from --tokens_file, or standard input when it is empty or \"-\"",
+       {"pool", "tenant", "salt", "tokens_file"}},
+      {"events",
+       "[--from N] [--epoch E] [--pool P] [--tenant T] [--follow] [--limit N]",
+       "KV events (WatchEvents), one line each. Without --follow: what the daemon holds now, "
+       "then exits once nothing arrives for 300 ms (a snapshot in progress is waited out; a "
+       "daemon that is never quiet that long needs --limit). With "
+       "--follow: keeps streaming and resumes a broken stream where it left off (backoff "
+       "0.1 s doubling to 5 s). Always ends, ^C included (exit 0), with \"resume with --from N "
+       "--epoch E\" on stderr",
+       {"from", "epoch", "pool", "tenant", "follow", "limit"}},
+      {"health",
+       "[--service S]",
+       "grpc.health.v1 Check: prints SERVING, NOT_SERVING or SERVICE_UNKNOWN (exit 0 only for "
+       "SERVING)",
+       {"service"}},
+  };
+  return *commands;
+}
+
+// Prints the one-line error of `command` and returns its exit code.
+int Fail(std::ostream& err, absl::string_view command, const absl::Status& status,
+         bool connecting = false) {
+  err << "kvcachectl: " << command << ": " << absl::StatusCodeToString(status.code()) << ": "
+      << status.message() << "\n";
+  return ExitCodeFor(status, connecting);
+}
+
+int Usage(std::ostream& err, absl::string_view command, absl::string_view message) {
+  err << "kvcachectl: " << command << ": " << message << " (see kvcachectl --help)\n";
+  return kExitUsage;
+}
+
+void PrintJson(std::ostream& out, const Json& document) { out << document.dump(2) << "\n"; }
+
+absl::StatusOr<std::unique_ptr<Connection>> Connect(const GlobalOptions& global) {
+  return Connection::Open(global.target, global.client);
+}
+
+int RunPools(Connection& connection, const GlobalOptions& global, Streams streams) {
+  absl::StatusOr<std::vector<KvCacheClient::PoolInfo>> pools = connection.client().ListPools();
+  if (!pools.ok()) return Fail(streams.err, "pools", pools.status());
+  std::vector<KvCacheClient::PoolDescription> described;
+  for (const KvCacheClient::PoolInfo& pool : *pools) {
+    absl::StatusOr<KvCacheClient::PoolDescription> description =
+        connection.client().DescribePool(pool.name);
+    if (!description.ok()) return Fail(streams.err, "pools", description.status());
+    described.push_back(*std::move(description));
+  }
+  if (global.json) {
+    PrintJson(streams.out, PoolsJson(described));
+  } else {
+    streams.out << PoolsTable(described).Render();
+  }
+  return kExitOk;
+}
+
+int RunStats(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
+             Streams streams) {
+  absl::StatusOr<v1::GetStatsResponse> stats = connection.GetStats(options.pool, options.tenant);
+  if (!stats.ok()) return Fail(streams.err, "stats", stats.status());
+  if (global.json) {
+    PrintJson(streams.out, StatsJson(*stats));
+  } else {
+    streams.out << StatsTable(*stats).Render() << "\nopen sessions: " << stats->open_sessions()
+                << "\n";
+  }
+  return kExitOk;
+}
+
+int RunSessions(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
+                Streams streams) {
+  absl::StatusOr<std::vector<KvCacheClient::ListedSession>> sessions =
+      connection.client().ListSessions(options.tenant);
+  if (!sessions.ok()) return Fail(streams.err, "sessions", sessions.status());
+  if (global.json) {
+    PrintJson(streams.out, SessionsJson(*sessions));
+  } else {
+    streams.out << SessionsTable(*sessions).Render();
+  }
+  return kExitOk;
+}
+
+// The tokens of `lookup`, from --tokens_file or standard input. INVALID_ARGUMENT when they
+// cannot be read or parsed.
+absl::StatusOr<std::vector<uint32_t>> ReadTokens(const CommandOptions& options, Streams streams) {
+  std::string text;
+  if (options.tokens_file.empty() || options.tokens_file == "-") {
+    text.assign(std::istreambuf_iterator<char>(streams.in), std::istreambuf_iterator<char>());
+    if (streams.in.bad()) return absl::InvalidArgumentError("cannot read standard input");
+  } else {
+    absl::StatusOr<std::string> file = ReadFileToString(options.tokens_file);
+    if (!file.ok()) return absl::InvalidArgumentError(file.status().message());
+    text = *std::move(file);
+  }
+  return ParseTokens(text);
+}
+
+int RunLookup(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
+              const std::vector<uint32_t>& tokens, Streams streams) {
+  absl::StatusOr<KvCacheClient::LookupResult> result =
+      connection.client().Lookup(options.pool, options.tenant, tokens, options.salt);
+  if (!result.ok()) return Fail(streams.err, "lookup", result.status());
+  const LookupReport report{.pool = options.pool, .num_tokens = tokens.size(), .result = *result};
+  if (global.json) {
+    PrintJson(streams.out, LookupJson(report));
+  } else {
+    streams.out << LookupTable(report).Render();
+  }
+  return kExitOk;
+}
+
+int RunHealth(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
+              Streams streams) {
+  absl::StatusOr<HealthStatus> health = connection.CheckHealth(options.service);
+  if (!health.ok()) return Fail(streams.err, "health", health.status());
+  const absl::string_view name = HealthStatusName(*health);
+  if (global.json) {
+    PrintJson(streams.out, HealthJson(options.service, name));
+  } else {
+    streams.out << name << "\n";
+  }
+  return *health == HealthStatus::kServing ? kExitOk : kExitNotServing;
+}
+
+// Reads one EventWatch on a thread of its own, so the command can wait for the next response
+// with a timeout (EventWatch::Next blocks) and notice a signal meanwhile. Holds at most
+// kMaxQueued responses: a slow reader of our stdout slows the stream instead of growing memory.
+class WatchReader {
+ public:
+  using Item = absl::StatusOr<v1::WatchEventsResponse>;
+
+  explicit WatchReader(std::unique_ptr<EventWatch> watch)
+      : watch_(std::move(watch)), thread_([this] { Loop(); }) {}
+  ~WatchReader() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    watch_->Cancel();
+    thread_.join();
+  }
+
+  // The next response or the stream's final status; nullopt if none came within `timeout`.
+  std::optional<Item> Next(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) return std::nullopt;
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    return item;
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 16;
+
+  void Loop() {
+    for (;;) {
+      Item item = watch_->Next();
+      const bool last = !item.ok();
+      absl::MutexLock lock(&mu_);
+      auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || queue_.size() < kMaxQueued;
+      };
+      mu_.Await(absl::Condition(&room));
+      if (stopping_) return;
+      queue_.push_back(std::move(item));
+      if (last) return;
+    }
+  }
+
+  const std::unique_ptr<EventWatch> watch_;
+  absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the members it uses exist
+};
+
+// Where a later `events --from N --epoch E` picks up.
+struct ResumePoint {
+  uint64_t sequence = 0;
+  uint64_t epoch = 0;
+};
+
+// Errors after which the same watch may succeed later: the daemon went away or restarted, the
+// network broke, the daemon was at its watcher limit.
+bool Retryable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether the watcher can resume from `response` (its next_sequence and epoch): after any live
+// response, and after the last message of a snapshot. A snapshot's events all carry its sequence
+// S, and only its last message moves next_sequence to S + 1; the others repeat the sequence the
+// watch stood at before it (`before`). When that is S + 1 itself (a restarted daemon that has
+// counted to the same number) the two cannot be told apart, and the message counts as not the
+// last: resuming from before it costs a repeated snapshot, never a missed block.
+bool Resumable(const v1::WatchEventsResponse& response, const ResumePoint& before) {
+  if (!response.snapshot()) return true;
+  if (response.events().empty()) return false;
+  const uint64_t after_snapshot = response.events(0).sequence() + 1;
+  return response.next_sequence() == after_snapshot && after_snapshot != before.sequence;
+}
+
+bool Interrupted(const CommandOptions& options) {
+  return options.interrupted != nullptr && options.interrupted->load(std::memory_order_relaxed);
+}
+
+// Sleeps `duration` in short steps; false if interrupted meanwhile.
+bool SleepUnlessInterrupted(absl::Duration duration, const CommandOptions& options) {
+  const absl::Time end = absl::Now() + duration;
+  while (absl::Now() < end) {
+    if (Interrupted(options)) return false;
+    absl::SleepFor(std::min(absl::Milliseconds(50), end - absl::Now()));
+  }
+  return !Interrupted(options);
+}
+
+// `events`. The resume point is the last response's next_sequence and epoch, except inside a
+// snapshot (see Resumable): a watch cut, or stopped by --limit, there resumes from where the
+// snapshot began, in that epoch, and the daemon sends a whole new snapshot. Stopping by --limit
+// inside a live response resumes right after the last event printed.
+//
+// Without --follow the command ends once no response arrives for options.idle: the daemon sends
+// what it holds at once, then only new events, so a quiet stream means "caught up" (the API
+// tells no head sequence to stop at). A snapshot in progress is waited out for up to the call
+// timeout. A daemon whose events never pause that long keeps the command printing: --limit
+// bounds it.
+int RunEvents(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
+              Streams streams) {
+  ResumePoint resume{.sequence = options.from, .epoch = options.epoch};
+  if (resume.epoch == 0) {
+    // 0 means "the daemon's own": learn which, so the resume line names it.
+    absl::StatusOr<uint64_t> epoch = connection.client().Ping();
+    if (!epoch.ok()) return Fail(streams.err, "events", epoch.status());
+    resume.epoch = *epoch;
+  }
+  auto finish = [&](int code) {
+    streams.out.flush();
+    streams.err << "kvcachectl: events: resume with --from " << resume.sequence << " --epoch "
+                << resume.epoch << "\n";
+    return code;
+  };
+  StreamTable table = EventsTable();
+  if (!global.json) streams.out << table.Header() << std::flush;
+
+  uint64_t printed = 0;
+  absl::Duration backoff = options.min_backoff;
+  for (;;) {
+    WatchReader reader(connection.client().WatchEvents({.start_sequence = resume.sequence,
+                                                        .epoch = resume.epoch,
+                                                        .tenant = options.tenant,
+                                                        .pool = options.pool}));
+    bool mid_snapshot = false;
+    absl::Time last_response = absl::Now();
+    bool broken = false;
+    while (!broken) {
+      if (Interrupted(options)) return finish(kExitOk);
+      std::optional<WatchReader::Item> item = reader.Next(absl::Milliseconds(50));
+      if (!item.has_value()) {
+        const absl::Duration quiet = absl::Now() - last_response;
+        if (!options.follow && quiet >= (mid_snapshot ? global.client.rpc_timeout : options.idle)) {
+          return finish(kExitOk);
+        }
+        continue;
+      }
+      if (!item->ok()) {
+        const absl::Status& status = item->status();
+        if (!options.follow || !Retryable(status)) {
+          Fail(streams.err, "events", status);
+          return finish(kExitDaemonError);
+        }
+        streams.err << "kvcachectl: events: stream broke ("
+                    << absl::StatusCodeToString(status.code()) << ": " << status.message()
+                    << "); resuming with --from " << resume.sequence << " --epoch " << resume.epoch
+                    << " in " << absl::FormatDuration(backoff) << "\n";
+        if (!SleepUnlessInterrupted(backoff, options)) return finish(kExitOk);
+        backoff = std::min(backoff * 2, options.max_backoff);
+        broken = true;
+        continue;
+      }
+      const v1::WatchEventsResponse& response = **item;
+      last_response = absl::Now();
+      backoff = options.min_backoff;
+      const ResumePoint before = resume;
+      mid_snapshot = !Resumable(response, before);
+      const ResumePoint after = mid_snapshot ? before
+                                             : ResumePoint{.sequence = response.next_sequence(),
+                                                           .epoch = response.epoch()};
+      for (int i = 0; i < response.events_size(); ++i) {
+        const v1::KvEvent& event = response.events(i);
+        if (global.json) {
+          streams.out << EventJson(event).dump() << "\n";
+        } else {
+          streams.out << table.Row(EventCells(event));
+        }
+        if (options.limit != 0 && ++printed == options.limit) {
+          if (i + 1 == response.events_size()) {
+            resume = after;
+          } else if (!response.snapshot()) {
+            resume = {.sequence = event.sequence() + 1, .epoch = response.epoch()};
+          }  // else: inside a snapshot, resume where this response found us
+          return finish(kExitOk);
+        }
+      }
+      resume = after;
+      streams.out.flush();
+    }
+  }
+}
+
+}  // namespace
+
+absl::Span<const CommandSpec> Commands() { return CommandList(); }
+
+const CommandSpec* FindCommand(absl::string_view name) {
+  for (const CommandSpec& spec : CommandList()) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+int ExitCodeFor(const absl::Status& status, bool connecting) {
+  if (status.ok()) return kExitOk;
+  if (connecting) {
+    switch (status.code()) {
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kDeadlineExceeded:
+        return kExitUnreachable;
+      case absl::StatusCode::kInvalidArgument:
+        return kExitUsage;
+      default:
+        break;
+    }
+  }
+  return kExitDaemonError;
+}
+
+int RunCommand(absl::string_view command, const GlobalOptions& global,
+               const CommandOptions& options, Streams streams) {
+  if (FindCommand(command) == nullptr) {
+    return Usage(streams.err, command, "unknown command");
+  }
+  // Input is checked before connecting: a usage error never waits for a daemon.
+  std::vector<uint32_t> tokens;
+  if (command == "lookup") {
+    if (options.pool.empty()) return Usage(streams.err, command, "--pool is required");
+    absl::StatusOr<std::vector<uint32_t>> read = ReadTokens(options, streams);
+    if (!read.ok()) return Usage(streams.err, command, read.status().message());
+    tokens = *std::move(read);
+  }
+  absl::StatusOr<std::unique_ptr<Connection>> connection = Connect(global);
+  if (!connection.ok()) {
+    return Fail(streams.err, command, connection.status(), /*connecting=*/true);
+  }
+  if (command == "pools") return RunPools(**connection, global, streams);
+  if (command == "stats") return RunStats(**connection, global, options, streams);
+  if (command == "sessions") return RunSessions(**connection, global, options, streams);
+  if (command == "lookup") return RunLookup(**connection, global, options, tokens, streams);
+  if (command == "events") return RunEvents(**connection, global, options, streams);
+  return RunHealth(**connection, global, options, streams);
+}
+
+}  // namespace kvcache::ctl

@@ -1,0 +1,260 @@
+// kvcachectl: the operator's command line for a running kvcache daemon (pools, stats, sessions,
+// lookup, events, health). Commands and output are in ctl/commands.h and ctl/format.h; this file
+// defines the flags, the help text, and turns flag mistakes into exit code 2 (Abseil's parser
+// exits 1, which kvcachectl reserves for the daemon's errors).
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "client/client_flags.h"
+#include "common/command_line.h"
+#include "common/rpc/listen_address.h"
+#include "ctl/commands.h"
+
+// Global flags.
+ABSL_FLAG(
+    std::string, target, "",
+    "daemon address: unix:///path/kv.sock or HOST:PORT; default: the daemon's default "
+    "socket (unix://$XDG_RUNTIME_DIR/kvcache/kv.sock, else unix:///tmp/kvcache-$UID/kv.sock)");
+ABSL_FLAG(bool, json, false,
+          "print JSON instead of a table: one document per command, and for events one object "
+          "per line (JSON Lines)");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
+          "how long to wait for the daemon: to connect, and for each call");
+// Command flags (each command reads its own; see Commands()).
+ABSL_FLAG(std::string, pool, "", "pool name (lookup: required; stats, events: empty for all)");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant to report on; empty: the tenant of this caller's identity (an admin's: every "
+          "tenant). Another tenant needs an admin identity");
+ABSL_FLAG(std::string, salt, "", "lookup: the cache salt the prompt was stored with");
+ABSL_FLAG(std::string, tokens_file, "",
+          "lookup: file of decimal token ids separated by whitespace or commas; empty or \"-\": "
+          "standard input");
+ABSL_FLAG(uint64_t, from, 0,
+          "events: first sequence wanted, e.g. the N of a previous run's \"resume with --from N "
+          "--epoch E\"; 0: everything the daemon still holds");
+ABSL_FLAG(uint64_t, epoch, 0,
+          "events: the daemon epoch --from was counted in (a restarted daemon then sends a "
+          "snapshot); 0: the daemon's current one");
+ABSL_FLAG(bool, follow, false,
+          "events: keep streaming; resume a broken stream (daemon restart, network) where it "
+          "left off");
+ABSL_FLAG(uint64_t, limit, 0, "events: stop after this many events; 0: no limit");
+ABSL_FLAG(std::string, service, "",
+          "health: the service to check; \"\" is the whole daemon, \"kvcache.v1.KvCache\" its API");
+
+namespace kvcache::ctl {
+namespace {
+
+constexpr char kProgram[] = "kvcachectl";
+constexpr size_t kHelpWidth = 100;
+
+// Set by SIGINT / SIGTERM while `events` runs, so it can print its resume point before exiting.
+std::atomic<bool> interrupted{false};
+void OnSignal(int) { interrupted.store(true, std::memory_order_relaxed); }
+
+constexpr const char* kGlobalFlags[] = {"target",    "json",     "timeout", "tls",
+                                        "tls_ca",    "tls_cert", "tls_key", "tls_server_name",
+                                        "token_file"};
+
+std::string Wrap(absl::string_view text, size_t indent) {
+  std::string out;
+  size_t column = 0;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (column > indent && column + 1 + word.size() > kHelpWidth) {
+      out += "\n";
+      column = 0;
+    }
+    if (column == 0) {
+      out.append(indent, ' ');
+      column = indent;
+    } else {
+      out += ' ';
+      ++column;
+    }
+    absl::StrAppend(&out, word);
+    column += word.size();
+  }
+  return out + "\n";
+}
+
+std::string FlagHelp(absl::string_view name, absl::string_view used_by) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) return "";
+  std::string text = flag->Help();
+  // A description that says what its default means needs no "(default: ...)" after it.
+  if (!absl::StrContains(text, "default") && !absl::StrContains(text, "empty:")) {
+    const std::string value = flag->DefaultValue();
+    absl::StrAppend(&text, " (default: ",
+                    flag->IsOfType<std::string>() ? absl::StrCat("\"", value, "\"") : value, ")");
+  }
+  if (!used_by.empty()) absl::StrAppend(&text, " [", used_by, "]");
+  return absl::StrCat("  --", name, "\n", Wrap(text, 6));
+}
+
+std::string HelpText() {
+  std::string text = absl::StrCat(
+      "kvcachectl: the kvcache daemon's operator command line\n\n"
+      "usage: kvcachectl [flags] COMMAND [command flags]\n\ncommands:\n");
+  for (const CommandSpec& spec : Commands()) {
+    absl::StrAppend(&text, "  ", spec.name, spec.args.empty() ? "" : " ", spec.args, "\n",
+                    Wrap(spec.summary, 6));
+  }
+  absl::StrAppend(
+      &text, "\nexit codes:\n",
+      "  0  ok\n"
+      "  1  the daemon answered an error: one line \"kvcachectl: COMMAND: CODE: message\" on "
+      "stderr\n"
+      "  2  usage error: unknown command or flag, bad flag value, unreadable tokens\n"
+      "  3  cannot reach the daemon: UNAVAILABLE or DEADLINE_EXCEEDED while connecting\n"
+      "  4  health: the service is NOT_SERVING, or the daemon does not know it\n",
+      "\n--json output:\n",
+      Wrap("Field names are snake_case and stable; every key is always present, null where it "
+           "does not apply; counts are JSON numbers. 64-bit values that may exceed 2^53, which a "
+           "JavaScript reader would round, are strings: block hashes and layout fingerprints as "
+           "16 lowercase hex digits (a block hash's low 64 bits, as in vLLM's KV events), "
+           "session ids as decimal.",
+           2),
+      "\nglobal flags:\n");
+  for (const char* name : kGlobalFlags) absl::StrAppend(&text, FlagHelp(name, ""));
+  absl::StrAppend(&text, "  $", kTokenEnvironmentVariable,
+                  "\n      the bearer token, when --token_file is empty\n\ncommand flags:\n");
+  std::vector<absl::string_view> seen;
+  for (const CommandSpec& spec : Commands()) {
+    for (absl::string_view name : spec.flags) {
+      if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+      seen.push_back(name);
+      std::vector<absl::string_view> users;
+      for (const CommandSpec& other : Commands()) {
+        if (std::find(other.flags.begin(), other.flags.end(), name) != other.flags.end()) {
+          users.push_back(other.name);
+        }
+      }
+      absl::StrAppend(&text, FlagHelp(name, absl::StrJoin(users, ", ")));
+    }
+  }
+  return text;
+}
+
+int UsageError(absl::string_view message) {
+  std::cerr << kProgram << ": " << message << " (see kvcachectl --help)\n";
+  return kExitUsage;
+}
+
+// Checks every flag on the command line as Abseil's parser will see it, so that a mistake exits
+// kExitUsage instead of Abseil's 1. Sets *help for a plain --help or --helpshort, which
+// kvcachectl answers itself (exit 0); Abseil's other help flags are left to it.
+absl::Status CheckFlags(int argc, char** argv, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "-") || arg.empty()) continue;  // a positional argument
+    absl::ConsumePrefix(&arg, "-");
+    const size_t equals = arg.find('=');
+    const absl::string_view name = arg.substr(0, equals);
+    const bool has_value = equals != absl::string_view::npos;
+    if ((name == "help" || name == "helpshort") && !has_value) {
+      *help = true;
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string value = has_value ? std::string(arg.substr(equals + 1)) : "";
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      if (flag == nullptr || !flag->IsOfType<bool>() || has_value) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+      }
+      value = "false";
+    } else if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    } else if (!has_value) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+    }
+    // Sets the flag; Abseil's parser sets it again to the same value.
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          error.empty() ? absl::StrCat("bad value '", value, "' for --", name) : error);
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  bool help = false;
+  if (absl::Status flags = CheckFlags(argc, argv, &help); !flags.ok()) {
+    return UsageError(flags.message());
+  }
+  if (help) {
+    std::cout << HelpText();
+    return kExitOk;
+  }
+  std::vector<char*> positional =
+      ParseCommandLineFlags(argc, argv, "kvcachectl: the kvcache daemon's operator command line");
+  if (positional.size() < 2) return UsageError("no command given");
+  const std::string command = positional[1];
+  const CommandSpec* spec = FindCommand(command);
+  if (spec == nullptr) return UsageError(absl::StrCat("unknown command '", command, "'"));
+  if (positional.size() > 2) {
+    return UsageError(absl::StrCat(command, ": unexpected argument '", positional[2], "'"));
+  }
+  // A flag of another command would be ignored silently: refuse it.
+  for (const CommandSpec& other : Commands()) {
+    for (absl::string_view name : other.flags) {
+      if (std::find(spec->flags.begin(), spec->flags.end(), name) != spec->flags.end()) continue;
+      const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+      if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue()) {
+        return UsageError(absl::StrCat(command, ": --", name, " does not apply to ", command));
+      }
+    }
+  }
+
+  const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
+  if (timeout <= absl::ZeroDuration()) return UsageError("--timeout must be positive");
+  absl::StatusOr<ClientOptions> client =
+      ClientOptionsFromFlags(ClientOptions{.connect_timeout = timeout, .rpc_timeout = timeout});
+  if (!client.ok()) return UsageError(client.status().message());
+  GlobalOptions global{.target = absl::GetFlag(FLAGS_target),
+                       .client = *std::move(client),
+                       .json = absl::GetFlag(FLAGS_json)};
+  if (global.target.empty()) global.target = DefaultListenAddress();
+
+  CommandOptions options{.pool = absl::GetFlag(FLAGS_pool),
+                         .tenant = absl::GetFlag(FLAGS_tenant),
+                         .salt = absl::GetFlag(FLAGS_salt),
+                         .tokens_file = absl::GetFlag(FLAGS_tokens_file),
+                         .service = absl::GetFlag(FLAGS_service),
+                         .from = absl::GetFlag(FLAGS_from),
+                         .epoch = absl::GetFlag(FLAGS_epoch),
+                         .limit = absl::GetFlag(FLAGS_limit),
+                         .follow = absl::GetFlag(FLAGS_follow)};
+  if (command == "events") {
+    // Only `events` runs until stopped; it prints where to resume before it exits.
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    options.interrupted = &interrupted;
+  }
+  return RunCommand(command, global, options, Streams{std::cout, std::cerr, std::cin});
+}
+
+}  // namespace
+}  // namespace kvcache::ctl
+
+int main(int argc, char** argv) { return kvcache::ctl::Main(argc, argv); }

@@ -1,0 +1,465 @@
+"""kvcachectl against a real kvcache-manager: every command as a table and as JSON, the values
+checked against a workload driven by kvcache-test-client, the events stream's resume points, and
+the exit codes scripts branch on.
+
+Needs KVCACHE_BIN_DIR (kvcache-manager, kvcache-test-client, kvcachectl). Standard library only.
+Every wait is bounded; the bounds are generous so a loaded machine does not fail the test.
+"""
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+BIN_DIR = os.environ.get("KVCACHE_BIN_DIR", "")
+POOL_BLOCKS = 64
+BLOCK_SIZE = 16  # the daemon's default pool layout
+START_BOUND = 20.0
+COMMAND_BOUND = 30.0
+RESUME_RE = re.compile(r"resume with --from (\d+) --epoch (\d+)")
+
+# The workload: prompt A is computed and committed (2 full blocks), then opened again (a hit);
+# a long-running client holds prompt B open.
+PROMPT_A_FIRST, PROMPT_A_TOKENS = 1000, 40
+PROMPT_B_FIRST, PROMPT_B_TOKENS = 5000, 20
+
+
+def binary(name):
+    return os.path.join(BIN_DIR, name)
+
+
+def tokens(first, count):
+    return list(range(first, first + count))
+
+
+class Daemon:
+    """kvcache-manager on a Unix socket in `directory`."""
+
+    def __init__(self, directory):
+        self.socket = os.path.join(directory, "kv.sock")
+        self.target = "unix://" + self.socket
+        self.log = open(os.path.join(directory, "daemon.log"), "ab")
+        args = [binary("kvcache-manager"), "--listen", self.target,
+                "--pool", "default:blocks=%d" % POOL_BLOCKS]
+        # The health service on a TCP port of its own too, where this build has the flag.
+        help_text = subprocess.run([binary("kvcache-manager"), "--help"], capture_output=True,
+                                   text=True, timeout=COMMAND_BOUND).stdout
+        with_health_port = "--health_listen" in help_text
+        if with_health_port:
+            args += ["--health_listen", "127.0.0.1:0"]
+        self.health_target = None  # HOST:PORT of that port
+        self.terminated = False
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_BOUND
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("kvcache-manager exited with %d" % self.process.returncode)
+            if with_health_port and self.health_target is None:
+                with open(os.path.join(directory, "daemon.log")) as log:
+                    found = re.search(r"health on (\S+:\d+)", log.read())
+                self.health_target = found.group(1) if found else None
+            if (os.path.exists(self.socket) and ctl(self.target, "health").returncode == 0 and
+                    (self.health_target is not None or not with_health_port)):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("kvcache-manager did not serve within %ss" % START_BOUND)
+
+    def terminate(self):
+        """SIGTERM without waiting: the daemon drains, then exits."""
+        self.process.send_signal(signal.SIGTERM)
+        self.terminated = True
+
+    def stop(self):
+        """SIGTERM, and waits for the exit: the daemon removes its socket as it goes, so a new
+        one must not start on the same path before."""
+        if self.process.poll() is None:
+            if not self.terminated:
+                self.terminate()
+            self.process.wait(timeout=COMMAND_BOUND)
+        self.log.close()
+
+
+def ctl(target, *args, stdin=None, timeout=COMMAND_BOUND):
+    """Runs kvcachectl --target TARGET ARGS...; returns the CompletedProcess (text)."""
+    return subprocess.run([binary("kvcachectl"), "--target", target] + list(args),
+                          input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def client(target, action, first, count, *extra):
+    """kvcache-test-client's result line as a dict (it must exit 0)."""
+    done = subprocess.run([binary("kvcache-test-client"), target, action, "default", str(count),
+                           str(first)] + list(extra),
+                          capture_output=True, text=True, timeout=COMMAND_BOUND)
+    if done.returncode != 0:
+        raise RuntimeError("kvcache-test-client %s: %s" % (action, done.stderr))
+    return result_fields(done.stdout)
+
+
+def result_fields(text):
+    for line in text.splitlines():
+        if line.startswith("result "):
+            return dict(field.split("=", 1) for field in line.split()[1:])
+    raise RuntimeError("no result line in %r" % text)
+
+
+def resume_point(stderr):
+    """(from, epoch) of the last "resume with" line."""
+    matches = RESUME_RE.findall(stderr)
+    if not matches:
+        raise AssertionError("no resume line in %r" % stderr)
+    return int(matches[-1][0]), int(matches[-1][1])
+
+
+class Watcher:
+    """kvcachectl --json events --follow in the background; its stdout read on a thread, so each
+    wait for a line is bounded."""
+
+    def __init__(self, target):
+        self.process = subprocess.Popen(
+            [binary("kvcachectl"), "--target", target, "--json", "events", "--follow"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # end of output
+
+    def next_event(self):
+        """The next event; fails the test if none comes within COMMAND_BOUND."""
+        try:
+            line = self.lines.get(timeout=COMMAND_BOUND)
+        except queue.Empty:
+            raise AssertionError("no event from kvcachectl within %ss" % COMMAND_BOUND)
+        if line is None:
+            raise AssertionError("kvcachectl stopped: %s" % self.process.stderr.read())
+        return json.loads(line)
+
+    def interrupt(self):
+        """SIGINT, as an operator's ^C; returns (exit code, stderr)."""
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=COMMAND_BOUND)
+        finally:
+            self.close()
+        return self.process.returncode, self.stderr
+
+    def close(self):
+        """Kills kvcachectl if it still runs, and keeps what it wrote on stderr."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(timeout=COMMAND_BOUND)
+        if not self.process.stderr.closed:
+            self.stderr = self.process.stderr.read()
+            self.process.stderr.close()
+            self.process.stdout.close()
+
+
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class KvcachectlTest(unittest.TestCase):
+    """One daemon and one workload for the read-only commands."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.directory = tempfile.TemporaryDirectory(prefix="kvcachectl_test.")
+        cls.daemon = Daemon(cls.directory.name)
+        cls.target = cls.daemon.target
+        cls.committed = client(cls.target, "compute-and-commit", PROMPT_A_FIRST, PROMPT_A_TOKENS)
+        cls.reopened = client(cls.target, "open-and-report", PROMPT_A_FIRST, PROMPT_A_TOKENS)
+        cls.holder = subprocess.Popen(
+            [binary("kvcache-test-client"), cls.target, "hold-and-hang", "default",
+             str(PROMPT_B_TOKENS), str(PROMPT_B_FIRST), "30000"],
+            stdout=subprocess.PIPE, text=True)
+        cls.held = result_fields(cls.holder.stdout.readline())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.holder.kill()
+        cls.holder.wait(timeout=COMMAND_BOUND)
+        cls.holder.stdout.close()
+        cls.daemon.stop()
+        cls.directory.cleanup()
+
+    def run_ok(self, *args, stdin=None):
+        done = ctl(self.target, *args, stdin=stdin)
+        self.assertEqual(done.returncode, 0, "kvcachectl %s: %s" % (" ".join(args), done.stderr))
+        return done
+
+    def table(self, *args, stdin=None):
+        """The table's rows as lists of cells, header first (cells never hold blanks)."""
+        out = self.run_ok(*args, stdin=stdin).stdout
+        sys.stderr.write("\n$ kvcachectl %s\n%s" % (" ".join(args), out))
+        return [line.split() for line in out.splitlines() if line.strip()]
+
+    def document(self, *args, stdin=None):
+        return json.loads(self.run_ok("--json", *args, stdin=stdin).stdout)
+
+    def test_workload_hit(self):
+        self.assertEqual(self.reopened["cached"], str(2 * BLOCK_SIZE))
+
+    def test_pools(self):
+        rows = self.table("pools")
+        self.assertEqual(rows[0][:4], ["NAME", "MODEL", "BLOCKS", "BLOCK_SIZE"])
+        self.assertEqual(rows[1][0], "default")
+        self.assertEqual(rows[1][2:4], [str(POOL_BLOCKS), str(BLOCK_SIZE)])
+
+        pools = self.document("pools")["pools"]
+        self.assertEqual([pool["name"] for pool in pools], ["default"])
+        pool = pools[0]
+        self.assertEqual(pool["num_blocks"], POOL_BLOCKS)
+        self.assertEqual(pool["block_size"], BLOCK_SIZE)
+        self.assertEqual(pool["memory_kind"], "host")
+        self.assertEqual(pool["hash_algorithm"], "xxh3_128")
+        self.assertRegex(pool["layout"]["fingerprint"], r"^[0-9a-f]{16}$")
+        counts = pool["counts"]
+        self.assertEqual(counts["free"] + counts["evictable"] + counts["referenced"], POOL_BLOCKS)
+        self.assertGreaterEqual(counts["referenced"], 1)  # the holder's sequence
+        self.assertEqual(pool["mapping"]["kind"], "shm")
+
+    def test_stats(self):
+        rows = self.table("stats")
+        self.assertEqual(rows[0][:5], ["POOL", "TENANT", "PROMPT_TOKENS", "HIT_TOKENS", "HIT_RATIO"])
+        self.assertEqual(rows[1][0], "default")
+        self.assertEqual(rows[-1][:2], ["open", "sessions:"])
+
+        stats = self.document("stats", "--pool", "default")
+        self.assertGreaterEqual(stats["open_sessions"], 1)
+        pool = stats["pools"][0]
+        self.assertEqual(pool["pool"], "default")
+        self.assertGreaterEqual(pool["prompt_tokens"], 2 * PROMPT_A_TOKENS + PROMPT_B_TOKENS)
+        self.assertGreaterEqual(pool["hit_tokens"], 2 * BLOCK_SIZE)
+        self.assertAlmostEqual(pool["hit_ratio"], pool["hit_tokens"] / pool["prompt_tokens"])
+        self.assertGreaterEqual(pool["published_blocks"], 2)
+        self.assertGreaterEqual(pool["open_sequences"], 1)
+        self.assertEqual(sum(pool["counts"].values()), POOL_BLOCKS)
+
+    def test_sessions(self):
+        rows = self.table("sessions")
+        self.assertEqual(rows[0], ["ID", "TENANT", "PRINCIPAL", "CLIENT", "TTL", "EXPIRES_IN",
+                                   "SEQUENCES"])
+        self.assertIn(self.held["session"], [row[0] for row in rows[1:]])
+
+        sessions = self.document("sessions")["sessions"]
+        held = [s for s in sessions if s["session_id"] == self.held["session"]]
+        self.assertEqual(len(held), 1, sessions)
+        self.assertEqual(held[0]["client_name"], "hold-and-hang")
+        self.assertEqual(held[0]["tenant"], "default")
+        self.assertEqual(held[0]["ttl_ms"], 30000)
+        self.assertGreater(held[0]["expires_in_ms"], 0)
+        self.assertEqual(held[0]["open_sequences"], 1)
+        self.assertTrue(held[0]["principal"].startswith("uid:"))
+
+    def test_lookup(self):
+        prompt = " ".join(map(str, tokens(PROMPT_A_FIRST, PROMPT_A_TOKENS)))
+        rows = self.table("lookup", "--pool", "default", stdin=prompt)
+        self.assertEqual(rows[0], ["POOL", "TOKENS", "CACHED_BLOCKS", "CACHED_TOKENS"])
+        self.assertEqual(rows[1], ["default", str(PROMPT_A_TOKENS), "2", str(2 * BLOCK_SIZE)])
+
+        # A file, comma separated, across lines.
+        path = os.path.join(self.directory.name, "prompt.txt")
+        with open(path, "w") as file:
+            file.write(",\n".join(map(str, tokens(PROMPT_A_FIRST, PROMPT_A_TOKENS))) + "\n")
+        found = self.document("lookup", "--pool", "default", "--tokens_file", path)
+        self.assertEqual(found, {"pool": "default", "num_tokens": PROMPT_A_TOKENS,
+                                 "num_cached_blocks": 2, "num_cached_tokens": 2 * BLOCK_SIZE})
+
+        # Another salt, another cache: nothing.
+        salted = self.document("lookup", "--pool", "default", "--salt", "other", "--tokens_file",
+                               "-", stdin=prompt)
+        self.assertEqual(salted["num_cached_blocks"], 0)
+
+    def test_events_from_the_start(self):
+        rows = self.table("events")
+        self.assertEqual(rows[0][:3], ["SEQ", "TIME", "KIND"])
+        self.assertEqual(rows[1][0], "0")
+        self.assertEqual(rows[1][2], "AllBlocksCleared")
+        self.assertIn("BlocksStored", [row[2] for row in rows[2:]])
+
+        done = self.run_ok("--json", "events")
+        events = json_lines(done.stdout)
+        self.assertEqual(events[0]["sequence"], 0)
+        self.assertEqual(events[0]["kind"], "AllBlocksCleared")
+        stored = [e for e in events if e["kind"] == "BlocksStored"]
+        # Prompt A's 2 full blocks, published by its commit.
+        self.assertEqual(stored[0]["pool"], "default")
+        self.assertEqual(stored[0]["tenant"], "default")
+        self.assertEqual(stored[0]["medium"], "CPU")
+        self.assertEqual(stored[0]["num_blocks"], 2)
+        self.assertEqual(stored[0]["block_size"], BLOCK_SIZE)
+        self.assertIsNone(stored[0]["parent_hash"])
+        self.assertRegex(stored[0]["first_hash"], r"^[0-9a-f]{16}$")
+        self.assertEqual(stored[0]["hashes"][0], stored[0]["first_hash"])
+        sequences = [e["sequence"] for e in events]
+        self.assertEqual(sequences, sorted(set(sequences)))
+        # The resume point is past everything printed.
+        next_sequence, epoch = resume_point(done.stderr)
+        self.assertGreater(next_sequence, sequences[-1])
+        self.assertNotEqual(epoch, 0)
+
+    def test_events_from_resumes_without_repeating(self):
+        everything = json_lines(self.run_ok("--json", "events").stdout)
+        # From just after the first event: all but it, nothing twice.
+        later = json_lines(self.run_ok("--json", "events", "--from", "1").stdout)
+        self.assertEqual(later, everything[1:])
+
+        # --limit stops after one event and says where to go on.
+        first = self.run_ok("--json", "events", "--limit", "1")
+        self.assertEqual(json_lines(first.stdout), everything[:1])
+        self.assertEqual(resume_point(first.stderr)[0], 1)
+
+        # Caught up: nothing more, the same resume point.
+        done = self.run_ok("--json", "events")
+        next_sequence, epoch = resume_point(done.stderr)
+        caught_up = self.run_ok("--json", "events", "--from", str(next_sequence), "--epoch",
+                                str(epoch))
+        self.assertEqual(json_lines(caught_up.stdout), [])
+        self.assertEqual(resume_point(caught_up.stderr), (next_sequence, epoch))
+
+        # A new commit: exactly its event, from that resume point.
+        client(self.target, "compute-and-commit", 9000, 2 * BLOCK_SIZE)
+        new = json_lines(self.run_ok("--json", "events", "--from", str(next_sequence), "--epoch",
+                                     str(epoch)).stdout)
+        self.assertEqual(len(new), 1, new)
+        self.assertEqual(new[0]["kind"], "BlocksStored")
+        self.assertGreaterEqual(new[0]["sequence"], next_sequence)
+        self.assertEqual(new[0]["num_blocks"], 2)
+
+    def test_events_follow_streams_until_interrupted(self):
+        history = len(json_lines(self.run_ok("--json", "events").stdout))
+        watcher = Watcher(self.target)
+        try:
+            for _ in range(history):
+                watcher.next_event()
+            client(self.target, "compute-and-commit", 7000, 3 * BLOCK_SIZE)
+            event = watcher.next_event()
+            self.assertEqual(event["kind"], "BlocksStored")
+            self.assertEqual(event["num_blocks"], 3)
+            code, stderr = watcher.interrupt()
+        finally:
+            watcher.close()
+        self.assertEqual(code, 0, stderr)
+        self.assertEqual(resume_point(stderr)[0], event["sequence"] + 1)
+
+    def test_health(self):
+        if self.daemon.health_target is not None:
+            over_tcp = ctl(self.daemon.health_target, "health")
+            self.assertEqual((over_tcp.returncode, over_tcp.stdout), (0, "SERVING\n"),
+                             over_tcp.stderr)
+        done = self.run_ok("health")
+        self.assertEqual(done.stdout, "SERVING\n")
+        self.assertEqual(self.document("health"), {"service": "", "status": "SERVING"})
+        self.assertEqual(self.run_ok("health", "--service", "kvcache.v1.KvCache").stdout,
+                         "SERVING\n")
+        unknown = ctl(self.target, "health", "--service", "no.such.Service")
+        self.assertEqual(unknown.returncode, 4)
+        self.assertEqual(unknown.stdout, "SERVICE_UNKNOWN\n")
+
+    def test_daemon_error_exits_1_with_one_line(self):
+        done = ctl(self.target, "lookup", "--pool", "nope", stdin="1 2 3")
+        self.assertEqual(done.returncode, 1)
+        self.assertRegex(done.stderr, r"^kvcachectl: lookup: NOT_FOUND: .+\n$")
+        self.assertEqual(done.stdout, "")
+
+    def test_usage_errors_exit_2(self):
+        for args, stdin in [(["bogus"], None),
+                            ([], None),
+                            (["--bogus_flag", "pools"], None),
+                            (["events", "--from", "abc"], None),
+                            (["--timeout", "soon", "pools"], None),
+                            (["pools", "--follow"], None),  # another command's flag
+                            (["pools", "extra"], None),
+                            (["lookup", "--pool", "default"], "1 2 x"),
+                            (["lookup", "--pool", "default", "--tokens_file",
+                              os.path.join(self.directory.name, "missing")], None),
+                            (["lookup"], "1 2 3")]:
+            done = ctl(self.target, *args, stdin=stdin)
+            self.assertEqual(done.returncode, 2, "%s: %s" % (args, done.stderr))
+            self.assertTrue(done.stderr.startswith("kvcachectl: "), done.stderr)
+
+    def test_no_daemon_exits_3(self):
+        missing = "unix://" + os.path.join(self.directory.name, "nobody.sock")
+        for command in ["pools", "stats", "health", "events"]:
+            done = ctl(missing, "--timeout", "1s", command)
+            self.assertEqual(done.returncode, 3, "%s: %s" % (command, done.stderr))
+            self.assertIn("UNAVAILABLE", done.stderr)
+
+
+class KvcachectlRestartTest(unittest.TestCase):
+    """Daemons that stop: events --follow across a restart (it resumes by itself, and the new
+    daemon's snapshot, its epoch differing, brings it up to date); health while draining."""
+
+    def test_health_reports_not_serving_while_draining(self):
+        with tempfile.TemporaryDirectory(prefix="kvcachectl_drain.") as directory:
+            daemon = Daemon(directory)
+            try:
+                if daemon.health_target is None:
+                    self.skipTest("kvcache-manager has no --health_listen")
+                serving = ctl(daemon.health_target, "health")
+                self.assertEqual((serving.returncode, serving.stdout), (0, "SERVING\n"),
+                                 serving.stderr)
+                # SIGTERM: health says NOT_SERVING (exit 4) for the drain period, then the port
+                # goes away.
+                daemon.terminate()
+                deadline = time.monotonic() + COMMAND_BOUND
+                while True:
+                    done = ctl(daemon.health_target, "--timeout", "1s", "health")
+                    if done.returncode != 0 or time.monotonic() > deadline:
+                        break
+                self.assertEqual((done.returncode, done.stdout), (4, "NOT_SERVING\n"),
+                                 done.stderr)
+            finally:
+                daemon.stop()
+
+    def test_follow_resumes_after_a_restart(self):
+        with tempfile.TemporaryDirectory(prefix="kvcachectl_restart.") as directory:
+            daemon = Daemon(directory)
+            try:
+                client(daemon.target, "compute-and-commit", 100, 2 * BLOCK_SIZE)
+                watcher = Watcher(daemon.target)
+                try:
+                    before = [watcher.next_event() for _ in range(2)]
+                    self.assertEqual([e["kind"] for e in before],
+                                     ["AllBlocksCleared", "BlocksStored"])
+                    daemon.stop()
+                    daemon = Daemon(directory)
+                    # Two commits: the new daemon's sequence passes the old one's (2), so the
+                    # final resume point is unambiguously in the new epoch.
+                    client(daemon.target, "compute-and-commit", 200, 3 * BLOCK_SIZE)
+                    client(daemon.target, "compute-and-commit", 300, 2 * BLOCK_SIZE)
+                    # The new daemon's snapshot (AllBlocksCleared, then what it holds, one event
+                    # per block), then live events: 5 blocks in all, whenever kvcachectl came back.
+                    after = []
+                    while sum(e["num_blocks"] or 0 for e in after) < 5:
+                        after.append(watcher.next_event())
+                    self.assertEqual(after[0]["kind"], "AllBlocksCleared")
+                    self.assertTrue(all(e["kind"] == "BlocksStored" for e in after[1:]), after)
+                    code, stderr = watcher.interrupt()
+                finally:
+                    watcher.close()
+                self.assertEqual(code, 0, stderr)
+                self.assertIn("stream broke", stderr)
+                old_epoch = int(re.search(r"resuming with --from \d+ --epoch (\d+)",
+                                          stderr).group(1))
+                _, new_epoch = resume_point(stderr)
+                self.assertNotEqual(new_epoch, old_epoch)
+            finally:
+                daemon.stop()
+
+
+if __name__ == "__main__":
+    if not BIN_DIR:
+        sys.exit("KVCACHE_BIN_DIR is not set")
+    unittest.main(verbosity=2)
