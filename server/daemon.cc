@@ -264,6 +264,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   }
   exposer_.reset();
   if (zmq_publisher_ != nullptr) zmq_publisher_->Stop();
+  service_->StopWatchers();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   if (!socket_path_.empty()) unlink(socket_path_.c_str());

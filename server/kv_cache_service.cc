@@ -411,7 +411,8 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
     grpc::CallbackServerContext* context, const v1::WatchEventsRequest* request) {
   AddEpochTrailer(context, manager_->epoch());
   watchers_.fetch_add(1, std::memory_order_relaxed);
-  auto* reactor = new WatchEventsReactor(&manager_->events(), manager_->epoch(), &watchers_);
+  auto* reactor =
+      new WatchEventsReactor(&manager_->events(), manager_->epoch(), &watchers_, &stopping_);
   const absl::Status status = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(Identity caller, Caller(*context, "WatchEvents", Role::kReader));
     KvEventFilter filter;
@@ -435,7 +436,7 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
       manager_->events().CountDropped(KvEventSink::kGrpc, log.first_sequence() - start);
     }
     if (start > 0 && !need_snapshot) manager_->events().CountReplay(KvEventSink::kGrpc);
-    reactor->Start(start, need_snapshot, std::move(filter));
+    reactor->Start(start, request->epoch(), need_snapshot, std::move(filter));
     return absl::OkStatus();
   }();
   if (!status.ok()) reactor->Reject(ToGrpcStatus(status));

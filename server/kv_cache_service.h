@@ -94,6 +94,9 @@ class KvCacheService final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request) override;
 
+  // Ends every event watch (UNAVAILABLE) within a poll period, before the server shuts down.
+  void StopWatchers() { stopping_.store(true); }
+
   // Event watchers the daemon serves at once (each has a thread); more is RESOURCE_EXHAUSTED.
   static constexpr int kMaxWatchers = 64;
 
@@ -102,6 +105,7 @@ class KvCacheService final
   const Authenticator* const authenticator_;
   const uint32_t max_chunk_bytes_;
   std::atomic<int> watchers_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace kvcache

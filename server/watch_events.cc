@@ -48,13 +48,20 @@ void ToProto(const KvEvent& event, v1::KvEvent* out) {
   }
 }
 
-WatchEventsReactor::WatchEventsReactor(KvEventLog* log, uint64_t epoch, std::atomic<int>* active)
-    : log_(log), epoch_(epoch), active_(active) {}
+WatchEventsReactor::WatchEventsReactor(KvEventLog* log, uint64_t epoch, std::atomic<int>* active,
+                                       const std::atomic<bool>* stopping)
+    : log_(log), epoch_(epoch), active_(active), stopping_(stopping) {}
 
-void WatchEventsReactor::Start(uint64_t start_sequence, bool need_snapshot, KvEventFilter filter) {
+void WatchEventsReactor::Start(uint64_t start_sequence, uint64_t start_epoch, bool need_snapshot,
+                               KvEventFilter filter) {
   filter_ = std::move(filter);
-  thread_ =
-      std::thread([this, start_sequence, need_snapshot] { Run(start_sequence, need_snapshot); });
+  thread_ = std::thread([this, start_sequence, start_epoch, need_snapshot] {
+    Run(start_sequence, start_epoch, need_snapshot);
+  });
+}
+
+bool WatchEventsReactor::ending() const {
+  return cancelled() || stopping_->load(std::memory_order_relaxed);
 }
 
 void WatchEventsReactor::Reject(const grpc::Status& status) { Finish(status); }
@@ -88,7 +95,8 @@ bool WatchEventsReactor::WriteAndWait(const v1::WatchEventsResponse& response) {
   return write_ok_ && !cancelled_;
 }
 
-std::optional<uint64_t> WatchEventsReactor::SendSnapshot(uint64_t resume_sequence) {
+std::optional<uint64_t> WatchEventsReactor::SendSnapshot(uint64_t resume_sequence,
+                                                         uint64_t resume_epoch) {
   log_->CountSnapshot();
   KvEventLog::Snapshot snapshot = log_->TakeSnapshot(filter_);
   KvEvent cleared;
@@ -98,7 +106,7 @@ std::optional<uint64_t> WatchEventsReactor::SendSnapshot(uint64_t resume_sequenc
   // Until the last message, next_sequence stays where the watcher came from: a stream cut
   // during the snapshot resumes with a whole new one.
   v1::WatchEventsResponse response;
-  response.set_epoch(epoch_);
+  response.set_epoch(resume_epoch);
   response.set_snapshot(true);
   response.set_next_sequence(resume_sequence);
   ToProto(cleared, response.add_events());
@@ -109,20 +117,23 @@ std::optional<uint64_t> WatchEventsReactor::SendSnapshot(uint64_t resume_sequenc
     }
     ToProto(event, response.add_events());
   }
+  response.set_epoch(epoch_);
   response.set_next_sequence(snapshot.next_sequence);
   if (!WriteAndWait(response)) return std::nullopt;
   return snapshot.next_sequence;
 }
 
-void WatchEventsReactor::Run(uint64_t start_sequence, bool need_snapshot) {
+void WatchEventsReactor::Run(uint64_t start_sequence, uint64_t start_epoch, bool need_snapshot) {
   uint64_t cursor = start_sequence;
+  uint64_t cursor_epoch = start_epoch;
   bool snapshot = need_snapshot;
   bool unsent_progress = false;  // the cursor passed events this watcher does not see
-  while (!cancelled()) {
+  while (!ending()) {
     if (snapshot) {
-      std::optional<uint64_t> next = SendSnapshot(cursor);
+      std::optional<uint64_t> next = SendSnapshot(cursor, cursor_epoch);
       if (!next.has_value()) break;
       cursor = *next;
+      cursor_epoch = epoch_;
       snapshot = false;
       continue;
     }
@@ -158,8 +169,14 @@ void WatchEventsReactor::Run(uint64_t start_sequence, bool need_snapshot) {
     if (!WriteAndWait(response)) break;
     unsent_progress = false;
   }
-  Finish(cancelled() ? grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled")
-                     : grpc::Status(grpc::StatusCode::UNAVAILABLE, "the event stream broke"));
+  if (cancelled()) {
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+  } else if (stopping_->load(std::memory_order_relaxed)) {
+    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the daemon is shutting down; resume from the last next_sequence"));
+  } else {
+    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the event stream broke"));
+  }
 }
 
 void WatchEventsReactor::OnDone() {

@@ -34,11 +34,15 @@ class WatchEventsReactor final : public grpc::ServerWriteReactor<v1::WatchEvents
   static constexpr size_t kMaxEventsPerResponse = 256;
 
   // `active` counts the daemon's watchers: incremented by the caller, decremented at OnDone.
-  WatchEventsReactor(KvEventLog* log, uint64_t epoch, std::atomic<int>* active);
+  // `stopping` set: the daemon shuts down and every stream ends UNAVAILABLE at once, rather than
+  // holding the shutdown for its whole grace period.
+  WatchEventsReactor(KvEventLog* log, uint64_t epoch, std::atomic<int>* active,
+                     const std::atomic<bool>* stopping);
 
-  // Starts streaming from `start_sequence` (a snapshot when `need_snapshot` or when the log no
-  // longer holds it).
-  void Start(uint64_t start_sequence, bool need_snapshot, KvEventFilter filter);
+  // Starts streaming from `start_sequence` of `start_epoch`, as the request said (a snapshot
+  // when `need_snapshot` or when the log no longer holds it).
+  void Start(uint64_t start_sequence, uint64_t start_epoch, bool need_snapshot,
+             KvEventFilter filter);
   // Ends the call before streaming (bad request, no permission).
   void Reject(const grpc::Status& status);
 
@@ -47,9 +51,12 @@ class WatchEventsReactor final : public grpc::ServerWriteReactor<v1::WatchEvents
   void OnDone() override;
 
  private:
-  void Run(uint64_t start_sequence, bool need_snapshot);
+  void Run(uint64_t start_sequence, uint64_t start_epoch, bool need_snapshot);
   // Sends a snapshot; returns the sequence to go on from, or nullopt when the stream broke.
-  std::optional<uint64_t> SendSnapshot(uint64_t resume_sequence);
+  // Until its last message the responses carry (resume_sequence, resume_epoch), a point that
+  // gets a new snapshot, so a watcher cut off halfway never resumes on half an index.
+  std::optional<uint64_t> SendSnapshot(uint64_t resume_sequence, uint64_t resume_epoch);
+  bool ending() const;  // cancelled, or the daemon stops
   // Writes one response and waits for it to be sent; false when the stream is broken or
   // cancelled.
   bool WriteAndWait(const v1::WatchEventsResponse& response);
@@ -58,6 +65,7 @@ class WatchEventsReactor final : public grpc::ServerWriteReactor<v1::WatchEvents
   KvEventLog* const log_;
   const uint64_t epoch_;
   std::atomic<int>* const active_;
+  const std::atomic<bool>* const stopping_;
   KvEventFilter filter_;
   std::thread thread_;
 
