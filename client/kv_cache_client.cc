@@ -107,22 +107,29 @@ absl::Status CheckBearerToken(absl::string_view token) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::string target,
-                                                                      ClientOptions options) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateDaemonChannel(const std::string& target,
+                                                                   const ClientOptions& options) {
   RETURN_IF_ERROR(CheckBearerToken(options.bearer_token));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS stays gRPC's: 1.51 takes it as the shortest time a
+  // connection attempt may take, handshake included, and a short one makes attempts to a daemon
+  // that is just starting (or a loaded machine) time out "before receiving SETTINGS frame".
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    ChannelCredentials(target, options.tls, &args));
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
   if (channel == nullptr) return absl::InvalidArgumentError(absl::StrCat("bad target ", target));
-  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+  return channel;
+}
+
+absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
+                           const ClientOptions& options) {
+  if (!channel.WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat(
         "cannot connect to the kvcache daemon at ", target, " within ",
         absl::FormatDuration(options.connect_timeout),
@@ -130,6 +137,13 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::strin
                               "target, and is the client certificate one it accepts?)"
                             : ""));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(std::string target,
+                                                                      ClientOptions options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, CreateDaemonChannel(target, options));
+  RETURN_IF_ERROR(WaitForDaemon(*channel, target, options));
   return std::make_unique<KvCacheClient>(std::move(channel), std::move(options));
 }
 

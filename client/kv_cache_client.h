@@ -131,6 +131,15 @@ class EventWatch {
   absl::Status final_status_;
 };
 
+// The channel Connect makes for `target` (TLS from options.tls, message limits, reconnect
+// backoff), not yet connected; for tools that call other services of the daemon (health) or
+// hold several channels. INVALID_ARGUMENT as Connect.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateDaemonChannel(const std::string& target,
+                                                                   const ClientOptions& options);
+// Waits up to options.connect_timeout for `channel` to connect; UNAVAILABLE naming `target`.
+absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
+                           const ClientOptions& options);
+
 class KvCacheClient {
  public:
   // How a process on the daemon's node maps a pool's memory (kvcache.v1.PoolMapping); see

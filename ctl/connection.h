@@ -4,10 +4,9 @@
 //     take (and whose answer names each figure's tenant, which its PoolStats drops);
 //   - the grpc.health.v1.Health stub, which the daemon serves on the same listener.
 //
-// The channel is made as KvCacheClient::Connect makes its own: the same TLS (ClientTlsOptions),
-// message limits and reconnect backoff (but not its 100 ms connection-attempt timeout, see
-// connection.cc), and every call carries the bearer token. Connect keeps its channel private,
-// so the credential setup is repeated here; see ChannelFor.
+// The channel is the client library's (CreateDaemonChannel: TLS, message limits, reconnect
+// backoff), shared by the KvCacheClient, the typed stub and the health stub, and every call
+// carries the bearer token.
 //
 // Error codes: Open answers INVALID_ARGUMENT for unusable options (TLS for a unix:// target, an
 // unreadable or non-PEM TLS file, a certificate without its key, a token a header cannot carry)
@@ -71,11 +70,6 @@ class Connection {
   std::unique_ptr<v1::KvCache::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
 };
-
-// The channel KvCacheClient::Connect would make for `target` and `options` (TLS credentials,
-// message limits, reconnect backoff), not yet connected. INVALID_ARGUMENT as Open.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelFor(const std::string& target,
-                                                          const ClientOptions& options);
 
 }  // namespace kvcache::ctl
 
