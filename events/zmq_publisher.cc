@@ -13,6 +13,9 @@ namespace {
 
 // How long the thread waits for new events before it looks at the replay socket again.
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(20);
+// Once an event arrives, how long to let more gather: the messages of a burst then go out in one
+// turn of the thread (one wake-up of ZeroMQ's I/O thread) instead of one turn each.
+constexpr absl::Duration kCoalescePeriod = absl::Milliseconds(2);
 constexpr size_t kEventsPerRead = 256;
 
 absl::Status Attach(zmq::socket_t& socket, const std::string& endpoint, const char* what) {
@@ -82,6 +85,7 @@ void ZmqEventPublisher::Run() {
   while (!stopping_.load()) {
     ServeReplays();
     if (!log_->WaitFor(cursor_, kPollPeriod)) continue;
+    absl::SleepFor(kCoalescePeriod);
     KvEventLog::ReadResult read = log_->Read(cursor_, kEventsPerRead);
     if (read.lost) {
       // Fell behind the buffer: the gap shows in the sequence numbers.

@@ -7,6 +7,10 @@ namespace {
 
 // How long the thread waits for the log before it looks at cancellation again.
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(200);
+// Once an event arrives, how long to let more gather before sending: one response (one write,
+// one wake-up of the watcher) then carries every event of a burst. Routers act on tens of
+// milliseconds; a commit makes one event, so without this each commit cost a write.
+constexpr absl::Duration kCoalescePeriod = absl::Milliseconds(2);
 
 void ToProto(const Hash128& hash, v1::BlockHash* out) {
   out->set_hi(hash.hi);
@@ -152,7 +156,7 @@ void WatchEventsReactor::Run(uint64_t start_sequence, uint64_t start_epoch, bool
         if (!WriteAndWait(progress)) break;
         unsent_progress = false;
       }
-      log_->WaitFor(cursor, kPollPeriod);
+      if (log_->WaitFor(cursor, kPollPeriod)) absl::SleepFor(kCoalescePeriod);
       continue;
     }
     v1::WatchEventsResponse response;
