@@ -54,7 +54,7 @@ void BlockPool::Acquire(BlockId block) {
   ++meta.ref_count;
 }
 
-BlockId BlockPool::AllocateFresh(std::optional<Hash128>* evicted) {
+BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   BlockId block = kNoBlock;
   if (!free_list_.empty()) {
     block = free_list_.back();
@@ -62,12 +62,7 @@ BlockId BlockPool::AllocateFresh(std::optional<Hash128>* evicted) {
   } else if (lru_head_ != kNoBlock) {
     block = lru_head_;
     LruRemove(block);
-    BlockMeta& meta = blocks_[block];
-    index_.erase(meta.identity.hash);
-    if (evicted != nullptr) *evicted = meta.identity.hash;
-    meta.published = false;
-    meta.identity = BlockIdentity{};
-    ++counters_.evictions;
+    Unpublish(block, removed);
   } else {
     return kNoBlock;
   }
@@ -103,10 +98,41 @@ bool BlockPool::Publish(BlockId block, const BlockIdentity& identity,
   }
   meta.published = true;
   meta.identity = identity;
+  if (identity.parent_block != kNoBlock) children_[identity.parent_block].push_back(block);
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
   ++counters_.published;
   return true;
+}
+
+void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
+  BlockMeta& meta = blocks_[block];
+  index_.erase(meta.identity.hash);
+  if (removed != nullptr) removed->push_back(meta.identity.hash);
+  ++counters_.evictions;
+  if (meta.identity.parent_block != kNoBlock) {
+    auto siblings = children_.find(meta.identity.parent_block);
+    if (siblings != children_.end()) {
+      std::vector<BlockId>& list = siblings->second;
+      list.erase(std::remove(list.begin(), list.end(), block), list.end());
+      if (list.empty()) children_.erase(siblings);
+    }
+  }
+  meta.published = false;
+  meta.identity = BlockIdentity{};
+  auto orphans = children_.extract(block);
+  if (orphans.empty()) return;
+  for (BlockId child : orphans.mapped()) {
+    // Its parent link points here; Unpublish must not look for it among this block's children.
+    blocks_[child].identity.parent_block = kNoBlock;
+    Unpublish(child, removed);
+    BlockMeta& orphan = blocks_[child];
+    if (orphan.state == State::kEvictable) {
+      LruRemove(child);
+      orphan.state = State::kFree;
+      free_list_.push_back(child);
+    }
+  }
 }
 
 void BlockPool::LruPushBack(BlockId block) {
@@ -157,7 +183,7 @@ absl::Status BlockPool::CheckInvariants() const {
   if (lru_length != num_evictable_) {
     return fail("LRU holds ", lru_length, " blocks but num_evictable is ", num_evictable_);
   }
-  uint32_t free = 0, evictable = 0, referenced = 0, published = 0;
+  uint32_t free = 0, evictable = 0, referenced = 0, published = 0, linked = 0;
   for (BlockId block = 0; block < blocks_.size(); ++block) {
     const BlockMeta& meta = blocks_[block];
     switch (meta.state) {
@@ -185,6 +211,21 @@ absl::Status BlockPool::CheckInvariants() const {
       if (Indexed(meta.identity.hash) != block) {
         return fail("block ", block, " hash ", meta.identity.hash.ToHex(), " is not indexed to it");
       }
+      const BlockId parent = meta.identity.parent_block;
+      if (parent != kNoBlock) {
+        ++linked;
+        if (!blocks_[parent].published ||
+            blocks_[parent].identity.hash != meta.identity.parent_hash) {
+          return fail("block ", block, " hangs off block ", parent,
+                      ", which no longer holds its parent hash");
+        }
+        auto siblings = children_.find(parent);
+        if (siblings == children_.end() ||
+            std::find(siblings->second.begin(), siblings->second.end(), block) ==
+                siblings->second.end()) {
+          return fail("block ", block, " is missing from its parent's children");
+        }
+      }
     }
   }
   if (free != free_list_.size())
@@ -195,6 +236,11 @@ absl::Status BlockPool::CheckInvariants() const {
   }
   if (published != index_.size()) {
     return fail(published, " published blocks but the index holds ", index_.size(), " hashes");
+  }
+  size_t child_links = 0;
+  for (const auto& [parent, children] : children_) child_links += children.size();
+  if (child_links != linked) {
+    return fail(child_links, " child links but ", linked, " published blocks have a parent block");
   }
   return absl::OkStatus();
 }

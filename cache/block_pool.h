@@ -6,6 +6,11 @@
 //   evictable   ref 0, hashed (still findable); on the LRU, least recently released at the front
 //   referenced  ref > 0, hashed or not
 // A block's hash is set only by Publish() (its contents are written) and dropped only by eviction.
+// A published block's parent link (BlockIdentity::parent_block) always names a published block
+// indexed under its parent hash: evicting a block also unpublishes the blocks published under it
+// (their KV hangs off a parent that is gone, so no walk could reach them), evictable ones going
+// to the free list. Normally children are evicted first (they are released first); a child
+// published under another sequence's copy of its parent can outlive it, and is dropped with it.
 // Allocation takes the free list first and evicts the LRU front only when the free list is empty.
 // Every operation is O(1) or O(tokens of one block); nothing scans the pool.
 //
@@ -84,9 +89,10 @@ class BlockPool {
   // REQUIRES: `block` is referenced or evictable.
   void Acquire(BlockId block);
   // A block with ref 1 and no hash: the free list's, else the LRU front's after dropping its hash
-  // (then *evicted, when given, is that hash). Returns kNoBlock when every block is referenced;
-  // callers check capacity first.
-  BlockId AllocateFresh(std::optional<Hash128>* evicted = nullptr);
+  // and its descendants' (then *removed, when given, gets every hash that left the index, the
+  // evicted block's first). Returns kNoBlock when every block is referenced; callers check
+  // capacity first.
+  BlockId AllocateFresh(std::vector<Hash128>* removed = nullptr);
   // ref-1. At 0 a published block joins the LRU's back (most recently released), an unpublished
   // one the free list. REQUIRES: RefCount(block) > 0.
   void Release(BlockId block);
@@ -117,6 +123,9 @@ class BlockPool {
 
   void LruPushBack(BlockId block);
   void LruRemove(BlockId block);
+  // Drops `block`'s hash and its descendants' from the index; descendants that are evictable go
+  // to the free list. Appends the hashes to `removed` when given.
+  void Unpublish(BlockId block, std::vector<Hash128>* removed);
   absl::Span<const uint32_t> TokensOf(BlockId block) const;
 
   const uint32_t block_size_;
@@ -127,6 +136,8 @@ class BlockPool {
   BlockId lru_tail_ = kNoBlock;
   uint32_t num_evictable_ = 0;
   absl::flat_hash_map<Hash128, BlockId> index_;
+  // Published blocks by their parent block (blocks whose parent is the chain root are not here).
+  absl::flat_hash_map<BlockId, std::vector<BlockId>> children_;
   BlockPoolCounters counters_;
 };
 

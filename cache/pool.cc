@@ -128,15 +128,16 @@ void Pool::AcquireLocked(BlockId block, uint32_t tenant) {
 }
 
 BlockId Pool::AllocateLocked(uint32_t tenant) {
-  std::optional<Hash128> evicted;
-  const BlockId block = pool_.AllocateFresh(&evicted);
+  std::vector<Hash128> removed;
+  const BlockId block = pool_.AllocateFresh(&removed);
   const absl::Time now = clock_->Now();
-  if (evicted.has_value()) {
-    // block_tenant_ still names the owner of the evicted block's hash.
-    ++tenants_[block_tenant_[block]].counters.evictions;
+  if (!removed.empty()) {
+    // block_tenant_ still names the owner of the evicted block's hash; the descendants that went
+    // with it hang off the same chain root, so they are the same tenant's.
+    tenants_[block_tenant_[block]].counters.evictions += removed.size();
     residency_.lifetime.Observe(absl::ToDoubleSeconds(now - allocated_at_[block]));
     residency_.idle_before_evict.Observe(absl::ToDoubleSeconds(now - released_at_[block]));
-    if (events_ != nullptr) evicted_.push_back(*evicted);
+    if (events_ != nullptr) evicted_.insert(evicted_.end(), removed.begin(), removed.end());
   }
   allocated_at_[block] = now;
   last_access_[block] = now;

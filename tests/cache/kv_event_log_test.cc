@@ -247,6 +247,37 @@ TEST_F(PoolEventsTest, EvictionsAreRemovalsAndResidencyIsTimed) {
   EXPECT_EQ(pool_->residency().idle_before_evict.Snapshot().count, kNumBlocks);
 }
 
+TEST_F(PoolEventsTest, AChildPublishedUnderAnotherSequencesParentLeavesWithIt) {
+  // Two sequences compute one prompt at once; the first commits only its first block, so the
+  // second's block 1 is published under the first's block 0 (its own block 0 is a duplicate).
+  const std::vector<uint32_t> prompt = Tokens(0, 2 * kBlockSize + 1);
+  auto first = pool_->Open(session_, SequenceSpec{.tokens = prompt});
+  auto second = pool_->Open(session_, SequenceSpec{.tokens = prompt});
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  ASSERT_OK(pool_->Commit(session_, first->sequence_id, kBlockSize));
+  ASSERT_OK(pool_->Commit(session_, second->sequence_id, 2 * kBlockSize));
+  ASSERT_OK(pool_->Release(session_, first->sequence_id));
+  ASSERT_OK(pool_->Release(session_, second->sequence_id));
+  // A prompt that needs every free block and one more evicts the first sequence's block 0, the
+  // parent the second's block 1 hangs off: both hashes leave the index together.
+  const PoolStatsSnapshot before = pool_->Stats();
+  ASSERT_EQ(before.evictable, 2u);
+  Compute(Tokens(50000, before.free * kBlockSize + 1));
+  EXPECT_EQ(pool_->Stats().pool.evictions, 2u);
+  Replay();
+  EXPECT_THAT(index_.violations(), IsEmpty());
+  EXPECT_EQ(index_.CachedBlocks("small", session_.tenant, prompt, kBlockSize), 0u);
+  // Computed again, the prompt is cached again in full, and the events say the same.
+  Compute(prompt);
+  Replay();
+  auto lookup = pool_->Lookup(session_.tenant, SequenceSpec{.tokens = prompt});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_blocks, 2u);
+  EXPECT_EQ(index_.CachedBlocks("small", session_.tenant, prompt, kBlockSize), 2u);
+  EXPECT_THAT(index_.violations(), IsEmpty());
+}
+
 TEST_F(PoolEventsTest, ReplayAnswersLikeLookupAfterARandomWorkload) {
   std::mt19937 random(15);
   // Prompts built from a few shared prefixes, so hits, resurrections and evictions all happen.
