@@ -41,8 +41,8 @@ const std::vector<CommandSpec>& CommandList() {
       {"events",
        "[--from N] [--epoch E] [--pool P] [--tenant T] [--follow] [--limit N]",
        "KV events (WatchEvents), one line each. Without --follow: what the daemon holds now, "
-       "then exits once nothing arrives for 300 ms (a snapshot in progress is waited out; a "
-       "daemon that is never quiet that long needs --limit). With "
+       "then exits once it has caught up with the daemon's head sequence (a daemon that "
+       "reports none: once nothing arrives for 300 ms). With "
        "--follow: keeps streaming and resumes a broken stream where it left off (backoff "
        "0.1 s doubling to 5 s). Always ends, ^C included (exit 0), with \"resume with --from N "
        "--epoch E\" on stderr",
@@ -269,11 +269,10 @@ bool SleepUnlessInterrupted(absl::Duration duration, const CommandOptions& optio
 // snapshot began, in that epoch, and the daemon sends a whole new snapshot. Stopping by --limit
 // inside a live response resumes right after the last event printed.
 //
-// Without --follow the command ends once no response arrives for options.idle: the daemon sends
-// what it holds at once, then only new events, so a quiet stream means "caught up" (the API
-// tells no head sequence to stop at). A snapshot in progress is waited out for up to the call
-// timeout. A daemon whose events never pause that long keeps the command printing: --limit
-// bounds it.
+// Without --follow the command ends once a response's next_sequence reaches its head_sequence
+// (the daemon's head when it answered): everything it held then has been printed. A daemon
+// that sends no head (older ones) is caught up once no response arrives for options.idle; a
+// snapshot in progress is waited out for up to the call timeout.
 int RunEvents(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
               Streams streams) {
   ResumePoint resume{.sequence = options.from, .epoch = options.epoch};
@@ -353,6 +352,11 @@ int RunEvents(Connection& connection, const GlobalOptions& global, const Command
       }
       resume = after;
       streams.out.flush();
+      // Caught up with the daemon: what it held when it answered has all been printed.
+      if (!options.follow && !mid_snapshot && response.head_sequence() != 0 &&
+          response.next_sequence() >= response.head_sequence()) {
+        return finish(kExitOk);
+      }
     }
   }
 }

@@ -86,7 +86,8 @@ void WatchEventsReactor::OnWriteDone(bool ok) {
   write_ok_ = ok;
 }
 
-bool WatchEventsReactor::WriteAndWait(const v1::WatchEventsResponse& response) {
+bool WatchEventsReactor::WriteAndWait(v1::WatchEventsResponse& response) {
+  response.set_head_sequence(log_->next_sequence());
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_) return false;

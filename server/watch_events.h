@@ -59,7 +59,8 @@ class WatchEventsReactor final : public grpc::ServerWriteReactor<v1::WatchEvents
   bool ending() const;  // cancelled, or the daemon stops
   // Writes one response and waits for it to be sent; false when the stream is broken or
   // cancelled.
-  bool WriteAndWait(const v1::WatchEventsResponse& response);
+  // Stamps the log's head on it.
+  bool WriteAndWait(v1::WatchEventsResponse& response);
   bool cancelled() const;
 
   KvEventLog* const log_;

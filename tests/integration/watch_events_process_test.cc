@@ -80,6 +80,10 @@ class Watcher {
     absl::MutexLock lock(&mu_);
     return next_sequence_;
   }
+  uint64_t head_sequence() const {
+    absl::MutexLock lock(&mu_);
+    return head_sequence_;
+  }
   uint64_t epoch() const {
     absl::MutexLock lock(&mu_);
     return epoch_;
@@ -116,6 +120,7 @@ class Watcher {
 
   void Apply(const v1::WatchEventsResponse& response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     epoch_ = response.epoch();
+    head_sequence_ = response.head_sequence();
     if (response.snapshot() && !in_snapshot_) ++snapshots_;
     in_snapshot_ = response.snapshot() && response.next_sequence() == next_sequence_;
     for (const v1::KvEvent& event : response.events()) {
@@ -160,6 +165,7 @@ class Watcher {
   std::vector<std::string> gaps_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t head_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   int snapshots_ ABSL_GUARDED_BY(mu_) = 0;
   bool in_snapshot_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<uint64_t> last_live_ ABSL_GUARDED_BY(mu_);
@@ -244,6 +250,9 @@ TEST_F(WatchEventsProcessTest, AReplayOfTheStreamAnswersLikeLookup) {
   ASSERT_NE(worker, nullptr);
   RunWorkload(*worker, 400, 1);
   ExpectConverges(watcher);
+  // Once the workload stops, the watcher catches up with the head the daemon reports.
+  EXPECT_TRUE(PollUntil([&] { return watcher.next_sequence() == watcher.head_sequence(); }));
+  EXPECT_GT(watcher.head_sequence(), 100u);
   // A fresh daemon still holds event 0: the watcher replayed from it, without a snapshot.
   EXPECT_EQ(watcher.snapshots(), 0);
   EXPECT_EQ(watcher.first_live_sequence(), 0u);
