@@ -14,8 +14,9 @@ namespace {
 // How long the thread waits for new events before it looks at the replay socket again.
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(20);
 // Once an event arrives, how long to let more gather: the messages of a burst then go out in one
-// turn of the thread (one wake-up of ZeroMQ's I/O thread) instead of one turn each.
-constexpr absl::Duration kCoalescePeriod = absl::Milliseconds(2);
+// turn of the thread (one wake-up of ZeroMQ's I/O thread) instead of one turn each. Routers act
+// on tens of milliseconds (vLLM publishes once per engine step).
+constexpr absl::Duration kCoalescePeriod = absl::Milliseconds(10);
 constexpr size_t kEventsPerRead = 256;
 
 absl::Status Attach(zmq::socket_t& socket, const std::string& endpoint, const char* what) {
