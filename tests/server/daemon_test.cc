@@ -1,6 +1,6 @@
-// The daemon end to end over a real Unix socket, with a real gRPC health client: health reporting,
-// the latch of a device fault (through a pool memory that fails like a device with a sticky
-// error), and leases on the injected clock.
+// The daemon end to end over a real Unix socket, with a real gRPC health client: health reporting
+// on the socket and on the health-only TCP port, drain, the latch of a device fault (through a pool
+// memory that fails like a device with a sticky error), and leases on the injected clock.
 #include "server/daemon.h"
 
 #include <gmock/gmock.h>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "cache/pool_spec.h"
 #include "common/rpc/grpc_status.h"
@@ -85,6 +86,7 @@ class DaemonTest : public ::testing::Test {
     dir_ = dir;
     DaemonOptions options;
     options.listen = "unix://" + dir_ + "/kv.sock";
+    options.health_listen = "127.0.0.1:0";
     options.pools.push_back(DefaultPoolOptions());
     options.pools.back().num_blocks = 16;
     options.reaper_period = absl::Milliseconds(10);
@@ -99,6 +101,8 @@ class DaemonTest : public ::testing::Test {
     daemon_ = *std::move(daemon);
     channel_ = grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials());
     stub_ = v1::KvCache::NewStub(channel_);
+    health_channel_ =
+        grpc::CreateChannel(daemon_->health_address(), grpc::InsecureChannelCredentials());
   }
 
   void TearDown() override {
@@ -165,11 +169,15 @@ class DaemonTest : public ::testing::Test {
     return FromGrpcStatus(reader->Finish());
   }
 
+  // On the main address and on the health-only port, which must agree at every change.
   void ExpectHealth(int expected) {
-    for (const std::string service : {"", kServiceName}) {
-      absl::StatusOr<int> health = CheckHealth(channel_, service);
-      ASSERT_OK(health) << "service '" << service << "'";
-      EXPECT_EQ(*health, expected) << "service '" << service << "'";
+    for (const std::shared_ptr<grpc::Channel>& channel : {channel_, health_channel_}) {
+      const char* where = channel == channel_ ? "socket" : "health port";
+      for (const std::string service : {"", kServiceName}) {
+        absl::StatusOr<int> health = CheckHealth(channel, service);
+        ASSERT_OK(health) << where << ", service '" << service << "'";
+        EXPECT_EQ(*health, expected) << where << ", service '" << service << "'";
+      }
     }
   }
 
@@ -178,12 +186,33 @@ class DaemonTest : public ::testing::Test {
   FaultInjectionPoolMemory* memory_ = nullptr;  // the "default" pool's, owned by it
   std::unique_ptr<Daemon> daemon_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<grpc::Channel> health_channel_;  // the health-only port
   std::unique_ptr<v1::KvCache::Stub> stub_;
 };
 
 TEST_F(DaemonTest, HealthIsServingForTheServerAndTheService) {
   ExpectHealth(kServing);
   EXPECT_THAT(CheckHealth(channel_, "no.such.Service"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(DaemonTest, HealthPortHasItsBoundPortAndServesNothingElse) {
+  EXPECT_FALSE(absl::EndsWith(daemon_->health_address(), ":0")) << daemon_->health_address();
+  v1::PingResponse pong;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(
+      v1::KvCache::NewStub(health_channel_)->Ping(&context, v1::PingRequest(), &pong).error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(DaemonTest, DrainTurnsHealthNotServingWhileCallsAreStillServed) {
+  const uint64_t session = OpenSession();
+  daemon_->Drain();
+  ExpectHealth(kNotServing);
+  v1::PingResponse pong;
+  EXPECT_OK(Call(&v1::KvCache::Stub::Ping, v1::PingRequest(), &pong));
+  ASSERT_OK(OpenCommitted(session, 2 * kBlockSize + 3, 2 * kBlockSize));
+  ExpectHealth(kNotServing);
 }
 
 TEST_F(DaemonTest, DeviceFaultInAForkTurnsHealthNotServingAndPoolCallsUnavailable) {
