@@ -12,12 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache/pool_spec.h"
+#include "cache/session_registry.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
 namespace {
 
 inline constexpr size_t kMaxNameBytes = 256;
+static_assert(kMaxNameBytes == kMaxTenantBytes, "a tenant named here may be named in any request");
 inline constexpr absl::string_view kSha256Prefix = "sha256:";
 
 absl::Status LineError(int line, absl::string_view what) {

@@ -90,6 +90,7 @@ uint32_t CacheManager::ReleaseSessionEverywhere(const Session& session) {
   uint32_t released = 0;
   for (const auto& pool : pools_) released += pool->ReleaseSession(session.id);
   rendezvous_.DropSession(session.id);
+  if (session_ended_) session_ended_(session.id);
   return released;
 }
 

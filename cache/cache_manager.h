@@ -18,6 +18,7 @@
 #define KVCACHE_CACHE_CACHE_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -82,6 +83,13 @@ class CacheManager {
   // Runs ExpireSessions every `period` on a background thread until the manager is destroyed.
   void StartReaper(absl::Duration period);
 
+  // Called with a session's id once it has ended (closed or expired) and its sequences are
+  // released, on the thread that ended it: the daemon ends the session's data streams with it.
+  // REQUIRES: set before the manager serves (before StartReaper and any call).
+  void SetSessionEndedListener(std::function<void(uint64_t session_id)> listener) {
+    session_ended_ = std::move(listener);
+  }
+
  private:
   uint32_t ReleaseSessionEverywhere(const Session& session);
   void ReaperLoop(absl::Duration period);
@@ -91,11 +99,12 @@ class CacheManager {
       std::make_shared<DeviceFaultLatch>();
   const Clock* const clock_;
   const bool record_events_;
-  TenantQuotas quotas_;                       // own synchronization
-  KvEventLog events_;                         // own synchronization; outlives the pools
-  std::vector<std::unique_ptr<Pool>> pools_;  // constant once serving starts
-  SessionRegistry sessions_;                  // own synchronization
-  RendezvousRegistry rendezvous_;             // own synchronization
+  TenantQuotas quotas_;                          // own synchronization
+  KvEventLog events_;                            // own synchronization; outlives the pools
+  std::vector<std::unique_ptr<Pool>> pools_;     // constant once serving starts
+  SessionRegistry sessions_;                     // own synchronization
+  RendezvousRegistry rendezvous_;                // own synchronization
+  std::function<void(uint64_t)> session_ended_;  // constant once serving starts
 
   absl::Mutex reaper_mu_;
   bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;

@@ -263,7 +263,12 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   }
   size_t total_blocks =
       mode == OpenMode::kCompute ? BlocksFor(spec.tokens.size(), block_size) : full_blocks;
-  if (total_blocks > options_.num_blocks) {
+  if (mode == OpenMode::kPinCached) {
+    // A read allocates nothing, so the size check belongs to the other modes: it returns the
+    // cached prefix, which no pool holds longer than itself (so a 1M-token prompt hashes only
+    // that much).
+    total_blocks = std::min<size_t>(total_blocks, options_.num_blocks);
+  } else if (total_blocks > options_.num_blocks) {
     return absl::ResourceExhaustedError(
         absl::StrCat("pool '", options_.name, "': a ", spec.tokens.size(), "-token prompt needs ",
                      total_blocks, " blocks; the pool has ", options_.num_blocks));
@@ -275,7 +280,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   sequence->root = RootFor(session.tenant, spec.cache_salt);
   sequence->extras = spec.extra_keys;
   const size_t kept_tokens =
-      mode == OpenMode::kCompute ? spec.tokens.size() : full_blocks * block_size;
+      mode == OpenMode::kCompute ? spec.tokens.size() : total_blocks * block_size;
   sequence->tokens.assign(spec.tokens.begin(), spec.tokens.begin() + kept_tokens);
   HashNewBlocks(sequence.get());
 
@@ -285,7 +290,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   }
   // When computing, at least one prompt token is left: the worker needs its logits.
   const size_t max_hit_blocks =
-      mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : full_blocks;
+      mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : total_blocks;
   std::vector<BlockId> hits = WalkLocked(*sequence, max_hit_blocks);
   if (mode == OpenMode::kPinCached) {
     total_blocks = hits.size();
@@ -444,6 +449,9 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
       forked.copied_from_block = parent->blocks.back();
       AcquireLocked(forked.copied_from_block, child->tenant);
       copy_dst = AllocateLocked(child->tenant);
+      // And the destination until its bytes land: if the session ends during the copy, the
+      // child's release must not free it for another sequence to be handed mid-copy (issue 17).
+      pool_.Acquire(copy_dst);
       child->blocks.push_back(copy_dst);
       ReportEvictionsLocked();
     }
@@ -454,9 +462,14 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   const absl::Status copied = CheckMemory(memory_->CopyBlock(forked.copied_from_block, copy_dst));
   absl::MutexLock lock(&mu_);
   ReleaseBlockLocked(forked.copied_from_block);
+  ReleaseBlockLocked(copy_dst);
   if (!copied.ok()) {
     EraseLocked(forked.sequence_id);
     return copied;
+  }
+  // The sweep of an ended session released the child with the rest of its sequences.
+  if (session.closed.load(std::memory_order_acquire)) {
+    return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the fork"));
   }
   return forked;
 }

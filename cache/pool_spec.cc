@@ -1,8 +1,11 @@
 #include "cache/pool_spec.h"
 
+#include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -57,11 +60,34 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   return value * multiplier;
 }
 
+absl::Status ValidatePoolName(absl::string_view name) {
+  const bool allowed = std::all_of(name.begin(), name.end(), [](char c) {
+    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+  if (!name.empty() && name.size() <= kMaxPoolNameBytes && allowed) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("pool name '", absl::CHexEscape(name.substr(0, kMaxPoolNameBytes)),
+                   name.size() > kMaxPoolNameBytes ? "...'" : "'", " (", name.size(),
+                   " bytes) must have 1 to ", kMaxPoolNameBytes, " of A-Z a-z 0-9 . _ -"));
+}
+
+absl::Status ValidatePoolNames(absl::Span<const PoolOptions> pools) {
+  absl::flat_hash_set<absl::string_view> seen;
+  for (const PoolOptions& pool : pools) {
+    RETURN_IF_ERROR(ValidatePoolName(pool.name));
+    if (!seen.insert(pool.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("two pools are named '", pool.name, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
   std::vector<absl::string_view> parts = absl::StrSplit(spec, ':');
   PoolOptions options = DefaultPoolOptions();
   options.name = std::string(parts[0]);
   if (options.name.empty()) return absl::InvalidArgumentError("pool spec has no name");
+  RETURN_IF_ERROR(ValidatePoolName(options.name));
   uint64_t bytes = 0;
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(parts[i], '=');

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "cache/pool.h"
 
 namespace kvcache {
@@ -16,6 +17,13 @@ PoolOptions DefaultPoolOptions();
 
 // INVALID_ARGUMENT naming the offending field.
 absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec);
+
+// A pool's name goes into its shared-memory object's name, metric labels and event topics: 1 to
+// kMaxPoolNameBytes of [A-Za-z0-9._-]. INVALID_ARGUMENT naming the pool otherwise.
+inline constexpr size_t kMaxPoolNameBytes = 64;
+absl::Status ValidatePoolName(absl::string_view name);
+// Every name valid and no two alike: what a daemon checks before it creates any pool's memory.
+absl::Status ValidatePoolNames(absl::Span<const PoolOptions> pools);
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
 }  // namespace kvcache

@@ -12,7 +12,6 @@
 namespace kvcache {
 namespace {
 
-inline constexpr size_t kMaxTenantBytes = 256;
 inline constexpr size_t kMaxClientNameBytes = 256;
 // Luby-Rackoff: four rounds of a pseudorandom function make a pseudorandom permutation; two more
 // cost nothing here (one SHA-256 per round, once per OpenSession and per unknown id).

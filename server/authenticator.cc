@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cache/session_registry.h"
 
 namespace kvcache {
 namespace {
@@ -55,6 +56,10 @@ absl::Status Permit(const Identity& caller, Role needed, absl::string_view metho
 }
 
 absl::StatusOr<std::string> TenantFor(const Identity& caller, absl::string_view requested) {
+  if (requested.size() > kMaxTenantBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant has ", requested.size(), " bytes; at most ", kMaxTenantBytes));
+  }
   if (requested.empty() || requested == caller.tenant) return caller.tenant;
   if (caller.role == Role::kAdmin) return std::string(requested);
   return absl::PermissionDeniedError(absl::StrCat(

@@ -43,7 +43,8 @@ class Authenticator {
 absl::Status Permit(const Identity& caller, Role needed, absl::string_view method);
 
 // The tenant a request acts in: the caller's own when `requested` is empty or names it; another
-// only for an admin (PERMISSION_DENIED otherwise).
+// only for an admin (PERMISSION_DENIED otherwise). INVALID_ARGUMENT for a name longer than any
+// tenant's (kMaxTenantBytes), whoever asks.
 absl::StatusOr<std::string> TenantFor(const Identity& caller, absl::string_view requested);
 
 }  // namespace kvcache

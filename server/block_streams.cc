@@ -13,14 +13,26 @@
 namespace kvcache {
 namespace {
 
-// The transfer's own session: the requester's tenant (so hashes match its namespace), id 0.
-absl::StatusOr<std::unique_ptr<Session>> TransferSession(CacheManager* manager, uint64_t session_id,
-                                                         uint64_t epoch,
-                                                         absl::string_view principal) {
+// A stream's two sessions: the caller's (its lease, which the stream must not outlive) and the
+// transfer's own, in the caller's tenant (so hashes match its namespace) with id 0, which holds
+// the stream's blocks and which no lease expiry touches.
+struct StreamSessions {
+  std::shared_ptr<Session> lease;
+  std::unique_ptr<Session> transfer;
+};
+
+absl::StatusOr<StreamSessions> TransferSession(CacheManager* manager, uint64_t session_id,
+                                               uint64_t epoch, absl::string_view principal) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    manager->SessionFor(session_id, epoch, principal));
-  return std::make_unique<Session>(kTransferSessionId, session->principal, session->tenant,
-                                   "transfer", session->ttl);
+  auto transfer = std::make_unique<Session>(kTransferSessionId, session->principal, session->tenant,
+                                            "transfer", session->ttl);
+  return StreamSessions{std::move(session), std::move(transfer)};
+}
+
+absl::Status LeaseEnded(const Session& lease, absl::string_view stream) {
+  return absl::AbortedError(absl::StrCat("session ", lease.id, "'s lease ended during the ", stream,
+                                         "; its blocks are released"));
 }
 
 absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
@@ -52,9 +64,10 @@ void ReleaseTransferSequence(Pool* pool, const Session& session, uint64_t sequen
 
 }  // namespace
 
-PutBlocksReactor::PutBlocksReactor(CacheManager* manager, grpc::CallbackServerContext* context,
-                                   grpc::ByteBuffer* response, absl::StatusOr<Identity> caller)
-    : manager_(manager), context_(context), response_(response) {
+PutBlocksReactor::PutBlocksReactor(CacheManager* manager, StreamLeases* leases,
+                                   grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
+                                   absl::StatusOr<Identity> caller)
+    : manager_(manager), leases_(leases), context_(context), response_(response) {
   reply_.set_epoch(manager_->epoch());
   if (!caller.ok()) {
     FinishWith(caller.status());
@@ -65,8 +78,14 @@ PutBlocksReactor::PutBlocksReactor(CacheManager* manager, grpc::CallbackServerCo
 }
 
 absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
-  ASSIGN_OR_RETURN(transfer_session_,
+  ASSIGN_OR_RETURN(StreamSessions sessions,
                    TransferSession(manager_, header.session_id(), header.epoch(), principal_));
+  lease_ = std::move(sessions.lease);
+  transfer_session_ = std::move(sessions.transfer);
+  // From the notifier thread: the status goes out now; OnDone, soon after, releases the blocks.
+  ASSIGN_OR_RETURN(lease_binding_, leases_->Bind(*lease_, [this] {
+    if (TakeFinish()) Finish(ToGrpcStatus(LeaseEnded(*lease_, "put")));
+  }));
   ASSIGN_OR_RETURN(pool_, manager_->FindPool(header.pool()));
   const uint32_t block_size = pool_->options().layout.block_size;
   const size_t full_blocks = header.tokens_size() / block_size;
@@ -123,6 +142,8 @@ absl::Status PutBlocksReactor::Complete() {
     return absl::DataLossError(absl::StrCat("put stream ended after ", verifier_->received_bytes(),
                                             " of ", verifier_->expected_bytes(), " bytes"));
   }
+  // Nothing is published under a lease that has ended, even before its streams are told.
+  if (lease_->closed.load(std::memory_order_acquire)) return LeaseEnded(*lease_, "put");
   ASSIGN_OR_RETURN(CommitResult committed,
                    pool_->Commit(*transfer_session_, sequence_id_,
                                  block_ids_.size() * pool_->options().layout.block_size));
@@ -133,8 +154,20 @@ absl::Status PutBlocksReactor::Complete() {
   return absl::OkStatus();
 }
 
+bool PutBlocksReactor::TakeFinish() {
+  absl::MutexLock lock(&finish_mu_);
+  if (finished_) return false;
+  finished_ = true;
+  return true;
+}
+
+bool PutBlocksReactor::IsFinished() {
+  absl::MutexLock lock(&finish_mu_);
+  return finished_;
+}
+
 void PutBlocksReactor::OnReadDone(bool ok) {
-  if (finished_) return;
+  if (IsFinished()) return;
   if (!ok) {  // the client finished writing, or the stream broke
     // A client that died (or cancelled) after its last byte did not end the put: store nothing.
     FinishWith(context_->IsCancelled()
@@ -146,7 +179,7 @@ void PutBlocksReactor::OnReadDone(bool ok) {
     FinishWith(status);
     return;
   }
-  StartRead(&message_);
+  if (!IsFinished()) StartRead(&message_);
 }
 
 absl::Status PutBlocksReactor::OnMessage() {
@@ -176,7 +209,7 @@ absl::Status PutBlocksReactor::OnMessage() {
 }
 
 void PutBlocksReactor::FinishWith(const absl::Status& status) {
-  finished_ = true;
+  if (!TakeFinish()) return;  // the lease ended first, and its status went out
   if (!status.ok() && pool_ != nullptr) {
     pool_->transfers().put_failures.fetch_add(1, std::memory_order_relaxed);
   }
@@ -201,13 +234,16 @@ void PutBlocksReactor::ReleaseSequence() {
 }
 
 void PutBlocksReactor::OnDone() {
+  if (lease_binding_ != nullptr) leases_->Unbind(*lease_binding_);
   ReleaseSequence();
   delete this;
 }
 
-GetBlocksReactor::GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer* request,
-                                   uint32_t max_chunk_bytes, absl::StatusOr<Identity> caller)
-    : manager_(manager), max_chunk_bytes_(max_chunk_bytes) {
+GetBlocksReactor::GetBlocksReactor(CacheManager* manager, StreamLeases* leases,
+                                   grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request, uint32_t max_chunk_bytes,
+                                   absl::StatusOr<Identity> caller)
+    : manager_(manager), leases_(leases), context_(context), max_chunk_bytes_(max_chunk_bytes) {
   v1::GetBlocksRequest parsed;
   absl::Status status = caller.status();
   if (status.ok()) status = ParseMessage(*request, &parsed);
@@ -221,8 +257,13 @@ GetBlocksReactor::GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer
 
 absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request,
                                      absl::string_view principal) {
-  ASSIGN_OR_RETURN(transfer_session_,
+  ASSIGN_OR_RETURN(StreamSessions sessions,
                    TransferSession(manager_, request.session_id(), request.epoch(), principal));
+  lease_ = std::move(sessions.lease);
+  transfer_session_ = std::move(sessions.transfer);
+  // A write may wait on a reader that stalls: only a cancellation ends it (the reader sees
+  // CANCELLED); OnWriteDone then finishes, and OnDone releases the blocks.
+  ASSIGN_OR_RETURN(lease_binding_, leases_->Bind(*lease_, [this] { context_->TryCancel(); }));
   ASSIGN_OR_RETURN(pool_, manager_->FindPool(request.pool()));
   const uint32_t requested = request.max_chunk_bytes();
   chunk_bytes_ = std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested,
@@ -285,6 +326,10 @@ absl::Status GetBlocksReactor::WriteNextChunk() {
 }
 
 void GetBlocksReactor::OnWriteDone(bool ok) {
+  if (lease_->closed.load(std::memory_order_acquire)) {
+    Finish(ToGrpcStatus(LeaseEnded(*lease_, "get")));
+    return;
+  }
   if (!ok) {
     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "get stream broken"));
     return;
@@ -298,6 +343,7 @@ void GetBlocksReactor::OnWriteDone(bool ok) {
 }
 
 void GetBlocksReactor::OnDone() {
+  if (lease_binding_ != nullptr) leases_->Unbind(*lease_binding_);
   if (pool_ != nullptr) {
     pool_->transfers().got_bytes.fetch_add(sent_, std::memory_order_relaxed);
     if (!completed_) pool_->transfers().get_failures.fetch_add(1, std::memory_order_relaxed);

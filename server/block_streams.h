@@ -1,14 +1,19 @@
 // Streaming reactors for the block data RPCs (PutBlocks, GetBlocks).
 //
 // A stream's blocks are held by a sequence of its own, under a transfer session (id 0) that no
-// lease expiry touches: the stream itself is the lease. Whatever way a stream ends — finished,
-// failed, cancelled, or its client killed — OnDone releases that sequence, so a put that did not
-// complete leaves its fresh blocks unpublished on the free list and nothing else changed.
+// lease expiry touches, so the sweep never frees a block under a write or a send. The stream is
+// bound to its caller's lease instead (server/stream_leases.h): when that session ends, the stream
+// ends too, ABORTED (a put publishes nothing; a get's stalled reader is cancelled and sees
+// CANCELLED). Whatever way a stream ends — finished, failed, cancelled, its lease ended, or its
+// client killed — OnDone releases that sequence, so a put that did not complete leaves its fresh
+// blocks unpublished on the free list and nothing else changed.
 //
 // A stream acts for the identity that opened the session it names, in that session's tenant;
 // a put also holds the bytes it will write against the tenant's max_put_bytes_in_flight.
 //
-// Thread safety: gRPC serializes a reactor's read/write callbacks; OnCancel touches no state.
+// Thread safety: gRPC serializes a reactor's read/write callbacks; OnCancel touches no state. The
+// lease notice runs on another thread: a put's only finishes the call (finish_mu_ decides who
+// does), a get's only cancels it.
 #ifndef KVCACHE_SERVER_BLOCK_STREAMS_H_
 #define KVCACHE_SERVER_BLOCK_STREAMS_H_
 
@@ -19,10 +24,13 @@
 #include <optional>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "auth/identity.h"
 #include "cache/cache_manager.h"
 #include "common/block_checksum.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/stream_leases.h"
 
 namespace kvcache {
 
@@ -33,8 +41,9 @@ inline constexpr uint64_t kTransferSessionId = 0;
 class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   // `caller`: the authenticated identity, or why there is none (the put then fails with it).
-  PutBlocksReactor(CacheManager* manager, grpc::CallbackServerContext* context,
-                   grpc::ByteBuffer* response, absl::StatusOr<Identity> caller);
+  PutBlocksReactor(CacheManager* manager, StreamLeases* leases,
+                   grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
+                   absl::StatusOr<Identity> caller);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -46,17 +55,25 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   absl::Status Complete();
   void FinishWith(const absl::Status& status);
   void ReleaseSequence();
+  // True for the one caller that may call Finish.
+  bool TakeFinish();
+  bool IsFinished();
 
   CacheManager* const manager_;
+  StreamLeases* const leases_;
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;  // serialized from reply_ when the put succeeds
   v1::PutBlocksResponse reply_;
   grpc::ByteBuffer message_;
-  bool finished_ = false;
   std::string principal_;
+
+  absl::Mutex finish_mu_;
+  bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
 
   // Set by Begin.
   Pool* pool_ = nullptr;
+  std::shared_ptr<Session> lease_;
+  std::shared_ptr<StreamLeases::Binding> lease_binding_;
   std::unique_ptr<Session> transfer_session_;
   uint64_t sequence_id_ = 0;
   std::vector<BlockId> block_ids_;
@@ -71,8 +88,9 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
 // staged through host slices), so the bytes are never copied into a protobuf message.
 class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GetBlocksReactor(CacheManager* manager, const grpc::ByteBuffer* request, uint32_t max_chunk_bytes,
-                   absl::StatusOr<Identity> caller);
+  GetBlocksReactor(CacheManager* manager, StreamLeases* leases,
+                   grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                   uint32_t max_chunk_bytes, absl::StatusOr<Identity> caller);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -82,10 +100,14 @@ class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   absl::Status WriteNextChunk();
 
   CacheManager* const manager_;
+  StreamLeases* const leases_;
+  grpc::CallbackServerContext* const context_;
   const uint32_t max_chunk_bytes_;
   grpc::ByteBuffer message_;
 
   Pool* pool_ = nullptr;
+  std::shared_ptr<Session> lease_;
+  std::shared_ptr<StreamLeases::Binding> lease_binding_;
   std::unique_ptr<Session> transfer_session_;
   uint64_t sequence_id_ = 0;
   std::vector<BlockId> block_ids_;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "auth/identity_file.h"
 #include "cache/cuda_pool_memory.h"
+#include "cache/pool_spec.h"
 #include "common/cuda/cuda_device.h"
 #include "common/rpc/http2_tuning.h"
 #include "common/status_macros.h"
@@ -144,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                      "(loopback and trusted networks only)"));
   }
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
+  RETURN_IF_ERROR(ValidatePoolNames(options.pools));
 
   const uint64_t epoch = CacheManager::NewEpoch();
   if (options.kv_events_buffer == 0) {
@@ -152,6 +154,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->manager_ =
       std::make_unique<CacheManager>(options.session_limits, options.clock, epoch,
                                      options.kv_events_buffer, options.record_kv_events);
+  daemon->manager_->SetSessionEndedListener(
+      [leases = &daemon->stream_leases_](uint64_t session_id) {
+        leases->SessionEnded(session_id);
+      });
   if (!options.identities_path.empty()) RETURN_IF_ERROR(daemon->ReloadIdentities());
   for (const PoolOptions& pool : options.pools) {
     ASSIGN_OR_RETURN(std::unique_ptr<PoolMemory> memory,
@@ -180,8 +186,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   daemon->authenticator_ =
       std::make_unique<Authenticator>(&daemon->identities_, daemon->unix_listener_.get());
-  daemon->service_ = std::make_unique<KvCacheService>(
-      daemon->manager_.get(), daemon->authenticator_.get(), options.max_message_bytes);
+  daemon->service_ =
+      std::make_unique<KvCacheService>(daemon->manager_.get(), &daemon->stream_leases_,
+                                       daemon->authenticator_.get(), options.max_message_bytes);
   builder.RegisterService(daemon->service_.get());
   if (!options.metrics_listen.empty()) {
     daemon->rpc_metrics_ = std::make_unique<RpcMetrics>();

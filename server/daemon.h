@@ -39,6 +39,7 @@
 #include "server/kv_cache_service.h"
 #include "server/metrics.h"
 #include "server/rpc_metrics.h"
+#include "server/stream_leases.h"
 #include "server/unix_listener.h"
 
 namespace kvcache {
@@ -120,6 +121,9 @@ class Daemon {
   std::string metrics_address_;
   std::string socket_path_;  // empty for TCP
   std::string identities_path_;
+  // The data streams' bindings to their sessions; declared before manager_, whose reaper reports
+  // ended sessions to it, so that it outlives the manager.
+  StreamLeases stream_leases_;
   std::unique_ptr<CacheManager> manager_;
   IdentityRegistry identities_;  // own synchronization
   // server_'s health service, set once serving starts and cleared at Shutdown. Declared before

@@ -477,14 +477,14 @@ grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerCo
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::PutBlocks(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   AddEpochTrailer(context, manager_->epoch());
-  return new PutBlocksReactor(manager_, context, response,
+  return new PutBlocksReactor(manager_, stream_leases_, context, response,
                               Caller(*context, "PutBlocks", Role::kWorker));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::GetBlocks(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   AddEpochTrailer(context, manager_->epoch());
-  return new GetBlocksReactor(manager_, request, max_chunk_bytes_,
+  return new GetBlocksReactor(manager_, stream_leases_, context, request, max_chunk_bytes_,
                               Caller(*context, "GetBlocks", Role::kWorker));
 }
 

@@ -17,6 +17,7 @@
 #include "cache/cache_manager.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/authenticator.h"
+#include "server/stream_leases.h"
 
 namespace kvcache {
 
@@ -27,10 +28,12 @@ class KvCacheService final
     : public v1::KvCache::WithRawCallbackMethod_GetBlocks<
           v1::KvCache::WithRawCallbackMethod_PutBlocks<v1::KvCache::CallbackService>> {
  public:
-  // `max_message_bytes` bounds the chunks GetBlocks sends. Both pointers must outlive the
+  // `max_message_bytes` bounds the chunks GetBlocks sends. The pointers must outlive the
   // service.
-  KvCacheService(CacheManager* manager, const Authenticator* authenticator, int max_message_bytes)
+  KvCacheService(CacheManager* manager, StreamLeases* stream_leases,
+                 const Authenticator* authenticator, int max_message_bytes)
       : manager_(manager),
+        stream_leases_(stream_leases),
         authenticator_(authenticator),
         max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {}
 
@@ -102,6 +105,7 @@ class KvCacheService final
 
  private:
   CacheManager* const manager_;
+  StreamLeases* const stream_leases_;
   const Authenticator* const authenticator_;
   const uint32_t max_chunk_bytes_;
   std::atomic<int> watchers_{0};

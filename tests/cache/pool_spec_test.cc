@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -44,6 +47,25 @@ TEST(PoolSpecTest, BadFieldsAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int4")));
   EXPECT_THAT(ParsePoolSpec("p:head_dim=0"), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ParsePoolSpec(":layers=1"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Regression (issue 17): a name with '/' failed at start as a shared-memory "Invalid argument",
+// and two pools of one name as "File exists".
+TEST(PoolSpecTest, PoolNamesAreCheckedAndUnique) {
+  EXPECT_THAT(ParsePoolSpec("a/b:layers=1"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool name 'a/b'")));
+  EXPECT_THAT(ParsePoolSpec(std::string(65, 'p')),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 to 64")));
+  EXPECT_OK(ParsePoolSpec(std::string(64, 'p')));
+  EXPECT_OK(ParsePoolSpec("Qwen3-32B_v1.fp8"));
+  std::vector<PoolOptions> pools = {*ParsePoolSpec("a"), *ParsePoolSpec("b")};
+  EXPECT_OK(ValidatePoolNames(pools));
+  pools.push_back(*ParsePoolSpec("a:layers=2"));
+  EXPECT_THAT(ValidatePoolNames(pools),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("two pools are named 'a'")));
+  pools.back().name = "bad\nname";
+  EXPECT_THAT(ValidatePoolNames(pools),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad\\n")));
 }
 
 TEST(PoolSpecTest, ByteSizes) {

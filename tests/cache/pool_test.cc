@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "tests/testing/fault_injection_pool_memory.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -33,21 +34,26 @@ std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t
   return a;
 }
 
+PoolOptions TestPoolOptions() {
+  PoolOptions options;
+  options.name = "test";
+  options.model_id = "model";
+  options.layout = PoolLayout{.num_layers = 1,
+                              .num_kv_heads = 1,
+                              .head_dim = 4,
+                              .block_size = kBlockSize,
+                              .dtype = DType::kFloat32};
+  options.num_blocks = kNumBlocks;
+  return options;
+}
+
 class PoolTest : public ::testing::Test {
  protected:
   void SetUp() override { cache_ = MakeCache(HashAlgorithm::kXxh3_128); }
   void TearDown() override { EXPECT_OK(cache_->CheckInvariants()); }
 
   static std::unique_ptr<Pool> MakeCache(HashAlgorithm algorithm) {
-    PoolOptions options;
-    options.name = "test";
-    options.model_id = "model";
-    options.layout = PoolLayout{.num_layers = 1,
-                                .num_kv_heads = 1,
-                                .head_dim = 4,
-                                .block_size = kBlockSize,
-                                .dtype = DType::kFloat32};
-    options.num_blocks = kNumBlocks;
+    PoolOptions options = TestPoolOptions();
     options.hash_algorithm = algorithm;
     auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
     EXPECT_OK(memory);
@@ -224,6 +230,64 @@ TEST_F(PoolTest, ExhaustionIsAnErrorThatChangesNothing) {
 TEST_F(PoolTest, PromptLargerThanThePoolIsExhaustion) {
   EXPECT_THAT(cache_->Open(session_, SequenceSpec{Tokens(0, 4 * 9)}),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("the pool has 8")));
+}
+
+// Regression (issue 17): a read-only open of a prompt longer than the pool was refused as
+// RESOURCE_EXHAUSTED ("needs 9 blocks; the pool has 8") although its prefix was cached.
+TEST_F(PoolTest, PinningTheCachedPrefixOfAPromptLargerThanThePoolReturnsThePrefix) {
+  Compute(Tokens(100, 12));
+  for (const size_t length : {size_t{4 * 9 + 2}, size_t{1} << 20}) {
+    SCOPED_TRACE(length);
+    auto pinned = cache_->Open(session_, SequenceSpec{Tokens(100, length)}, OpenMode::kPinCached);
+    ASSERT_OK(pinned);
+    EXPECT_EQ(pinned->num_cached_tokens, 12);
+    EXPECT_EQ(pinned->block_ids.size(), 3);
+    EXPECT_OK(cache_->Release(session_, pinned->sequence_id));
+  }
+  // Allocating still checks the size.
+  EXPECT_THAT(cache_->Open(session_, SequenceSpec{Tokens(100, 4 * 9)}, OpenMode::kPut),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("the pool has 8")));
+}
+
+// Issue 17: ForkSequence copies the partial block outside the pool lock. If the session ends
+// during the copy, the sweep releases the child; its destination block must stay pinned until the
+// copy lands, or another sequence could be handed it mid-copy.
+TEST(PoolForkTest, ASessionEndingDuringTheForkCopyCannotHandOutItsDestination) {
+  const PoolOptions options = TestPoolOptions();
+  ASSERT_EQ(options.num_blocks, 8);
+  auto host = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
+  ASSERT_OK(host);
+  auto memory = std::make_unique<::kvcache::testing::FaultInjectionPoolMemory>(*std::move(host));
+  ::kvcache::testing::FaultInjectionPoolMemory* hooked = memory.get();
+  auto pool = Pool::Create(options, 0, std::move(memory));
+  ASSERT_OK(pool);
+  Session ending{1, "uid:1", "tenant-a", "ending", absl::Seconds(10)};
+  Session other{2, "uid:1", "tenant-a", "other", absl::Seconds(10)};
+  // The parent: one full block and a partial one; the other session holds all but one of the
+  // rest, so the fork's destination is the last free block.
+  auto parent = (*pool)->Open(ending, SequenceSpec{Tokens(0, kBlockSize + 2)});
+  ASSERT_OK(parent);
+  auto filler = (*pool)->Open(other, SequenceSpec{Tokens(500, 5 * kBlockSize)});
+  ASSERT_OK(filler);
+
+  bool hook_ran = false;
+  hooked->BeforeCopy([&](uint32_t, uint32_t destination) {
+    hook_ran = true;
+    // What CacheManager does when a lease ends: mark the session, then release its sequences.
+    ending.closed.store(true);
+    EXPECT_EQ((*pool)->ReleaseSession(ending.id), 2);  // the parent and the child
+    auto taken = (*pool)->Open(other, SequenceSpec{Tokens(900, 2 * kBlockSize)});
+    if (taken.ok()) EXPECT_THAT(taken->block_ids, ::testing::Not(::testing::Contains(destination)));
+  });
+  EXPECT_THAT((*pool)->Fork(ending, parent->sequence_id),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("ended during the fork")));
+  EXPECT_TRUE(hook_ran);
+  EXPECT_OK((*pool)->CheckInvariants());
+  EXPECT_OK((*pool)->Release(other, filler->sequence_id));
+  (*pool)->ReleaseSession(other.id);
+  EXPECT_EQ((*pool)->Stats().referenced, 0);
+  EXPECT_EQ((*pool)->Stats().free, 8);
+  EXPECT_OK((*pool)->CheckInvariants());
 }
 
 TEST_F(PoolTest, OnlyCommittedBlocksArePublished) {

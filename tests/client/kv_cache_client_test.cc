@@ -234,6 +234,15 @@ TEST_F(KvCacheClientTest, BadRequestsGetExactCodes) {
   ASSERT_OK(client_->ReleaseSequence(sequence->sequence_id));
   EXPECT_THAT(client_->ReleaseSequence(sequence->sequence_id),
               StatusIs(absl::StatusCode::kNotFound));
+
+  // Regression (issue 17): Lookup took a 300-byte tenant where OpenSession refused one over 256.
+  // One rule, before any permission check.
+  EXPECT_THAT(client_->Lookup("default", std::string(300, 't'), prompt),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 256")));
+  std::unique_ptr<KvCacheClient> other = Connect();
+  ASSERT_NE(other, nullptr);
+  EXPECT_THAT(other->OpenSession(std::string(257, 't'), "test"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 256")));
   EXPECT_FALSE(client_->epoch_changed());
   EXPECT_FALSE(client_->session_lost());
 }

@@ -22,16 +22,19 @@
 #include "common/rpc/grpc_status.h"
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
+using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr uint32_t kBlockSize = 4;
 constexpr uint32_t kNumBlocks = 16;
+constexpr uint32_t kBigBlocks = 8192;  // 32 MiB
 
 class BlockStreamsTest : public ::testing::Test {
  protected:
@@ -49,6 +52,10 @@ class BlockStreamsTest : public ::testing::Test {
     pool.layout =
         PoolLayout{.num_layers = 1, .num_kv_heads = 2, .head_dim = 128, .block_size = kBlockSize};
     pool.num_blocks = kNumBlocks;
+    options.pools.push_back(pool);
+    // More bytes than gRPC and the socket buffer between a sender and a reader that stalls.
+    pool.name = "big";
+    pool.num_blocks = kBigBlocks;
     options.pools.push_back(pool);
     auto daemon = Daemon::Start(options);
     ASSERT_OK(daemon);
@@ -73,10 +80,11 @@ class BlockStreamsTest : public ::testing::Test {
 
   Pool& FirstPool() { return *daemon_->manager().pools()[0]; }
 
-  uint64_t OpenSession(const std::string& tenant) {
+  uint64_t OpenSession(const std::string& tenant, uint32_t ttl_ms = 0) {
     grpc::ClientContext context;
     v1::OpenSessionRequest request;
     request.set_tenant(tenant);
+    request.set_ttl_ms(ttl_ms);
     v1::OpenSessionResponse response;
     EXPECT_TRUE(stub_->OpenSession(&context, request, &response).ok());
     return response.session_id();
@@ -89,10 +97,11 @@ class BlockStreamsTest : public ::testing::Test {
     return bytes;
   }
 
-  v1::PutBlocksHeader Header(const std::vector<uint32_t>& tokens, const std::string& bytes) {
+  v1::PutBlocksHeader Header(const std::vector<uint32_t>& tokens, const std::string& bytes,
+                             const std::string& pool = "p") {
     v1::PutBlocksHeader header;
     header.set_session_id(session_);
-    header.set_pool("p");
+    header.set_pool(pool);
     header.mutable_tokens()->Add(tokens.begin(), tokens.end());
     for (size_t offset = 0; offset + block_bytes_ <= bytes.size(); offset += block_bytes_) {
       header.add_block_checksums(XXH3_64bits_withSeed(bytes.data() + offset, block_bytes_, 0));
@@ -179,6 +188,12 @@ TEST_F(BlockStreamsTest, PutThenGetReturnsIdenticalBytesToAnotherSession) {
   EXPECT_EQ(got->header.block_checksums_size(), 3);
   EXPECT_EQ(got->bytes, bytes);
   EXPECT_EQ(got->messages, 1 + 3);  // header, then one 4 KiB chunk per block
+
+  // The documented floor (issue 17: it was silent): below 4096, chunks are 4096 bytes.
+  got = Get(tokens_, session_, 100);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->bytes, bytes);
+  EXPECT_EQ(got->messages, 1 + 3);
 }
 
 TEST_F(BlockStreamsTest, PutKeepsCachedBlocksAndStoresOnlyTheMissingOnes) {
@@ -219,6 +234,22 @@ TEST_F(BlockStreamsTest, PutCanSkipTheBlocksTheDaemonHolds) {
   EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{other})->num_cached_blocks, 0);
   bad.set_first_block(4);
   EXPECT_THAT(Put(bad, ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 4")));
+}
+
+// Regression (issue 17): GetBlocks of a prompt with more full blocks than the pool answered
+// RESOURCE_EXHAUSTED although its leading blocks were cached and Lookup found them.
+TEST_F(BlockStreamsTest, GetOfAPromptLongerThanThePoolReturnsItsCachedPrefix) {
+  const std::string bytes = RandomBlocks(3, 4);
+  ASSERT_OK(Put(Header(tokens_, bytes), bytes));
+  for (const size_t length : {size_t{kBlockSize * (kNumBlocks + 5)}, size_t{60000}}) {
+    SCOPED_TRACE(length);
+    std::vector<uint32_t> prompt(length);
+    std::iota(prompt.begin(), prompt.end(), 100);
+    auto got = Get(prompt, session_);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->header.num_cached_tokens(), 12);
+    EXPECT_EQ(got->bytes, bytes);
+  }
 }
 
 TEST_F(BlockStreamsTest, GetOfAnUncachedOrForeignPromptMatchesNothing) {
@@ -365,6 +396,84 @@ TEST_F(BlockStreamsTest, CancelledPutReleasesItsBlocks) {
   EXPECT_THAT(FromGrpcStatus(writer->Finish()), StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens_})->num_cached_blocks, 0);
   // TearDown waits (bounded) for the reactor's release and checks nothing is referenced.
+}
+
+// Regression (issue 17): a put stream outlived its session. With ttl_ms=500, a put of 10 blocks
+// that sent 5 and stalled kept its 10 blocks referenced after the lease ended, then answered OK
+// and published them. The stream is bound to the lease: when it ends, the put ends ABORTED at
+// once, its blocks go back, and nothing is published, whatever the client sends later.
+TEST_F(BlockStreamsTest, APutEndsWithItsLeaseAndPublishesNothing) {
+  const uint64_t short_lease = OpenSession("", 500);
+  std::vector<uint32_t> tokens(10 * kBlockSize);
+  std::iota(tokens.begin(), tokens.end(), 7000);
+  const std::string bytes = RandomBlocks(10, 11);
+  v1::PutBlocksHeader header = Header(tokens, bytes);
+  header.set_session_id(short_lease);
+
+  grpc::ClientContext context;
+  v1::PutBlocksResponse response;
+  auto writer = stub_->PutBlocks(&context, &response);
+  v1::PutBlocksRequest request;
+  *request.mutable_header() = header;
+  ASSERT_TRUE(writer->Write(request));
+  request.set_data(bytes.substr(0, 5 * block_bytes_));
+  ASSERT_TRUE(writer->Write(request));
+  // The daemon holds the put's 10 blocks while the client stalls...
+  ASSERT_TRUE(PollUntil([&] { return FirstPool().Stats().referenced == 10; }));
+  // ... until the lease ends (no keep-alive): then they return without the client doing a thing.
+  ASSERT_TRUE(PollUntil([&] {
+    return daemon_->manager().sessions().size() == 1 && FirstPool().Stats().referenced == 0;
+  }));
+  // What the client sends now is too late.
+  request.set_data(bytes.substr(5 * block_bytes_));
+  writer->Write(request);
+  writer->WritesDone();
+  EXPECT_THAT(FromGrpcStatus(writer->Finish()),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("lease ended during the put")));
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens})->num_cached_blocks, 0);
+  EXPECT_EQ(Counts(), std::make_tuple(kNumBlocks, 0u, 0u));
+}
+
+// Same for a get whose reader stalls: its pinned blocks are released when the lease ends.
+TEST_F(BlockStreamsTest, AGetEndsWithItsLeaseAndUnpinsItsBlocks) {
+  Pool& big = *daemon_->manager().pools()[1];
+  std::vector<uint32_t> tokens(kBigBlocks * kBlockSize);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  const std::string bytes = RandomBlocks(kBigBlocks, 12);
+  ASSERT_OK(Put(Header(tokens, bytes, "big"), bytes, 128 << 10));
+  ASSERT_EQ(big.Stats().evictable, kBigBlocks);
+
+  const uint64_t short_lease = OpenSession("", 500);
+  grpc::ClientContext context;
+  v1::GetBlocksRequest request;
+  request.set_session_id(short_lease);
+  request.set_pool("big");
+  request.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  request.set_max_chunk_bytes(64 << 10);
+  auto reader = stub_->GetBlocks(&context, request);
+  v1::GetBlocksResponse response;
+  ASSERT_TRUE(reader->Read(&response));  // the header; then the reader stalls
+  ASSERT_TRUE(response.has_header());
+  ASSERT_EQ(response.header().num_blocks(), kBigBlocks);
+  EXPECT_EQ(big.Stats().referenced, kBigBlocks);  // pinned while they stream
+  // The lease ends: the blocks go back to the evictable list while the reader still sleeps.
+  ASSERT_TRUE(PollUntil(
+      [&] { return daemon_->manager().sessions().size() == 1 && big.Stats().referenced == 0; }));
+  EXPECT_EQ(big.Stats().evictable, kBigBlocks);
+  while (reader->Read(&response)) {
+  }
+  EXPECT_THAT(FromGrpcStatus(reader->Finish()), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_OK(big.CheckInvariants());
+}
+
+// A stream naming a session that has already ended never starts.
+TEST_F(BlockStreamsTest, AStreamOfAnEndedSessionIsAborted) {
+  const uint64_t ended = OpenSession("");
+  ASSERT_OK(daemon_->manager().CloseSession(ended, 0, absl::StrCat("uid:", getuid())));
+  v1::PutBlocksHeader header = Header(tokens_, RandomBlocks(3, 13));
+  header.set_session_id(ended);
+  EXPECT_THAT(Put(header, RandomBlocks(3, 13)), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(Get(tokens_, ended), StatusIs(absl::StatusCode::kAborted));
 }
 
 TEST_F(BlockStreamsTest, UnknownSessionOrPoolIsNotFound) {

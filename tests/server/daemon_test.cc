@@ -41,6 +41,29 @@ constexpr int kNotServing = 2;
 constexpr char kServiceName[] = "kvcache.v1.KvCache";
 constexpr uint32_t kBlockSize = 16;  // DefaultPoolOptions' block size
 
+// One unary call of `method` with `request` as its raw bytes; the response's bytes.
+absl::StatusOr<std::string> RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                                         const std::string& method, const std::string& request) {
+  grpc::Slice slice(request);
+  const grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request_buffer, &response_buffer,
+                 [&](grpc::Status result) {
+                   status = std::move(result);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) return FromGrpcStatus(status);
+  grpc::Slice flat;
+  if (!response_buffer.DumpToSingleSlice(&flat).ok()) return absl::DataLossError("no response");
+  return std::string(reinterpret_cast<const char*>(flat.begin()), flat.size());
+}
+
 // grpc.health.v1.Health/Check, called raw: Debian's libgrpc++ serves the health service but ships
 // no client stub for it. The request is `string service = 1`, the response
 // `ServingStatus status = 1`; both are hand-serialized. Returns the serving status.
@@ -52,29 +75,14 @@ absl::StatusOr<int> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
     request.push_back(static_cast<char>(service.size()));
     request += service;
   }
-  grpc::Slice slice(request);
-  const grpc::ByteBuffer request_buffer(&slice, 1);
-  grpc::ByteBuffer response_buffer;
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
-                 &response_buffer, [&](grpc::Status result) {
-                   status = std::move(result);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) return FromGrpcStatus(status);
-  grpc::Slice flat;
-  if (!response_buffer.DumpToSingleSlice(&flat).ok()) return absl::DataLossError("no response");
+  ASSIGN_OR_RETURN(const std::string response,
+                   RawUnaryCall(channel, "/grpc.health.v1.Health/Check", request));
   // UNKNOWN (0) is the default and is not sent; any other status is tag 0x08 and a 1-byte varint.
-  if (flat.size() == 0) return 0;
-  if (flat.size() != 2 || flat.begin()[0] != 0x08) {
+  if (response.empty()) return 0;
+  if (response.size() != 2 || response[0] != 0x08) {
     return absl::DataLossError("unexpected HealthCheckResponse bytes");
   }
-  return flat.begin()[1];
+  return response[1];
 }
 
 class DaemonTest : public ::testing::Test {
@@ -275,6 +283,21 @@ TEST_F(DaemonTest, DeviceFaultWhileStreamingBlocksEndsTheStreamUnavailable) {
   EXPECT_TRUE(PollUntil([&] { return pool->Stats().referenced == held; }));
 }
 
+// Issue 17: a unary request whose bytes do not parse is answered by gRPC 1.51's callback server
+// itself, before any handler or interceptor of ours sees the call, as UNIMPLEMENTED with an empty
+// message; the proto's error list documents it. This pins that behaviour, and that the daemon
+// serves on.
+TEST_F(DaemonTest, AnUnparsableUnaryRequestIsUnimplementedAndChangesNothing) {
+  // Field 1 (session_id, varint) with a truncated varint.
+  EXPECT_THAT(RawUnaryCall(channel_, "/kvcache.v1.KvCache/OpenSequence", "\x08\xff\xff"),
+              StatusIs(absl::StatusCode::kUnimplemented));
+  EXPECT_THAT(RawUnaryCall(channel_, "/kvcache.v1.KvCache/Ping", std::string("\x0a\x7f", 2)),
+              StatusIs(absl::StatusCode::kUnimplemented));
+  v1::PingResponse pong;
+  EXPECT_OK(Call(&v1::KvCache::Stub::Ping, v1::PingRequest(), &pong));
+  EXPECT_EQ(daemon_->manager().sessions().size(), 0);
+}
+
 TEST_F(DaemonTest, LeasesRunOnTheInjectedClock) {
   // A lease far longer than the test: on real time it would never end here.
   constexpr absl::Duration kLease = absl::Minutes(1);
@@ -297,6 +320,28 @@ TEST_F(DaemonTest, LeasesRunOnTheInjectedClock) {
   }));
   EXPECT_THAT(Call(&v1::KvCache::Stub::KeepAlive, keep_alive, &kept),
               StatusIs(absl::StatusCode::kAborted));
+}
+
+// Regression (issue 17): such pools failed at start with a shared-memory error ("Invalid
+// argument", "File exists") rather than naming the pool.
+TEST(DaemonStartTest, BadOrDuplicatePoolNamesAreRefusedBeforeAnyMemoryIsMade) {
+  ::kvcache::testing::KeepGrpcInitialized();
+  char dir[] = "/tmp/kvcache-names-XXXXXX";
+  const std::string path = mkdtemp(dir);
+  DaemonOptions options;
+  options.listen = "unix://" + path + "/kv.sock";
+  options.pools = {DefaultPoolOptions()};
+  options.pools[0].name = "a/b";
+  EXPECT_THAT(Daemon::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool name 'a/b'")));
+  options.pools = {DefaultPoolOptions(), DefaultPoolOptions()};
+  EXPECT_THAT(Daemon::Start(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               HasSubstr("two pools are named 'default'")));
+  options.pools[1].name = "second";
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
+  EXPECT_OK(daemon);
+  if (daemon.ok()) daemon->reset();
+  std::filesystem::remove_all(path);
 }
 
 }  // namespace

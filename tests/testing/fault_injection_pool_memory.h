@@ -9,6 +9,7 @@
 #define KVCACHE_TESTS_TESTING_FAULT_INJECTION_POOL_MEMORY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -41,6 +42,11 @@ class FaultInjectionPoolMemory final : public PoolMemory {
     countdown_ = n;
     fault_ = std::move(fault);
   }
+  // Runs `hook(src, dst)` at the start of every CopyBlock, before the copy: to act while a
+  // caller is between its locks. REQUIRES: set before the memory is shared.
+  void BeforeCopy(std::function<void(uint32_t src, uint32_t dst)> hook) {
+    before_copy_ = std::move(hook);
+  }
   // Block operations that reached this memory, failed ones included.
   int calls() const {
     absl::MutexLock lock(&mu_);
@@ -54,6 +60,7 @@ class FaultInjectionPoolMemory final : public PoolMemory {
   std::string kind() const override { return base_->kind(); }
   MappingInfo mapping() const override { return base_->mapping(); }
   absl::Status CopyBlock(uint32_t src, uint32_t dst) override {
+    if (before_copy_) before_copy_(src, dst);
     RETURN_IF_ERROR(Next(Op::kCopyBlock));
     return base_->CopyBlock(src, dst);
   }
@@ -80,6 +87,7 @@ class FaultInjectionPoolMemory final : public PoolMemory {
   }
 
   const std::unique_ptr<PoolMemory> base_;
+  std::function<void(uint32_t, uint32_t)> before_copy_;  // constant once shared
 
   mutable absl::Mutex mu_;
   mutable int calls_ ABSL_GUARDED_BY(mu_) = 0;
