@@ -379,8 +379,11 @@ class Session:
                     return
                 # A keep-alive must arrive within the lease to matter; waiting longer only
                 # delays the next.
-                self._keepalive_call = self._client.future(
-                    "KeepAlive", request, min(self._client.rpc_timeout, period * 3))
+                try:
+                    self._keepalive_call = self._client.future(
+                        "KeepAlive", request, min(self._client.rpc_timeout, period * 3))
+                except ValueError:  # the client's channel was closed under the session
+                    return
                 call = self._keepalive_call
             try:
                 response = call.result()
