@@ -34,7 +34,8 @@ class Daemon:
     """kvcache-manager listening on `listen` (default: a Unix socket in a temp dir)."""
 
     def __init__(self, *extra: str, directory: Optional[str] = None,
-                 listen: Optional[str] = None) -> None:
+                 listen: Optional[str] = None, pool: str = f"default:blocks={POOL_BLOCKS}"
+                 ) -> None:
         self._temp = None if directory else tempfile.TemporaryDirectory(prefix="kvpy-")
         self.directory = directory or self._temp.name
         self.target = listen or "unix://" + os.path.join(self.directory, "kv.sock")
@@ -43,7 +44,7 @@ class Daemon:
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [binary("kvcache-manager"), "--listen", self.target,
-             "--pool", f"default:blocks={POOL_BLOCKS}", *extra],
+             "--pool", pool, *extra],
             stdout=self._log, stderr=subprocess.STDOUT)
         # The address it serves (a TCP port 0 becomes a real one) and its epoch, from its log.
         deadline = time.monotonic() + BOUND
