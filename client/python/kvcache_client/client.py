@@ -22,7 +22,7 @@ are). Sessions are independent of each other.
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import grpc
 import grpc.experimental
@@ -34,6 +34,9 @@ from .errors import KvCacheError, check_tokens, invalid_argument
 from .values import (ListedSession, LookupResult, PoolDescription, PoolInfo, Stats,
                      block_counts_from_proto, fill_extra_keys, pool_info_from_proto,
                      pool_stats_from_proto)
+
+if TYPE_CHECKING:
+    from .session import Session
 
 # A daemon on the same machine restarts in well under a second; gRPC's default first reconnect
 # backoff (1 s, growing to 120 s) would keep a client away much longer (as the C++ client).
@@ -132,6 +135,7 @@ class Client:
         self.rpc_timeout = rpc_timeout
         self.max_message_bytes = max_message_bytes
         self._wait_for_ready = wait_for_ready
+        self._closed = False
         self._metadata: Tuple[Tuple[str, str], ...] = ()
         if bearer_token is not None:
             check_bearer_token(bearer_token)
@@ -169,8 +173,9 @@ class Client:
             response_deserializer=split_get_message)
 
     def close(self) -> None:
-        """Closes the channel; calls in flight fail CANCELLED. Sessions are not closed first:
-        close them (or leave their `with` blocks) before."""
+        """Closes the channel; calls in flight and later calls fail CANCELLED. Sessions are not
+        closed first: close them (or leave their `with` blocks) before."""
+        self._closed = True
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -181,26 +186,35 @@ class Client:
 
     # --- plumbing shared with Session -----------------------------------------------------------
 
+    def _start(self, name: str, method: Callable, request: object, timeout: float) -> object:
+        """method(request) with the client's credentials; CANCELLED once the client is closed
+        (gRPC raises ValueError for a call on a closed channel)."""
+        try:
+            return method(request, timeout=timeout, metadata=self._metadata,
+                          wait_for_ready=self._wait_for_ready)
+        except ValueError:
+            if not self._closed:
+                raise
+            raise KvCacheError(grpc.StatusCode.CANCELLED,
+                               f"{name}: the client is closed") from None
+
     def call(self, name: str, request: object, timeout: Optional[float] = None) -> object:
-        """Unary call `name` of the stub with the client's deadline and credentials; returns the
-        reply. grpc.RpcError is left to the caller (Session needs its trailers)."""
-        return getattr(self.stub, name)(request, timeout=timeout or self.rpc_timeout,
-                                        metadata=self._metadata,
-                                        wait_for_ready=self._wait_for_ready)
+        """Unary call `name` of the stub with the client's deadline (or `timeout`) and
+        credentials; returns the reply. grpc.RpcError is left to the caller (Session needs its
+        trailers)."""
+        return self._start(name, getattr(self.stub, name), request,
+                           self.rpc_timeout if timeout is None else timeout)
 
     def future(self, name: str, request: object, timeout: float) -> grpc.Future:
         """Same, started asynchronously (so it can be cancelled)."""
-        return getattr(self.stub, name).future(request, timeout=timeout, metadata=self._metadata,
-                                               wait_for_ready=self._wait_for_ready)
+        return self._start(name, getattr(self.stub, name).future, request, timeout)
 
     def put_blocks_stream(self, messages: Iterable[bytes], timeout: float
                           ) -> kvcache_pb2.PutBlocksResponse:
-        return self._put_blocks(messages, timeout=timeout, metadata=self._metadata,
-                                wait_for_ready=self._wait_for_ready)
+        return self._start("PutBlocks", self._put_blocks, messages, timeout)
 
     def get_blocks_stream(self, request: kvcache_pb2.GetBlocksRequest, timeout: float):
-        return self._get_blocks(request, timeout=timeout, metadata=self._metadata,
-                                wait_for_ready=self._wait_for_ready)
+        return self._start("GetBlocks", self._get_blocks, request, timeout)
 
     def _unary(self, name: str, request: object) -> object:
         try:

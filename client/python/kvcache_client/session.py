@@ -25,7 +25,7 @@ called from a callback.
 
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -36,6 +36,9 @@ from .client import Client
 from .errors import KvCacheError, check_tokens, epoch_from_trailers, invalid_argument
 from .values import (Commit, Extension, Fork, GetInfo, PutResult, Sequence as SequenceTable,
                      fill_extra_keys)
+
+if TYPE_CHECKING:
+    from .mapped_pool import MappedPool
 
 _BYTES_PER_EXTRA_SECOND = 64 << 20  # a stream's deadline grows 1 s per this many bytes moved
 _MESSAGE_OVERHEAD = 1024  # room for a data message's framing within max_message_bytes
@@ -189,7 +192,10 @@ class Session:
                            kvcache_pb2.PublishRendezvousRequest(key=key, value=value))
 
     def await_rendezvous(self, key: str, timeout: float) -> bytes:
-        """The key's value as soon as it has one; DEADLINE_EXCEEDED after `timeout` seconds."""
+        """The key's value as soon as it has one; DEADLINE_EXCEEDED after `timeout` seconds,
+        CANCELLED when the client is closed meanwhile."""
+        if timeout <= 0:
+            raise invalid_argument(f"await_rendezvous: timeout {timeout} is not positive")
         response = self._session_call("AwaitRendezvous",
                                       kvcache_pb2.AwaitRendezvousRequest(key=key), timeout)
         return bytes(response.value)
@@ -382,7 +388,7 @@ class Session:
                 try:
                     self._keepalive_call = self._client.future(
                         "KeepAlive", request, min(self._client.rpc_timeout, period * 3))
-                except ValueError:  # the client's channel was closed under the session
+                except KvCacheError:  # the client was closed under the session
                     return
                 call = self._keepalive_call
             try:

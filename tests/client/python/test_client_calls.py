@@ -3,20 +3,24 @@ raise, each asserted exactly: the daemon's (passed on unchanged) and the client'
 bearer tokens over the Unix socket and over TLS (a CA made here with openssl).
 """
 
+import dataclasses
 import hashlib
 import os
 import subprocess
 import tempfile
+import threading
 import unittest
 from unittest import mock
 
 import numpy
 
-from daemon import POOL_BLOCKS, Daemon, error_code, tokens
+from daemon import BOUND, POOL_BLOCKS, Daemon, error_code, tokens, wait_until
 
 import grpc
 from kvcache_client import Client, DType, KvCacheError, MappingKind, TlsOptions
+from kvcache_client import PoolInfo, PoolLayout, PoolMapping
 from kvcache_client import block_stream, hashing
+from kvcache_client.mapped_pool import MappedPool
 from kvcache_client._proto import kvcache_pb2
 
 Code = grpc.StatusCode
@@ -163,6 +167,22 @@ class CallsTest(unittest.TestCase):
                          Code.ALREADY_EXISTS)
         self.assertEqual(error_code(second.await_rendezvous, "never", 0.2),
                          Code.DEADLINE_EXCEEDED)
+        self.assertEqual(error_code(second.await_rendezvous, "never", 0), Code.INVALID_ARGUMENT)
+
+    def test_a_call_parked_when_its_client_closes_is_cancelled(self):
+        client = self.daemon.client()
+        session = client.open_session("parked")
+        codes = []
+        parked = threading.Thread(
+            target=lambda: codes.append(error_code(session.await_rendezvous, "never", 60)))
+        parked.start()
+        wait_until(lambda: any(info.session_id == session.id and info.client_name == "parked"
+                               for info in self.client.list_sessions()), "the parked session")
+        session.__exit__(None, None, None)
+        client.close()
+        parked.join(BOUND)
+        self.assertEqual(codes, [Code.CANCELLED])
+        self.assertEqual(error_code(client.ping), Code.CANCELLED)  # a closed client
 
     def test_daemon_error_codes(self):
         session = self.session("errors")
@@ -249,7 +269,10 @@ class BlockVerifierTest(unittest.TestCase):
         data = bytes(range(256)) * 8
         sums = block_stream.block_checksums(memoryview(data), 1024)
         out = bytearray(len(data))
-        sink = lambda offset, piece: out.__setitem__(slice(offset, offset + len(piece)), piece)  # noqa
+
+        def sink(offset, piece):
+            out[offset:offset + len(piece)] = piece
+
         verifier = block_stream.BlockVerifier(1024, sums, sink)
         for start in range(0, len(data), 300):  # pieces straddling blocks
             verifier.feed(memoryview(data)[start:start + 300])
@@ -273,6 +296,38 @@ class BlockVerifierTest(unittest.TestCase):
         message = block_stream.split_get_message(
             kvcache_pb2.GetBlocksResponse(epoch=9, header=header).SerializeToString())
         self.assertEqual((message.epoch, message.header, message.data), (9, header, None))
+
+
+class MappedPoolErrorsTest(unittest.TestCase):
+    """What MappedPool refuses to map, from descriptions a daemon would not give for this pool."""
+
+    def pool(self, kind, shm_name="/kvpy-test-absent", size_bytes=4 * 32768, block_bytes=32768):
+        layout = dataclasses.replace(_LAYOUT, block_bytes=block_bytes)
+        return PoolInfo(name="p", model_id="m", layout=layout, num_blocks=4,
+                        hash_algorithm="xxh3_128", memory_kind="host",
+                        mapping=PoolMapping(kind=kind, shm_name=shm_name, size_bytes=size_bytes,
+                                            cuda_ipc_handle=b"", cuda_device=-1))
+
+    def test_refusals(self):
+        self.assertEqual(error_code(MappedPool, self.pool(MappingKind.CUDA_IPC), 1),
+                         Code.FAILED_PRECONDITION)  # device memory: not from Python
+        self.assertEqual(error_code(MappedPool, self.pool(MappingKind.NONE), 1),
+                         Code.FAILED_PRECONDITION)
+        self.assertEqual(error_code(MappedPool, self.pool(MappingKind.SHM), 1), Code.NOT_FOUND)
+        self.assertEqual(error_code(MappedPool, self.pool(MappingKind.SHM, block_bytes=100), 1),
+                         Code.INVALID_ARGUMENT)  # block_bytes is not the layout's
+        self.assertEqual(error_code(MappedPool, self.pool(MappingKind.SHM, shm_name="/a/b"), 1),
+                         Code.INVALID_ARGUMENT)
+        name = f"/kvpy-test-{os.getpid()}"
+        with open("/dev/shm" + name, "wb") as file:  # an object of another size
+            file.write(bytes(32768))
+        self.addCleanup(os.unlink, "/dev/shm" + name)
+        self.assertEqual(error_code(MappedPool, self.pool(MappingKind.SHM, shm_name=name), 1),
+                         Code.FAILED_PRECONDITION)
+
+
+_LAYOUT = PoolLayout(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16,
+                     dtype=DType.FLOAT16, block_bytes=32768, fingerprint=0)
 
 
 def _token_line(name: str, token: str, tenant: str, role: str) -> str:

@@ -69,9 +69,10 @@ class InteropTest(unittest.TestCase):
                 values = low_bytes(block_values(self.layout, prompt, block), 2)
                 # fp16 elements written as their bits, one layer's K and V at a time.
                 bits = values.view("<u2")[..., 0]
+                block_id = sequence.block_ids[block]
                 for layer in range(self.layout.num_layers):
-                    pool.keys(sequence.block_ids[block], layer).view(numpy.uint16)[:] = bits[layer, 0]
-                    pool.values(sequence.block_ids[block], layer).view(numpy.uint16)[:] = bits[layer, 1]
+                    pool.keys(block_id, layer).view(numpy.uint16)[:] = bits[layer, 0]
+                    pool.values(block_id, layer).view(numpy.uint16)[:] = bits[layer, 1]
             committed = session.commit(sequence.sequence_id, len(prompt))
             self.assertEqual(committed.num_published_blocks, BLOCKS)
             written = b"".join(pool.block(block).tobytes() for block in sequence.block_ids[:BLOCKS])

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import unittest
 
@@ -80,8 +79,8 @@ class ReadmePythonTest(unittest.TestCase):
             # The installed package, not the source tree's, runs the same example.
             self.env["PYTHONPATH"] = target
             example = os.path.join(work, "client", "python", "examples", "quickstart.py")
-            where = self.run_shell(f"/usr/bin/python3 -c 'import kvcache_client; "
-                                   f"print(kvcache_client.__file__)'", work)
+            where = self.run_shell("/usr/bin/python3 -c 'import kvcache_client; "
+                                   "print(kvcache_client.__file__)'", work)
             self.assertTrue(where.startswith(target), where)
             self.assertEqual(self.run_shell(f"/usr/bin/python3 {example}", work),
                              EXPECTED_OUTPUT)
