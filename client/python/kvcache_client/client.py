@@ -30,7 +30,7 @@ import grpc.experimental
 from . import hashing
 from ._proto import kvcache_pb2, kvcache_pb2_grpc
 from .block_stream import split_get_message
-from .errors import KvCacheError, check_tokens, invalid_argument
+from .errors import KvCacheError, check_tokens, invalid_argument, make_request
 from .values import (ListedSession, LookupResult, PoolDescription, PoolInfo, Stats,
                      block_counts_from_proto, fill_extra_keys, pool_info_from_proto,
                      pool_stats_from_proto)
@@ -235,7 +235,8 @@ class Client:
     def describe_pool(self, pool: str) -> PoolDescription:
         """The pool, its block counts and the daemon's epoch. NOT_FOUND for an unknown pool. The
         mapping is filled only for worker and admin callers."""
-        response = self._unary("DescribePool", kvcache_pb2.DescribePoolRequest(pool=pool))
+        response = self._unary("DescribePool", make_request(
+            "describe_pool", kvcache_pb2.DescribePoolRequest, pool=pool))
         return PoolDescription(pool=pool_info_from_proto(response.pool),
                                counts=block_counts_from_proto(response.counts),
                                epoch=response.epoch)
@@ -244,9 +245,8 @@ class Client:
                extra_keys: Optional[hashing.ExtraKeys] = None, tenant: str = "") -> LookupResult:
         """Longest cached prefix of `tokens`, acquiring nothing (for routers). `tenant`: empty for
         the caller's own (another: PERMISSION_DENIED unless an admin)."""
-        request = kvcache_pb2.LookupRequest(pool=pool, tenant=tenant,
-                                            tokens=check_tokens("lookup", tokens),
-                                            cache_salt=cache_salt)
+        request = make_request("lookup", kvcache_pb2.LookupRequest, pool=pool, tenant=tenant,
+                               tokens=check_tokens("lookup", tokens), cache_salt=cache_salt)
         fill_extra_keys(extra_keys, request.extra_keys)
         response = self._unary("Lookup", request)
         return LookupResult(num_cached_tokens=response.num_cached_tokens,
@@ -254,13 +254,15 @@ class Client:
 
     def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
         """Every pool's statistics when `pool` is empty; NOT_FOUND for an unknown pool."""
-        response = self._unary("GetStats", kvcache_pb2.GetStatsRequest(pool=pool, tenant=tenant))
+        response = self._unary("GetStats", make_request("stats", kvcache_pb2.GetStatsRequest,
+                                                          pool=pool, tenant=tenant))
         return Stats(pools=[pool_stats_from_proto(stats) for stats in response.pools],
                      open_sessions=response.open_sessions)
 
     def list_sessions(self, tenant: str = "") -> List[ListedSession]:
         """The caller's tenant's open sessions (an admin's: every tenant's, or `tenant`'s)."""
-        response = self._unary("ListSessions", kvcache_pb2.ListSessionsRequest(tenant=tenant))
+        response = self._unary("ListSessions", make_request(
+            "list_sessions", kvcache_pb2.ListSessionsRequest, tenant=tenant))
         return [ListedSession(session_id=info.session_id, tenant=info.tenant,
                               principal=info.principal, client_name=info.client_name,
                               ttl=info.ttl_ms / 1000, expires_in=info.expires_in_ms / 1000,

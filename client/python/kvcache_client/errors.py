@@ -64,3 +64,20 @@ def check_tokens(call: str, tokens: object) -> list:
             raise invalid_argument(f"{call}: token {index} is {value}; token ids are uint32")
     return values
 
+
+
+def make_request(call: str, message_type: type, **fields: object) -> object:
+    """message_type(**fields), with a field of the wrong type or range (a str salt, a negative
+    id) answered INVALID_ARGUMENT naming the field and the type given, never its value (a salt
+    narrows sharing and need not be shown)."""
+    message = message_type()
+    for name, value in fields.items():
+        try:
+            if isinstance(value, (list, tuple)):
+                getattr(message, name).extend(value)
+            else:
+                setattr(message, name, value)
+        except (TypeError, ValueError) as error:
+            problem = "is out of range" if isinstance(error, ValueError) else "has the wrong type"
+            raise invalid_argument(f"{call}: {name} ({type(value).__name__}) {problem}") from None
+    return message

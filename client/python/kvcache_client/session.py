@@ -33,7 +33,8 @@ from . import hashing
 from ._proto import kvcache_pb2
 from .block_stream import BlockVerifier, block_checksums, put_data_message
 from .client import Client
-from .errors import KvCacheError, check_tokens, epoch_from_trailers, invalid_argument
+from .errors import (KvCacheError, check_tokens, epoch_from_trailers, invalid_argument,
+                     make_request)
 from .values import (Commit, Extension, Fork, GetInfo, PutResult, Sequence as SequenceTable,
                      fill_extra_keys)
 
@@ -74,8 +75,9 @@ class Session:
         self._on_epoch_change = on_epoch_change
         self._on_session_lost = on_session_lost
         try:
-            response = client.call("OpenSession", kvcache_pb2.OpenSessionRequest(
-                client_name=client_name, ttl_ms=int(ttl * 1000)))
+            response = client.call("OpenSession", make_request(
+                "open_session", kvcache_pb2.OpenSessionRequest, client_name=client_name,
+                ttl_ms=int(ttl * 1000)))
         except grpc.RpcError as error:
             raise KvCacheError.from_rpc_error("OpenSession", error) from None
         self.id: int = response.session_id
@@ -147,8 +149,9 @@ class Session:
         rest freshly allocated (at least one token is left to compute). Not idempotent.
         INVALID_ARGUMENT for an empty prompt or an oversize salt; NOT_FOUND for an unknown pool;
         RESOURCE_EXHAUSTED when the pool has too few blocks or a quota would be passed."""
-        request = kvcache_pb2.OpenSequenceRequest(
-            pool=pool, tokens=check_tokens("open_sequence", tokens), cache_salt=cache_salt)
+        request = make_request("open_sequence", kvcache_pb2.OpenSequenceRequest, pool=pool,
+                               tokens=check_tokens("open_sequence", tokens),
+                               cache_salt=cache_salt)
         fill_extra_keys(extra_keys, request.extra_keys)
         response = self._session_call("OpenSequence", request)
         return SequenceTable(sequence_id=response.sequence_id, block_ids=list(response.block_ids),
@@ -156,8 +159,9 @@ class Session:
 
     def extend(self, sequence_id: int, tokens: Sequence[int]) -> Extension:
         """Appends decoded tokens, allocating blocks as needed. Not idempotent."""
-        response = self._session_call("ExtendSequence", kvcache_pb2.ExtendSequenceRequest(
-            sequence_id=sequence_id, tokens=check_tokens("extend", tokens)))
+        response = self._session_call("ExtendSequence", make_request(
+            "extend", kvcache_pb2.ExtendSequenceRequest, sequence_id=sequence_id,
+            tokens=check_tokens("extend", tokens)))
         return Extension(new_block_ids=list(response.new_block_ids),
                          num_tokens=response.num_tokens)
 
@@ -165,20 +169,21 @@ class Session:
         """Declares the first `num_written_tokens` tokens' KV written; full blocks among them are
         published. REQUIRES: that KV is written (device work synchronized). Idempotent.
         INVALID_ARGUMENT for a count past the sequence."""
-        response = self._session_call("CommitSequence", kvcache_pb2.CommitSequenceRequest(
-            sequence_id=sequence_id, num_written_tokens=num_written_tokens))
+        response = self._session_call("CommitSequence", make_request(
+            "commit", kvcache_pb2.CommitSequenceRequest, sequence_id=sequence_id,
+            num_written_tokens=num_written_tokens))
         return Commit(num_committed_blocks=response.num_committed_blocks,
                       num_published_blocks=response.num_published_blocks)
 
     def release(self, sequence_id: int) -> None:
         """Releases the sequence's blocks, tail first. A second call is NOT_FOUND."""
-        self._session_call("ReleaseSequence",
-                           kvcache_pb2.ReleaseSequenceRequest(sequence_id=sequence_id))
+        self._session_call("ReleaseSequence", make_request(
+            "release", kvcache_pb2.ReleaseSequenceRequest, sequence_id=sequence_id))
 
     def fork(self, sequence_id: int) -> Fork:
         """A new sequence sharing the parent's full blocks; the partial last block is copied."""
-        response = self._session_call("ForkSequence",
-                                      kvcache_pb2.ForkSequenceRequest(sequence_id=sequence_id))
+        response = self._session_call("ForkSequence", make_request(
+            "fork", kvcache_pb2.ForkSequenceRequest, sequence_id=sequence_id))
         return Fork(sequence_id=response.sequence_id, block_ids=list(response.block_ids),
                     copied_from_block=(response.copied_from_block
                                        if response.HasField("copied_from_block") else None))
@@ -188,16 +193,16 @@ class Session:
     def publish_rendezvous(self, key: str, value: bytes) -> None:
         """Stores `value` (at most 4 KiB) under `key` until this session ends. ALREADY_EXISTS when
         another session holds the key; INVALID_ARGUMENT for an empty or oversize key or value."""
-        self._session_call("PublishRendezvous",
-                           kvcache_pb2.PublishRendezvousRequest(key=key, value=value))
+        self._session_call("PublishRendezvous", make_request(
+            "publish_rendezvous", kvcache_pb2.PublishRendezvousRequest, key=key, value=value))
 
     def await_rendezvous(self, key: str, timeout: float) -> bytes:
         """The key's value as soon as it has one; DEADLINE_EXCEEDED after `timeout` seconds,
         CANCELLED when the client is closed meanwhile."""
         if timeout <= 0:
             raise invalid_argument(f"await_rendezvous: timeout {timeout} is not positive")
-        response = self._session_call("AwaitRendezvous",
-                                      kvcache_pb2.AwaitRendezvousRequest(key=key), timeout)
+        response = self._session_call("AwaitRendezvous", make_request(
+            "await_rendezvous", kvcache_pb2.AwaitRendezvousRequest, key=key), timeout)
         return bytes(response.value)
 
     # --- block bytes ----------------------------------------------------------------------------
@@ -227,12 +232,10 @@ class Session:
                 f"of a {len(tokens)}-token prompt in pool '{pool}' ({block_size} tokens and "
                 f"{block_bytes} bytes per block): want {num_blocks * block_bytes}")
         header = kvcache_pb2.PutBlocksRequest()
-        header.header.session_id, header.header.epoch = session
-        header.header.pool = pool
-        header.header.tokens.extend(tokens)
-        header.header.cache_salt = cache_salt
-        header.header.first_block = first_block
-        header.header.block_checksums.extend(block_checksums(view, block_bytes))
+        header.header.CopyFrom(make_request(
+            "put_blocks", kvcache_pb2.PutBlocksHeader, session_id=session[0], epoch=session[1],
+            pool=pool, tokens=tokens, cache_salt=cache_salt, first_block=first_block,
+            block_checksums=block_checksums(view, block_bytes)))
         fill_extra_keys(extra_keys, header.header.extra_keys)
         chunk = max(1, min(chunk_bytes, self._max_chunk_bytes()))
 
@@ -452,8 +455,9 @@ class Session:
         session = self._require_open("get_blocks")
         block_size, block_bytes = self._pool_shape(pool)
         max_blocks = len(tokens) // block_size
-        request = self._stamp(kvcache_pb2.GetBlocksRequest(
-            pool=pool, tokens=tokens, cache_salt=cache_salt,
+        request = self._stamp(make_request(
+            "get_blocks", kvcache_pb2.GetBlocksRequest, pool=pool, tokens=tokens,
+            cache_salt=cache_salt,
             max_chunk_bytes=min(max_chunk_bytes, self._max_chunk_bytes()) if max_chunk_bytes
             else 0))
         fill_extra_keys(extra_keys, request.extra_keys)

@@ -204,6 +204,10 @@ def fill_extra_keys(extra_keys: Optional[hashing.ExtraKeys], proto: kvcache_pb2.
         proto.lora_id = extra_keys.lora_id.decode()
     except UnicodeDecodeError:
         raise invalid_argument("extra_keys.lora_id must be UTF-8 (it is a proto string)") from None
-    for item in extra_keys.multimodal_items:
-        proto.multimodal_items.add(content_hash=item.content_hash, offset=item.offset,
-                                   length=item.length)
+    for index, item in enumerate(extra_keys.multimodal_items):
+        try:
+            proto.multimodal_items.add(content_hash=item.content_hash, offset=item.offset,
+                                       length=item.length)
+        except (TypeError, ValueError):
+            raise invalid_argument(f"extra_keys.multimodal_items[{index}]: content_hash must be "
+                                   "bytes, offset and length uint32") from None

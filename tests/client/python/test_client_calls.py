@@ -243,6 +243,16 @@ class CallsTest(unittest.TestCase):
         self.assertEqual(error_code(session.open_sequence, "default", [1 << 32]),
                          Code.INVALID_ARGUMENT)
         self.assertEqual(error_code(self.client.lookup, "default", "abc"), Code.INVALID_ARGUMENT)
+        with self.assertRaises(KvCacheError) as raised:  # a str salt: named, not quoted
+            session.open_sequence("default", [1], cache_salt="private-salt")
+        self.assertEqual(raised.exception.code, Code.INVALID_ARGUMENT)
+        self.assertIn("cache_salt (str)", raised.exception.message)
+        self.assertNotIn("private-salt", raised.exception.message)
+        self.assertEqual(error_code(session.release, -1), Code.INVALID_ARGUMENT)
+        self.assertEqual(error_code(self.client.describe_pool, 7), Code.INVALID_ARGUMENT)
+        bad_item = hashing.ExtraKeys(b"", [hashing.MultimodalItem("not-bytes", 0, 1)])
+        self.assertEqual(error_code(self.client.lookup, "default", [1], extra_keys=bad_item),
+                         Code.INVALID_ARGUMENT)
         session.put_blocks("default", prompt, bytes(2 * block_bytes))
         self.assertEqual(error_code(session.get_blocks_into, "default", prompt,
                                     bytearray(block_bytes)), Code.OUT_OF_RANGE)
