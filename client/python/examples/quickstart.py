@@ -1,4 +1,4 @@
-"""Quick start: a prefix hit, and block bytes in and out of the daemon (README "Python client")."""
+"""Quick start: a prefix hit, and block bytes in and out of the daemon (README "Using the Python client")."""
 import sys
 
 import numpy
