@@ -9,7 +9,9 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libssl-dev
           nlohmann-json3-dev python3 python3-xxhash
           grpc-proto python3-grpcio prometheus-cpp-dev prometheus
-          libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack ${EXTRA_PACKAGES:-})
+          libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
+          python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel
+          ${EXTRA_PACKAGES:-})
 
 missing=()
 for package in "${PACKAGES[@]}"; do

@@ -1,7 +1,7 @@
 // kvcache-test-client: one scripted client action per run, so integration tests can put clients
 // in separate processes (and kill them). Usage:
 //
-//   kvcache-test-client TARGET ACTION POOL NUM_TOKENS FIRST_TOKEN [TTL_MS]
+//   kvcache-test-client TARGET ACTION POOL NUM_TOKENS FIRST_TOKEN [TTL_MS | ITERATIONS]
 //
 // The prompt is FIRST_TOKEN, FIRST_TOKEN+1, ... (NUM_TOKENS tokens). Actions:
 //   compute-and-commit  opens a session and a sequence for the prompt, commits all of it (as a
@@ -18,15 +18,20 @@
 //                       exits.
 //   put-kv              puts the pattern of the prompt's full blocks with PutBlocks (no mapping).
 //   get-kv              gets the prompt's cached prefix with GetBlocks and checks it.
+//   time-get            (ITERATIONS required) GetBlocksInto of the prompt's cached prefix into
+//                       one reused buffer, ITERATIONS times after a warm-up get; for benchmarks
+//                       that compare another client with this one (bench/python_client_bench.py).
 //
 // Each reports one stdout line "result key=value ...": session, sequence, cached (tokens),
 // blocks (the block table) where a sequence was opened; written (tokens) for write-kv;
 // mismatched_blocks and digest (XXH3-64 hex of the cached blocks' bytes) for read-kv and get-kv;
 // device (the CUDA device, or -1 for host memory) of the mapping for write-kv and read-kv;
-// put_blocks, stored and digest (of the bytes put) for put-kv; got_blocks for get-kv.
+// put_blocks, stored and digest (of the bytes put) for put-kv; got_blocks for get-kv;
+// got_blocks, bytes (per get) and seconds (all ITERATIONS gets, steady clock) for time-get.
 // Exit status: 0 done, 1 usage, 2 a call failed (the status is on stderr).
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -62,9 +67,10 @@ int Fail(const std::string& what, const absl::Status& status) {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: kvcache-test-client TARGET ACTION POOL NUM_TOKENS FIRST_TOKEN [TTL_MS]\n"
+               "usage: kvcache-test-client TARGET ACTION POOL NUM_TOKENS FIRST_TOKEN "
+               "[TTL_MS | ITERATIONS]\n"
                "  ACTION: compute-and-commit | open-and-report | write-kv | read-kv | put-kv |\n"
-               "          get-kv | hold-and-hang (needs TTL_MS)\n");
+               "          get-kv | hold-and-hang (needs TTL_MS) | time-get (needs ITERATIONS)\n");
   return 1;
 }
 
@@ -207,12 +213,19 @@ int Run(const std::vector<std::string>& args) {
   uint32_t num_tokens = 0;
   uint32_t first_token = 0;
   uint32_t ttl_ms = 0;
+  uint32_t iterations = 0;
   if (!absl::SimpleAtoi(args[3], &num_tokens) || !absl::SimpleAtoi(args[4], &first_token)) {
     return Usage();
   }
   const bool hang = command == "hold-and-hang";
-  if (hang != (args.size() == 6) || (hang && !absl::SimpleAtoi(args[5], &ttl_ms))) return Usage();
-  const bool known = hang || command == "compute-and-commit" || command == "open-and-report" ||
+  const bool time_get = command == "time-get";
+  if ((hang || time_get) != (args.size() == 6) ||
+      (hang && !absl::SimpleAtoi(args[5], &ttl_ms)) ||
+      (time_get && (!absl::SimpleAtoi(args[5], &iterations) || iterations == 0))) {
+    return Usage();
+  }
+  const bool known = hang || time_get || command == "compute-and-commit" ||
+                     command == "open-and-report" ||
                      command == "write-kv" || command == "read-kv" || command == "put-kv" ||
                      command == "get-kv";
   if (!known) return Usage();
@@ -226,7 +239,20 @@ int Run(const std::vector<std::string>& args) {
   std::vector<uint32_t> tokens(num_tokens);
   for (uint32_t i = 0; i < num_tokens; ++i) tokens[i] = first_token + i;
 
-  if (command == "put-kv" || command == "get-kv") {
+  if (time_get) {
+    absl::StatusOr<KvCacheClient::GetResult> warm = client.GetBlocks(pool, tokens);
+    if (!warm.ok()) return Fail("get blocks", warm.status());
+    std::string buffer(warm->bytes.size(), '\0');
+    const auto start = std::chrono::steady_clock::now();
+    for (uint32_t i = 0; i < iterations; ++i) {
+      absl::StatusOr<KvCacheClient::GetInfo> got =
+          client.GetBlocksInto(pool, tokens, absl::MakeSpan(buffer));
+      if (!got.ok()) return Fail("get blocks into", got.status());
+    }
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    Report(absl::StrCat("session=", session->session_id, " got_blocks=", warm->num_blocks,
+                        " bytes=", buffer.size(), " seconds=", elapsed.count()));
+  } else if (command == "put-kv" || command == "get-kv") {
     absl::StatusOr<KvCacheClient::PoolDescription> described = client.DescribePool(pool);
     if (!described.ok()) return Fail("describe pool", described.status());
     const PoolLayout& layout = described->pool.layout;

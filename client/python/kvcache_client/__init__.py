@@ -1,1 +1,26 @@
-"""Python client pieces for kvcache. `hashing` reproduces the block hash chain (docs/hash_spec.md)."""
+"""Python client of the kvcache daemon (proto/kvcache/v1/kvcache.proto).
+
+- Client (client.py): a connection; read-only calls (ping, list_pools, describe_pool, lookup,
+  stats, list_sessions) and open_session.
+- Session (session.py): a lease kept alive in the background; sequences, rendezvous, block bytes
+  (put_blocks, get_blocks_into) and map_pool.
+- MappedPool (mapped_pool.py, needs numpy): a host pool's shared memory with numpy views.
+- KvCacheError (errors.py): every failure, with its gRPC code.
+- hashing (hashing.py): the block hash chain (docs/hash_spec.md), needing only xxhash.
+
+Runtime: grpcio, protobuf and xxhash (Debian: python3-grpcio, python3-protobuf, python3-xxhash),
+numpy (python3-numpy) for MappedPool. The gRPC stubs are generated from the proto
+(generate_stubs.py) into _proto/.
+"""
+
+from .client import Client, TlsOptions, default_target
+from .errors import KvCacheError
+from .session import Session
+from .values import (BlockCounts, Commit, DType, Extension, Fork, GetInfo, ListedSession,
+                     LookupResult, MappingKind, PoolDescription, PoolInfo, PoolLayout,
+                     PoolMapping, PoolStats, PutResult, Sequence, Stats)
+
+__all__ = ["BlockCounts", "Client", "Commit", "DType", "Extension", "Fork", "GetInfo",
+           "KvCacheError", "ListedSession", "LookupResult", "MappingKind", "PoolDescription",
+           "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult", "Sequence",
+           "Session", "Stats", "TlsOptions", "default_target"]

@@ -1,0 +1,289 @@
+"""Client: a connection to a kvcache daemon, for routers, schedulers, offline jobs and workers.
+
+It wraps the generated kvcache.v1 stubs (kvcache_client/_proto) into typed calls that return the
+plain values of values.py and raise KvCacheError with the gRPC code, puts a deadline on every
+call, and opens sessions (Session, session.py): leases kept alive in the background, through
+which sequences, block bytes and the pool mapping are used.
+
+    with Client() as client:                      # the daemon's default Unix socket
+        print(client.lookup("default", tokens).num_cached_tokens)
+        with client.open_session("my-worker") as session:
+            sequence = session.open_sequence("default", tokens)
+
+Identity, as the C++ ClientOptions (client/kv_cache_client.h): `bearer_token` puts
+`authorization: Bearer <token>` on every call (keep-alives and block streams included);
+`tls` makes the channel TLS, mutual TLS with a client certificate. The token and key never
+appear in an error. A daemon that checks identities answers with its own codes
+(UNAUTHENTICATED, PERMISSION_DENIED), passed on unchanged.
+
+Thread safety: thread-safe; calls may come from any number of threads at once (gRPC channels
+are). Sessions are independent of each other.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, Tuple
+
+import grpc
+import grpc.experimental
+
+from . import hashing
+from ._proto import kvcache_pb2, kvcache_pb2_grpc
+from .block_stream import split_get_message
+from .errors import KvCacheError, check_tokens, invalid_argument, make_request
+from .values import (ListedSession, LookupResult, PoolDescription, PoolInfo, Stats,
+                     block_counts_from_proto, fill_extra_keys, pool_info_from_proto,
+                     pool_stats_from_proto)
+
+if TYPE_CHECKING:
+    from .session import Session
+
+# A daemon on the same machine restarts in well under a second; gRPC's default first reconnect
+# backoff (1 s, growing to 120 s) would keep a client away much longer (as the C++ client).
+_RECONNECT_BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                              ("grpc.max_reconnect_backoff_ms", 2000)]
+_GET_BLOCKS_METHOD = "/kvcache.v1.KvCache/GetBlocks"
+_PUT_BLOCKS_METHOD = "/kvcache.v1.KvCache/PutBlocks"
+
+
+def default_target() -> str:
+    """Where the daemon listens unless told otherwise (common/rpc/listen_address.h):
+    unix://$XDG_RUNTIME_DIR/kvcache/kv.sock, else unix:///tmp/kvcache-$UID/kv.sock."""
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime_dir:
+        return f"unix://{runtime_dir}/kvcache/kv.sock"
+    return f"unix:///tmp/kvcache-{os.getuid()}/kv.sock"
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS for a TCP target (a unix:// target is local and takes no TLS). Files are PEM.
+
+    ca_file: CA certificates that verify the daemon's certificate; empty: gRPC's default roots.
+    cert_file, key_file: a client certificate and its key, for mutual TLS: both or neither.
+    server_name: the name the daemon's certificate must carry when it differs from the target's
+    host (a daemon reached by IP address or through a tunnel).
+    """
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+
+
+def check_bearer_token(token: str) -> None:
+    """INVALID_ARGUMENT unless `token` can go in a gRPC header: visible ASCII, no spaces. Quotes
+    nothing of the token."""
+    if not token or any(not 0x21 <= ord(c) <= 0x7E for c in token):
+        raise invalid_argument("the bearer token must be non-empty visible ASCII with no spaces "
+                               "(what a gRPC header can carry)")
+
+
+def _is_unix_target(target: str) -> bool:
+    return target.startswith("unix:") or target.startswith("unix-abstract:")
+
+
+def _read_pem(what: str, path: str) -> bytes:
+    """A PEM file's bytes; INVALID_ARGUMENT naming the file, never its contents (a key)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError as error:
+        raise invalid_argument(f"TLS {what} file '{path}': {error.strerror}") from None
+    if b"-----BEGIN " not in data:
+        raise invalid_argument(f"the TLS {what} file '{path}' holds no PEM block")
+    return data
+
+
+def _channel_credentials(target: str, tls: TlsOptions) -> grpc.ChannelCredentials:
+    if _is_unix_target(target):
+        raise invalid_argument(f"TLS is for TCP targets; {target} is a local socket: connect "
+                               "without TLS")
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise invalid_argument(
+            f"a TLS client certificate goes with its key: certificate file '{tls.cert_file}', "
+            f"key file '{tls.key_file}'")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem("CA", tls.ca_file) if tls.ca_file else None,
+        private_key=_read_pem("key", tls.key_file) if tls.key_file else None,
+        certificate_chain=_read_pem("certificate", tls.cert_file) if tls.cert_file else None)
+
+
+class Client:
+    """A channel to one daemon. Close it (or use it as a context manager) when done."""
+
+    def __init__(self, target: Optional[str] = None, *, tls: Optional[TlsOptions] = None,
+                 bearer_token: Optional[str] = None, connect_timeout: float = 5.0,
+                 rpc_timeout: float = 5.0, wait_for_ready: bool = False,
+                 max_message_bytes: int = 16 << 20) -> None:
+        """Connects to `target` ("unix:///path/kv.sock" or "host:port"; default: the daemon's
+        default socket) and waits up to `connect_timeout` seconds for the channel to be ready.
+
+        rpc_timeout: the deadline of every call in seconds, keep-alives included (block streams
+        get 1 s more per 64 MiB they move).
+        wait_for_ready: a call made while the daemon is unreachable waits (up to rpc_timeout)
+        for it to come back instead of failing UNAVAILABLE at once (across a sidecar restart).
+
+        Raises KvCacheError: INVALID_ARGUMENT for TLS with a unix:// target, unreadable TLS files,
+        a certificate without its key (or the reverse), a bearer token that is not visible ASCII,
+        non-positive timeouts; UNAVAILABLE when the daemon is not ready in time (not there, or
+        a failed TLS handshake).
+        """
+        self.target = target or default_target()
+        if connect_timeout <= 0 or rpc_timeout <= 0 or max_message_bytes <= 0:
+            raise invalid_argument("connect_timeout, rpc_timeout and max_message_bytes must be "
+                                   "positive")
+        self.rpc_timeout = rpc_timeout
+        self.max_message_bytes = max_message_bytes
+        self._wait_for_ready = wait_for_ready
+        self._closed = False
+        self._metadata: Tuple[Tuple[str, str], ...] = ()
+        if bearer_token is not None:
+            check_bearer_token(bearer_token)
+            self._metadata = (("authorization", "Bearer " + bearer_token),)
+        options = _RECONNECT_BACKOFF_OPTIONS + [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            # GetBlocks' messages are read on the calling thread instead of being handed over
+            # from gRPC's channel thread one by one (~1.5x the bandwidth: bench/).
+            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+        if tls is not None:
+            credentials = _channel_credentials(self.target, tls)
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self._channel = grpc.secure_channel(self.target, credentials, options)
+        else:
+            self._channel = grpc.insecure_channel(self.target, options)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            hint = (" (over TLS: is the daemon's certificate trusted and named as the target, and "
+                    "is the client certificate one it accepts?)" if tls is not None else "")
+            raise KvCacheError(grpc.StatusCode.UNAVAILABLE,
+                               f"cannot connect to the kvcache daemon at {self.target} within "
+                               f"{connect_timeout:g}s{hint}") from None
+        self.stub = kvcache_pb2_grpc.KvCacheStub(self._channel)
+        # The data RPCs move raw bytes (block_stream.py): PutBlocks takes serialized requests as
+        # they are, GetBlocks' replies are split, not parsed.
+        self._put_blocks = self._channel.stream_unary(
+            _PUT_BLOCKS_METHOD, request_serializer=bytes,
+            response_deserializer=kvcache_pb2.PutBlocksResponse.FromString)
+        self._get_blocks = self._channel.unary_stream(
+            _GET_BLOCKS_METHOD, request_serializer=kvcache_pb2.GetBlocksRequest.SerializeToString,
+            response_deserializer=split_get_message)
+
+    def close(self) -> None:
+        """Closes the channel; calls in flight and later calls fail CANCELLED. Sessions are not
+        closed first: close them (or leave their `with` blocks) before."""
+        self._closed = True
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- plumbing shared with Session -----------------------------------------------------------
+
+    def _start(self, name: str, method: Callable, request: object, timeout: float) -> object:
+        """method(request) with the client's credentials; CANCELLED once the client is closed
+        (gRPC raises ValueError for a call on a closed channel)."""
+        try:
+            return method(request, timeout=timeout, metadata=self._metadata,
+                          wait_for_ready=self._wait_for_ready)
+        except ValueError:
+            if not self._closed:
+                raise
+            raise KvCacheError(grpc.StatusCode.CANCELLED,
+                               f"{name}: the client is closed") from None
+
+    def call(self, name: str, request: object, timeout: Optional[float] = None) -> object:
+        """Unary call `name` of the stub with the client's deadline (or `timeout`) and
+        credentials; returns the reply. grpc.RpcError is left to the caller (Session needs its
+        trailers)."""
+        return self._start(name, getattr(self.stub, name), request,
+                           self.rpc_timeout if timeout is None else timeout)
+
+    def future(self, name: str, request: object, timeout: float) -> grpc.Future:
+        """Same, started asynchronously (so it can be cancelled)."""
+        return self._start(name, getattr(self.stub, name).future, request, timeout)
+
+    def put_blocks_stream(self, messages: Iterable[bytes], timeout: float
+                          ) -> kvcache_pb2.PutBlocksResponse:
+        return self._start("PutBlocks", self._put_blocks, messages, timeout)
+
+    def get_blocks_stream(self, request: kvcache_pb2.GetBlocksRequest, timeout: float):
+        return self._start("GetBlocks", self._get_blocks, request, timeout)
+
+    def _unary(self, name: str, request: object) -> object:
+        try:
+            return self.call(name, request)
+        except grpc.RpcError as error:
+            raise KvCacheError.from_rpc_error(name, error) from None
+
+    # --- read-only calls: idempotent, need no session -------------------------------------------
+
+    def ping(self) -> int:
+        """The daemon's epoch (it changes with every daemon start)."""
+        return self._unary("Ping", kvcache_pb2.PingRequest()).epoch
+
+    def list_pools(self) -> List[PoolInfo]:
+        response = self._unary("ListPools", kvcache_pb2.ListPoolsRequest())
+        return [pool_info_from_proto(pool) for pool in response.pools]
+
+    def describe_pool(self, pool: str) -> PoolDescription:
+        """The pool, its block counts and the daemon's epoch. NOT_FOUND for an unknown pool. The
+        mapping is filled only for worker and admin callers."""
+        response = self._unary("DescribePool", make_request(
+            "describe_pool", kvcache_pb2.DescribePoolRequest, pool=pool))
+        return PoolDescription(pool=pool_info_from_proto(response.pool),
+                               counts=block_counts_from_proto(response.counts),
+                               epoch=response.epoch)
+
+    def lookup(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
+               extra_keys: Optional[hashing.ExtraKeys] = None, tenant: str = "") -> LookupResult:
+        """Longest cached prefix of `tokens`, acquiring nothing (for routers). `tenant`: empty for
+        the caller's own (another: PERMISSION_DENIED unless an admin)."""
+        request = make_request("lookup", kvcache_pb2.LookupRequest, pool=pool, tenant=tenant,
+                               tokens=check_tokens("lookup", tokens), cache_salt=cache_salt)
+        fill_extra_keys(extra_keys, request.extra_keys)
+        response = self._unary("Lookup", request)
+        return LookupResult(num_cached_tokens=response.num_cached_tokens,
+                            num_cached_blocks=response.num_cached_blocks)
+
+    def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
+        """Every pool's statistics when `pool` is empty; NOT_FOUND for an unknown pool."""
+        response = self._unary("GetStats", make_request("stats", kvcache_pb2.GetStatsRequest,
+                                                          pool=pool, tenant=tenant))
+        return Stats(pools=[pool_stats_from_proto(stats) for stats in response.pools],
+                     open_sessions=response.open_sessions)
+
+    def list_sessions(self, tenant: str = "") -> List[ListedSession]:
+        """The caller's tenant's open sessions (an admin's: every tenant's, or `tenant`'s)."""
+        response = self._unary("ListSessions", make_request(
+            "list_sessions", kvcache_pb2.ListSessionsRequest, tenant=tenant))
+        return [ListedSession(session_id=info.session_id, tenant=info.tenant,
+                              principal=info.principal, client_name=info.client_name,
+                              ttl=info.ttl_ms / 1000, expires_in=info.expires_in_ms / 1000,
+                              open_sequences=info.open_sequences)
+                for info in response.sessions]
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def open_session(self, client_name: str = "python", *, ttl: float = 0.0,
+                     on_epoch_change: Optional[Callable[[int, int], None]] = None,
+                     on_session_lost: Optional[Callable[[KvCacheError], None]] = None
+                     ) -> "Session":
+        """Opens a session (a lease) of the caller's tenant and starts keeping it alive every
+        ttl/3 in a background thread. `ttl` in seconds; 0 asks for the daemon's default, which
+        clamps it to its limits (Session.ttl is what was granted). Not idempotent: each call
+        makes a new session. RESOURCE_EXHAUSTED at the daemon's session limit.
+
+        on_epoch_change(old_epoch, new_epoch) runs once when the session finds the daemon
+        restarted (new_epoch 0 when only an error said so); on_session_lost(error) once when the
+        lease is found ended without close(). They run on the thread that noticed (a caller's or
+        the keep-alive thread) and must not call close() on this session.
+        """
+        from .session import Session  # session.py imports this module
+        return Session(self, client_name, ttl, on_epoch_change, on_session_lost)
