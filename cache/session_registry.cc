@@ -103,6 +103,10 @@ absl::Status SessionRegistry::UnknownLocked(uint64_t session_id) const {
   return absl::NotFoundError(absl::StrCat("session ", session_id, " does not exist"));
 }
 
+absl::Status SessionRegistry::ExpiredLocked(uint64_t session_id) const {
+  return absl::AbortedError(absl::StrCat("session ", session_id, " has ended (lease expired)"));
+}
+
 void SessionRegistry::EndLocked(Session& session) {
   session.closed.store(true, std::memory_order_release);
   quotas_->Release(session.tenant, QuotaResource::kSessions, 1);
@@ -112,6 +116,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Get(uint64_t session_i
   absl::ReaderMutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return UnknownLocked(session_id);
+  if (it->second.deadline <= clock_->Now()) return ExpiredLocked(session_id);
   return it->second.session;
 }
 
@@ -119,7 +124,10 @@ absl::Status SessionRegistry::KeepAlive(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return UnknownLocked(session_id);
-  it->second.deadline = clock_->Now() + it->second.session->ttl;
+  const absl::Time now = clock_->Now();
+  // A lease past its deadline has ended, swept or not: a keep-alive cannot bring it back.
+  if (it->second.deadline <= now) return ExpiredLocked(session_id);
+  it->second.deadline = now + it->second.session->ttl;
   return absl::OkStatus();
 }
 

@@ -86,6 +86,8 @@ class SessionRegistry {
     absl::Time deadline;
   };
   absl::Status UnknownLocked(uint64_t session_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // ABORTED for a session whose deadline has passed before the sweep took it.
+  absl::Status ExpiredLocked(uint64_t session_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The keyed permutation of the session counter, and its inverse.
   uint64_t IdOf(uint64_t counter) const;
   uint64_t CounterOf(uint64_t session_id) const;

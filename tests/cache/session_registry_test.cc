@@ -1,5 +1,6 @@
 #include "cache/session_registry.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/container/flat_hash_set.h"
@@ -10,6 +11,7 @@ namespace kvcache {
 namespace {
 
 using ::kvcache::testing::StatusIs;
+using ::testing::HasSubstr;
 
 class SessionRegistryTest : public ::testing::Test {
  protected:
@@ -62,6 +64,23 @@ TEST_F(SessionRegistryTest, EndedIdsAreAbortedAndUnissuedOnesNotFound) {
   clock_.Advance(absl::Seconds(2));
   EXPECT_EQ(registry_.TakeExpired().size(), 1u);
   EXPECT_THAT(registry_.Get(expiring->id), StatusIs(absl::StatusCode::kAborted));
+}
+
+// A lease past its deadline has ended even before the sweep takes it: a keep-alive that wins the
+// race with the reaper (a daemon resumed after SIGSTOP, a slow sweep) cannot revive it, and calls
+// under it are refused.
+TEST_F(SessionRegistryTest, ALeasePastItsDeadlineIsEndedBeforeTheSweep) {
+  std::shared_ptr<Session> session = Open();
+  clock_.Advance(absl::Milliseconds(999));
+  EXPECT_OK(registry_.KeepAlive(session->id));  // renewed just in time: a full second again
+  clock_.Advance(absl::Milliseconds(999));
+  EXPECT_OK(registry_.Get(session->id));
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(registry_.KeepAlive(session->id),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("lease expired")));
+  EXPECT_THAT(registry_.Get(session->id), StatusIs(absl::StatusCode::kAborted));
+  ASSERT_EQ(registry_.TakeExpired().size(), 1u);  // still the sweep's to release
+  EXPECT_TRUE(session->closed.load());
 }
 
 TEST_F(SessionRegistryTest, SessionsCountAgainstTheirTenantsQuotaUntilTheyEnd) {
