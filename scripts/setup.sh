@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build needs (Debian 12 packages), then configures and builds into build/.
 # Idempotent: installs only what is missing, rebuilds incrementally.
+# --packages-only: install and stop (the image's build stage, deploy/docker/Dockerfile, installs
+# in a layer of its own before the sources arrive).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+[ "${1:-}" != "--packages-only" ] || exit 0
 
 BUILD_DIR=${BUILD_DIR:-build}
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
