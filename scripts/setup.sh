@@ -11,7 +11,12 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libssl-dev
           nlohmann-json3-dev python3 python3-xxhash
           grpc-proto python3-grpcio prometheus-cpp-dev prometheus
-          libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack ${EXTRA_PACKAGES:-})
+          libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
+          python3-yaml openssl debootstrap podman buildah ${EXTRA_PACKAGES:-})
+# tests/deploy renders the manifests with kubectl: Debian's kubernetes-client, unless another
+# kubectl is installed (Google Cloud SDK's kubectl package ships /usr/bin/kubectl too, and the
+# two packages cannot both be installed).
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
 missing=()
 for package in "${PACKAGES[@]}"; do
