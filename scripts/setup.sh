@@ -13,9 +13,9 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           grpc-proto python3-grpcio prometheus-cpp-dev prometheus
           libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
           python3-yaml openssl debootstrap podman buildah ${EXTRA_PACKAGES:-})
-# tests/deploy renders the manifests with kubectl: Debian's kubernetes-client, unless another
-# kubectl is installed (Google Cloud SDK's kubectl package ships /usr/bin/kubectl too, and the
-# two packages cannot both be installed).
+# tests/deploy renders the manifests with Debian 12's kubectl (1.20, whose kustomize v2.0.3 is
+# the oldest they are written for): the kubernetes-client package, or, where another package
+# holds /usr/bin/kubectl (Google Cloud SDK's kubectl), that package unpacked into the build tree.
 command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
 missing=()
@@ -32,6 +32,11 @@ fi
 [ "${1:-}" != "--packages-only" ] || exit 0
 
 BUILD_DIR=${BUILD_DIR:-build}
+if ! dpkg -s kubernetes-client >/dev/null 2>&1 && [ ! -x "$BUILD_DIR/kubernetes-client/usr/bin/kubectl" ]; then
+  mkdir -p "$BUILD_DIR/kubernetes-client"
+  (cd "$BUILD_DIR" && apt-get download kubernetes-client >/dev/null &&
+     dpkg-deb -x kubernetes-client_*.deb kubernetes-client && rm kubernetes-client_*.deb)
+fi
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${CMAKE_ARGS:-}
 fi
