@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build needs (Debian 12 packages), then configures and builds into build/.
 # Idempotent: installs only what is missing, rebuilds incrementally.
+# --packages-only: install and stop (the image's build stage, deploy/docker/Dockerfile, installs
+# in a layer of its own before the sources arrive).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +13,11 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           grpc-proto python3-grpcio prometheus-cpp-dev prometheus
           libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
           python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel
-          ${EXTRA_PACKAGES:-})
+          python3-yaml openssl debootstrap podman buildah ${EXTRA_PACKAGES:-})
+# tests/deploy renders the manifests with Debian 12's kubectl (1.20, whose kustomize v2.0.3 is
+# the oldest they are written for): the kubernetes-client package, or, where another package
+# holds /usr/bin/kubectl (Google Cloud SDK's kubectl), that package unpacked into the build tree.
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
 missing=()
 for package in "${PACKAGES[@]}"; do
@@ -24,8 +30,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+[ "${1:-}" != "--packages-only" ] || exit 0
 
 BUILD_DIR=${BUILD_DIR:-build}
+if ! dpkg -s kubernetes-client >/dev/null 2>&1 && [ ! -x "$BUILD_DIR/kubernetes-client/usr/bin/kubectl" ]; then
+  mkdir -p "$BUILD_DIR/kubernetes-client"
+  (cd "$BUILD_DIR" && apt-get download kubernetes-client >/dev/null &&
+     dpkg-deb -x kubernetes-client_*.deb kubernetes-client && rm kubernetes-client_*.deb)
+fi
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${CMAKE_ARGS:-}
 fi

@@ -125,8 +125,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto daemon = std::unique_ptr<Daemon>(new Daemon());
   daemon->address_ = options.listen;
   daemon->identities_path_ = options.identities_path;
+  const bool unix_socket = absl::StartsWith(options.listen, kUnixScheme);
+  if (!unix_socket && !options.tcp_listen.empty()) {
+    return absl::InvalidArgumentError(
+        "a second TCP address (--tcp_listen) goes with a unix:// listen address");
+  }
+  const std::string& tcp_address = unix_socket ? options.tcp_listen : options.listen;
   std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
-  if (absl::StartsWith(options.listen, kUnixScheme)) {
+  if (!options.tls.cert_file.empty() && !tcp_address.empty()) {
+    ASSIGN_OR_RETURN(tcp_credentials, TlsCredentials(options.tls));
+  } else if (options.allow_insecure_tcp) {
+    tcp_credentials = grpc::InsecureServerCredentials();
+  } else if (!tcp_address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCP address ", tcp_address,
+                     " needs TLS (--tls_cert and --tls_key), or --insecure to listen without it "
+                     "(loopback and trusted networks only)"));
+  }
+  if (unix_socket) {
     if ((options.socket_mode & 0077) != 0 && options.identities_path.empty()) {
       return absl::InvalidArgumentError(
           "a Unix socket open to other users needs an identity file (--identities) to tell "
@@ -134,15 +150,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     daemon->socket_path_ = options.listen.substr(kUnixScheme.size());
     RETURN_IF_ERROR(PrepareSocketPath(daemon->socket_path_, options.socket_mode));
-  } else if (!options.tls.cert_file.empty()) {
-    ASSIGN_OR_RETURN(tcp_credentials, TlsCredentials(options.tls));
-  } else if (options.allow_insecure_tcp) {
-    tcp_credentials = grpc::InsecureServerCredentials();
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TCP address ", options.listen,
-                     " needs TLS (--tls_cert and --tls_key), or --insecure to listen without it "
-                     "(loopback and trusted networks only)"));
   }
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
   RETURN_IF_ERROR(ValidatePoolNames(options.pools));
@@ -178,9 +185,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  if (daemon->socket_path_.empty()) {
-    builder.AddListeningPort(options.listen, tcp_credentials, &bound_port);
-  } else {
+  if (!tcp_address.empty()) builder.AddListeningPort(tcp_address, tcp_credentials, &bound_port);
+  if (unix_socket) {
     ASSIGN_OR_RETURN(daemon->unix_listener_,
                      UnixListener::Bind(daemon->socket_path_, options.socket_mode));
   }
@@ -219,8 +225,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
   daemon->server_ = builder.BuildAndStart();
-  if (daemon->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  if (daemon->server_ == nullptr || (!tcp_address.empty() && bound_port == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", tcp_address));
   }
   // Before the Unix listener hands over its first connection, so no health check sees the
   // service unknown.
@@ -229,11 +235,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     daemon->health_ = daemon->server_->GetHealthCheckService();
     if (daemon->health_ != nullptr) daemon->health_->SetServingStatus(kServiceName, true);
   }
+  const std::string bound_tcp_address =
+      absl::EndsWith(tcp_address, ":0")
+          ? absl::StrCat(tcp_address.substr(0, tcp_address.size() - 1), bound_port)
+          : tcp_address;
   if (daemon->unix_listener_ != nullptr) {
+    daemon->tcp_address_ = bound_tcp_address;
     daemon->unix_listener_->Serve(daemon->server_.get());
-  } else if (bound_port != 0 && absl::EndsWith(options.listen, ":0")) {
-    daemon->address_ =
-        absl::StrCat(options.listen.substr(0, options.listen.size() - 1), bound_port);
+  } else {
+    daemon->address_ = bound_tcp_address;
   }
   // Installed after serving started: a fault latched before this runs the listener right here.
   Daemon* raw = daemon.get();

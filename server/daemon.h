@@ -7,8 +7,10 @@
 // else (no KvCache, no reflection): Kubernetes' grpc probes reach neither a Unix socket nor TLS.
 // Unix sockets are created owner-only (0600) in a directory the daemon makes owner-only if it is
 // missing; a wider socket_mode (for peers of other uids) needs an identity file, which then
-// authenticates them. TCP serves TLS (server certificate and key; with a client CA, mutual TLS
-// that requires and verifies client certificates); plaintext TCP only when asked for explicitly.
+// authenticates them. A daemon on a Unix socket may also serve TCP (tcp_listen: one daemon per
+// node for the pods on the node and for clients on other nodes). TCP serves TLS (server certificate
+// and key; with a client CA, mutual TLS that requires and verifies client certificates); plaintext
+// TCP only when asked for explicitly.
 //
 // Every call is authenticated (server/authenticator.h) against the identity file, reloaded by
 // ReloadIdentities (SIGHUP in kvcache-manager), or without one against the default identity.
@@ -52,6 +54,9 @@ struct TlsServerOptions {
 
 struct DaemonOptions {
   std::string listen = DefaultListenAddress();
+  // With a unix:// listen: "HOST:PORT" served as well, under the TCP rules (TLS, or
+  // allow_insecure_tcp); empty: none.
+  std::string tcp_listen;
   // "HOST:PORT" of the health-only plaintext port; empty: none. Port 0 picks one
   // (health_address() tells which).
   std::string health_listen;
@@ -92,6 +97,8 @@ class Daemon {
   ~Daemon();
 
   const std::string& address() const { return address_; }
+  // "HOST:PORT" of tcp_listen next to a Unix socket; empty without one.
+  const std::string& tcp_address() const { return tcp_address_; }
   // "HOST:PORT" of the health-only port; empty without one.
   const std::string& health_address() const { return health_address_; }
   // "HOST:PORT" of /metrics; empty without it.
@@ -117,6 +124,7 @@ class Daemon {
   absl::Status StartHealthServer(const std::string& listen);
 
   std::string address_;
+  std::string tcp_address_;
   std::string health_address_;
   std::string metrics_address_;
   std::string socket_path_;  // empty for TCP

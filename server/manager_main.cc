@@ -20,6 +20,10 @@
 ABSL_FLAG(std::string, listen, "",
           "unix:///path/kv.sock or HOST:PORT (TCP needs --insecure); default: a Unix socket "
           "under $XDG_RUNTIME_DIR or /tmp/kvcache-$UID");
+ABSL_FLAG(std::string, tcp_listen, "",
+          "HOST:PORT served as well as a unix:// --listen address, under the same rules as a TCP "
+          "--listen (TLS, or --insecure): one daemon for the pods on its node (the socket) and "
+          "for clients elsewhere; default: none");
 ABSL_FLAG(
     std::vector<std::string>, pool, {},
     "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
@@ -74,6 +78,7 @@ int Run() {
   DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   if (options.listen.empty()) options.listen = DefaultListenAddress();
+  options.tcp_listen = absl::GetFlag(FLAGS_tcp_listen);
   options.allow_insecure_tcp = absl::GetFlag(FLAGS_insecure);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -131,6 +136,9 @@ int Run() {
   }
   std::printf("kvcache-manager: listening on %s, epoch %llu\n", (*daemon)->address().c_str(),
               static_cast<unsigned long long>((*daemon)->manager().epoch()));
+  if (!(*daemon)->tcp_address().empty()) {
+    std::printf("  also on TCP %s\n", (*daemon)->tcp_address().c_str());
+  }
   if (!options.kv_events.endpoint.empty()) {
     std::printf("  kv events: PUB %s, replay %s, topic %s\n", options.kv_events.endpoint.c_str(),
                 options.kv_events.replay_endpoint.empty()

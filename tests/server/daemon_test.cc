@@ -85,13 +85,19 @@ absl::StatusOr<int> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
   return response[1];
 }
 
+// A fresh directory for a daemon's socket (gRPC kept initialized across daemons); empty when it
+// cannot be made.
+std::string MakeSocketDirectory() {
+  ::kvcache::testing::KeepGrpcInitialized();
+  char dir[] = "/tmp/kvcache-daemon-XXXXXX";
+  return mkdtemp(dir) == nullptr ? std::string() : std::string(dir);
+}
+
 class DaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ::kvcache::testing::KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache-daemon-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
+    dir_ = MakeSocketDirectory();
+    ASSERT_FALSE(dir_.empty());
     DaemonOptions options;
     options.listen = "unix://" + dir_ + "/kv.sock";
     options.health_listen = "127.0.0.1:0";
@@ -342,6 +348,60 @@ TEST(DaemonStartTest, BadOrDuplicatePoolNamesAreRefusedBeforeAnyMemoryIsMade) {
   EXPECT_OK(daemon);
   if (daemon.ok()) daemon->reset();
   std::filesystem::remove_all(path);
+}
+
+// One daemon per node: the pods on the node on its Unix socket, clients elsewhere on TCP, one
+// cache behind both (deploy/k8s/overlays/node-daemon).
+class DaemonTcpListenTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeSocketDirectory();
+    ASSERT_FALSE(dir_.empty());
+    options_.listen = "unix://" + dir_ + "/kv.sock";
+    options_.tcp_listen = "127.0.0.1:0";
+    options_.pools.push_back(DefaultPoolOptions());
+    options_.pools.back().num_blocks = 16;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string dir_;
+  DaemonOptions options_;
+};
+
+absl::StatusOr<uint64_t> PingEpoch(const std::string& target) {
+  auto stub = v1::KvCache::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::PingResponse pong;
+  RETURN_IF_ERROR(FromGrpcStatus(stub->Ping(&context, v1::PingRequest(), &pong)));
+  return pong.epoch();
+}
+
+TEST_F(DaemonTcpListenTest, UnixSocketAndTcpServeOneDaemon) {
+  options_.allow_insecure_tcp = true;
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options_);
+  ASSERT_OK(daemon);
+  EXPECT_EQ((*daemon)->address(), options_.listen);
+  EXPECT_TRUE(absl::StartsWith((*daemon)->tcp_address(), "127.0.0.1:"));
+  EXPECT_FALSE(absl::EndsWith((*daemon)->tcp_address(), ":0"));
+  absl::StatusOr<uint64_t> unix_epoch = PingEpoch(options_.listen);
+  absl::StatusOr<uint64_t> tcp_epoch = PingEpoch((*daemon)->tcp_address());
+  ASSERT_OK(unix_epoch);
+  ASSERT_OK(tcp_epoch);
+  EXPECT_EQ(*unix_epoch, *tcp_epoch);
+  EXPECT_EQ(*unix_epoch, (*daemon)->manager().epoch());
+}
+
+TEST_F(DaemonTcpListenTest, TcpNeedsTlsOrInsecure) {
+  EXPECT_THAT(Daemon::Start(options_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs TLS")));
+}
+
+TEST_F(DaemonTcpListenTest, GoesOnlyWithAUnixSocket) {
+  options_.allow_insecure_tcp = true;
+  options_.listen = "127.0.0.1:0";
+  EXPECT_THAT(Daemon::Start(options_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tcp_listen")));
 }
 
 }  // namespace

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Renders every deploy/k8s overlay with `kubectl kustomize` and checks what the manifests promise:
+the native sidecar (restartPolicy: Always, startup probe), the socket on a shared emptyDir at
+/run/kvcache, /dev/shm as a sized Memory emptyDir, gRPC probes on the health port, requests and
+limits, non-root / read-only root / no privilege escalation / no capabilities, named and
+annotated metrics port, ServiceMonitor, PodDisruptionBudget; the GPU in exactly one container with
+a shared PID namespace; the node daemon's DaemonSet with a host-path socket, hostIPC, mutual TLS
+Service, certificate and identity file from Secrets.
+
+Env: KUBECTL (default kubectl). Needs Debian's python3-yaml.
+"""
+import re
+import unittest
+
+from k8s_render import OVERLAYS, daemon_containers, find, flags, render, render_overlay
+
+IMAGE = "kvcache:latest"
+UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "KiB": 1 << 10, "MiB": 1 << 20,
+         "GiB": 1 << 30}
+
+
+def to_bytes(quantity):
+    number, unit = re.fullmatch(r"(\d+)([KMG]iB?)?", str(quantity)).groups()
+    return int(number) * UNITS[unit or ""]
+
+
+def port_of(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+def all_containers(pod):
+    return pod.get("initContainers", []) + pod["containers"]
+
+
+def mount_of(container, path):
+    """The volume name mounted at the directory holding `path` in this container."""
+    for mount in container.get("volumeMounts", []):
+        if path == mount["mountPath"] or path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            return mount["name"]
+    raise AssertionError(f"{container['name']}: nothing mounted where {path} is")
+
+
+def volume(pod, name):
+    return next(v for v in pod["volumes"] if v["name"] == name)
+
+
+def selects(selector, labels):
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def workloads(resources):
+    return [r for r in resources if r["kind"] in ("Deployment", "DaemonSet")]
+
+
+class ManifestsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.renders = {name: render_overlay(name) for name in OVERLAYS}
+
+    def test_the_default_is_the_sidecar(self):
+        self.assertEqual(sorted(map(repr, render("."))),
+                         sorted(map(repr, self.renders["sidecar"])))
+
+    def test_every_container_is_locked_down_and_sized(self):
+        for overlay, resources in self.renders.items():
+            for workload in workloads(resources):
+                pod = workload["spec"]["template"]["spec"]
+                self.assertEqual(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault")
+                for container in all_containers(pod):
+                    where = f"{overlay}/{workload['metadata']['name']}/{container['name']}"
+                    with self.subTest(where):
+                        self.assertEqual(container["image"], IMAGE)
+                        for kind in ("requests", "limits"):
+                            self.assertIn("cpu", container["resources"][kind])
+                            self.assertIn("memory", container["resources"][kind])
+                        security = container["securityContext"]
+                        self.assertIs(security["allowPrivilegeEscalation"], False)
+                        self.assertIs(security["readOnlyRootFilesystem"], True)
+                        self.assertEqual(security["capabilities"]["drop"], ["ALL"])
+                        if container["name"] == "socket-dir":
+                            # The one root step: chown of the node daemon's host-path directory.
+                            self.assertEqual(overlay, "node-daemon")
+                            self.assertEqual(security["capabilities"]["add"], ["CHOWN", "FOWNER"])
+                            self.assertIs(security["runAsNonRoot"], False)
+                        else:
+                            self.assertNotIn("add", security["capabilities"])
+                            self.assertIs(security["runAsNonRoot"], True)
+                            self.assertNotEqual(
+                                security.get("runAsUser", pod["securityContext"]["runAsUser"]), 0)
+
+    def test_the_daemon_is_probed_over_grpc_and_exposes_named_ports(self):
+        for overlay, resources in self.renders.items():
+            daemons = daemon_containers(resources)
+            self.assertEqual(len(daemons), 1, overlay)
+            pod, daemon = daemons[0]
+            args = flags(daemon)
+            ports = {p["name"]: p["containerPort"] for p in daemon["ports"]}
+            with self.subTest(overlay):
+                self.assertEqual(ports["health"], port_of(args["health_listen"]))
+                self.assertEqual(ports["metrics"], port_of(args["metrics_listen"]))
+                self.assertTrue(args["health_listen"].startswith("0.0.0.0:"))  # kubelet: pod IP
+                self.assertTrue(args["metrics_listen"].startswith("0.0.0.0:"))
+                for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    self.assertEqual(daemon[probe]["grpc"]["port"], ports["health"], probe)
+                self.assertEqual(daemon["readinessProbe"]["grpc"]["service"], "kvcache.v1.KvCache")
+                self.assertNotIn("service", daemon["livenessProbe"]["grpc"])
+                workload = next(w for w in workloads(resources)
+                                if w["spec"]["template"]["spec"] is pod)
+                template = workload["spec"]["template"]["metadata"]
+                self.assertEqual(template["annotations"]["prometheus.io/scrape"], "true")
+                self.assertEqual(template["annotations"]["prometheus.io/port"],
+                                 str(ports["metrics"]))
+                # Metrics Service -> the daemon's pods, ServiceMonitor -> the Service.
+                service = find(resources, "Service", "kvcache-metrics")
+                self.assertTrue(selects(service["spec"]["selector"], template["labels"]))
+                self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]], ["metrics"])
+                monitor = find(resources, "ServiceMonitor", "kvcache")
+                self.assertEqual(monitor["apiVersion"], "monitoring.coreos.com/v1")
+                self.assertTrue(selects(monitor["spec"]["selector"]["matchLabels"],
+                                        service["metadata"]["labels"]))
+                self.assertEqual([e["port"] for e in monitor["spec"]["endpoints"]], ["metrics"])
+                # The pool fits in the daemon's memory limit.
+                pool_bytes = to_bytes(re.search(r"bytes=(\w+)", args["pool"]).group(1))
+                self.assertLess(pool_bytes, to_bytes(daemon["resources"]["limits"]["memory"]))
+
+    def test_workers_have_a_disruption_budget(self):
+        for overlay, resources in self.renders.items():
+            pdb = find(resources, "PodDisruptionBudget")
+            worker = find(resources, "Deployment", "kvcache-worker")
+            with self.subTest(overlay):
+                self.assertEqual(pdb["apiVersion"], "policy/v1")
+                self.assertTrue(selects(pdb["spec"]["selector"]["matchLabels"],
+                                        worker["spec"]["template"]["metadata"]["labels"]))
+                self.assertIn("maxUnavailable", pdb["spec"])
+
+    def check_sidecar_pod(self, resources):
+        worker = find(resources, "Deployment", "kvcache-worker")
+        pod = worker["spec"]["template"]["spec"]
+        (daemon_pod, daemon), = daemon_containers(resources)
+        self.assertIs(daemon_pod, pod)
+        self.assertEqual(pod["initContainers"], [daemon])
+        self.assertEqual(daemon["restartPolicy"], "Always")  # native sidecar
+        self.assertIn("grpc", daemon["startupProbe"])
+        app = next(c for c in pod["containers"] if c["name"] == "worker")
+        # The socket on a shared emptyDir at /run/kvcache, and the worker dials it.
+        socket = flags(daemon)["listen"]
+        self.assertEqual(socket, "unix:///run/kvcache/kv.sock")
+        self.assertIn("--target=" + socket, app["args"])
+        for container in (daemon, app):
+            self.assertEqual(mount_of(container, "/run/kvcache/kv.sock"), "kvcache-socket")
+            self.assertEqual(mount_of(container, "/dev/shm/x"), "dshm")
+        self.assertEqual(volume(pod, "kvcache-socket")["emptyDir"], {})
+        dshm = volume(pod, "dshm")["emptyDir"]
+        self.assertEqual(dshm["medium"], "Memory")
+        pool_bytes = to_bytes(re.search(r"bytes=(\w+)", flags(daemon)["pool"]).group(1))
+        self.assertLessEqual(pool_bytes, to_bytes(dshm["sizeLimit"]))
+        return pod, daemon, app
+
+    def test_sidecar(self):
+        pod, daemon, _ = self.check_sidecar_pod(self.renders["sidecar"])
+        self.assertNotIn("device", flags(daemon))
+        self.assertNotIn("shareProcessNamespace", pod)
+
+    def test_gpu(self):
+        pod, daemon, app = self.check_sidecar_pod(self.renders["gpu"])
+        self.assertIs(pod["shareProcessNamespace"], True)
+        self.assertEqual(flags(daemon)["device"], "cuda:0")
+        gpus = [c["name"] for c in all_containers(pod)
+                if "nvidia.com/gpu" in c["resources"].get("limits", {})]
+        self.assertEqual(gpus, [app["name"]])
+        self.assertEqual(app["resources"]["limits"]["nvidia.com/gpu"], 1)
+        self.assertEqual(app["resources"]["requests"].get("nvidia.com/gpu", 1), 1)
+
+    def test_node_daemon(self):
+        resources = self.renders["node-daemon"]
+        daemonset = find(resources, "DaemonSet", "kvcache-manager")
+        pod = daemonset["spec"]["template"]["spec"]
+        (daemon_pod, daemon), = daemon_containers(resources)
+        self.assertIs(daemon_pod, pod)
+        args = flags(daemon)
+        self.assertIs(pod["hostIPC"], True)
+        # The socket directory is the host's, shared with the worker pods on the node.
+        socket = args["listen"]
+        self.assertTrue(socket.startswith("unix:///"))
+        socket_volume = volume(pod, mount_of(daemon, socket[len("unix://"):]))
+        self.assertIn("hostPath", socket_volume)
+        self.assertEqual(int(args["socket_mode"], 8) & 0o006, 0o006)
+        # Certificates and the identity file come from Secrets.
+        secrets = {}
+        for flag in ("tls_cert", "tls_key", "tls_client_ca", "identities"):
+            secrets[flag] = volume(pod, mount_of(daemon, args[flag]))["secret"]["secretName"]
+        self.assertEqual(secrets, {"tls_cert": "kvcache-tls", "tls_key": "kvcache-tls",
+                                   "tls_client_ca": "kvcache-tls",
+                                   "identities": "kvcache-identities"})
+        # The TLS Service reaches the daemon's TCP port.
+        ports = {p["name"]: p["containerPort"] for p in daemon["ports"]}
+        self.assertEqual(ports["grpc-tls"], port_of(args["tcp_listen"]))
+        service = find(resources, "Service", "kvcache")
+        self.assertTrue(selects(service["spec"]["selector"],
+                                daemonset["spec"]["template"]["metadata"]["labels"]))
+        self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]], ["grpc-tls"])
+        # The workers: no sidecar, the node's socket and /dev/shm.
+        worker_pod = find(resources, "Deployment", "kvcache-worker")["spec"]["template"]["spec"]
+        self.assertNotIn("initContainers", worker_pod)
+        self.assertIs(worker_pod["hostIPC"], True)
+        app, = worker_pod["containers"]
+        self.assertIn("--target=" + socket, app["args"])
+        worker_socket = volume(worker_pod, mount_of(app, socket[len("unix://"):]))
+        self.assertEqual(worker_socket["hostPath"]["path"], socket_volume["hostPath"]["path"])
+        self.assertNotIn("dshm", [v["name"] for v in worker_pod["volumes"]])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
