@@ -245,8 +245,9 @@ class KvCacheServicer(object):
 
     def GetBlocks(self, request, context):
         """GetBlocks: the longest cached prefix of a prompt — a header (how many blocks matched, their
-        checksums), then their bytes in order, in chunks of at most max_chunk_bytes. The blocks are
-        pinned while they stream. Read-only.
+        checksums), then their bytes in order, in chunks of at most max_chunk_bytes (4096 at least,
+        see GetBlocksRequest). The blocks are pinned while they stream. Read-only. A prompt longer
+        than the pool is fine: only its cached prefix is read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
