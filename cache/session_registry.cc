@@ -71,6 +71,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(std::string princ
                                                                std::string tenant,
                                                                std::string client_name,
                                                                absl::Duration ttl) {
+  if (stopped_opening_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError(
+        "the daemon is draining (shutting down): open the session on another daemon");
+  }
   if (tenant.empty() || tenant.size() > kMaxTenantBytes ||
       client_name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(

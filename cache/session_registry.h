@@ -13,6 +13,7 @@
 #define KVCACHE_CACHE_SESSION_REGISTRY_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -54,7 +55,8 @@ class SessionRegistry {
 
   // A session of `tenant` owned by `principal`. `ttl` of zero means the default; others are
   // clamped to [min_ttl, max_ttl]. INVALID_ARGUMENT for an empty or oversize tenant or an oversize
-  // client name; RESOURCE_EXHAUSTED past max_sessions or the tenant's quota.
+  // client name; RESOURCE_EXHAUSTED past max_sessions or the tenant's quota; UNAVAILABLE once
+  // the daemon drains (StopOpening).
   absl::StatusOr<std::shared_ptr<Session>> Open(std::string principal, std::string tenant,
                                                 std::string client_name, absl::Duration ttl);
   // NOT_FOUND for an id never issued; ABORTED for one that has ended.
@@ -67,6 +69,10 @@ class SessionRegistry {
   absl::StatusOr<std::shared_ptr<Session>> Close(uint64_t session_id);
   // Closes and returns every session whose deadline has passed. O(sessions); not on a request path.
   std::vector<std::shared_ptr<Session>> TakeExpired();
+
+  // The daemon is draining: new sessions are refused (UNAVAILABLE, so a client tries another
+  // daemon); the open ones go on until they end. Irreversible.
+  void StopOpening() { stopped_opening_.store(true, std::memory_order_release); }
 
   size_t size() const;
   const SessionLimits& limits() const { return limits_; }
@@ -85,6 +91,7 @@ class SessionRegistry {
     std::shared_ptr<Session> session;
     absl::Time deadline;
   };
+  std::atomic<bool> stopped_opening_{false};
   absl::Status UnknownLocked(uint64_t session_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // ABORTED for a session whose deadline has passed before the sweep took it.
   absl::Status ExpiredLocked(uint64_t session_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -270,7 +270,10 @@ void Daemon::ReportNotServing() {
   if (port_health_ != nullptr) port_health_->SetServingStatus(false);
 }
 
-void Daemon::Drain() { ReportNotServing(); }
+void Daemon::Drain() {
+  ReportNotServing();
+  manager_->sessions().StopOpening();
+}
 
 void Daemon::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;

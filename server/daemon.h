@@ -108,8 +108,9 @@ class Daemon {
   // stays. FAILED_PRECONDITION when the daemon runs without one.
   absl::Status ReloadIdentities();
   void Wait() { server_->Wait(); }
-  // Reports NOT_SERVING for every service on both health services while the daemon keeps
-  // serving calls, so load balancers and kubelet stop sending new work before Shutdown.
+  // Reports NOT_SERVING for every service on both health services and refuses new sessions
+  // (UNAVAILABLE) while the daemon keeps serving the open ones, so load balancers, kubelet and
+  // clients move new work elsewhere before Shutdown.
   void Drain();
   // Stops accepting calls, finishes those in flight (up to `grace`) and removes the socket file.
   // The health-only port closes last, so probes see NOT_SERVING to the end.

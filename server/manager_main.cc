@@ -36,8 +36,12 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT: serve Prometheus /metrics over plain HTTP on its own port (e.g. "
           "0.0.0.0:9400); default: off");
 ABSL_FLAG(absl::Duration, drain_period, absl::Seconds(1),
-          "on SIGTERM/SIGINT, how long health reports NOT_SERVING while calls are still served, "
-          "so load balancers and kubelet stop sending new work before the daemon stops");
+          "on SIGTERM/SIGINT, how long health reports NOT_SERVING and new sessions are refused "
+          "(UNAVAILABLE) while the open ones are still served, so load balancers, kubelet and "
+          "clients move new work elsewhere before the daemon stops");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "after the drain period, how long calls and streams in flight may take to finish "
+          "before they are cancelled and the daemon exits (0)");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(10),
           "lease of a session that asks for no TTL of its own");
 ABSL_FLAG(absl::Duration, max_session_ttl, absl::Minutes(10),
@@ -185,14 +189,18 @@ int Run() {
     std::fflush(stdout);
   }
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_period);
+  const absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   std::printf("kvcache-manager: signal %d, draining for %s\n", signal_number,
               absl::FormatDuration(drain).c_str());
   std::fflush(stdout);
   (*daemon)->Drain();
   absl::SleepFor(drain);
-  std::printf("kvcache-manager: shutting down\n");
+  std::printf("kvcache-manager: shutting down; calls in flight have %s to finish\n",
+              absl::FormatDuration(drain_timeout).c_str());
   std::fflush(stdout);
-  (*daemon)->Shutdown();
+  (*daemon)->Shutdown(drain_timeout);
+  std::printf("kvcache-manager: stopped\n");
+  std::fflush(stdout);
   return 0;
 }
 

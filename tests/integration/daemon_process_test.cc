@@ -2,14 +2,21 @@
 // prefix is shared across processes on the same physical blocks, a killed or frozen client's
 // blocks come back once its lease runs out, and SIGTERM stops the daemon cleanly.
 #include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <xxhash.h>
 
 #include <filesystem>
+#include <numeric>
 #include <string>
+#include <vector>
 
+#include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/testing/status_matchers.h"
 
@@ -19,6 +26,7 @@ namespace {
 using ::kvcache::testing::ClientResult;
 using ::kvcache::testing::DaemonProcessTest;
 using ::kvcache::testing::Prefix;
+using ::kvcache::testing::StatusIs;
 using ::kvcache::testing::Subprocess;
 using ::testing::ElementsAreArray;
 
@@ -109,6 +117,81 @@ TEST_F(DaemonProcessTest, SigtermExitsZeroAndRemovesTheSocket) {
   ASSERT_NO_FATAL_FAILURE(StopDaemon());
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(socket_path_)))
       << socket_path_ << " was left behind";
+}
+
+// Graceful drain (issue 17): on SIGTERM health goes NOT_SERVING and new sessions are refused
+// with UNAVAILABLE while the open ones are served; a put stream in flight when the drain period
+// ends still completes within --drain_timeout; then the daemon exits 0.
+TEST_F(DaemonProcessTest, SigtermDrainsInFlightStreamsRefusesNewSessionsAndExitsZero) {
+  extra_daemon_flags_ = {"--drain_period=2s", "--drain_timeout=60s"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  auto stub =
+      v1::KvCache::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  auto open_session = [&]() -> absl::StatusOr<uint64_t> {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::OpenSessionRequest request;
+    request.set_ttl_ms(60000);  // longer than the test: the lease is not what ends the put
+    v1::OpenSessionResponse response;
+    RETURN_IF_ERROR(FromGrpcStatus(stub->OpenSession(&context, request, &response)));
+    return response.session_id();
+  };
+  absl::StatusOr<uint64_t> session = open_session();
+  ASSERT_OK(session);
+
+  // A put of two blocks, one of them sent before SIGTERM.
+  absl::StatusOr<KvCacheClient::PoolDescription> pool = observer_->DescribePool("default");
+  ASSERT_OK(pool);
+  const uint64_t block_bytes = pool->pool.block_bytes;
+  std::vector<uint32_t> tokens(2 * kBlockSize);
+  std::iota(tokens.begin(), tokens.end(), 9000);
+  const std::string bytes(2 * block_bytes, 'k');
+  v1::PutBlocksRequest request;
+  v1::PutBlocksHeader* header = request.mutable_header();
+  header->set_session_id(*session);
+  header->set_pool("default");
+  header->mutable_tokens()->Add(tokens.begin(), tokens.end());
+  for (int block = 0; block < 2; ++block) {
+    header->add_block_checksums(XXH3_64bits_withSeed(bytes.data(), block_bytes, 0));
+  }
+  grpc::ClientContext put_context;
+  v1::PutBlocksResponse put_response;
+  auto writer = stub->PutBlocks(&put_context, &put_response);
+  ASSERT_TRUE(writer->Write(request));
+  request.Clear();
+  request.set_data(bytes.substr(0, block_bytes));
+  ASSERT_TRUE(writer->Write(request));
+
+  ASSERT_OK(daemon_->Signal(SIGTERM));
+  ASSERT_OK(daemon_->ReadLineStartingWith("kvcache-manager: signal", kStartBound));
+  EXPECT_THAT(open_session(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("draining")));
+  // The open session is still served during the drain period.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::OpenSequenceRequest open;
+    open.set_session_id(*session);
+    open.set_pool("default");
+    open.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    v1::OpenSequenceResponse opened;
+    EXPECT_OK(FromGrpcStatus(stub->OpenSequence(&context, open, &opened)));
+  }
+
+  // The drain period is over and the server shuts down; the put in flight may still finish.
+  ASSERT_OK(daemon_->ReadLineStartingWith("kvcache-manager: shutting down", kStartBound));
+  request.set_data(bytes.substr(block_bytes));
+  ASSERT_TRUE(writer->Write(request));
+  writer->WritesDone();
+  ASSERT_OK(FromGrpcStatus(writer->Finish()));
+  EXPECT_EQ(put_response.num_stored(), 2);
+
+  observer_.reset();
+  absl::StatusOr<int> status = daemon_->Wait(kStartBound);
+  ASSERT_OK(status);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "kvcache-manager " << ::kvcache::testing::DescribeWaitStatus(*status);
+  daemon_.reset();
 }
 
 }  // namespace

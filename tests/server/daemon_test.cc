@@ -226,6 +226,14 @@ TEST_F(DaemonTest, DrainTurnsHealthNotServingWhileCallsAreStillServed) {
   v1::PingResponse pong;
   EXPECT_OK(Call(&v1::KvCache::Stub::Ping, v1::PingRequest(), &pong));
   ASSERT_OK(OpenCommitted(session, 2 * kBlockSize + 3, 2 * kBlockSize));
+  v1::KeepAliveRequest keep_alive;
+  keep_alive.set_session_id(session);
+  v1::KeepAliveResponse kept;
+  EXPECT_OK(Call(&v1::KvCache::Stub::KeepAlive, keep_alive, &kept));
+  // New sessions go to another daemon.
+  v1::OpenSessionResponse opened;
+  EXPECT_THAT(Call(&v1::KvCache::Stub::OpenSession, v1::OpenSessionRequest(), &opened),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("draining")));
   ExpectHealth(kNotServing);
 }
 
