@@ -2,7 +2,8 @@
 // session of its tenant (its bearer token) and runs a seeded random loop of open / extend /
 // commit / release / fork / lookup / put / get against one pool until --seconds pass or it gets
 // SIGTERM, then closes its session and prints what it measured (tests/integration/soak_stats.h)
-// followed by "soak-end". The driver SIGKILLs, SIGSTOPs and restarts it at random.
+// followed by "soak-end" ("soak-ready" first, once SIGTERM is handled). The driver SIGKILLs,
+// SIGSTOPs and restarts it at random.
 //
 // Every byte it reads back is checked against the KV pattern of its tokens
 // (tests/integration/kv_pattern.h), keyed by --pattern_key so that a block of another tenant
@@ -410,13 +411,16 @@ class SoakClient {
 };
 
 int Main(int argc, char** argv) {
-  ParseCommandLineFlags(argc, argv,
-                        "kvcache-soak-client --target=unix:///path/kv.sock [--token_file=F] "
-                        "[--seed=N] [--pattern_key=K] [--seconds=S]: one soak load process");
   struct sigaction action {};
   action.sa_handler = RequestStop;
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  // From here SIGTERM ends the loop with a report; the driver terminates only ready clients.
+  std::printf("soak-ready\n");
+  std::fflush(stdout);
+  ParseCommandLineFlags(argc, argv,
+                        "kvcache-soak-client --target=unix:///path/kv.sock [--token_file=F] "
+                        "[--seed=N] [--pattern_key=K] [--seconds=S]: one soak load process");
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
 
   ClientOptions base;

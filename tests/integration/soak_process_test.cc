@@ -73,6 +73,9 @@ class SoakProcessTest : public DaemonProcessTest {
     std::optional<Subprocess> process;
     bool stopped = false;
     bool terminating = false;  // SIGTERM sent, its report not yet read
+    // It said "soak-ready": its SIGTERM handler is installed. Before that, SIGTERM would kill
+    // it without a report.
+    bool ready = false;
     absl::Time continue_at;
     absl::Time restart_at;
     int generation = 0;
@@ -108,6 +111,20 @@ class SoakProcessTest : public DaemonProcessTest {
     slot.process.emplace(*std::move(process));
     slot.stopped = false;
     slot.terminating = false;
+    slot.ready = false;
+  }
+
+  // Reads the client's "soak-ready" if it comes within `timeout`.
+  bool AwaitReady(int client, absl::Duration timeout) {
+    Slot& slot = slots_[client];
+    if (!slot.ready) {
+      absl::StatusOr<std::string> line = slot.process->ReadLine(timeout);
+      if (line.ok()) {
+        EXPECT_EQ(*line, "soak-ready") << "client " << client;
+        slot.ready = true;
+      }
+    }
+    return slot.ready;
   }
 
   // Reads the report of a client told to end (SIGTERM), waiting up to `timeout` for each line;
@@ -142,11 +159,12 @@ class SoakProcessTest : public DaemonProcessTest {
   }
 
   // A client in a state the action applies to, or -1.
-  int Pick(bool want_stopped) {
+  int Pick(bool want_stopped, bool want_ready = false) {
     std::vector<int> candidates;
     for (int i = 0; i < kClients; ++i) {
       const Slot& slot = slots_[i];
-      if (slot.process.has_value() && !slot.terminating && slot.stopped == want_stopped) {
+      if (slot.process.has_value() && !slot.terminating && slot.stopped == want_stopped &&
+          (slot.ready || !want_ready)) {
         candidates.push_back(i);
       }
     }
@@ -179,7 +197,7 @@ class SoakProcessTest : public DaemonProcessTest {
   }
 
   void Terminate() {
-    const int client = Pick(/*want_stopped=*/false);
+    const int client = Pick(/*want_stopped=*/false, /*want_ready=*/true);
     if (client < 0) return;
     ASSERT_OK(slots_[client].process->Signal(SIGTERM));
     slots_[client].terminating = true;
@@ -198,6 +216,7 @@ class SoakProcessTest : public DaemonProcessTest {
       if (slot.process.has_value() && slot.terminating) {
         Drain(i, absl::Milliseconds(1));
       } else if (slot.process.has_value() && !slot.stopped) {
+        AwaitReady(i, absl::Milliseconds(1));
         absl::StatusOr<int> exited = slot.process->Wait(absl::ZeroDuration());
         if (exited.ok()) {
           ADD_FAILURE() << "client " << i << " exited unasked: " << DescribeWaitStatus(*exited);
@@ -218,6 +237,7 @@ class SoakProcessTest : public DaemonProcessTest {
       }
       slot.stopped = false;
       if (!slot.terminating) {
+        EXPECT_TRUE(AwaitReady(i, kExitBound)) << "client " << i << " never became ready";
         EXPECT_OK(slot.process->Signal(SIGTERM));
       }
       slot.terminating = true;
