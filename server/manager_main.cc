@@ -201,7 +201,20 @@ int Run() {
   (*daemon)->Shutdown(drain_timeout);
   std::printf("kvcache-manager: stopped\n");
   std::fflush(stdout);
-  return 0;
+  // Every pool's bookkeeping must still be whole (free + evictable + referenced = capacity, no
+  // block both free and referenced, every hash one block and back, every reference held by a
+  // sequence of its tenant): a daemon that ends otherwise says so and exits 3, so that every
+  // test that stops one (and an operator's restart) notices corruption nothing else shows.
+  int exit_code = 0;
+  for (const kvcache::Pool* pool : (*daemon)->manager().pools()) {
+    const absl::Status whole = pool->CheckInvariants();
+    if (!whole.ok()) {
+      std::fprintf(stderr, "kvcache-manager: pool %s: invariant broken: %s\n",
+                   pool->options().name.c_str(), std::string(whole.message()).c_str());
+      exit_code = 3;
+    }
+  }
+  return exit_code;
 }
 
 }  // namespace
