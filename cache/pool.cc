@@ -66,6 +66,9 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' needs 1 to ", kNoBlock - 1, " blocks"));
   }
+  if (options.testing_hash_bits > 127) {
+    return absl::InvalidArgumentError("testing_hash_bits must be 0 (all) or 1 to 127");
+  }
   if (pool_index >= kMaxPools) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxPools, " pools"));
   }
@@ -177,12 +180,12 @@ void Pool::EraseLocked(uint64_t sequence_id) {
 }
 
 Hash128 Pool::RootFor(absl::string_view tenant, absl::string_view cache_salt) const {
-  BlockHasher hasher(options_.hash_algorithm);
+  BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   return hasher.Root(HashNamespace{options_.model_id, layout_fingerprint_, tenant, cache_salt});
 }
 
 void Pool::HashNewBlocks(Sequence* sequence) const {
-  BlockHasher hasher(options_.hash_algorithm);
+  BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   const uint32_t block_size = options_.layout.block_size;
   const size_t first_new = sequence->chain.size();
   hasher.ExtendChain(sequence->root, sequence->tokens, block_size, sequence->extras,
@@ -206,7 +209,12 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
     };
     const BlockId block =
         pool_.FindVerified(expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
-    if (block == kNoBlock) break;
+    if (block == kNoBlock) {
+      if (pool_.Indexed(expected.hash) != kNoBlock) {
+        collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+      }
+      break;
+    }
     hits.push_back(block);
   }
   return hits;
@@ -402,7 +410,12 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
-    if (pool_.Publish(block, identity, tokens) && !was_published && pool_.IsPublished(block)) {
+    const bool published = pool_.Publish(block, identity, tokens);
+    if (!published && pool_.FindVerified(identity, tokens) == kNoBlock) {
+      // The hash is indexed for other content: this block stays private.
+      collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (published && !was_published && pool_.IsPublished(block)) {
       ++result.num_published_blocks;
       if (run.empty()) {
         run_parent = i == 0 ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);

@@ -72,6 +72,10 @@ struct PoolOptions {
   PoolLayout layout;
   uint32_t num_blocks = 0;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
+  // TEST ONLY: keep only this many low bits of every chain hash (BlockHasher's keep_bits), so
+  // collisions are common. No flag, pool spec or config sets it: production always runs with 0
+  // (all 128 bits), and a pool with it set hashes differently from every client.
+  uint32_t testing_hash_bits = 0;
 };
 
 struct SequenceSpec {
@@ -207,6 +211,12 @@ class Pool {
   std::vector<std::string> Tenants() const;
   absl::Status CheckInvariants() const;
 
+  // Hash matches that verification refused: a walk that found a block under the next hash whose
+  // stored identity or tokens differ from the request's, or a commit whose hash was already
+  // indexed for other content. Each is a hash collision caught (a miss, never wrong KV); with
+  // full-width hashes it stays 0 in practice. Tests force collisions with testing_hash_bits.
+  uint64_t collisions_caught() const { return collisions_caught_.load(std::memory_order_relaxed); }
+
  private:
   struct Sequence {
     uint64_t id = 0;
@@ -278,6 +288,8 @@ class Pool {
   const Clock* const clock_;
   PoolResidency residency_;         // own synchronization
   PoolTransferCounters transfers_;  // own synchronization
+  // Walks run under a shared lock, so the count is atomic.
+  mutable std::atomic<uint64_t> collisions_caught_{0};
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);

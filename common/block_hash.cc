@@ -50,15 +50,26 @@ absl::StatusOr<HashAlgorithm> ParseHashAlgorithm(absl::string_view name) {
       absl::StrCat("unknown hash algorithm '", name, "' (want xxh3_128 or sha256)"));
 }
 
+Hash128 BlockHasher::Weaken(Hash128 hash) const {
+  if (keep_bits_ == 0 || keep_bits_ >= 128) return hash;
+  if (keep_bits_ <= 64) {
+    hash.hi = 0;
+    if (keep_bits_ < 64) hash.lo &= (uint64_t{1} << keep_bits_) - 1;
+  } else {
+    hash.hi &= (uint64_t{1} << (keep_bits_ - 64)) - 1;
+  }
+  return hash;
+}
+
 Hash128 BlockHasher::Finish() const {
   if (algorithm_ == HashAlgorithm::kSha256) {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int digest_size = 0;
     EVP_Digest(scratch_.data(), scratch_.size(), digest, &digest_size, EVP_sha256(), nullptr);
-    return Hash128{LoadBigEndian64(digest), LoadBigEndian64(digest + 8)};
+    return Weaken(Hash128{LoadBigEndian64(digest), LoadBigEndian64(digest + 8)});
   }
   const XXH128_hash_t hash = XXH3_128bits_withSeed(scratch_.data(), scratch_.size(), 0);
-  return Hash128{hash.high64, hash.low64};
+  return Weaken(Hash128{hash.high64, hash.low64});
 }
 
 Hash128 BlockHasher::Root(const HashNamespace& ns) {

@@ -67,6 +67,12 @@ struct HashNamespace {
 class BlockHasher {
  public:
   explicit BlockHasher(HashAlgorithm algorithm) : algorithm_(algorithm) {}
+  // Test only (PoolOptions::testing_hash_bits): every root and block hash keeps only its low
+  // `keep_bits` bits (1 to 127; 0 keeps all 128), so chains collide often and tests can show
+  // that verification turns each collision into a miss. A collision propagates down the chain as
+  // with a real one, because each block hashes its parent's weakened hash.
+  BlockHasher(HashAlgorithm algorithm, uint32_t keep_bits)
+      : algorithm_(algorithm), keep_bits_(keep_bits) {}
 
   HashAlgorithm algorithm() const { return algorithm_; }
 
@@ -88,7 +94,10 @@ class BlockHasher {
   void WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
   Hash128 Finish() const;
 
+  Hash128 Weaken(Hash128 hash) const;
+
   const HashAlgorithm algorithm_;
+  const uint32_t keep_bits_ = 0;
   ByteWriter scratch_;
 };
 
