@@ -179,9 +179,12 @@ void Pool::EraseLocked(uint64_t sequence_id) {
   sequences_.erase(it);
 }
 
-Hash128 Pool::RootFor(absl::string_view tenant, absl::string_view cache_salt) const {
+void Pool::SetRoot(absl::string_view tenant, absl::string_view cache_salt,
+                   Sequence* sequence) const {
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
-  return hasher.Root(HashNamespace{options_.model_id, layout_fingerprint_, tenant, cache_salt});
+  const HashNamespace ns{options_.model_id, layout_fingerprint_, tenant, cache_salt};
+  sequence->root = hasher.Root(ns);
+  sequence->namespace_digest = hasher.NamespaceDigest(ns);
 }
 
 void Pool::HashNewBlocks(Sequence* sequence) const {
@@ -206,6 +209,7 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
         .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
         .parent_block = i == 0 ? kNoBlock : hits.back(),
         .extras_digest = sequence.extras_digests[i],
+        .namespace_digest = sequence.namespace_digest,
     };
     const BlockId block =
         pool_.FindVerified(expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
@@ -285,7 +289,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
 
   auto sequence = std::make_unique<Sequence>();
   sequence->session_id = session.id;
-  sequence->root = RootFor(session.tenant, spec.cache_salt);
+  SetRoot(session.tenant, spec.cache_salt, sequence.get());
   sequence->extras = spec.extra_keys;
   const size_t kept_tokens =
       mode == OpenMode::kCompute ? spec.tokens.size() : total_blocks * block_size;
@@ -406,6 +410,7 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
         .parent_hash = i == 0 ? sequence->root : sequence->chain[i - 1],
         .parent_block = parent,
         .extras_digest = sequence->extras_digests[i],
+        .namespace_digest = sequence->namespace_digest,
     };
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
@@ -498,7 +503,7 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const Sequen
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
   Sequence probe;
-  probe.root = RootFor(tenant, spec.cache_salt);
+  SetRoot(tenant, spec.cache_salt, &probe);
   probe.extras = spec.extra_keys;
   probe.tokens.assign(spec.tokens.begin(), spec.tokens.end());
   HashNewBlocks(&probe);

@@ -223,6 +223,7 @@ class Pool {
     uint64_t session_id = 0;
     uint32_t tenant = 0;  // slot in tenants_
     Hash128 root;
+    uint64_t namespace_digest = 0;
     ExtraKeys extras;
     std::vector<uint32_t> tokens;
     std::vector<BlockId> blocks;
@@ -250,7 +251,8 @@ class Pool {
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
-  Hash128 RootFor(absl::string_view tenant, absl::string_view cache_salt) const;
+  // Sets the sequence's root and namespace digest.
+  void SetRoot(absl::string_view tenant, absl::string_view cache_salt, Sequence* sequence) const;
   // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain.
   std::vector<BlockId> WalkLocked(const Sequence& sequence, size_t max_blocks) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

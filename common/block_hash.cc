@@ -72,14 +72,23 @@ Hash128 BlockHasher::Finish() const {
   return Weaken(Hash128{hash.high64, hash.low64});
 }
 
-Hash128 BlockHasher::Root(const HashNamespace& ns) {
+void BlockHasher::WriteRoot(const HashNamespace& ns) {
   scratch_.Clear();
   scratch_.Raw(kRootTag);
   scratch_.String(ns.model_id);
   scratch_.U64(ns.layout_fingerprint);
   scratch_.String(ns.tenant);
   scratch_.String(ns.cache_salt);
+}
+
+Hash128 BlockHasher::Root(const HashNamespace& ns) {
+  WriteRoot(ns);
   return Finish();
+}
+
+uint64_t BlockHasher::NamespaceDigest(const HashNamespace& ns) {
+  WriteRoot(ns);
+  return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), 0);
 }
 
 void BlockHasher::WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end) {

@@ -77,6 +77,10 @@ class BlockHasher {
   HashAlgorithm algorithm() const { return algorithm_; }
 
   Hash128 Root(const HashNamespace& ns);
+  // XXH3-64 of the namespace's root encoding, at full width whatever keep_bits says. Cached blocks
+  // keep it, so a hit on a root that collides with another namespace's (another tenant's or cache
+  // salt's) is refused: the root hash alone does not tell namespaces apart.
+  uint64_t NamespaceDigest(const HashNamespace& ns);
 
   // Hash of the block holding `tokens`, which start at prompt position `block_start`.
   Hash128 Block(const Hash128& parent, absl::Span<const uint32_t> tokens, const ExtraKeys& extras,
@@ -92,6 +96,7 @@ class BlockHasher {
 
  private:
   void WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
+  void WriteRoot(const HashNamespace& ns);
   Hash128 Finish() const;
 
   Hash128 Weaken(Hash128 hash) const;

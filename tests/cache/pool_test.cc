@@ -475,6 +475,47 @@ TEST_F(PoolTest, StatsCountHitsMissesAndPromptTokens) {
   EXPECT_EQ(stats.pool.published, 2);
 }
 
+// Regression (issue 17, forced collisions): block 0 was verified against its parent hash, the
+// root, alone, so two tenants (or cache salts) whose roots collided shared their blocks: a hit on
+// another tenant's KV. Roots of 1 bit collide for one pair among any three tenants.
+TEST(PoolCollisionTest, RootCollisionBetweenTenantsIsAMissNotAnotherTenantsBlock) {
+  PoolOptions options = TestPoolOptions();
+  options.testing_hash_bits = 1;
+  auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
+  ASSERT_OK(memory);
+  auto pool = Pool::Create(options, 0, *std::move(memory));
+  ASSERT_OK(pool);
+  BlockHasher hasher(options.hash_algorithm, options.testing_hash_bits);
+  const auto root = [&](absl::string_view tenant) {
+    return hasher.Root(HashNamespace{options.model_id, options.layout.Fingerprint(), tenant, ""});
+  };
+  std::string first = "tenant-0", second = "tenant-1";
+  if (root(first) != root(second)) (root("tenant-2") == root(first) ? second : first) = "tenant-2";
+  ASSERT_EQ(root(first), root(second));
+
+  Session owner{1, "uid:1", first, "test", absl::Seconds(10)};
+  Session stranger{2, "uid:2", second, "test", absl::Seconds(10)};
+  // One block: with 1-bit hashes a second would collide with the first.
+  const std::vector<uint32_t> prompt = Tokens(100, kBlockSize);
+  auto put = (*pool)->Open(owner, SequenceSpec{prompt}, OpenMode::kPut);
+  ASSERT_OK(put);
+  ASSERT_OK((*pool)->Commit(owner, put->sequence_id, prompt.size()));
+  ASSERT_OK((*pool)->Release(owner, put->sequence_id));
+  auto lookup = (*pool)->Lookup(first, SequenceSpec{prompt});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, kBlockSize);
+
+  lookup = (*pool)->Lookup(second, SequenceSpec{prompt});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 0);
+  auto pinned = (*pool)->Open(stranger, SequenceSpec{prompt}, OpenMode::kPinCached);
+  ASSERT_OK(pinned);
+  EXPECT_THAT(pinned->block_ids, ::testing::IsEmpty());
+  EXPECT_EQ((*pool)->collisions_caught(), 2);
+  ASSERT_OK((*pool)->Release(stranger, pinned->sequence_id));
+  EXPECT_OK((*pool)->CheckInvariants());
+}
+
 TEST(PoolCreateTest, RejectsBadOptions) {
   PoolOptions options;
   options.name = "p";
