@@ -73,6 +73,8 @@ class BlockPool {
   BlockId Indexed(const Hash128& hash) const;
   bool IsEvictable(BlockId block) const { return blocks_[block].state == State::kEvictable; }
   bool IsPublished(BlockId block) const { return blocks_[block].published; }
+  // A published block's parent link (BlockIdentity::parent_block).
+  BlockId ParentOf(BlockId block) const { return blocks_[block].identity.parent_block; }
   uint32_t RefCount(BlockId block) const { return blocks_[block].ref_count; }
   // A published block's bytes never change, so their checksum is computed once and kept until
   // the block is reused. SetChecksum ignores unpublished blocks.

@@ -224,6 +224,30 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
   return hits;
 }
 
+BlockId Pool::IndexedOwnPrefixLocked(const Sequence& sequence, size_t i) const {
+  const BlockId indexed = pool_.Indexed(sequence.chain[i]);
+  BlockId block = indexed;
+  for (size_t j = i + 1; j-- > 0;) {
+    if (block == kNoBlock) return kNoBlock;
+    // The sequence's own block holds its prefix, and its links were verified when it was
+    // published or hit.
+    if (block == sequence.blocks[j]) return indexed;
+    const BlockIdentity expected{
+        .hash = sequence.chain[j],
+        .parent_hash = j == 0 ? sequence.root : sequence.chain[j - 1],
+        .parent_block = pool_.ParentOf(block),
+        .extras_digest = sequence.extras_digests[j],
+        .namespace_digest = sequence.namespace_digest,
+    };
+    if (pool_.FindVerified(expected, BlockTokens(sequence.tokens, j, options_.layout.block_size)) !=
+        block) {
+      return kNoBlock;
+    }
+    block = expected.parent_block;
+  }
+  return indexed;
+}
+
 absl::Status Pool::CheckCapacityLocked(size_t needed, size_t reclaimable_hits,
                                        absl::string_view what) const {
   const size_t available = pool_.num_free() + pool_.num_evictable() - reclaimable_hits;
@@ -399,9 +423,13 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
   for (uint32_t i = sequence->committed_blocks; i < written_blocks; ++i) {
     // The parent link is the indexed block of h_{i-1}: this sequence's own, or the first copy
     // when its own was a duplicate. With no indexed parent the block could never be reached by a
-    // walk, so it stays private.
-    const BlockId parent = i == 0 ? kNoBlock : pool_.Indexed(sequence->chain[i - 1]);
+    // walk, so it stays private. So it does when h_{i-1} indexes other content (a collision):
+    // linked there, its KV would be served to that content's continuations.
+    const BlockId parent = i == 0 ? kNoBlock : IndexedOwnPrefixLocked(*sequence, i - 1);
     if (i > 0 && parent == kNoBlock) {
+      if (pool_.Indexed(sequence->chain[i - 1]) != kNoBlock) {
+        collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+      }
       report_run();
       continue;
     }

@@ -256,6 +256,12 @@ class Pool {
   // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain.
   std::vector<BlockId> WalkLocked(const Sequence& sequence, size_t max_blocks) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The block indexed under the sequence's hash of block `i` if it holds the sequence's own
+  // prefix through block i (its own block, or another copy of the same content); kNoBlock
+  // otherwise. O(1) when that block is the sequence's own; else it follows the parent links back
+  // to one that is, verifying each.
+  BlockId IndexedOwnPrefixLocked(const Sequence& sequence, size_t i) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckCapacityLocked(size_t needed, size_t reclaimable_hits,
                                    absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Sequence*> FindLocked(const Session& session, uint64_t sequence_id)

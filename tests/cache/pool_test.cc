@@ -516,6 +516,58 @@ TEST(PoolCollisionTest, RootCollisionBetweenTenantsIsAMissNotAnotherTenantsBlock
   EXPECT_OK((*pool)->CheckInvariants());
 }
 
+// Regression (issue 17, forced collisions): Commit linked a block to whatever block its parent
+// hash indexed. When that hash indexed other content (a collision: this sequence's own parent
+// stayed private), the block hung off a prefix it was not computed from, and a walk along that
+// other prefix verified it (same parent hash, parent block and tokens) and served KV computed
+// over a different prompt.
+TEST(PoolCollisionTest, CommitNeverLinksABlockUnderACollidingParent) {
+  PoolOptions options = TestPoolOptions();
+  options.testing_hash_bits = 8;
+  auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
+  ASSERT_OK(memory);
+  auto pool = Pool::Create(options, 0, *std::move(memory));
+  ASSERT_OK(pool);
+  Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  BlockHasher hasher(options.hash_algorithm, options.testing_hash_bits);
+  const Hash128 root =
+      hasher.Root(HashNamespace{options.model_id, options.layout.Fingerprint(), "tenant-a", ""});
+  const auto chain = [&](const std::vector<uint32_t>& tokens) {
+    std::vector<Hash128> hashes;
+    hasher.ExtendChain(root, tokens, kBlockSize, {}, &hashes);
+    return hashes;
+  };
+  // P and Q: one block each, different tokens, the same 8-bit hash.
+  const std::vector<uint32_t> p = Tokens(100, kBlockSize);
+  std::vector<uint32_t> q;
+  for (uint32_t y = 1000; q.empty() && y < 100000; ++y) {
+    if (chain({y, 0, 0, 0}) == chain(p)) q = {y, 0, 0, 0};
+  }
+  ASSERT_FALSE(q.empty());
+  const std::vector<uint32_t> tail = Tokens(500, kBlockSize);
+  ASSERT_NE(chain(Concat(p, tail))[1], chain(q)[0]);
+  const auto compute = [&](const std::vector<uint32_t>& tokens) {
+    auto opened = (*pool)->Open(session, SequenceSpec{tokens}, OpenMode::kPut);
+    ASSERT_OK(opened);
+    ASSERT_OK((*pool)->Commit(session, opened->sequence_id, tokens.size()));
+    ASSERT_OK((*pool)->Release(session, opened->sequence_id));
+  };
+  const auto cached = [&](const std::vector<uint32_t>& tokens) {
+    auto lookup = (*pool)->Lookup("tenant-a", SequenceSpec{tokens});
+    EXPECT_OK(lookup);
+    return lookup.ok() ? lookup->num_cached_tokens : 0;
+  };
+
+  compute(q);
+  compute(Concat(p, tail));  // P's block collides with Q's and stays private
+  EXPECT_EQ(cached(q), kBlockSize);
+  EXPECT_EQ(cached(Concat(p, tail)), 0);
+  // Q's continuation must not find P's: its KV was computed over P.
+  EXPECT_EQ(cached(Concat(q, tail)), kBlockSize);
+  EXPECT_GE((*pool)->collisions_caught(), 3);
+  EXPECT_OK((*pool)->CheckInvariants());
+}
+
 TEST(PoolCreateTest, RejectsBadOptions) {
   PoolOptions options;
   options.name = "p";
