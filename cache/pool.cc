@@ -1,5 +1,6 @@
 #include "cache/pool.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -546,7 +547,10 @@ uint32_t Pool::ReleaseSession(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto owner = by_session_.find(session_id);
   if (owner == by_session_.end()) return 0;
-  const std::vector<uint64_t> sequence_ids(owner->second.begin(), owner->second.end());
+  std::vector<uint64_t> sequence_ids(owner->second.begin(), owner->second.end());
+  // Oldest first (ids grow), each tail first: the eviction order a session's end leaves does
+  // not depend on the hash set's iteration order, which varies from process to process.
+  std::sort(sequence_ids.begin(), sequence_ids.end());
   for (uint64_t sequence_id : sequence_ids) EraseLocked(sequence_id);
   return static_cast<uint32_t>(sequence_ids.size());
 }

@@ -193,7 +193,8 @@ class Pool {
 
   // How many sequences `session_id` holds in this pool.
   uint32_t SequencesOfSession(uint64_t session_id) const;
-  // Releases every sequence of `session_id`; returns how many. Idempotent.
+  // Releases every sequence of `session_id`, oldest first, each tail first; returns how many.
+  // Idempotent.
   uint32_t ReleaseSession(uint64_t session_id);
 
   // XXH3-64 of a block's bytes, computed once per publication (GetBlocks sends it with every
