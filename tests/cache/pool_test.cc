@@ -475,15 +475,20 @@ TEST_F(PoolTest, StatsCountHitsMissesAndPromptTokens) {
   EXPECT_EQ(stats.pool.published, 2);
 }
 
+// A pool whose options set testing_hash_bits, for forced collisions.
+absl::StatusOr<std::unique_ptr<Pool>> MakeWeakHashPool(const PoolOptions& options) {
+  auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
+  if (!memory.ok()) return memory.status();
+  return Pool::Create(options, 0, *std::move(memory));
+}
+
 // Regression (issue 17, forced collisions): block 0 was verified against its parent hash, the
 // root, alone, so two tenants (or cache salts) whose roots collided shared their blocks: a hit on
 // another tenant's KV. Roots of 1 bit collide for one pair among any three tenants.
 TEST(PoolCollisionTest, RootCollisionBetweenTenantsIsAMissNotAnotherTenantsBlock) {
   PoolOptions options = TestPoolOptions();
   options.testing_hash_bits = 1;
-  auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
-  ASSERT_OK(memory);
-  auto pool = Pool::Create(options, 0, *std::move(memory));
+  auto pool = MakeWeakHashPool(options);
   ASSERT_OK(pool);
   BlockHasher hasher(options.hash_algorithm, options.testing_hash_bits);
   const auto root = [&](absl::string_view tenant) {
@@ -524,9 +529,7 @@ TEST(PoolCollisionTest, RootCollisionBetweenTenantsIsAMissNotAnotherTenantsBlock
 TEST(PoolCollisionTest, CommitNeverLinksABlockUnderACollidingParent) {
   PoolOptions options = TestPoolOptions();
   options.testing_hash_bits = 8;
-  auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
-  ASSERT_OK(memory);
-  auto pool = Pool::Create(options, 0, *std::move(memory));
+  auto pool = MakeWeakHashPool(options);
   ASSERT_OK(pool);
   Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
   BlockHasher hasher(options.hash_algorithm, options.testing_hash_bits);
