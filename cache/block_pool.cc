@@ -33,7 +33,8 @@ BlockId BlockPool::FindVerified(const BlockIdentity& expected,
   if (block == kNoBlock) return kNoBlock;
   const BlockIdentity& stored = blocks_[block].identity;
   if (stored.parent_hash != expected.parent_hash || stored.parent_block != expected.parent_block ||
-      stored.extras_digest != expected.extras_digest) {
+      stored.extras_digest != expected.extras_digest ||
+      stored.namespace_digest != expected.namespace_digest) {
     return kNoBlock;
   }
   const absl::Span<const uint32_t> stored_tokens = TokensOf(block);

@@ -40,6 +40,9 @@ struct BlockIdentity {
   Hash128 parent_hash;              // h_{i-1}; the chain root for a sequence's first block
   BlockId parent_block = kNoBlock;  // the indexed block holding h_{i-1}; kNoBlock for block 0
   uint64_t extras_digest = 0;
+  // BlockHasher::NamespaceDigest of the chain's namespace: block 0's parent_hash is the root, and
+  // a root collision between two tenants or cache salts must not share their blocks.
+  uint64_t namespace_digest = 0;
 };
 
 struct BlockPoolCounters {
@@ -70,6 +73,8 @@ class BlockPool {
   BlockId Indexed(const Hash128& hash) const;
   bool IsEvictable(BlockId block) const { return blocks_[block].state == State::kEvictable; }
   bool IsPublished(BlockId block) const { return blocks_[block].published; }
+  // A published block's parent link (BlockIdentity::parent_block).
+  BlockId ParentOf(BlockId block) const { return blocks_[block].identity.parent_block; }
   uint32_t RefCount(BlockId block) const { return blocks_[block].ref_count; }
   // A published block's bytes never change, so their checksum is computed once and kept until
   // the block is reused. SetChecksum ignores unpublished blocks.

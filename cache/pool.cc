@@ -1,5 +1,6 @@
 #include "cache/pool.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,9 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
   if (options.num_blocks == 0 || options.num_blocks >= kNoBlock) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' needs 1 to ", kNoBlock - 1, " blocks"));
+  }
+  if (options.testing_hash_bits > 127) {
+    return absl::InvalidArgumentError("testing_hash_bits must be 0 (all) or 1 to 127");
   }
   if (pool_index >= kMaxPools) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxPools, " pools"));
@@ -176,13 +180,16 @@ void Pool::EraseLocked(uint64_t sequence_id) {
   sequences_.erase(it);
 }
 
-Hash128 Pool::RootFor(absl::string_view tenant, absl::string_view cache_salt) const {
-  BlockHasher hasher(options_.hash_algorithm);
-  return hasher.Root(HashNamespace{options_.model_id, layout_fingerprint_, tenant, cache_salt});
+void Pool::SetRoot(absl::string_view tenant, absl::string_view cache_salt,
+                   Sequence* sequence) const {
+  BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
+  const HashNamespace ns{options_.model_id, layout_fingerprint_, tenant, cache_salt};
+  sequence->root = hasher.Root(ns);
+  sequence->namespace_digest = hasher.NamespaceDigest(ns);
 }
 
 void Pool::HashNewBlocks(Sequence* sequence) const {
-  BlockHasher hasher(options_.hash_algorithm);
+  BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   const uint32_t block_size = options_.layout.block_size;
   const size_t first_new = sequence->chain.size();
   hasher.ExtendChain(sequence->root, sequence->tokens, block_size, sequence->extras,
@@ -203,13 +210,43 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
         .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
         .parent_block = i == 0 ? kNoBlock : hits.back(),
         .extras_digest = sequence.extras_digests[i],
+        .namespace_digest = sequence.namespace_digest,
     };
     const BlockId block =
         pool_.FindVerified(expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
-    if (block == kNoBlock) break;
+    if (block == kNoBlock) {
+      if (pool_.Indexed(expected.hash) != kNoBlock) {
+        collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+      }
+      break;
+    }
     hits.push_back(block);
   }
   return hits;
+}
+
+BlockId Pool::IndexedOwnPrefixLocked(const Sequence& sequence, size_t i) const {
+  const BlockId indexed = pool_.Indexed(sequence.chain[i]);
+  BlockId block = indexed;
+  for (size_t j = i + 1; j-- > 0;) {
+    if (block == kNoBlock) return kNoBlock;
+    // The sequence's own block holds its prefix, and its links were verified when it was
+    // published or hit.
+    if (block == sequence.blocks[j]) return indexed;
+    const BlockIdentity expected{
+        .hash = sequence.chain[j],
+        .parent_hash = j == 0 ? sequence.root : sequence.chain[j - 1],
+        .parent_block = pool_.ParentOf(block),
+        .extras_digest = sequence.extras_digests[j],
+        .namespace_digest = sequence.namespace_digest,
+    };
+    if (pool_.FindVerified(expected, BlockTokens(sequence.tokens, j, options_.layout.block_size)) !=
+        block) {
+      return kNoBlock;
+    }
+    block = expected.parent_block;
+  }
+  return indexed;
 }
 
 absl::Status Pool::CheckCapacityLocked(size_t needed, size_t reclaimable_hits,
@@ -277,7 +314,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
 
   auto sequence = std::make_unique<Sequence>();
   sequence->session_id = session.id;
-  sequence->root = RootFor(session.tenant, spec.cache_salt);
+  SetRoot(session.tenant, spec.cache_salt, sequence.get());
   sequence->extras = spec.extra_keys;
   const size_t kept_tokens =
       mode == OpenMode::kCompute ? spec.tokens.size() : total_blocks * block_size;
@@ -387,9 +424,13 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
   for (uint32_t i = sequence->committed_blocks; i < written_blocks; ++i) {
     // The parent link is the indexed block of h_{i-1}: this sequence's own, or the first copy
     // when its own was a duplicate. With no indexed parent the block could never be reached by a
-    // walk, so it stays private.
-    const BlockId parent = i == 0 ? kNoBlock : pool_.Indexed(sequence->chain[i - 1]);
+    // walk, so it stays private. So it does when h_{i-1} indexes other content (a collision):
+    // linked there, its KV would be served to that content's continuations.
+    const BlockId parent = i == 0 ? kNoBlock : IndexedOwnPrefixLocked(*sequence, i - 1);
     if (i > 0 && parent == kNoBlock) {
+      if (pool_.Indexed(sequence->chain[i - 1]) != kNoBlock) {
+        collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+      }
       report_run();
       continue;
     }
@@ -398,11 +439,17 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
         .parent_hash = i == 0 ? sequence->root : sequence->chain[i - 1],
         .parent_block = parent,
         .extras_digest = sequence->extras_digests[i],
+        .namespace_digest = sequence->namespace_digest,
     };
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
-    if (pool_.Publish(block, identity, tokens) && !was_published && pool_.IsPublished(block)) {
+    const bool published = pool_.Publish(block, identity, tokens);
+    if (!published && pool_.FindVerified(identity, tokens) == kNoBlock) {
+      // The hash is indexed for other content: this block stays private.
+      collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (published && !was_published && pool_.IsPublished(block)) {
       ++result.num_published_blocks;
       if (run.empty()) {
         run_parent = i == 0 ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
@@ -485,7 +532,7 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const Sequen
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
   Sequence probe;
-  probe.root = RootFor(tenant, spec.cache_salt);
+  SetRoot(tenant, spec.cache_salt, &probe);
   probe.extras = spec.extra_keys;
   probe.tokens.assign(spec.tokens.begin(), spec.tokens.end());
   HashNewBlocks(&probe);
@@ -500,7 +547,10 @@ uint32_t Pool::ReleaseSession(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto owner = by_session_.find(session_id);
   if (owner == by_session_.end()) return 0;
-  const std::vector<uint64_t> sequence_ids(owner->second.begin(), owner->second.end());
+  std::vector<uint64_t> sequence_ids(owner->second.begin(), owner->second.end());
+  // Oldest first (ids grow), each tail first: the eviction order a session's end leaves does
+  // not depend on the hash set's iteration order, which varies from process to process.
+  std::sort(sequence_ids.begin(), sequence_ids.end());
   for (uint64_t sequence_id : sequence_ids) EraseLocked(sequence_id);
   return static_cast<uint32_t>(sequence_ids.size());
 }

@@ -72,6 +72,10 @@ struct PoolOptions {
   PoolLayout layout;
   uint32_t num_blocks = 0;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
+  // TEST ONLY: keep only this many low bits of every chain hash (BlockHasher's keep_bits), so
+  // collisions are common. No flag, pool spec or config sets it: production always runs with 0
+  // (all 128 bits), and a pool with it set hashes differently from every client.
+  uint32_t testing_hash_bits = 0;
 };
 
 struct SequenceSpec {
@@ -189,7 +193,8 @@ class Pool {
 
   // How many sequences `session_id` holds in this pool.
   uint32_t SequencesOfSession(uint64_t session_id) const;
-  // Releases every sequence of `session_id`; returns how many. Idempotent.
+  // Releases every sequence of `session_id`, oldest first, each tail first; returns how many.
+  // Idempotent.
   uint32_t ReleaseSession(uint64_t session_id);
 
   // XXH3-64 of a block's bytes, computed once per publication (GetBlocks sends it with every
@@ -207,12 +212,19 @@ class Pool {
   std::vector<std::string> Tenants() const;
   absl::Status CheckInvariants() const;
 
+  // Hash matches that verification refused: a walk that found a block under the next hash whose
+  // stored identity or tokens differ from the request's, or a commit whose hash was already
+  // indexed for other content. Each is a hash collision caught (a miss, never wrong KV); with
+  // full-width hashes it stays 0 in practice. Tests force collisions with testing_hash_bits.
+  uint64_t collisions_caught() const { return collisions_caught_.load(std::memory_order_relaxed); }
+
  private:
   struct Sequence {
     uint64_t id = 0;
     uint64_t session_id = 0;
     uint32_t tenant = 0;  // slot in tenants_
     Hash128 root;
+    uint64_t namespace_digest = 0;
     ExtraKeys extras;
     std::vector<uint32_t> tokens;
     std::vector<BlockId> blocks;
@@ -240,9 +252,16 @@ class Pool {
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
-  Hash128 RootFor(absl::string_view tenant, absl::string_view cache_salt) const;
+  // Sets the sequence's root and namespace digest.
+  void SetRoot(absl::string_view tenant, absl::string_view cache_salt, Sequence* sequence) const;
   // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain.
   std::vector<BlockId> WalkLocked(const Sequence& sequence, size_t max_blocks) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The block indexed under the sequence's hash of block `i` if it holds the sequence's own
+  // prefix through block i (its own block, or another copy of the same content); kNoBlock
+  // otherwise. O(1) when that block is the sequence's own; else it follows the parent links back
+  // to one that is, verifying each.
+  BlockId IndexedOwnPrefixLocked(const Sequence& sequence, size_t i) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckCapacityLocked(size_t needed, size_t reclaimable_hits,
                                    absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -278,6 +297,8 @@ class Pool {
   const Clock* const clock_;
   PoolResidency residency_;         // own synchronization
   PoolTransferCounters transfers_;  // own synchronization
+  // Walks run under a shared lock, so the count is atomic.
+  mutable std::atomic<uint64_t> collisions_caught_{0};
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);

@@ -50,25 +50,45 @@ absl::StatusOr<HashAlgorithm> ParseHashAlgorithm(absl::string_view name) {
       absl::StrCat("unknown hash algorithm '", name, "' (want xxh3_128 or sha256)"));
 }
 
+Hash128 BlockHasher::Weaken(Hash128 hash) const {
+  if (keep_bits_ == 0 || keep_bits_ >= 128) return hash;
+  if (keep_bits_ <= 64) {
+    hash.hi = 0;
+    if (keep_bits_ < 64) hash.lo &= (uint64_t{1} << keep_bits_) - 1;
+  } else {
+    hash.hi &= (uint64_t{1} << (keep_bits_ - 64)) - 1;
+  }
+  return hash;
+}
+
 Hash128 BlockHasher::Finish() const {
   if (algorithm_ == HashAlgorithm::kSha256) {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int digest_size = 0;
     EVP_Digest(scratch_.data(), scratch_.size(), digest, &digest_size, EVP_sha256(), nullptr);
-    return Hash128{LoadBigEndian64(digest), LoadBigEndian64(digest + 8)};
+    return Weaken(Hash128{LoadBigEndian64(digest), LoadBigEndian64(digest + 8)});
   }
   const XXH128_hash_t hash = XXH3_128bits_withSeed(scratch_.data(), scratch_.size(), 0);
-  return Hash128{hash.high64, hash.low64};
+  return Weaken(Hash128{hash.high64, hash.low64});
 }
 
-Hash128 BlockHasher::Root(const HashNamespace& ns) {
+void BlockHasher::WriteRoot(const HashNamespace& ns) {
   scratch_.Clear();
   scratch_.Raw(kRootTag);
   scratch_.String(ns.model_id);
   scratch_.U64(ns.layout_fingerprint);
   scratch_.String(ns.tenant);
   scratch_.String(ns.cache_salt);
+}
+
+Hash128 BlockHasher::Root(const HashNamespace& ns) {
+  WriteRoot(ns);
   return Finish();
+}
+
+uint64_t BlockHasher::NamespaceDigest(const HashNamespace& ns) {
+  WriteRoot(ns);
+  return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), 0);
 }
 
 void BlockHasher::WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end) {

@@ -67,10 +67,20 @@ struct HashNamespace {
 class BlockHasher {
  public:
   explicit BlockHasher(HashAlgorithm algorithm) : algorithm_(algorithm) {}
+  // Test only (PoolOptions::testing_hash_bits): every root and block hash keeps only its low
+  // `keep_bits` bits (1 to 127; 0 keeps all 128), so chains collide often and tests can show
+  // that verification turns each collision into a miss. A collision propagates down the chain as
+  // with a real one, because each block hashes its parent's weakened hash.
+  BlockHasher(HashAlgorithm algorithm, uint32_t keep_bits)
+      : algorithm_(algorithm), keep_bits_(keep_bits) {}
 
   HashAlgorithm algorithm() const { return algorithm_; }
 
   Hash128 Root(const HashNamespace& ns);
+  // XXH3-64 of the namespace's root encoding, at full width whatever keep_bits says. Cached blocks
+  // keep it, so a hit on a root that collides with another namespace's (another tenant's or cache
+  // salt's) is refused: the root hash alone does not tell namespaces apart.
+  uint64_t NamespaceDigest(const HashNamespace& ns);
 
   // Hash of the block holding `tokens`, which start at prompt position `block_start`.
   Hash128 Block(const Hash128& parent, absl::Span<const uint32_t> tokens, const ExtraKeys& extras,
@@ -86,9 +96,13 @@ class BlockHasher {
 
  private:
   void WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
+  void WriteRoot(const HashNamespace& ns);
   Hash128 Finish() const;
 
+  Hash128 Weaken(Hash128 hash) const;
+
   const HashAlgorithm algorithm_;
+  const uint32_t keep_bits_ = 0;
   ByteWriter scratch_;
 };
 

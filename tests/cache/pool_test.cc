@@ -475,6 +475,102 @@ TEST_F(PoolTest, StatsCountHitsMissesAndPromptTokens) {
   EXPECT_EQ(stats.pool.published, 2);
 }
 
+// A pool whose options set testing_hash_bits, for forced collisions.
+absl::StatusOr<std::unique_ptr<Pool>> MakeWeakHashPool(const PoolOptions& options) {
+  auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
+  if (!memory.ok()) return memory.status();
+  return Pool::Create(options, 0, *std::move(memory));
+}
+
+// Regression (issue 17, forced collisions): block 0 was verified against its parent hash, the
+// root, alone, so two tenants (or cache salts) whose roots collided shared their blocks: a hit on
+// another tenant's KV. Roots of 1 bit collide for one pair among any three tenants.
+TEST(PoolCollisionTest, RootCollisionBetweenTenantsIsAMissNotAnotherTenantsBlock) {
+  PoolOptions options = TestPoolOptions();
+  options.testing_hash_bits = 1;
+  auto pool = MakeWeakHashPool(options);
+  ASSERT_OK(pool);
+  BlockHasher hasher(options.hash_algorithm, options.testing_hash_bits);
+  const auto root = [&](absl::string_view tenant) {
+    return hasher.Root(HashNamespace{options.model_id, options.layout.Fingerprint(), tenant, ""});
+  };
+  std::string first = "tenant-0", second = "tenant-1";
+  if (root(first) != root(second)) (root("tenant-2") == root(first) ? second : first) = "tenant-2";
+  ASSERT_EQ(root(first), root(second));
+
+  Session owner{1, "uid:1", first, "test", absl::Seconds(10)};
+  Session stranger{2, "uid:2", second, "test", absl::Seconds(10)};
+  // One block: with 1-bit hashes a second would collide with the first.
+  const std::vector<uint32_t> prompt = Tokens(100, kBlockSize);
+  auto put = (*pool)->Open(owner, SequenceSpec{prompt}, OpenMode::kPut);
+  ASSERT_OK(put);
+  ASSERT_OK((*pool)->Commit(owner, put->sequence_id, prompt.size()));
+  ASSERT_OK((*pool)->Release(owner, put->sequence_id));
+  auto lookup = (*pool)->Lookup(first, SequenceSpec{prompt});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, kBlockSize);
+
+  lookup = (*pool)->Lookup(second, SequenceSpec{prompt});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 0);
+  auto pinned = (*pool)->Open(stranger, SequenceSpec{prompt}, OpenMode::kPinCached);
+  ASSERT_OK(pinned);
+  EXPECT_THAT(pinned->block_ids, ::testing::IsEmpty());
+  EXPECT_EQ((*pool)->collisions_caught(), 2);
+  ASSERT_OK((*pool)->Release(stranger, pinned->sequence_id));
+  EXPECT_OK((*pool)->CheckInvariants());
+}
+
+// Regression (issue 17, forced collisions): Commit linked a block to whatever block its parent
+// hash indexed. When that hash indexed other content (a collision: this sequence's own parent
+// stayed private), the block hung off a prefix it was not computed from, and a walk along that
+// other prefix verified it (same parent hash, parent block and tokens) and served KV computed
+// over a different prompt.
+TEST(PoolCollisionTest, CommitNeverLinksABlockUnderACollidingParent) {
+  PoolOptions options = TestPoolOptions();
+  options.testing_hash_bits = 8;
+  auto pool = MakeWeakHashPool(options);
+  ASSERT_OK(pool);
+  Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  BlockHasher hasher(options.hash_algorithm, options.testing_hash_bits);
+  const Hash128 root =
+      hasher.Root(HashNamespace{options.model_id, options.layout.Fingerprint(), "tenant-a", ""});
+  const auto chain = [&](const std::vector<uint32_t>& tokens) {
+    std::vector<Hash128> hashes;
+    hasher.ExtendChain(root, tokens, kBlockSize, {}, &hashes);
+    return hashes;
+  };
+  // P and Q: one block each, different tokens, the same 8-bit hash.
+  const std::vector<uint32_t> p = Tokens(100, kBlockSize);
+  std::vector<uint32_t> q;
+  for (uint32_t y = 1000; q.empty() && y < 100000; ++y) {
+    if (chain({y, 0, 0, 0}) == chain(p)) q = {y, 0, 0, 0};
+  }
+  ASSERT_FALSE(q.empty());
+  const std::vector<uint32_t> tail = Tokens(500, kBlockSize);
+  ASSERT_NE(chain(Concat(p, tail))[1], chain(q)[0]);
+  const auto compute = [&](const std::vector<uint32_t>& tokens) {
+    auto opened = (*pool)->Open(session, SequenceSpec{tokens}, OpenMode::kPut);
+    ASSERT_OK(opened);
+    ASSERT_OK((*pool)->Commit(session, opened->sequence_id, tokens.size()));
+    ASSERT_OK((*pool)->Release(session, opened->sequence_id));
+  };
+  const auto cached = [&](const std::vector<uint32_t>& tokens) {
+    auto lookup = (*pool)->Lookup("tenant-a", SequenceSpec{tokens});
+    EXPECT_OK(lookup);
+    return lookup.ok() ? lookup->num_cached_tokens : 0;
+  };
+
+  compute(q);
+  compute(Concat(p, tail));  // P's block collides with Q's and stays private
+  EXPECT_EQ(cached(q), kBlockSize);
+  EXPECT_EQ(cached(Concat(p, tail)), 0);
+  // Q's continuation must not find P's: its KV was computed over P.
+  EXPECT_EQ(cached(Concat(q, tail)), kBlockSize);
+  EXPECT_GE((*pool)->collisions_caught(), 3);
+  EXPECT_OK((*pool)->CheckInvariants());
+}
+
 TEST(PoolCreateTest, RejectsBadOptions) {
   PoolOptions options;
   options.name = "p";

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/block_stream.h"
+#include "common/block_hash.h"
 #include "common/rpc/grpc_status.h"
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
@@ -38,6 +39,9 @@ constexpr uint32_t kBigBlocks = 8192;  // 32 MiB
 
 class BlockStreamsTest : public ::testing::Test {
  protected:
+  // PoolOptions::testing_hash_bits of pool "p" (0: full-width hashes).
+  virtual uint32_t HashBits() const { return 0; }
+
   void SetUp() override {
     ::kvcache::testing::KeepGrpcInitialized();
     char dir[] = "/tmp/kvcache-streams-XXXXXX";
@@ -52,7 +56,9 @@ class BlockStreamsTest : public ::testing::Test {
     pool.layout =
         PoolLayout{.num_layers = 1, .num_kv_heads = 2, .head_dim = 128, .block_size = kBlockSize};
     pool.num_blocks = kNumBlocks;
+    pool.testing_hash_bits = HashBits();
     options.pools.push_back(pool);
+    pool.testing_hash_bits = 0;
     // More bytes than gRPC and the socket buffer between a sender and a reader that stalls.
     pool.name = "big";
     pool.num_blocks = kBigBlocks;
@@ -61,6 +67,7 @@ class BlockStreamsTest : public ::testing::Test {
     ASSERT_OK(daemon);
     daemon_ = *std::move(daemon);
     block_bytes_ = pool.layout.BlockBytes();
+    layout_ = pool.layout;
     stub_ = v1::KvCache::NewStub(
         grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials()));
     session_ = OpenSession("");  // the default identity's tenant, "default"
@@ -164,6 +171,7 @@ class BlockStreamsTest : public ::testing::Test {
   std::unique_ptr<v1::KvCache::Stub> stub_;
   uint64_t session_ = 0;
   uint64_t block_bytes_ = 0;
+  PoolLayout layout_;
   std::vector<uint32_t> tokens_ = [] {
     std::vector<uint32_t> tokens(14);  // 3 full blocks and 2 tokens
     std::iota(tokens.begin(), tokens.end(), 100);
@@ -269,6 +277,87 @@ TEST_F(BlockStreamsTest, GetOfAnUncachedOrForeignPromptMatchesNothing) {
   got = Get(tokens_, (*other_tenant)->id);
   ASSERT_OK(got);
   EXPECT_EQ(got->header.num_blocks(), 0);
+}
+
+// Issue 17, forced collisions with real bytes: pool "p" keeps 8 bits of every chain hash, so the
+// test can pick prompts whose chains collide. A collision must cost a miss, never another
+// prompt's bytes.
+class WeakHashBlockStreamsTest : public BlockStreamsTest {
+ protected:
+  uint32_t HashBits() const override { return 8; }
+
+  // The chain pool "p" computes for the default tenant's prompt.
+  std::vector<Hash128> Chain(const std::vector<uint32_t>& tokens) const {
+    BlockHasher hasher(HashAlgorithm::kXxh3_128, 8);
+    const Hash128 root = hasher.Root(HashNamespace{"m", layout_.Fingerprint(), "default", ""});
+    std::vector<Hash128> chain;
+    hasher.ExtendChain(root, tokens, kBlockSize, {}, &chain);
+    return chain;
+  }
+  // A one-block prompt other than `tokens` whose hash collides with its block 0.
+  std::vector<uint32_t> CollidingBlock(const std::vector<uint32_t>& tokens) const {
+    for (uint32_t first = 5000; first < 500000; ++first) {
+      std::vector<uint32_t> candidate = {first, 7, 7, 7};
+      if (Chain(candidate)[0] == Chain(tokens)[0]) return candidate;
+    }
+    return {};
+  }
+  static std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+};
+
+TEST_F(WeakHashBlockStreamsTest, ACollidingPromptGetsAMissNotAnotherPromptsBytes) {
+  const std::vector<uint32_t> a = {1, 2, 3, 4};
+  const std::vector<uint32_t> b = CollidingBlock(a);
+  ASSERT_FALSE(b.empty());
+  const std::string a_bytes = RandomBlocks(1, 11);
+  ASSERT_OK(Put(Header(a, a_bytes), a_bytes));
+
+  auto got = Get(b, session_);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 0);
+  EXPECT_TRUE(got->bytes.empty());
+
+  // B's own bytes: stored in a block of their own, which its hash cannot index (A's holds it).
+  const std::string b_bytes = RandomBlocks(1, 12);
+  auto put = Put(Header(b, b_bytes), b_bytes);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_already_cached(), 0);
+  got = Get(b, session_);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 0);
+  got = Get(a, session_);
+  ASSERT_OK(got);
+  ASSERT_EQ(got->header.num_blocks(), 1);
+  EXPECT_EQ(got->bytes, a_bytes);
+  EXPECT_EQ(got->header.block_checksums(0),
+            XXH3_64bits_withSeed(a_bytes.data(), a_bytes.size(), 0));
+  // B's two gets, B's put (its open's walk and its commit).
+  EXPECT_EQ(FirstPool().collisions_caught(), 4);
+}
+
+TEST_F(WeakHashBlockStreamsTest, AContinuationOfACollidingPrefixIsNeverServedAnotherPrefixsBytes) {
+  const std::vector<uint32_t> q = {1, 2, 3, 4};
+  const std::vector<uint32_t> p = CollidingBlock(q);
+  ASSERT_FALSE(p.empty());
+  const std::vector<uint32_t> tail = {9, 9, 9, 9};
+  ASSERT_NE(Chain(Concat(p, tail))[1], Chain(q)[0]);
+  const std::string q_bytes = RandomBlocks(1, 21);
+  ASSERT_OK(Put(Header(q, q_bytes), q_bytes));
+  // P's block collides with Q's and stays private; the tail's KV was computed over P.
+  const std::string p_tail_bytes = RandomBlocks(2, 22);
+  ASSERT_OK(Put(Header(Concat(p, tail), p_tail_bytes), p_tail_bytes));
+
+  auto got = Get(Concat(q, tail), session_);
+  ASSERT_OK(got);
+  ASSERT_EQ(got->header.num_blocks(), 1);  // Q's block, not P's tail after it
+  EXPECT_EQ(got->bytes, q_bytes);
+  got = Get(Concat(p, tail), session_);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 0);
+  EXPECT_GE(FirstPool().collisions_caught(), 3);
 }
 
 TEST_F(BlockStreamsTest, BadChecksumIsDataLossAndRegistersNothing) {

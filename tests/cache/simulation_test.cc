@@ -1,0 +1,949 @@
+// Deterministic simulation of the cache core (issue 17): thousands of seeded random operation
+// sequences drive a CacheManager's pool (open, extend, commit, release, fork, lookup, put, get,
+// session close, lease expiry on a FakeClock, KeepAlive) under eviction pressure, with several
+// tenants and cache salts, and every answer is checked after every operation.
+//
+// Two references check the pool:
+//  - Model: an independent, deliberately simple cache keyed by content (namespace and every token
+//    up to a block's end), not by hashes. It predicts every status code, every hit length, the
+//    block ids of every hit (two sequences sharing a cached prefix get the same blocks), which
+//    block an allocation may take (a free one, else the LRU front: eviction order is exact), the
+//    free / evictable / referenced counts (pool-wide and per tenant), open sequences, commit
+//    results and the pool's evictions / resurrections / published / duplicates counters.
+//    Where it is coarser than the pool, on purpose: it does not model the free list's order
+//    (any free block is accepted: which free block comes next is not part of the contract), and
+//    when one expiry sweep ends several sessions, their blocks join the LRU as one unordered
+//    group (the registry hands the sessions over in hash-map order, which varies per process).
+//    Eviction from such a group accepts any member; every other release, a session's end
+//    included (oldest sequence first, each tail first), is ordered exactly. A replayed seed
+//    makes the same calls; after such a multi-session sweep the pool's choice within the group,
+//    and so later block ids, may differ from the failing run's.
+//  - Shadow KV: what each block holds, as the worker would have written it (set when a sequence
+//    commits a block it computed). Every hit must return blocks holding exactly the requested
+//    prefix: this holds with or without the model.
+// After every operation: Pool::CheckInvariants and free + evictable + referenced = pool size.
+//
+// The weak-hash run (PoolOptions::testing_hash_bits) keeps only 4 to 8 bits of every chain hash,
+// so collisions are common; hashing then makes the pool miss where the content model would hit,
+// so that run checks status codes the model can know without hits (argument, session and size
+// errors), the shadow KV of every hit (a collision is a miss, never wrong KV), the invariants,
+// and counts the collisions the pool caught.
+//
+// Environment: KVCACHE_SIM_SEEDS (seeds per run, default 10000), KVCACHE_SIM_SEED (replay one
+// seed, printing its trace), KVCACHE_SIM_OPS (operations per seed, default 120; 30 under ASan).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/cache_manager.h"
+#include "cache/pool.h"
+#include "common/status_macros.h"
+#include "tests/testing/fake_clock.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::FakeClock;
+
+constexpr uint64_t kEpoch = 7;
+constexpr absl::string_view kTenants[] = {"red", "green", "blue"};
+constexpr absl::string_view kSalts[] = {"", "s1"};
+
+// The content a full block's KV is computed from: its namespace (tenant, salt, lora) and every
+// token from the prompt's start through the block's end.
+struct Key {
+  std::string ns;
+  std::vector<uint32_t> tokens;
+  friend bool operator<(const Key& a, const Key& b) {
+    return std::tie(a.ns, a.tokens) < std::tie(b.ns, b.tokens);
+  }
+  friend bool operator==(const Key& a, const Key& b) {
+    return a.ns == b.ns && a.tokens == b.tokens;
+  }
+};
+
+std::string Describe(const Key& key) {
+  return absl::StrCat("[", key.ns, "|", absl::StrJoin(key.tokens, ","), "]");
+}
+
+Key KeyOf(const std::string& ns, const std::vector<uint32_t>& tokens, size_t block,
+          uint32_t block_size) {
+  return Key{ns, std::vector<uint32_t>(tokens.begin(), tokens.begin() + (block + 1) * block_size)};
+}
+
+// The reference cache: blocks by id, indexed by content. See the file comment for where it is
+// coarser than the pool.
+class Model {
+ public:
+  explicit Model(uint32_t num_blocks) : blocks_(num_blocks) {
+    for (BlockId block = 0; block < num_blocks; ++block) free_.insert(block);
+  }
+
+  uint32_t num_free() const { return static_cast<uint32_t>(free_.size()); }
+  uint32_t num_evictable() const { return num_evictable_; }
+  uint32_t num_referenced() const {
+    return static_cast<uint32_t>(blocks_.size()) - num_free() - num_evictable_;
+  }
+  bool IsEvictable(BlockId block) const { return blocks_[block].ref == 0 && IsOnLru(block); }
+  const BlockPoolCounters& counters() const { return counters_; }
+  uint32_t ReferencedBy(const std::string& tenant) const {
+    uint32_t count = 0;
+    for (const MBlock& block : blocks_) count += block.ref > 0 && block.tenant == tenant ? 1 : 0;
+    return count;
+  }
+
+  // The cached blocks of the request's first `max_blocks` full blocks, in order.
+  std::vector<BlockId> Walk(const std::string& ns, const std::vector<uint32_t>& tokens,
+                            uint32_t block_size, size_t max_blocks) const {
+    std::vector<BlockId> hits;
+    const size_t limit = std::min(max_blocks, tokens.size() / block_size);
+    for (size_t i = 0; i < limit; ++i) {
+      auto it = index_.find(KeyOf(ns, tokens, i, block_size));
+      if (it == index_.end()) break;
+      hits.push_back(it->second);
+    }
+    return hits;
+  }
+
+  void Acquire(BlockId block, const std::string& tenant) {
+    MBlock& meta = blocks_[block];
+    if (meta.ref == 0) {
+      LruRemove(block);
+      ++counters_.resurrections;
+      meta.tenant = tenant;
+    }
+    ++meta.ref;
+  }
+
+  // The pool handed out `got` for a fresh block: it must be free, else the LRU front.
+  absl::Status Allocate(BlockId got, const std::string& tenant) {
+    if (got >= blocks_.size())
+      return absl::InternalError(absl::StrCat("block ", got, " is out of range"));
+    if (!free_.empty()) {
+      if (free_.erase(got) == 0) {
+        return absl::InternalError(absl::StrCat(
+            "allocated block ", got, " but the free blocks are ", absl::StrJoin(free_, ",")));
+      }
+    } else {
+      if (lru_.empty()) return absl::InternalError("allocated a block with none free or evictable");
+      std::set<BlockId>& front = lru_.front();
+      if (front.erase(got) == 0) {
+        return absl::InternalError(absl::StrCat("evicted block ", got, " but the LRU front is {",
+                                                absl::StrJoin(front, ","), "}"));
+      }
+      if (front.empty()) lru_.pop_front();
+      --num_evictable_;
+      Evict(got);
+    }
+    blocks_[got].ref = 1;
+    blocks_[got].tenant = tenant;
+    return absl::OkStatus();
+  }
+
+  // Releases `blocks` in order; those reaching ref 0 that are published join the LRU's back, as
+  // one unordered group when `grouped` (a session's end), else one by one.
+  void Release(const std::vector<BlockId>& blocks, bool grouped) {
+    std::set<BlockId> group;
+    for (BlockId block : blocks) {
+      MBlock& meta = blocks_[block];
+      if (--meta.ref > 0) continue;
+      if (!meta.published) {
+        free_.insert(block);
+      } else if (grouped) {
+        group.insert(block);
+      } else {
+        lru_.push_back({block});
+        ++num_evictable_;
+      }
+    }
+    if (!group.empty()) {
+      num_evictable_ += static_cast<uint32_t>(group.size());
+      lru_.push_back(std::move(group));
+    }
+  }
+
+  // Publishes blocks [from, to) of a sequence as Pool::Commit does; returns how many.
+  uint32_t Commit(const std::string& ns, const std::vector<uint32_t>& tokens,
+                  const std::vector<BlockId>& blocks, uint32_t block_size, uint32_t from,
+                  uint32_t to) {
+    uint32_t published = 0;
+    for (uint32_t i = from; i < to; ++i) {
+      // A block without a cached parent could never be reached: it stays private.
+      if (i > 0 && index_.count(KeyOf(ns, tokens, i - 1, block_size)) == 0) continue;
+      MBlock& meta = blocks_[blocks[i]];
+      if (meta.published) continue;
+      Key key = KeyOf(ns, tokens, i, block_size);
+      if (index_.count(key) > 0) {
+        ++counters_.duplicates;  // the first copy stays cached; this one private
+        continue;
+      }
+      meta.published = true;
+      meta.key = key;
+      index_.emplace(std::move(key), blocks[i]);
+      ++counters_.published;
+      ++published;
+    }
+    return published;
+  }
+
+ private:
+  struct MBlock {
+    uint32_t ref = 0;
+    bool published = false;
+    Key key;
+    std::string tenant;  // while ref > 0
+  };
+
+  bool IsOnLru(BlockId block) const {
+    for (const auto& group : lru_) {
+      if (group.count(block) > 0) return true;
+    }
+    return false;
+  }
+  void LruRemove(BlockId block) {
+    for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+      if (it->erase(block) > 0) {
+        if (it->empty()) lru_.erase(it);
+        --num_evictable_;
+        return;
+      }
+    }
+  }
+  // Drops `block`'s content and every cached extension of it from the index (a cached block's
+  // parent is always cached, so they hang off it); evictable extensions become free.
+  void Evict(BlockId block) {
+    const Key key = blocks_[block].key;
+    auto it = index_.lower_bound(key);
+    while (it != index_.end() && it->first.ns == key.ns &&
+           it->first.tokens.size() >= key.tokens.size() &&
+           std::equal(key.tokens.begin(), key.tokens.end(), it->first.tokens.begin())) {
+      const BlockId gone = it->second;
+      blocks_[gone].published = false;
+      blocks_[gone].key = Key{};
+      ++counters_.evictions;
+      if (gone != block && blocks_[gone].ref == 0) {
+        LruRemove(gone);
+        free_.insert(gone);
+      }
+      it = index_.erase(it);
+    }
+  }
+
+  std::vector<MBlock> blocks_;
+  std::set<BlockId> free_;
+  std::list<std::set<BlockId>> lru_;  // front: evicted first
+  uint32_t num_evictable_ = 0;
+  std::map<Key, BlockId> index_;
+  BlockPoolCounters counters_;
+};
+
+struct SimTotals {
+  uint64_t seeds = 0;
+  uint64_t operations = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t evictions = 0;
+  uint64_t collisions_caught = 0;
+};
+
+// One seed's run. Returns the first discrepancy; `trace` holds every operation so far.
+class Simulation {
+ public:
+  Simulation(uint64_t seed, uint32_t hash_bits, int num_ops)
+      : rng_(seed), hash_bits_(hash_bits), num_ops_(num_ops) {}
+
+  absl::Status Run(SimTotals* totals) {
+    block_size_ = Pick({1u, 2u, 4u});
+    num_blocks_ = Uniform(3, 24);
+    PoolOptions options;
+    options.name = "sim";
+    options.model_id = "sim-model";
+    options.layout = PoolLayout{.num_layers = 1,
+                                .num_kv_heads = 1,
+                                .head_dim = 2,
+                                .block_size = block_size_,
+                                .dtype = DType::kFloat16};
+    options.num_blocks = num_blocks_;
+    options.testing_hash_bits = hash_bits_;
+    auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
+    if (!memory.ok()) return memory.status();
+    RETURN_IF_ERROR(manager_.AddPool(options, *std::move(memory)));
+    pool_ = manager_.pools().front();
+    shadow_.assign(num_blocks_, std::nullopt);
+    if (hash_bits_ == 0) model_.emplace(num_blocks_);
+    trace_.push_back(absl::StrCat("pool: ", num_blocks_, " blocks of ", block_size_,
+                                  " tokens, hash bits ", hash_bits_ == 0 ? 128 : hash_bits_));
+
+    for (int op = 0; op < num_ops_; ++op) {
+      ++totals->operations;
+      RETURN_IF_ERROR(Step());
+      RETURN_IF_ERROR(CheckAccounting());
+    }
+    // Every session ends; everything is released.
+    for (uint64_t id : session_order_) {
+      if (!sessions_.at(id).ended) RETURN_IF_ERROR(CloseSession(id));
+    }
+    RETURN_IF_ERROR(CheckAccounting());
+    if (pool_->Stats().referenced != 0)
+      return absl::InternalError("blocks held after every session ended");
+    totals->hit_blocks += hit_blocks_;
+    totals->evictions += pool_->Stats().pool.evictions;
+    totals->collisions_caught += pool_->collisions_caught();
+    if (hash_bits_ == 0 && pool_->collisions_caught() != 0) {
+      return absl::InternalError(
+          absl::StrCat(pool_->collisions_caught(), " collisions caught with full-width hashes"));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::vector<std::string>& trace() const { return trace_; }
+
+ private:
+  struct SessionInfo {
+    std::shared_ptr<Session> session;
+    std::string tenant;
+    std::string principal;
+    absl::Time deadline;
+    bool ended = false;
+  };
+  struct SeqInfo {
+    uint64_t session_id = 0;
+    std::string tenant;
+    std::string ns;
+    std::vector<uint32_t> tokens;
+    std::vector<BlockId> blocks;
+    uint32_t committed = 0;
+  };
+
+  uint32_t Uniform(uint32_t lo, uint32_t hi) {
+    return std::uniform_int_distribution<uint32_t>(lo, hi)(rng_);
+  }
+  bool Chance(int percent) { return Uniform(0, 99) < static_cast<uint32_t>(percent); }
+  template <typename T>
+  T Pick(std::initializer_list<T> items) {
+    return *(items.begin() + Uniform(0, static_cast<uint32_t>(items.size()) - 1));
+  }
+
+  absl::Status Fail(absl::string_view what) { return absl::InternalError(what); }
+  template <typename T>
+  absl::Status ExpectCode(const T& result, absl::StatusCode want, absl::string_view op) {
+    absl::Status status;
+    if constexpr (std::is_same_v<T, absl::Status>) {
+      status = result;
+    } else {
+      status = result.status();
+    }
+    if (status.code() == want) return absl::OkStatus();
+    return Fail(absl::StrCat(op, ": got ", status.ToString(), ", model says ",
+                             absl::StatusCodeToString(want)));
+  }
+
+  std::vector<uint32_t> NewPrompt() {
+    std::vector<uint32_t> tokens;
+    if (!prompts_.empty() && Chance(70)) {
+      const std::vector<uint32_t>& base = prompts_[Uniform(0, prompts_.size() - 1)];
+      tokens.assign(base.begin(),
+                    base.begin() + (Chance(50) ? base.size() : Uniform(0, base.size())));
+    }
+    const uint32_t extra = Chance(3) ? num_blocks_ * block_size_ + 1 : Uniform(0, 3 * block_size_);
+    // A tiny alphabet: equal blocks under different prefixes are common.
+    for (uint32_t i = 0; i < extra; ++i) tokens.push_back(Uniform(1, 3));
+    if (!tokens.empty()) {
+      if (prompts_.size() < 12) {
+        prompts_.push_back(tokens);
+      } else {
+        prompts_[Uniform(0, prompts_.size() - 1)] = tokens;
+      }
+    }
+    return tokens;
+  }
+
+  std::string Namespace(const std::string& tenant, absl::string_view salt, absl::string_view lora) {
+    return absl::StrCat(tenant, "/", salt, "/", lora);
+  }
+
+  // A session to act in: mostly a live one; sometimes one that has ended.
+  uint64_t PickSession() {
+    // In opening order: session ids are random, and the run must depend on the seed alone.
+    std::vector<uint64_t> live, ended;
+    for (uint64_t id : session_order_) (sessions_.at(id).ended ? ended : live).push_back(id);
+    if (!ended.empty() && (live.empty() || Chance(5))) return ended[Uniform(0, ended.size() - 1)];
+    if (live.empty()) return 0;
+    return live[Uniform(0, live.size() - 1)];
+  }
+  // A sequence to act on, with the session to send: mostly its own, live one; sometimes a
+  // released id or another session.
+  std::pair<uint64_t, uint64_t> PickSequence() {
+    if ((seqs_.empty() || Chance(4)) && !dead_seqs_.empty()) {
+      return {PickSession(), dead_seqs_[Uniform(0, dead_seqs_.size() - 1)]};
+    }
+    if (seqs_.empty()) return {0, 0};
+    auto it = seqs_.begin();
+    std::advance(it, Uniform(0, seqs_.size() - 1));
+    if (Chance(4)) return {PickSession(), it->first};
+    return {it->second.session_id, it->first};
+  }
+
+  // The status a sequence call gets before anything about blocks: ABORTED for an ended session,
+  // NOT_FOUND for a sequence that is not the session's.
+  absl::StatusCode SequenceAccess(uint64_t session_id, uint64_t sequence_id) const {
+    if (sessions_.at(session_id).ended) return absl::StatusCode::kAborted;
+    auto it = seqs_.find(sequence_id);
+    if (it == seqs_.end() || it->second.session_id != session_id)
+      return absl::StatusCode::kNotFound;
+    return absl::StatusCode::kOk;
+  }
+
+  // A hit must hold exactly the requested prefix.
+  absl::Status CheckHit(BlockId block, const Key& want, absl::string_view op) {
+    if (block >= shadow_.size() || !shadow_[block].has_value()) {
+      return Fail(absl::StrCat(op, ": hit block ", block, " holds no committed KV"));
+    }
+    if (!(*shadow_[block] == want)) {
+      return Fail(absl::StrCat(op, ": WRONG KV: hit block ", block, " holds ",
+                               Describe(*shadow_[block]), " for ", Describe(want)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Step() {
+    const uint32_t dice = Uniform(0, 99);
+    if (sessions_.size() < 2 || dice < 6) return OpenSession();
+    if (dice < 30)
+      return OpenSequence(
+          Pick({OpenMode::kCompute, OpenMode::kCompute, OpenMode::kPut, OpenMode::kPinCached}),
+          /*composite=*/dice >= 24);
+    if (dice < 40) return Extend();
+    if (dice < 56) return Commit();
+    if (dice < 68) return Release();
+    if (dice < 74) return Fork();
+    if (dice < 82) return Lookup();
+    if (dice < 86) {
+      const uint64_t session = PickSession();
+      return session == 0 ? absl::OkStatus() : CloseSession(session);
+    }
+    if (dice < 93) return AdvanceAndExpire();
+    return KeepAlive();
+  }
+
+  absl::Status OpenSession() {
+    // Mostly one tenant, so prompts repeat within it.
+    const std::string tenant(kTenants[Chance(60) ? 0 : Uniform(1, 2)]);
+    const absl::Duration ttl = absl::Milliseconds(Uniform(1, 4) * 500);
+    const std::string principal = absl::StrCat("uid:", tenant);
+    auto session = manager_.sessions().Open(principal, tenant, "sim", ttl);
+    trace_.push_back(absl::StrCat("open-session ", tenant, " ttl ", absl::FormatDuration(ttl)));
+    if (!session.ok()) return session.status();
+    trace_.back() += absl::StrCat(" -> ", (*session)->id);
+    sessions_[(*session)->id] =
+        SessionInfo{*session, tenant, principal, clock_.Now() + ttl, /*ended=*/false};
+    session_order_.push_back((*session)->id);
+    return absl::OkStatus();
+  }
+
+  // Opens a sequence. `composite` with kCompute: commits every token and releases (a finished
+  // request); with kPut: the same (what PutBlocks does); with kPinCached: checks the hits and
+  // releases (GetBlocks).
+  absl::Status OpenSequence(OpenMode mode, bool composite) {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    const SessionInfo& session = sessions_.at(session_id);
+    std::vector<uint32_t> tokens = NewPrompt();
+    const std::string salt(kSalts[Chance(80) ? 0 : 1]);
+    const std::string lora = Chance(5) ? "lora-a" : "";
+    const std::string ns = Namespace(session.tenant, salt, lora);
+    ExtraKeys extras;
+    extras.lora_id = lora;
+    static constexpr const char* kModeNames[] = {"compute", "put", "pin"};
+    trace_.push_back(absl::StrCat("open ", kModeNames[static_cast<int>(mode)], composite ? "+" : "",
+                                  " session ", session_id, " ns ", ns, " tokens ",
+                                  absl::StrJoin(tokens, ",")));
+
+    // What the model can say without hits.
+    const size_t full_blocks = tokens.size() / block_size_;
+    size_t total_blocks =
+        mode == OpenMode::kCompute ? (tokens.size() + block_size_ - 1) / block_size_ : full_blocks;
+    absl::StatusCode want = absl::StatusCode::kOk;
+    if (tokens.empty() || (mode == OpenMode::kPut && full_blocks == 0)) {
+      want = absl::StatusCode::kInvalidArgument;
+    } else if (mode != OpenMode::kPinCached && total_blocks > num_blocks_) {
+      want = absl::StatusCode::kResourceExhausted;
+    } else if (session.ended) {
+      want = absl::StatusCode::kAborted;
+    }
+    if (mode == OpenMode::kPinCached) total_blocks = std::min<size_t>(total_blocks, num_blocks_);
+    const size_t max_hits = mode == OpenMode::kCompute
+                                ? (tokens.empty() ? 0 : (tokens.size() - 1) / block_size_)
+                                : total_blocks;
+    std::vector<BlockId> model_hits;
+    if (want == absl::StatusCode::kOk && model_) {
+      model_hits = model_->Walk(ns, tokens, block_size_, max_hits);
+      if (mode == OpenMode::kPinCached) total_blocks = model_hits.size();
+      size_t evictable_hits = 0;
+      for (BlockId block : model_hits) evictable_hits += model_->IsEvictable(block) ? 1 : 0;
+      if (total_blocks - model_hits.size() >
+          model_->num_free() + model_->num_evictable() - evictable_hits) {
+        want = absl::StatusCode::kResourceExhausted;
+      }
+    }
+
+    auto opened = pool_->Open(*session.session, SequenceSpec{tokens, salt, extras}, mode);
+    trace_.back() += absl::StrCat(" -> ", opened.ok() ? "" : opened.status().ToString());
+    if (!model_ && want == absl::StatusCode::kOk && absl::IsResourceExhausted(opened.status())) {
+      // Without the model, capacity depends on hits the weak hash may have lost.
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(ExpectCode(opened, want, "open"));
+    if (!opened.ok()) return absl::OkStatus();
+    trace_.back() +=
+        absl::StrCat("seq ", opened->sequence_id, " blocks ", absl::StrJoin(opened->block_ids, ","),
+                     " cached ", opened->num_cached_tokens);
+
+    const size_t hits = opened->num_cached_tokens / block_size_;
+    if (opened->num_cached_tokens % block_size_ != 0 || hits > max_hits) {
+      return Fail("open: cached tokens not whole blocks or past the cap");
+    }
+    if (mode == OpenMode::kPinCached) total_blocks = hits;
+    if (opened->block_ids.size() != total_blocks) {
+      return Fail(absl::StrCat("open: ", opened->block_ids.size(), " blocks, want ", total_blocks));
+    }
+    for (size_t i = 0; i < hits; ++i) {
+      RETURN_IF_ERROR(CheckHit(opened->block_ids[i], KeyOf(ns, tokens, i, block_size_), "open"));
+    }
+    hit_blocks_ += hits;
+    if (model_) {
+      if (hits != model_hits.size() ||
+          !std::equal(model_hits.begin(), model_hits.end(), opened->block_ids.begin())) {
+        return Fail(absl::StrCat(
+            "open: hit blocks ",
+            absl::StrJoin(opened->block_ids.begin(), opened->block_ids.begin() + hits, ","),
+            ", model says ", absl::StrJoin(model_hits, ",")));
+      }
+      for (BlockId block : model_hits) model_->Acquire(block, session.tenant);
+      for (size_t i = hits; i < total_blocks; ++i) {
+        RETURN_IF_ERROR(model_->Allocate(opened->block_ids[i], session.tenant));
+      }
+    }
+    for (size_t i = hits; i < total_blocks; ++i) shadow_[opened->block_ids[i]].reset();
+
+    SeqInfo info{.session_id = session_id,
+                 .tenant = session.tenant,
+                 .ns = ns,
+                 .tokens = tokens,
+                 .blocks = opened->block_ids,
+                 .committed = static_cast<uint32_t>(hits)};
+    if (mode != OpenMode::kCompute) info.tokens.resize(total_blocks * block_size_);
+    const uint64_t id = opened->sequence_id;
+    seqs_.emplace(id, std::move(info));
+    if (!composite) return absl::OkStatus();
+    if (mode != OpenMode::kPinCached) {
+      RETURN_IF_ERROR(DoCommit(session_id, id, static_cast<uint32_t>(seqs_.at(id).tokens.size())));
+    }
+    return DoRelease(session_id, id);
+  }
+
+  absl::Status Extend() {
+    auto [session_id, id] = PickSequence();
+    if (session_id == 0) return absl::OkStatus();
+    std::vector<uint32_t> more(Chance(5) ? 0 : Uniform(1, 2 * block_size_));
+    for (uint32_t& token : more) token = Uniform(1, 3);
+    trace_.push_back(
+        absl::StrCat("extend session ", session_id, " seq ", id, " by ", absl::StrJoin(more, ",")));
+    absl::StatusCode want =
+        more.empty() ? absl::StatusCode::kInvalidArgument : SequenceAccess(session_id, id);
+    size_t needed = 0;
+    if (want == absl::StatusCode::kOk) {
+      const SeqInfo& seq = seqs_.at(id);
+      const size_t total = (seq.tokens.size() + more.size() + block_size_ - 1) / block_size_;
+      needed = total - seq.blocks.size();
+      if (total > num_blocks_) {
+        want = absl::StatusCode::kResourceExhausted;
+      } else if (model_ && needed > model_->num_free() + model_->num_evictable()) {
+        want = absl::StatusCode::kResourceExhausted;
+      }
+    }
+    auto extended = pool_->Extend(*sessions_.at(session_id).session, id, more);
+    trace_.back() +=
+        absl::StrCat(" -> ", extended.ok() ? absl::StrJoin(extended->new_block_ids, ",")
+                                           : extended.status().ToString());
+    if (!model_ && want == absl::StatusCode::kOk && absl::IsResourceExhausted(extended.status())) {
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(ExpectCode(extended, want, "extend"));
+    if (!extended.ok()) return absl::OkStatus();
+    SeqInfo& seq = seqs_.at(id);
+    if (extended->new_block_ids.size() != needed ||
+        extended->num_tokens != seq.tokens.size() + more.size()) {
+      return Fail("extend: wrong block or token count");
+    }
+    for (BlockId block : extended->new_block_ids) {
+      if (model_) RETURN_IF_ERROR(model_->Allocate(block, seq.tenant));
+      shadow_[block].reset();
+      seq.blocks.push_back(block);
+    }
+    seq.tokens.insert(seq.tokens.end(), more.begin(), more.end());
+    return absl::OkStatus();
+  }
+
+  absl::Status Commit() {
+    auto [session_id, id] = PickSequence();
+    if (session_id == 0) return absl::OkStatus();
+    auto it = seqs_.find(id);
+    const uint32_t length = it == seqs_.end() ? 0 : static_cast<uint32_t>(it->second.tokens.size());
+    uint32_t written = Chance(60) ? length : Uniform(0, length);
+    if (Chance(3)) written = length + 1;
+    return DoCommit(session_id, id, written);
+  }
+
+  absl::Status DoCommit(uint64_t session_id, uint64_t id, uint32_t written) {
+    trace_.push_back(absl::StrCat("commit session ", session_id, " seq ", id, " tokens ", written));
+    absl::StatusCode want = SequenceAccess(session_id, id);
+    if (want == absl::StatusCode::kOk && written > seqs_.at(id).tokens.size()) {
+      want = absl::StatusCode::kInvalidArgument;
+    }
+    auto committed = pool_->Commit(*sessions_.at(session_id).session, id, written);
+    trace_.back() += absl::StrCat(
+        " -> ", committed.ok() ? absl::StrCat(committed->num_committed_blocks, " committed, ",
+                                              committed->num_published_blocks, " published")
+                               : committed.status().ToString());
+    RETURN_IF_ERROR(ExpectCode(committed, want, "commit"));
+    if (!committed.ok()) return absl::OkStatus();
+    SeqInfo& seq = seqs_.at(id);
+    const uint32_t written_blocks = written / block_size_;
+    // The worker wrote the KV of every block it computed; a block it shares already holds it.
+    for (uint32_t i = 0; i < written_blocks; ++i) {
+      const Key key = KeyOf(seq.ns, seq.tokens, i, block_size_);
+      std::optional<Key>& held = shadow_[seq.blocks[i]];
+      if (!held.has_value()) {
+        held = key;
+      } else if (!(*held == key)) {
+        return Fail(absl::StrCat("commit: WRONG KV: block ", seq.blocks[i], " at position ", i,
+                                 " holds ", Describe(*held), " for ", Describe(key)));
+      }
+    }
+    const uint32_t from = seq.committed;
+    seq.committed = std::max(seq.committed, written_blocks);
+    if (committed->num_committed_blocks != seq.committed) {
+      return Fail(absl::StrCat("commit: ", committed->num_committed_blocks, " committed, want ",
+                               seq.committed));
+    }
+    if (model_) {
+      const uint32_t published =
+          model_->Commit(seq.ns, seq.tokens, seq.blocks, block_size_, from, written_blocks);
+      if (published != committed->num_published_blocks) {
+        return Fail(absl::StrCat("commit: ", committed->num_published_blocks,
+                                 " published, model says ", published));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Release() {
+    auto [session_id, id] = PickSequence();
+    if (session_id == 0) return absl::OkStatus();
+    return DoRelease(session_id, id);
+  }
+
+  absl::Status DoRelease(uint64_t session_id, uint64_t id) {
+    trace_.push_back(absl::StrCat("release session ", session_id, " seq ", id));
+    const absl::StatusCode want = SequenceAccess(session_id, id);
+    RETURN_IF_ERROR(
+        ExpectCode(pool_->Release(*sessions_.at(session_id).session, id), want, "release"));
+    if (want != absl::StatusCode::kOk) return absl::OkStatus();
+    const SeqInfo& seq = seqs_.at(id);
+    // Tail first.
+    if (model_) model_->Release({seq.blocks.rbegin(), seq.blocks.rend()}, /*grouped=*/false);
+    seqs_.erase(id);
+    dead_seqs_.push_back(id);
+    return absl::OkStatus();
+  }
+
+  absl::Status Fork() {
+    auto [session_id, id] = PickSequence();
+    if (session_id == 0) return absl::OkStatus();
+    trace_.push_back(absl::StrCat("fork session ", session_id, " seq ", id));
+    absl::StatusCode want = SequenceAccess(session_id, id);
+    bool has_partial = false;
+    if (want == absl::StatusCode::kOk) {
+      const SeqInfo& parent = seqs_.at(id);
+      has_partial = parent.tokens.size() / block_size_ < parent.blocks.size();
+      if (model_ && has_partial && model_->num_free() + model_->num_evictable() == 0) {
+        want = absl::StatusCode::kResourceExhausted;
+      }
+    }
+    auto forked = pool_->Fork(*sessions_.at(session_id).session, id);
+    trace_.back() +=
+        absl::StrCat(" -> ", forked.ok() ? absl::StrCat("seq ", forked->sequence_id, " blocks ",
+                                                        absl::StrJoin(forked->block_ids, ","))
+                                         : forked.status().ToString());
+    if (!model_ && want == absl::StatusCode::kOk && absl::IsResourceExhausted(forked.status())) {
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(ExpectCode(forked, want, "fork"));
+    if (!forked.ok()) return absl::OkStatus();
+    SeqInfo child = seqs_.at(id);
+    const size_t full = child.tokens.size() / block_size_;
+    if (forked->block_ids.size() != child.blocks.size() ||
+        !std::equal(child.blocks.begin(), child.blocks.begin() + full, forked->block_ids.begin())) {
+      return Fail("fork: the child does not share the parent's full blocks");
+    }
+    if (has_partial != (forked->copied_from_block != kNoBlock) ||
+        (has_partial && forked->copied_from_block != child.blocks.back())) {
+      return Fail("fork: wrong copy source");
+    }
+    if (model_) {
+      for (size_t i = 0; i < full; ++i) model_->Acquire(child.blocks[i], child.tenant);
+      if (has_partial) RETURN_IF_ERROR(model_->Allocate(forked->block_ids.back(), child.tenant));
+    }
+    if (has_partial) shadow_[forked->block_ids.back()].reset();
+    child.blocks = forked->block_ids;
+    seqs_.emplace(forked->sequence_id, std::move(child));
+    return absl::OkStatus();
+  }
+
+  absl::Status Lookup() {
+    const std::string tenant(kTenants[Uniform(0, 2)]);
+    const std::string salt(kSalts[Chance(80) ? 0 : 1]);
+    std::vector<uint32_t> tokens = NewPrompt();
+    trace_.push_back(
+        absl::StrCat("lookup ", tenant, "/", salt, " tokens ", absl::StrJoin(tokens, ",")));
+    auto found = pool_->Lookup(tenant, SequenceSpec{tokens, salt, {}});
+    if (!found.ok()) return Fail(absl::StrCat("lookup: ", found.status().ToString()));
+    trace_.back() += absl::StrCat(" -> ", found->num_cached_blocks);
+    if (found->num_cached_tokens != found->num_cached_blocks * block_size_ ||
+        found->num_cached_blocks > tokens.size() / block_size_) {
+      return Fail("lookup: inconsistent answer");
+    }
+    if (model_) {
+      const size_t want =
+          model_->Walk(Namespace(tenant, salt, ""), tokens, block_size_, tokens.size()).size();
+      if (found->num_cached_blocks != want) {
+        return Fail(
+            absl::StrCat("lookup: ", found->num_cached_blocks, " blocks, model says ", want));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The model's side of a session's end: its sequences dropped, their blocks (each sequence's
+  // tail first) appended to `blocks`, which the caller releases as one LRU group.
+  uint32_t EndSession(uint64_t session_id, std::vector<BlockId>* blocks) {
+    SessionInfo& info = sessions_.at(session_id);
+    info.ended = true;
+    uint32_t count = 0;
+    for (auto it = seqs_.begin(); it != seqs_.end();) {
+      if (it->second.session_id != session_id) {
+        ++it;
+        continue;
+      }
+      blocks->insert(blocks->end(), it->second.blocks.rbegin(), it->second.blocks.rend());
+      dead_seqs_.push_back(it->first);
+      it = seqs_.erase(it);
+      ++count;
+    }
+    return count;
+  }
+
+  absl::Status CloseSession(uint64_t session_id) {
+    SessionInfo& info = sessions_.at(session_id);
+    trace_.push_back(absl::StrCat("close session ", session_id));
+    auto closed = manager_.CloseSession(session_id, kEpoch, info.principal);
+    std::vector<BlockId> blocks;
+    const uint32_t want = info.ended ? 0 : EndSession(session_id, &blocks);
+    if (model_) model_->Release(blocks, /*grouped=*/false);
+    if (!closed.ok() || *closed != want || !info.session->closed.load()) {
+      return Fail(absl::StrCat("close: got ",
+                               closed.ok() ? absl::StrCat(*closed) : closed.status().ToString(),
+                               ", model says ", want));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AdvanceAndExpire() {
+    const absl::Duration by = absl::Milliseconds(Uniform(1, 6) * 250);
+    clock_.Advance(by);
+    const bool sweep = Chance(70);
+    trace_.push_back(
+        absl::StrCat("advance ", absl::FormatDuration(by), sweep ? " and expire" : ""));
+    if (!sweep) return absl::OkStatus();
+    // The sweep ends them in its own order: their blocks join the LRU as one group when there
+    // are several.
+    size_t want = 0;
+    std::vector<BlockId> blocks;
+    for (uint64_t id : session_order_) {
+      const SessionInfo& info = sessions_.at(id);
+      if (info.ended || info.deadline > clock_.Now()) continue;
+      ++want;
+      EndSession(id, &blocks);
+    }
+    if (model_) model_->Release(blocks, /*grouped=*/want > 1);
+    const size_t expired = manager_.ExpireSessions();
+    trace_.back() += absl::StrCat(" -> ", expired);
+    if (expired != want)
+      return Fail(absl::StrCat("expire: ", expired, " sessions, model says ", want));
+    for (const auto& [id, info] : sessions_) {
+      if (info.session->closed.load() != info.ended) {
+        return Fail(absl::StrCat("session ", id, " closed is ", info.session->closed.load()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status KeepAlive() {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    SessionInfo& info = sessions_.at(session_id);
+    trace_.push_back(absl::StrCat("keepalive session ", session_id));
+    // A lease past its deadline has ended, swept or not.
+    const bool alive = !info.ended && info.deadline > clock_.Now();
+    RETURN_IF_ERROR(ExpectCode(manager_.sessions().KeepAlive(session_id),
+                               alive ? absl::StatusCode::kOk : absl::StatusCode::kAborted,
+                               "keepalive"));
+    if (alive) info.deadline = clock_.Now() + info.session->ttl;
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckAccounting() {
+    RETURN_IF_ERROR(pool_->CheckInvariants());
+    const PoolStatsSnapshot stats = pool_->Stats();
+    if (stats.free + stats.evictable + stats.referenced != num_blocks_) {
+      return Fail(absl::StrCat("free ", stats.free, " + evictable ", stats.evictable,
+                               " + referenced ", stats.referenced, " != ", num_blocks_));
+    }
+    if (stats.open_sequences != seqs_.size()) {
+      return Fail(absl::StrCat(stats.open_sequences, " open sequences, want ", seqs_.size()));
+    }
+    if (!model_) return absl::OkStatus();
+    const BlockPoolCounters& want = model_->counters();
+    if (stats.free != model_->num_free() || stats.evictable != model_->num_evictable() ||
+        stats.referenced != model_->num_referenced() || stats.pool.evictions != want.evictions ||
+        stats.pool.resurrections != want.resurrections || stats.pool.published != want.published ||
+        stats.pool.duplicates != want.duplicates) {
+      return Fail(absl::StrCat("stats: free/evictable/referenced ", stats.free, "/",
+                               stats.evictable, "/", stats.referenced,
+                               " evictions/resurrections/published/"
+                               "duplicates ",
+                               stats.pool.evictions, "/", stats.pool.resurrections, "/",
+                               stats.pool.published, "/", stats.pool.duplicates, "; model says ",
+                               model_->num_free(), "/", model_->num_evictable(), "/",
+                               model_->num_referenced(), " ", want.evictions, "/",
+                               want.resurrections, "/", want.published, "/", want.duplicates));
+    }
+    for (absl::string_view tenant : kTenants) {
+      const uint32_t referenced = pool_->Stats(tenant).referenced;
+      if (referenced != model_->ReferencedBy(std::string(tenant))) {
+        return Fail(absl::StrCat("tenant ", tenant, " holds ", referenced, ", model says ",
+                                 model_->ReferencedBy(std::string(tenant))));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::mt19937_64 rng_;
+  const uint32_t hash_bits_;
+  const int num_ops_;
+  uint32_t block_size_ = 0;
+  uint32_t num_blocks_ = 0;
+  FakeClock clock_;
+  CacheManager manager_{SessionLimits{}, &clock_, kEpoch};
+  Pool* pool_ = nullptr;
+  std::optional<Model> model_;
+  std::vector<std::optional<Key>> shadow_;
+  std::map<uint64_t, SessionInfo> sessions_;
+  std::vector<uint64_t> session_order_;
+  std::map<uint64_t, SeqInfo> seqs_;
+  std::vector<uint64_t> dead_seqs_;
+  std::vector<std::vector<uint32_t>> prompts_;
+  std::vector<std::string> trace_;
+  uint64_t hit_blocks_ = 0;
+};
+
+// Operations per seed by default: fewer under the sanitizers (CI's Debug ASan + UBSan build runs
+// some 20 times slower), the same 10,000 seeds either way.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr uint64_t kDefaultOps = 30;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr uint64_t kDefaultOps = 30;
+#else
+constexpr uint64_t kDefaultOps = 120;
+#endif
+#else
+constexpr uint64_t kDefaultOps = 120;
+#endif
+
+uint64_t EnvOr(const char* name, uint64_t fallback) {
+  const char* value = std::getenv(name);
+  return value == nullptr || *value == '\0' ? fallback : std::strtoull(value, nullptr, 10);
+}
+
+// Runs every seed (or the one KVCACHE_SIM_SEED names); stops at the first failure, printing the
+// seed, how to replay it and its trace.
+void RunSeeds(absl::string_view name, uint64_t first_seed, bool weak_hash) {
+  const int ops = static_cast<int>(EnvOr("KVCACHE_SIM_OPS", kDefaultOps));
+  const char* replay = std::getenv("KVCACHE_SIM_SEED");
+  std::vector<uint64_t> seeds;
+  if (replay != nullptr && *replay != '\0') {
+    seeds.push_back(std::strtoull(replay, nullptr, 10));
+  } else {
+    const uint64_t count = EnvOr("KVCACHE_SIM_SEEDS", 10000);
+    for (uint64_t i = 0; i < count; ++i) seeds.push_back(first_seed + i);
+  }
+  SimTotals totals;
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t seed : seeds) {
+    const uint32_t hash_bits = weak_hash ? (seed % 2 == 0 ? 4 : 8) : 0;
+    Simulation simulation(seed, hash_bits, ops);
+    const absl::Status status = simulation.Run(&totals);
+    ++totals.seeds;
+    if (!status.ok() || seeds.size() == 1) {
+      std::string trace = absl::StrJoin(simulation.trace(), "\n  ");
+      if (!status.ok()) {
+        ADD_FAILURE() << name << " seed " << seed << " failed: " << status.message()
+                      << "\nreplay: KVCACHE_SIM_SEED=" << seed
+                      << " tests/cache/simulation_test --gtest_filter=*" << name << "*\ntrace:\n  "
+                      << trace;
+        break;
+      }
+      std::printf("seed %llu trace:\n  %s\n", static_cast<unsigned long long>(seed), trace.c_str());
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "%s: %llu seeds, %llu operations, %llu hit blocks, %llu evictions, %llu collisions caught "
+      "in %.1f s\n",
+      std::string(name).c_str(), static_cast<unsigned long long>(totals.seeds),
+      static_cast<unsigned long long>(totals.operations),
+      static_cast<unsigned long long>(totals.hit_blocks),
+      static_cast<unsigned long long>(totals.evictions),
+      static_cast<unsigned long long>(totals.collisions_caught), seconds);
+  // A run that exercised nothing would pass vacuously.
+  EXPECT_GT(totals.hit_blocks, 0u);
+  EXPECT_GT(totals.evictions, 0u);
+  if (weak_hash && seeds.size() > 100) EXPECT_GT(totals.collisions_caught, 0u);
+}
+
+TEST(SimulationTest, MatchesTheModel) { RunSeeds("MatchesTheModel", 1, /*weak_hash=*/false); }
+
+TEST(SimulationTest, WeakHashCollisionsAreMisses) {
+  RunSeeds("WeakHashCollisionsAreMisses", 1'000'000, /*weak_hash=*/true);
+}
+
+}  // namespace
+}  // namespace kvcache
