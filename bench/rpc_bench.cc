@@ -3,11 +3,13 @@
 // Prints the ratio of each call's rate to Ping's. Then the cost of being watched: the same calls
 // against a daemon that records no KV events and serves no metrics (the baseline) and against
 // one with KV events recorded and streamed to a WatchEvents watcher and to a ZeroMQ subscriber,
-// and /metrics scraped every 100 ms, alternated over several rounds, with the median ratio of their
-// call rates (the issue's bar: >= 0.9x). Usage: rpc_bench [seconds] [clients]
+// and /metrics scraped every 100 ms: both daemons live side by side and are measured in turn, in
+// short phases over many rounds, with the median ratio of their call rates (the issue's bar:
+// >= 0.9x). Usage: rpc_bench [seconds] [clients] [rounds]
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -118,19 +120,6 @@ double ProcessCpuSeconds() {
          (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
-struct SuiteResult {
-  std::vector<Result> results;
-  double mix_rate = 0;
-  uint64_t events_watched = 0;
-  uint64_t zmq_messages = 0;
-  // Calls per CPU second of this whole process (daemon, clients, observers): what being watched
-  // costs, unmoved by other tenants of the machine taking its cores.
-  double calls_per_cpu_second = 0;
-  uint64_t scrapes = 0;
-};
-
-// The calls against a fresh daemon; `observed`: KV events recorded and watched, /metrics on and
-// scraped.
 // Which observers the watched daemon has: KVCACHE_BENCH_OBSERVE, a comma-separated subset of
 // metrics,events,watch,zmq (default: all), to tell what costs what.
 bool Observes(absl::string_view part) {
@@ -142,159 +131,198 @@ bool Observes(absl::string_view part) {
   return false;
 }
 
-SuiteResult RunSuite(double seconds, int clients, bool observed) {
-  char dir_template[] = "/tmp/kvcache-bench-XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
-  DaemonOptions options;
-  options.listen = "unix://" + dir + "/kv.sock";
-  options.record_kv_events = observed && Observes("events");
-  if (observed && Observes("metrics")) options.metrics_listen = "127.0.0.1:0";
-  if (observed && Observes("zmq")) {
-    options.kv_events.endpoint = "ipc://" + dir + "/events.sock";
-    options.kv_events.topic = "kv@bench@bench";
+// A daemon in this process, on its own socket, with `clients` sessions on one channel; when
+// `observed`, KV events are recorded and streamed to a WatchEvents watcher and to a ZeroMQ
+// subscriber, and /metrics is scraped every 100 ms while the daemon is measured.
+class BenchDaemon {
+ public:
+  BenchDaemon(int clients, bool observed) : clients_(clients) {
+    char dir_template[] = "/tmp/kvcache-bench-XXXXXX";
+    dir_ = mkdtemp(dir_template);
+    DaemonOptions options;
+    options.listen = "unix://" + dir_ + "/kv.sock";
+    options.record_kv_events = observed && Observes("events");
+    if (observed && Observes("metrics")) options.metrics_listen = "127.0.0.1:0";
+    if (observed && Observes("zmq")) {
+      options.kv_events.endpoint = "ipc://" + dir_ + "/events.sock";
+      options.kv_events.topic = "kv@bench@bench";
+    }
+    PoolOptions pool;
+    pool.name = "bench";
+    pool.model_id = "bench";
+    pool.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
+    pool.num_blocks = 1 << 16;
+    options.pools.push_back(pool);
+    auto daemon = Daemon::Start(options);
+    if (!daemon.ok()) {
+      std::fprintf(stderr, "daemon: %s\n", daemon.status().ToString().c_str());
+      std::exit(1);
+    }
+    daemon_ = *std::move(daemon);
+    stub_ = v1::KvCache::NewStub(
+        grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials()));
+    if (observed && Observes("watch")) StartWatcher(options.listen);
+    if (observed && Observes("zmq")) StartSubscriber(options.kv_events.endpoint);
+    if (observed && Observes("metrics")) StartScraper(daemon_->metrics_address());
+    for (int i = 0; i < clients; ++i) {
+      grpc::ClientContext context;
+      v1::OpenSessionRequest request;
+      request.set_ttl_ms(600000);
+      v1::OpenSessionResponse response;
+      if (!stub_->OpenSession(&context, request, &response).ok()) std::exit(1);
+      sessions_.push_back(response.session_id());
+    }
+    counters_.assign(clients, 0);
   }
-  PoolOptions pool;
-  pool.name = "bench";
-  pool.model_id = "bench";
-  pool.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
-  pool.num_blocks = 1 << 16;
-  options.pools.push_back(pool);
-  auto daemon = Daemon::Start(options);
-  if (!daemon.ok()) {
-    std::fprintf(stderr, "daemon: %s\n", daemon.status().ToString().c_str());
-    std::exit(1);
-  }
-  auto channel = grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials());
-  auto stub = v1::KvCache::NewStub(channel);
 
-  // The observers: a router's watcher on its own channel, and a Prometheus scraping often.
-  SuiteResult suite;
-  std::atomic<bool> stop_observers{false};
-  std::vector<std::thread> observers;
-  grpc::ClientContext watch_context;
-  if (observed && Observes("watch")) {
-    auto watch_channel = grpc::CreateChannel(options.listen, grpc::InsecureChannelCredentials());
-    observers.emplace_back([&, watch_channel] {
-      auto watch_stub = v1::KvCache::NewStub(watch_channel);
-      auto reader = watch_stub->WatchEvents(&watch_context, v1::WatchEventsRequest());
+  ~BenchDaemon() {
+    stop_observers_ = true;
+    watch_context_.TryCancel();
+    for (std::thread& observer : observers_) observer.join();
+    daemon_->Shutdown();
+    rmdir(dir_.c_str());
+  }
+
+  v1::KvCache::Stub& stub() { return *stub_; }
+
+  struct Phase {
+    double calls_per_second = 0;
+    double calls_per_cpu_second = 0;  // this whole process's CPU: daemon, clients, observers
+  };
+  // `clients` threads run open+commit+release of 256-token prompts (half of each a prefix shared
+  // by every client) for `seconds`; one latency sample per call into `samples` if given.
+  Phase RunMix(double seconds, std::vector<Samples>* open_samples = nullptr,
+               std::vector<Samples>* commit_samples = nullptr,
+               std::vector<Samples>* release_samples = nullptr) {
+    std::vector<Samples> open(clients_), commit(clients_), release(clients_);
+    scraping_ = true;
+    const double cpu_before = ProcessCpuSeconds();
+    RunClients(clients_, seconds,
+               [&](int i, Samples*) { OneRequest(i, &open[i], &commit[i], &release[i]); });
+    const double cpu = ProcessCpuSeconds() - cpu_before;
+    scraping_ = false;
+    uint64_t calls = 0;
+    for (int i = 0; i < clients_; ++i) {
+      calls += open[i].latencies_us.size() + commit[i].latencies_us.size() +
+               release[i].latencies_us.size();
+    }
+    if (open_samples != nullptr) *open_samples = std::move(open);
+    if (commit_samples != nullptr) *commit_samples = std::move(commit);
+    if (release_samples != nullptr) *release_samples = std::move(release);
+    return Phase{.calls_per_second = calls / seconds, .calls_per_cpu_second = calls / cpu};
+  }
+
+  uint64_t events_watched() const { return events_watched_.load(); }
+  uint64_t zmq_messages() const { return zmq_messages_.load(); }
+  uint64_t scrapes() const { return scrapes_.load(); }
+
+ private:
+  void OneRequest(int i, Samples* open_samples, Samples* commit_samples, Samples* release_samples) {
+    v1::OpenSequenceRequest open;
+    open.set_session_id(sessions_[i]);
+    open.set_pool("bench");
+    for (uint32_t t = 0; t < 128; ++t) open.add_tokens(t);
+    for (uint32_t t = 0; t < 128; ++t)
+      open.add_tokens(1000000 + i * 1000000 + counters_[i] * 128 + t);
+    ++counters_[i];
+    v1::OpenSequenceResponse opened;
+    Timed(open_samples, [&] {
+      grpc::ClientContext context;
+      return stub_->OpenSequence(&context, open, &opened);
+    });
+    v1::CommitSequenceRequest commit;
+    commit.set_session_id(sessions_[i]);
+    commit.set_sequence_id(opened.sequence_id());
+    commit.set_num_written_tokens(256);
+    Timed(commit_samples, [&] {
+      grpc::ClientContext context;
+      v1::CommitSequenceResponse response;
+      return stub_->CommitSequence(&context, commit, &response);
+    });
+    v1::ReleaseSequenceRequest release;
+    release.set_session_id(sessions_[i]);
+    release.set_sequence_id(opened.sequence_id());
+    Timed(release_samples, [&] {
+      grpc::ClientContext context;
+      v1::ReleaseSequenceResponse response;
+      return stub_->ReleaseSequence(&context, release, &response);
+    });
+  }
+
+  // A router's watcher, on its own channel.
+  void StartWatcher(const std::string& target) {
+    auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    observers_.emplace_back([this, channel] {
+      auto watch_stub = v1::KvCache::NewStub(channel);
+      auto reader = watch_stub->WatchEvents(&watch_context_, v1::WatchEventsRequest());
       v1::WatchEventsResponse response;
-      while (reader->Read(&response)) suite.events_watched += response.events_size();
+      while (reader->Read(&response)) events_watched_ += response.events_size();
       reader->Finish();
     });
   }
-  if (observed && Observes("zmq")) {
-    observers.emplace_back([&, endpoint = options.kv_events.endpoint] {
+
+  void StartSubscriber(const std::string& endpoint) {
+    observers_.emplace_back([this, endpoint] {
       zmq::context_t context;
       zmq::socket_t sub(context, zmq::socket_type::sub);
       sub.set(zmq::sockopt::subscribe, "kv@");
       sub.set(zmq::sockopt::rcvtimeo, 100);
       sub.connect(endpoint);
-      while (!stop_observers.load()) {
+      while (!stop_observers_.load()) {
         std::vector<zmq::message_t> frames;
-        if (zmq::recv_multipart(sub, std::back_inserter(frames))) ++suite.zmq_messages;
+        if (zmq::recv_multipart(sub, std::back_inserter(frames))) ++zmq_messages_;
       }
     });
   }
-  if (observed && Observes("metrics")) {
-    const std::string metrics_address = (*daemon)->metrics_address();
-    observers.emplace_back([&, metrics_address] {
-      while (!stop_observers.load()) {
-        if (ScrapeOnce(metrics_address) > 0) ++suite.scrapes;
+
+  // A Prometheus far more eager than any deployment's (15-30 s), while the daemon is measured.
+  void StartScraper(const std::string& address) {
+    observers_.emplace_back([this, address] {
+      while (!stop_observers_.load()) {
+        if (scraping_.load() && ScrapeOnce(address) > 0) ++scrapes_;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     });
   }
 
-  std::vector<uint64_t> sessions;
-  for (int i = 0; i < clients; ++i) {
-    grpc::ClientContext context;
-    v1::OpenSessionRequest request;
-    request.set_ttl_ms(600000);
-    v1::OpenSessionResponse response;
-    if (!stub->OpenSession(&context, request, &response).ok()) std::exit(1);
-    sessions.push_back(response.session_id());
-  }
+  const int clients_;
+  std::string dir_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  std::vector<uint64_t> sessions_;
+  std::vector<uint32_t> counters_;  // per client: prompts opened, so each is new past its prefix
+  std::vector<std::thread> observers_;
+  grpc::ClientContext watch_context_;
+  std::atomic<bool> stop_observers_{false};
+  std::atomic<bool> scraping_{false};
+  std::atomic<uint64_t> events_watched_{0}, zmq_messages_{0}, scrapes_{0};
+};
 
-  // Warm the channel so connection setup is not measured.
-  RunClients(clients, 0.2, [&](int, Samples* samples) {
-    Timed(samples, [&] {
-      grpc::ClientContext context;
-      v1::PingResponse response;
-      return stub->Ping(&context, v1::PingRequest(), &response);
-    });
-  });
-
-  const Result ping =
-      Summarize("Ping (empty)",
-                RunClients(clients, seconds,
-                           [&](int, Samples* s) {
-                             Timed(s, [&] {
-                               grpc::ClientContext context;
-                               v1::PingResponse response;
-                               return stub->Ping(&context, v1::PingRequest(), &response);
-                             });
-                           }),
-                seconds);
-
-  // 256-token prompts (16 blocks); half of each prompt is a prefix shared by every client.
-  std::vector<Samples> open_samples(clients), commit_samples(clients), release_samples(clients);
-  std::vector<uint32_t> counters(clients, 0);
-  const double cpu_before = ProcessCpuSeconds();
-  RunClients(clients, seconds, [&](int i, Samples*) {
-    v1::OpenSequenceRequest open;
-    open.set_session_id(sessions[i]);
-    open.set_pool("bench");
-    for (uint32_t t = 0; t < 128; ++t) open.add_tokens(t);
-    for (uint32_t t = 0; t < 128; ++t)
-      open.add_tokens(1000000 + i * 1000000 + counters[i] * 128 + t);
-    ++counters[i];
-    v1::OpenSequenceResponse opened;
-    Timed(&open_samples[i], [&] {
-      grpc::ClientContext context;
-      return stub->OpenSequence(&context, open, &opened);
-    });
-    v1::CommitSequenceRequest commit;
-    commit.set_session_id(sessions[i]);
-    commit.set_sequence_id(opened.sequence_id());
-    commit.set_num_written_tokens(256);
-    Timed(&commit_samples[i], [&] {
-      grpc::ClientContext context;
-      v1::CommitSequenceResponse response;
-      return stub->CommitSequence(&context, commit, &response);
-    });
-    v1::ReleaseSequenceRequest release;
-    release.set_session_id(sessions[i]);
-    release.set_sequence_id(opened.sequence_id());
-    Timed(&release_samples[i], [&] {
-      grpc::ClientContext context;
-      v1::ReleaseSequenceResponse response;
-      return stub->ReleaseSequence(&context, release, &response);
-    });
-  });
-  suite.results = {
-      ping,
-      Summarize("OpenSequence (256 tok)", open_samples, seconds),
-      Summarize("CommitSequence", commit_samples, seconds),
-      Summarize("ReleaseSequence", release_samples, seconds),
-  };
-  uint64_t loop_calls = 0;
-  for (int i = 0; i < clients; ++i) {
-    loop_calls += open_samples[i].latencies_us.size() + commit_samples[i].latencies_us.size() +
-                  release_samples[i].latencies_us.size();
-  }
-  suite.mix_rate = loop_calls / seconds;
-  suite.calls_per_cpu_second = loop_calls / (ProcessCpuSeconds() - cpu_before);
-  stop_observers = true;
-  watch_context.TryCancel();
-  for (std::thread& observer : observers) observer.join();
-  (*daemon)->Shutdown();
-  rmdir(dir.c_str());
-  return suite;
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
 int Main(double seconds, int clients, int rounds) {
-  const SuiteResult plain = RunSuite(seconds, clients, false);
-  const std::vector<Result>& results = plain.results;
+  std::vector<Result> results;
+  double mix_rate = 0;
+  {
+    BenchDaemon plain(clients, false);
+    auto ping_call = [&](int, Samples* samples) {
+      Timed(samples, [&] {
+        grpc::ClientContext context;
+        v1::PingResponse response;
+        return plain.stub().Ping(&context, v1::PingRequest(), &response);
+      });
+    };
+    RunClients(clients, 0.2, ping_call);  // warm the channel: connection setup is not measured
+    results.push_back(Summarize("Ping (empty)", RunClients(clients, seconds, ping_call), seconds));
+    std::vector<Samples> open, commit, release;
+    mix_rate = plain.RunMix(seconds, &open, &commit, &release).calls_per_second;
+    results.push_back(Summarize("OpenSequence (256 tok)", std::move(open), seconds));
+    results.push_back(Summarize("CommitSequence", std::move(commit), seconds));
+    results.push_back(Summarize("ReleaseSequence", std::move(release), seconds));
+  }
   const Result& ping = results[0];
 
   std::printf("control plane over gRPC: %d clients, one channel, unix socket, %.1f s per phase\n",
@@ -310,42 +338,50 @@ int Main(double seconds, int clients, int rounds) {
                 capacity, r.p50_us, r.p99_us, capacity / ping_capacity,
                 static_cast<unsigned long long>(r.errors));
   }
-  std::printf("%-24s %12.0f %12s %10s %10s %7.2fx\n", "open+commit+release mix", plain.mix_rate, "",
-              "", "", plain.mix_rate / ping.rate);
+  std::printf("%-24s %12.0f %12s %10s %10s %7.2fx\n", "open+commit+release mix", mix_rate, "", "",
+              "", mix_rate / ping.rate);
 
-  // Watched vs not, alternated (off-on, then on-off) so that drift in the machine's speed hits
-  // both alike; the verdict is the median of the rounds' ratios, which one noisy phase cannot
-  // move.
-  std::printf("\nKV events + metrics on vs off (open+commit+release mix, calls/s)\n");
-  std::printf("%-6s %10s %10s %7s %12s %12s %7s %9s %9s %8s\n", "round", "off", "on", "on/off",
-              "off/cpu-s", "on/cpu-s", "on/off", "watched", "zmq msgs", "scrapes");
+  // Watched vs not: two daemons side by side for the whole run, measured in turn in short phases
+  // (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
+  // from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
+  // phase cannot move. Both daemons are warm and live through the same pool states.
+  const double phase = std::max(0.25, seconds / 4);
+  std::printf(
+      "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
+      "phases, two live daemons\n",
+      rounds, phase);
+  BenchDaemon off(clients, false);
+  BenchDaemon on(clients, true);
+  off.RunMix(phase);  // warm both
+  on.RunMix(phase);
+  std::printf("%-6s %10s %10s %7s %12s %12s %7s\n", "round", "off", "on", "on/off", "off/cpu-s",
+              "on/cpu-s", "on/off");
   std::vector<double> ratios, cpu_ratios;
   double off_total = 0, on_total = 0;
   for (int round = 1; round <= rounds; ++round) {
-    SuiteResult on, off;
+    BenchDaemon::Phase on_phase, off_phase;
     if (round % 2 == 1) {
-      off = round == 1 ? plain : RunSuite(seconds, clients, false);
-      on = RunSuite(seconds, clients, true);
+      off_phase = off.RunMix(phase);
+      on_phase = on.RunMix(phase);
     } else {
-      on = RunSuite(seconds, clients, true);
-      off = RunSuite(seconds, clients, false);
+      on_phase = on.RunMix(phase);
+      off_phase = off.RunMix(phase);
     }
-    off_total += off.mix_rate;
-    on_total += on.mix_rate;
-    ratios.push_back(on.mix_rate / off.mix_rate);
-    cpu_ratios.push_back(on.calls_per_cpu_second / off.calls_per_cpu_second);
-    std::printf("%-6d %10.0f %10.0f %6.2fx %12.0f %12.0f %6.2fx %9llu %9llu %8llu\n", round,
-                off.mix_rate, on.mix_rate, ratios.back(), off.calls_per_cpu_second,
-                on.calls_per_cpu_second, cpu_ratios.back(),
-                static_cast<unsigned long long>(on.events_watched),
-                static_cast<unsigned long long>(on.zmq_messages),
-                static_cast<unsigned long long>(on.scrapes));
+    off_total += off_phase.calls_per_second;
+    on_total += on_phase.calls_per_second;
+    ratios.push_back(on_phase.calls_per_second / off_phase.calls_per_second);
+    cpu_ratios.push_back(on_phase.calls_per_cpu_second / off_phase.calls_per_cpu_second);
+    std::printf("%-6d %10.0f %10.0f %6.2fx %12.0f %12.0f %6.2fx\n", round,
+                off_phase.calls_per_second, on_phase.calls_per_second, ratios.back(),
+                off_phase.calls_per_cpu_second, on_phase.calls_per_cpu_second, cpu_ratios.back());
   }
-  std::sort(ratios.begin(), ratios.end());
-  std::sort(cpu_ratios.begin(), cpu_ratios.end());
   std::printf("%-6s %10.0f %10.0f %6.2fx\n", "total", off_total, on_total, on_total / off_total);
+  std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
+              static_cast<unsigned long long>(on.events_watched()),
+              static_cast<unsigned long long>(on.zmq_messages()),
+              static_cast<unsigned long long>(on.scrapes()));
   std::printf("median of the rounds' on/off ratios: calls/s %.2fx, calls per CPU second %.2fx\n",
-              ratios[ratios.size() / 2], cpu_ratios[cpu_ratios.size() / 2]);
+              Median(ratios), Median(cpu_ratios));
   return 0;
 }
 
@@ -358,6 +394,6 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   const int clients = argc > 2 ? std::atoi(argv[2]) : 4;
-  const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 5;
+  const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 21;
   return kvcache::Main(seconds, clients, rounds);
 }

@@ -48,25 +48,20 @@ void KvEventLog::AppendLocked(std::shared_ptr<KvEvent> event) {
 void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
                               std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks) {
   if (blocks.empty()) return;
-  absl::MutexLock lock(&mu_);
-  const PoolInfo& pool = PoolLocked(pool_index);
-  std::optional<Hash128> parent = parent_hash;
-  for (const StoredBlock& block : blocks) {
-    index_.insert_or_assign(IndexKey{pool_index, block.hash},
-                            IndexEntry{.tenant = std::string(tenant),
-                                       .parent_hash = parent,
-                                       .token_ids = block.token_ids,
-                                       .extras_digest = block.extras_digest});
-    parent = block.hash;
-  }
   auto event = std::make_shared<KvEvent>();
   event->kind = KvEventKind::kBlocksStored;
-  event->pool = pool.name;
   event->tenant = std::string(tenant);
-  event->medium = pool.medium;
-  event->block_size = pool.block_size;
   event->parent_hash = parent_hash;
   event->blocks = std::move(blocks);
+  absl::MutexLock lock(&mu_);
+  const PoolInfo& pool = PoolLocked(pool_index);
+  event->pool = pool.name;
+  event->medium = pool.medium;
+  event->block_size = pool.block_size;
+  for (uint32_t position = 0; position < event->blocks.size(); ++position) {
+    index_.insert_or_assign(IndexKey{pool_index, event->blocks[position].hash},
+                            IndexEntry{.stored_in = event, .position = position});
+  }
   AppendLocked(std::move(event));
 }
 
@@ -80,14 +75,15 @@ void KvEventLog::BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> ha
     auto it = index_.find(IndexKey{pool_index, hash});
     if (it == index_.end()) continue;
     std::shared_ptr<KvEvent>* owner = nullptr;
+    const std::string& block_tenant = it->second.stored_in->tenant;
     for (auto& event : by_tenant) {
-      if (event->tenant == it->second.tenant) owner = &event;
+      if (event->tenant == block_tenant) owner = &event;
     }
     if (owner == nullptr) {
       auto event = std::make_shared<KvEvent>();
       event->kind = KvEventKind::kBlocksRemoved;
       event->pool = pool.name;
-      event->tenant = it->second.tenant;
+      event->tenant = block_tenant;
       event->medium = pool.medium;
       event->block_size = pool.block_size;
       by_tenant.push_back(std::move(event));
@@ -148,7 +144,7 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
     const auto* current = &entry;
     while (current != nullptr && !emitted.contains(current->first)) {
       chain.push_back(current);
-      const std::optional<Hash128>& parent = current->second.parent_hash;
+      const std::optional<Hash128> parent = current->second.parent_hash();
       if (!parent.has_value()) break;
       auto it = index_.find(IndexKey{current->first.pool_index, *parent});
       current = it == index_.end() ? nullptr : &*it;
@@ -158,18 +154,18 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
       emitted.insert(key);
       const PoolInfo& pool = PoolLocked(key.pool_index);
       if (!filter.pool.empty() && filter.pool != pool.name) continue;
-      if (!filter.tenant.empty() && filter.tenant != value.tenant) continue;
+      const std::string& tenant = value.stored_in->tenant;
+      if (!filter.tenant.empty() && filter.tenant != tenant) continue;
       KvEvent event;
       event.sequence = sequence;
       event.time = now;
       event.kind = KvEventKind::kBlocksStored;
       event.pool = pool.name;
-      event.tenant = value.tenant;
+      event.tenant = tenant;
       event.medium = pool.medium;
       event.block_size = pool.block_size;
-      event.parent_hash = value.parent_hash;
-      event.blocks.push_back(StoredBlock{
-          .hash = key.hash, .token_ids = value.token_ids, .extras_digest = value.extras_digest});
+      event.parent_hash = value.parent_hash();
+      event.blocks.push_back(value.block());
       snapshot.events.push_back(std::move(event));
     }
   }

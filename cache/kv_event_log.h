@@ -150,11 +150,17 @@ class KvEventLog {
       return H::combine(std::move(state), key.pool_index, key.hash);
     }
   };
+  // The BlocksStored event that announced the block, and the block's place in it: the tenant,
+  // tokens, extras digest and parent (the block before it, or the event's parent) are read from
+  // there, so recording a block copies nothing. An event lives while any of its blocks is
+  // indexed, so the index holds at most its block count of events.
   struct IndexEntry {
-    std::string tenant;
-    std::optional<Hash128> parent_hash;
-    std::vector<uint32_t> token_ids;
-    uint64_t extras_digest = 0;
+    std::shared_ptr<const KvEvent> stored_in;
+    uint32_t position = 0;
+    const StoredBlock& block() const { return stored_in->blocks[position]; }
+    std::optional<Hash128> parent_hash() const {
+      return position == 0 ? stored_in->parent_hash : stored_in->blocks[position - 1].hash;
+    }
   };
 
   void AppendLocked(std::shared_ptr<KvEvent> event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -15,8 +15,9 @@ namespace {
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(20);
 // Once an event arrives, how long to let more gather: the messages of a burst then go out in one
 // turn of the thread (one wake-up of ZeroMQ's I/O thread) instead of one turn each. Routers act
-// on tens of milliseconds (vLLM publishes once per engine step).
-constexpr absl::Duration kCoalescePeriod = absl::Milliseconds(10);
+// on tens of milliseconds (vLLM publishes once per engine step); 25 ms as WatchEvents, for the
+// same measured reason (server/watch_events.cc).
+constexpr absl::Duration kCoalescePeriod = absl::Milliseconds(25);
 constexpr size_t kEventsPerRead = 256;
 
 absl::Status Attach(zmq::socket_t& socket, const std::string& endpoint, const char* what) {
