@@ -252,27 +252,9 @@ class Harness {
     }
   }
 
-  // After every operation: each pool's own invariants, its counts add up to its size, and the
-  // tenants' shares add up to the pool's figures.
+  // After every operation (fuzz_check.h).
   void CheckPools() {
-    for (Pool* pool : pools_) {
-      FUZZ_CHECK_OK(pool->CheckInvariants());
-      const PoolStatsSnapshot stats = pool->Stats();
-      FUZZ_CHECK(stats.free + stats.evictable + stats.referenced == pool->options().num_blocks,
-                 "%s: free %u + evictable %u + referenced %u != %u blocks",
-                 pool->options().name.c_str(), stats.free, stats.evictable, stats.referenced,
-                 pool->options().num_blocks);
-      uint32_t referenced = 0, open = 0;
-      for (const std::string& tenant : pool->Tenants()) {
-        const PoolStatsSnapshot share = pool->Stats(tenant);
-        referenced += share.referenced;
-        open += share.open_sequences;
-      }
-      FUZZ_CHECK(referenced == stats.referenced && open == stats.open_sequences,
-                 "%s: tenants hold %u blocks and %u sequences, the pool %u and %u",
-                 pool->options().name.c_str(), referenced, open, stats.referenced,
-                 stats.open_sequences);
-    }
+    for (const Pool* pool : pools_) CheckPool(*pool);
   }
 
   // Every session closed: nothing may stay referenced, open or counted against a quota.

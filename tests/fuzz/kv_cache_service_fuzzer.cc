@@ -34,13 +34,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "auth/identity_file.h"
@@ -536,14 +537,7 @@ void CheckDaemonAfterInput(Server& server) {
     }
     absl::SleepFor(absl::Microseconds(100));
   }
-  for (Pool* pool : manager.pools()) {
-    FUZZ_CHECK_OK(pool->CheckInvariants());
-    const PoolStatsSnapshot stats = pool->Stats();
-    FUZZ_CHECK(stats.free + stats.evictable + stats.referenced == pool->options().num_blocks,
-               "%s: free %u + evictable %u + referenced %u != %u blocks",
-               pool->options().name.c_str(), stats.free, stats.evictable, stats.referenced,
-               pool->options().num_blocks);
-  }
+  for (const Pool* pool : manager.pools()) CheckPool(*pool);
 }
 
 }  // namespace
