@@ -139,55 +139,12 @@ class Harness {
         }
         break;
       }
-      case Op::kExtend: {
-        const std::shared_ptr<Session> session = PickSession();
-        if (session == nullptr) break;
-        const uint64_t id = PickSequenceId();
-        const std::vector<uint32_t> tokens = ConsumeTokens(in_, 24);
-        auto pool = manager_.PoolOfSequence(id);
-        if (!pool.ok()) break;
-        auto extended = (*pool)->Extend(*session, id, tokens);
-        if (extended.ok()) {
-          auto it = tracked_.find(id);
-          FUZZ_CHECK(it != tracked_.end(), "extended sequence %llu was never opened",
-                     static_cast<unsigned long long>(id));
-          it->second.blocks.insert(it->second.blocks.end(), extended->new_block_ids.begin(),
-                                   extended->new_block_ids.end());
-        }
+      case Op::kExtend:
+      case Op::kCommit:
+      case Op::kRelease:
+      case Op::kFork:
+        SequenceOp(op);
         break;
-      }
-      case Op::kCommit: {
-        const std::shared_ptr<Session> session = PickSession();
-        if (session == nullptr) break;
-        const uint64_t id = PickSequenceId();
-        auto pool = manager_.PoolOfSequence(id);
-        if (!pool.ok()) break;
-        (void)(*pool)->Commit(*session, id, in_.ConsumeIntegralInRange<uint32_t>(0, 80));
-        break;
-      }
-      case Op::kRelease: {
-        const std::shared_ptr<Session> session = PickSession();
-        if (session == nullptr) break;
-        const uint64_t id = PickSequenceId();
-        auto pool = manager_.PoolOfSequence(id);
-        if (!pool.ok()) break;
-        if ((*pool)->Release(*session, id).ok()) tracked_.erase(id);
-        break;
-      }
-      case Op::kFork: {
-        const std::shared_ptr<Session> session = PickSession();
-        if (session == nullptr) break;
-        const uint64_t id = PickSequenceId();
-        auto pool = manager_.PoolOfSequence(id);
-        if (!pool.ok()) break;
-        auto forked = (*pool)->Fork(*session, id);
-        if (forked.ok()) {
-          tracked_[forked->sequence_id] =
-              Tracked{session->id, (*pool)->pool_index(), forked->block_ids};
-          sequence_ids_.push_back(forked->sequence_id);
-        }
-        break;
-      }
       case Op::kLookup: {
         const PromptInput prompt = ConsumePrompt(in_, prompts_);
         (void)pools_[PickPool()]->Lookup(PickTenant(), prompt.Spec());
@@ -224,6 +181,44 @@ class Harness {
                                        FaultInjectionPoolMemory::StickyCudaError());
         break;
       }
+    }
+  }
+
+  // An extend, commit, release or fork by a session of the input (ended ones included) of a
+  // sequence id of the input (released ones included) or any id, in the pool the id names.
+  void SequenceOp(Op op) {
+    const std::shared_ptr<Session> session = PickSession();
+    if (session == nullptr) return;
+    const uint64_t id = PickSequenceId();
+    auto found = manager_.PoolOfSequence(id);
+    if (!found.ok()) return;
+    Pool& pool = **found;
+    switch (op) {
+      case Op::kExtend: {
+        auto extended = pool.Extend(*session, id, ConsumeTokens(in_, 24));
+        if (!extended.ok()) break;
+        auto it = tracked_.find(id);
+        FUZZ_CHECK(it != tracked_.end(), "extended sequence %llu was never opened",
+                   static_cast<unsigned long long>(id));
+        it->second.blocks.insert(it->second.blocks.end(), extended->new_block_ids.begin(),
+                                 extended->new_block_ids.end());
+        break;
+      }
+      case Op::kCommit:
+        (void)pool.Commit(*session, id, in_.ConsumeIntegralInRange<uint32_t>(0, 80));
+        break;
+      case Op::kRelease:
+        if (pool.Release(*session, id).ok()) tracked_.erase(id);
+        break;
+      case Op::kFork: {
+        auto forked = pool.Fork(*session, id);
+        if (!forked.ok()) break;
+        tracked_[forked->sequence_id] = Tracked{session->id, pool.pool_index(), forked->block_ids};
+        sequence_ids_.push_back(forked->sequence_id);
+        break;
+      }
+      default:
+        break;
     }
   }
 
