@@ -3,7 +3,8 @@
 # the Python hash vectors. Then the checks that keep the code honest:
 # - every C++/CUDA file is formatted as .clang-format says;
 # - clang builds every CPU target with -Werror=thread-safety (the ABSL_GUARDED_BY annotations),
-#   with AddressSanitizer and UBSan, and every test runs again under them.
+#   with AddressSanitizer and UBSan, and every test runs again under them, the libFuzzer targets
+#   (tests/fuzz, KVCACHE_FUZZ=ON) among them for a bounded number of inputs each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA_PACKAGES="clang clang-format libclang-rt-14-dev" ./scripts/setup.sh
@@ -13,9 +14,10 @@ git ls-files -z '*.cc' '*.h' '*.cu' | xargs -0 clang-format --dry-run -Werror
 
 ctest --test-dir build --output-on-failure -j2 --timeout 300
 
-echo "== clang: every CPU target with -Werror=thread-safety, every test under ASan + UBSan"
+echo "== clang: every CPU target with -Werror=thread-safety, every test under ASan + UBSan, fuzzing"
+# libclang-rt-14-dev (above) holds libFuzzer and FuzzedDataProvider.h.
 BUILD_DIR=build-clang CC=clang CXX=clang++ \
-  CMAKE_ARGS="-DKVCACHE_SANITIZE=ON -DKVCACHE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug" \
+  CMAKE_ARGS="-DKVCACHE_SANITIZE=ON -DKVCACHE_FUZZ=ON -DKVCACHE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug" \
   ./scripts/setup.sh
 # malloc_tuning_test checks glibc's allocator, which ASan replaces (TuneMallocForBlockStreams then
 # says false, as documented). A UBSan report fails its test instead of scrolling by. LeakSanitizer
