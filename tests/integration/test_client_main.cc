@@ -219,15 +219,13 @@ int Run(const std::vector<std::string>& args) {
   }
   const bool hang = command == "hold-and-hang";
   const bool time_get = command == "time-get";
-  if ((hang || time_get) != (args.size() == 6) ||
-      (hang && !absl::SimpleAtoi(args[5], &ttl_ms)) ||
+  if ((hang || time_get) != (args.size() == 6) || (hang && !absl::SimpleAtoi(args[5], &ttl_ms)) ||
       (time_get && (!absl::SimpleAtoi(args[5], &iterations) || iterations == 0))) {
     return Usage();
   }
   const bool known = hang || time_get || command == "compute-and-commit" ||
-                     command == "open-and-report" ||
-                     command == "write-kv" || command == "read-kv" || command == "put-kv" ||
-                     command == "get-kv";
+                     command == "open-and-report" || command == "write-kv" ||
+                     command == "read-kv" || command == "put-kv" || command == "get-kv";
   if (!known) return Usage();
 
   absl::StatusOr<std::unique_ptr<KvCacheClient>> connected = KvCacheClient::Connect(target);
