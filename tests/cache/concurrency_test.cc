@@ -174,16 +174,16 @@ class ConcurrencyTest : public ::testing::Test {
     if (!allowed(opened.status(), true) || !opened.ok()) return;
     // Blocks past the hit are this sequence's alone until it releases them: write a pattern of
     // this round's into each and read it back (a block shared by mistake shows as a mismatch).
+    // Not under a short lease: the reaper may end it and hand its blocks to another worker at any
+    // moment (the daemon's streams hold transfer sequences of their own for that reason).
     const size_t first_fresh = opened->num_cached_tokens / kBlockTokens;
-    for (size_t i = first_fresh; i < opened->block_ids.size(); ++i) {
+    for (size_t i = first_fresh; !may_abort && i < opened->block_ids.size(); ++i) {
       const BlockId block = opened->block_ids[i];
       const std::string pattern = Pattern(worker, round, block);
-      absl::Status written = pool_->WriteBlock(block, 0, pattern);
-      EXPECT_OK(written);
+      EXPECT_OK(pool_->WriteBlock(block, 0, pattern));
       std::string read(kPatternBytes, '\0');
       EXPECT_OK(pool_->ReadBlock(block, 0, read.size(), read.data()));
-      // A short lease may have been swept and its blocks handed to another worker meanwhile.
-      if (!may_abort) EXPECT_EQ(read, pattern) << "block " << block;
+      EXPECT_EQ(read, pattern) << "block " << block;
     }
     auto committed = pool_->Commit(session, opened->sequence_id, tokens.size());
     allowed(committed.status(), false);
@@ -195,7 +195,7 @@ class ConcurrencyTest : public ::testing::Test {
     auto forked = pool_->Fork(session, opened->sequence_id);
     if (allowed(forked.status(), true) && forked.ok()) {
       EXPECT_EQ(Pool::PoolIndexOf(forked->sequence_id), pool_->pool_index());
-      for (BlockId block : forked->block_ids) {
+      for (BlockId block : may_abort ? std::vector<BlockId>{} : forked->block_ids) {
         std::string read(kPatternBytes, '\0');
         EXPECT_OK(pool_->ReadBlock(block, 0, read.size(), read.data()));
       }
