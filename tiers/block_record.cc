@@ -1,0 +1,15 @@
+#include "tiers/block_record.h"
+
+namespace kvcache {
+
+absl::string_view RecordMismatch(const BlockRecordIdentity& found,
+                                 const BlockRecordIdentity& expected) {
+  if (found.hash != expected.hash) return "hash";
+  if (found.parent_hash != expected.parent_hash) return "parent_hash";
+  if (found.namespace_digest != expected.namespace_digest) return "namespace";
+  if (found.extras_digest != expected.extras_digest) return "extra_keys";
+  if (found.tokens != expected.tokens) return "tokens";
+  return "";
+}
+
+}  // namespace kvcache

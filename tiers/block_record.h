@@ -1,0 +1,59 @@
+// BlockRecord: what a block carries when it leaves tier 1 (the pool workers map) for a lower tier —
+// host memory, local disk, a cluster store — so that it can be verified on its way back without
+// anything tier 1 knew about it (DESIGN §10: loads are verified, then published).
+//
+// A record is its identity followed by the block's bytes. The identity names the pool the bytes
+// are valid for (model, layout fingerprint — which covers dtype and block shape —, hash
+// algorithm) and the block itself (chain hash, parent hash, namespace digest — tenant root with
+// cache salt —, extra keys digest, tokens), plus the XXH3-64 checksum of the bytes
+// (common/block_checksum.h). A load matches the identity against the request's own chain and the
+// checksum against the bytes read; any difference is a miss, never wrong KV.
+//
+// Lower tiers index records by `hash` only; two records under one hash (a collision) are told
+// apart by the rest of the identity.
+//
+// Thread safety: value types.
+#ifndef KVCACHE_TIERS_BLOCK_RECORD_H_
+#define KVCACHE_TIERS_BLOCK_RECORD_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "common/block_hash.h"
+
+namespace kvcache {
+
+// The pool a record's bytes belong to. A record of another pool identity is foreign.
+struct PoolIdentity {
+  std::string model_id;
+  uint64_t layout_fingerprint = 0;  // PoolLayout::Fingerprint(): shape, dtype, block size
+  HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
+  uint64_t block_bytes = 0;
+
+  bool operator==(const PoolIdentity&) const = default;
+};
+
+// One block's identity below tier 1: BlockIdentity's fields (cache/block_pool.h) without the
+// tier-1 parent block id, plus the tokens and the checksum of the bytes.
+struct BlockRecordIdentity {
+  Hash128 hash;
+  Hash128 parent_hash;  // the chain root for a sequence's first block
+  uint64_t namespace_digest = 0;
+  uint64_t extras_digest = 0;
+  std::vector<uint32_t> tokens;  // the block's block_size tokens
+  uint64_t checksum = 0;         // BlockChecksum of the block's bytes
+
+  bool operator==(const BlockRecordIdentity&) const = default;
+};
+
+// The first field in which a record read from a lower tier differs from what the request expects
+// there ("hash", "parent_hash", "namespace", "extra_keys", "tokens"; the checksum is the bytes'
+// and is checked against them, not here); empty when it matches.
+absl::string_view RecordMismatch(const BlockRecordIdentity& found,
+                                 const BlockRecordIdentity& expected);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_TIERS_BLOCK_RECORD_H_
