@@ -64,16 +64,17 @@ void ReleaseTransferSequence(Pool* pool, const Session& session, uint64_t sequen
 
 }  // namespace
 
-PutBlocksReactor::PutBlocksReactor(CacheManager* manager, StreamLeases* leases,
+PutBlocksReactor::PutBlocksReactor(CacheManager* manager, StreamLeases* leases, CallLimits* limits,
                                    grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
-                                   absl::StatusOr<Identity> caller)
-    : manager_(manager), leases_(leases), context_(context), response_(response) {
+                                   absl::StatusOr<StreamCaller> caller)
+    : manager_(manager), leases_(leases), limits_(limits), context_(context), response_(response) {
   reply_.set_epoch(manager_->epoch());
   if (!caller.ok()) {
     FinishWith(caller.status());
     return;
   }
-  principal_ = std::move(caller->principal);
+  principal_ = std::move(caller->identity.principal);
+  stream_ticket_ = std::move(caller->stream);
   StartRead(&message_);
 }
 
@@ -101,6 +102,7 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
                      " full blocks of ", header.tokens_size(), " tokens"));
   }
   const uint64_t put_bytes = (full_blocks - first_block_) * pool_->options().layout.BlockBytes();
+  ASSIGN_OR_RETURN(put_bytes_ticket_, limits_->AdmitPutBytes(context_->peer(), put_bytes));
   RETURN_IF_ERROR(manager_->quotas().TryAcquire(transfer_session_->tenant,
                                                 QuotaResource::kPutBytesInFlight, put_bytes));
   put_bytes_reserved_ = put_bytes;
@@ -170,9 +172,16 @@ void PutBlocksReactor::OnReadDone(bool ok) {
   if (IsFinished()) return;
   if (!ok) {  // the client finished writing, or the stream broke
     // A client that died (or cancelled) after its last byte did not end the put: store nothing.
-    FinishWith(context_->IsCancelled()
-                   ? absl::CancelledError("the put was cancelled before the client ended it")
-                   : Complete());
+    // Nor when the deadline ended the stream (gRPC may fail the read before it marks the call
+    // cancelled).
+    if (context_->IsCancelled()) {
+      FinishWith(absl::CancelledError("the put was cancelled before the client ended it"));
+    } else if (context_->deadline() <= std::chrono::system_clock::now()) {
+      FinishWith(
+          absl::DeadlineExceededError("the put's deadline passed before the client ended it"));
+    } else {
+      FinishWith(Complete());
+    }
     return;
   }
   if (absl::Status status = OnMessage(); !status.ok()) {
@@ -223,6 +232,7 @@ void PutBlocksReactor::FinishWith(const absl::Status& status) {
 }
 
 void PutBlocksReactor::ReleaseSequence() {
+  put_bytes_ticket_.Release();
   if (put_bytes_reserved_ != 0) {
     manager_->quotas().Release(transfer_session_->tenant, QuotaResource::kPutBytesInFlight,
                                put_bytes_reserved_);
@@ -242,12 +252,15 @@ void PutBlocksReactor::OnDone() {
 GetBlocksReactor::GetBlocksReactor(CacheManager* manager, StreamLeases* leases,
                                    grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request, uint32_t max_chunk_bytes,
-                                   absl::StatusOr<Identity> caller)
+                                   absl::StatusOr<StreamCaller> caller)
     : manager_(manager), leases_(leases), context_(context), max_chunk_bytes_(max_chunk_bytes) {
   v1::GetBlocksRequest parsed;
   absl::Status status = caller.status();
-  if (status.ok()) status = ParseMessage(*request, &parsed);
-  if (status.ok()) status = Begin(parsed, caller->principal);
+  if (status.ok()) {
+    stream_ticket_ = std::move(caller->stream);
+    status = ParseMessage(*request, &parsed);
+  }
+  if (status.ok()) status = Begin(parsed, caller->identity.principal);
   if (!status.ok()) {
     Finish(ToGrpcStatus(status));
     return;

@@ -9,7 +9,9 @@
 // blocks unpublished on the free list and nothing else changed.
 //
 // A stream acts for the identity that opened the session it names, in that session's tenant;
-// a put also holds the bytes it will write against the tenant's max_put_bytes_in_flight.
+// a put also holds the bytes it will write against the tenant's max_put_bytes_in_flight and
+// against its connection's and the daemon's bounds (server/call_limits.h), as every stream holds
+// its place among the long calls.
 //
 // Thread safety: gRPC serializes a reactor's read/write callbacks; OnCancel touches no state. The
 // lease notice runs on another thread: a put's only finishes the call (finish_mu_ decides who
@@ -30,20 +32,28 @@
 #include "cache/cache_manager.h"
 #include "common/block_checksum.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/call_limits.h"
 #include "server/stream_leases.h"
 
 namespace kvcache {
 
 inline constexpr uint64_t kTransferSessionId = 0;
 
+// The caller of a long call, and its place under the call limits for the call's whole life.
+struct StreamCaller {
+  Identity identity;
+  CallLimits::Ticket stream;
+};
+
 // Reads PutBlocksRequest messages raw: the data field's bytes go from the received slices
 // straight into pool memory (common/rpc/bytes_field_split.h), checksummed on the way.
 class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  // `caller`: the authenticated identity, or why there is none (the put then fails with it).
-  PutBlocksReactor(CacheManager* manager, StreamLeases* leases,
+  // `caller`: the authenticated identity and its stream ticket, or why there is none (the put
+  // then fails with it). `limits` also bounds the bytes of the put on its connection.
+  PutBlocksReactor(CacheManager* manager, StreamLeases* leases, CallLimits* limits,
                    grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
-                   absl::StatusOr<Identity> caller);
+                   absl::StatusOr<StreamCaller> caller);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -61,11 +71,13 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
 
   CacheManager* const manager_;
   StreamLeases* const leases_;
+  CallLimits* const limits_;
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;  // serialized from reply_ when the put succeeds
   v1::PutBlocksResponse reply_;
   grpc::ByteBuffer message_;
   std::string principal_;
+  CallLimits::Ticket stream_ticket_;
 
   absl::Mutex finish_mu_;
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
@@ -78,8 +90,9 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   uint64_t sequence_id_ = 0;
   std::vector<BlockId> block_ids_;
   uint32_t cached_blocks_ = 0;
-  uint32_t first_block_ = 0;         // blocks before it are not sent (already cached here)
-  uint64_t put_bytes_reserved_ = 0;  // of the tenant's max_put_bytes_in_flight
+  uint32_t first_block_ = 0;             // blocks before it are not sent (already cached here)
+  uint64_t put_bytes_reserved_ = 0;      // of the tenant's max_put_bytes_in_flight
+  CallLimits::Ticket put_bytes_ticket_;  // the same bytes, of the connection's and daemon's bound
   std::optional<BlockStreamVerifier> verifier_;  // of the blocks sent
 };
 
@@ -90,7 +103,7 @@ class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
  public:
   GetBlocksReactor(CacheManager* manager, StreamLeases* leases,
                    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-                   uint32_t max_chunk_bytes, absl::StatusOr<Identity> caller);
+                   uint32_t max_chunk_bytes, absl::StatusOr<StreamCaller> caller);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -104,6 +117,7 @@ class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   grpc::CallbackServerContext* const context_;
   const uint32_t max_chunk_bytes_;
   grpc::ByteBuffer message_;
+  CallLimits::Ticket stream_ticket_;
 
   Pool* pool_ = nullptr;
   std::shared_ptr<Session> lease_;

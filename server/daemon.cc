@@ -97,6 +97,25 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
   }
 };
 
+absl::Status ValidateCallLimits(const DaemonOptions& options) {
+  const CallLimitOptions& limits = options.call_limits;
+  if (limits.max_streams_per_connection == 0 || limits.max_streams == 0 ||
+      limits.max_put_bytes_per_connection == 0 || limits.max_put_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "--max_streams_per_connection, --max_streams, --max_put_bytes_per_connection and "
+        "--max_put_bytes must each be at least 1");
+  }
+  if (options.max_calls_per_connection <= 0 ||
+      static_cast<uint32_t>(options.max_calls_per_connection) <=
+          limits.max_streams_per_connection) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_calls_per_connection (", options.max_calls_per_connection,
+        ") must exceed --max_streams_per_connection (", limits.max_streams_per_connection,
+        "), so a connection's streams leave room for its other calls"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Daemon::StartHealthServer(const std::string& listen) {
@@ -152,6 +171,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     RETURN_IF_ERROR(PrepareSocketPath(daemon->socket_path_, options.socket_mode));
   }
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
+  RETURN_IF_ERROR(ValidateCallLimits(options));
   RETURN_IF_ERROR(ValidatePoolNames(options.pools));
 
   const uint64_t epoch = CacheManager::NewEpoch();
@@ -192,18 +212,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   daemon->authenticator_ =
       std::make_unique<Authenticator>(&daemon->identities_, daemon->unix_listener_.get());
-  daemon->service_ =
-      std::make_unique<KvCacheService>(daemon->manager_.get(), &daemon->stream_leases_,
-                                       daemon->authenticator_.get(), options.max_message_bytes);
+  daemon->call_limits_ = std::make_unique<CallLimits>(options.call_limits);
+  daemon->service_ = std::make_unique<KvCacheService>(
+      daemon->manager_.get(), &daemon->stream_leases_, daemon->authenticator_.get(),
+      daemon->call_limits_.get(), options.max_message_bytes);
   builder.RegisterService(daemon->service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   if (!options.metrics_listen.empty()) {
     daemon->rpc_metrics_ = std::make_unique<RpcMetrics>();
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(daemon->rpc_metrics_->InterceptorFactory());
-    builder.experimental().SetInterceptorCreators(std::move(creators));
+    interceptors.push_back(daemon->rpc_metrics_->InterceptorFactory());
     Daemon* raw = daemon.get();
     daemon->metrics_ = std::make_shared<DaemonMetrics>(
-        daemon->manager_.get(), daemon->rpc_metrics_.get(), [raw]() -> uint64_t {
+        daemon->manager_.get(), daemon->rpc_metrics_.get(), daemon->call_limits_.get(),
+        [raw]() -> uint64_t {
           return raw->zmq_publisher_ == nullptr ? 0 : raw->zmq_publisher_->published();
         });
     try {
@@ -220,6 +241,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
             ? options.metrics_listen
             : absl::StrCat(options.metrics_listen.substr(0, colon + 1), ports[0]);
   }
+  if (options.testing_interceptors) {
+    for (auto& interceptor : options.testing_interceptors()) {
+      interceptors.push_back(std::move(interceptor));
+    }
+  }
+  if (!interceptors.empty()) builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_calls_per_connection);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);

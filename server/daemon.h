@@ -38,6 +38,7 @@
 #include "common/rpc/listen_address.h"
 #include "events/zmq_publisher.h"
 #include "server/authenticator.h"
+#include "server/call_limits.h"
 #include "server/kv_cache_service.h"
 #include "server/metrics.h"
 #include "server/rpc_metrics.h"
@@ -75,6 +76,13 @@ struct DaemonOptions {
   SessionLimits session_limits;
   absl::Duration reaper_period = absl::Milliseconds(100);
   int max_message_bytes = 16 << 20;
+  // Long calls (streams, watches, rendezvous waits) and put bytes, per connection and in total
+  // (server/call_limits.h).
+  CallLimitOptions call_limits;
+  // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: calls of every kind one connection may have open in
+  // the daemon. A client's further calls wait in its own gRPC library, never in the daemon; more
+  // than call_limits.max_streams_per_connection, so unary calls always have room beside them.
+  int max_calls_per_connection = 256;
   // KV events kept for WatchEvents watchers (and the ZeroMQ replay socket) to resume from.
   size_t kv_events_buffer = KvEventLog::kDefaultCapacity;
   // False: pools report no KV events at all (the benchmarks' baseline; watchers see none).
@@ -87,6 +95,11 @@ struct DaemonOptions {
   // Test hook (fault injection): replaces each pool's memory, once created, with what it returns.
   std::function<std::unique_ptr<PoolMemory>(const PoolOptions&, std::unique_ptr<PoolMemory>)>
       wrap_pool_memory;
+  // Test hook: server interceptors run after the daemon's own (e.g. one that holds calls back
+  // before their handlers, as a saturated server would).
+  std::function<
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>()>
+      testing_interceptors;
 };
 
 class Daemon {
@@ -104,6 +117,7 @@ class Daemon {
   // "HOST:PORT" of /metrics; empty without it.
   const std::string& metrics_address() const { return metrics_address_; }
   CacheManager& manager() { return *manager_; }
+  const CallLimits& call_limits() const { return *call_limits_; }
   // Reads the identity file again and installs it with its quotas; on error the previous one
   // stays. FAILED_PRECONDITION when the daemon runs without one.
   absl::Status ReloadIdentities();
@@ -144,6 +158,8 @@ class Daemon {
   // it for peers' credentials.
   std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<Authenticator> authenticator_;
+  // Declared before service_, whose calls hold its tickets.
+  std::unique_ptr<CallLimits> call_limits_;
   std::unique_ptr<KvCacheService> service_;
   // With metrics_listen: the per-call accounting (an interceptor of server_) and the exposition.
   std::unique_ptr<RpcMetrics> rpc_metrics_;

@@ -106,7 +106,9 @@ class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
   AwaitRendezvousReactor(RendezvousRegistry* registry, v1::AwaitRendezvousResponse* response)
       : registry_(registry), response_(response) {}
 
-  void Start(const std::string& tenant, const std::string& key) {
+  // Holds `stream`, its place among the daemon's long calls, until done.
+  void Start(const std::string& tenant, const std::string& key, CallLimits::Ticket stream) {
+    stream_ = std::move(stream);
     absl::StatusOr<uint64_t> ticket =
         registry_->Await(tenant, key, [this](const std::string& value) { Answer(value); });
     if (!ticket.ok()) {
@@ -154,6 +156,7 @@ class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
 
   RendezvousRegistry* const registry_;
   v1::AwaitRendezvousResponse* const response_;
+  CallLimits::Ticket stream_;
   absl::Mutex mu_;
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -164,9 +167,24 @@ class AwaitRendezvousReactor final : public grpc::ServerUnaryReactor {
 
 absl::StatusOr<Identity> KvCacheService::Caller(const grpc::CallbackServerContext& context,
                                                 const char* method, Role needed) const {
+  if (context.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        method, ": the call's deadline passed before the daemon got to it; nothing was done"));
+  }
+  if (context.IsCancelled()) {
+    return absl::CancelledError(absl::StrCat(
+        method, ": the call was cancelled before the daemon got to it; nothing was done"));
+  }
   ASSIGN_OR_RETURN(Identity caller, authenticator_->Authenticate(context));
   RETURN_IF_ERROR(Permit(caller, needed, method));
   return caller;
+}
+
+absl::StatusOr<StreamCaller> KvCacheService::StreamCallerFor(
+    const grpc::CallbackServerContext& context, const char* method, Role needed) const {
+  ASSIGN_OR_RETURN(Identity caller, Caller(context, method, needed));
+  ASSIGN_OR_RETURN(CallLimits::Ticket stream, call_limits_->AdmitStream(context.peer(), method));
+  return StreamCaller{std::move(caller), std::move(stream)};
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Ping(grpc::CallbackServerContext* context,
@@ -414,7 +432,9 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
   auto* reactor =
       new WatchEventsReactor(&manager_->events(), manager_->epoch(), &watchers_, &stopping_);
   const absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(Identity caller, Caller(*context, "WatchEvents", Role::kReader));
+    ASSIGN_OR_RETURN(StreamCaller stream_caller,
+                     StreamCallerFor(*context, "WatchEvents", Role::kReader));
+    const Identity& caller = stream_caller.identity;
     KvEventFilter filter;
     if (caller.role != Role::kAdmin || !request->tenant().empty()) {
       ASSIGN_OR_RETURN(filter.tenant, TenantFor(caller, request->tenant()));
@@ -436,7 +456,8 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
       manager_->events().CountDropped(KvEventSink::kGrpc, log.first_sequence() - start);
     }
     if (start > 0 && !need_snapshot) manager_->events().CountReplay(KvEventSink::kGrpc);
-    reactor->Start(start, request->epoch(), need_snapshot, std::move(filter));
+    reactor->Start(start, request->epoch(), need_snapshot, std::move(filter),
+                   std::move(stream_caller.stream));
     return absl::OkStatus();
   }();
   if (!status.ok()) reactor->Reject(ToGrpcStatus(status));
@@ -462,14 +483,15 @@ grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerCo
   response->set_epoch(manager_->epoch());
   AddEpochTrailer(context, manager_->epoch());
   auto* reactor = new AwaitRendezvousReactor(&manager_->rendezvous(), response);
-  const absl::StatusOr<Identity> caller = Caller(*context, "AwaitRendezvous", Role::kWorker);
+  absl::StatusOr<StreamCaller> caller = StreamCallerFor(*context, "AwaitRendezvous", Role::kWorker);
   absl::StatusOr<std::shared_ptr<Session>> session =
-      caller.ok() ? manager_->SessionFor(request->session_id(), request->epoch(), caller->principal)
+      caller.ok() ? manager_->SessionFor(request->session_id(), request->epoch(),
+                                         caller->identity.principal)
                   : caller.status();
   if (!session.ok()) {
     reactor->FinishOnce(ToGrpcStatus(session.status()));
   } else {
-    reactor->Start((*session)->tenant, request->key());
+    reactor->Start((*session)->tenant, request->key(), std::move(caller->stream));
   }
   return reactor;
 }
@@ -477,15 +499,15 @@ grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerCo
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::PutBlocks(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   AddEpochTrailer(context, manager_->epoch());
-  return new PutBlocksReactor(manager_, stream_leases_, context, response,
-                              Caller(*context, "PutBlocks", Role::kWorker));
+  return new PutBlocksReactor(manager_, stream_leases_, call_limits_, context, response,
+                              StreamCallerFor(*context, "PutBlocks", Role::kWorker));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::GetBlocks(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   AddEpochTrailer(context, manager_->epoch());
   return new GetBlocksReactor(manager_, stream_leases_, context, request, max_chunk_bytes_,
-                              Caller(*context, "GetBlocks", Role::kWorker));
+                              StreamCallerFor(*context, "GetBlocks", Role::kWorker));
 }
 
 }  // namespace kvcache

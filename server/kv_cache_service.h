@@ -17,6 +17,8 @@
 #include "cache/cache_manager.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/authenticator.h"
+#include "server/block_streams.h"
+#include "server/call_limits.h"
 #include "server/stream_leases.h"
 
 namespace kvcache {
@@ -31,16 +33,22 @@ class KvCacheService final
   // `max_message_bytes` bounds the chunks GetBlocks sends. The pointers must outlive the
   // service.
   KvCacheService(CacheManager* manager, StreamLeases* stream_leases,
-                 const Authenticator* authenticator, int max_message_bytes)
+                 const Authenticator* authenticator, CallLimits* call_limits, int max_message_bytes)
       : manager_(manager),
         stream_leases_(stream_leases),
         authenticator_(authenticator),
+        call_limits_(call_limits),
         max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {}
 
   // The authenticated caller of a call to `method`, if its role reaches `needed`;
-  // UNAUTHENTICATED or PERMISSION_DENIED otherwise.
+  // UNAUTHENTICATED or PERMISSION_DENIED otherwise. DEADLINE_EXCEEDED (or CANCELLED) first when
+  // the call's deadline passed (or its client cancelled it) before the daemon got to it: a call
+  // that waited out its deadline in gRPC's queues then changes nothing.
   absl::StatusOr<Identity> Caller(const grpc::CallbackServerContext& context, const char* method,
                                   Role needed) const;
+  // Caller, then a place for one more long call under the call limits (server/call_limits.h).
+  absl::StatusOr<StreamCaller> StreamCallerFor(const grpc::CallbackServerContext& context,
+                                               const char* method, Role needed) const;
 
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
                                  const v1::PingRequest* request,
@@ -107,6 +115,7 @@ class KvCacheService final
   CacheManager* const manager_;
   StreamLeases* const stream_leases_;
   const Authenticator* const authenticator_;
+  CallLimits* const call_limits_;
   const uint32_t max_chunk_bytes_;
   std::atomic<int> watchers_{0};
   std::atomic<bool> stopping_{false};

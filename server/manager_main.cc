@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -72,6 +73,22 @@ ABSL_FLAG(std::string, kv_events_topic, "",
 ABSL_FLAG(uint64_t, kv_events_buffer, 10000,
           "KV events kept for watchers (WatchEvents, the ZeroMQ replay socket) to resume from; "
           "one further behind gets a snapshot of the index");
+ABSL_FLAG(uint32_t, max_streams_per_connection, 64,
+          "long calls (PutBlocks, GetBlocks, WatchEvents, a waiting AwaitRendezvous) one "
+          "connection may have open; more get RESOURCE_EXHAUSTED at once");
+ABSL_FLAG(uint32_t, max_streams, 1024,
+          "long calls the daemon serves at once over all connections; more get UNAVAILABLE at "
+          "once");
+ABSL_FLAG(std::string, max_put_bytes_per_connection, "4GiB",
+          "SIZE of the puts one connection may have unfinished; beyond it a put gets "
+          "RESOURCE_EXHAUSTED at once");
+ABSL_FLAG(std::string, max_put_bytes, "16GiB",
+          "SIZE of the puts the daemon takes unfinished over all connections; beyond it a put "
+          "gets UNAVAILABLE at once");
+ABSL_FLAG(int32_t, max_calls_per_connection, 256,
+          "calls of any kind one connection may have open in the daemon (HTTP/2 "
+          "MAX_CONCURRENT_STREAMS; a client's further calls wait in its own gRPC library); more "
+          "than --max_streams_per_connection");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
@@ -107,6 +124,21 @@ int Run() {
   options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
   options.session_limits.min_ttl =
       std::min(options.session_limits.min_ttl, options.session_limits.default_ttl);
+  options.call_limits.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.call_limits.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.max_calls_per_connection = absl::GetFlag(FLAGS_max_calls_per_connection);
+  for (const auto& [flag, name, out] :
+       {std::tuple{&FLAGS_max_put_bytes_per_connection, "max_put_bytes_per_connection",
+                   &options.call_limits.max_put_bytes_per_connection},
+        std::tuple{&FLAGS_max_put_bytes, "max_put_bytes", &options.call_limits.max_put_bytes}}) {
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(absl::GetFlag(*flag));
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "kvcache-manager: --%s %s: %s\n", name, absl::GetFlag(*flag).c_str(),
+                   std::string(bytes.status().message()).c_str());
+      return 2;
+    }
+    *out = *bytes;
+  }
   for (const std::string& spec : absl::GetFlag(FLAGS_pool)) {
     absl::StatusOr<PoolOptions> pool = ParsePoolSpec(spec);
     if (!pool.ok()) {

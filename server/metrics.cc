@@ -224,6 +224,25 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
                 {}, zmq_published_());
   }
 
+  if (call_limits_ != nullptr) {
+    const CallLimitUsage limits = call_limits_->Usage();
+    out.Gauge(out.Family("kvcache_long_calls",
+                         "Long calls open now (PutBlocks, GetBlocks, WatchEvents, parked "
+                         "AwaitRendezvous), bounded by --max_streams.",
+                         gauge),
+              {}, limits.streams);
+    out.Gauge(out.Family("kvcache_put_bytes_in_flight",
+                         "Bytes of puts not finished yet, bounded by --max_put_bytes.", gauge),
+              {}, static_cast<double>(limits.put_bytes));
+    const size_t refused = out.Family(
+        "kvcache_calls_refused_total",
+        "Calls refused at once by a per-connection or daemon-wide bound (RESOURCE_EXHAUSTED or "
+        "UNAVAILABLE), by what was bounded.",
+        counter);
+    out.Counter(refused, {{"limit", "streams"}}, limits.refused_streams);
+    out.Counter(refused, {{"limit", "put_bytes"}}, limits.refused_puts);
+  }
+
   out.Gauge(
       out.Family("kvcache_device_fault",
                  "1 once a pool-memory fault has latched (the daemon must be restarted).", gauge),

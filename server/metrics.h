@@ -5,8 +5,8 @@
 //
 // Conventions (vLLM's semantics, Prometheus' naming): every name starts with kvcache_, counters
 // end in _total, prefix-cache queries and hits are counted in tokens (a hit rate is a query's
-// ratio, never a gauge), usage is 0-1, labels are pool, tenant, method, code, direction, state
-// and sink: never token ids, hashes or session ids. Every family has HELP.
+// ratio, never a gauge), usage is 0-1, labels are pool, tenant, method, code, direction, state,
+// sink and limit: never token ids, hashes or session ids. Every family has HELP.
 //
 // Thread safety: thread-safe (Collect reads only thread-safe sources).
 #ifndef KVCACHE_SERVER_METRICS_H_
@@ -19,23 +19,28 @@
 #include <vector>
 
 #include "cache/cache_manager.h"
+#include "server/call_limits.h"
 #include "server/rpc_metrics.h"
 
 namespace kvcache {
 
 class DaemonMetrics final : public prometheus::Collectable {
  public:
-  // Both must outlive the metrics' last scrape. `zmq_published` (may be empty) counts the
-  // messages the ZeroMQ publisher sent.
-  DaemonMetrics(CacheManager* manager, RpcMetrics* rpc,
+  // The pointers must outlive the metrics' last scrape; `call_limits` may be null.
+  // `zmq_published` (may be empty) counts the messages the ZeroMQ publisher sent.
+  DaemonMetrics(CacheManager* manager, RpcMetrics* rpc, const CallLimits* call_limits = nullptr,
                 std::function<uint64_t()> zmq_published = nullptr)
-      : manager_(manager), rpc_(rpc), zmq_published_(std::move(zmq_published)) {}
+      : manager_(manager),
+        rpc_(rpc),
+        call_limits_(call_limits),
+        zmq_published_(std::move(zmq_published)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   CacheManager* const manager_;
   RpcMetrics* const rpc_;
+  const CallLimits* const call_limits_;
   const std::function<uint64_t()> zmq_published_;
 };
 

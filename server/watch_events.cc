@@ -59,8 +59,9 @@ WatchEventsReactor::WatchEventsReactor(KvEventLog* log, uint64_t epoch, std::ato
     : log_(log), epoch_(epoch), active_(active), stopping_(stopping) {}
 
 void WatchEventsReactor::Start(uint64_t start_sequence, uint64_t start_epoch, bool need_snapshot,
-                               KvEventFilter filter) {
+                               KvEventFilter filter, CallLimits::Ticket stream) {
   filter_ = std::move(filter);
+  stream_ = std::move(stream);
   thread_ = std::thread([this, start_sequence, start_epoch, need_snapshot] {
     Run(start_sequence, start_epoch, need_snapshot);
   });

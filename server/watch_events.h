@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cache/kv_event_log.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/call_limits.h"
 
 namespace kvcache {
 
@@ -40,9 +41,10 @@ class WatchEventsReactor final : public grpc::ServerWriteReactor<v1::WatchEvents
                      const std::atomic<bool>* stopping);
 
   // Starts streaming from `start_sequence` of `start_epoch`, as the request said (a snapshot
-  // when `need_snapshot` or when the log no longer holds it).
+  // when `need_snapshot` or when the log no longer holds it), holding `stream` (its place among
+  // the daemon's long calls) until done.
   void Start(uint64_t start_sequence, uint64_t start_epoch, bool need_snapshot,
-             KvEventFilter filter);
+             KvEventFilter filter, CallLimits::Ticket stream);
   // Ends the call before streaming (bad request, no permission).
   void Reject(const grpc::Status& status);
 
@@ -68,6 +70,7 @@ class WatchEventsReactor final : public grpc::ServerWriteReactor<v1::WatchEvents
   std::atomic<int>* const active_;
   const std::atomic<bool>* const stopping_;
   KvEventFilter filter_;
+  CallLimits::Ticket stream_;
   std::thread thread_;
 
   mutable absl::Mutex mu_;

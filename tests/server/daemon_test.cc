@@ -11,12 +11,17 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cache/pool_spec.h"
 #include "common/rpc/grpc_status.h"
@@ -95,6 +100,9 @@ std::string MakeSocketDirectory() {
 
 class DaemonTest : public ::testing::Test {
  protected:
+  // What a derived fixture changes in the daemon's options.
+  virtual void Customize(DaemonOptions& options) {}
+
   void SetUp() override {
     dir_ = MakeSocketDirectory();
     ASSERT_FALSE(dir_.empty());
@@ -110,6 +118,7 @@ class DaemonTest : public ::testing::Test {
       memory_ = faulty.get();
       return faulty;
     };
+    Customize(options);
     auto daemon = Daemon::Start(options);
     ASSERT_OK(daemon);
     daemon_ = *std::move(daemon);
@@ -410,6 +419,308 @@ TEST_F(DaemonTcpListenTest, GoesOnlyWithAUnixSocket) {
   options_.listen = "127.0.0.1:0";
   EXPECT_THAT(Daemon::Start(options_),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tcp_listen")));
+}
+
+// ---- Call limits and deadlines (issue 17, item 6) ----
+
+constexpr char kHoldBackKey[] = "x-kvcache-test-hold-back-ms";
+
+// What the daemon answered each method, as its status left the server.
+class SentStatuses {
+ public:
+  void Record(const std::string& method, grpc::StatusCode code) {
+    absl::MutexLock lock(&mu_);
+    codes_[method] = code;
+  }
+  std::optional<grpc::StatusCode> Of(const std::string& method) const {
+    absl::MutexLock lock(&mu_);
+    auto found = codes_.find(method);
+    return found == codes_.end() ? std::nullopt : std::optional(found->second);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, grpc::StatusCode> codes_ ABSL_GUARDED_BY(mu_);
+};
+
+// Holds a call back before its handler for the milliseconds its kHoldBackKey metadata asks, as a
+// saturated server's queues would, and records the status the daemon sends it.
+class HoldBackInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  HoldBackInterceptor(std::string method, SentStatuses* sent)
+      : method_(std::move(method)), sent_(sent) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      const auto* metadata = methods->GetRecvInitialMetadata();
+      auto found = metadata->find(kHoldBackKey);
+      int hold_ms = 0;
+      if (found != metadata->end() &&
+          absl::SimpleAtoi(absl::string_view(found->second.data(), found->second.size()),
+                           &hold_ms)) {
+        held_ = true;
+        absl::SleepFor(absl::Milliseconds(hold_ms));
+      }
+    }
+    if (held_ && methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      sent_->Record(method_, methods->GetSendStatus().error_code());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+  SentStatuses* const sent_;
+  bool held_ = false;
+};
+
+class HoldBackInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit HoldBackInterceptorFactory(SentStatuses* sent) : sent_(sent) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new HoldBackInterceptor(info->method(), sent_);
+  }
+
+ private:
+  SentStatuses* const sent_;
+};
+
+// Any method, unary or streaming, called raw over one HTTP/2 stream: `request` is sent as its
+// one message, every response is read, and the call's status returned. Without `half_close` the
+// client never ends its side: a put then stalls after that message until its deadline or Cancel.
+class OneMessageCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  OneMessageCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                 const std::string& request, absl::Duration deadline, absl::Duration hold_back,
+                 bool half_close = true)
+      : stub_(channel) {
+    grpc::Slice slice(request);
+    request_ = grpc::ByteBuffer(&slice, 1);
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    if (hold_back > absl::ZeroDuration()) {
+      context_.AddMetadata(kHoldBackKey, absl::StrCat(absl::ToInt64Milliseconds(hold_back)));
+    }
+    stub_.PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
+    if (half_close) {
+      StartWriteLast(&request_, grpc::WriteOptions());
+    } else {
+      StartWrite(&request_);
+    }
+    StartRead(&response_);
+    StartCall();
+  }
+
+  absl::Status Await() {
+    done_.WaitForNotification();
+    return FromGrpcStatus(status_);
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+
+ private:
+  grpc::GenericStub stub_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+absl::Status CallRaw(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& request, absl::Duration deadline,
+                     absl::Duration hold_back = absl::ZeroDuration(), bool half_close = true) {
+  OneMessageCall call(channel, method, request, deadline, hold_back, half_close);
+  return call.Await();
+}
+
+// A channel of its own: gRPC would otherwise share one connection among channels to one target.
+std::shared_ptr<grpc::Channel> NewConnection(const std::string& target) {
+  static std::atomic<int> next{0};
+  grpc::ChannelArguments args;
+  args.SetInt("kvcache.test.connection", next.fetch_add(1));
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+class DaemonLimitsTest : public DaemonTest {
+ protected:
+  static constexpr uint32_t kStreamsPerConnection = 2;
+  static constexpr uint32_t kStreams = 3;
+  static constexpr uint64_t kPutBlocksPerConnection = 2;
+
+  void Customize(DaemonOptions& options) override {
+    listen_ = options.listen;
+    block_bytes_ = options.pools.front().layout.BlockBytes();
+    options.call_limits =
+        CallLimitOptions{.max_streams_per_connection = kStreamsPerConnection,
+                         .max_streams = kStreams,
+                         .max_put_bytes_per_connection = kPutBlocksPerConnection * block_bytes_,
+                         .max_put_bytes = 3 * block_bytes_};
+    options.max_calls_per_connection = 16;
+    options.testing_interceptors = [this] {
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> out;
+      out.push_back(std::make_unique<HoldBackInterceptorFactory>(&sent_));
+      return out;
+    };
+  }
+
+  static std::string Method(const std::string& name) { return "/kvcache.v1.KvCache/" + name; }
+
+  std::string AwaitRequest(uint64_t session, const std::string& key) {
+    v1::AwaitRendezvousRequest request;
+    request.set_session_id(session);
+    request.set_key(key);
+    return request.SerializeAsString();
+  }
+
+  // A put header for `num_blocks` full blocks, and the PutBlocksRequest carrying it.
+  std::string PutHeader(uint64_t session, uint32_t num_blocks) {
+    v1::PutBlocksRequest request;
+    v1::PutBlocksHeader* header = request.mutable_header();
+    header->set_session_id(session);
+    header->set_pool("default");
+    for (uint32_t i = 0; i < num_blocks * kBlockSize; ++i) header->add_tokens(7000 + i);
+    for (uint32_t i = 0; i < num_blocks; ++i) header->add_block_checksums(i);
+    return request.SerializeAsString();
+  }
+
+  // Whether every long call's place and every put byte has been given back, and no block is
+  // held.
+  bool AllGivenBack() {
+    const CallLimitUsage usage = daemon_->call_limits().Usage();
+    return usage.streams == 0 && usage.put_bytes == 0 &&
+           daemon_->manager().pools().front()->Stats().referenced == 0;
+  }
+
+  std::string listen_;
+  uint64_t block_bytes_ = 0;
+  SentStatuses sent_;
+};
+
+// Every method of the service, held back by the server past its deadline, is answered
+// DEADLINE_EXCEEDED by the daemon itself (not only by the client's timer) and changes nothing:
+// no session, no sequence, no block, no place taken.
+TEST_F(DaemonLimitsTest, EveryCallHeldPastItsDeadlineIsRefusedAndChangesNothing) {
+  const uint64_t session = OpenSession();
+  v1::OpenSequenceRequest open;
+  open.set_session_id(session);
+  open.set_pool("default");
+  for (uint32_t i = 0; i < 3 * kBlockSize; ++i) open.add_tokens(i);
+  const std::map<std::string, std::string> valid_requests = {
+      {"OpenSequence", open.SerializeAsString()},
+      {"AwaitRendezvous", AwaitRequest(session, "held")},
+      {"PutBlocks", PutHeader(session, 1)},
+  };
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::KvCache::service_full_name());
+  ASSERT_NE(service, nullptr);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string name = service->method(i)->name();
+    auto valid = valid_requests.find(name);
+    const std::string request = valid == valid_requests.end() ? "" : valid->second;
+    EXPECT_THAT(CallRaw(channel_, Method(name), request, absl::Milliseconds(100),
+                        /*hold_back=*/absl::Milliseconds(300)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded))
+        << name;
+    // The client's timer fired first; what matters is what the daemon did when it got there.
+    EXPECT_TRUE(::kvcache::testing::PollUntil([&] { return sent_.Of(Method(name)).has_value(); }))
+        << name;
+    EXPECT_EQ(sent_.Of(Method(name)), grpc::StatusCode::DEADLINE_EXCEEDED) << name;
+  }
+  EXPECT_EQ(daemon_->manager().sessions().size(), 1);
+  EXPECT_EQ(daemon_->manager().pools().front()->Stats().open_sequences, 0u);
+  EXPECT_TRUE(AllGivenBack());
+}
+
+// A long call ends at its deadline wherever it waits, and gives back its place, its put bytes
+// and its blocks.
+TEST_F(DaemonLimitsTest, LongCallsEndAtTheirDeadlineAndGiveBackWhatTheyHeld) {
+  const uint64_t session = OpenSession(absl::Hours(1));
+  // Parked: no one publishes the key.
+  EXPECT_THAT(CallRaw(channel_, Method("AwaitRendezvous"), AwaitRequest(session, "never"),
+                      absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // Watching: no event comes after the snapshot.
+  EXPECT_THAT(CallRaw(channel_, Method("WatchEvents"), "", absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // A put stalled after its header: its blocks are allocated and its bytes reserved meanwhile.
+  EXPECT_THAT(CallRaw(channel_, Method("PutBlocks"), PutHeader(session, 2), absl::Milliseconds(300),
+                      absl::ZeroDuration(), /*half_close=*/false),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_TRUE(::kvcache::testing::PollUntil([&] { return AllGivenBack(); }));
+}
+
+// Past its connection's bound a long call is refused at once with RESOURCE_EXHAUSTED while other
+// connections go on; past the daemon's bound with UNAVAILABLE. Parked calls are then served.
+TEST_F(DaemonLimitsTest, LongCallsPastTheBoundsAreRefusedAtOnceAndOthersGoOn) {
+  const uint64_t session = OpenSession(absl::Hours(1));
+  std::vector<std::unique_ptr<OneMessageCall>> parked;
+  const auto park = [&](const std::shared_ptr<grpc::Channel>& channel) {
+    parked.push_back(std::make_unique<OneMessageCall>(channel, Method("AwaitRendezvous"),
+                                                      AwaitRequest(session, "go"),
+                                                      absl::Seconds(30), absl::ZeroDuration()));
+  };
+  std::shared_ptr<grpc::Channel> second = NewConnection(listen_);
+  park(channel_);
+  park(channel_);
+  ASSERT_TRUE(::kvcache::testing::PollUntil(
+      [&] { return daemon_->call_limits().Usage().streams == kStreamsPerConnection; }));
+  EXPECT_THAT(
+      CallRaw(channel_, Method("AwaitRendezvous"), AwaitRequest(session, "go"), absl::Seconds(30)),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("this connection holds 2 streams of its 2")));
+  park(second);
+  ASSERT_TRUE(::kvcache::testing::PollUntil(
+      [&] { return daemon_->call_limits().Usage().streams == kStreams; }));
+  EXPECT_THAT(CallRaw(NewConnection(listen_), Method("WatchEvents"), "", absl::Seconds(30)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("(--max_streams)")));
+  // Unary calls are never counted among the long ones.
+  v1::PingResponse pong;
+  EXPECT_OK(Call(&v1::KvCache::Stub::Ping, v1::PingRequest(), &pong));
+
+  v1::PublishRendezvousRequest publish;
+  publish.set_session_id(session);
+  publish.set_key("go");
+  publish.set_value("v");
+  v1::PublishRendezvousResponse published;
+  ASSERT_OK(Call(&v1::KvCache::Stub::PublishRendezvous, publish, &published));
+  for (auto& call : parked) EXPECT_OK(call->Await());
+  EXPECT_TRUE(::kvcache::testing::PollUntil([&] { return AllGivenBack(); }));
+  EXPECT_EQ(daemon_->call_limits().Usage().refused_streams, 2u);
+}
+
+// Put bytes are bounded per connection (RESOURCE_EXHAUSTED) and a put larger than the bound alone
+// says so; another connection's put goes on.
+TEST_F(DaemonLimitsTest, PutBytesPastAConnectionsBoundAreRefusedAtOnce) {
+  const uint64_t session = OpenSession(absl::Hours(1));
+  EXPECT_THAT(CallRaw(channel_, Method("PutBlocks"), PutHeader(session, 3), absl::Seconds(30)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr(absl::StrCat("a put of ", 3 * block_bytes_, " bytes exceeds"))));
+  // A put of two blocks stalls holding the connection's whole bound.
+  OneMessageCall stalled(channel_, Method("PutBlocks"), PutHeader(session, 2), absl::Seconds(30),
+                         absl::ZeroDuration(), /*half_close=*/false);
+  ASSERT_TRUE(::kvcache::testing::PollUntil(
+      [&] { return daemon_->call_limits().Usage().put_bytes == 2 * block_bytes_; }));
+  EXPECT_THAT(CallRaw(channel_, Method("PutBlocks"), PutHeader(session, 1), absl::Seconds(30)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("(--max_put_bytes_per_connection)")));
+  // Another connection's put is admitted (it then fails for its made-up bytes, not its size).
+  EXPECT_THAT(CallRaw(NewConnection(listen_), Method("PutBlocks"), PutHeader(session, 1),
+                      absl::Seconds(30)),
+              StatusIs(absl::StatusCode::kDataLoss));
+  stalled.Cancel();
+  EXPECT_THAT(stalled.Await(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_TRUE(::kvcache::testing::PollUntil([&] { return AllGivenBack(); }));
 }
 
 }  // namespace
