@@ -1,0 +1,506 @@
+#include "redis/redis_cluster.h"
+
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace kvcache {
+namespace {
+
+// A refresh of the slot map is wanted after every failure; a dead cluster must not get one per
+// batch.
+constexpr absl::Duration kMinRefreshInterval = absl::Milliseconds(100);
+
+absl::StatusOr<std::pair<std::string, int>> SplitAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Redis address '", address, "' is not HOST:PORT"));
+  }
+  return std::pair{std::string(address.substr(0, colon)), port};
+}
+
+struct Redirect {
+  bool ask = false;
+  uint16_t slot = 0;
+  std::string address;  // HOST:PORT; HOST empty when the node did not say
+};
+
+// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381".
+std::optional<Redirect> ParseRedirect(absl::string_view error) {
+  std::vector<absl::string_view> parts = absl::StrSplit(error, ' ');
+  if (parts.size() != 3 || (parts[0] != "MOVED" && parts[0] != "ASK")) return std::nullopt;
+  int slot = 0;
+  if (!absl::SimpleAtoi(parts[1], &slot) || slot < 0 || slot >= kRedisClusterSlots) {
+    return std::nullopt;
+  }
+  return Redirect{.ask = parts[0] == "ASK",
+                  .slot = static_cast<uint16_t>(slot),
+                  .address = std::string(parts[2])};
+}
+
+}  // namespace
+
+struct RedisCluster::Command {
+  std::vector<std::string> argv;
+  uint16_t slot = 0;
+  uint64_t weight = 0;     // bytes it puts in flight
+  Node* target = nullptr;  // set by an ASK; null: the slot's owner
+  bool asking = false;
+  int redirects = 0;
+};
+
+uint16_t RedisCluster::KeySlot(absl::string_view key) {
+  const size_t open = key.find('{');
+  if (open != absl::string_view::npos) {
+    const size_t close = key.find('}', open + 1);
+    if (close != absl::string_view::npos && close > open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  uint16_t crc = 0;  // CRC16-CCITT (XMODEM): polynomial 0x1021, initial 0, as Redis computes it
+  for (const char c : key) {
+    crc ^= static_cast<uint16_t>(static_cast<uint8_t>(c)) << 8;
+    for (int bit = 0; bit < 8; ++bit) {
+      crc = (crc & 0x8000) != 0 ? static_cast<uint16_t>((crc << 1) ^ 0x1021)
+                                : static_cast<uint16_t>(crc << 1);
+    }
+  }
+  return crc % kRedisClusterSlots;
+}
+
+absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(RedisClusterOptions options) {
+  if (options.seeds.empty()) {
+    return absl::InvalidArgumentError("a Redis Cluster needs at least one HOST:PORT to start from");
+  }
+  for (const std::string& seed : options.seeds) {
+    if (absl::Status valid = SplitAddress(seed).status(); !valid.ok()) return valid;
+  }
+  if (options.max_redirects < 1 || options.max_pipeline_bytes == 0) {
+    return absl::InvalidArgumentError("max_redirects and max_pipeline_bytes must be positive");
+  }
+  auto cluster = std::unique_ptr<RedisCluster>(new RedisCluster(std::move(options)));
+  for (const std::string& seed : cluster->options_.seeds) cluster->NodeFor(seed);
+  return cluster;
+}
+
+RedisCluster::RedisCluster(RedisClusterOptions options) : options_(std::move(options)) {
+  slot_owner_.fill(-1);
+}
+
+RedisCluster::~RedisCluster() {
+  std::vector<Node*> nodes;
+  {
+    absl::MutexLock lock(&map_mu_);  // never held while taking a node's: the order is node, map
+    for (auto& node : nodes_) nodes.push_back(node.get());
+  }
+  for (Node* node : nodes) {
+    absl::MutexLock lock(&node->mu);
+    if (node->context != nullptr) redisFree(node->context);
+    node->context = nullptr;
+  }
+}
+
+RedisCluster::Node* RedisCluster::NodeFor(const std::string& address) {
+  absl::MutexLock lock(&map_mu_);
+  auto found = by_address_.find(address);
+  if (found != by_address_.end()) return found->second;
+  absl::StatusOr<std::pair<std::string, int>> split = SplitAddress(address);
+  if (!split.ok()) return nullptr;
+  auto node = std::make_unique<Node>();
+  node->address = address;
+  node->host = split->first;
+  node->port = split->second;
+  node->index = static_cast<int>(nodes_.size());
+  Node* raw = node.get();
+  nodes_.push_back(std::move(node));
+  by_address_[address] = raw;
+  return raw;
+}
+
+RedisCluster::Node* RedisCluster::SlotOwner(uint16_t slot) {
+  absl::MutexLock lock(&map_mu_);
+  const int32_t owner = slot_owner_[slot];
+  return owner < 0 ? nullptr : nodes_[owner].get();
+}
+
+int RedisCluster::MappedSlots() const {
+  absl::MutexLock lock(&map_mu_);
+  return static_cast<int>(
+      std::count_if(slot_owner_.begin(), slot_owner_.end(), [](int32_t o) { return o >= 0; }));
+}
+
+absl::Status RedisCluster::EnsureConnected(Node* node) {
+  if (node->context != nullptr && node->context->err == 0) return absl::OkStatus();
+  if (node->context != nullptr) MarkFailed(node, "connection broken");
+  if (absl::Now() < node->resting_until) {
+    return absl::UnavailableError(absl::StrCat("Redis node ", node->address, " failed recently (",
+                                               node->last_failure, "); not retried yet"));
+  }
+  redisContext* context = redisConnectWithTimeout(node->host.c_str(), node->port,
+                                                  absl::ToTimeval(options_.connect_timeout));
+  if (context == nullptr || context->err != 0) {
+    const std::string why = context == nullptr ? "out of memory" : context->errstr;
+    if (context != nullptr) redisFree(context);
+    MarkFailed(node, absl::StrCat("cannot connect: ", why));
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to Redis node ", node->address, ": ", why));
+  }
+  redisSetTimeout(context, absl::ToTimeval(options_.io_timeout));
+  connects_.fetch_add(1, std::memory_order_relaxed);
+  node->context = context;
+  if (!options_.password.empty()) {
+    std::vector<const char*> argv = {"AUTH"};
+    std::vector<size_t> lengths = {4};
+    if (!options_.username.empty()) {
+      argv.push_back(options_.username.data());
+      lengths.push_back(options_.username.size());
+    }
+    argv.push_back(options_.password.data());
+    lengths.push_back(options_.password.size());
+    auto* reply = static_cast<redisReply*>(
+        redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()));
+    const bool accepted = reply != nullptr && reply->type == REDIS_REPLY_STATUS;
+    if (reply != nullptr) freeReplyObject(reply);
+    if (!accepted) {
+      MarkFailed(node, "it refused the configured credentials");
+      // Never the password, nor Redis' reply (which could echo it).
+      return absl::UnavailableError(
+          absl::StrCat("Redis node ", node->address, " refused the configured credentials"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RedisCluster::MarkFailed(Node* node, std::string why) {
+  node->last_failure = std::move(why);
+  if (node->context != nullptr) redisFree(node->context);
+  node->context = nullptr;
+  node->resting_until = absl::Now() + options_.retry_down_after;
+  node_failures_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&map_mu_);
+  refresh_wanted_ = true;
+}
+
+void RedisCluster::MaybeRefreshSlots() {
+  {
+    absl::MutexLock lock(&map_mu_);
+    if (!refresh_wanted_ || absl::Now() - last_refresh_ < kMinRefreshInterval) return;
+    last_refresh_ = absl::Now();
+  }
+  RefreshSlots().IgnoreError();  // a failure leaves the old map; keys without a node fail alone
+}
+
+absl::Status RedisCluster::RefreshSlots() {
+  std::vector<Node*> candidates;
+  {
+    absl::MutexLock lock(&map_mu_);
+    for (auto& node : nodes_) candidates.push_back(node.get());
+  }
+  absl::Status last = absl::UnavailableError("no Redis node is known");
+  for (Node* node : candidates) {
+    struct Range {
+      int start;
+      int end;
+      std::string address;
+    };
+    std::vector<Range> ranges;
+    {
+      absl::MutexLock lock(&node->mu);
+      if (absl::Status connected = EnsureConnected(node); !connected.ok()) {
+        last = connected;
+        continue;
+      }
+      auto* reply = static_cast<redisReply*>(redisCommand(node->context, "CLUSTER SLOTS"));
+      if (reply == nullptr) {
+        last = absl::UnavailableError(
+            absl::StrCat("Redis node ", node->address, ": ", node->context->errstr));
+        MarkFailed(node, "CLUSTER SLOTS got no reply");
+        continue;
+      }
+      if (reply->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i < reply->elements; ++i) {
+          const redisReply* entry = reply->element[i];
+          if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 3) continue;
+          const redisReply* master = entry->element[2];
+          if (master->type != REDIS_REPLY_ARRAY || master->elements < 2) continue;
+          std::string host(master->element[0]->str == nullptr ? "" : master->element[0]->str,
+                           master->element[0]->len);
+          if (host.empty() || host == "?") host = node->host;
+          ranges.push_back(Range{static_cast<int>(entry->element[0]->integer),
+                                 static_cast<int>(entry->element[1]->integer),
+                                 absl::StrCat(host, ":", master->element[1]->integer)});
+        }
+      } else {
+        last = absl::UnavailableError(
+            absl::StrCat("Redis node ", node->address, " is not in cluster mode (CLUSTER SLOTS)"));
+      }
+      freeReplyObject(reply);
+    }
+    if (ranges.empty()) continue;
+    std::vector<std::pair<const Range*, Node*>> owners;
+    for (const Range& range : ranges) owners.emplace_back(&range, NodeFor(range.address));
+    absl::MutexLock lock(&map_mu_);
+    slot_owner_.fill(-1);
+    for (const auto& [range, owner] : owners) {
+      if (owner == nullptr) continue;
+      for (int slot = std::max(0, range->start);
+           slot <= std::min(kRedisClusterSlots - 1, range->end); ++slot) {
+        slot_owner_[slot] = owner->index;
+      }
+    }
+    last_refresh_ = absl::Now();
+    refresh_wanted_ = false;
+    slot_refreshes_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  return last;
+}
+
+void RedisCluster::Run(
+    std::vector<Command>& commands,
+    absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
+    std::vector<absl::Status>& results) {
+  results.assign(commands.size(), absl::UnavailableError("not sent"));
+  std::vector<size_t> pending(commands.size());
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  for (int round = 0; !pending.empty(); ++round) {
+    MaybeRefreshSlots();
+    // By node index: the order every batch locks nodes in.
+    std::map<int, std::pair<Node*, std::vector<size_t>>> by_node;
+    for (size_t i : pending) {
+      Command& command = commands[i];
+      Node* node = command.target != nullptr ? command.target : SlotOwner(command.slot);
+      if (node == nullptr) {
+        results[i] =
+            absl::UnavailableError(absl::StrCat("no Redis node is known for slot ", command.slot));
+        continue;
+      }
+      auto& group = by_node[node->index];
+      group.first = node;
+      group.second.push_back(i);
+    }
+    std::vector<size_t> next;
+    std::vector<Node*> locked;
+    for (auto& [index, group] : by_node) {
+      group.first->mu.Lock();
+      locked.push_back(group.first);
+    }
+    // Pipelines of at most max_pipeline_bytes per node: every node's next chunk is written,
+    // then every node's replies to it are read.
+    std::vector<size_t> cursor(by_node.size(), 0);
+    std::vector<bool> usable(by_node.size(), true);
+    bool more = true;
+    while (more) {
+      more = false;
+      std::vector<std::pair<size_t, size_t>> chunk(by_node.size());  // [begin, end) of each group
+      size_t g = 0;
+      for (auto& [index, group] : by_node) {
+        Node* node = group.first;
+        std::vector<size_t>& members = group.second;
+        const size_t begin = cursor[g];
+        size_t end = begin;
+        if (usable[g] && begin < members.size()) {
+          absl::Status connected = EnsureConnected(node);
+          if (!connected.ok()) {
+            for (size_t k = begin; k < members.size(); ++k) results[members[k]] = connected;
+            usable[g] = false;
+          } else {
+            uint64_t bytes = 0;
+            while (end < members.size() && (end == begin || bytes + commands[members[end]].weight <=
+                                                                options_.max_pipeline_bytes)) {
+              const Command& command = commands[members[end]];
+              bytes += command.weight;
+              if (command.asking) redisAppendCommand(node->context, "ASKING");
+              std::vector<const char*> argv;
+              std::vector<size_t> lengths;
+              for (const std::string& arg : command.argv) {
+                argv.push_back(arg.data());
+                lengths.push_back(arg.size());
+              }
+              redisAppendCommandArgv(node->context, static_cast<int>(argv.size()), argv.data(),
+                                     lengths.data());
+              ++end;
+            }
+            commands_.fetch_add(end - begin, std::memory_order_relaxed);
+            int done = 0;
+            while (done == 0 && node->context->err == 0) {
+              if (redisBufferWrite(node->context, &done) != REDIS_OK) break;
+            }
+          }
+        }
+        chunk[g] = {begin, end};
+        cursor[g] = end;
+        if (usable[g] && end < members.size()) more = true;
+        ++g;
+      }
+      g = 0;
+      for (auto& [index, group] : by_node) {
+        Node* node = group.first;
+        std::vector<size_t>& members = group.second;
+        for (size_t k = chunk[g].first; k < chunk[g].second && usable[g]; ++k) {
+          const size_t i = members[k];
+          Command& command = commands[i];
+          redisReply* reply = nullptr;
+          bool lost = false;
+          if (command.asking) {
+            lost = redisGetReply(node->context, reinterpret_cast<void**>(&reply)) != REDIS_OK;
+            if (reply != nullptr) freeReplyObject(reply);
+            reply = nullptr;
+          }
+          if (!lost) {
+            lost = redisGetReply(node->context, reinterpret_cast<void**>(&reply)) != REDIS_OK;
+          }
+          if (lost || reply == nullptr) {
+            const absl::Status failed = absl::UnavailableError(
+                absl::StrCat("Redis node ", node->address, ": ",
+                             node->context->errstr[0] != 0 ? node->context->errstr : "no reply"));
+            MarkFailed(node, std::string(failed.message()));
+            for (size_t rest = k; rest < members.size(); ++rest) results[members[rest]] = failed;
+            usable[g] = false;
+            break;
+          }
+          if (reply->type == REDIS_REPLY_ERROR) {
+            const absl::string_view error(reply->str, reply->len);
+            std::optional<Redirect> redirect = ParseRedirect(error);
+            if (redirect.has_value()) {
+              if (absl::StartsWith(redirect->address, ":")) {
+                redirect->address = node->host + redirect->address;
+              }
+              Node* to = NodeFor(redirect->address);
+              if (redirect->ask) {
+                ask_.fetch_add(1, std::memory_order_relaxed);
+                command.target = to;
+                command.asking = true;
+              } else {
+                moved_.fetch_add(1, std::memory_order_relaxed);
+                command.target = nullptr;
+                command.asking = false;
+                absl::MutexLock lock(&map_mu_);
+                if (to != nullptr) slot_owner_[redirect->slot] = to->index;
+                refresh_wanted_ = true;  // a moved slot rarely moves alone
+              }
+              if (to != nullptr && ++command.redirects <= options_.max_redirects) {
+                next.push_back(i);
+              } else {
+                results[i] = absl::UnavailableError(absl::StrCat("Redis key of slot ", command.slot,
+                                                                 " redirected ", command.redirects,
+                                                                 " times"));
+              }
+            } else if (absl::StartsWith(error, "TRYAGAIN") ||
+                       absl::StartsWith(error, "CLUSTERDOWN") ||
+                       absl::StartsWith(error, "LOADING")) {
+              results[i] = absl::UnavailableError(absl::StrCat("Redis: ", error));
+            } else {
+              results[i] = absl::InternalError(absl::StrCat("Redis: ", error));
+            }
+          } else {
+            results[i] = on_reply(i, *reply);
+          }
+          freeReplyObject(reply);
+        }
+        ++g;
+      }
+    }
+    for (Node* node : locked) node->mu.Unlock();
+    pending = std::move(next);
+  }
+}
+
+std::vector<absl::Status> RedisCluster::Get(absl::Span<const std::string> keys,
+                                            ValueVisitor found) {
+  std::vector<Command> commands(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    commands[i].argv = {"GET", keys[i]};
+    commands[i].slot = KeySlot(keys[i]);
+  }
+  std::vector<absl::Status> results;
+  Run(
+      commands,
+      [&](size_t index, const redisReply& reply) -> absl::Status {
+        if (reply.type == REDIS_REPLY_NIL) return absl::NotFoundError("no such key");
+        if (reply.type != REDIS_REPLY_STRING) {
+          return absl::InternalError("Redis answered GET with something other than a string");
+        }
+        found(index, absl::string_view(reply.str, reply.len));
+        return absl::OkStatus();
+      },
+      results);
+  return results;
+}
+
+std::vector<absl::StatusOr<std::string>> RedisCluster::Get(absl::Span<const std::string> keys) {
+  std::vector<std::string> values(keys.size());
+  const std::vector<absl::Status> statuses =
+      Get(keys, [&](size_t index, absl::string_view value) { values[index] = std::string(value); });
+  std::vector<absl::StatusOr<std::string>> results;
+  results.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (statuses[i].ok()) {
+      results.emplace_back(std::move(values[i]));
+    } else {
+      results.emplace_back(statuses[i]);
+    }
+  }
+  return results;
+}
+
+std::vector<absl::Status> RedisCluster::Set(
+    absl::Span<const std::pair<std::string, std::string>> entries) {
+  std::vector<Command> commands(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    commands[i].argv = {"SET", entries[i].first, entries[i].second};
+    commands[i].slot = KeySlot(entries[i].first);
+    commands[i].weight = entries[i].second.size();
+  }
+  std::vector<absl::Status> results;
+  Run(
+      commands,
+      [](size_t, const redisReply& reply) {
+        return reply.type == REDIS_REPLY_STATUS
+                   ? absl::OkStatus()
+                   : absl::InternalError("Redis answered SET with something other than OK");
+      },
+      results);
+  return results;
+}
+
+std::vector<absl::Status> RedisCluster::Delete(absl::Span<const std::string> keys) {
+  std::vector<Command> commands(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    commands[i].argv = {"DEL", keys[i]};
+    commands[i].slot = KeySlot(keys[i]);
+  }
+  std::vector<absl::Status> results;
+  Run(
+      commands,
+      [](size_t, const redisReply& reply) {
+        return reply.type == REDIS_REPLY_INTEGER
+                   ? absl::OkStatus()
+                   : absl::InternalError("Redis answered DEL with something other than a count");
+      },
+      results);
+  return results;
+}
+
+RedisClusterCounters RedisCluster::counters() const {
+  return RedisClusterCounters{.moved = moved_.load(),
+                              .ask = ask_.load(),
+                              .connects = connects_.load(),
+                              .node_failures = node_failures_.load(),
+                              .slot_refreshes = slot_refreshes_.load(),
+                              .commands = commands_.load()};
+}
+
+}  // namespace kvcache

@@ -1,0 +1,154 @@
+// RedisCluster: a client of a Redis Cluster (or Valkey, which speaks the same protocol) for the
+// cluster tier (DESIGN §10): keys hashed to slots as the cluster does (CRC16 of the key or of its
+// {hash tag}, mod 16384), the slot map read with CLUSTER SLOTS, MOVED and ASK redirections
+// followed, lost connections reopened, and the commands of a batch pipelined on each node — all
+// nodes' commands are written before any reply is read, so a batch costs about one round trip.
+// Built on hiredis (Debian libhiredis-dev), synchronous, with a timeout on every connect, write
+// and read.
+//
+// The cluster is a cache: a missing key is NOT_FOUND, and a node that cannot be reached or does
+// not answer in time makes its keys UNAVAILABLE (the caller computes instead) without holding up
+// the other nodes' keys. A node that failed is left alone for `retry_down_after` before it is
+// tried again, so a dead node costs one timeout, not one per call; its failure also makes the next
+// batch read the slot map again (a replica may have taken over). Create never fails for an
+// unreachable cluster: the map is read when the first batch needs it.
+//
+// Bounds: a batch writes at most `max_pipeline_bytes` of SET values to one node before it reads
+// that node's replies, so neither side buffers more than that for one batch.
+//
+// The password never appears in a status message or a log.
+//
+// Thread safety: thread-safe. Each node's connection is used by one batch at a time (batches lock
+// the nodes they use in a fixed order); batches on different nodes run in parallel.
+#ifndef KVCACHE_REDIS_REDIS_CLUSTER_H_
+#define KVCACHE_REDIS_REDIS_CLUSTER_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+struct redisContext;
+struct redisReply;
+
+namespace kvcache {
+
+inline constexpr int kRedisClusterSlots = 16384;
+
+struct RedisClusterOptions {
+  std::vector<std::string> seeds;  // "host:port" of any nodes; the slot map names the rest
+  std::string username;            // Redis 6 ACL user; empty: AUTH with the password alone
+  std::string password;            // empty: no AUTH
+  absl::Duration connect_timeout = absl::Milliseconds(200);
+  absl::Duration io_timeout = absl::Milliseconds(500);
+  absl::Duration retry_down_after = absl::Seconds(1);
+  uint64_t max_pipeline_bytes = uint64_t{32} << 20;
+  int max_redirects = 3;  // per key and batch
+};
+
+struct RedisClusterCounters {
+  uint64_t moved = 0;          // MOVED replies followed
+  uint64_t ask = 0;            // ASK replies followed
+  uint64_t connects = 0;       // connections opened (the first ones and every reconnect)
+  uint64_t node_failures = 0;  // connects refused or timed out, connections lost or timed out
+  uint64_t slot_refreshes = 0;
+  uint64_t commands = 0;
+};
+
+class RedisCluster {
+ public:
+  // INVALID_ARGUMENT for no seeds or a seed that is not HOST:PORT.
+  static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(RedisClusterOptions options);
+  ~RedisCluster();
+  RedisCluster(const RedisCluster&) = delete;
+  RedisCluster& operator=(const RedisCluster&) = delete;
+
+  // The cluster's slot of `key`: CRC16 (XMODEM) of the key, or of the part between its first '{'
+  // and the next '}' when that part is not empty, mod 16384.
+  static uint16_t KeySlot(absl::string_view key);
+
+  // GET of each key. `found(i, value)` is called for each key found, with a view valid only
+  // during the call; the result says, per key, OK (found), NOT_FOUND, UNAVAILABLE (its node is
+  // down or slow, or the slot has no node) or INTERNAL (Redis answered with an error).
+  using ValueVisitor = absl::FunctionRef<void(size_t index, absl::string_view value)>;
+  std::vector<absl::Status> Get(absl::Span<const std::string> keys, ValueVisitor found);
+  // The same, copying the values.
+  std::vector<absl::StatusOr<std::string>> Get(absl::Span<const std::string> keys);
+  // SET of each key to its value; per key OK, UNAVAILABLE or INTERNAL (e.g. OOM from a node
+  // with maxmemory and noeviction).
+  std::vector<absl::Status> Set(absl::Span<const std::pair<std::string, std::string>> entries);
+  // DEL of each key; per key OK (deleted or absent), UNAVAILABLE or INTERNAL.
+  std::vector<absl::Status> Delete(absl::Span<const std::string> keys);
+
+  // Reads the slot map from the first node that answers CLUSTER SLOTS. UNAVAILABLE if none does.
+  absl::Status RefreshSlots();
+  // How many slots have a node in the map (16384 once the whole cluster is known).
+  int MappedSlots() const;
+
+  RedisClusterCounters counters() const;
+
+ private:
+  struct Node {
+    std::string address;
+    std::string host;
+    int port = 0;
+    int index = 0;  // in nodes_: the order batches lock nodes in
+    absl::Mutex mu;
+    redisContext* context ABSL_GUARDED_BY(mu) = nullptr;
+    absl::Time resting_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    std::string last_failure ABSL_GUARDED_BY(mu);  // never a secret
+  };
+  // One command of a batch: argv, which key it is for, and where it goes.
+  struct Command;
+
+  explicit RedisCluster(RedisClusterOptions options);
+
+  // Runs the commands and hands each reply to `on_reply` for the command's result, following
+  // redirections; a command that gets no reply gets why. Locks the nodes it uses, a set known
+  // only at run time (in index order), which the thread-safety analysis cannot follow.
+  void Run(std::vector<Command>& commands,
+           absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
+           std::vector<absl::Status>& results) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  Node* NodeFor(const std::string& address) ABSL_LOCKS_EXCLUDED(map_mu_);
+  Node* SlotOwner(uint16_t slot) ABSL_LOCKS_EXCLUDED(map_mu_);
+  // Connects `node` if it has no connection and is not resting after a failure.
+  absl::Status EnsureConnected(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
+  // Drops the connection and rests the node (`why` is what a call meanwhile is told); wants a
+  // fresh slot map.
+  void MarkFailed(Node* node, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
+  // At most one refresh per retry_down_after unless `force`.
+  void MaybeRefreshSlots();
+
+  const RedisClusterOptions options_;
+
+  mutable absl::Mutex map_mu_;
+  std::vector<std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(map_mu_);  // never shrinks
+  absl::flat_hash_map<std::string, Node*> by_address_ ABSL_GUARDED_BY(map_mu_);
+  std::array<int32_t, kRedisClusterSlots> slot_owner_ ABSL_GUARDED_BY(map_mu_);  // node index, -1
+  absl::Time last_refresh_ ABSL_GUARDED_BY(map_mu_) = absl::InfinitePast();
+  bool refresh_wanted_ ABSL_GUARDED_BY(map_mu_) = true;
+
+  std::atomic<uint64_t> moved_{0};
+  std::atomic<uint64_t> ask_{0};
+  std::atomic<uint64_t> connects_{0};
+  std::atomic<uint64_t> node_failures_{0};
+  std::atomic<uint64_t> slot_refreshes_{0};
+  std::atomic<uint64_t> commands_{0};
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_REDIS_REDIS_CLUSTER_H_
