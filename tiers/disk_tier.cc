@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/block_checksum.h"
 #include "common/status_macros.h"
 #include "tiers/io_ring.h"
@@ -626,6 +627,13 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options
     ::close(fd);
     return status;
   };
+  // A process killed with SIGKILL holds its lock until the kernel has torn down its io_uring
+  // rings, which happens after the process is gone: a restart waits that out, within a bound.
+  const absl::Time lock_deadline = absl::Now() + options.lock_timeout;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK &&
+         absl::Now() < lock_deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return fail(absl::FailedPreconditionError(

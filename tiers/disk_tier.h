@@ -61,6 +61,10 @@ struct DiskTierOptions {
   uint32_t read_rings = 2;
   uint32_t read_depth = 16;
 
+  // How long Open waits for another process's lock on the file to go (a killed daemon's lives
+  // on briefly while the kernel tears down its io_uring rings).
+  absl::Duration lock_timeout = absl::Seconds(5);
+
   // Test seam: called before each slot write; a nonzero errno fails that write as the kernel
   // would (ENOSPC: a full disk) without touching the file.
   std::function<int()> testing_write_errno;
@@ -107,7 +111,8 @@ class DiskTier {
   // INVALID_ARGUMENT: bad options (no path, a capacity below one slot, block_bytes 0, a model id
   // longer than kMaxRecordModelIdBytes); RESOURCE_EXHAUSTED: the file system has less free space
   // than the capacity still needs; FAILED_PRECONDITION: another process has the file open
-  // (flock) or io_uring is unavailable; INTERNAL: any other system call failure, with errno.
+  // (flock, after lock_timeout) or io_uring is unavailable; INTERNAL: any other system call
+  // failure, with errno.
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(DiskTierOptions options);
 
   // Writes the queued records (a bounded wait) and stops the writer.
