@@ -21,12 +21,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const uint64_t slots = std::strtoull(argv[2], nullptr, 10);
-  DiskTierOptions options;
-  options.path = argv[1];
-  options.pool = testing::TestPool();
-  options.tokens_per_block = testing::kTestTokensPerBlock;
-  options.capacity_bytes = slots * 16384;
-  auto tier = DiskTier::Open(options);
+  auto tier = DiskTier::Open(testing::TestTierOptions(argv[1], slots));
   if (!tier.ok()) {
     std::fprintf(stderr, "open: %s\n", tier.status().ToString().c_str());
     return 1;

@@ -59,12 +59,7 @@ TEST(DiskTierCrashTest, KillNineLeavesNoWrongBytes) {
     EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL)
         << testing::DescribeWaitStatus(*status);
 
-    DiskTierOptions options;
-    options.path = path;
-    options.pool = testing::TestPool();
-    options.tokens_per_block = testing::kTestTokensPerBlock;
-    options.capacity_bytes = kSlots * 16384;
-    auto tier = DiskTier::Open(options);
+    auto tier = DiskTier::Open(testing::TestTierOptions(path, kSlots));
     ASSERT_OK(tier);
     const DiskTierStats stats = (*tier)->stats();
     EXPECT_GE(stats.restart_records, durable);

@@ -28,29 +28,29 @@ using ::kvcache::testing::StatusIs;
 using ::kvcache::testing::TestBytes;
 using ::kvcache::testing::TestHash;
 using ::kvcache::testing::TestIdentity;
-using ::kvcache::testing::TestPool;
 using ::testing::HasSubstr;
 
-// The tiny blocks' slot: a 4 KiB header and 10000 bytes padded to 12 KiB.
-constexpr uint64_t kSlotBytes = 16384;
+constexpr uint64_t kSlotBytes = testing::kTestSlotBytes;
 
 class DiskTierTest : public ::testing::Test {
  protected:
   std::string path() const { return dir_.File("tier/pool0.kvt"); }
 
   DiskTierOptions Options(uint64_t slots = 64) const {
-    DiskTierOptions options;
-    options.path = path();
-    options.capacity_bytes = slots * kSlotBytes;
-    options.pool = TestPool();
-    options.tokens_per_block = testing::kTestTokensPerBlock;
-    return options;
+    return testing::TestTierOptions(path(), slots);
   }
 
   std::unique_ptr<DiskTier> OpenTier(DiskTierOptions options) {
     auto tier = DiskTier::Open(std::move(options));
     EXPECT_OK(tier);
     return tier.ok() ? *std::move(tier) : nullptr;
+  }
+
+  // Stores blocks 0..n-1 in a tier that is then closed (its destructor writes the queue).
+  void StoreAndClose(uint64_t n) {
+    auto tier = OpenTier(Options());
+    ASSERT_NE(tier, nullptr);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_OK(StoreBlock(*tier, i));
   }
 
   static absl::Status StoreBlock(DiskTier& tier, uint64_t i) {
@@ -270,11 +270,7 @@ TEST_F(DiskTierTest, EraseForgetsTheRecord) {
 }
 
 TEST_F(DiskTierTest, ReopenServesThePreviousRecords) {
-  {
-    auto tier = OpenTier(Options());
-    ASSERT_NE(tier, nullptr);
-    for (uint64_t i = 0; i < 5; ++i) ASSERT_OK(StoreBlock(*tier, i));
-  }  // the destructor writes what is queued
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(5));
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
   const DiskTierStats stats = tier->stats();
@@ -294,11 +290,7 @@ TEST_F(DiskTierTest, ReopenServesThePreviousRecords) {
 }
 
 TEST_F(DiskTierTest, FlippedDataByteIsCaughtAtLoad) {
-  {
-    auto tier = OpenTier(Options());
-    ASSERT_NE(tier, nullptr);
-    for (uint64_t i = 0; i < 3; ++i) ASSERT_OK(StoreBlock(*tier, i));
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
   FlipByte(/*slot 1's bytes*/ kSlotBytes + 4096 + 1234);
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
@@ -327,11 +319,7 @@ TEST_F(DiskTierTest, FlippedByteWhileOpenIsCaughtAtLoad) {
 }
 
 TEST_F(DiskTierTest, FlippedHeaderByteSkipsTheRecordAtRestart) {
-  {
-    auto tier = OpenTier(Options());
-    ASSERT_NE(tier, nullptr);
-    for (uint64_t i = 0; i < 3; ++i) ASSERT_OK(StoreBlock(*tier, i));
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
   FlipByte(kSlotBytes + 300);  // slot 1's tokens
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
@@ -343,11 +331,7 @@ TEST_F(DiskTierTest, FlippedHeaderByteSkipsTheRecordAtRestart) {
 }
 
 TEST_F(DiskTierTest, ForeignRecordsAreSkipped) {
-  {
-    auto tier = OpenTier(Options());
-    ASSERT_NE(tier, nullptr);
-    for (uint64_t i = 0; i < 3; ++i) ASSERT_OK(StoreBlock(*tier, i));
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
   // Each field of the pool identity makes every record foreign. block_bytes 10001 keeps the
   // slot geometry, so the headers are read where they are.
   std::vector<DiskTierOptions> others(4, Options());
@@ -380,11 +364,7 @@ TEST_F(DiskTierTest, ForeignRecordsAreSkipped) {
 }
 
 TEST_F(DiskTierTest, TruncatedFileKeepsWholeSlots) {
-  {
-    auto tier = OpenTier(Options());
-    ASSERT_NE(tier, nullptr);
-    for (uint64_t i = 0; i < 4; ++i) ASSERT_OK(StoreBlock(*tier, i));
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(4));
   ASSERT_EQ(::truncate(path().c_str(), 2 * kSlotBytes + 5000), 0);
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);

@@ -1,7 +1,7 @@
-// Test blocks for the tier tests and the crash child: block i's identity and bytes are derived
-// from i alone, so a process that reopens a tier file can check every byte another process
-// wrote, with no record of what that was.
-// Thread safety: free functions; thread-safe.
+// Test blocks (and a disk tier for them) for the tier tests and the crash child: block i's identity
+// and bytes are derived from i alone, so a process that reopens a tier file can check every byte
+// another process wrote, with no record of what that was. Thread safety: free functions;
+// thread-safe.
 #ifndef KVCACHE_TESTS_TIERS_TEST_BLOCKS_H_
 #define KVCACHE_TESTS_TIERS_TEST_BLOCKS_H_
 
@@ -10,6 +10,7 @@
 
 #include "common/block_checksum.h"
 #include "tiers/block_record.h"
+#include "tiers/disk_tier.h"
 
 namespace kvcache::testing {
 
@@ -22,6 +23,19 @@ inline PoolIdentity TestPool() {
                       .layout_fingerprint = 0x5eed,
                       .hash_algorithm = HashAlgorithm::kXxh3_128,
                       .block_bytes = kTestBlockBytes};
+}
+
+// The test blocks' disk slot: a 4 KiB header and 10000 bytes padded to 12 KiB.
+inline constexpr uint64_t kTestSlotBytes = 16384;
+
+// A disk tier of `slots` test-block slots at `path`.
+inline DiskTierOptions TestTierOptions(const std::string& path, uint64_t slots) {
+  DiskTierOptions options;
+  options.path = path;
+  options.capacity_bytes = slots * kTestSlotBytes;
+  options.pool = TestPool();
+  options.tokens_per_block = kTestTokensPerBlock;
+  return options;
 }
 
 inline uint64_t SplitMix(uint64_t x) {
