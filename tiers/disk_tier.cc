@@ -96,7 +96,6 @@ class DiskTier::Impl {
   absl::Status Scan(uint64_t old_size) ABSL_LOCKS_EXCLUDED(mu_) {
     const absl::Time start = absl::Now();
     absl::MutexLock lock(&mu_);
-    std::vector<std::pair<uint64_t, uint64_t>> by_sequence;  // (sequence, slot)
     const uint64_t whole = std::min(slots_, old_size / slot_bytes_);
     if (whole < slots_ && old_size > whole * slot_bytes_) ++stats_.restart_torn;  // cut slot
     if (whole > 0) {
@@ -114,19 +113,24 @@ class DiskTier::Impl {
         RETURN_IF_ERROR(ring->SubmitAndWait(&done));
         for (const IoRing::Completion& completion : done) {
           if (completion.result != static_cast<int>(header_bytes_)) {
-            return ErrnoError("reading slot headers of", options_.path,
-                              completion.result < 0 ? -completion.result : EIO);
+            ++stats_.restart_torn;  // an unreadable header (EIO): the slot is rewritten later
+            continue;
           }
-          const uint64_t slot = first + completion.tag;
-          IndexScannedLocked(slot, buffer.data() + completion.tag * header_bytes_, &by_sequence);
+          IndexScannedLocked(first + completion.tag,
+                             buffer.data() + completion.tag * header_bytes_);
         }
       }
     }
-    std::sort(by_sequence.begin(), by_sequence.end());
-    for (const auto& [sequence, slot] : by_sequence) LruPushFrontLocked(slot);
+    std::vector<std::pair<uint64_t, uint64_t>> by_sequence;  // (sequence, slot) of records
     for (uint64_t slot = slots_; slot > 0; --slot) {
-      if (slot_[slot - 1].state == SlotState::kFree) free_slots_.push_back(slot - 1);
+      if (slot_[slot - 1].state == SlotState::kFree) {
+        free_slots_.push_back(slot - 1);  // popped from the back: lowest first
+      } else {
+        by_sequence.emplace_back(slot_[slot - 1].sequence, slot - 1);
+      }
     }
+    std::sort(by_sequence.begin(), by_sequence.end());
+    for (const auto& [sequence, slot] : by_sequence) LruPushFrontLocked(slot);  // newest first
     stats_.restart_scan_time = absl::Now() - start;
     return absl::OkStatus();
   }
@@ -263,8 +267,7 @@ class DiskTier::Impl {
 
   uint64_t SlotOffset(uint64_t slot) const { return slot * slot_bytes_; }
 
-  void IndexScannedLocked(uint64_t slot, const char* header_bytes,
-                          std::vector<std::pair<uint64_t, uint64_t>>* by_sequence)
+  void IndexScannedLocked(uint64_t slot, const char* header_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<RecordHeader> header =
         DecodeRecordHeader(absl::string_view(header_bytes, header_bytes_));
@@ -292,11 +295,9 @@ class DiskTier::Impl {
       const uint64_t older = it->second;
       if (slot_[older].sequence > header->sequence) return;
       slot_[older] = Slot{};
-      std::erase_if(*by_sequence, [older](const auto& entry) { return entry.second == older; });
       it->second = slot;
     }
     slot_[slot] = Slot{SlotState::kIndexed, 0, header->sequence, std::move(header->block)};
-    by_sequence->emplace_back(header->sequence, slot);
   }
 
   absl::Status PinLocked(const LoadRequest& request, size_t i, std::vector<Pinned>* pinned)

@@ -99,7 +99,7 @@ struct DiskTierStats {
   // What Open found in an existing file (zero for a new one).
   uint64_t restart_records = 0;     // indexed
   uint64_t restart_empty = 0;       // never-written slots
-  uint64_t restart_torn = 0;        // header failed to decode, or slot cut by the file's end
+  uint64_t restart_torn = 0;        // header unreadable or failed to decode, or slot cut by EOF
   uint64_t restart_foreign = 0;     // another pool identity
   uint64_t restart_duplicates = 0;  // a hash already indexed from a newer record
   absl::Duration restart_scan_time;
