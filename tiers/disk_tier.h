@@ -133,7 +133,7 @@ class DiskTier {
   // Reads the record under expected.hash into `out` (block_bytes bytes, any alignment) after
   // verifying it; `out` is left unspecified unless OK. NOT_FOUND: no record, or one whose
   // identity differs from `expected` (the message names the field). DATA_LOSS: the slot's header
-  // or bytes failed verification; the record is dropped. INTERNAL: the read failed.
+  // or bytes failed verification. INTERNAL: the read failed. After either the record is dropped.
   // INVALID_ARGUMENT: out.size() != block_bytes.
   absl::Status Load(const BlockRecordIdentity& expected, absl::Span<char> out);
 
