@@ -3,7 +3,8 @@
 //   raw io_uring O_DIRECT reads of the same slots from the same file at the same depth (the
 //   same submit-a-round, wait-for-it pattern), so the page cache plays no part in either;
 // - store: N blocks through DiskTier::Store until durable, with batched fdatasync and with
-//   RWF_DSYNC per write, vs raw O_DIRECT writes of the same slots and one fdatasync;
+//   RWF_DSYNC per write, vs raw O_DIRECT writes of the same slots into a fresh preallocated file
+//   and one fdatasync;
 // - warm restart: the time Open takes to scan a file's slot headers.
 // Usage: disk_tier_bench [DIR] [BLOCK_KIB] [BLOCKS]; DIR defaults to $TMPDIR or /tmp and must be
 // on the disk to measure (not tmpfs). No timing is asserted.
@@ -162,11 +163,14 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
         store_dsync = std::min(store_dsync, seconds);
       }
     }
-    // Raw writes into the same (last) file's slots.
-    const int fd = ::open(path.c_str(), O_RDWR | O_DIRECT);
+    // Raw writes of the same slots into a fresh preallocated file, as the tier's first stores.
+    const std::string raw_path = path + ".raw";
+    const int fd = ::open(raw_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+    if (fd < 0 || ::fallocate(fd, 0, 0, slot_bytes * blocks) != 0) return 1;
     AlignedBuffer slot(slot_bytes);
     raw_write = std::min(raw_write, RawWrites(fd, slot_bytes, blocks, **ring, slot.data()));
     ::close(fd);
+    std::filesystem::remove(raw_path);
   }
   std::printf("store   raw O_DIRECT + 1 fdatasync %7.2f GiB/s\n", gib / raw_write);
   std::printf("store   batched fdatasync          %7.2f GiB/s  %.2fx raw  (%llu syncs)\n",

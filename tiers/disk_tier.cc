@@ -83,7 +83,7 @@ class DiskTier::Impl {
     for (uint32_t i = 0; i < options_.read_rings; ++i) {
       auto reader = std::make_unique<Reader>();
       ASSIGN_OR_RETURN(reader->ring, IoRing::Create(options_.read_depth));
-      reader->buffers = std::make_unique<AlignedBuffer>(slot_bytes_ * options_.read_depth);
+      reader->buffers = std::make_unique<AlignedBuffer>(2 * slot_bytes_ * options_.read_depth);
       if (reader->buffers->data() == nullptr) return absl::ResourceExhaustedError("read buffers");
       readers_.push_back(std::move(reader));
     }
@@ -258,7 +258,7 @@ class DiskTier::Impl {
     uint64_t slot;
     uint64_t sequence;
   };
-  // One concurrent loader: a ring and read_depth slot buffers.
+  // One concurrent loader: a ring and two rounds of read_depth slot buffers.
   struct Reader {
     absl::Mutex mu;
     std::unique_ptr<IoRing> ring;
@@ -403,8 +403,10 @@ class DiskTier::Impl {
     --outstanding_;
   }
 
-  // Reads and verifies the pinned slots on a free Reader (or waits for one), read_depth at a
-  // time. The analysis cannot follow a mutex picked at run time; the lock is held throughout.
+  // Reads and verifies the pinned slots on a free Reader (or waits for one), read_depth reads in
+  // flight: while one round is verified and copied out, the next is read into the other half of
+  // the reader's buffers. The analysis cannot follow a mutex picked at run time; the reader's
+  // lock is held throughout.
   void ReadPinned(absl::Span<const Pinned> pinned, absl::Span<const LoadRequest> requests,
                   std::vector<absl::Status>* results) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     Reader* reader = nullptr;
@@ -418,28 +420,45 @@ class DiskTier::Impl {
       reader = readers_[next_reader_.fetch_add(1) % readers_.size()].get();
       reader->mu.Lock();
     }
-    for (size_t first = 0; first < pinned.size(); first += options_.read_depth) {
-      const size_t count = std::min<size_t>(options_.read_depth, pinned.size() - first);
-      ReadAndVerify(*reader, pinned.subspan(first, count), requests, results);
+    const size_t depth = options_.read_depth;
+    auto round = [&](size_t r) { return pinned.subspan(r * depth, depth); };
+    auto buffers = [&](size_t r) {
+      return reader->buffers->data() + (r % 2) * depth * slot_bytes_;
+    };
+    const size_t rounds = (pinned.size() + depth - 1) / depth;
+    absl::Status status = SubmitReads(*reader, round(0), buffers(0));
+    std::vector<IoRing::Completion> done;
+    size_t answered = 0;  // rounds
+    for (size_t r = 0; r < rounds && status.ok(); ++r) {
+      done.clear();
+      status = reader->ring->Wait(&done);
+      if (!status.ok()) break;
+      if (r + 1 < rounds) status = SubmitReads(*reader, round(r + 1), buffers(r + 1));
+      VerifyRound(round(r), buffers(r), done, requests, results);
+      answered = r + 1;
+    }
+    // A failed ring fails every load not yet answered.
+    for (const Pinned& pin : pinned.subspan(std::min(answered * depth, pinned.size()))) {
+      (*results)[pin.request] = status;
     }
     reader->mu.Unlock();
   }
 
-  // Reads the pinned slots (at most read_depth) and verifies each against its request.
-  void ReadAndVerify(Reader& reader, absl::Span<const Pinned> pins,
-                     absl::Span<const LoadRequest> requests,
-                     std::vector<absl::Status>* results) ABSL_NO_THREAD_SAFETY_ANALYSIS
+  absl::Status SubmitReads(Reader& reader, absl::Span<const Pinned> pins,
+                           char* buffers) ABSL_NO_THREAD_SAFETY_ANALYSIS
   /* reader.mu held by the caller */ {
     for (size_t i = 0; i < pins.size(); ++i) {
-      reader.ring->QueueRead(fd_, reader.buffers->data() + i * slot_bytes_, slot_bytes_,
-                             SlotOffset(pins[i].slot), i);
+      reader.ring->QueueRead(fd_, buffers + i * slot_bytes_, slot_bytes_, SlotOffset(pins[i].slot),
+                             i);
     }
-    std::vector<IoRing::Completion> done;
-    const absl::Status submitted = reader.ring->SubmitAndWait(&done);
-    if (!submitted.ok()) {
-      for (const Pinned& pin : pins) (*results)[pin.request] = submitted;
-      return;
-    }
+    return reader.ring->Submit();
+  }
+
+  // Answers one round's requests from its completed reads: verified bytes are copied out.
+  void VerifyRound(absl::Span<const Pinned> pins, const char* buffers,
+                   const std::vector<IoRing::Completion>& done,
+                   absl::Span<const LoadRequest> requests,
+                   std::vector<absl::Status>* results) const {
     for (const IoRing::Completion& completion : done) {
       const Pinned& pin = pins[completion.tag];
       const LoadRequest& request = requests[pin.request];
@@ -450,7 +469,7 @@ class DiskTier::Impl {
                      : absl::InternalError(absl::StrCat("short read of a slot of ", options_.path));
         continue;
       }
-      const char* slot = reader.buffers->data() + completion.tag * slot_bytes_;
+      const char* slot = buffers + completion.tag * slot_bytes_;
       result = Verify(slot, pin.sequence, *request.expected);
       if (result.ok()) std::memcpy(request.out.data(), slot + header_bytes_, request.out.size());
     }

@@ -53,15 +53,19 @@ void IoRing::QueueFdatasync(int fd, uint64_t tag) {
   ++queued_;
 }
 
-absl::Status IoRing::SubmitAndWait(std::vector<Completion>* completions) {
-  uint32_t outstanding = queued_;
-  queued_ = 0;
-  int submitted = io_uring_submit_and_wait(ring_.get(), outstanding);
-  while (submitted == -EINTR) submitted = io_uring_submit_and_wait(ring_.get(), outstanding);
+absl::Status IoRing::Submit() {
+  int submitted = io_uring_submit(ring_.get());
+  while (submitted == -EINTR) submitted = io_uring_submit(ring_.get());
   if (submitted < 0) {
     return absl::InternalError(absl::StrCat("io_uring_submit: ", std::strerror(-submitted)));
   }
-  while (outstanding > 0) {
+  in_flight_ += queued_;
+  queued_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status IoRing::Wait(std::vector<Completion>* completions) {
+  while (in_flight_ > 0) {
     io_uring_cqe* cqe = nullptr;
     const int error = io_uring_wait_cqe(ring_.get(), &cqe);
     if (error == -EINTR) continue;
@@ -70,7 +74,7 @@ absl::Status IoRing::SubmitAndWait(std::vector<Completion>* completions) {
     }
     completions->push_back({io_uring_cqe_get_data64(cqe), cqe->res});
     io_uring_cqe_seen(ring_.get(), cqe);
-    --outstanding;
+    --in_flight_;
   }
   return absl::OkStatus();
 }

@@ -55,17 +55,23 @@ class IoRing {
     uint64_t tag;
     int result;  // bytes transferred, or -errno
   };
-  // Submits everything queued and waits until all of it completed, appending one Completion per
-  // operation (in completion order) to `completions`. INTERNAL when submitting or waiting fails
-  // (then the ring is unusable).
-  absl::Status SubmitAndWait(std::vector<Completion>* completions);
+  // Submits everything queued; it is in flight until Wait. INTERNAL when the kernel refuses.
+  absl::Status Submit();
+  // Waits until everything in flight completed, appending one Completion per operation (in
+  // completion order) to `completions`. INTERNAL when waiting fails (the ring is then unusable).
+  absl::Status Wait(std::vector<Completion>* completions);
+  absl::Status SubmitAndWait(std::vector<Completion>* completions) {
+    absl::Status status = Submit();
+    return status.ok() ? Wait(completions) : status;
+  }
 
  private:
   IoRing(uint32_t depth, std::unique_ptr<::io_uring> ring);
 
   const uint32_t depth_;
   std::unique_ptr<::io_uring> ring_;
-  uint32_t queued_ = 0;
+  uint32_t queued_ = 0;     // queued, not submitted
+  uint32_t in_flight_ = 0;  // submitted, not yet waited for
 };
 
 }  // namespace kvcache
