@@ -1,0 +1,489 @@
+#include "tiers/disk_tier.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_files.h"
+#include "tests/tiers/test_blocks.h"
+#include "tiers/record_codec.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::IsOk;
+using ::kvcache::testing::StatusIs;
+using ::kvcache::testing::TestBytes;
+using ::kvcache::testing::TestHash;
+using ::kvcache::testing::TestIdentity;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kSlotBytes = testing::kTestSlotBytes;
+
+class DiskTierTest : public ::testing::Test {
+ protected:
+  std::string path() const { return dir_.File("tier/pool0.kvt"); }
+
+  DiskTierOptions Options(uint64_t slots = 64) const {
+    return testing::TestTierOptions(path(), slots);
+  }
+
+  std::unique_ptr<DiskTier> OpenTier(DiskTierOptions options) {
+    auto tier = DiskTier::Open(std::move(options));
+    EXPECT_OK(tier);
+    return tier.ok() ? *std::move(tier) : nullptr;
+  }
+
+  // Stores blocks 0..n-1 in a tier that is then closed (its destructor writes the queue).
+  void StoreAndClose(uint64_t n) {
+    auto tier = OpenTier(Options());
+    ASSERT_NE(tier, nullptr);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_OK(StoreBlock(*tier, i));
+  }
+
+  static absl::Status StoreBlock(DiskTier& tier, uint64_t i) {
+    const std::string bytes = TestBytes(TestHash(i));
+    return tier.Store(TestIdentity(i), bytes);
+  }
+
+  // Loads block i and checks its bytes; the status is Load's.
+  static absl::Status LoadBlock(DiskTier& tier, uint64_t i) {
+    std::string out(testing::kTestBlockBytes, '\0');
+    absl::Status status = tier.Load(TestIdentity(i), absl::MakeSpan(out));
+    if (status.ok() && out != TestBytes(TestHash(i))) {
+      ADD_FAILURE() << "block " << i << " loaded with other bytes";
+    }
+    return status;
+  }
+
+  // Flips one bit of the file at `offset`, behind the tier's back.
+  void FlipByte(uint64_t offset) {
+    const int fd = ::open(path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x10;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
+    ::close(fd);
+  }
+
+  worker::testing::ScopedTempDir dir_;
+};
+
+TEST_F(DiskTierTest, StoredBlocksComeBackVerified) {
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->slot_bytes(), kSlotBytes);
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_OK(StoreBlock(*tier, i));
+  tier->Flush();
+  for (uint64_t i = 0; i < 10; ++i) {
+    auto found = tier->Find(TestHash(i));
+    ASSERT_OK(found);
+    EXPECT_EQ(*found, TestIdentity(i));
+    EXPECT_OK(LoadBlock(*tier, i));
+  }
+  EXPECT_THAT(tier->Find(TestHash(10)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(LoadBlock(*tier, 10), StatusIs(absl::StatusCode::kNotFound));
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.slots, 64u);
+  EXPECT_EQ(stats.records, 10u);
+  EXPECT_EQ(stats.stores_accepted, 10u);
+  EXPECT_EQ(stats.stores_durable, 10u);
+  EXPECT_GE(stats.syncs, 1u);
+  EXPECT_EQ(stats.load_hits, 10u);
+  EXPECT_EQ(stats.load_misses, 1u);
+  EXPECT_EQ(stats.bytes_written, 10 * kSlotBytes);
+}
+
+TEST_F(DiskTierTest, LoadManyAnswersEachRequestInOrder) {
+  DiskTierOptions options = Options();
+  options.read_depth = 4;  // 40 requests: ten rounds on one ring
+  auto tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  for (uint64_t i = 0; i < 40; ++i) {
+    if (i != 17) {
+      ASSERT_OK(StoreBlock(*tier, i));
+    }
+    if (i % 16 == 15) tier->Flush();  // stays within the store queue
+  }
+  tier->Flush();
+  std::vector<BlockRecordIdentity> expected;
+  std::vector<std::string> out(40, std::string(testing::kTestBlockBytes, '\0'));
+  for (uint64_t i = 0; i < 40; ++i) expected.push_back(TestIdentity(i));
+  std::vector<DiskTier::LoadRequest> requests;
+  for (uint64_t i = 0; i < 40; ++i) requests.push_back({&expected[i], absl::MakeSpan(out[i])});
+  const std::vector<absl::Status> results = tier->LoadMany(requests);
+  ASSERT_EQ(results.size(), 40u);
+  for (uint64_t i = 0; i < 40; ++i) {
+    if (i == 17) {
+      EXPECT_THAT(results[i], StatusIs(absl::StatusCode::kNotFound));
+    } else {
+      EXPECT_OK(results[i]) << i;
+      EXPECT_EQ(out[i], TestBytes(TestHash(i))) << i;
+    }
+  }
+}
+
+TEST_F(DiskTierTest, RecordIsInvisibleUntilDurable) {
+  absl::Notification written;
+  DiskTierOptions options = Options();
+  options.testing_write_errno = [&written] {
+    written.WaitForNotification();  // holds the writer before the slot write
+    return 0;
+  };
+  auto tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_OK(StoreBlock(*tier, 1));
+  EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(LoadBlock(*tier, 1), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(StoreBlock(*tier, 1), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(tier->stats().queued, 1u);
+  written.Notify();
+  tier->Flush();
+  EXPECT_OK(tier->Find(TestHash(1)));
+  EXPECT_OK(LoadBlock(*tier, 1));
+  EXPECT_EQ(tier->stats().queued, 0u);
+}
+
+TEST_F(DiskTierTest, FullQueueRefusesAtOnce) {
+  absl::Notification written;
+  DiskTierOptions options = Options();
+  options.max_queued_stores = 2;
+  options.testing_write_errno = [&written] {
+    written.WaitForNotification();
+    return 0;
+  };
+  auto tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_OK(StoreBlock(*tier, 1));
+  ASSERT_OK(StoreBlock(*tier, 2));
+  EXPECT_THAT(StoreBlock(*tier, 3),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("queue full")));
+  EXPECT_EQ(tier->stats().stores_refused_full, 1u);
+  written.Notify();
+  tier->Flush();
+  EXPECT_OK(StoreBlock(*tier, 3));
+  tier->Flush();
+  EXPECT_EQ(tier->stats().records, 3u);
+}
+
+TEST_F(DiskTierTest, WriteErrorStopsStoresAndLoadsGoOn) {
+  std::atomic<int> write_errno{0};
+  DiskTierOptions options = Options();
+  options.testing_write_errno = [&write_errno] { return write_errno.load(); };
+  auto tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_OK(StoreBlock(*tier, i));
+  tier->Flush();
+  write_errno = ENOSPC;  // the disk fills up
+  ASSERT_OK(StoreBlock(*tier, 3));
+  tier->Flush();
+  EXPECT_THAT(tier->Find(TestHash(3)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(StoreBlock(*tier, 4),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("No space left")));
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_OK(LoadBlock(*tier, i));
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.write_errors, 1u);
+  EXPECT_EQ(stats.stores_dropped, 1u);
+  EXPECT_EQ(stats.stores_refused_stopped, 1u);
+  EXPECT_EQ(stats.records, 3u);
+}
+
+TEST_F(DiskTierTest, FullTierEvictsLeastRecentlyUsed) {
+  auto tier = OpenTier(Options(/*slots=*/4));
+  ASSERT_NE(tier, nullptr);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_OK(StoreBlock(*tier, i));
+  tier->Flush();
+  ASSERT_OK(LoadBlock(*tier, 0));  // 0 becomes the most recently used; 1 the least
+  ASSERT_OK(StoreBlock(*tier, 4));
+  tier->Flush();
+  EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  for (uint64_t i : {0, 2, 3, 4}) EXPECT_OK(LoadBlock(*tier, i)) << i;
+  EXPECT_EQ(tier->stats().evictions, 1u);
+  EXPECT_EQ(tier->stats().records, 4u);
+}
+
+TEST_F(DiskTierTest, StoreChecksItsInput) {
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  const std::string bytes = TestBytes(TestHash(1));
+  EXPECT_THAT(tier->Store(TestIdentity(1), absl::MakeConstSpan(bytes).subspan(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  BlockRecordIdentity short_block = TestIdentity(1);
+  short_block.tokens.pop_back();
+  EXPECT_THAT(tier->Store(short_block, bytes), StatusIs(absl::StatusCode::kInvalidArgument));
+  std::string torn = bytes;
+  torn[5000] ^= 1;
+  EXPECT_THAT(tier->Store(TestIdentity(1), torn), StatusIs(absl::StatusCode::kDataLoss));
+  ASSERT_OK(tier->Store(TestIdentity(1), bytes));
+  tier->Flush();
+  EXPECT_THAT(tier->Store(TestIdentity(1), bytes), StatusIs(absl::StatusCode::kAlreadyExists));
+  std::string out(testing::kTestBlockBytes + 1, '\0');
+  EXPECT_THAT(tier->Load(TestIdentity(1), absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(tier->stats().stores_durable, 1u);
+}
+
+TEST_F(DiskTierTest, RecordOfAnotherIdentityIsAMiss) {
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  ASSERT_OK(StoreBlock(*tier, 1));
+  tier->Flush();
+  // Same hash, other tokens: a collision, or another chain's block.
+  BlockRecordIdentity other = TestIdentity(1);
+  other.tokens[3] += 1;
+  std::string out(testing::kTestBlockBytes, '\0');
+  EXPECT_THAT(tier->Load(other, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("tokens")));
+  other = TestIdentity(1);
+  other.namespace_digest += 1;  // another tenant's root
+  EXPECT_THAT(tier->Load(other, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("namespace")));
+  EXPECT_EQ(tier->stats().load_mismatches, 2u);
+  EXPECT_OK(LoadBlock(*tier, 1));  // still there for its own chain
+}
+
+TEST_F(DiskTierTest, EraseForgetsTheRecord) {
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  ASSERT_OK(StoreBlock(*tier, 1));
+  tier->Flush();
+  EXPECT_OK(tier->Erase(TestHash(1)));
+  EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(tier->Erase(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(StoreBlock(*tier, 1));
+  tier->Flush();
+  EXPECT_OK(LoadBlock(*tier, 1));
+  EXPECT_EQ(tier->stats().erases, 1u);
+}
+
+TEST_F(DiskTierTest, ReopenServesThePreviousRecords) {
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(5));
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.restart_records, 5u);
+  EXPECT_EQ(stats.restart_empty, 59u);
+  EXPECT_EQ(stats.restart_torn + stats.restart_foreign + stats.restart_duplicates, 0u);
+  for (uint64_t i = 0; i < 5; ++i) {
+    auto found = tier->Find(TestHash(i));
+    ASSERT_OK(found);
+    EXPECT_EQ(*found, TestIdentity(i));
+    EXPECT_OK(LoadBlock(*tier, i));
+  }
+  // New records get newer sequence numbers than the old ones and fill the free slots.
+  ASSERT_OK(StoreBlock(*tier, 5));
+  tier->Flush();
+  EXPECT_EQ(tier->stats().records, 6u);
+}
+
+TEST_F(DiskTierTest, FlippedDataByteIsCaughtAtLoad) {
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
+  FlipByte(/*slot 1's bytes*/ kSlotBytes + 4096 + 1234);
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().restart_records, 3u);  // the header is intact
+  EXPECT_THAT(LoadBlock(*tier, 1), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
+  EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));  // dropped
+  EXPECT_OK(LoadBlock(*tier, 0));
+  EXPECT_OK(LoadBlock(*tier, 2));
+  EXPECT_EQ(tier->stats().load_corrupt, 1u);
+  EXPECT_EQ(tier->stats().records, 2u);
+  // Its slot is free again: the block can be stored anew.
+  ASSERT_OK(StoreBlock(*tier, 1));
+  tier->Flush();
+  EXPECT_OK(LoadBlock(*tier, 1));
+}
+
+TEST_F(DiskTierTest, FlippedByteWhileOpenIsCaughtAtLoad) {
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_OK(StoreBlock(*tier, i));
+  tier->Flush();
+  FlipByte(2 * kSlotBytes + 100);  // slot 2's header, under the running tier
+  EXPECT_THAT(LoadBlock(*tier, 2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("header")));
+  EXPECT_THAT(tier->Find(TestHash(2)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(LoadBlock(*tier, 1));
+}
+
+TEST_F(DiskTierTest, FlippedHeaderByteSkipsTheRecordAtRestart) {
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
+  FlipByte(kSlotBytes + 300);  // slot 1's tokens
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().restart_records, 2u);
+  EXPECT_EQ(tier->stats().restart_torn, 1u);
+  EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(LoadBlock(*tier, 0));
+  EXPECT_OK(LoadBlock(*tier, 2));
+}
+
+TEST_F(DiskTierTest, ForeignRecordsAreSkipped) {
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
+  // Each field of the pool identity makes every record foreign. block_bytes 10001 keeps the
+  // slot geometry, so the headers are read where they are.
+  std::vector<DiskTierOptions> others(4, Options());
+  others[0].pool.model_id = "llama";
+  others[1].pool.layout_fingerprint += 1;
+  others[2].pool.hash_algorithm = HashAlgorithm::kSha256;
+  others[3].pool.block_bytes += 1;
+  for (size_t k = 0; k < others.size(); ++k) {
+    auto tier = OpenTier(others[k]);
+    ASSERT_NE(tier, nullptr);
+    EXPECT_EQ(tier->stats().restart_foreign, 3u) << k;
+    EXPECT_EQ(tier->stats().restart_records, 0u) << k;
+    EXPECT_THAT(tier->Find(TestHash(0)), StatusIs(absl::StatusCode::kNotFound)) << k;
+  }
+  {
+    // Another model's record lands in slot 0 of the file.
+    auto llama = OpenTier(others[0]);
+    ASSERT_NE(llama, nullptr);
+    const std::string bytes = TestBytes(TestHash(100));
+    ASSERT_OK(llama->Store(TestIdentity(100), bytes));
+  }
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().restart_foreign, 1u);
+  EXPECT_EQ(tier->stats().restart_records, 2u);
+  EXPECT_THAT(tier->Find(TestHash(100)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(tier->Find(TestHash(0)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(LoadBlock(*tier, 1));
+  EXPECT_OK(LoadBlock(*tier, 2));
+}
+
+TEST_F(DiskTierTest, TruncatedFileKeepsWholeSlots) {
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(4));
+  ASSERT_EQ(::truncate(path().c_str(), 2 * kSlotBytes + 5000), 0);
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().restart_records, 2u);
+  EXPECT_EQ(tier->stats().restart_torn, 1u);  // slot 2, cut by the end of the file
+  EXPECT_OK(LoadBlock(*tier, 0));
+  EXPECT_OK(LoadBlock(*tier, 1));
+  EXPECT_THAT(tier->Find(TestHash(2)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(tier->Find(TestHash(3)), StatusIs(absl::StatusCode::kNotFound));
+  struct stat st;
+  ASSERT_EQ(::stat(path().c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * kSlotBytes);  // extended again
+}
+
+TEST_F(DiskTierTest, RestartKeepsTheNewestOfTwoRecordsOfOneHash) {
+  {
+    auto tier = OpenTier(Options());
+    ASSERT_NE(tier, nullptr);
+    for (uint64_t i = 0; i < 3; ++i) ASSERT_OK(StoreBlock(*tier, i));  // slots 0, 1, 2
+    tier->Flush();
+    ASSERT_OK(tier->Erase(TestHash(0)));  // slot 0 free, its header still on disk
+    ASSERT_OK(tier->Erase(TestHash(1)));  // slot 1 free and reused first
+    ASSERT_OK(StoreBlock(*tier, 0));      // block 0 again, in slot 1
+  }
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().restart_duplicates, 1u);
+  EXPECT_EQ(tier->stats().restart_records, 2u);
+  EXPECT_OK(LoadBlock(*tier, 0));
+  EXPECT_OK(LoadBlock(*tier, 2));
+  EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(DiskTierTest, OpenRefusesBadSizesAFullDiskAndASecondOwner) {
+  DiskTierOptions tiny = Options();
+  tiny.capacity_bytes = kSlotBytes - 1;
+  EXPECT_THAT(DiskTier::Open(tiny), StatusIs(absl::StatusCode::kInvalidArgument));
+  struct statvfs fs;
+  ASSERT_EQ(::statvfs(dir_.path().c_str(), &fs), 0);
+  DiskTierOptions huge = Options();
+  huge.capacity_bytes = uint64_t{fs.f_bavail} * fs.f_frsize + (uint64_t{1} << 30);
+  EXPECT_THAT(DiskTier::Open(huge), StatusIs(absl::StatusCode::kResourceExhausted));
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  DiskTierOptions second = Options();
+  second.lock_timeout = absl::ZeroDuration();
+  EXPECT_THAT(DiskTier::Open(second),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
+}
+
+TEST_F(DiskTierTest, FileAndDirectoryAreOwnerOnly) {
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  struct stat st;
+  ASSERT_EQ(::stat(path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * kSlotBytes);
+  ASSERT_EQ(::stat(dir_.File("tier").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST_F(DiskTierTest, ConcurrentStoresAndLoadsNeverSeeWrongBytes) {
+  DiskTierOptions options = Options(/*slots=*/512);
+  options.max_queued_stores = 8;
+  auto tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  constexpr uint64_t kPerWriter = 100;
+  std::atomic<uint64_t> bad{0};
+  std::vector<std::thread> threads;
+  for (uint64_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      for (uint64_t i = w * kPerWriter; i < (w + 1) * kPerWriter; ++i) {
+        absl::Status status;
+        do {
+          status = StoreBlock(*tier, i);
+          if (absl::IsResourceExhausted(status)) std::this_thread::yield();
+        } while (absl::IsResourceExhausted(status));
+        if (!status.ok()) bad.fetch_add(1);
+      }
+    });
+  }
+  for (uint64_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::mt19937 rng(r);
+      for (int n = 0; n < 300; ++n) {
+        const absl::Status status = LoadBlock(*tier, rng() % (2 * kPerWriter));
+        if (!status.ok() && !absl::IsNotFound(status)) bad.fetch_add(1);  // LoadBlock checks bytes
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  tier->Flush();
+  EXPECT_EQ(bad.load(), 0u);
+  for (uint64_t i = 0; i < 2 * kPerWriter; ++i) EXPECT_OK(LoadBlock(*tier, i)) << i;
+  EXPECT_EQ(tier->stats().load_corrupt, 0u);
+}
+
+TEST_F(DiskTierTest, TmpfsFallsBackToBufferedIo) {
+  if (::access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no writable /dev/shm";
+  char pattern[] = "/dev/shm/kvcache_disk_tier_XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string file = std::string(pattern) + "/pool.kvt";
+  // What the file system says about O_DIRECT (tmpfs has it since Linux 6.6).
+  const int probe =
+      ::open((std::string(pattern) + "/probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  const bool expect_direct = probe >= 0;
+  if (probe >= 0) ::close(probe);
+  {
+    DiskTierOptions options = Options();
+    options.path = file;
+    auto tier = OpenTier(options);
+    ASSERT_NE(tier, nullptr);
+    EXPECT_EQ(tier->direct_io(), expect_direct);
+    ASSERT_OK(StoreBlock(*tier, 1));
+    tier->Flush();
+    EXPECT_OK(LoadBlock(*tier, 1));
+  }
+  std::filesystem::remove_all(pattern);
+}
+
+}  // namespace
+}  // namespace kvcache

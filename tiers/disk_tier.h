@@ -1,0 +1,173 @@
+// DiskTier: tier 3 of one pool (DESIGN §10), block records in one preallocated file on local
+// disk, read and written with io_uring and O_DIRECT, kept across restarts.
+//
+// The file is an array of fixed slots; slot i is at i * slot_bytes():
+//   [record header (tiers/record_codec.h), padded to 4 KiB][block bytes, padded to 4 KiB]
+// and is written as one piece. There is no other metadata: Open rebuilds the index by reading
+// every slot's header, so what a restart serves is exactly what the headers say.
+//
+// Durability rule: a record becomes visible to Find and Load only after its slot write completed
+// and an fdatasync that followed it did (or, with Durability::kDsyncPerWrite, its RWF_DSYNC
+// write did). Store only queues: a writer thread writes queued records in batches and syncs
+// once per batch. A crash leaves at most torn slots, which a restart skips (header checksum) or
+// a load catches (bytes checksum): never wrong bytes.
+//
+// Back-pressure: Store never waits. Past `max_queued_stores` records not yet durable it answers
+// RESOURCE_EXHAUSTED at once, so a mover backs off and requests never wait on the disk. After a
+// write fails (ENOSPC, EIO, ...) the tier stops storing (UNAVAILABLE) and goes on serving loads.
+//
+// Loads: Find answers from memory (no I/O). Load reads the slot, decodes the header, checks the
+// pool identity, the block identity against what the caller expects (RecordMismatch) and the
+// bytes against the header's checksum, and only then copies the bytes out. A corrupt record is
+// DATA_LOSS, counted and dropped (its slot is reused); a record of another identity is NOT_FOUND.
+//
+// When every slot holds a record, a store evicts the least recently stored-or-loaded one. A slot
+// being read is pinned: neither evicted nor overwritten until its load ends.
+//
+// Thread safety: thread-safe. Store, Find, Load, LoadMany, Erase and stats may be called from any
+// thread; loads run concurrently on `read_rings` io_uring instances.
+#ifndef KVCACHE_TIERS_DISK_TIER_H_
+#define KVCACHE_TIERS_DISK_TIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/block_hash.h"
+#include "tiers/block_record.h"
+
+namespace kvcache {
+
+struct DiskTierOptions {
+  std::string path;             // the pool's file; created 0600, its missing directories 0700
+  uint64_t capacity_bytes = 0;  // SIZE: the file holds capacity_bytes / slot_bytes slots
+  PoolIdentity pool;
+  uint32_t tokens_per_block = 16;
+
+  enum class Durability {
+    kBatchFdatasync,  // batch of writes, then one fdatasync (default; see docs/design.md §10)
+    kDsyncPerWrite,   // each write with RWF_DSYNC
+  };
+  Durability durability = Durability::kBatchFdatasync;
+  // Records accepted and not yet durable; each holds one slot-sized aligned buffer.
+  uint32_t max_queued_stores = 32;
+  // Concurrent loaders; each ring has `read_depth` reads in flight and twice as many slot
+  // buffers (one round is verified while the next is read).
+  uint32_t read_rings = 2;
+  uint32_t read_depth = 16;
+
+  // How long Open waits for another process's lock on the file to go (a killed daemon's lives
+  // on briefly while the kernel tears down its io_uring rings).
+  absl::Duration lock_timeout = absl::Seconds(5);
+
+  // Test seam: called before each slot write; a nonzero errno fails that write as the kernel
+  // would (ENOSPC: a full disk) without touching the file.
+  std::function<int()> testing_write_errno;
+};
+
+// Counters since Open; each is a running total unless said otherwise.
+struct DiskTierStats {
+  uint64_t slots = 0;    // capacity: file size / slot_bytes
+  uint64_t records = 0;  // indexed now (Find would answer them)
+  uint64_t queued = 0;   // accepted, not yet durable (now)
+
+  uint64_t stores_accepted = 0;
+  uint64_t stores_durable = 0;          // published
+  uint64_t stores_refused_full = 0;     // queue full: back-pressure
+  uint64_t stores_refused_stopped = 0;  // after a write error
+  uint64_t stores_duplicate = 0;        // hash already indexed or queued (ALREADY_EXISTS)
+  uint64_t stores_dropped = 0;          // accepted but not published: no slot, write error
+  uint64_t write_errors = 0;
+  uint64_t syncs = 0;      // fdatasync calls
+  uint64_t evictions = 0;  // records evicted to make room
+  uint64_t erases = 0;
+
+  uint64_t loads = 0;            // blocks asked of Load/LoadMany
+  uint64_t load_hits = 0;        // verified and copied out
+  uint64_t load_misses = 0;      // not indexed
+  uint64_t load_mismatches = 0;  // indexed under the hash with another identity (NOT_FOUND)
+  uint64_t load_corrupt = 0;     // header or bytes failed verification (DATA_LOSS; dropped)
+  uint64_t read_errors = 0;      // the read itself failed (INTERNAL)
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+
+  // What Open found in an existing file (zero for a new one).
+  uint64_t restart_records = 0;     // indexed
+  uint64_t restart_empty = 0;       // never-written slots
+  uint64_t restart_torn = 0;        // header unreadable or failed to decode, or slot cut by EOF
+  uint64_t restart_foreign = 0;     // another pool identity
+  uint64_t restart_duplicates = 0;  // a hash already indexed from a newer record
+  absl::Duration restart_scan_time;
+};
+
+class DiskTier {
+ public:
+  // Opens or creates the file and indexes the records already in it (see the header comment).
+  // INVALID_ARGUMENT: bad options (no path, a capacity below one slot, block_bytes 0, a model id
+  // longer than kMaxRecordModelIdBytes); RESOURCE_EXHAUSTED: the file system has less free space
+  // than the capacity still needs; FAILED_PRECONDITION: another process has the file open
+  // (flock, after lock_timeout) or io_uring is unavailable; INTERNAL: any other system call
+  // failure, with errno.
+  static absl::StatusOr<std::unique_ptr<DiskTier>> Open(DiskTierOptions options);
+
+  // Writes the queued records (a bounded wait) and stops the writer.
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // Queues the block for writing; `bytes` is copied before Store returns. OK: accepted (it
+  // becomes visible once durable). ALREADY_EXISTS: the hash is indexed or queued.
+  // RESOURCE_EXHAUSTED: the queue is full (retry later). UNAVAILABLE: stopped after a write
+  // error. INVALID_ARGUMENT: bytes.size() != block_bytes or tokens.size() != tokens_per_block.
+  // DATA_LOSS: BlockChecksum(bytes) != identity.checksum.
+  absl::Status Store(const BlockRecordIdentity& identity, absl::Span<const char> bytes);
+
+  // The identity of the durable record under `hash`, from memory. NOT_FOUND when there is none.
+  absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const;
+
+  // Reads the record under expected.hash into `out` (block_bytes bytes, any alignment) after
+  // verifying it; `out` is left unspecified unless OK. NOT_FOUND: no record, or one whose
+  // identity differs from `expected` (the message names the field). DATA_LOSS: the slot's header
+  // or bytes failed verification. INTERNAL: the read failed. After either the record is dropped.
+  // INVALID_ARGUMENT: out.size() != block_bytes.
+  absl::Status Load(const BlockRecordIdentity& expected, absl::Span<char> out);
+
+  struct LoadRequest {
+    const BlockRecordIdentity* expected;
+    absl::Span<char> out;
+  };
+  // Load for many blocks at once, up to read_depth reads in flight; one status per request, in
+  // order, each as Load would answer it.
+  std::vector<absl::Status> LoadMany(absl::Span<const LoadRequest> requests);
+
+  // Forgets the record (its slot is reused; until then a restart may index it again, which is
+  // harmless: loads verify). NOT_FOUND when there is none.
+  absl::Status Erase(const Hash128& hash);
+
+  // Waits until every record accepted before the call is durable or dropped. For tests, benches
+  // and shutdown; a mover never needs it.
+  void Flush();
+
+  DiskTierStats stats() const;
+  // False when the file system refused O_DIRECT (tmpfs does) and the tier uses buffered I/O.
+  bool direct_io() const;
+  uint64_t slot_bytes() const;
+  // Byte offset of slot i in the file. A new file fills slots 0, 1, 2, ... in that order.
+  uint64_t SlotOffset(uint64_t slot) const { return slot * slot_bytes(); }
+
+  class Impl;
+
+ private:
+  explicit DiskTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_TIERS_DISK_TIER_H_

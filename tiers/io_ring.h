@@ -1,0 +1,79 @@
+// IoRing: the io_uring calls the disk tier makes (liburing), reduced to "queue reads, writes and
+// an fdatasync, submit, wait for all". Also AlignedBuffer, memory aligned for O_DIRECT. The disk
+// tier and its bench (the raw-io_uring baseline) both use them.
+//
+// Thread safety: thread-compatible; one thread uses a ring at a time.
+#ifndef KVCACHE_TIERS_IO_RING_H_
+#define KVCACHE_TIERS_IO_RING_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+struct io_uring;  // liburing.h, kept out of this header
+
+namespace kvcache {
+
+// `size` bytes aligned to 4096 (size rounded up to 4096), zeroed.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(uint64_t size);
+  char* data() const { return data_.get(); }
+  uint64_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  uint64_t size_;
+  std::unique_ptr<char, Free> data_;
+};
+
+class IoRing {
+ public:
+  // FAILED_PRECONDITION when the kernel refuses io_uring (disabled, seccomp), with errno.
+  static absl::StatusOr<std::unique_ptr<IoRing>> Create(uint32_t depth);
+  ~IoRing();
+  IoRing(const IoRing&) = delete;
+  IoRing& operator=(const IoRing&) = delete;
+
+  uint32_t depth() const { return depth_; }
+
+  // Each Queue* adds one operation; REQUIRES: fewer than depth() queued since the last Submit.
+  // `tag` comes back in its Completion.
+  void QueueRead(int fd, void* buffer, uint32_t size, uint64_t offset, uint64_t tag);
+  // dsync: RWF_DSYNC, durable when it completes.
+  void QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
+                  bool dsync);
+  void QueueFdatasync(int fd, uint64_t tag);
+
+  struct Completion {
+    uint64_t tag;
+    int result;  // bytes transferred, or -errno
+  };
+  // Submits everything queued; it is in flight until Wait. INTERNAL when the kernel refuses.
+  absl::Status Submit();
+  // Waits until everything in flight completed, appending one Completion per operation (in
+  // completion order) to `completions`. INTERNAL when waiting fails (the ring is then unusable).
+  absl::Status Wait(std::vector<Completion>* completions);
+  absl::Status SubmitAndWait(std::vector<Completion>* completions) {
+    absl::Status status = Submit();
+    return status.ok() ? Wait(completions) : status;
+  }
+
+ private:
+  IoRing(uint32_t depth, std::unique_ptr<::io_uring> ring);
+
+  const uint32_t depth_;
+  std::unique_ptr<::io_uring> ring_;
+  uint32_t queued_ = 0;     // queued, not submitted
+  uint32_t in_flight_ = 0;  // submitted, not yet waited for
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_TIERS_IO_RING_H_
