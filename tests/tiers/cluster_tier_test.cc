@@ -1,0 +1,254 @@
+// ClusterTier against a real 3-master Redis Cluster: chains stored and loaded verified, a prefix
+// ending at the first block that is missing, corrupt, foreign or of another tenant, values split
+// to fit jemalloc's size classes, and a master down.
+#include "tiers/cluster_tier.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/block_checksum.h"
+#include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/status_matchers.h"
+#include "tiers/record_codec.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::RedisClusterProcess;
+
+constexpr uint32_t kTokensPerBlock = 16;
+constexpr uint64_t kBlockBytes = 32 << 10;  // the default pool's: a split record
+
+TEST(SizeClassTest, RoundsDownToJemallocClasses) {
+  EXPECT_EQ(SizeClassAtMost(100), 96u);
+  EXPECT_EQ(SizeClassAtMost(1000), 896u);
+  EXPECT_EQ(SizeClassAtMost(32768), 32768u);
+  EXPECT_EQ(SizeClassAtMost(32768 + 432), 32768u);
+  EXPECT_EQ(SizeClassAtMost(40959), 32768u);
+  EXPECT_EQ(SizeClassAtMost(40960), 40960u);
+  EXPECT_EQ(SizeClassAtMost(1 << 20), 1u << 20);
+  EXPECT_EQ(SizeClassAtMost((1 << 20) + (1 << 18) - 1), 1u << 20);
+}
+
+PoolIdentity Pool(const std::string& model = "test-model") {
+  return PoolIdentity{.model_id = model,
+                      .layout_fingerprint = 0x1234,
+                      .hash_algorithm = HashAlgorithm::kXxh3_128,
+                      .block_bytes = kBlockBytes};
+}
+
+struct Chain {
+  std::vector<BlockRecordIdentity> identities;
+  std::vector<std::string> bytes;
+};
+
+// A chain of `blocks` blocks in namespace `ns`, each block's bytes derived from its position.
+Chain MakeChain(int blocks, uint64_t ns, uint64_t seed = 1) {
+  Chain chain;
+  Hash128 parent{0, ns};
+  for (int i = 0; i < blocks; ++i) {
+    BlockRecordIdentity identity;
+    identity.hash = Hash128{seed * 1000 + i, ns};
+    identity.parent_hash = parent;
+    identity.namespace_digest = ns;
+    for (uint32_t t = 0; t < kTokensPerBlock; ++t) identity.tokens.push_back(i * 100 + t);
+    std::string bytes(kBlockBytes, '\0');
+    for (uint64_t b = 0; b < kBlockBytes; ++b)
+      bytes[b] = static_cast<char>((b * 31 + i + seed) & 0xff);
+    identity.checksum = BlockChecksum(bytes.data(), bytes.size());
+    parent = identity.hash;
+    chain.identities.push_back(identity);
+    chain.bytes.push_back(std::move(bytes));
+  }
+  return chain;
+}
+
+// One cluster for the suite (each start takes seconds); tests use namespaces of their own, and
+// one that kills a master restarts it.
+class ClusterTierTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char dir[] = "/tmp/kvcache-cluster-tier-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = new std::string(dir);
+    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis = RedisClusterProcess::Start(*dir_);
+    ASSERT_OK(redis);
+    redis_ = redis->release();
+  }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+    if (dir_ != nullptr) std::filesystem::remove_all(*dir_);
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(redis_, nullptr);
+    tier_ = MakeTier(Pool(), true);
+  }
+  void TearDown() override { tier_.reset(); }
+
+  std::unique_ptr<ClusterTier> MakeTier(const PoolIdentity& pool, bool fit_size_classes) {
+    ClusterTierOptions options;
+    options.redis.seeds = {redis_->address(0)};
+    options.redis.retry_down_after = absl::Milliseconds(200);
+    options.pool = pool;
+    options.tokens_per_block = kTokensPerBlock;
+    options.fit_size_classes = fit_size_classes;
+    absl::StatusOr<std::unique_ptr<ClusterTier>> tier = ClusterTier::Create(options);
+    EXPECT_OK(tier);
+    return tier.ok() ? *std::move(tier) : nullptr;
+  }
+
+  void Store(ClusterTier& tier, const Chain& chain, std::vector<int> skip = {}) {
+    std::vector<ClusterTier::Record> records;
+    for (size_t i = 0; i < chain.identities.size(); ++i) {
+      if (std::find(skip.begin(), skip.end(), static_cast<int>(i)) != skip.end()) continue;
+      records.push_back({chain.identities[i], chain.bytes[i]});
+    }
+    for (const absl::Status& status : tier.Store(records)) ASSERT_OK(status);
+  }
+
+  // Loads `expected` and checks every loaded block's bytes against `chain`.
+  size_t Load(ClusterTier& tier, const std::vector<BlockRecordIdentity>& expected,
+              const Chain& chain) {
+    std::vector<std::string> out(expected.size(), std::string(kBlockBytes, '\0'));
+    std::vector<uint8_t*> pointers;
+    for (std::string& block : out) pointers.push_back(reinterpret_cast<uint8_t*>(block.data()));
+    const size_t loaded = tier.LoadPrefix(expected, pointers);
+    for (size_t i = 0; i < loaded; ++i) EXPECT_TRUE(out[i] == chain.bytes[i]) << "block " << i;
+    return loaded;
+  }
+
+  static std::string* dir_;
+  static RedisClusterProcess* redis_;
+  std::unique_ptr<ClusterTier> tier_;
+};
+
+std::string* ClusterTierTest::dir_ = nullptr;
+RedisClusterProcess* ClusterTierTest::redis_ = nullptr;
+
+TEST_F(ClusterTierTest, StoresAndLoadsAChainVerified) {
+  EXPECT_LT(tier_->HeadDataBytes(), kBlockBytes);  // a 32 KiB block plus its header is split
+  const Chain chain = MakeChain(8, 77);
+  Store(*tier_, chain);
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 8u);
+  EXPECT_EQ(tier_->counters().loaded, 8u);
+  EXPECT_EQ(tier_->counters().stored, 8u);
+  // Another daemon (node B) with its own client reads what this one wrote.
+  std::unique_ptr<ClusterTier> other_node = MakeTier(Pool(), true);
+  EXPECT_EQ(Load(*other_node, chain.identities, chain), 8u);
+}
+
+TEST_F(ClusterTierTest, WithoutSplittingTheSameRoundTrip) {
+  std::unique_ptr<ClusterTier> whole = MakeTier(Pool(), false);
+  EXPECT_EQ(whole->HeadDataBytes(), kBlockBytes);
+  const Chain chain = MakeChain(4, 5);
+  Store(*whole, chain);
+  EXPECT_EQ(Load(*whole, chain.identities, chain), 4u);
+}
+
+TEST_F(ClusterTierTest, APrefixEndsAtTheFirstMissingBlock) {
+  const Chain chain = MakeChain(8, 78);
+  Store(*tier_, chain, /*skip=*/{4});
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 4u);
+  EXPECT_EQ(tier_->counters().absent, 1u);
+}
+
+TEST_F(ClusterTierTest, CorruptTruncatedOrHalfMissingValuesAreMisses) {
+  const Chain chain = MakeChain(6, 79);
+  Store(*tier_, chain);
+  const auto key = [&](int block) { return tier_->KeyOf(chain.identities[block]); };
+  const auto node_of = [&](const std::string& k) {
+    absl::StatusOr<int> node = redis_->NodeOfSlot(RedisCluster::KeySlot(k));
+    EXPECT_OK(node);
+    return node.ok() ? *node : 0;
+  };
+  // A flipped byte in block 4's tail (its bytes).
+  const std::string tail4 = key(4) + ":t";
+  ASSERT_OK(redis_->Cli(node_of(tail4), {"SETRANGE", tail4, "10", "X"}));
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 4u);
+  EXPECT_EQ(tier_->counters().corrupt, 1u);
+  // Block 3's header garbled.
+  ASSERT_OK(redis_->Cli(node_of(key(3)), {"SETRANGE", key(3), "20", "garbage"}));
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 3u);
+  // Block 2's head truncated.
+  ASSERT_OK(redis_->Cli(node_of(key(2)), {"SET", key(2), "short"}));
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 2u);
+  // Block 1's tail gone (evicted alone).
+  ASSERT_OK(redis_->Cli(node_of(key(1) + ":t"), {"DEL", key(1) + ":t"}));
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 1u);
+  EXPECT_EQ(tier_->counters().corrupt, 3u);
+  EXPECT_EQ(tier_->counters().absent, 1u);
+}
+
+TEST_F(ClusterTierTest, AForeignOrCollidingRecordUnderTheKeyIsNeverServed) {
+  const Chain chain = MakeChain(3, 80);
+  Store(*tier_, chain);
+  // Under block 1's key, a record of another model (same layout and shape).
+  std::unique_ptr<ClusterTier> foreign = MakeTier(Pool("another-model"), true);
+  std::string head(RecordHeaderBytes(kTokensPerBlock) + tier_->HeadDataBytes(), 'z');
+  ASSERT_OK(
+      EncodeRecordHeader(RecordHeader{.pool = Pool("another-model"), .block = chain.identities[1]},
+                         absl::MakeSpan(head.data(), RecordHeaderBytes(kTokensPerBlock))));
+  for (const absl::Status& status :
+       tier_->redis().Set({{tier_->KeyOf(chain.identities[1]), head}})) {
+    ASSERT_OK(status);
+  }
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 1u);
+  EXPECT_EQ(tier_->counters().foreign, 1u);
+  // Under block 2's key, a record of another block (as a hash collision would put there).
+  ASSERT_OK(EncodeRecordHeader(RecordHeader{.pool = Pool(), .block = chain.identities[0]},
+                               absl::MakeSpan(head.data(), RecordHeaderBytes(kTokensPerBlock))));
+  for (const absl::Status& status :
+       tier_->redis().Set({{tier_->KeyOf(chain.identities[2]), head}})) {
+    ASSERT_OK(status);
+  }
+  std::vector<BlockRecordIdentity> from_two = {chain.identities[2]};
+  Chain tail_chain;
+  tail_chain.bytes = {chain.bytes[2]};
+  EXPECT_EQ(Load(*tier_, from_two, tail_chain), 0u);
+  EXPECT_EQ(tier_->counters().mismatched, 1u);
+}
+
+TEST_F(ClusterTierTest, TenantsNeverShareBlocksThroughTheCluster) {
+  const Chain tenant_a = MakeChain(4, /*ns=*/1001);
+  Store(*tier_, tenant_a);
+  // Tenant B asks for the very same chain hashes and tokens under its own namespace.
+  std::vector<BlockRecordIdentity> as_b = tenant_a.identities;
+  for (BlockRecordIdentity& identity : as_b) identity.namespace_digest = 2002;
+  EXPECT_NE(tier_->KeyOf(as_b[0]), tier_->KeyOf(tenant_a.identities[0]));
+  EXPECT_EQ(Load(*tier_, as_b, tenant_a), 0u);
+  EXPECT_EQ(tier_->counters().absent, 1u);
+}
+
+TEST_F(ClusterTierTest, AMasterDownCostsItsBlocksAsMisses) {
+  const Chain chain = MakeChain(12, 81);
+  Store(*tier_, chain);
+  absl::StatusOr<int> first_owner =
+      redis_->NodeOfSlot(RedisCluster::KeySlot(tier_->KeyOf(chain.identities[0])));
+  ASSERT_OK(first_owner);
+  ASSERT_OK(redis_->Kill(*first_owner));
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 0u);
+  EXPECT_EQ(tier_->counters().unavailable, 1u);
+  // Stores to the dead master fail, the others go on.
+  const Chain more = MakeChain(12, 82);
+  std::vector<ClusterTier::Record> records;
+  for (size_t i = 0; i < more.identities.size(); ++i) {
+    records.push_back({more.identities[i], more.bytes[i]});
+  }
+  size_t stored = 0;
+  for (const absl::Status& status : tier_->Store(records)) stored += status.ok() ? 1 : 0;
+  EXPECT_GT(stored, 0u);
+  EXPECT_LT(stored, records.size());
+  ASSERT_OK(redis_->Restart(*first_owner));
+}
+
+}  // namespace
+}  // namespace kvcache

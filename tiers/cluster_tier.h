@@ -1,0 +1,111 @@
+// ClusterTier: the tier below a node's own (DESIGN §10, issue 19): block records in a Redis
+// Cluster (redis/redis_cluster.h) that every node's daemon reads and writes, so a prefix computed
+// on one node is a hit on every other. The cluster is a cache: a missing, evicted, foreign,
+// truncated or corrupted value is a miss, counted, never an error to a client and never bytes.
+//
+// Keys: "kvc1:{H}" where H is XXH3-128 (hex) of the block's full identity: the pool's model id,
+// layout fingerprint (shape and dtype), hash algorithm and block bytes, the namespace digest
+// (tenant root with cache salt) and the chain hash. Tenants and models never share a key, so they
+// never share a block through the cluster either; and each load still checks the value's header
+// (tiers/record_codec.h) against the request: pool identity, chain and parent hash, namespace,
+// extra keys, tokens, and the bytes' checksum.
+//
+// Values: the record header, then the block's bytes. Redis allocates values in jemalloc size
+// classes (four per doubling), so a value just over a class — a 32 KiB block plus its header —
+// would take 25% more memory than it holds, and maxmemory would evict that much early. With
+// `fit_size_classes` a record whose header and bytes do not fit a class is split in two values
+// under one hash tag (one slot, one node, one round trip): "kvc1:{H}" holding the header and as
+// many bytes as fill a class (less Redis' own overhead), and "kvc1:{H}:t" the rest. The two are
+// written tail first; a reader that finds one without the other, or halves of two different
+// writes, fails the checksum: a miss.
+//
+// Thread safety: thread-safe (RedisCluster is; the counters are atomic).
+#ifndef KVCACHE_TIERS_CLUSTER_TIER_H_
+#define KVCACHE_TIERS_CLUSTER_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "redis/redis_cluster.h"
+#include "tiers/block_record.h"
+
+namespace kvcache {
+
+struct ClusterTierOptions {
+  RedisClusterOptions redis;
+  PoolIdentity pool;
+  uint32_t tokens_per_block = 16;
+  bool fit_size_classes = true;
+};
+
+struct ClusterTierCounters {
+  uint64_t stored = 0;          // records written (both values acknowledged)
+  uint64_t store_failures = 0;  // records a node refused or did not acknowledge
+  uint64_t loaded = 0;          // records read and verified
+  uint64_t absent = 0;          // loads that found no value (never stored, or evicted)
+  uint64_t unavailable = 0;     // loads whose node was down or slow
+  uint64_t foreign = 0;         // a value of another pool identity under the key
+  uint64_t mismatched = 0;      // a value of another block (a key collision) under the key
+  uint64_t corrupt = 0;         // a torn, truncated or garbled value, or bytes failing the checksum
+};
+
+// The largest jemalloc size class (4 per doubling above 128 bytes) that is at most `bytes`.
+uint64_t SizeClassAtMost(uint64_t bytes);
+
+class ClusterTier {
+ public:
+  // INVALID_ARGUMENT for bad Redis options or a pool identity without block bytes.
+  static absl::StatusOr<std::unique_ptr<ClusterTier>> Create(ClusterTierOptions options);
+
+  const PoolIdentity& pool() const { return options_.pool; }
+  RedisCluster& redis() { return *redis_; }
+
+  // "kvc1:{H}", the key of the record's first value.
+  std::string KeyOf(const BlockRecordIdentity& identity) const;
+  // How many of a record's bytes go into its first value (all of them unless it is split).
+  uint64_t HeadDataBytes() const { return head_data_bytes_; }
+
+  struct Record {
+    BlockRecordIdentity identity;  // checksum: BlockChecksum of `bytes`
+    absl::string_view bytes;       // block_bytes
+  };
+  // Writes each record; per record OK, UNAVAILABLE (its node is down or slow) or INTERNAL (the
+  // node refused, e.g. out of memory under noeviction).
+  std::vector<absl::Status> Store(absl::Span<const Record> records);
+
+  // Reads the records `expected` names, a chain in order, and copies each verified one's bytes
+  // into out[i] (block_bytes each); stops at the first that does not verify. Returns how many
+  // leading records were loaded; out[i] past that holds nothing to use.
+  size_t LoadPrefix(absl::Span<const BlockRecordIdentity> expected, absl::Span<uint8_t* const> out);
+
+  ClusterTierCounters counters() const;
+
+ private:
+  ClusterTier(ClusterTierOptions options, std::unique_ptr<RedisCluster> redis);
+  std::string TailKeyOf(const std::string& key) const { return key + ":t"; }
+
+  const ClusterTierOptions options_;
+  const std::unique_ptr<RedisCluster> redis_;
+  const uint64_t header_bytes_;
+  const uint64_t head_data_bytes_;
+
+  std::atomic<uint64_t> stored_{0};
+  std::atomic<uint64_t> store_failures_{0};
+  std::atomic<uint64_t> loaded_{0};
+  std::atomic<uint64_t> absent_{0};
+  std::atomic<uint64_t> unavailable_{0};
+  std::atomic<uint64_t> foreign_{0};
+  std::atomic<uint64_t> mismatched_{0};
+  std::atomic<uint64_t> corrupt_{0};
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_TIERS_CLUSTER_TIER_H_
