@@ -1,10 +1,11 @@
-// redis_cluster_bench: the cluster tier's Redis Cluster client (redis/redis_cluster.h) against
-// raw hiredis pipelined GETs of the same values from the same 3-master cluster (what
-// redis-benchmark -P does), measured in alternating rounds of one run; and the bytes of Redis
-// memory per byte of value stored, for a value size on a jemalloc size class and just below one
-// (docs: shared/research/peers_2026.md §5, the size-class trap).
+// redis_cluster_bench: the cluster tier (tiers/cluster_tier.h) and its Redis Cluster client
+// (redis/redis_cluster.h) against raw hiredis pipelined GETs of the same values from the same
+// 3-master cluster (what redis-benchmark -P does), measured in alternating rounds of one run; and
+// the bytes of Redis memory per byte of KV stored: for raw values on a jemalloc size class and
+// just below one, and for the tier's records of 32 KiB blocks whole and split to fit the classes
+// (shared/research/peers_2026.md §5, the size-class trap).
 //
-//   redis_cluster_bench [VALUE_BYTES] [VALUES] [ROUNDS]   (defaults 262080 400 9)
+//   redis_cluster_bench [BLOCK_BYTES] [BLOCKS] [ROUNDS]   (defaults 262144 400 9)
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
 
@@ -19,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/block_checksum.h"
 #include "redis/redis_cluster.h"
 #include "tests/testing/redis_cluster_process.h"
+#include "tiers/cluster_tier.h"
 
 namespace kvcache {
 namespace {
@@ -66,12 +69,53 @@ double RawPipelinedGets(const std::map<int, std::vector<std::string>>& keys_by_n
   return absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+void FlushAll(const RedisClusterProcess& redis) {
+  for (int node = 0; node < redis.size(); ++node) redis.Cli(node, {"FLUSHALL"}).IgnoreError();
+}
+
+std::unique_ptr<ClusterTier> MakeTier(const RedisClusterProcess& redis, uint64_t block_bytes,
+                                      bool fit_size_classes) {
+  ClusterTierOptions options;
+  options.redis.seeds = redis.addresses();
+  options.redis.io_timeout = absl::Seconds(10);
+  options.pool = PoolIdentity{.model_id = "bench",
+                              .layout_fingerprint = 1,
+                              .hash_algorithm = HashAlgorithm::kXxh3_128,
+                              .block_bytes = block_bytes};
+  options.fit_size_classes = fit_size_classes;
+  absl::StatusOr<std::unique_ptr<ClusterTier>> tier = ClusterTier::Create(options);
+  if (!tier.ok()) std::abort();
+  return *std::move(tier);
+}
+
+// A chain of `blocks` records of `block_bytes`, stored into `tier`.
+std::vector<BlockRecordIdentity> StoreChain(ClusterTier& tier, uint64_t block_bytes, int blocks) {
+  std::vector<BlockRecordIdentity> identities;
+  std::string bytes(block_bytes, '\0');
+  Hash128 parent{0, 42};
+  for (int i = 0; i < blocks; ++i) {
+    for (uint64_t b = 0; b < block_bytes; b += 64) bytes[b] = static_cast<char>(i + b);
+    BlockRecordIdentity identity{.hash = Hash128{static_cast<uint64_t>(i) + 1, 42},
+                                 .parent_hash = parent,
+                                 .namespace_digest = 42,
+                                 .extras_digest = 0,
+                                 .tokens = std::vector<uint32_t>(16, static_cast<uint32_t>(i)),
+                                 .checksum = BlockChecksum(bytes.data(), bytes.size())};
+    parent = identity.hash;
+    for (const absl::Status& status : tier.Store({{identity, bytes}})) {
+      if (!status.ok()) std::fprintf(stderr, "store: %s\n", status.ToString().c_str());
+    }
+    identities.push_back(std::move(identity));
+  }
+  return identities;
+}
+
 int Main(int argc, char** argv) {
-  uint64_t value_bytes = 262080;  // 256 KiB - 64: just under a jemalloc size class
-  int values = 400;
+  uint64_t block_bytes = 262144;
+  int blocks = 400;
   int rounds = 9;
-  if (argc > 1) (void)absl::SimpleAtoi(argv[1], &value_bytes);
-  if (argc > 2) (void)absl::SimpleAtoi(argv[2], &values);
+  if (argc > 1) (void)absl::SimpleAtoi(argv[1], &block_bytes);
+  if (argc > 2) (void)absl::SimpleAtoi(argv[2], &blocks);
   if (argc > 3) (void)absl::SimpleAtoi(argv[3], &rounds);
   char dir[] = "/tmp/kvcache-redis-bench-XXXXXX";
   if (mkdtemp(dir) == nullptr) return 1;
@@ -86,77 +130,85 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<RedisCluster>> cluster = RedisCluster::Create(options);
   if (!cluster.ok()) return 1;
 
-  // Memory per byte stored: the value size asked for, and the size class just above it.
-  for (const uint64_t size : {value_bytes, value_bytes + 64}) {
+  // Memory per byte stored, raw values: just under a size class, and on one.
+  for (const uint64_t size : {uint64_t{262080}, uint64_t{262144}}) {
+    FlushAll(**redis);
     const uint64_t before = UsedMemory(**redis);
     std::vector<std::pair<std::string, std::string>> entries;
-    for (int i = 0; i < values; ++i) {
+    for (int i = 0; i < blocks; ++i) {
       entries.emplace_back(absl::StrCat("mem", size, ":", i), std::string(size, 'k'));
     }
-    for (const absl::Status& status : (*cluster)->Set(entries)) {
-      if (!status.ok()) std::fprintf(stderr, "SET: %s\n", status.ToString().c_str());
-    }
-    const uint64_t after = UsedMemory(**redis);
+    (*cluster)->Set(entries);
     std::printf(
-        "memory: %d values of %llu bytes: %.3f bytes of Redis used_memory per byte stored\n",
-        values, static_cast<unsigned long long>(size),
-        static_cast<double>(after - before) / (static_cast<double>(size) * values));
-    std::vector<std::string> keys;
-    for (const auto& [key, value] : entries) keys.push_back(key);
-    (*cluster)->Delete(keys);
+        "memory: %d raw values of %llu bytes: %.3f bytes of used_memory per byte\n", blocks,
+        static_cast<unsigned long long>(size),
+        static_cast<double>(UsedMemory(**redis) - before) / (static_cast<double>(size) * blocks));
+  }
+  // Memory per KV byte, the tier's records of 32 KiB blocks (the default pool's).
+  for (const bool fit : {false, true}) {
+    FlushAll(**redis);
+    const uint64_t before = UsedMemory(**redis);
+    std::unique_ptr<ClusterTier> tier = MakeTier(**redis, 32 << 10, fit);
+    StoreChain(*tier, 32 << 10, blocks);
+    std::printf("memory: %d records of 32 KiB blocks, %s: %.3f bytes of used_memory per KV byte\n",
+                blocks, fit ? "split to fit size classes" : "one value each",
+                static_cast<double>(UsedMemory(**redis) - before) /
+                    (static_cast<double>(32 << 10) * blocks));
   }
 
-  std::vector<std::pair<std::string, std::string>> entries;
-  std::vector<std::string> keys;
+  // Loads: the tier (verified, copied out) vs raw pipelined GETs of the same values.
+  FlushAll(**redis);
+  std::unique_ptr<ClusterTier> tier = MakeTier(**redis, block_bytes, true);
+  const std::vector<BlockRecordIdentity> identities = StoreChain(*tier, block_bytes, blocks);
   std::map<int, std::vector<std::string>> keys_by_node;
-  for (int i = 0; i < values; ++i) {
-    const std::string key = absl::StrCat("kv:", i);
-    entries.emplace_back(key, std::string(value_bytes, static_cast<char>(i)));
-    keys.push_back(key);
-    absl::StatusOr<int> node = (*redis)->NodeOfSlot(RedisCluster::KeySlot(key));
-    if (!node.ok()) return 1;
-    keys_by_node[*node].push_back(key);
+  for (const BlockRecordIdentity& identity : identities) {
+    std::vector<std::string> keys = {tier->KeyOf(identity)};
+    if (tier->HeadDataBytes() < block_bytes) keys.push_back(keys[0] + ":t");
+    for (const std::string& key : keys) {
+      absl::StatusOr<int> node = (*redis)->NodeOfSlot(RedisCluster::KeySlot(key));
+      if (!node.ok()) return 1;
+      keys_by_node[*node].push_back(key);
+    }
   }
-  (*cluster)->Set(entries);
   std::map<int, redisContext*> contexts;
   for (const auto& [node, node_keys] : keys_by_node) {
     contexts[node] = redisConnect("127.0.0.1", (*redis)->port(node));
   }
+  std::vector<std::string> out(identities.size(), std::string(block_bytes, '\0'));
+  std::vector<uint8_t*> pointers;
+  for (std::string& block : out) pointers.push_back(reinterpret_cast<uint8_t*>(block.data()));
 
   std::vector<double> ratios;
-  double client_best = 1e9, raw_best = 1e9;
+  double tier_best = 1e9, raw_best = 1e9;
   for (int round = 0; round < rounds; ++round) {
-    uint64_t raw_bytes = 0, client_bytes = 0;
-    double raw = 0, client = 0;
-    const auto run_client = [&] {
+    uint64_t raw_bytes = 0;
+    double raw = 0, loaded = 0;
+    const auto run_tier = [&] {
       const absl::Time start = absl::Now();
-      const std::vector<absl::Status> got = (*cluster)->Get(
-          keys, [&](size_t, absl::string_view value) { client_bytes += value.size(); });
-      client = absl::ToDoubleSeconds(absl::Now() - start);
-      for (const absl::Status& status : got) {
-        if (!status.ok()) std::abort();
-      }
+      if (tier->LoadPrefix(identities, pointers) != identities.size()) std::abort();
+      loaded = absl::ToDoubleSeconds(absl::Now() - start);
     };
     if (round % 2 == 0) {
       raw = RawPipelinedGets(keys_by_node, contexts, &raw_bytes);
-      run_client();
+      run_tier();
     } else {
-      run_client();
+      run_tier();
       raw = RawPipelinedGets(keys_by_node, contexts, &raw_bytes);
     }
-    if (raw_bytes != client_bytes) std::abort();
-    ratios.push_back(raw / client);  // throughput of the client over the baseline's
-    client_best = std::min(client_best, client);
+    ratios.push_back(raw / loaded);  // the tier's throughput over the baseline's
+    tier_best = std::min(tier_best, loaded);
     raw_best = std::min(raw_best, raw);
   }
   std::sort(ratios.begin(), ratios.end());
-  const double gb = static_cast<double>(value_bytes) * values / 1e9;
+  const double gb = static_cast<double>(block_bytes) * blocks / 1e9;
   std::printf(
-      "load %d values of %llu bytes from a 3-master cluster: RedisCluster %.2f GB/s, raw hiredis "
-      "pipelined GETs %.2f GB/s (best of %d); median ratio %.2fx\n",
-      values, static_cast<unsigned long long>(value_bytes), gb / client_best, gb / raw_best, rounds,
+      "load %d blocks of %llu bytes from a 3-master cluster: cluster tier (verified, copied out) "
+      "%.2f GB/s, raw hiredis pipelined GETs of the same values %.2f GB/s (best of %d); median "
+      "ratio %.2fx\n",
+      blocks, static_cast<unsigned long long>(block_bytes), gb / tier_best, gb / raw_best, rounds,
       ratios[ratios.size() / 2]);
   for (auto& [node, context] : contexts) redisFree(context);
+  tier.reset();
   cluster->reset();
   redis->reset();
   std::filesystem::remove_all(dir);
