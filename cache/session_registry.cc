@@ -93,7 +93,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(std::string princ
   if (id == 0) id = IdOf(next_counter_++);  // 0 means "no session" on the wire
   auto session = std::make_shared<Session>(id, std::move(principal), std::move(tenant),
                                            std::move(client_name), ttl);
-  sessions_.emplace(session->id, Entry{session, clock_->Now() + ttl});
+  sessions_.emplace(session->id, Entry{session, clock_->Now() + ttl, next_opened_++});
   ++counters_[session->tenant].opened;
   return session;
 }
@@ -155,19 +155,28 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Close(uint64_t session
 
 std::vector<std::shared_ptr<Session>> SessionRegistry::TakeExpired() {
   const absl::Time now = clock_->Now();
-  std::vector<std::shared_ptr<Session>> expired;
-  absl::MutexLock lock(&mu_);
-  for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (it->second.deadline <= now) {
-      EndLocked(*it->second.session);
-      ++counters_[it->second.session->tenant].expired;
-      expired.push_back(std::move(it->second.session));
-      sessions_.erase(it++);
-    } else {
-      ++it;
+  std::vector<std::pair<uint64_t, std::shared_ptr<Session>>> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (it->second.deadline <= now) {
+        EndLocked(*it->second.session);
+        ++counters_[it->second.session->tenant].expired;
+        expired.emplace_back(it->second.opened, std::move(it->second.session));
+        sessions_.erase(it++);
+      } else {
+        ++it;
+      }
     }
   }
-  return expired;
+  // In opening order, not the map's: a sweep then releases blocks in an order that replays (the
+  // simulation depends on it).
+  std::sort(expired.begin(), expired.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::shared_ptr<Session>> sessions;
+  sessions.reserve(expired.size());
+  for (auto& [opened, session] : expired) sessions.push_back(std::move(session));
+  return sessions;
 }
 
 size_t SessionRegistry::size() const {

@@ -67,7 +67,8 @@ class SessionRegistry {
   absl::StatusOr<absl::Time> Deadline(uint64_t session_id) const;
   // Marks the session closed and unregisters it; the caller releases its sequences.
   absl::StatusOr<std::shared_ptr<Session>> Close(uint64_t session_id);
-  // Closes and returns every session whose deadline has passed. O(sessions); not on a request path.
+  // Closes and returns every session whose deadline has passed, in the order they were opened.
+  // O(sessions); not on a request path.
   std::vector<std::shared_ptr<Session>> TakeExpired();
 
   // The daemon is draining: new sessions are refused (UNAVAILABLE, so a client tries another
@@ -90,6 +91,7 @@ class SessionRegistry {
   struct Entry {
     std::shared_ptr<Session> session;
     absl::Time deadline;
+    uint64_t opened = 0;  // opening order (ids are random)
   };
   std::atomic<bool> stopped_opening_{false};
   absl::Status UnknownLocked(uint64_t session_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -108,6 +110,7 @@ class SessionRegistry {
 
   mutable absl::Mutex mu_;
   uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_opened_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SessionCounters> counters_ ABSL_GUARDED_BY(mu_);
 };

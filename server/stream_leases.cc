@@ -37,12 +37,9 @@ void StreamLeases::Unbind(Binding& binding) {
     absl::MutexLock lock(&mu_);
     auto it = by_session_.find(binding.session_id_);
     if (it != by_session_.end()) {
-      for (auto member = it->second.begin(); member != it->second.end(); ++member) {
-        if (member->get() == &binding) {
-          it->second.erase(member);
-          break;
-        }
-      }
+      // abseil's hash sets of smart pointers look raw pointers up directly: O(1).
+      auto member = it->second.find(&binding);
+      if (member != it->second.end()) it->second.erase(member);
       if (it->second.empty()) by_session_.erase(it);
     }
   }

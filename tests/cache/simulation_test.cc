@@ -11,13 +11,10 @@
 //    free / evictable / referenced counts (pool-wide and per tenant), open sequences, commit
 //    results and the pool's evictions / resurrections / published / duplicates counters.
 //    Where it is coarser than the pool, on purpose: it does not model the free list's order
-//    (any free block is accepted: which free block comes next is not part of the contract), and
-//    when one expiry sweep ends several sessions, their blocks join the LRU as one unordered
-//    group (the registry hands the sessions over in hash-map order, which varies per process).
-//    Eviction from such a group accepts any member; every other release, a session's end
-//    included (oldest sequence first, each tail first), is ordered exactly. A replayed seed
-//    makes the same calls; after such a multi-session sweep the pool's choice within the group,
-//    and so later block ids, may differ from the failing run's.
+//    (any free block is accepted: which free block comes next is not part of the contract).
+//    Every release is ordered exactly, a session's end included (oldest sequence first, each
+//    tail first) and an expiry sweep's (oldest session first), so a replayed seed makes the same
+//    calls and gets the same answers.
 //  - Shadow KV: what each block holds, as the worker would have written it (set when a sequence
 //    commits a block it computed). Every hit must return blocks holding exactly the requested
 //    prefix: this holds with or without the model.
@@ -156,25 +153,18 @@ class Model {
     return absl::OkStatus();
   }
 
-  // Releases `blocks` in order; those reaching ref 0 that are published join the LRU's back, as
-  // one unordered group when `grouped` (a session's end), else one by one.
-  void Release(const std::vector<BlockId>& blocks, bool grouped) {
-    std::set<BlockId> group;
+  // Releases `blocks` in order; those reaching ref 0 that are published join the LRU's back one
+  // by one.
+  void Release(const std::vector<BlockId>& blocks) {
     for (BlockId block : blocks) {
       MBlock& meta = blocks_[block];
       if (--meta.ref > 0) continue;
       if (!meta.published) {
         free_.insert(block);
-      } else if (grouped) {
-        group.insert(block);
       } else {
         lru_.push_back({block});
         ++num_evictable_;
       }
-    }
-    if (!group.empty()) {
-      num_evictable_ += static_cast<uint32_t>(group.size());
-      lru_.push_back(std::move(group));
     }
   }
 
@@ -667,7 +657,7 @@ class Simulation {
     if (want != absl::StatusCode::kOk) return absl::OkStatus();
     const SeqInfo& seq = seqs_.at(id);
     // Tail first.
-    if (model_) model_->Release({seq.blocks.rbegin(), seq.blocks.rend()}, /*grouped=*/false);
+    if (model_) model_->Release({seq.blocks.rbegin(), seq.blocks.rend()});
     seqs_.erase(id);
     dead_seqs_.push_back(id);
     return absl::OkStatus();
@@ -765,7 +755,7 @@ class Simulation {
     auto closed = manager_.CloseSession(session_id, kEpoch, info.principal);
     std::vector<BlockId> blocks;
     const uint32_t want = info.ended ? 0 : EndSession(session_id, &blocks);
-    if (model_) model_->Release(blocks, /*grouped=*/false);
+    if (model_) model_->Release(blocks);
     if (!closed.ok() || *closed != want || !info.session->closed.load()) {
       return Fail(absl::StrCat("close: got ",
                                closed.ok() ? absl::StrCat(*closed) : closed.status().ToString(),
@@ -781,8 +771,8 @@ class Simulation {
     trace_.push_back(
         absl::StrCat("advance ", absl::FormatDuration(by), sweep ? " and expire" : ""));
     if (!sweep) return absl::OkStatus();
-    // The sweep ends them in its own order: their blocks join the LRU as one group when there
-    // are several.
+    // The sweep ends them oldest first (SessionRegistry::TakeExpired), as session_order_ lists
+    // them: their blocks join the LRU in exactly that order.
     size_t want = 0;
     std::vector<BlockId> blocks;
     for (uint64_t id : session_order_) {
@@ -791,7 +781,7 @@ class Simulation {
       ++want;
       EndSession(id, &blocks);
     }
-    if (model_) model_->Release(blocks, /*grouped=*/want > 1);
+    if (model_) model_->Release(blocks);
     const size_t expired = manager_.ExpireSessions();
     trace_.back() += absl::StrCat(" -> ", expired);
     if (expired != want)
