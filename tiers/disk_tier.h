@@ -57,8 +57,8 @@ struct DiskTierOptions {
   Durability durability = Durability::kBatchFdatasync;
   // Records accepted and not yet durable; each holds one slot-sized aligned buffer.
   uint32_t max_queued_stores = 32;
-  // Concurrent loaders; each ring has `read_depth` reads in flight and twice as many slot
-  // buffers (one round is verified while the next is read).
+  // Concurrent loaders; each ring keeps `read_depth` reads in flight and has twice as many slot
+  // buffers (a completed read is verified while the next ones are read).
   uint32_t read_rings = 2;
   uint32_t read_depth = 16;
 

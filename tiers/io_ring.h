@@ -60,6 +60,8 @@ class IoRing {
   // Waits until everything in flight completed, appending one Completion per operation (in
   // completion order) to `completions`. INTERNAL when waiting fails (the ring is then unusable).
   absl::Status Wait(std::vector<Completion>* completions);
+  // Waits for one operation in flight (REQUIRES: one is) and returns its Completion.
+  absl::StatusOr<Completion> WaitOne();
   absl::Status SubmitAndWait(std::vector<Completion>* completions) {
     absl::Status status = Submit();
     return status.ok() ? Wait(completions) : status;
