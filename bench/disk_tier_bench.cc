@@ -115,10 +115,11 @@ double RawReads(int fd, uint64_t slot_bytes, uint64_t first, uint64_t count, IoR
 // Loads blocks [first, first + count) through the tier with one LoadMany (a prefix walk loads a
 // run of blocks at once); seconds.
 double TierLoads(DiskTier& tier, const std::vector<BlockRecordIdentity>& identities, uint64_t first,
-                 uint64_t count, std::vector<std::string>& out) {
+                 uint64_t count, std::vector<AlignedBuffer>& out) {
   std::vector<DiskTier::LoadRequest> requests;
   for (uint64_t i = first; i < first + count; ++i) {
-    requests.push_back({&identities[i], absl::MakeSpan(out[i - first])});
+    requests.push_back(
+        {&identities[i], absl::MakeSpan(out[i - first].data(), out[i - first].size())});
   }
   const auto start = std::chrono::steady_clock::now();
   for (const absl::Status& status : tier.LoadMany(requests)) {
@@ -197,7 +198,9 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
   scan_seconds = absl::ToDoubleSeconds((*tier)->stats().restart_scan_time);
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   AlignedBuffer raw_buffers(slot_bytes * kDepth);
-  std::vector<std::string> out(kLoadBatch, std::string(block_bytes, '\0'));
+  // Page-aligned destinations, as a pool's blocks: the tier reads straight into them.
+  std::vector<AlignedBuffer> out;
+  for (uint32_t i = 0; i < kLoadBatch; ++i) out.emplace_back(block_bytes);
   // Paired: each run of kLoadBatch slots is read both ways back to back, so both see the same
   // device state (a VM's disk varies widely from run to run), in alternating order, so neither
   // gains from a cache below the guest having just read the same slots.

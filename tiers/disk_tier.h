@@ -89,7 +89,8 @@ struct DiskTierStats {
   uint64_t erases = 0;
 
   uint64_t loads = 0;            // blocks asked of Load/LoadMany
-  uint64_t load_hits = 0;        // verified and copied out
+  uint64_t load_hits = 0;        // verified and delivered into the caller's memory
+  uint64_t loads_in_place = 0;   // hits read straight into the caller's memory (no copy)
   uint64_t load_misses = 0;      // not indexed
   uint64_t load_mismatches = 0;  // indexed under the hash with another identity (NOT_FOUND)
   uint64_t load_corrupt = 0;     // header or bytes failed verification (DATA_LOSS; dropped)
@@ -131,11 +132,12 @@ class DiskTier {
   // The identity of the durable record under `hash`, from memory. NOT_FOUND when there is none.
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const;
 
-  // Reads the record under expected.hash into `out` (block_bytes bytes, any alignment) after
-  // verifying it; `out` is left unspecified unless OK. NOT_FOUND: no record, or one whose
-  // identity differs from `expected` (the message names the field). DATA_LOSS: the slot's header
-  // or bytes failed verification. INTERNAL: the read failed. After either the record is dropped.
-  // INVALID_ARGUMENT: out.size() != block_bytes.
+  // Reads the record under expected.hash into `out` (block_bytes bytes) and verifies it; `out`
+  // is left unspecified unless OK. When `out` is 4 KiB-aligned and block_bytes a multiple of
+  // 4 KiB (a pool's blocks), the bytes are read straight into it; otherwise through a buffer.
+  // NOT_FOUND: no record, or one whose identity differs from `expected` (the message names the
+  // field). DATA_LOSS: the slot's header or bytes failed verification. INTERNAL: the read failed.
+  // After either the record is dropped. INVALID_ARGUMENT: out.size() != block_bytes.
   absl::Status Load(const BlockRecordIdentity& expected, absl::Span<char> out);
 
   struct LoadRequest {

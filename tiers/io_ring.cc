@@ -37,6 +37,14 @@ void IoRing::QueueRead(int fd, void* buffer, uint32_t size, uint64_t offset, uin
   ++queued_;
 }
 
+void IoRing::QueueReadv(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                        uint64_t tag) {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  io_uring_prep_readv(sqe, fd, iovecs, count, offset);
+  io_uring_sqe_set_data64(sqe, tag);
+  ++queued_;
+}
+
 void IoRing::QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
                         bool dsync) {
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());

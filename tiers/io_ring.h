@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 
 struct io_uring;  // liburing.h, kept out of this header
+struct iovec;
 
 namespace kvcache {
 
@@ -46,6 +47,9 @@ class IoRing {
   // Each Queue* adds one operation; REQUIRES: fewer than depth() queued since the last Submit.
   // `tag` comes back in its Completion.
   void QueueRead(int fd, void* buffer, uint32_t size, uint64_t offset, uint64_t tag);
+  // Reads into `count` buffers in turn; `iovecs` must stay valid until the read completes.
+  void QueueReadv(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                  uint64_t tag);
   // dsync: RWF_DSYNC, durable when it completes.
   void QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
                   bool dsync);
