@@ -218,8 +218,9 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
   loaded /= kRounds;
   ::close(fd);
   std::printf("load    raw O_DIRECT reads         %7.2f GiB/s\n", gib / raw);
-  std::printf("load    DiskTier::LoadMany         %7.2f GiB/s  %.2fx raw (verified, copied out)\n",
-              gib / loaded, raw / loaded);
+  std::printf(
+      "load    DiskTier::LoadMany         %7.2f GiB/s  %.2fx raw (verified, read in place)\n",
+      gib / loaded, raw / loaded);
   std::printf("restart scan of %llu slots         %7.1f ms (%.1f us a slot)\n",
               static_cast<unsigned long long>(blocks), scan_seconds * 1e3,
               scan_seconds * 1e6 / blocks);
