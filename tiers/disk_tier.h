@@ -152,12 +152,13 @@ class DiskTier {
   // harmless: loads verify). NOT_FOUND when there is none.
   absl::Status Erase(const Hash128& hash);
 
-  // Waits until every record accepted before the call is durable or dropped. For tests, benches
-  // and shutdown; a mover never needs it.
+  // Waits until no accepted record is still queued (each is durable or dropped); stores that
+  // keep arriving are waited for too. For tests, benches and shutdown; a mover never needs it.
   void Flush();
 
   DiskTierStats stats() const;
-  // False when the file system refused O_DIRECT (tmpfs does) and the tier uses buffered I/O.
+  // False when the file system refused O_DIRECT (tmpfs before Linux 6.6) and the tier uses
+  // buffered I/O.
   bool direct_io() const;
   uint64_t slot_bytes() const;
   // Byte offset of slot i in the file. A new file fills slots 0, 1, 2, ... in that order.
