@@ -4,9 +4,11 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -209,7 +211,12 @@ class DiskTier::Impl {
     if (pinned.empty()) return results;
     ReadPinned(pinned, requests, &results);
     absl::MutexLock lock(&mu_);
-    for (const Pinned& pin : pinned) UnpinLocked(pin, results[pin.request]);
+    for (const Pinned& pin : pinned) {
+      UnpinLocked(pin, results[pin.request]);
+      if (results[pin.request].ok() && ReadsInPlace(requests[pin.request].out)) {
+        ++stats_.loads_in_place;
+      }
+    }
     return results;
   }
 
@@ -258,7 +265,7 @@ class DiskTier::Impl {
     uint64_t slot;
     uint64_t sequence;
   };
-  // One concurrent loader: a ring and two rounds of read_depth slot buffers.
+  // One concurrent loader: a ring and 2 x read_depth slot buffers.
   struct Reader {
     absl::Mutex mu;
     std::unique_ptr<IoRing> ring;
@@ -403,10 +410,10 @@ class DiskTier::Impl {
     --outstanding_;
   }
 
-  // Reads and verifies the pinned slots on a free Reader (or waits for one), read_depth reads in
-  // flight: while one round is verified and copied out, the next is read into the other half of
-  // the reader's buffers. The analysis cannot follow a mutex picked at run time; the reader's
-  // lock is held throughout.
+  // Reads and verifies the pinned slots on a free Reader (or waits for one), keeping read_depth
+  // reads in flight: each completion queues the next read (into a free one of the reader's
+  // 2 x read_depth buffers) before its own slot is verified and copied out. The analysis cannot
+  // follow a mutex picked at run time; the reader's lock is held throughout.
   void ReadPinned(absl::Span<const Pinned> pinned, absl::Span<const LoadRequest> requests,
                   std::vector<absl::Status>* results) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     Reader* reader = nullptr;
@@ -420,65 +427,84 @@ class DiskTier::Impl {
       reader = readers_[next_reader_.fetch_add(1) % readers_.size()].get();
       reader->mu.Lock();
     }
-    const size_t depth = options_.read_depth;
-    auto round = [&](size_t r) { return pinned.subspan(r * depth, depth); };
-    auto buffers = [&](size_t r) {
-      return reader->buffers->data() + (r % 2) * depth * slot_bytes_;
+    IoRing& ring = *reader->ring;
+    const size_t buffers = 2 * options_.read_depth;
+    auto buffer = [&](size_t i) { return reader->buffers->data() + i * slot_bytes_; };
+    std::vector<size_t> free_buffers(buffers);
+    for (size_t i = 0; i < buffers; ++i) free_buffers[i] = buffers - 1 - i;
+    std::vector<size_t> owner(buffers);  // the pinned entry a buffer is read for
+    std::vector<std::array<iovec, 2>> iovecs(buffers);
+    size_t next = 0;  // pinned entries issued
+    auto issue = [&] {
+      const size_t i = free_buffers.back();
+      free_buffers.pop_back();
+      owner[i] = next;
+      const Pinned& pin = pinned[next++];
+      absl::Span<char> out = requests[pin.request].out;
+      if (ReadsInPlace(out)) {
+        // The header into the buffer, the bytes straight into the caller's memory: no copy.
+        iovecs[i] = {iovec{buffer(i), header_bytes_}, iovec{out.data(), out.size()}};
+        ring.QueueReadv(fd_, iovecs[i].data(), 2, SlotOffset(pin.slot), i);
+      } else {
+        ring.QueueRead(fd_, buffer(i), slot_bytes_, SlotOffset(pin.slot), i);
+      }
     };
-    const size_t rounds = (pinned.size() + depth - 1) / depth;
-    absl::Status status = SubmitReads(*reader, round(0), buffers(0));
-    std::vector<IoRing::Completion> done;
-    size_t answered = 0;  // rounds
-    for (size_t r = 0; r < rounds && status.ok(); ++r) {
-      done.clear();
-      status = reader->ring->Wait(&done);
-      if (!status.ok()) break;
-      if (r + 1 < rounds) status = SubmitReads(*reader, round(r + 1), buffers(r + 1));
-      VerifyRound(round(r), buffers(r), done, requests, results);
-      answered = r + 1;
+    while (next < std::min<size_t>(options_.read_depth, pinned.size())) issue();
+    absl::Status status = ring.Submit();
+    std::vector<bool> answered(pinned.size());
+    for (size_t completed = 0; status.ok() && completed < pinned.size(); ++completed) {
+      absl::StatusOr<IoRing::Completion> completion = ring.WaitOne();
+      if (!completion.ok()) {
+        status = completion.status();
+        break;
+      }
+      if (next < pinned.size()) {
+        issue();
+        status = ring.Submit();
+      }
+      const size_t i = completion->tag;
+      Answer(pinned[owner[i]], buffer(i), completion->result, requests, results);
+      answered[owner[i]] = true;
+      free_buffers.push_back(i);
     }
     // A failed ring fails every load not yet answered.
-    for (const Pinned& pin : pinned.subspan(std::min(answered * depth, pinned.size()))) {
-      (*results)[pin.request] = status;
+    for (size_t p = 0; p < pinned.size(); ++p) {
+      if (!answered[p]) (*results)[pinned[p].request] = status;
     }
     reader->mu.Unlock();
   }
 
-  absl::Status SubmitReads(Reader& reader, absl::Span<const Pinned> pins,
-                           char* buffers) ABSL_NO_THREAD_SAFETY_ANALYSIS
-  /* reader.mu held by the caller */ {
-    for (size_t i = 0; i < pins.size(); ++i) {
-      reader.ring->QueueRead(fd_, buffers + i * slot_bytes_, slot_bytes_, SlotOffset(pins[i].slot),
-                             i);
+  // Answers a pinned load from its completed read: verified bytes are copied out.
+  void Answer(const Pinned& pin, const char* slot, int read_result,
+              absl::Span<const LoadRequest> requests, std::vector<absl::Status>* results) const {
+    const LoadRequest& request = requests[pin.request];
+    absl::Status& result = (*results)[pin.request];
+    if (read_result != static_cast<int>(slot_bytes_)) {
+      result = read_result < 0
+                   ? ErrnoError("reading slot of", options_.path, -read_result)
+                   : absl::InternalError(absl::StrCat("short read of a slot of ", options_.path));
+      return;
     }
-    return reader.ring->Submit();
+    if (ReadsInPlace(request.out)) {
+      result = Verify(slot, request.out.data(), pin.sequence, *request.expected);
+      return;
+    }
+    result = Verify(slot, slot + header_bytes_, pin.sequence, *request.expected);
+    if (result.ok()) std::memcpy(request.out.data(), slot + header_bytes_, request.out.size());
   }
 
-  // Answers one round's requests from its completed reads: verified bytes are copied out.
-  void VerifyRound(absl::Span<const Pinned> pins, const char* buffers,
-                   const std::vector<IoRing::Completion>& done,
-                   absl::Span<const LoadRequest> requests,
-                   std::vector<absl::Status>* results) const {
-    for (const IoRing::Completion& completion : done) {
-      const Pinned& pin = pins[completion.tag];
-      const LoadRequest& request = requests[pin.request];
-      absl::Status& result = (*results)[pin.request];
-      if (completion.result != static_cast<int>(slot_bytes_)) {
-        result = completion.result < 0
-                     ? ErrnoError("reading slot of", options_.path, -completion.result)
-                     : absl::InternalError(absl::StrCat("short read of a slot of ", options_.path));
-        continue;
-      }
-      const char* slot = buffers + completion.tag * slot_bytes_;
-      result = Verify(slot, pin.sequence, *request.expected);
-      if (result.ok()) std::memcpy(request.out.data(), slot + header_bytes_, request.out.size());
-    }
+  // Whether a load reads the block's bytes straight into `out`: O_DIRECT needs the memory and
+  // the length aligned (a pool's blocks are page-aligned, and real blocks whole pages).
+  bool ReadsInPlace(absl::Span<char> out) const {
+    return out.size() % kRecordAlignment == 0 &&
+           reinterpret_cast<uintptr_t>(out.data()) % kRecordAlignment == 0;
   }
 
-  absl::Status Verify(const char* slot, uint64_t sequence,
+  // Checks a slot's header (`header`, header_bytes_) and block bytes (`bytes`, block_bytes).
+  absl::Status Verify(const char* header_bytes, const char* bytes, uint64_t sequence,
                       const BlockRecordIdentity& expected) const {
     absl::StatusOr<RecordHeader> header =
-        DecodeRecordHeader(absl::string_view(slot, header_bytes_));
+        DecodeRecordHeader(absl::string_view(header_bytes, header_bytes_));
     if (!header.ok()) {
       return absl::DataLossError(
           absl::StrCat("disk record header unreadable: ", header.status().message()));
@@ -491,7 +517,7 @@ class DiskTier::Impl {
     if (!mismatch.empty()) {
       return absl::DataLossError(absl::StrCat("disk record differs in ", mismatch));
     }
-    if (BlockChecksum(slot + header_bytes_, options_.pool.block_bytes) != header->block.checksum) {
+    if (BlockChecksum(bytes, options_.pool.block_bytes) != header->block.checksum) {
       return absl::DataLossError("disk record bytes fail their checksum");
     }
     return absl::OkStatus();

@@ -57,8 +57,8 @@ struct DiskTierOptions {
   Durability durability = Durability::kBatchFdatasync;
   // Records accepted and not yet durable; each holds one slot-sized aligned buffer.
   uint32_t max_queued_stores = 32;
-  // Concurrent loaders; each ring has `read_depth` reads in flight and twice as many slot
-  // buffers (one round is verified while the next is read).
+  // Concurrent loaders; each ring keeps `read_depth` reads in flight and has twice as many slot
+  // buffers (a completed read is verified while the next ones are read).
   uint32_t read_rings = 2;
   uint32_t read_depth = 16;
 
@@ -89,7 +89,8 @@ struct DiskTierStats {
   uint64_t erases = 0;
 
   uint64_t loads = 0;            // blocks asked of Load/LoadMany
-  uint64_t load_hits = 0;        // verified and copied out
+  uint64_t load_hits = 0;        // verified and delivered into the caller's memory
+  uint64_t loads_in_place = 0;   // hits read straight into the caller's memory (no copy)
   uint64_t load_misses = 0;      // not indexed
   uint64_t load_mismatches = 0;  // indexed under the hash with another identity (NOT_FOUND)
   uint64_t load_corrupt = 0;     // header or bytes failed verification (DATA_LOSS; dropped)
@@ -131,11 +132,12 @@ class DiskTier {
   // The identity of the durable record under `hash`, from memory. NOT_FOUND when there is none.
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const;
 
-  // Reads the record under expected.hash into `out` (block_bytes bytes, any alignment) after
-  // verifying it; `out` is left unspecified unless OK. NOT_FOUND: no record, or one whose
-  // identity differs from `expected` (the message names the field). DATA_LOSS: the slot's header
-  // or bytes failed verification. INTERNAL: the read failed. After either the record is dropped.
-  // INVALID_ARGUMENT: out.size() != block_bytes.
+  // Reads the record under expected.hash into `out` (block_bytes bytes) and verifies it; `out`
+  // is left unspecified unless OK. When `out` is 4 KiB-aligned and block_bytes a multiple of
+  // 4 KiB (a pool's blocks), the bytes are read straight into it; otherwise through a buffer.
+  // NOT_FOUND: no record, or one whose identity differs from `expected` (the message names the
+  // field). DATA_LOSS: the slot's header or bytes failed verification. INTERNAL: the read failed.
+  // After either the record is dropped. INVALID_ARGUMENT: out.size() != block_bytes.
   absl::Status Load(const BlockRecordIdentity& expected, absl::Span<char> out);
 
   struct LoadRequest {
@@ -150,12 +152,13 @@ class DiskTier {
   // harmless: loads verify). NOT_FOUND when there is none.
   absl::Status Erase(const Hash128& hash);
 
-  // Waits until every record accepted before the call is durable or dropped. For tests, benches
-  // and shutdown; a mover never needs it.
+  // Waits until no accepted record is still queued (each is durable or dropped); stores that
+  // keep arriving are waited for too. For tests, benches and shutdown; a mover never needs it.
   void Flush();
 
   DiskTierStats stats() const;
-  // False when the file system refused O_DIRECT (tmpfs does) and the tier uses buffered I/O.
+  // False when the file system refused O_DIRECT (tmpfs before Linux 6.6) and the tier uses
+  // buffered I/O.
   bool direct_io() const;
   uint64_t slot_bytes() const;
   // Byte offset of slot i in the file. A new file fills slots 0, 1, 2, ... in that order.

@@ -37,6 +37,14 @@ void IoRing::QueueRead(int fd, void* buffer, uint32_t size, uint64_t offset, uin
   ++queued_;
 }
 
+void IoRing::QueueReadv(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                        uint64_t tag) {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  io_uring_prep_readv(sqe, fd, iovecs, count, offset);
+  io_uring_sqe_set_data64(sqe, tag);
+  ++queued_;
+}
+
 void IoRing::QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
                         bool dsync) {
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
@@ -64,17 +72,24 @@ absl::Status IoRing::Submit() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<IoRing::Completion> IoRing::WaitOne() {
+  io_uring_cqe* cqe = nullptr;
+  int error = io_uring_wait_cqe(ring_.get(), &cqe);
+  while (error == -EINTR) error = io_uring_wait_cqe(ring_.get(), &cqe);
+  if (error < 0) {
+    return absl::InternalError(absl::StrCat("io_uring_wait_cqe: ", std::strerror(-error)));
+  }
+  const Completion completion{io_uring_cqe_get_data64(cqe), cqe->res};
+  io_uring_cqe_seen(ring_.get(), cqe);
+  --in_flight_;
+  return completion;
+}
+
 absl::Status IoRing::Wait(std::vector<Completion>* completions) {
   while (in_flight_ > 0) {
-    io_uring_cqe* cqe = nullptr;
-    const int error = io_uring_wait_cqe(ring_.get(), &cqe);
-    if (error == -EINTR) continue;
-    if (error < 0) {
-      return absl::InternalError(absl::StrCat("io_uring_wait_cqe: ", std::strerror(-error)));
-    }
-    completions->push_back({io_uring_cqe_get_data64(cqe), cqe->res});
-    io_uring_cqe_seen(ring_.get(), cqe);
-    --in_flight_;
+    absl::StatusOr<Completion> completion = WaitOne();
+    if (!completion.ok()) return completion.status();
+    completions->push_back(*completion);
   }
   return absl::OkStatus();
 }

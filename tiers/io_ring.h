@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 
 struct io_uring;  // liburing.h, kept out of this header
+struct iovec;
 
 namespace kvcache {
 
@@ -46,6 +47,9 @@ class IoRing {
   // Each Queue* adds one operation; REQUIRES: fewer than depth() queued since the last Submit.
   // `tag` comes back in its Completion.
   void QueueRead(int fd, void* buffer, uint32_t size, uint64_t offset, uint64_t tag);
+  // Reads into `count` buffers in turn; `iovecs` must stay valid until the read completes.
+  void QueueReadv(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                  uint64_t tag);
   // dsync: RWF_DSYNC, durable when it completes.
   void QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
                   bool dsync);
@@ -60,6 +64,8 @@ class IoRing {
   // Waits until everything in flight completed, appending one Completion per operation (in
   // completion order) to `completions`. INTERNAL when waiting fails (the ring is then unusable).
   absl::Status Wait(std::vector<Completion>* completions);
+  // Waits for one operation in flight (REQUIRES: one is) and returns its Completion.
+  absl::StatusOr<Completion> WaitOne();
   absl::Status SubmitAndWait(std::vector<Completion>* completions) {
     absl::Status status = Submit();
     return status.ok() ? Wait(completions) : status;
