@@ -52,6 +52,7 @@ void BlockPool::Acquire(BlockId block) {
     meta.state = State::kReferenced;
     ++counters_.resurrections;
   }
+  if (meta.offload_pinned) meta.used_while_pinned = true;
   ++meta.ref_count;
 }
 
@@ -63,6 +64,7 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   } else if (lru_head_ != kNoBlock) {
     block = lru_head_;
     LruRemove(block);
+    if (blocks_[block].offloaded) ++counters_.evicted_offloaded;
     Unpublish(block, removed);
   } else {
     return kNoBlock;
@@ -71,7 +73,36 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   meta.state = State::kReferenced;
   meta.ref_count = 1;
   meta.has_checksum = false;
+  meta.offloaded = false;
   return block;
+}
+
+void BlockPool::PinForOffload(BlockId block) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.state == State::kEvictable && !meta.offload_pinned);
+  LruRemove(block);
+  meta.state = State::kReferenced;
+  meta.ref_count = 1;
+  meta.offload_pinned = true;
+  meta.used_while_pinned = false;
+}
+
+void BlockPool::UnpinOffloaded(BlockId block, bool offloaded) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.offload_pinned && meta.ref_count > 0);
+  meta.offload_pinned = false;
+  if (offloaded && meta.published) meta.offloaded = true;
+  if (--meta.ref_count > 0) return;
+  if (!meta.published) {
+    meta.state = State::kFree;
+    free_list_.push_back(block);
+  } else if (meta.used_while_pinned) {
+    meta.state = State::kEvictable;
+    LruPushBack(block);
+  } else {
+    meta.state = State::kEvictable;
+    LruPushFront(block);
+  }
 }
 
 void BlockPool::Release(BlockId block) {
@@ -120,6 +151,7 @@ void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
     }
   }
   meta.published = false;
+  meta.offloaded = false;
   meta.identity = BlockIdentity{};
   auto orphans = children_.extract(block);
   if (orphans.empty()) return;
@@ -146,6 +178,19 @@ void BlockPool::LruPushBack(BlockId block) {
     lru_head_ = block;
   }
   lru_tail_ = block;
+  ++num_evictable_;
+}
+
+void BlockPool::LruPushFront(BlockId block) {
+  BlockMeta& meta = blocks_[block];
+  meta.lru_prev = kNoBlock;
+  meta.lru_next = lru_head_;
+  if (lru_head_ != kNoBlock) {
+    blocks_[lru_head_].lru_prev = block;
+  } else {
+    lru_tail_ = block;
+  }
+  lru_head_ = block;
   ++num_evictable_;
 }
 
@@ -206,6 +251,12 @@ absl::Status BlockPool::CheckInvariants() const {
           return fail("referenced block ", block, " has ref 0 or is on the free list");
         }
         break;
+    }
+    if (meta.offload_pinned && meta.state != State::kReferenced) {
+      return fail("offload-pinned block ", block, " is not referenced");
+    }
+    if (meta.offloaded && !meta.published) {
+      return fail("block ", block, " is marked offloaded without a hash");
     }
     if (meta.published) {
       ++published;

@@ -47,6 +47,10 @@ struct BlockIdentity {
 
 struct BlockPoolCounters {
   uint64_t evictions = 0;
+  // Of the evictions, victims taken from the LRU front that the mover had already copied to the
+  // tier below (BlockPool::PinForOffload): nothing was lost. Descendants unpublished with a
+  // victim are not counted here.
+  uint64_t evicted_offloaded = 0;
   uint64_t resurrections = 0;
   uint64_t published = 0;
   uint64_t duplicates = 0;
@@ -73,6 +77,9 @@ class BlockPool {
   BlockId Indexed(const Hash128& hash) const;
   bool IsEvictable(BlockId block) const { return blocks_[block].state == State::kEvictable; }
   bool IsPublished(BlockId block) const { return blocks_[block].published; }
+  // What Publish recorded for a published block, and its tokens.
+  const BlockIdentity& IdentityOf(BlockId block) const { return blocks_[block].identity; }
+  absl::Span<const uint32_t> TokensOf(BlockId block) const;
   // A published block's parent link (BlockIdentity::parent_block).
   BlockId ParentOf(BlockId block) const { return blocks_[block].identity.parent_block; }
   uint32_t RefCount(BlockId block) const { return blocks_[block].ref_count; }
@@ -107,6 +114,24 @@ class BlockPool {
   // REQUIRES: RefCount(block) > 0, tokens.size() == block_size().
   bool Publish(BlockId block, const BlockIdentity& identity, absl::Span<const uint32_t> tokens);
 
+  // The offload mover's view (cache/pool.h): the LRU from its eviction end, and a pin that keeps
+  // a block's bytes stable while they are copied to the tier below without counting as a hit.
+  BlockId LruFront() const { return lru_head_; }
+  BlockId LruNext(BlockId block) const { return blocks_[block].lru_next; }
+  // Whether the block's bytes are below (set by UnpinOffloaded; cleared when the block is reused).
+  bool IsOffloaded(BlockId block) const { return blocks_[block].offloaded; }
+  void SetOffloaded(BlockId block) { blocks_[block].offloaded = blocks_[block].published; }
+  bool IsOffloadPinned(BlockId block) const { return blocks_[block].offload_pinned; }
+  // Takes an evictable block off the LRU with ref 1 and marks it offload-pinned: it cannot be
+  // evicted or reused until UnpinOffloaded. REQUIRES: IsEvictable(block).
+  void PinForOffload(BlockId block);
+  // Drops the offload pin; `offloaded`: its bytes are now below. At ref 0 a published block
+  // rejoins the LRU at its front — the eviction end, where it was taken from, and now the cheapest
+  // victim — unless a sequence used it meanwhile (then at the back, as any release); an
+  // unpublished one (its parent was evicted meanwhile) goes to the free list.
+  // REQUIRES: IsOffloadPinned(block).
+  void UnpinOffloaded(BlockId block, bool offloaded);
+
   // Full consistency check, O(pool): free + evictable + referenced = pool size, no block both free
   // and referenced, every hash maps to exactly one block and back, LRU and free list well formed.
   absl::Status CheckInvariants() const;
@@ -119,6 +144,9 @@ class BlockPool {
     State state = State::kFree;
     bool published = false;
     bool has_checksum = false;
+    bool offloaded = false;          // bytes copied below; see IsOffloaded
+    bool offload_pinned = false;     // see PinForOffload
+    bool used_while_pinned = false;  // acquired by a sequence during the offload pin
     uint64_t checksum = 0;
     BlockIdentity identity;
     // Doubly linked LRU of evictable blocks, by block id.
@@ -127,11 +155,11 @@ class BlockPool {
   };
 
   void LruPushBack(BlockId block);
+  void LruPushFront(BlockId block);
   void LruRemove(BlockId block);
   // Drops `block`'s hash and its descendants' from the index; descendants that are evictable go
   // to the free list. Appends the hashes to `removed` when given.
   void Unpublish(BlockId block, std::vector<Hash128>* removed);
-  absl::Span<const uint32_t> TokensOf(BlockId block) const;
 
   const uint32_t block_size_;
   std::vector<BlockMeta> blocks_;
