@@ -80,6 +80,7 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
 void BlockPool::PinForOffload(BlockId block) {
   BlockMeta& meta = blocks_[block];
   assert(meta.state == State::kEvictable && !meta.offload_pinned);
+  meta.pinned_next = meta.lru_next;
   LruRemove(block);
   meta.state = State::kReferenced;
   meta.ref_count = 1;
@@ -96,13 +97,32 @@ void BlockPool::UnpinOffloaded(BlockId block, bool offloaded) {
   if (!meta.published) {
     meta.state = State::kFree;
     free_list_.push_back(block);
-  } else if (meta.used_while_pinned) {
-    meta.state = State::kEvictable;
+    return;
+  }
+  meta.state = State::kEvictable;
+  const BlockId next = meta.pinned_next;
+  if (meta.used_while_pinned || next == kNoBlock) {
     LruPushBack(block);
+  } else if (blocks_[next].state == State::kEvictable) {
+    LruInsertBefore(block, next);  // back where it was
   } else {
-    meta.state = State::kEvictable;
+    // Its successor was evicted (so was everything older: it is the oldest now) or resurrected.
     LruPushFront(block);
   }
+}
+
+void BlockPool::LruInsertBefore(BlockId block, BlockId next) {
+  BlockMeta& meta = blocks_[block];
+  BlockMeta& after = blocks_[next];
+  meta.lru_next = next;
+  meta.lru_prev = after.lru_prev;
+  if (after.lru_prev != kNoBlock) {
+    blocks_[after.lru_prev].lru_next = block;
+  } else {
+    lru_head_ = block;
+  }
+  after.lru_prev = block;
+  ++num_evictable_;
 }
 
 void BlockPool::Release(BlockId block) {

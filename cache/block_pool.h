@@ -126,9 +126,9 @@ class BlockPool {
   // evicted or reused until UnpinOffloaded. REQUIRES: IsEvictable(block).
   void PinForOffload(BlockId block);
   // Drops the offload pin; `offloaded`: its bytes are now below. At ref 0 a published block
-  // rejoins the LRU at its front — the eviction end, where it was taken from, and now the cheapest
-  // victim — unless a sequence used it meanwhile (then at the back, as any release); an
-  // unpublished one (its parent was evicted meanwhile) goes to the free list.
+  // rejoins the LRU where it was (before the block that followed it; at the front if that one
+  // was evicted or resurrected meanwhile), or at the back if a sequence used it meanwhile, as
+  // any release; an unpublished one (its parent was evicted meanwhile) goes to the free list.
   // REQUIRES: IsOffloadPinned(block).
   void UnpinOffloaded(BlockId block, bool offloaded);
 
@@ -147,6 +147,7 @@ class BlockPool {
     bool offloaded = false;          // bytes copied below; see IsOffloaded
     bool offload_pinned = false;     // see PinForOffload
     bool used_while_pinned = false;  // acquired by a sequence during the offload pin
+    BlockId pinned_next = kNoBlock;  // its LRU successor when pinned for offload
     uint64_t checksum = 0;
     BlockIdentity identity;
     // Doubly linked LRU of evictable blocks, by block id.
@@ -156,6 +157,7 @@ class BlockPool {
 
   void LruPushBack(BlockId block);
   void LruPushFront(BlockId block);
+  void LruInsertBefore(BlockId block, BlockId next);
   void LruRemove(BlockId block);
   // Drops `block`'s hash and its descendants' from the index; descendants that are evictable go
   // to the free list. Appends the hashes to `removed` when given.

@@ -118,7 +118,10 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
       released_at_(options.num_blocks),
       host_tier_(std::move(host_tier)),
       offload_window_(
-          std::min(options.num_blocks, std::clamp<uint32_t>(options.num_blocks / 16, 8, 1024))) {
+          std::min(options.num_blocks,
+                   options.offload_window != 0
+                       ? options.offload_window
+                       : std::max(8u, options.num_blocks / kDefaultOffloadWindowDivisor))) {
   if (host_tier_ != nullptr && !options.testing_manual_offload) {
     mover_ = std::thread([this] { MoverLoop(); });
   }
@@ -169,6 +172,8 @@ BlockId Pool::AllocateLocked(uint32_t tenant) {
   const BlockId block = pool_.AllocateFresh(&removed);
   const absl::Time now = clock_->Now();
   if (!removed.empty()) {
+    // The mover's cursor is one block closer to the LRU's front.
+    if (offload_scanned_ > 0) --offload_scanned_;
     // block_tenant_ still names the owner of the evicted block's hash; the descendants that went
     // with it hang off the same chain root, so they are the same tenant's.
     tenants_[block_tenant_[block]].counters.evictions += removed.size();
@@ -212,7 +217,7 @@ void Pool::MoverLoop() {
       if (mover_stopping_) return;
     }
     mover_wanted_.store(false, std::memory_order_release);
-    while (OffloadBatch() > 0) {
+    while (OffloadBatch()) {
       absl::MutexLock lock(&mover_mu_);
       if (mover_stopping_) return;
     }
@@ -221,13 +226,13 @@ void Pool::MoverLoop() {
 
 size_t Pool::OffloadForTesting() {
   const uint64_t before = offloaded_blocks_.load(std::memory_order_relaxed);
-  while (OffloadBatch() > 0) {
+  while (OffloadBatch()) {
   }
   return offloaded_blocks_.load(std::memory_order_relaxed) - before;
 }
 
-size_t Pool::OffloadBatch() {
-  if (host_tier_ == nullptr) return 0;
+bool Pool::OffloadBatch() {
+  if (host_tier_ == nullptr) return false;
   struct Candidate {
     BlockId block = kNoBlock;
     BlockRecordIdentity record;
@@ -237,12 +242,23 @@ size_t Pool::OffloadBatch() {
   std::vector<Candidate> batch;
   {
     absl::MutexLock lock(&mu_);
-    if (pool_.num_free() >= offload_window_) return 0;
+    if (pool_.num_free() >= offload_window_) {
+      offload_cursor_ = kNoBlock;
+      return false;
+    }
     // The oldest offload_window_ evictable blocks: those the next evictions take (no eager
-    // mirror of the whole LRU). Offloaded ones rejoin at the front, so the scan passes them.
-    uint32_t seen = 0;
-    for (BlockId block = pool_.LruFront();
-         block != kNoBlock && seen < offload_window_ && batch.size() < kOffloadBatch; ++seen) {
+    // mirror of the whole LRU). The scan resumes at its cursor — the first block it has not
+    // looked at, offload_scanned_ blocks from the front (evictions from the front bring it
+    // closer) — so each block is looked at once per pass; it restarts from the front when the
+    // cursor left the LRU (evicted, resurrected). At most kMaxOffloadScan links per lock hold.
+    BlockId block = offload_cursor_;
+    if (block == kNoBlock || !pool_.IsEvictable(block)) {
+      block = pool_.LruFront();
+      offload_scanned_ = 0;
+    }
+    for (uint32_t steps = 0; block != kNoBlock && offload_scanned_ < offload_window_ &&
+                             batch.size() < kOffloadBatch && steps < kMaxOffloadScan;
+         ++steps, ++offload_scanned_) {
       const BlockId next = pool_.LruNext(block);
       if (!pool_.IsOffloaded(block)) {
         const BlockIdentity& identity = pool_.IdentityOf(block);
@@ -264,8 +280,13 @@ size_t Pool::OffloadBatch() {
       }
       block = next;
     }
+    offload_cursor_ = block;
+    if (batch.empty()) {
+      // Past the window or the LRU's end: this pass is done.
+      if (block == kNoBlock || offload_scanned_ >= offload_window_) return false;
+      return true;  // the scan continues after letting requests in
+    }
   }
-  if (batch.empty()) return 0;
   const uint64_t block_bytes = options_.layout.BlockBytes();
   for (Candidate& candidate : batch) {
     // Pinned and published: the bytes cannot change during the copy.
@@ -283,7 +304,7 @@ size_t Pool::OffloadBatch() {
     pool_.UnpinOffloaded(it->block, it->below);
   }
   offload_pins_.clear();
-  return batch.size();
+  return true;
 }
 
 void Pool::ReportEvictionsLocked() {

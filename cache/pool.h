@@ -96,6 +96,8 @@ struct PoolOptions {
   // Tier 2: bytes of host memory for blocks evicted from this pool (0: none). A host pool only;
   // at least one block.
   uint64_t host_tier_bytes = 0;
+  // Tier 2's offload window in blocks (Pool::offload_window); 0: the default share of the pool.
+  uint32_t offload_window = 0;
   // TEST ONLY: no mover thread; tests and the simulation move blocks with OffloadForTesting().
   bool testing_manual_offload = false;
 };
@@ -210,6 +212,10 @@ class Pool {
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
   // Blocks the mover copies per batch, and the most it pins at once.
   static constexpr size_t kOffloadBatch = 8;
+  // The default offload window is this fraction of the pool (docs/design.md: measured).
+  static constexpr uint32_t kDefaultOffloadWindowDivisor = 8;
+  // LRU links the mover follows per hold of the pool mutex.
+  static constexpr uint32_t kMaxOffloadScan = 256;
 
   const PoolOptions& options() const { return options_; }
   uint32_t pool_index() const { return pool_index_; }
@@ -223,8 +229,8 @@ class Pool {
   // Tier 2, or null.
   HostTier* host_tier() { return host_tier_.get(); }
   // How close to eviction the mover works: while fewer blocks than this are free, it keeps the
-  // oldest this many evictable blocks copied below. clamp(num_blocks / 16, 8, 1024), at most
-  // num_blocks.
+  // oldest this many evictable blocks copied below. PoolOptions::offload_window, or by default
+  // num_blocks / kDefaultOffloadWindowDivisor (at least 8), at most num_blocks.
   uint32_t offload_window() const { return offload_window_; }
   // What the mover does, synchronously, until nothing is left to do; returns the blocks stored.
   // For tests and the simulation (PoolOptions::testing_manual_offload).
@@ -326,9 +332,9 @@ class Pool {
   void MaybeWakeMoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MoverLoop();
   // One batch of the mover: pins up to kOffloadBatch un-offloaded blocks among the oldest
-  // offload_window_ evictable ones, copies them to tier 2 outside mu_, unpins. Returns the
-  // blocks pinned (0: nothing to do).
-  size_t OffloadBatch();
+  // offload_window_ evictable ones, copies them to tier 2 outside mu_, unpins. False when the
+  // pass is done (nothing left to do until the next wake).
+  bool OffloadBatch();
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -399,6 +405,9 @@ class Pool {
   // Sequences being opened whose blocks are loading from tier 2 (not in sequences_ yet).
   absl::flat_hash_set<const Sequence*> loading_ ABSL_GUARDED_BY(mu_);
   std::vector<BlockId> offload_pins_ ABSL_GUARDED_BY(mu_);  // the mover's batch in flight
+  // Where the mover's scan of the LRU resumes, and how many blocks from the front that is.
+  BlockId offload_cursor_ ABSL_GUARDED_BY(mu_) = kNoBlock;
+  uint32_t offload_scanned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tier_hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Tier 2. Constant after construction; the tier and the counters synchronize themselves.

@@ -47,9 +47,11 @@ PoolOptions TierPoolOptions(uint32_t num_blocks, uint32_t tier_blocks) {
 
 class PoolTierTest : public ::testing::Test {
  protected:
-  void MakePool(uint32_t num_blocks, uint32_t tier_blocks, bool manual = true) {
+  void MakePool(uint32_t num_blocks, uint32_t tier_blocks, bool manual = true,
+                uint32_t offload_window = 0) {
     PoolOptions options = TierPoolOptions(num_blocks, tier_blocks);
     options.testing_manual_offload = manual;
+    options.offload_window = offload_window;
     block_bytes_ = options.layout.BlockBytes();
     auto memory = HostPoolMemory::Create(block_bytes_, num_blocks);
     ASSERT_OK(memory);
@@ -265,7 +267,7 @@ TEST_F(PoolTierTest, SessionEndingDuringTheLoadLeavesNothingBehind) {
 }
 
 TEST_F(PoolTierTest, OnlyBlocksNearEvictionGoDown) {
-  MakePool(64, 64);  // offload window: clamp(64 / 16, 8, 1024) = 8
+  MakePool(64, 64);  // default offload window: max(8, 64 / 8) = 8
   ASSERT_EQ(pool_->offload_window(), 8u);
   Compute(Tokens(1000, 40 * kBlockSize));  // 24 free: eviction is far, nothing goes down
   EXPECT_EQ(pool_->OffloadForTesting(), 0u);
@@ -273,6 +275,23 @@ TEST_F(PoolTierTest, OnlyBlocksNearEvictionGoDown) {
   EXPECT_EQ(pool_->OffloadForTesting(), 8u);
   EXPECT_EQ(pool_->OffloadForTesting(), 0u);
   EXPECT_EQ(TierStats().tier.records, 8u);
+}
+
+TEST_F(PoolTierTest, MoverKeepsTheWindowCoveredAsEvictionsConsumeIt) {
+  // A window of 20 takes three batches of at most 8; the scan resumes where it stopped.
+  MakePool(64, 64, /*manual=*/true, /*offload_window=*/20);
+  Compute(Tokens(1000, 60 * kBlockSize));  // 60 evictable, 4 free
+  EXPECT_EQ(pool_->OffloadForTesting(), 20u);
+  EXPECT_EQ(pool_->OffloadForTesting(), 0u);
+  // Ten new blocks: the 4 free ones and 6 evictions, all of blocks already below.
+  auto hold = Open(Tokens(9000, 10 * kBlockSize));
+  ASSERT_OK(hold);
+  EXPECT_EQ(pool_->Stats().pool.evicted_offloaded, 6u);
+  EXPECT_EQ(pool_->Stats().pool.evictions, 6u);
+  // The window moved 6 blocks on: 6 more go down, and no more.
+  EXPECT_EQ(pool_->OffloadForTesting(), 6u);
+  EXPECT_EQ(pool_->OffloadForTesting(), 0u);
+  EXPECT_EQ(TierStats().tier.records, 26u);
 }
 
 TEST_F(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
