@@ -198,6 +198,16 @@ void Pool::ReleaseBlockLocked(BlockId block) {
   }
 }
 
+void Pool::WaitOutOffloadLocked(size_t needed) {
+  if (offload_pins_.empty() || pool_.num_free() + pool_.num_evictable() >= needed) return;
+  // The mover's batch holds blocks this request may need: wait for it (one batch of copies)
+  // rather than fail as if they were referenced. Nothing has been looked at yet, so nothing
+  // goes stale while mu_ is released.
+  ++offload_waits_;
+  mu_.Await(absl::Condition(
+      +[](std::vector<BlockId>* pins) { return pins->empty(); }, &offload_pins_));
+}
+
 void Pool::MaybeWakeMoverLocked() {
   if (!mover_.joinable() || pool_.num_free() >= offload_window_ || pool_.num_evictable() == 0) {
     return;
@@ -477,6 +487,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   size_t num_hits = 0;
   {
     absl::MutexLock lock(&mu_);
+    WaitOutOffloadLocked(total_blocks);
     if (session.closed.load(std::memory_order_acquire)) {
       return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
     }
@@ -606,6 +617,7 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
   RETURN_IF_ERROR(faults_->status());
   if (tokens.empty()) return absl::InvalidArgumentError("extend with no tokens");
   absl::MutexLock lock(&mu_);
+  WaitOutOffloadLocked(tokens.size() / options_.layout.block_size + 1);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
   const size_t new_length = sequence->tokens.size() + tokens.size();
   const size_t total_blocks = BlocksFor(new_length, options_.layout.block_size);
@@ -721,6 +733,7 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   BlockId copy_dst = kNoBlock;
   {
     absl::MutexLock lock(&mu_);
+    WaitOutOffloadLocked(1);
     ASSIGN_OR_RETURN(Sequence * parent, FindLocked(session, sequence_id));
     const size_t full_blocks = parent->tokens.size() / options_.layout.block_size;
     const bool has_partial = full_blocks < parent->blocks.size();
@@ -848,6 +861,7 @@ std::optional<PoolTierStats> Pool::TierStatsLocked() const {
       .load_failures = tier_load_failures_.load(std::memory_order_relaxed),
       .deadline_blocks = tier_deadline_blocks_.load(std::memory_order_relaxed),
       .evicted_offloaded = pool_.counters().evicted_offloaded,
+      .request_waits = offload_waits_,
       .tier = host_tier_->counters(),
   };
 }

@@ -38,8 +38,8 @@
 // matched record into a fresh tier-1 block outside mu_ (the sequence is not visible until it is
 // published), verifies it (identity before, checksum after the copy) and only then publishes it
 // and counts it cached; a failure or SequenceSpec::max_load_ms ends the loaded run, and the rest
-// is computed. Blocks the mover has pinned for a copy (at most kOffloadBatch, for microseconds)
-// count as neither free nor evictable for capacity checks.
+// is computed. A request that could need the blocks the mover has pinned for a copy (at most
+// kOffloadBatch, for microseconds) waits for that batch instead of failing.
 //
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
 // its source block pinned; so do the mover's copies (offload pin) and the loads from tier 2 (into
@@ -169,6 +169,7 @@ struct PoolTierStats {
   uint64_t load_failures = 0;      // matched records that failed their load (gone, corrupt)
   uint64_t deadline_blocks = 0;    // matched records left to compute by max_load_ms
   uint64_t evicted_offloaded = 0;  // tier-1 evictions whose victim was already in tier 2
+  uint64_t request_waits = 0;      // requests that waited for a mover batch's pinned blocks
   HostTierCounters tier;           // the store's own counters
 };
 
@@ -328,6 +329,9 @@ class Pool {
                                   OpenMode mode, size_t num_hits, size_t loaded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<PoolTierStats> TierStatsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Waits, releasing mu_, until the mover's batch is back when it holds blocks that a request
+  // needing `needed` blocks could otherwise not have. Call before looking at anything.
+  void WaitOutOffloadLocked(size_t needed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the mover when blocks are evictable and fewer than offload_window_ are free.
   void MaybeWakeMoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MoverLoop();
@@ -409,6 +413,7 @@ class Pool {
   BlockId offload_cursor_ ABSL_GUARDED_BY(mu_) = kNoBlock;
   uint32_t offload_scanned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tier_hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t offload_waits_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Tier 2. Constant after construction; the tier and the counters synchronize themselves.
   const std::unique_ptr<HostTier> host_tier_;

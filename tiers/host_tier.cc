@@ -98,6 +98,7 @@ absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity&
                                                       const uint8_t* bytes) {
   StoreResult result;
   uint32_t slot = kNoSlot;
+  std::function<void(const Hash128&)> hook;
   {
     absl::MutexLock lock(&mu_);
     if (index_.contains(identity.hash)) {
@@ -125,7 +126,9 @@ absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity&
     Slot& s = slots_[slot];
     s.state = SlotState::kFilling;
     s.pins = 1;
+    hook = store_hook_;
   }
+  if (hook) hook(identity.hash);
   // The slot is private until indexed: no lock needed for its bytes.
   std::memcpy(SlotBytes(slot), bytes, block_bytes_);
   absl::MutexLock lock(&mu_);
@@ -277,6 +280,11 @@ bool HostTier::CorruptForTesting(const Hash128& hash, uint64_t offset) {
   if (it == index_.end() || offset >= block_bytes_) return false;
   SlotBytes(it->second)[offset] ^= 0x5a;
   return true;
+}
+
+void HostTier::SetStoreHookForTesting(std::function<void(const Hash128&)> hook) {
+  absl::MutexLock lock(&mu_);
+  store_hook_ = std::move(hook);
 }
 
 void HostTier::SetLoadHookForTesting(std::function<void(const Hash128&)> hook) {

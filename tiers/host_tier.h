@@ -99,6 +99,8 @@ class HostTier {
   // TEST ONLY: called at the start of every Load's copy (outside the mutex), e.g. to advance a
   // fake clock as a slow copy would.
   void SetLoadHookForTesting(std::function<void(const Hash128&)> hook);
+  // TEST ONLY: called at the start of every Store's copy (outside the mutex).
+  void SetStoreHookForTesting(std::function<void(const Hash128&)> hook);
 
  private:
   static constexpr uint32_t kNoSlot = ~uint32_t{0};
@@ -134,6 +136,7 @@ class HostTier {
   uint32_t lru_tail_ ABSL_GUARDED_BY(mu_) = kNoSlot;
   HostTierCounters counters_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Hash128&)> load_hook_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Hash128&)> store_hook_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvcache

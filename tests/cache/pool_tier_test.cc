@@ -6,7 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "cache/pool.h"
@@ -321,6 +323,34 @@ TEST_F(PoolTierTest, MoverThreadOffloadsAheadOfEviction) {
   ASSERT_OK(opened);
   EXPECT_EQ(opened->num_cached_tokens, 12u);  // capped: the last token is computed
   EXPECT_EQ(opened->num_host_tier_tokens, 12u);
+}
+
+// Regression: with every evictable block in the mover's batch, an open failed
+// RESOURCE_EXHAUSTED ("0 free and 0 evictable") as if they were referenced. It now waits for the
+// batch. The mover here is OffloadForTesting on a thread, held inside its first store until the
+// open is waiting.
+TEST_F(PoolTierTest, OpenNeedingTheMoversBatchWaitsForIt) {
+  MakePool(8, 16);
+  Compute(Tokens(500, 32));  // 8 evictable, none free
+  std::atomic<bool> storing{false}, release{false};
+  pool_->host_tier()->SetStoreHookForTesting([&](const Hash128&) {
+    storing = true;  // the batch is pinned
+    while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
+  });
+  std::thread mover([&] { pool_->OffloadForTesting(); });
+  std::thread releaser([&] {
+    // Lets the batch go once the open waits for it (or after the bound, to fail, not hang).
+    testing::PollUntil([&] { return TierStats().request_waits == 1; });
+    release = true;
+  });
+  ASSERT_TRUE(testing::PollUntil([&] { return storing.load(); }));
+  auto opened = Open(Tokens(100, 16));
+  release = true;
+  mover.join();
+  releaser.join();
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->block_ids.size(), 4u);
+  EXPECT_EQ(TierStats().request_waits, 1u);
 }
 
 TEST_F(PoolTierTest, HostTierNeedsAHostPool) {
