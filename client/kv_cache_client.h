@@ -228,6 +228,7 @@ class KvCacheClient {
     uint64_t deadline_blocks = 0;
     uint64_t evicted_from_above = 0;
     uint64_t records = 0;
+    uint64_t request_waits = 0;
   };
   struct PoolStats {
     std::string pool;

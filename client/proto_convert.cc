@@ -84,7 +84,8 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .load_failures = tier.load_failures(),
                                                    .deadline_blocks = tier.deadline_blocks(),
                                                    .evicted_from_above = tier.evicted_from_above(),
-                                                   .records = tier.records()});
+                                                   .records = tier.records(),
+                                                   .request_waits = tier.request_waits()});
   }
   return stats;
 }

@@ -112,6 +112,7 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     host->set_deadline_blocks(tier.deadline_blocks);
     host->set_evicted_from_above(tier.evicted_offloaded);
     host->set_records(tier.tier.records);
+    host->set_request_waits(tier.request_waits);
   }
 }
 

@@ -150,6 +150,9 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       "kvcache_tier_deadline_blocks_total",
       "Matched lower-tier records left to compute because the request's max_load_ms passed.",
       counter);
+  const size_t tier_waits = out.Family(
+      "kvcache_tier_request_waits_total",
+      "Requests that waited for blocks the mover was copying down (a pool nearly full).", counter);
   const size_t tier_bytes =
       out.Family("kvcache_tier_used_bytes", "Bytes of records a lower tier holds.", gauge);
   const size_t tier_capacity =
@@ -168,6 +171,7 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(tier_verify, labels, tier.tier.verify_failures);
       out.Counter(tier_load_failures, labels, tier.load_failures);
       out.Counter(tier_deadline, labels, tier.deadline_blocks);
+      out.Counter(tier_waits, labels, tier.request_waits);
       out.Gauge(tier_bytes, labels, tier.tier.bytes_used);
       out.Gauge(tier_capacity, labels, tier.tier.capacity_bytes);
     }
