@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "tests/testing/fault_injection_pool_memory.h"
+#include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -34,18 +35,7 @@ std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t
   return a;
 }
 
-PoolOptions TestPoolOptions() {
-  PoolOptions options;
-  options.name = "test";
-  options.model_id = "model";
-  options.layout = PoolLayout{.num_layers = 1,
-                              .num_kv_heads = 1,
-                              .head_dim = 4,
-                              .block_size = kBlockSize,
-                              .dtype = DType::kFloat32};
-  options.num_blocks = kNumBlocks;
-  return options;
-}
+PoolOptions TestPoolOptions() { return testing::SmallPoolOptions("test", kNumBlocks, kBlockSize); }
 
 class PoolTest : public ::testing::Test {
  protected:

@@ -16,6 +16,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injection_pool_memory.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -33,15 +34,7 @@ std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
 }
 
 PoolOptions TierPoolOptions(uint32_t num_blocks, uint32_t tier_blocks) {
-  PoolOptions options;
-  options.name = "tiered";
-  options.model_id = "model";
-  options.layout = PoolLayout{.num_layers = 1,
-                              .num_kv_heads = 1,
-                              .head_dim = 4,
-                              .block_size = kBlockSize,
-                              .dtype = DType::kFloat32};
-  options.num_blocks = num_blocks;
+  PoolOptions options = testing::SmallPoolOptions("tiered", num_blocks, kBlockSize);
   options.host_tier_bytes = uint64_t{tier_blocks} * options.layout.BlockBytes();
   options.testing_manual_offload = true;
   return options;
@@ -95,6 +88,14 @@ class PoolTierTest : public ::testing::Test {
     EXPECT_OK(pool_->Commit(session_, opened->sequence_id, tokens.size()));
     EXPECT_OK(pool_->Release(session_, opened->sequence_id));
     return *opened;
+  }
+
+  // Computes `tokens`, copies what the mover would to tier 2, then evicts it all from tier 1 with
+  // eight blocks of another prompt (the 8-block pools of these tests).
+  void ComputeOffloadEvict(const std::vector<uint32_t>& tokens) {
+    Compute(tokens);
+    pool_->OffloadForTesting();
+    Compute(Tokens(500, 32));
   }
 
   // The chain hashes the pool computes for `tokens` in session_'s tenant.
@@ -176,9 +177,7 @@ TEST_F(PoolTierTest, WalkContinuesInTier2AfterTier1Hits) {
 TEST_F(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
-  Compute(a);
-  pool_->OffloadForTesting();
-  Compute(Tokens(500, 32));
+  ComputeOffloadEvict(a);
   ASSERT_TRUE(pool_->host_tier()->CorruptForTesting(Chain(a)[1], 5));
   auto opened = Open(a);
   ASSERT_OK(opened);
@@ -200,9 +199,7 @@ TEST_F(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
 TEST_F(PoolTierTest, MaxLoadMsLeavesTheRestToCompute) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
-  Compute(a);
-  pool_->OffloadForTesting();
-  Compute(Tokens(500, 32));
+  ComputeOffloadEvict(a);
   // Each load takes 10 ms of the fake clock: blocks start at 0, 10, 20 ms; the fourth at 30 ms
   // is past a 25 ms bound.
   pool_->host_tier()->SetLoadHookForTesting(
@@ -225,9 +222,7 @@ TEST_F(PoolTierTest, MaxLoadMsLeavesTheRestToCompute) {
 TEST_F(PoolTierTest, ReadsAndPutsCountTier2BlocksAsCached) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 16);
-  Compute(a);
-  pool_->OffloadForTesting();
-  Compute(Tokens(500, 32));
+  ComputeOffloadEvict(a);
   auto read = Open(a, OpenMode::kPinCached);
   ASSERT_OK(read);
   EXPECT_EQ(read->num_cached_tokens, 16u);
@@ -256,9 +251,7 @@ TEST_F(PoolTierTest, ReadOfAPrefixOnlyInTier2FailsNothingWhenTier1IsFull) {
 TEST_F(PoolTierTest, SessionEndingDuringTheLoadLeavesNothingBehind) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
-  Compute(a);
-  pool_->OffloadForTesting();
-  Compute(Tokens(500, 32));
+  ComputeOffloadEvict(a);
   pool_->host_tier()->SetLoadHookForTesting([this](const Hash128&) {
     if (session_.closed.exchange(true)) return;
     pool_->ReleaseSession(session_.id);  // the sweep runs while the opening sequence loads

@@ -53,16 +53,21 @@ class TierClientTest : public DaemonFixture {
         << "the mover stored " << HostTier().stored_blocks << " of " << stored;
   }
 
+  // Opens a session, puts A (four blocks), waits for the mover to store them, then puts eight
+  // blocks of another prompt: every block of A leaves tier 1.
+  void PutOffloadAndEvict(const std::vector<uint32_t>& a) {
+    ASSERT_OK(client_->OpenSession("default", "tier-test"));
+    ASSERT_NO_FATAL_FAILURE(PutAndOffload(a, 4));
+    const std::vector<uint32_t> b = Tokens(8 * kBlockSize, 5000);
+    ASSERT_OK(client_->PutBlocks("tiered", b, Bytes(b)));
+  }
+
   uint64_t block_bytes_ = 0;
 };
 
 TEST_F(TierClientTest, EvictedBlocksComeBackFromTheHostTierWithIdenticalBytes) {
-  ASSERT_OK(client_->OpenSession("default", "tier-test"));
   const std::vector<uint32_t> a = Tokens(4 * kBlockSize, 100);
-  ASSERT_NO_FATAL_FAILURE(PutAndOffload(a, 4));
-  // Eight more blocks: every block of A leaves tier 1.
-  const std::vector<uint32_t> b = Tokens(8 * kBlockSize, 5000);
-  ASSERT_OK(client_->PutBlocks("tiered", b, Bytes(b)));
+  ASSERT_NO_FATAL_FAILURE(PutOffloadAndEvict(a));
   KvCacheClient::TierStats tier = HostTier();
   EXPECT_EQ(tier.tier, "host");
   EXPECT_EQ(tier.evicted_from_above, 4u);
@@ -95,11 +100,8 @@ TEST_F(TierClientTest, EvictedBlocksComeBackFromTheHostTierWithIdenticalBytes) {
 }
 
 TEST_F(TierClientTest, CorruptedHostTierRecordIsDetectedAndRecomputed) {
-  ASSERT_OK(client_->OpenSession("default", "tier-test"));
   const std::vector<uint32_t> a = Tokens(4 * kBlockSize, 100);
-  ASSERT_NO_FATAL_FAILURE(PutAndOffload(a, 4));
-  const std::vector<uint32_t> b = Tokens(8 * kBlockSize, 5000);
-  ASSERT_OK(client_->PutBlocks("tiered", b, Bytes(b)));
+  ASSERT_NO_FATAL_FAILURE(PutOffloadAndEvict(a));
   // Flip a byte of A's third block in tier 2.
   absl::StatusOr<Pool*> pool = daemon_->manager().FindPool("tiered");
   ASSERT_OK(pool);
