@@ -61,8 +61,8 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   if (!free_list_.empty()) {
     block = free_list_.back();
     free_list_.pop_back();
-  } else if (lru_head_ != kNoBlock) {
-    block = lru_head_;
+  } else if (lru_.front() != kNoBlock) {
+    block = lru_.front();
     LruRemove(block);
     if (blocks_[block].offloaded) ++counters_.evicted_offloaded;
     Unpublish(block, removed);
@@ -80,7 +80,7 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
 void BlockPool::PinForOffload(BlockId block) {
   BlockMeta& meta = blocks_[block];
   assert(meta.state == State::kEvictable && !meta.offload_pinned);
-  meta.pinned_next = meta.lru_next;
+  meta.pinned_next = meta.lru.next;
   LruRemove(block);
   meta.state = State::kReferenced;
   meta.ref_count = 1;
@@ -109,20 +109,6 @@ void BlockPool::UnpinOffloaded(BlockId block, bool offloaded) {
     // Its successor was evicted (so was everything older: it is the oldest now) or resurrected.
     LruPushFront(block);
   }
-}
-
-void BlockPool::LruInsertBefore(BlockId block, BlockId next) {
-  BlockMeta& meta = blocks_[block];
-  BlockMeta& after = blocks_[next];
-  meta.lru_next = next;
-  meta.lru_prev = after.lru_prev;
-  if (after.lru_prev != kNoBlock) {
-    blocks_[after.lru_prev].lru_next = block;
-  } else {
-    lru_head_ = block;
-  }
-  after.lru_prev = block;
-  ++num_evictable_;
 }
 
 void BlockPool::Release(BlockId block) {
@@ -188,48 +174,6 @@ void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
   }
 }
 
-void BlockPool::LruPushBack(BlockId block) {
-  BlockMeta& meta = blocks_[block];
-  meta.lru_prev = lru_tail_;
-  meta.lru_next = kNoBlock;
-  if (lru_tail_ != kNoBlock) {
-    blocks_[lru_tail_].lru_next = block;
-  } else {
-    lru_head_ = block;
-  }
-  lru_tail_ = block;
-  ++num_evictable_;
-}
-
-void BlockPool::LruPushFront(BlockId block) {
-  BlockMeta& meta = blocks_[block];
-  meta.lru_prev = kNoBlock;
-  meta.lru_next = lru_head_;
-  if (lru_head_ != kNoBlock) {
-    blocks_[lru_head_].lru_prev = block;
-  } else {
-    lru_tail_ = block;
-  }
-  lru_head_ = block;
-  ++num_evictable_;
-}
-
-void BlockPool::LruRemove(BlockId block) {
-  BlockMeta& meta = blocks_[block];
-  if (meta.lru_prev != kNoBlock) {
-    blocks_[meta.lru_prev].lru_next = meta.lru_next;
-  } else {
-    lru_head_ = meta.lru_next;
-  }
-  if (meta.lru_next != kNoBlock) {
-    blocks_[meta.lru_next].lru_prev = meta.lru_prev;
-  } else {
-    lru_tail_ = meta.lru_prev;
-  }
-  meta.lru_prev = meta.lru_next = kNoBlock;
-  --num_evictable_;
-}
-
 absl::Status BlockPool::CheckInvariants() const {
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   std::vector<uint8_t> on_free_list(blocks_.size(), 0);
@@ -239,15 +183,16 @@ absl::Status BlockPool::CheckInvariants() const {
   }
   uint32_t lru_length = 0;
   BlockId previous = kNoBlock;
-  for (BlockId block = lru_head_; block != kNoBlock; block = blocks_[block].lru_next) {
+  for (BlockId block = lru_.front(); block != kNoBlock; block = blocks_[block].lru.next) {
     if (++lru_length > blocks_.size()) return fail("evictable LRU has a cycle");
-    if (blocks_[block].lru_prev != previous) return fail("LRU back link broken at ", block);
+    if (blocks_[block].lru.prev != previous) return fail("LRU back link broken at ", block);
     if (blocks_[block].state != State::kEvictable) return fail("non-evictable ", block, " on LRU");
     previous = block;
   }
-  if (previous != lru_tail_) return fail("LRU tail is ", lru_tail_, ", walk ended at ", previous);
-  if (lru_length != num_evictable_) {
-    return fail("LRU holds ", lru_length, " blocks but num_evictable is ", num_evictable_);
+  if (previous != lru_.back())
+    return fail("LRU tail is ", lru_.back(), ", walk ended at ", previous);
+  if (lru_length != lru_.size()) {
+    return fail("LRU holds ", lru_length, " blocks but num_evictable is ", lru_.size());
   }
   uint32_t free = 0, evictable = 0, referenced = 0, published = 0, linked = 0;
   for (BlockId block = 0; block < blocks_.size(); ++block) {

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/block_hash.h"
+#include "common/index_list.h"
 
 namespace kvcache {
 
@@ -66,8 +67,8 @@ class BlockPool {
   uint32_t num_blocks() const { return static_cast<uint32_t>(blocks_.size()); }
   uint32_t block_size() const { return block_size_; }
   uint32_t num_free() const { return static_cast<uint32_t>(free_list_.size()); }
-  uint32_t num_evictable() const { return num_evictable_; }
-  uint32_t num_referenced() const { return num_blocks() - num_free() - num_evictable_; }
+  uint32_t num_evictable() const { return lru_.size(); }
+  uint32_t num_referenced() const { return num_blocks() - num_free() - lru_.size(); }
   const BlockPoolCounters& counters() const { return counters_; }
 
   // The block that `expected.hash` maps to, if its stored identity and tokens equal `expected`
@@ -116,8 +117,8 @@ class BlockPool {
 
   // The offload mover's view (cache/pool.h): the LRU from its eviction end, and a pin that keeps
   // a block's bytes stable while they are copied to the tier below without counting as a hit.
-  BlockId LruFront() const { return lru_head_; }
-  BlockId LruNext(BlockId block) const { return blocks_[block].lru_next; }
+  BlockId LruFront() const { return lru_.front(); }
+  BlockId LruNext(BlockId block) const { return blocks_[block].lru.next; }
   // Whether the block's bytes are below (set by UnpinOffloaded; cleared when the block is reused).
   bool IsOffloaded(BlockId block) const { return blocks_[block].offloaded; }
   void SetOffloaded(BlockId block) { blocks_[block].offloaded = blocks_[block].published; }
@@ -137,6 +138,7 @@ class BlockPool {
   absl::Status CheckInvariants() const;
 
  private:
+  using Lru = IndexList<BlockId, kNoBlock>;
   enum class State : uint8_t { kFree, kEvictable, kReferenced };
 
   struct BlockMeta {
@@ -151,14 +153,16 @@ class BlockPool {
     uint64_t checksum = 0;
     BlockIdentity identity;
     // Doubly linked LRU of evictable blocks, by block id.
-    BlockId lru_prev = kNoBlock;
-    BlockId lru_next = kNoBlock;
+    Lru::Links lru;
   };
 
-  void LruPushBack(BlockId block);
-  void LruPushFront(BlockId block);
-  void LruInsertBefore(BlockId block, BlockId next);
-  void LruRemove(BlockId block);
+  auto LruLinks() {
+    return [this](BlockId block) -> Lru::Links& { return blocks_[block].lru; };
+  }
+  void LruPushBack(BlockId block) { lru_.PushBack(block, LruLinks()); }
+  void LruPushFront(BlockId block) { lru_.PushFront(block, LruLinks()); }
+  void LruInsertBefore(BlockId block, BlockId next) { lru_.InsertBefore(block, next, LruLinks()); }
+  void LruRemove(BlockId block) { lru_.Remove(block, LruLinks()); }
   // Drops `block`'s hash and its descendants' from the index; descendants that are evictable go
   // to the free list. Appends the hashes to `removed` when given.
   void Unpublish(BlockId block, std::vector<Hash128>* removed);
@@ -167,9 +171,7 @@ class BlockPool {
   std::vector<BlockMeta> blocks_;
   std::vector<uint32_t> tokens_;  // block_size_ tokens per published block, by block id
   std::vector<BlockId> free_list_;
-  BlockId lru_head_ = kNoBlock;  // least recently released: evicted first
-  BlockId lru_tail_ = kNoBlock;
-  uint32_t num_evictable_ = 0;
+  Lru lru_;  // evictable blocks, least recently released at the front: evicted first
   absl::flat_hash_map<Hash128, BlockId> index_;
   // Published blocks by their parent block (blocks whose parent is the chain root are not here).
   absl::flat_hash_map<BlockId, std::vector<BlockId>> children_;

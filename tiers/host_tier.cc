@@ -44,33 +44,6 @@ HostTier::HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, u
 
 HostTier::~HostTier() { munmap(base_, mapped_bytes_); }
 
-void HostTier::LruPushBack(uint32_t slot) {
-  Slot& s = slots_[slot];
-  s.lru_prev = lru_tail_;
-  s.lru_next = kNoSlot;
-  if (lru_tail_ != kNoSlot) {
-    slots_[lru_tail_].lru_next = slot;
-  } else {
-    lru_head_ = slot;
-  }
-  lru_tail_ = slot;
-}
-
-void HostTier::LruRemove(uint32_t slot) {
-  Slot& s = slots_[slot];
-  if (s.lru_prev != kNoSlot) {
-    slots_[s.lru_prev].lru_next = s.lru_next;
-  } else {
-    lru_head_ = s.lru_next;
-  }
-  if (s.lru_next != kNoSlot) {
-    slots_[s.lru_next].lru_prev = s.lru_prev;
-  } else {
-    lru_tail_ = s.lru_prev;
-  }
-  s.lru_prev = s.lru_next = kNoSlot;
-}
-
 void HostTier::DropLocked(uint32_t slot) {
   Slot& s = slots_[slot];
   index_.erase(s.identity.hash);
@@ -111,8 +84,8 @@ absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity&
     } else {
       // The least recently used record that no load is reading; pins are few (one per load in
       // flight), so this stays O(1) in practice.
-      uint32_t victim = lru_head_;
-      while (victim != kNoSlot && slots_[victim].pins > 0) victim = slots_[victim].lru_next;
+      uint32_t victim = lru_.front();
+      while (victim != kNoSlot && slots_[victim].pins > 0) victim = slots_[victim].lru.next;
       if (victim == kNoSlot) {
         ++counters_.store_rejections;
         return absl::ResourceExhaustedError("host tier: every slot is being read");
@@ -258,13 +231,13 @@ absl::Status HostTier::CheckInvariants() const {
   }
   uint64_t lru_length = 0;
   uint32_t previous = kNoSlot;
-  for (uint32_t slot = lru_head_; slot != kNoSlot; slot = slots_[slot].lru_next) {
+  for (uint32_t slot = lru_.front(); slot != kNoSlot; slot = slots_[slot].lru.next) {
     if (++lru_length > num_slots_) return fail("host tier LRU has a cycle");
-    if (slots_[slot].lru_prev != previous) return fail("host tier LRU link broken at ", slot);
+    if (slots_[slot].lru.prev != previous) return fail("host tier LRU link broken at ", slot);
     if (slots_[slot].state != SlotState::kStored) return fail("unstored slot ", slot, " on LRU");
     previous = slot;
   }
-  if (previous != lru_tail_ || lru_length != stored) {
+  if (previous != lru_.back() || lru_length != stored) {
     return fail("host tier LRU holds ", lru_length, " of ", stored, " records");
   }
   if (counters_.records != stored || counters_.bytes_used != stored * block_bytes_) {

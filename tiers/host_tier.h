@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/block_hash.h"
+#include "common/index_list.h"
 #include "tiers/block_record.h"
 
 namespace kvcache {
@@ -104,20 +105,29 @@ class HostTier {
 
  private:
   static constexpr uint32_t kNoSlot = ~uint32_t{0};
+  using Lru = IndexList<uint32_t, kNoSlot>;
   enum class SlotState : uint8_t { kFree, kFilling, kStored, kDropped };
   struct Slot {
     SlotState state = SlotState::kFree;
     uint32_t pins = 0;
     BlockRecordIdentity identity;
-    uint32_t lru_prev = kNoSlot;
-    uint32_t lru_next = kNoSlot;
+    Lru::Links lru;
   };
 
   HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots);
   uint8_t* SlotBytes(uint32_t slot) const { return base_ + uint64_t{slot} * block_bytes_; }
 
-  void LruPushBack(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LruRemove(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  auto LruLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return [this](uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS -> Lru::Links& {
+      return slots_[slot].lru;  // called only under mu_, from the two below
+    };
+  }
+  void LruPushBack(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    lru_.PushBack(slot, LruLinks());
+  }
+  void LruRemove(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    lru_.Remove(slot, LruLinks());
+  }
   // Takes a stored record out of the index and the LRU; its slot is freed now, or by the last
   // unpin when it is pinned.
   void DropLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -132,8 +142,7 @@ class HostTier {
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Hash128, uint32_t> index_ ABSL_GUARDED_BY(mu_);
-  uint32_t lru_head_ ABSL_GUARDED_BY(mu_) = kNoSlot;  // least recently used: evicted first
-  uint32_t lru_tail_ ABSL_GUARDED_BY(mu_) = kNoSlot;
+  Lru lru_ ABSL_GUARDED_BY(mu_);  // stored records, least recently used at the front
   HostTierCounters counters_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Hash128&)> load_hook_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Hash128&)> store_hook_ ABSL_GUARDED_BY(mu_);
