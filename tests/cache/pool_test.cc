@@ -23,12 +23,7 @@ using ::testing::HasSubstr;
 constexpr uint32_t kBlockSize = 4;
 constexpr uint32_t kNumBlocks = 8;
 
-// Tokens first, first+1, ... (n of them).
-std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
-  std::vector<uint32_t> tokens(n);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using ::kvcache::testing::Tokens;
 
 std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());

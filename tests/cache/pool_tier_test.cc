@@ -27,11 +27,7 @@ using ::testing::HasSubstr;
 
 constexpr uint32_t kBlockSize = 4;
 
-std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
-  std::vector<uint32_t> tokens(n);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using ::kvcache::testing::Tokens;
 
 PoolOptions TierPoolOptions(uint32_t num_blocks, uint32_t tier_blocks) {
   PoolOptions options = testing::SmallPoolOptions("tiered", num_blocks, kBlockSize);

@@ -1,10 +1,12 @@
 // PoolOptions for the core's unit tests: a one-layer, one-head, 4-dim fp32 layout (32 bytes per
-// token: a 4-token block is 128 bytes), so pools of a few blocks cost nothing.
+// token: a 4-token block is 128 bytes), so pools of a few blocks cost nothing; and their prompts.
 #ifndef KVCACHE_TESTS_TESTING_SMALL_POOL_OPTIONS_H_
 #define KVCACHE_TESTS_TESTING_SMALL_POOL_OPTIONS_H_
 
 #include <cstdint>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "cache/pool.h"
 
@@ -21,6 +23,13 @@ inline PoolOptions SmallPoolOptions(std::string name, uint32_t num_blocks, uint3
                               .dtype = DType::kFloat32};
   options.num_blocks = num_blocks;
   return options;
+}
+
+// Tokens first, first+1, ... (n of them).
+inline std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
+  std::vector<uint32_t> tokens(n);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
 }
 
 }  // namespace kvcache::testing
