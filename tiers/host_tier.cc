@@ -247,6 +247,12 @@ absl::Status HostTier::CheckInvariants() const {
   return absl::OkStatus();
 }
 
+const uint8_t* HostTier::RecordBytesForTesting(const Hash128& hash) const {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(hash);
+  return it == index_.end() ? nullptr : SlotBytes(it->second);
+}
+
 bool HostTier::CorruptForTesting(const Hash128& hash, uint64_t offset) {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(hash);

@@ -95,6 +95,9 @@ class HostTier {
   // Index, LRU, free slots and byte counts agree. O(slots).
   absl::Status CheckInvariants() const;
 
+  // TEST ONLY (benchmarks): where the record under `hash` keeps its bytes, or null. The pointer
+  // is valid until the record is evicted or dropped.
+  const uint8_t* RecordBytesForTesting(const Hash128& hash) const;
   // TEST ONLY: flips one byte of the record stored under `hash`; false when there is none.
   bool CorruptForTesting(const Hash128& hash, uint64_t offset);
   // TEST ONLY: called at the start of every Load's copy (outside the mutex), e.g. to advance a
