@@ -7,7 +7,7 @@
 // short phases over many rounds, with the median ratio of their call rates (the issue's bar:
 // >= 0.9x). Last, the same mix against a small, evicting pool with a host tier (tier 2: its mover
 // and every open's probe) vs without (the bar: >= 0.9x). Usage: rpc_bench [seconds] [clients]
-// [rounds]
+// [rounds] [tier: only the tier 2 comparison]
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
@@ -358,7 +358,27 @@ void CompareDaemons(BenchDaemon& off, BenchDaemon& on, double phase, int rounds)
               Median(ratios), Median(cpu_ratios));
 }
 
-int Main(double seconds, int clients, int rounds) {
+void CompareTiers(int clients, double phase, int rounds) {
+  // Tier 2 (issue 18): the same mix against a pool small enough to evict all the time, with a
+  // host tier (its mover offloading ahead of every eviction, every open probing it) and without.
+  constexpr uint32_t kTierPoolBlocks = 4096;
+  const uint64_t tier_bytes = uint64_t{4 * kTierPoolBlocks} * 512;  // 512-byte blocks
+  std::printf(
+      "\ntier 2 on vs off (open+commit+release mix, %u-block pool evicting, host tier of %llu "
+      "blocks): %d rounds of two %.2f s phases, two live daemons\n",
+      kTierPoolBlocks, static_cast<unsigned long long>(tier_bytes / 512), rounds, phase);
+  BenchDaemon plain_pool(clients, false, 0, kTierPoolBlocks);
+  BenchDaemon tiered_pool(clients, false, tier_bytes, kTierPoolBlocks);
+  CompareDaemons(plain_pool, tiered_pool, phase, rounds);
+  tiered_pool.PrintTier();
+}
+
+int Main(double seconds, int clients, int rounds, bool only_tier) {
+  const double phase = std::max(0.25, seconds / 4);
+  if (only_tier) {
+    CompareTiers(clients, phase, rounds);
+    return 0;
+  }
   std::vector<Result> results;
   double mix_rate = 0;
   {
@@ -400,7 +420,6 @@ int Main(double seconds, int clients, int rounds) {
   // (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
   // from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
   // phase cannot move. Both daemons are warm and live through the same pool states.
-  const double phase = std::max(0.25, seconds / 4);
   std::printf(
       "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
       "phases, two live daemons\n",
@@ -415,18 +434,7 @@ int Main(double seconds, int clients, int rounds) {
                 static_cast<unsigned long long>(on.scrapes()));
   }
 
-  // Tier 2 (issue 18): the same mix against a pool small enough to evict all the time, with a
-  // host tier (its mover offloading ahead of every eviction, every open probing it) and without.
-  constexpr uint32_t kTierPoolBlocks = 4096;
-  const uint64_t tier_bytes = uint64_t{4 * kTierPoolBlocks} * 512;  // 512-byte blocks
-  std::printf(
-      "\ntier 2 on vs off (open+commit+release mix, %u-block pool evicting, host tier of %llu "
-      "blocks): %d rounds of two %.2f s phases, two live daemons\n",
-      kTierPoolBlocks, static_cast<unsigned long long>(tier_bytes / 512), rounds, phase);
-  BenchDaemon plain_pool(clients, false, 0, kTierPoolBlocks);
-  BenchDaemon tiered_pool(clients, false, tier_bytes, kTierPoolBlocks);
-  CompareDaemons(plain_pool, tiered_pool, phase, rounds);
-  tiered_pool.PrintTier();
+  CompareTiers(clients, phase, rounds);
   return 0;
 }
 
@@ -440,5 +448,6 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   const int clients = argc > 2 ? std::atoi(argv[2]) : 4;
   const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 21;
-  return kvcache::Main(seconds, clients, rounds);
+  const bool only_tier = argc > 4 && std::string(argv[4]) == "tier";
+  return kvcache::Main(seconds, clients, rounds, only_tier);
 }

@@ -414,6 +414,7 @@ class Pool {
   uint32_t offload_scanned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tier_hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t offload_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t mover_events_ ABSL_GUARDED_BY(mu_) = 0;  // since the mover was last woken
 
   // Tier 2. Constant after construction; the tier and the counters synchronize themselves.
   const std::unique_ptr<HostTier> host_tier_;
