@@ -874,6 +874,7 @@ std::optional<PoolTierStats> Pool::TierStatsLocked() const {
 PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   absl::ReaderMutexLock lock(&mu_);
   PoolStatsSnapshot stats{.free = pool_.num_free(), .evictable = pool_.num_evictable()};
+  stats.host_tier = TierStatsLocked();  // pool-wide, a stranger's view included
   auto slot = tenant_slots_.find(tenant);
   if (slot == tenant_slots_.end()) return stats;
   const TenantUsage& usage = tenants_[slot->second];
@@ -884,7 +885,6 @@ PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   stats.miss_blocks = usage.miss_blocks;
   stats.open_sequences = usage.open_sequences;
   stats.pool = usage.counters;
-  stats.host_tier = TierStatsLocked();
   return stats;
 }
 

@@ -342,6 +342,18 @@ TEST_F(PoolTierTest, OpenNeedingTheMoversBatchWaitsForIt) {
   EXPECT_EQ(TierStats().request_waits, 1u);
 }
 
+TEST_F(PoolTierTest, TierFiguresArePoolWideInEveryTenantsView) {
+  MakePool(8, 16);
+  Compute(Tokens(100, 16));
+  EXPECT_EQ(pool_->OffloadForTesting(), 4u);
+  for (absl::string_view tenant : {"tenant-a", "never-used-the-pool"}) {
+    const PoolStatsSnapshot stats = pool_->Stats(tenant);
+    ASSERT_TRUE(stats.host_tier.has_value()) << tenant;
+    EXPECT_EQ(stats.host_tier->offloaded_blocks, 4u) << tenant;
+    EXPECT_EQ(stats.host_tier->tier.records, 4u) << tenant;
+  }
+}
+
 TEST_F(PoolTierTest, HostTierNeedsAHostPool) {
   PoolOptions options = TierPoolOptions(8, 4);
   auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
