@@ -5,7 +5,9 @@
 // one with KV events recorded and streamed to a WatchEvents watcher and to a ZeroMQ subscriber,
 // and /metrics scraped every 100 ms: both daemons live side by side and are measured in turn, in
 // short phases over many rounds, with the median ratio of their call rates (the issue's bar:
-// >= 0.9x). Usage: rpc_bench [seconds] [clients] [rounds]
+// >= 0.9x). Last, the same mix against a small, evicting pool with a host tier (tier 2: its mover
+// and every open's probe) vs without (the bar: >= 0.9x). Usage: rpc_bench [seconds] [clients]
+// [rounds] [tier: only the tier 2 comparison]
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
@@ -136,7 +138,10 @@ bool Observes(absl::string_view part) {
 // subscriber, and /metrics is scraped every 100 ms while the daemon is measured.
 class BenchDaemon {
  public:
-  BenchDaemon(int clients, bool observed) : clients_(clients) {
+  // `host_tier_bytes` > 0: the pool has a tier 2 of that size, and `pool_blocks` blocks.
+  BenchDaemon(int clients, bool observed, uint64_t host_tier_bytes = 0,
+              uint32_t pool_blocks = 1 << 16)
+      : clients_(clients) {
     char dir_template[] = "/tmp/kvcache-bench-XXXXXX";
     dir_ = mkdtemp(dir_template);
     DaemonOptions options;
@@ -151,7 +156,8 @@ class BenchDaemon {
     pool.name = "bench";
     pool.model_id = "bench";
     pool.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
-    pool.num_blocks = 1 << 16;
+    pool.num_blocks = pool_blocks;
+    pool.host_tier_bytes = host_tier_bytes;
     options.pools.push_back(pool);
     auto daemon = Daemon::Start(options);
     if (!daemon.ok()) {
@@ -210,6 +216,22 @@ class BenchDaemon {
     if (commit_samples != nullptr) *commit_samples = std::move(commit);
     if (release_samples != nullptr) *release_samples = std::move(release);
     return Phase{.calls_per_second = calls / seconds, .calls_per_cpu_second = calls / cpu};
+  }
+
+  // The pool's tier-2 figures, when it has a tier 2.
+  void PrintTier() {
+    for (Pool* pool : daemon_->manager().pools()) {
+      const PoolStatsSnapshot stats = pool->Stats();
+      if (!stats.host_tier.has_value()) continue;
+      std::printf(
+          "tiered daemon: %llu evictions (%llu already in tier 2), %llu blocks stored, "
+          "%llu tier-2 evictions, %llu tier-2 hits\n",
+          static_cast<unsigned long long>(stats.pool.evictions),
+          static_cast<unsigned long long>(stats.pool.evicted_offloaded),
+          static_cast<unsigned long long>(stats.host_tier->tier.stored),
+          static_cast<unsigned long long>(stats.host_tier->tier.evicted),
+          static_cast<unsigned long long>(stats.host_tier->hit_blocks));
+    }
   }
 
   uint64_t events_watched() const { return events_watched_.load(); }
@@ -303,7 +325,60 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-int Main(double seconds, int clients, int rounds) {
+// `off` and `on` live side by side for the whole comparison, measured in turn in short phases
+// (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
+// from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
+// phase cannot move. Both are warmed first.
+void CompareDaemons(BenchDaemon& off, BenchDaemon& on, double phase, int rounds) {
+  off.RunMix(phase);
+  on.RunMix(phase);
+  std::printf("%-6s %10s %10s %7s %12s %12s %7s\n", "round", "off", "on", "on/off", "off/cpu-s",
+              "on/cpu-s", "on/off");
+  std::vector<double> ratios, cpu_ratios;
+  double off_total = 0, on_total = 0;
+  for (int round = 1; round <= rounds; ++round) {
+    BenchDaemon::Phase on_phase, off_phase;
+    if (round % 2 == 1) {
+      off_phase = off.RunMix(phase);
+      on_phase = on.RunMix(phase);
+    } else {
+      on_phase = on.RunMix(phase);
+      off_phase = off.RunMix(phase);
+    }
+    off_total += off_phase.calls_per_second;
+    on_total += on_phase.calls_per_second;
+    ratios.push_back(on_phase.calls_per_second / off_phase.calls_per_second);
+    cpu_ratios.push_back(on_phase.calls_per_cpu_second / off_phase.calls_per_cpu_second);
+    std::printf("%-6d %10.0f %10.0f %6.2fx %12.0f %12.0f %6.2fx\n", round,
+                off_phase.calls_per_second, on_phase.calls_per_second, ratios.back(),
+                off_phase.calls_per_cpu_second, on_phase.calls_per_cpu_second, cpu_ratios.back());
+  }
+  std::printf("%-6s %10.0f %10.0f %6.2fx\n", "total", off_total, on_total, on_total / off_total);
+  std::printf("median of the rounds' on/off ratios: calls/s %.2fx, calls per CPU second %.2fx\n",
+              Median(ratios), Median(cpu_ratios));
+}
+
+void CompareTiers(int clients, double phase, int rounds) {
+  // Tier 2 (issue 18): the same mix against a pool small enough to evict all the time, with a
+  // host tier (its mover offloading ahead of every eviction, every open probing it) and without.
+  constexpr uint32_t kTierPoolBlocks = 4096;
+  const uint64_t tier_bytes = uint64_t{4 * kTierPoolBlocks} * 512;  // 512-byte blocks
+  std::printf(
+      "\ntier 2 on vs off (open+commit+release mix, %u-block pool evicting, host tier of %llu "
+      "blocks): %d rounds of two %.2f s phases, two live daemons\n",
+      kTierPoolBlocks, static_cast<unsigned long long>(tier_bytes / 512), rounds, phase);
+  BenchDaemon plain_pool(clients, false, 0, kTierPoolBlocks);
+  BenchDaemon tiered_pool(clients, false, tier_bytes, kTierPoolBlocks);
+  CompareDaemons(plain_pool, tiered_pool, phase, rounds);
+  tiered_pool.PrintTier();
+}
+
+int Main(double seconds, int clients, int rounds, bool only_tier) {
+  const double phase = std::max(0.25, seconds / 4);
+  if (only_tier) {
+    CompareTiers(clients, phase, rounds);
+    return 0;
+  }
   std::vector<Result> results;
   double mix_rate = 0;
   {
@@ -345,43 +420,21 @@ int Main(double seconds, int clients, int rounds) {
   // (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
   // from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
   // phase cannot move. Both daemons are warm and live through the same pool states.
-  const double phase = std::max(0.25, seconds / 4);
   std::printf(
       "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
       "phases, two live daemons\n",
       rounds, phase);
-  BenchDaemon off(clients, false);
-  BenchDaemon on(clients, true);
-  off.RunMix(phase);  // warm both
-  on.RunMix(phase);
-  std::printf("%-6s %10s %10s %7s %12s %12s %7s\n", "round", "off", "on", "on/off", "off/cpu-s",
-              "on/cpu-s", "on/off");
-  std::vector<double> ratios, cpu_ratios;
-  double off_total = 0, on_total = 0;
-  for (int round = 1; round <= rounds; ++round) {
-    BenchDaemon::Phase on_phase, off_phase;
-    if (round % 2 == 1) {
-      off_phase = off.RunMix(phase);
-      on_phase = on.RunMix(phase);
-    } else {
-      on_phase = on.RunMix(phase);
-      off_phase = off.RunMix(phase);
-    }
-    off_total += off_phase.calls_per_second;
-    on_total += on_phase.calls_per_second;
-    ratios.push_back(on_phase.calls_per_second / off_phase.calls_per_second);
-    cpu_ratios.push_back(on_phase.calls_per_cpu_second / off_phase.calls_per_cpu_second);
-    std::printf("%-6d %10.0f %10.0f %6.2fx %12.0f %12.0f %6.2fx\n", round,
-                off_phase.calls_per_second, on_phase.calls_per_second, ratios.back(),
-                off_phase.calls_per_cpu_second, on_phase.calls_per_cpu_second, cpu_ratios.back());
+  {
+    BenchDaemon off(clients, false);
+    BenchDaemon on(clients, true);
+    CompareDaemons(off, on, phase, rounds);
+    std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
+                static_cast<unsigned long long>(on.events_watched()),
+                static_cast<unsigned long long>(on.zmq_messages()),
+                static_cast<unsigned long long>(on.scrapes()));
   }
-  std::printf("%-6s %10.0f %10.0f %6.2fx\n", "total", off_total, on_total, on_total / off_total);
-  std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
-              static_cast<unsigned long long>(on.events_watched()),
-              static_cast<unsigned long long>(on.zmq_messages()),
-              static_cast<unsigned long long>(on.scrapes()));
-  std::printf("median of the rounds' on/off ratios: calls/s %.2fx, calls per CPU second %.2fx\n",
-              Median(ratios), Median(cpu_ratios));
+
+  CompareTiers(clients, phase, rounds);
   return 0;
 }
 
@@ -395,5 +448,6 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   const int clients = argc > 2 ? std::atoi(argv[2]) : 4;
   const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 21;
-  return kvcache::Main(seconds, clients, rounds);
+  const bool only_tier = argc > 4 && std::string(argv[4]) == "tier";
+  return kvcache::Main(seconds, clients, rounds, only_tier);
 }

@@ -52,6 +52,7 @@ void BlockPool::Acquire(BlockId block) {
     meta.state = State::kReferenced;
     ++counters_.resurrections;
   }
+  if (meta.offload_pinned) meta.used_while_pinned = true;
   ++meta.ref_count;
 }
 
@@ -60,9 +61,10 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   if (!free_list_.empty()) {
     block = free_list_.back();
     free_list_.pop_back();
-  } else if (lru_head_ != kNoBlock) {
-    block = lru_head_;
+  } else if (lru_.front() != kNoBlock) {
+    block = lru_.front();
     LruRemove(block);
+    if (blocks_[block].offloaded) ++counters_.evicted_offloaded;
     Unpublish(block, removed);
   } else {
     return kNoBlock;
@@ -71,7 +73,42 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   meta.state = State::kReferenced;
   meta.ref_count = 1;
   meta.has_checksum = false;
+  meta.offloaded = false;
   return block;
+}
+
+void BlockPool::PinForOffload(BlockId block) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.state == State::kEvictable && !meta.offload_pinned);
+  meta.pinned_next = meta.lru.next;
+  LruRemove(block);
+  meta.state = State::kReferenced;
+  meta.ref_count = 1;
+  meta.offload_pinned = true;
+  meta.used_while_pinned = false;
+}
+
+void BlockPool::UnpinOffloaded(BlockId block, bool offloaded) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.offload_pinned && meta.ref_count > 0);
+  meta.offload_pinned = false;
+  if (offloaded && meta.published) meta.offloaded = true;
+  if (--meta.ref_count > 0) return;
+  if (!meta.published) {
+    meta.state = State::kFree;
+    free_list_.push_back(block);
+    return;
+  }
+  meta.state = State::kEvictable;
+  const BlockId next = meta.pinned_next;
+  if (meta.used_while_pinned || next == kNoBlock) {
+    LruPushBack(block);
+  } else if (blocks_[next].state == State::kEvictable) {
+    LruInsertBefore(block, next);  // back where it was
+  } else {
+    // Its successor was evicted (so was everything older: it is the oldest now) or resurrected.
+    LruPushFront(block);
+  }
 }
 
 void BlockPool::Release(BlockId block) {
@@ -120,6 +157,7 @@ void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
     }
   }
   meta.published = false;
+  meta.offloaded = false;
   meta.identity = BlockIdentity{};
   auto orphans = children_.extract(block);
   if (orphans.empty()) return;
@@ -136,35 +174,6 @@ void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
   }
 }
 
-void BlockPool::LruPushBack(BlockId block) {
-  BlockMeta& meta = blocks_[block];
-  meta.lru_prev = lru_tail_;
-  meta.lru_next = kNoBlock;
-  if (lru_tail_ != kNoBlock) {
-    blocks_[lru_tail_].lru_next = block;
-  } else {
-    lru_head_ = block;
-  }
-  lru_tail_ = block;
-  ++num_evictable_;
-}
-
-void BlockPool::LruRemove(BlockId block) {
-  BlockMeta& meta = blocks_[block];
-  if (meta.lru_prev != kNoBlock) {
-    blocks_[meta.lru_prev].lru_next = meta.lru_next;
-  } else {
-    lru_head_ = meta.lru_next;
-  }
-  if (meta.lru_next != kNoBlock) {
-    blocks_[meta.lru_next].lru_prev = meta.lru_prev;
-  } else {
-    lru_tail_ = meta.lru_prev;
-  }
-  meta.lru_prev = meta.lru_next = kNoBlock;
-  --num_evictable_;
-}
-
 absl::Status BlockPool::CheckInvariants() const {
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   std::vector<uint8_t> on_free_list(blocks_.size(), 0);
@@ -174,15 +183,16 @@ absl::Status BlockPool::CheckInvariants() const {
   }
   uint32_t lru_length = 0;
   BlockId previous = kNoBlock;
-  for (BlockId block = lru_head_; block != kNoBlock; block = blocks_[block].lru_next) {
+  for (BlockId block = lru_.front(); block != kNoBlock; block = blocks_[block].lru.next) {
     if (++lru_length > blocks_.size()) return fail("evictable LRU has a cycle");
-    if (blocks_[block].lru_prev != previous) return fail("LRU back link broken at ", block);
+    if (blocks_[block].lru.prev != previous) return fail("LRU back link broken at ", block);
     if (blocks_[block].state != State::kEvictable) return fail("non-evictable ", block, " on LRU");
     previous = block;
   }
-  if (previous != lru_tail_) return fail("LRU tail is ", lru_tail_, ", walk ended at ", previous);
-  if (lru_length != num_evictable_) {
-    return fail("LRU holds ", lru_length, " blocks but num_evictable is ", num_evictable_);
+  if (previous != lru_.back())
+    return fail("LRU tail is ", lru_.back(), ", walk ended at ", previous);
+  if (lru_length != lru_.size()) {
+    return fail("LRU holds ", lru_length, " blocks but num_evictable is ", lru_.size());
   }
   uint32_t free = 0, evictable = 0, referenced = 0, published = 0, linked = 0;
   for (BlockId block = 0; block < blocks_.size(); ++block) {
@@ -206,6 +216,12 @@ absl::Status BlockPool::CheckInvariants() const {
           return fail("referenced block ", block, " has ref 0 or is on the free list");
         }
         break;
+    }
+    if (meta.offload_pinned && meta.state != State::kReferenced) {
+      return fail("offload-pinned block ", block, " is not referenced");
+    }
+    if (meta.offloaded && !meta.published) {
+      return fail("block ", block, " is marked offloaded without a hash");
     }
     if (meta.published) {
       ++published;

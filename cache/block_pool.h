@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/block_hash.h"
+#include "common/index_list.h"
 
 namespace kvcache {
 
@@ -47,6 +48,10 @@ struct BlockIdentity {
 
 struct BlockPoolCounters {
   uint64_t evictions = 0;
+  // Of the evictions, victims taken from the LRU front that the mover had already copied to the
+  // tier below (BlockPool::PinForOffload): nothing was lost. Descendants unpublished with a
+  // victim are not counted here.
+  uint64_t evicted_offloaded = 0;
   uint64_t resurrections = 0;
   uint64_t published = 0;
   uint64_t duplicates = 0;
@@ -62,8 +67,8 @@ class BlockPool {
   uint32_t num_blocks() const { return static_cast<uint32_t>(blocks_.size()); }
   uint32_t block_size() const { return block_size_; }
   uint32_t num_free() const { return static_cast<uint32_t>(free_list_.size()); }
-  uint32_t num_evictable() const { return num_evictable_; }
-  uint32_t num_referenced() const { return num_blocks() - num_free() - num_evictable_; }
+  uint32_t num_evictable() const { return lru_.size(); }
+  uint32_t num_referenced() const { return num_blocks() - num_free() - lru_.size(); }
   const BlockPoolCounters& counters() const { return counters_; }
 
   // The block that `expected.hash` maps to, if its stored identity and tokens equal `expected`
@@ -73,6 +78,9 @@ class BlockPool {
   BlockId Indexed(const Hash128& hash) const;
   bool IsEvictable(BlockId block) const { return blocks_[block].state == State::kEvictable; }
   bool IsPublished(BlockId block) const { return blocks_[block].published; }
+  // What Publish recorded for a published block, and its tokens.
+  const BlockIdentity& IdentityOf(BlockId block) const { return blocks_[block].identity; }
+  absl::Span<const uint32_t> TokensOf(BlockId block) const;
   // A published block's parent link (BlockIdentity::parent_block).
   BlockId ParentOf(BlockId block) const { return blocks_[block].identity.parent_block; }
   uint32_t RefCount(BlockId block) const { return blocks_[block].ref_count; }
@@ -107,11 +115,30 @@ class BlockPool {
   // REQUIRES: RefCount(block) > 0, tokens.size() == block_size().
   bool Publish(BlockId block, const BlockIdentity& identity, absl::Span<const uint32_t> tokens);
 
+  // The offload mover's view (cache/pool.h): the LRU from its eviction end, and a pin that keeps
+  // a block's bytes stable while they are copied to the tier below without counting as a hit.
+  BlockId LruFront() const { return lru_.front(); }
+  BlockId LruNext(BlockId block) const { return blocks_[block].lru.next; }
+  // Whether the block's bytes are below (set by UnpinOffloaded; cleared when the block is reused).
+  bool IsOffloaded(BlockId block) const { return blocks_[block].offloaded; }
+  void SetOffloaded(BlockId block) { blocks_[block].offloaded = blocks_[block].published; }
+  bool IsOffloadPinned(BlockId block) const { return blocks_[block].offload_pinned; }
+  // Takes an evictable block off the LRU with ref 1 and marks it offload-pinned: it cannot be
+  // evicted or reused until UnpinOffloaded. REQUIRES: IsEvictable(block).
+  void PinForOffload(BlockId block);
+  // Drops the offload pin; `offloaded`: its bytes are now below. At ref 0 a published block
+  // rejoins the LRU where it was (before the block that followed it; at the front if that one
+  // was evicted or resurrected meanwhile), or at the back if a sequence used it meanwhile, as
+  // any release; an unpublished one (its parent was evicted meanwhile) goes to the free list.
+  // REQUIRES: IsOffloadPinned(block).
+  void UnpinOffloaded(BlockId block, bool offloaded);
+
   // Full consistency check, O(pool): free + evictable + referenced = pool size, no block both free
   // and referenced, every hash maps to exactly one block and back, LRU and free list well formed.
   absl::Status CheckInvariants() const;
 
  private:
+  using Lru = IndexList<BlockId, kNoBlock>;
   enum class State : uint8_t { kFree, kEvictable, kReferenced };
 
   struct BlockMeta {
@@ -119,27 +146,32 @@ class BlockPool {
     State state = State::kFree;
     bool published = false;
     bool has_checksum = false;
+    bool offloaded = false;          // bytes copied below; see IsOffloaded
+    bool offload_pinned = false;     // see PinForOffload
+    bool used_while_pinned = false;  // acquired by a sequence during the offload pin
+    BlockId pinned_next = kNoBlock;  // its LRU successor when pinned for offload
     uint64_t checksum = 0;
     BlockIdentity identity;
     // Doubly linked LRU of evictable blocks, by block id.
-    BlockId lru_prev = kNoBlock;
-    BlockId lru_next = kNoBlock;
+    Lru::Links lru;
   };
 
-  void LruPushBack(BlockId block);
-  void LruRemove(BlockId block);
+  auto LruLinks() {
+    return [this](BlockId block) -> Lru::Links& { return blocks_[block].lru; };
+  }
+  void LruPushBack(BlockId block) { lru_.PushBack(block, LruLinks()); }
+  void LruPushFront(BlockId block) { lru_.PushFront(block, LruLinks()); }
+  void LruInsertBefore(BlockId block, BlockId next) { lru_.InsertBefore(block, next, LruLinks()); }
+  void LruRemove(BlockId block) { lru_.Remove(block, LruLinks()); }
   // Drops `block`'s hash and its descendants' from the index; descendants that are evictable go
   // to the free list. Appends the hashes to `removed` when given.
   void Unpublish(BlockId block, std::vector<Hash128>* removed);
-  absl::Span<const uint32_t> TokensOf(BlockId block) const;
 
   const uint32_t block_size_;
   std::vector<BlockMeta> blocks_;
   std::vector<uint32_t> tokens_;  // block_size_ tokens per published block, by block id
   std::vector<BlockId> free_list_;
-  BlockId lru_head_ = kNoBlock;  // least recently released: evicted first
-  BlockId lru_tail_ = kNoBlock;
-  uint32_t num_evictable_ = 0;
+  Lru lru_;  // evictable blocks, least recently released at the front: evicted first
   absl::flat_hash_map<Hash128, BlockId> index_;
   // Published blocks by their parent block (blocks whose parent is the chain root are not here).
   absl::flat_hash_map<BlockId, std::vector<BlockId>> children_;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_checksum.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
@@ -78,14 +79,29 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' memory does not match its layout"));
   }
+  std::unique_ptr<HostTier> host_tier;
+  if (options.host_tier_bytes != 0) {
+    if (memory->HostBlock(0) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("pool '", options.name,
+                                                     "': host_tier needs a host pool; this one is ",
+                                                     memory->kind(), " memory"));
+    }
+    absl::StatusOr<std::unique_ptr<HostTier>> tier =
+        HostTier::Create(options.host_tier_bytes, options.layout.BlockBytes());
+    if (!tier.ok()) {
+      return absl::Status(tier.status().code(),
+                          absl::StrCat("pool '", options.name, "': ", tier.status().message()));
+    }
+    host_tier = *std::move(tier);
+  }
   if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
-  return std::unique_ptr<Pool>(
-      new Pool(options, pool_index, std::move(memory), std::move(faults), quotas, events, clock));
+  return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory), std::move(faults),
+                                        quotas, events, clock, std::move(host_tier)));
 }
 
 Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
            std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
-           const Clock* clock)
+           const Clock* clock, std::unique_ptr<HostTier> host_tier)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
@@ -99,7 +115,26 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
       block_tenant_(options.num_blocks, 0),
       allocated_at_(options.num_blocks),
       last_access_(options.num_blocks),
-      released_at_(options.num_blocks) {}
+      released_at_(options.num_blocks),
+      host_tier_(std::move(host_tier)),
+      offload_window_(
+          std::min(options.num_blocks,
+                   options.offload_window != 0
+                       ? options.offload_window
+                       : std::max(8u, options.num_blocks / kDefaultOffloadWindowDivisor))) {
+  if (host_tier_ != nullptr && !options.testing_manual_offload) {
+    mover_ = std::thread([this] { MoverLoop(); });
+  }
+}
+
+Pool::~Pool() {
+  {
+    absl::MutexLock lock(&mover_mu_);
+    mover_stopping_ = true;
+    mover_cv_.Signal();
+  }
+  if (mover_.joinable()) mover_.join();
+}
 
 uint32_t Pool::TenantSlotLocked(absl::string_view tenant) {
   auto [it, inserted] = tenant_slots_.try_emplace(tenant, static_cast<uint32_t>(tenants_.size()));
@@ -123,7 +158,8 @@ void Pool::AcquireLocked(BlockId block, uint32_t tenant) {
   const absl::Time now = clock_->Now();
   residency_.reuse_gap.Observe(absl::ToDoubleSeconds(now - last_access_[block]));
   last_access_[block] = now;
-  if (pool_.RefCount(block) == 0) {
+  // The mover's offload pin is no tenant's reference.
+  if (pool_.RefCount(block) == (pool_.IsOffloadPinned(block) ? 1u : 0u)) {
     block_tenant_[block] = tenant;
     ++tenants_[tenant].referenced;
     if (pool_.IsEvictable(block)) ++tenants_[tenant].counters.resurrections;
@@ -136,6 +172,8 @@ BlockId Pool::AllocateLocked(uint32_t tenant) {
   const BlockId block = pool_.AllocateFresh(&removed);
   const absl::Time now = clock_->Now();
   if (!removed.empty()) {
+    // The mover's cursor is one block closer to the LRU's front.
+    if (offload_scanned_ > 0) --offload_scanned_;
     // block_tenant_ still names the owner of the evicted block's hash; the descendants that went
     // with it hang off the same chain root, so they are the same tenant's.
     tenants_[block_tenant_[block]].counters.evictions += removed.size();
@@ -147,15 +185,141 @@ BlockId Pool::AllocateLocked(uint32_t tenant) {
   last_access_[block] = now;
   block_tenant_[block] = tenant;
   ++tenants_[tenant].referenced;
+  MaybeWakeMoverLocked();
   return block;
 }
 
 void Pool::ReleaseBlockLocked(BlockId block) {
   pool_.Release(block);
-  if (pool_.RefCount(block) == 0) {
+  if (pool_.RefCount(block) == (pool_.IsOffloadPinned(block) ? 1u : 0u)) {
     --tenants_[block_tenant_[block]].referenced;
     released_at_[block] = clock_->Now();
+    if (pool_.IsEvictable(block)) MaybeWakeMoverLocked();
   }
+}
+
+void Pool::WaitOutOffloadLocked(size_t needed) {
+  if (offload_pins_.empty() || pool_.num_free() + pool_.num_evictable() >= needed) return;
+  // The mover's batch holds blocks this request may need: wait for it (one batch of copies)
+  // rather than fail as if they were referenced. Nothing has been looked at yet, so nothing
+  // goes stale while mu_ is released.
+  ++offload_waits_;
+  mu_.Await(absl::Condition(
+      +[](std::vector<BlockId>* pins) { return pins->empty(); }, &offload_pins_));
+}
+
+void Pool::MaybeWakeMoverLocked() {
+  if (!mover_.joinable() || pool_.num_free() >= offload_window_ || pool_.num_evictable() == 0) {
+    return;
+  }
+  // One wake per kOffloadBatch events (a release, an allocation) while the window has slack:
+  // a wake per event cost a futex wake and a pass per request (rpc_bench). Small evictable sets
+  // (under twice a batch) are woken for at once, so nothing waits for events that may not come.
+  if (++mover_events_ < kOffloadBatch && pool_.num_evictable() >= 2 * kOffloadBatch) return;
+  mover_events_ = 0;
+  if (mover_wanted_.exchange(true, std::memory_order_acq_rel)) return;
+  absl::MutexLock lock(&mover_mu_);
+  mover_cv_.Signal();
+}
+
+void Pool::MoverLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mover_mu_);
+      while (!mover_stopping_ && !mover_wanted_.load(std::memory_order_acquire)) {
+        mover_cv_.Wait(&mover_mu_);
+      }
+      if (mover_stopping_) return;
+    }
+    mover_wanted_.store(false, std::memory_order_release);
+    while (OffloadBatch()) {
+      absl::MutexLock lock(&mover_mu_);
+      if (mover_stopping_) return;
+    }
+  }
+}
+
+size_t Pool::OffloadForTesting() {
+  const uint64_t before = offloaded_blocks_.load(std::memory_order_relaxed);
+  while (OffloadBatch()) {
+  }
+  return offloaded_blocks_.load(std::memory_order_relaxed) - before;
+}
+
+bool Pool::OffloadBatch() {
+  if (host_tier_ == nullptr) return false;
+  struct Candidate {
+    BlockId block = kNoBlock;
+    BlockRecordIdentity record;
+    std::optional<uint64_t> checksum;
+    bool below = false;
+  };
+  std::vector<Candidate> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pool_.num_free() >= offload_window_) {
+      offload_cursor_ = kNoBlock;
+      return false;
+    }
+    // The oldest offload_window_ evictable blocks: those the next evictions take (no eager
+    // mirror of the whole LRU). The scan resumes at its cursor — the first block it has not
+    // looked at, offload_scanned_ blocks from the front (evictions from the front bring it
+    // closer) — so each block is looked at once per pass; it restarts from the front when the
+    // cursor left the LRU (evicted, resurrected). At most kMaxOffloadScan links per lock hold.
+    BlockId block = offload_cursor_;
+    if (block == kNoBlock || !pool_.IsEvictable(block)) {
+      block = pool_.LruFront();
+      offload_scanned_ = 0;
+    }
+    for (uint32_t steps = 0; block != kNoBlock && offload_scanned_ < offload_window_ &&
+                             batch.size() < kOffloadBatch && steps < kMaxOffloadScan;
+         ++steps, ++offload_scanned_) {
+      const BlockId next = pool_.LruNext(block);
+      if (!pool_.IsOffloaded(block)) {
+        const BlockIdentity& identity = pool_.IdentityOf(block);
+        if (host_tier_->Contains(identity.hash)) {
+          pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
+        } else {
+          const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
+          batch.push_back(
+              Candidate{.block = block,
+                        .record = BlockRecordIdentity{.hash = identity.hash,
+                                                      .parent_hash = identity.parent_hash,
+                                                      .namespace_digest = identity.namespace_digest,
+                                                      .extras_digest = identity.extras_digest,
+                                                      .tokens = {tokens.begin(), tokens.end()}},
+                        .checksum = pool_.CachedChecksum(block)});
+          pool_.PinForOffload(block);
+          offload_pins_.push_back(block);
+        }
+      }
+      block = next;
+    }
+    offload_cursor_ = block;
+    if (batch.empty()) {
+      // Past the window or the LRU's end: this pass is done.
+      if (block == kNoBlock || offload_scanned_ >= offload_window_) return false;
+      return true;  // the scan continues after letting requests in
+    }
+  }
+  const uint64_t block_bytes = options_.layout.BlockBytes();
+  for (Candidate& candidate : batch) {
+    // Pinned and published: the bytes cannot change during the copy.
+    const uint8_t* bytes = memory_->HostBlock(candidate.block);
+    candidate.record.checksum = candidate.checksum.has_value()
+                                    ? *candidate.checksum
+                                    : ::kvcache::BlockChecksum(bytes, block_bytes);
+    const absl::StatusOr<HostTier::StoreResult> stored = host_tier_->Store(candidate.record, bytes);
+    candidate.below = stored.ok() || absl::IsAlreadyExists(stored.status());
+    if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
+  }
+  absl::MutexLock lock(&mu_);
+  // Back to the front in the order they were taken from it.
+  for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+    pool_.UnpinOffloaded(it->block, it->below);
+  }
+  offload_pins_.clear();
+  return true;
 }
 
 void Pool::ReportEvictionsLocked() {
@@ -321,50 +485,136 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   sequence->tokens.assign(spec.tokens.begin(), spec.tokens.begin() + kept_tokens);
   HashNewBlocks(sequence.get());
 
-  absl::MutexLock lock(&mu_);
-  if (session.closed.load(std::memory_order_acquire)) {
-    return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
-  }
   // When computing, at least one prompt token is left: the worker needs its logits.
   const size_t max_hit_blocks =
       mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : total_blocks;
-  std::vector<BlockId> hits = WalkLocked(*sequence, max_hit_blocks);
-  if (mode == OpenMode::kPinCached) {
-    total_blocks = hits.size();
-    sequence->tokens.resize(total_blocks * block_size);
-    sequence->chain.resize(total_blocks);
-    sequence->extras_digests.resize(total_blocks);
+  std::vector<BlockRecordIdentity> below;  // tier-2 records continuing the tier-1 hits
+  size_t num_hits = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    WaitOutOffloadLocked(total_blocks);
+    if (session.closed.load(std::memory_order_acquire)) {
+      return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
+    }
+    std::vector<BlockId> hits = WalkLocked(*sequence, max_hit_blocks);
+    num_hits = hits.size();
+    size_t evictable_hits = 0;
+    for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
+    if (host_tier_ != nullptr) below = ProbeBelowLocked(*sequence, num_hits, max_hit_blocks);
+    if (mode == OpenMode::kPinCached) {
+      // A read loads only into blocks it can have without failing.
+      const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
+      if (below.size() > available) below.resize(available);
+      total_blocks = num_hits + below.size();
+    }
+    RETURN_IF_ERROR(
+        CheckCapacityLocked(total_blocks - num_hits, evictable_hits,
+                            absl::StrCat("a ", spec.tokens.size(), "-token prompt with ",
+                                         num_hits * block_size, " cached tokens")));
+    sequence->tenant = TenantSlotLocked(session.tenant);
+    // Hits on evictable blocks become the tenant's referenced blocks too.
+    RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - num_hits + evictable_hits, 1));
+    for (BlockId block : hits) AcquireLocked(block, sequence->tenant);
+    sequence->blocks = std::move(hits);
+    sequence->committed_blocks = static_cast<uint32_t>(num_hits);
+    while (sequence->blocks.size() < total_blocks) {
+      sequence->blocks.push_back(AllocateLocked(sequence->tenant));
+    }
+    ReportEvictionsLocked();
+    if (below.empty()) {
+      return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, 0);
+    }
+    loading_.insert(sequence.get());
   }
-  size_t evictable_hits = 0;
-  for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
-  RETURN_IF_ERROR(CheckCapacityLocked(total_blocks - hits.size(), evictable_hits,
-                                      absl::StrCat("a ", spec.tokens.size(), "-token prompt with ",
-                                                   hits.size() * block_size, " cached tokens")));
-  sequence->tenant = TenantSlotLocked(session.tenant);
-  // Hits on evictable blocks become the tenant's referenced blocks too.
-  RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - hits.size() + evictable_hits, 1));
-  for (BlockId block : hits) AcquireLocked(block, sequence->tenant);
-  sequence->blocks = std::move(hits);
-  sequence->committed_blocks = static_cast<uint32_t>(sequence->blocks.size());
-  const size_t num_hits = sequence->blocks.size();
-  while (sequence->blocks.size() < total_blocks) {
-    sequence->blocks.push_back(AllocateLocked(sequence->tenant));
+  const size_t loaded = LoadFromBelow(*sequence, num_hits, below, spec.max_load_ms);
+  absl::MutexLock lock(&mu_);
+  loading_.erase(sequence.get());
+  if (session.closed.load(std::memory_order_acquire)) {
+    // The session's sweep ran during the load and could not see this sequence: undo it here.
+    ReleaseLocked(*sequence);
+    quotas_->Release(tenants_[sequence->tenant].name, QuotaResource::kOpenSequences, 1);
+    return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the open"));
   }
-  ReportEvictionsLocked();
+  return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded);
+}
 
+OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
+                                      OpenMode mode, size_t num_hits, size_t loaded) {
+  const uint32_t block_size = options_.layout.block_size;
+  const size_t cached = num_hits + loaded;
+  if (mode == OpenMode::kPinCached) {
+    // A read returns the cached prefix only: blocks whose load did not happen go back.
+    while (sequence->blocks.size() > cached) {
+      ReleaseBlockLocked(sequence->blocks.back());
+      sequence->blocks.pop_back();
+    }
+    sequence->tokens.resize(cached * block_size);
+    sequence->chain.resize(cached);
+    sequence->extras_digests.resize(cached);
+  }
+  if (loaded > 0) {
+    CommitResult ignored;
+    PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(cached), &ignored);
+    sequence->committed_blocks = static_cast<uint32_t>(cached);
+    tier_hit_blocks_ += loaded;
+  }
+  const size_t total_blocks = sequence->blocks.size();
   if (mode == OpenMode::kCompute) {
     TenantUsage& usage = tenants_[sequence->tenant];
-    prompt_tokens_ += spec.tokens.size();
-    hit_blocks_ += num_hits;
-    miss_blocks_ += total_blocks - num_hits;
-    usage.prompt_tokens += spec.tokens.size();
-    usage.hit_blocks += num_hits;
-    usage.miss_blocks += total_blocks - num_hits;
+    prompt_tokens_ += prompt_tokens;
+    hit_blocks_ += cached;
+    miss_blocks_ += total_blocks - cached;
+    usage.prompt_tokens += prompt_tokens;
+    usage.hit_blocks += cached;
+    usage.miss_blocks += total_blocks - cached;
   }
   OpenedSequence opened{.block_ids = sequence->blocks,
-                        .num_cached_tokens = static_cast<uint32_t>(num_hits * block_size)};
+                        .num_cached_tokens = static_cast<uint32_t>(cached * block_size),
+                        .num_host_tier_tokens = static_cast<uint32_t>(loaded * block_size)};
   opened.sequence_id = AddLocked(std::move(sequence));
   return opened;
+}
+
+BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) const {
+  const absl::Span<const uint32_t> tokens =
+      BlockTokens(sequence.tokens, i, options_.layout.block_size);
+  return BlockRecordIdentity{.hash = sequence.chain[i],
+                             .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
+                             .namespace_digest = sequence.namespace_digest,
+                             .extras_digest = sequence.extras_digests[i],
+                             .tokens = {tokens.begin(), tokens.end()}};
+}
+
+std::vector<BlockRecordIdentity> Pool::ProbeBelowLocked(const Sequence& sequence, size_t first,
+                                                        size_t limit) const {
+  std::vector<BlockRecordIdentity> below;
+  for (size_t i = first; i < std::min(limit, sequence.chain.size()); ++i) {
+    BlockRecordIdentity expected = ExpectedRecord(sequence, i);
+    const TierProbe probe = host_tier_->Probe(expected);
+    if (probe == TierProbe::kMismatch) collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+    if (probe != TierProbe::kMatch) break;
+    below.push_back(std::move(expected));
+  }
+  return below;
+}
+
+size_t Pool::LoadFromBelow(const Sequence& sequence, size_t first,
+                           const std::vector<BlockRecordIdentity>& below, uint32_t max_load_ms) {
+  const absl::Time start = clock_->Now();
+  size_t loaded = 0;
+  for (; loaded < below.size(); ++loaded) {
+    if (max_load_ms != 0 && clock_->Now() - start >= absl::Milliseconds(max_load_ms)) {
+      tier_deadline_blocks_.fetch_add(below.size() - loaded, std::memory_order_relaxed);
+      break;
+    }
+    // Only this sequence holds the block, and nobody can see the sequence yet.
+    uint8_t* out = memory_->MutableHostBlock(sequence.blocks[first + loaded]);
+    if (!host_tier_->Load(below[loaded], out).ok()) {
+      tier_load_failures_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+  }
+  return loaded;
 }
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
@@ -372,6 +622,7 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
   RETURN_IF_ERROR(faults_->status());
   if (tokens.empty()) return absl::InvalidArgumentError("extend with no tokens");
   absl::MutexLock lock(&mu_);
+  WaitOutOffloadLocked(tokens.size() / options_.layout.block_size + 1);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
   const size_t new_length = sequence->tokens.size() + tokens.size();
   const size_t total_blocks = BlocksFor(new_length, options_.layout.block_size);
@@ -407,9 +658,16 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
                                                    " tokens but sequence ", sequence_id, " has ",
                                                    sequence->tokens.size()));
   }
-  const uint32_t block_size = options_.layout.block_size;
-  const uint32_t written_blocks = num_written_tokens / block_size;
+  const uint32_t written_blocks = num_written_tokens / options_.layout.block_size;
   CommitResult result;
+  PublishWrittenLocked(sequence, written_blocks, &result);
+  sequence->committed_blocks = std::max(sequence->committed_blocks, written_blocks);
+  result.num_committed_blocks = sequence->committed_blocks;
+  return result;
+}
+
+void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, CommitResult* result) {
+  const uint32_t block_size = options_.layout.block_size;
   const BlockPoolCounters before = pool_.counters();
   // Newly indexed blocks, reported as chains: a run of consecutive ones is one event.
   std::vector<StoredBlock> run;
@@ -450,7 +708,7 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
       collisions_caught_.fetch_add(1, std::memory_order_relaxed);
     }
     if (published && !was_published && pool_.IsPublished(block)) {
-      ++result.num_published_blocks;
+      ++result->num_published_blocks;
       if (run.empty()) {
         run_parent = i == 0 ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
       }
@@ -462,12 +720,9 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
     }
   }
   report_run();
-  sequence->committed_blocks = std::max(sequence->committed_blocks, written_blocks);
-  result.num_committed_blocks = sequence->committed_blocks;
   BlockPoolCounters& counters = tenants_[sequence->tenant].counters;
   counters.published += pool_.counters().published - before.published;
   counters.duplicates += pool_.counters().duplicates - before.duplicates;
-  return result;
 }
 
 absl::Status Pool::Release(const Session& session, uint64_t sequence_id) {
@@ -483,6 +738,7 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   BlockId copy_dst = kNoBlock;
   {
     absl::MutexLock lock(&mu_);
+    WaitOutOffloadLocked(1);
     ASSIGN_OR_RETURN(Sequence * parent, FindLocked(session, sequence_id));
     const size_t full_blocks = parent->tokens.size() / options_.layout.block_size;
     const bool has_partial = full_blocks < parent->blocks.size();
@@ -538,9 +794,12 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const Sequen
   HashNewBlocks(&probe);
   absl::ReaderMutexLock lock(&mu_);
   const size_t hits = WalkLocked(probe, probe.chain.size()).size();
-  return LookupResult{
-      .num_cached_blocks = static_cast<uint32_t>(hits),
-      .num_cached_tokens = static_cast<uint32_t>(hits * options_.layout.block_size)};
+  const size_t below =
+      host_tier_ == nullptr ? 0 : ProbeBelowLocked(probe, hits, probe.chain.size()).size();
+  const uint32_t block_size = options_.layout.block_size;
+  return LookupResult{.num_cached_blocks = static_cast<uint32_t>(hits + below),
+                      .num_cached_tokens = static_cast<uint32_t>((hits + below) * block_size),
+                      .num_host_tier_tokens = static_cast<uint32_t>(below * block_size)};
 }
 
 uint32_t Pool::ReleaseSession(uint64_t session_id) {
@@ -581,10 +840,13 @@ absl::Status Pool::ReadBlock(BlockId block, uint64_t offset, uint64_t size, char
 
 PoolStatsSnapshot Pool::Stats() const {
   absl::ReaderMutexLock lock(&mu_);
-  return PoolStatsSnapshot{
+  // A block pinned only by the mover is still evictable as far as anyone asking can tell.
+  uint32_t pinned_only = 0;
+  for (BlockId block : offload_pins_) pinned_only += pool_.RefCount(block) == 1 ? 1 : 0;
+  PoolStatsSnapshot stats{
       .free = pool_.num_free(),
-      .evictable = pool_.num_evictable(),
-      .referenced = pool_.num_referenced(),
+      .evictable = pool_.num_evictable() + pinned_only,
+      .referenced = pool_.num_referenced() - pinned_only,
       .prompt_tokens = prompt_tokens_,
       .hit_tokens = hit_blocks_ * options_.layout.block_size,
       .hit_blocks = hit_blocks_,
@@ -592,11 +854,27 @@ PoolStatsSnapshot Pool::Stats() const {
       .open_sequences = static_cast<uint32_t>(sequences_.size()),
       .pool = pool_.counters(),
   };
+  stats.host_tier = TierStatsLocked();
+  return stats;
+}
+
+std::optional<PoolTierStats> Pool::TierStatsLocked() const {
+  if (host_tier_ == nullptr) return std::nullopt;
+  return PoolTierStats{
+      .hit_blocks = tier_hit_blocks_,
+      .offloaded_blocks = offloaded_blocks_.load(std::memory_order_relaxed),
+      .load_failures = tier_load_failures_.load(std::memory_order_relaxed),
+      .deadline_blocks = tier_deadline_blocks_.load(std::memory_order_relaxed),
+      .evicted_offloaded = pool_.counters().evicted_offloaded,
+      .request_waits = offload_waits_,
+      .tier = host_tier_->counters(),
+  };
 }
 
 PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   absl::ReaderMutexLock lock(&mu_);
   PoolStatsSnapshot stats{.free = pool_.num_free(), .evictable = pool_.num_evictable()};
+  stats.host_tier = TierStatsLocked();  // pool-wide, a stranger's view included
   auto slot = tenant_slots_.find(tenant);
   if (slot == tenant_slots_.end()) return stats;
   const TenantUsage& usage = tenants_[slot->second];
@@ -621,27 +899,40 @@ std::vector<std::string> Pool::Tenants() const {
 absl::Status Pool::CheckInvariants() const {
   absl::ReaderMutexLock lock(&mu_);
   RETURN_IF_ERROR(pool_.CheckInvariants());
-  // Every reference is held by a sequence (fork pins are transient and released before return).
+  // Every reference is held by a sequence, open or still loading from tier 2, or by the mover's
+  // offload pin (fork pins are transient and released before return).
   absl::flat_hash_map<BlockId, uint32_t> held;
-  for (const auto& [id, sequence] : sequences_) {
+  std::vector<const Sequence*> holders;
+  for (const auto& [id, sequence] : sequences_) holders.push_back(sequence.get());
+  holders.insert(holders.end(), loading_.begin(), loading_.end());
+  for (const Sequence* sequence : holders) {
     for (BlockId block : sequence->blocks) ++held[block];
   }
-  for (const auto& [block, count] : held) {
+  absl::flat_hash_map<BlockId, uint32_t> refs = held;
+  for (BlockId block : offload_pins_) {
+    if (!pool_.IsOffloadPinned(block)) {
+      return absl::InternalError(
+          absl::StrCat("block ", block, " is in the mover's batch unpinned"));
+    }
+    ++refs[block];
+  }
+  for (const auto& [block, count] : refs) {
     if (pool_.RefCount(block) != count) {
       return absl::InternalError(absl::StrCat("block ", block, " has ref ", pool_.RefCount(block),
-                                              " but sequences hold it ", count, " times"));
+                                              " but sequences and pins hold it ", count, " times"));
     }
   }
-  if (pool_.num_referenced() != held.size()) {
+  if (pool_.num_referenced() != refs.size()) {
     return absl::InternalError(absl::StrCat(pool_.num_referenced(), " referenced blocks but ",
-                                            held.size(), " held by sequences"));
+                                            refs.size(), " held by sequences and pins"));
   }
+  if (host_tier_ != nullptr) RETURN_IF_ERROR(host_tier_->CheckInvariants());
   // Each tenant's referenced count is the blocks its sequences hold, and no block is held by
   // two tenants.
   std::vector<uint32_t> referenced(tenants_.size(), 0);
   std::vector<uint32_t> open(tenants_.size(), 0);
-  for (const auto& [id, sequence] : sequences_) {
-    ++open[sequence->tenant];
+  for (const auto& [id, sequence] : sequences_) ++open[sequence->tenant];
+  for (const Sequence* sequence : holders) {
     for (BlockId block : sequence->blocks) {
       if (block_tenant_[block] != sequence->tenant) {
         return absl::InternalError(

@@ -29,15 +29,31 @@
 // allocation to eviction, idle from the last release to eviction, reuse gap between consecutive
 // accesses — an allocation or a hit).
 //
+// Tier 2 (PoolOptions::host_tier_bytes; DESIGN §10, docs/design.md "Tiers"): a host pool may
+// keep a HostTier below it. A mover thread copies hashed evictable blocks from the LRU's eviction
+// end into it ahead of eviction — only while free blocks are fewer than the offload window, and
+// only the oldest `offload_window` evictable blocks — so that the victim of an eviction is
+// usually already below; eviction itself stays O(1) and never waits for it. Open and Lookup
+// continue the verified prefix walk into tier 2 where the tier-1 walk ends: Open copies each
+// matched record into a fresh tier-1 block outside mu_ (the sequence is not visible until it is
+// published), verifies it (identity before, checksum after the copy) and only then publishes it
+// and counts it cached; a failure or SequenceSpec::max_load_ms ends the loaded run, and the rest
+// is computed. A request that could need the blocks the mover has pinned for a copy (at most
+// kOffloadBatch, for microseconds) waits for that batch instead of failing.
+//
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
-// its source block pinned.
+// its source block pinned; so do the mover's copies (offload pin) and the loads from tier 2 (into
+// blocks only the opening sequence holds). Lock order: mu_, then the host tier's, then the mover's
+// wake mutex.
 #ifndef KVCACHE_CACHE_POOL_H_
 #define KVCACHE_CACHE_POOL_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,6 +73,7 @@
 #include "common/clock.h"
 #include "common/histogram.h"
 #include "common/pool_layout.h"
+#include "tiers/host_tier.h"
 
 namespace kvcache {
 
@@ -76,12 +93,22 @@ struct PoolOptions {
   // collisions are common. No flag, pool spec or config sets it: production always runs with 0
   // (all 128 bits), and a pool with it set hashes differently from every client.
   uint32_t testing_hash_bits = 0;
+  // Tier 2: bytes of host memory for blocks evicted from this pool (0: none). A host pool only;
+  // at least one block.
+  uint64_t host_tier_bytes = 0;
+  // Tier 2's offload window in blocks (Pool::offload_window); 0: the default share of the pool.
+  uint32_t offload_window = 0;
+  // TEST ONLY: no mover thread; tests and the simulation move blocks with OffloadForTesting().
+  bool testing_manual_offload = false;
 };
 
 struct SequenceSpec {
   absl::Span<const uint32_t> tokens;
   absl::string_view cache_salt;
   ExtraKeys extra_keys;
+  // Open only: how long loading matched blocks from lower tiers may take (0: no bound). A load
+  // under way when the bound passes completes; what remains is left to compute.
+  uint32_t max_load_ms = 0;
 };
 
 // What Open allocates besides the verified cached prefix.
@@ -95,6 +122,7 @@ struct OpenedSequence {
   uint64_t sequence_id = 0;
   std::vector<BlockId> block_ids;
   uint32_t num_cached_tokens = 0;
+  uint32_t num_host_tier_tokens = 0;  // of num_cached_tokens, loaded from tier 2 by this call
 };
 
 struct ExtendedSequence {
@@ -131,6 +159,18 @@ struct PoolTransferCounters {
 struct LookupResult {
   uint32_t num_cached_blocks = 0;
   uint32_t num_cached_tokens = 0;
+  uint32_t num_host_tier_tokens = 0;  // of num_cached_tokens, found in tier 2 (not loaded)
+};
+
+// A pool's tier 2, pool-wide (tenant stats carry the same figures).
+struct PoolTierStats {
+  uint64_t hit_blocks = 0;         // blocks loaded into tier 1 and returned as cached
+  uint64_t offloaded_blocks = 0;   // blocks the mover stored
+  uint64_t load_failures = 0;      // matched records that failed their load (gone, corrupt)
+  uint64_t deadline_blocks = 0;    // matched records left to compute by max_load_ms
+  uint64_t evicted_offloaded = 0;  // tier-1 evictions whose victim was already in tier 2
+  uint64_t request_waits = 0;      // requests that waited for a mover batch's pinned blocks
+  HostTierCounters tier;           // the store's own counters
 };
 
 // A pool's figures, or one tenant's share of them (Stats(tenant)): then `referenced`, the
@@ -147,6 +187,7 @@ struct PoolStatsSnapshot {
   uint64_t miss_blocks = 0;
   uint32_t open_sequences = 0;
   BlockPoolCounters pool;
+  std::optional<PoolTierStats> host_tier;  // set when the pool has a tier 2
 };
 
 // INVALID_ARGUMENT unless salt and extra keys are within limits and every multimodal item lies
@@ -167,7 +208,15 @@ class Pool {
       std::shared_ptr<DeviceFaultLatch> faults = nullptr, TenantQuotas* quotas = nullptr,
       KvEventLog* events = nullptr, const Clock* clock = RealClock::Get());
 
+  ~Pool();
+
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
+  // Blocks the mover copies per batch, and the most it pins at once.
+  static constexpr size_t kOffloadBatch = 8;
+  // The default offload window is this fraction of the pool (docs/design.md: measured).
+  static constexpr uint32_t kDefaultOffloadWindowDivisor = 8;
+  // LRU links the mover follows per hold of the pool mutex.
+  static constexpr uint32_t kMaxOffloadScan = 256;
 
   const PoolOptions& options() const { return options_; }
   uint32_t pool_index() const { return pool_index_; }
@@ -178,6 +227,15 @@ class Pool {
   // The raw memory, for its description and for tests. Request paths move bytes with ReadBlock
   // and WriteBlock, which latch device faults.
   PoolMemory& memory() { return *memory_; }
+  // Tier 2, or null.
+  HostTier* host_tier() { return host_tier_.get(); }
+  // How close to eviction the mover works: while fewer blocks than this are free, it keeps the
+  // oldest this many evictable blocks copied below. PoolOptions::offload_window, or by default
+  // num_blocks / kDefaultOffloadWindowDivisor (at least 8), at most num_blocks.
+  uint32_t offload_window() const { return offload_window_; }
+  // What the mover does, synchronously, until nothing is left to do; returns the blocks stored.
+  // For tests and the simulation (PoolOptions::testing_manual_offload).
+  size_t OffloadForTesting();
 
   // kPut and kPinCached sequences cover only the prompt's full blocks (kPinCached: only the
   // cached ones) and leave the hit/miss statistics alone; release them like any other.
@@ -246,9 +304,41 @@ class Pool {
 
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
        std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
-       const Clock* clock);
+       const Clock* clock, std::unique_ptr<HostTier> host_tier);
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
+
+  // The tier-2 records matching `sequence` from block `first` on, consecutive, fewer than
+  // `limit` in all.
+  std::vector<BlockRecordIdentity> ProbeBelowLocked(const Sequence& sequence, size_t first,
+                                                    size_t limit) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The record block `i` of `sequence` must match (checksum 0: the bytes' to check).
+  BlockRecordIdentity ExpectedRecord(const Sequence& sequence, size_t i) const;
+  // Loads `below` into the sequence's blocks from `first` on, in order, until one fails or the
+  // bound passes; returns how many loaded. Outside mu_: only the opening sequence holds them.
+  size_t LoadFromBelow(const Sequence& sequence, size_t first,
+                       const std::vector<BlockRecordIdentity>& below, uint32_t max_load_ms);
+  // Publishes the sequence's blocks from committed_blocks up to `written_blocks` (Commit's
+  // rule, events included).
+  void PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, CommitResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Open's end under mu_: trims a read to its cached prefix, publishes what was loaded from
+  // below, counts and adds the sequence.
+  OpenedSequence FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
+                                  OpenMode mode, size_t num_hits, size_t loaded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<PoolTierStats> TierStatsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Waits, releasing mu_, until the mover's batch is back when it holds blocks that a request
+  // needing `needed` blocks could otherwise not have. Call before looking at anything.
+  void WaitOutOffloadLocked(size_t needed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the mover when blocks are evictable and fewer than offload_window_ are free.
+  void MaybeWakeMoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MoverLoop();
+  // One batch of the mover: pins up to kOffloadBatch un-offloaded blocks among the oldest
+  // offload_window_ evictable ones, copies them to tier 2 outside mu_, unpins. False when the
+  // pass is done (nothing left to do until the next wake).
+  bool OffloadBatch();
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -316,6 +406,27 @@ class Pool {
   std::vector<absl::Time> last_access_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> released_at_ ABSL_GUARDED_BY(mu_);
   std::vector<Hash128> evicted_ ABSL_GUARDED_BY(mu_);  // not yet reported
+  // Sequences being opened whose blocks are loading from tier 2 (not in sequences_ yet).
+  absl::flat_hash_set<const Sequence*> loading_ ABSL_GUARDED_BY(mu_);
+  std::vector<BlockId> offload_pins_ ABSL_GUARDED_BY(mu_);  // the mover's batch in flight
+  // Where the mover's scan of the LRU resumes, and how many blocks from the front that is.
+  BlockId offload_cursor_ ABSL_GUARDED_BY(mu_) = kNoBlock;
+  uint32_t offload_scanned_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tier_hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t offload_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t mover_events_ ABSL_GUARDED_BY(mu_) = 0;  // since the mover was last woken
+
+  // Tier 2. Constant after construction; the tier and the counters synchronize themselves.
+  const std::unique_ptr<HostTier> host_tier_;
+  const uint32_t offload_window_;
+  std::atomic<uint64_t> offloaded_blocks_{0};
+  std::atomic<uint64_t> tier_load_failures_{0};
+  std::atomic<uint64_t> tier_deadline_blocks_{0};
+  std::atomic<bool> mover_wanted_{false};
+  absl::Mutex mover_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::CondVar mover_cv_;
+  bool mover_stopping_ ABSL_GUARDED_BY(mover_mu_) = false;
+  std::thread mover_;  // last: started once everything above is constructed
 };
 
 }  // namespace kvcache

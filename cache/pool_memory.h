@@ -52,6 +52,9 @@ class PoolMemory {
   // The block's bytes in this process's address space, or nullptr when they are not host memory
   // (callers then Read). REQUIRES: block < num_blocks().
   virtual const uint8_t* HostBlock(uint32_t block) const { return nullptr; }
+  // The same, writable: where a load from the host tier copies a block's bytes (cache/pool.h).
+  // REQUIRES: the caller holds the block's only reference.
+  virtual uint8_t* MutableHostBlock(uint32_t block) { return nullptr; }
 
  protected:
   PoolMemory(uint64_t block_bytes, uint32_t num_blocks)
@@ -82,6 +85,7 @@ class HostPoolMemory final : public PoolMemory {
   absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const override;
   absl::StatusOr<uint64_t> Checksum(uint32_t block) const override;
   const uint8_t* HostBlock(uint32_t block) const override { return Block(block); }
+  uint8_t* MutableHostBlock(uint32_t block) override { return Block(block); }
 
   uint8_t* Block(uint32_t block) const { return base_ + uint64_t{block} * block_bytes(); }
 

@@ -110,11 +110,16 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
       ASSIGN_OR_RETURN(options.hash_algorithm, ParseHashAlgorithm(value));
     } else if (key == "bytes") {
       ASSIGN_OR_RETURN(bytes, ParseByteSize(value));
+    } else if (key == "host_tier") {
+      ASSIGN_OR_RETURN(options.host_tier_bytes, ParseByteSize(value));
+      if (options.host_tier_bytes == 0) {
+        return absl::InvalidArgumentError("host_tier=0: give a size of at least one block");
+      }
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown pool field '", key,
                        "' (want model, layers, kv_heads, head_dim, block_size, "
-                       "dtype, blocks, bytes, hash)"));
+                       "dtype, blocks, bytes, hash, host_tier)"));
     }
   }
   RETURN_IF_ERROR(options.layout.Validate());
@@ -125,6 +130,11 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
                                                      " blocks of ", options.layout.BlockBytes()));
     }
     options.num_blocks = static_cast<uint32_t>(blocks);
+  }
+  if (options.host_tier_bytes != 0 && options.host_tier_bytes < options.layout.BlockBytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_tier=", options.host_tier_bytes, " bytes holds no block of ",
+                     options.layout.BlockBytes(), " bytes; give at least one block"));
   }
   return options;
 }

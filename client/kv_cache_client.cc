@@ -312,7 +312,8 @@ absl::StatusOr<KvCacheClient::LookupResult> KvCacheClient::Lookup(absl::string_v
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::Lookup, "Lookup", request, &response,
                        CurrentSession(), false));
   return LookupResult{.num_cached_tokens = response.num_cached_tokens(),
-                      .num_cached_blocks = response.num_cached_blocks()};
+                      .num_cached_blocks = response.num_cached_blocks(),
+                      .cached_tokens_by_tier = ToTierTokens(response.cached_tokens_by_tier())};
 }
 
 absl::StatusOr<KvCacheClient::Stats> KvCacheClient::GetStats(absl::string_view pool) {
@@ -495,17 +496,19 @@ void KvCacheClient::KeepAliveLoop(SessionRef session, absl::Duration period) {
 
 absl::StatusOr<KvCacheClient::Sequence> KvCacheClient::OpenSequence(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
-    const ExtraKeys& extra_keys) {
+    const ExtraKeys& extra_keys, uint32_t max_load_ms) {
   const SessionRef session = CurrentSession();
   v1::OpenSequenceRequest request;
   FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys,
                     &request);
+  request.set_max_load_ms(max_load_ms);
   v1::OpenSequenceResponse response;
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::OpenSequence, "OpenSequence", request,
                        &response, session, true));
   return Sequence{.sequence_id = response.sequence_id(),
                   .block_ids = ToVector(response.block_ids()),
-                  .num_cached_tokens = response.num_cached_tokens()};
+                  .num_cached_tokens = response.num_cached_tokens(),
+                  .cached_tokens_by_tier = ToTierTokens(response.cached_tokens_by_tier())};
 }
 
 absl::StatusOr<KvCacheClient::Extension> KvCacheClient::ExtendSequence(

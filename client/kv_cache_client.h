@@ -185,10 +185,17 @@ class KvCacheClient {
     uint64_t epoch = 0;
     absl::Duration ttl;  // as granted: the daemon clamps the asked TTL to its limits
   };
+  // Where cached tokens were found (v1.TierTokens): the pool itself, or a lower tier they were
+  // loaded from (Lookup: found in, not loaded).
+  struct TierTokens {
+    uint32_t pool = 0;
+    uint32_t host = 0;
+  };
   struct Sequence {
     uint64_t sequence_id = 0;
     std::vector<uint32_t> block_ids;  // the block table, one id per block_size tokens
     uint32_t num_cached_tokens = 0;   // leading tokens whose KV is already in the pool
+    TierTokens cached_tokens_by_tier;
   };
   struct Extension {
     std::vector<uint32_t> new_block_ids;  // appended to the block table
@@ -206,6 +213,22 @@ class KvCacheClient {
   struct LookupResult {
     uint32_t num_cached_tokens = 0;  // num_cached_blocks * block_size; not capped
     uint32_t num_cached_blocks = 0;
+    TierTokens cached_tokens_by_tier;
+  };
+  // A pool's lower tier (v1.TierStats).
+  struct TierStats {
+    std::string tier;  // "host"
+    uint64_t hit_blocks = 0;
+    uint64_t stored_blocks = 0;
+    uint64_t evicted_blocks = 0;
+    uint64_t bytes_used = 0;
+    uint64_t capacity_bytes = 0;
+    uint64_t verify_failures = 0;
+    uint64_t load_failures = 0;
+    uint64_t deadline_blocks = 0;
+    uint64_t evicted_from_above = 0;
+    uint64_t records = 0;
+    uint64_t request_waits = 0;
   };
   struct PoolStats {
     std::string pool;
@@ -219,6 +242,7 @@ class KvCacheClient {
     uint64_t published_blocks = 0;
     uint64_t duplicate_blocks = 0;
     uint32_t open_sequences = 0;
+    std::vector<TierStats> tiers;  // the pool's lower tiers, top down
   };
   struct Stats {
     std::vector<PoolStats> pools;
@@ -303,9 +327,11 @@ class KvCacheClient {
   // FAILED_PRECONDITION after a daemon restart, INVALID_ARGUMENT for malformed input,
   // RESOURCE_EXHAUSTED when the pool is short of blocks. Open/Extend/Release/Fork are not
   // idempotent; Commit is.
+  // `max_load_ms` bounds loading the cached prefix from the pool's lower tiers (0: no bound);
+  // what does not come up in time is left to compute.
   absl::StatusOr<Sequence> OpenSequence(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                         absl::string_view cache_salt = "",
-                                        const ExtraKeys& extra_keys = {});
+                                        const ExtraKeys& extra_keys = {}, uint32_t max_load_ms = 0);
   absl::StatusOr<Extension> ExtendSequence(uint64_t sequence_id, absl::Span<const uint32_t> tokens);
   // REQUIRES: the KV of the first `num_written_tokens` tokens is written (and synchronized).
   absl::StatusOr<Commit> CommitSequence(uint64_t sequence_id, uint32_t num_written_tokens);

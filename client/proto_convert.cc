@@ -73,7 +73,25 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
   stats.published_blocks = proto.published_blocks();
   stats.duplicate_blocks = proto.duplicate_blocks();
   stats.open_sequences = proto.open_sequences();
+  for (const v1::TierStats& tier : proto.tiers()) {
+    stats.tiers.push_back(KvCacheClient::TierStats{.tier = tier.tier(),
+                                                   .hit_blocks = tier.hit_blocks(),
+                                                   .stored_blocks = tier.stored_blocks(),
+                                                   .evicted_blocks = tier.evicted_blocks(),
+                                                   .bytes_used = tier.bytes_used(),
+                                                   .capacity_bytes = tier.capacity_bytes(),
+                                                   .verify_failures = tier.verify_failures(),
+                                                   .load_failures = tier.load_failures(),
+                                                   .deadline_blocks = tier.deadline_blocks(),
+                                                   .evicted_from_above = tier.evicted_from_above(),
+                                                   .records = tier.records(),
+                                                   .request_waits = tier.request_waits()});
+  }
   return stats;
+}
+
+KvCacheClient::TierTokens ToTierTokens(const v1::TierTokens& proto) {
+  return KvCacheClient::TierTokens{.pool = proto.pool(), .host = proto.host()};
 }
 
 }  // namespace kvcache

@@ -29,6 +29,7 @@ void FillPromptRequest(uint64_t session_id, uint64_t epoch, absl::string_view po
 KvCacheClient::PoolInfo ToPoolInfo(const v1::PoolInfo& proto);
 KvCacheClient::BlockCounts ToBlockCounts(const v1::BlockCounts& proto);
 KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto);
+KvCacheClient::TierTokens ToTierTokens(const v1::TierTokens& proto);
 
 template <typename Field>
 std::vector<uint32_t> ToVector(const Field& field) {

@@ -255,6 +255,25 @@ Json StatsJson(const v1::GetStatsResponse& stats) {
     item["open_sequences"] = pool.open_sequences();
     item["counts"] =
         CountsJson(pool.counts().free(), pool.counts().evictable(), pool.counts().referenced());
+    // The pool's lower tiers (v1.TierStats), top down; empty without any.
+    Json tiers = Json::array();
+    for (const v1::TierStats& tier : pool.tiers()) {
+      Json entry = Json::object();
+      entry["tier"] = tier.tier();
+      entry["hit_blocks"] = tier.hit_blocks();
+      entry["stored_blocks"] = tier.stored_blocks();
+      entry["evicted_blocks"] = tier.evicted_blocks();
+      entry["records"] = tier.records();
+      entry["bytes_used"] = tier.bytes_used();
+      entry["capacity_bytes"] = tier.capacity_bytes();
+      entry["verify_failures"] = tier.verify_failures();
+      entry["load_failures"] = tier.load_failures();
+      entry["deadline_blocks"] = tier.deadline_blocks();
+      entry["evicted_from_above"] = tier.evicted_from_above();
+      entry["request_waits"] = tier.request_waits();
+      tiers.push_back(std::move(entry));
+    }
+    item["tiers"] = std::move(tiers);
     list.push_back(std::move(item));
   }
   Json document = Json::object();

@@ -29,7 +29,8 @@ echo "== clang: the core's concurrency tests under ThreadSanitizer (label tsan)"
 # Only the gRPC-free core tests (Debian's gRPC is not TSan-built): BUILD_TARGETS builds just their
 # binaries and -L tsan runs just them. Debian's absl::Mutex is made visible to TSan by
 # tests/testing/tsan_absl_mutex.cc; scripts/tsan.supp says what little it cannot cover.
-TSAN_TARGETS="concurrency_test cache_manager_test kv_event_log_test session_registry_test disk_tier_test"
+TSAN_TARGETS="concurrency_test cache_manager_test kv_event_log_test session_registry_test"
+TSAN_TARGETS+=" disk_tier_test pool_tier_test"
 BUILD_DIR=build-tsan CC=clang CXX=clang++ \
   CMAKE_ARGS="-DKVCACHE_TSAN=ON -DKVCACHE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
   BUILD_TARGETS="$TSAN_TARGETS" ./scripts/setup.sh

@@ -98,6 +98,22 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
   out->set_published_blocks(stats.pool.published);
   out->set_duplicate_blocks(stats.pool.duplicates);
   out->set_open_sequences(stats.open_sequences);
+  if (stats.host_tier.has_value()) {
+    const PoolTierStats& tier = *stats.host_tier;
+    v1::TierStats* host = out->add_tiers();
+    host->set_tier("host");
+    host->set_hit_blocks(tier.hit_blocks);
+    host->set_stored_blocks(tier.tier.stored);
+    host->set_evicted_blocks(tier.tier.evicted);
+    host->set_bytes_used(tier.tier.bytes_used);
+    host->set_capacity_bytes(tier.tier.capacity_bytes);
+    host->set_verify_failures(tier.tier.verify_failures);
+    host->set_load_failures(tier.load_failures);
+    host->set_deadline_blocks(tier.deadline_blocks);
+    host->set_evicted_from_above(tier.evicted_offloaded);
+    host->set_records(tier.tier.records);
+    host->set_request_waits(tier.request_waits);
+  }
 }
 
 // Parks until the key has a value; the client's deadline (OnCancel) ends the wait otherwise.
@@ -271,13 +287,16 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerConte
         ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
                                                             caller.principal));
         ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-        ASSIGN_OR_RETURN(
-            OpenedSequence opened,
-            pool->Open(*session, ToSequenceSpec(request->tokens(), request->cache_salt(),
-                                                request->extra_keys())));
+        SequenceSpec spec =
+            ToSequenceSpec(request->tokens(), request->cache_salt(), request->extra_keys());
+        spec.max_load_ms = request->max_load_ms();
+        ASSIGN_OR_RETURN(OpenedSequence opened, pool->Open(*session, spec));
         response->set_sequence_id(opened.sequence_id);
         response->mutable_block_ids()->Add(opened.block_ids.begin(), opened.block_ids.end());
         response->set_num_cached_tokens(opened.num_cached_tokens);
+        v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
+        by_tier->set_pool(opened.num_cached_tokens - opened.num_host_tier_tokens);
+        by_tier->set_host(opened.num_host_tier_tokens);
         return absl::OkStatus();
       });
 }
@@ -364,6 +383,9 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* co
                                                           request->extra_keys())));
                   response->set_num_cached_tokens(result.num_cached_tokens);
                   response->set_num_cached_blocks(result.num_cached_blocks);
+                  v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
+                  by_tier->set_pool(result.num_cached_tokens - result.num_host_tier_tokens);
+                  by_tier->set_host(result.num_host_tier_tokens);
                   return absl::OkStatus();
                 });
 }

@@ -25,11 +25,11 @@ ABSL_FLAG(std::string, tcp_listen, "",
           "HOST:PORT served as well as a unix:// --listen address, under the same rules as a TCP "
           "--listen (TLS, or --insecure): one daemon for the pods on its node (the socket) and "
           "for clients elsewhere; default: none");
-ABSL_FLAG(
-    std::vector<std::string>, pool, {},
-    "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
-    "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]; "
-    "default: one pool 'default' of 1024 blocks");
+ABSL_FLAG(std::vector<std::string>, pool, {},
+          "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
+          "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]"
+          "[:host_tier=SIZE] (host_tier: host memory below a host pool for its evicted blocks); "
+          "default: one pool 'default' of 1024 blocks");
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT of a plaintext TCP port that serves only grpc.health.v1.Health (for kubelet "
           "grpc probes, which reach neither a Unix socket nor TLS); default: none");
@@ -197,6 +197,12 @@ int Run() {
                 static_cast<unsigned long long>(pool_options.layout.BlockBytes()),
                 std::string(HashAlgorithmName(pool_options.hash_algorithm)).c_str(),
                 pool->memory().kind().c_str());
+    if (pool_options.host_tier_bytes != 0) {
+      std::printf("    host tier: %u blocks (%llu bytes), offload window %u blocks\n",
+                  pool->host_tier()->num_slots(),
+                  static_cast<unsigned long long>(pool_options.host_tier_bytes),
+                  pool->offload_window());
+    }
   }
   if (options.identities_path.empty()) {
     std::printf("  no --identities: every caller is tenant 'default', role worker\n");

@@ -124,9 +124,57 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   const size_t failures = out.Family(
       "kvcache_transfer_failures_total",
       "PutBlocks and GetBlocks streams that ended with an error or were cut off.", counter);
+  // Lower tiers (DESIGN §10), per pool and tier.
+  const size_t tier_hits = out.Family(
+      "kvcache_tier_hit_blocks_total",
+      "Blocks loaded from a lower tier into the pool, verified, and returned as cached.", counter);
+  const size_t tier_stored =
+      out.Family("kvcache_tier_stored_blocks_total",
+                 "Blocks copied into a lower tier ahead of eviction.", counter);
+  const size_t tier_evicted =
+      out.Family("kvcache_tier_evicted_blocks_total",
+                 "Records a full lower tier dropped to make room (its back-pressure).", counter);
+  const size_t tier_rejected =
+      out.Family("kvcache_tier_store_rejections_total",
+                 "Stores a lower tier refused because every slot was being read.", counter);
+  const size_t tier_saved =
+      out.Family("kvcache_tier_saved_evictions_total",
+                 "Evictions from the tier above whose block was already in this tier.", counter);
+  const size_t tier_verify = out.Family(
+      "kvcache_tier_verify_failures_total",
+      "Loads from a lower tier whose bytes failed their checksum (dropped, recomputed).", counter);
+  const size_t tier_load_failures = out.Family(
+      "kvcache_tier_load_failures_total",
+      "Matched lower-tier records that did not load (verify failures, records gone).", counter);
+  const size_t tier_deadline = out.Family(
+      "kvcache_tier_deadline_blocks_total",
+      "Matched lower-tier records left to compute because the request's max_load_ms passed.",
+      counter);
+  const size_t tier_waits = out.Family(
+      "kvcache_tier_request_waits_total",
+      "Requests that waited for blocks the mover was copying down (a pool nearly full).", counter);
+  const size_t tier_bytes =
+      out.Family("kvcache_tier_used_bytes", "Bytes of records a lower tier holds.", gauge);
+  const size_t tier_capacity =
+      out.Family("kvcache_tier_capacity_bytes", "Bytes a lower tier can hold.", gauge);
   for (const Pool* pool : manager_->pools()) {
     const std::string& name = pool->options().name;
     const PoolStatsSnapshot whole = pool->Stats();
+    if (whole.host_tier.has_value()) {
+      const PoolTierStats& tier = *whole.host_tier;
+      const Labels labels{{"pool", name}, {"tier", "host"}};
+      out.Counter(tier_hits, labels, tier.hit_blocks);
+      out.Counter(tier_stored, labels, tier.tier.stored);
+      out.Counter(tier_evicted, labels, tier.tier.evicted);
+      out.Counter(tier_rejected, labels, tier.tier.store_rejections);
+      out.Counter(tier_saved, labels, tier.evicted_offloaded);
+      out.Counter(tier_verify, labels, tier.tier.verify_failures);
+      out.Counter(tier_load_failures, labels, tier.load_failures);
+      out.Counter(tier_deadline, labels, tier.deadline_blocks);
+      out.Counter(tier_waits, labels, tier.request_waits);
+      out.Gauge(tier_bytes, labels, tier.tier.bytes_used);
+      out.Gauge(tier_capacity, labels, tier.tier.capacity_bytes);
+    }
     const double total = pool->options().num_blocks;
     out.Gauge(blocks, {{"pool", name}, {"state", "free"}}, whole.free);
     out.Gauge(blocks, {{"pool", name}, {"state", "evictable"}}, whole.evictable);

@@ -127,3 +127,58 @@ TEST_F(BlockPoolTest, CheckInvariantsCountsEveryState) {
 
 }  // namespace
 }  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+// The offload mover's pin (issue 18): a block copied below keeps its LRU place, is not a hit, and
+// its later eviction counts as already offloaded.
+class OffloadPinTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (uint64_t i = 1; i <= 3; ++i) {
+      blocks_.push_back(pool_.AllocateFresh());
+      ASSERT_TRUE(pool_.Publish(blocks_.back(), Identity(i), tokens_));
+    }
+    for (BlockId block : blocks_) pool_.Release(block);  // LRU: 0, 1, 2
+    pool_.AllocateFresh();                               // the last free block
+  }
+  void TearDown() override { EXPECT_OK(pool_.CheckInvariants()); }
+
+  BlockPool pool_{4, kBlockSize};
+  const std::vector<uint32_t> tokens_{10, 11};
+  std::vector<BlockId> blocks_;
+};
+
+TEST_F(OffloadPinTest, PinnedBlockIsNotEvictedAndReturnsToItsPlace) {
+  pool_.PinForOffload(blocks_[1]);
+  EXPECT_TRUE(pool_.IsOffloadPinned(blocks_[1]));
+  EXPECT_EQ(pool_.num_evictable(), 2);
+  EXPECT_EQ(pool_.counters().resurrections, 0);  // a pin is no hit
+  EXPECT_OK(pool_.CheckInvariants());
+  pool_.UnpinOffloaded(blocks_[1], /*offloaded=*/true);
+  EXPECT_TRUE(pool_.IsOffloaded(blocks_[1]));
+  EXPECT_FALSE(pool_.IsOffloaded(blocks_[0]));
+  // The LRU order is as before: 0, 1, 2.
+  EXPECT_EQ(pool_.AllocateFresh(), blocks_[0]);
+  EXPECT_EQ(pool_.counters().evicted_offloaded, 0);
+  EXPECT_EQ(pool_.AllocateFresh(), blocks_[1]);
+  EXPECT_EQ(pool_.counters().evicted_offloaded, 1);
+  EXPECT_FALSE(pool_.IsOffloaded(blocks_[1]));  // reused: its new bytes are not below
+  EXPECT_EQ(pool_.AllocateFresh(), blocks_[2]);
+}
+
+TEST_F(OffloadPinTest, BlockUsedDuringThePinGoesToTheBackWhenReleased) {
+  pool_.PinForOffload(blocks_[0]);
+  pool_.Acquire(blocks_[0]);  // a hit while the mover copies it
+  pool_.Release(blocks_[0]);
+  EXPECT_FALSE(pool_.IsEvictable(blocks_[0]));  // still pinned
+  pool_.UnpinOffloaded(blocks_[0], /*offloaded=*/true);
+  EXPECT_TRUE(pool_.IsEvictable(blocks_[0]));
+  EXPECT_EQ(pool_.AllocateFresh(), blocks_[1]);
+  EXPECT_EQ(pool_.AllocateFresh(), blocks_[2]);
+  EXPECT_EQ(pool_.AllocateFresh(), blocks_[0]);
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -4,11 +4,13 @@
 // on a real clock and a watcher reads the KV event log. Every stream-like binding goes through
 // StreamLeases, which the manager tells of each ended session. Bounded by operation counts, not
 // time. Built and run under ThreadSanitizer too (label tsan, scripts/test.sh): this is the test
-// that gives TSan the core's lock interplay to look at (no gRPC on any path here).
+// that gives TSan the core's lock interplay to look at (no gRPC on any path here). The pool has
+// a tier 2, so its mover and loads run among the workers.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -96,6 +98,9 @@ class ConcurrencyTest : public ::testing::Test {
     PoolOptions options = DefaultPoolOptions();
     options.name = "shared";
     options.num_blocks = kBlocks;
+    // Tier 2, half the pool's size: its mover copies blocks while workers hit, evict and load
+    // them back (issue 18), so TSan sees the offload pins and the loads outside the pool mutex.
+    options.host_tier_bytes = uint64_t{kBlocks / 2} * options.layout.BlockBytes();
     auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
     ASSERT_OK(memory);
     ASSERT_OK(manager_.AddPool(options, *std::move(memory)));
@@ -259,6 +264,12 @@ TEST_F(ConcurrencyTest, WorkersReaperAndWatcherKeepThePoolConsistent) {
   EXPECT_EQ(stats.referenced, 0u);
   EXPECT_EQ(stats.open_sequences, 0u);
   EXPECT_EQ(stats.free + stats.evictable + stats.referenced, kBlocks);
+  ASSERT_TRUE(stats.host_tier.has_value());
+  std::printf("tier 2: %llu stored, %llu hits, %llu evicted, %llu requests waited\n",
+              static_cast<unsigned long long>(stats.host_tier->tier.stored),
+              static_cast<unsigned long long>(stats.host_tier->hit_blocks),
+              static_cast<unsigned long long>(stats.host_tier->tier.evicted),
+              static_cast<unsigned long long>(stats.host_tier->request_waits));
   EXPECT_GT(stats.evictable, 0u) << "nothing was ever committed";
   EXPECT_GT(events_seen.load(), 0u);
 }

@@ -12,6 +12,7 @@
 #include "cache/pool.h"
 #include "tests/testing/event_index.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -134,15 +135,7 @@ class PoolEventsTest : public ::testing::Test {
   static constexpr uint32_t kNumBlocks = 24;
 
   void SetUp() override {
-    PoolOptions options;
-    options.name = "small";
-    options.model_id = "model";
-    options.layout = PoolLayout{.num_layers = 1,
-                                .num_kv_heads = 1,
-                                .head_dim = 4,
-                                .block_size = kBlockSize,
-                                .dtype = DType::kFloat32};
-    options.num_blocks = kNumBlocks;
+    PoolOptions options = testing::SmallPoolOptions("small", kNumBlocks, kBlockSize);
     auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
     ASSERT_OK(memory);
     log_.AddPool(0, options.name, "CPU", kBlockSize);

@@ -38,6 +38,21 @@ TEST(PoolSpecTest, BytesBecomeWholeBlocks) {
   EXPECT_THAT(ParsePoolSpec("p:bytes=1K"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(PoolSpecTest, HostTierTakesAByteSizeOfAtLeastOneBlock) {
+  auto options = ParsePoolSpec("p:bytes=1MiB:host_tier=64MiB");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->host_tier_bytes, 64ull << 20);
+  EXPECT_EQ(ParsePoolSpec("p")->host_tier_bytes, 0u);  // no tier 2 unless asked
+  // The default block is 32 KiB.
+  EXPECT_THAT(ParsePoolSpec("p:host_tier=16KiB"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("host_tier=16384 bytes holds no block of 32768 bytes")));
+  EXPECT_THAT(ParsePoolSpec("p:host_tier=0"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host_tier=0")));
+  EXPECT_THAT(ParsePoolSpec("p:host_tier=lots"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'lots' is not a byte size")));
+}
+
 TEST(PoolSpecTest, BadFieldsAreNamed) {
   EXPECT_THAT(ParsePoolSpec("p:layers=many"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layers='many'")));

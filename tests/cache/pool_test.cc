@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "tests/testing/fault_injection_pool_memory.h"
+#include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -22,30 +23,14 @@ using ::testing::HasSubstr;
 constexpr uint32_t kBlockSize = 4;
 constexpr uint32_t kNumBlocks = 8;
 
-// Tokens first, first+1, ... (n of them).
-std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
-  std::vector<uint32_t> tokens(n);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using ::kvcache::testing::Tokens;
 
 std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
 
-PoolOptions TestPoolOptions() {
-  PoolOptions options;
-  options.name = "test";
-  options.model_id = "model";
-  options.layout = PoolLayout{.num_layers = 1,
-                              .num_kv_heads = 1,
-                              .head_dim = 4,
-                              .block_size = kBlockSize,
-                              .dtype = DType::kFloat32};
-  options.num_blocks = kNumBlocks;
-  return options;
-}
+PoolOptions TestPoolOptions() { return testing::SmallPoolOptions("test", kNumBlocks, kBlockSize); }
 
 class PoolTest : public ::testing::Test {
  protected:

@@ -101,6 +101,7 @@ class DaemonFixture : public ::testing::Test {
     pool.name = "large";
     pool.num_blocks = kLargeBlocks;
     options.pools.push_back(pool);
+    options.pools.insert(options.pools.end(), extra_pools_.begin(), extra_pools_.end());
     options.reaper_period = absl::Milliseconds(20);
     options.clock = &clock_;
     absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
@@ -145,6 +146,8 @@ class DaemonFixture : public ::testing::Test {
   // When set (in the test's constructor), the daemon runs with an identity file that adds a
   // second tenant, "globex", reached with kOtherTenantToken (ConnectAsOtherTenant).
   bool with_other_tenant_ = false;
+  // Pools the daemon serves besides the three above (set in the test's constructor).
+  std::vector<PoolOptions> extra_pools_;
   static constexpr char kOtherTenantToken[] = "globex-token-for-tests";
   static constexpr char kAdminToken[] = "ops-admin-token-for-tests";
   std::string dir_;

@@ -47,7 +47,7 @@ class Daemon:
         self.target = "unix://" + self.socket
         self.log = open(os.path.join(directory, "daemon.log"), "ab")
         args = [binary("kvcache-manager"), "--listen", self.target,
-                "--pool", "default:blocks=%d" % POOL_BLOCKS]
+                "--pool", "default:blocks=%d,tiered:blocks=8:host_tier=1MiB" % POOL_BLOCKS]
         # The health service on a TCP port of its own too, where this build has the flag.
         help_text = subprocess.run([binary("kvcache-manager"), "--help"], capture_output=True,
                                    text=True, timeout=COMMAND_BOUND).stdout
@@ -217,7 +217,7 @@ class KvcachectlTest(unittest.TestCase):
         self.assertEqual(rows[1][2:4], [str(POOL_BLOCKS), str(BLOCK_SIZE)])
 
         pools = self.document("pools")["pools"]
-        self.assertEqual([pool["name"] for pool in pools], ["default"])
+        self.assertEqual([pool["name"] for pool in pools], ["default", "tiered"])
         pool = pools[0]
         self.assertEqual(pool["num_blocks"], POOL_BLOCKS)
         self.assertEqual(pool["block_size"], BLOCK_SIZE)
@@ -245,6 +245,11 @@ class KvcachectlTest(unittest.TestCase):
         self.assertGreaterEqual(pool["published_blocks"], 2)
         self.assertGreaterEqual(pool["open_sequences"], 1)
         self.assertEqual(sum(pool["counts"].values()), POOL_BLOCKS)
+        self.assertEqual(pool["tiers"], [])  # no host_tier on this pool
+        tiered = self.document("stats", "--pool", "tiered")["pools"][0]
+        self.assertEqual([tier["tier"] for tier in tiered["tiers"]], ["host"])
+        self.assertEqual(tiered["tiers"][0]["capacity_bytes"], 1 << 20)
+        self.assertEqual(tiered["tiers"][0]["records"], 0)
 
     def test_sessions(self):
         rows = self.table("sessions")

@@ -66,6 +66,8 @@ class MetricsProcessTest : public DaemonProcessTest {
   void SetUp() override {
     DaemonProcessTest::SetUp();
     extra_daemon_flags_ = {"--metrics_listen=127.0.0.1:0"};
+    // A second pool with a host tier, so the tier families are exposed and checked too.
+    pool_flag_ += ",tiered:blocks=8:host_tier=1MiB";
   }
 
   void StartWithMetrics() {
@@ -90,6 +92,8 @@ TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExpos
   ASSERT_FALSE(before.empty());
   EXPECT_EQ(Sample(before, "kvcache_blocks_capacity{pool=\"default\"}"), kPoolBlocks);
   EXPECT_EQ(Sample(before, "kvcache_usage_ratio{pool=\"default\"}"), 0);
+  EXPECT_EQ(Sample(before, R"(kvcache_tier_capacity_bytes{pool="tiered",tier="host"})"), 1 << 20);
+  EXPECT_EQ(Sample(before, R"(kvcache_tier_stored_blocks_total{pool="tiered",tier="host"})"), 0);
 
   // Two full blocks computed, then hit: 32 of the second prompt's 40 tokens, both resurrected.
   RunClient({"compute-and-commit", "default", "40", "1000"});

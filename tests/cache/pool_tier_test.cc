@@ -1,0 +1,373 @@
+// A pool with tier 2 (PoolOptions::host_tier_bytes): the mover copies blocks near eviction into
+// the host tier, and Open, Lookup, reads (kPinCached) and puts (kPut) continue the verified prefix
+// walk there — bytes identical, corrupt records recomputed, max_load_ms bounding the load, a
+// full tier evicting its own oldest. The mover runs synchronously (testing_manual_offload) except
+// in the one test of its thread. Every test ends with the pool's invariants checked.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "cache/pool.h"
+#include "common/block_checksum.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fault_injection_pool_memory.h"
+#include "tests/testing/poll_until.h"
+#include "tests/testing/small_pool_options.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kBlockSize = 4;
+
+using ::kvcache::testing::Tokens;
+
+PoolOptions TierPoolOptions(uint32_t num_blocks, uint32_t tier_blocks) {
+  PoolOptions options = testing::SmallPoolOptions("tiered", num_blocks, kBlockSize);
+  options.host_tier_bytes = uint64_t{tier_blocks} * options.layout.BlockBytes();
+  options.testing_manual_offload = true;
+  return options;
+}
+
+class PoolTierTest : public ::testing::Test {
+ protected:
+  void MakePool(uint32_t num_blocks, uint32_t tier_blocks, bool manual = true,
+                uint32_t offload_window = 0) {
+    PoolOptions options = TierPoolOptions(num_blocks, tier_blocks);
+    options.testing_manual_offload = manual;
+    options.offload_window = offload_window;
+    block_bytes_ = options.layout.BlockBytes();
+    auto memory = HostPoolMemory::Create(block_bytes_, num_blocks);
+    ASSERT_OK(memory);
+    auto pool = Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, nullptr, &clock_);
+    ASSERT_OK(pool);
+    pool_ = *std::move(pool);
+  }
+  void TearDown() override {
+    if (pool_ != nullptr) {
+      EXPECT_OK(pool_->CheckInvariants());
+    }
+  }
+
+  // The bytes a worker would write for block `i` of `tokens`: a function of its tokens.
+  std::string BlockBytes(const std::vector<uint32_t>& tokens, size_t i) const {
+    std::string bytes(block_bytes_, '\0');
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      bytes[b] = static_cast<char>(tokens[i * kBlockSize + b % kBlockSize] * 7 + b);
+    }
+    return bytes;
+  }
+
+  absl::StatusOr<OpenedSequence> Open(const std::vector<uint32_t>& tokens,
+                                      OpenMode mode = OpenMode::kCompute,
+                                      uint32_t max_load_ms = 0) {
+    SequenceSpec spec{.tokens = tokens};
+    spec.max_load_ms = max_load_ms;
+    return pool_->Open(session_, spec, mode);
+  }
+
+  // Opens, writes every full block not cached, commits and releases.
+  OpenedSequence Compute(const std::vector<uint32_t>& tokens) {
+    absl::StatusOr<OpenedSequence> opened = Open(tokens);
+    EXPECT_OK(opened);
+    if (!opened.ok()) return {};
+    for (size_t i = opened->num_cached_tokens / kBlockSize; i < tokens.size() / kBlockSize; ++i) {
+      EXPECT_OK(pool_->WriteBlock(opened->block_ids[i], 0, BlockBytes(tokens, i)));
+    }
+    EXPECT_OK(pool_->Commit(session_, opened->sequence_id, tokens.size()));
+    EXPECT_OK(pool_->Release(session_, opened->sequence_id));
+    return *opened;
+  }
+
+  // Computes `tokens`, copies what the mover would to tier 2, then evicts it all from tier 1 with
+  // eight blocks of another prompt (the 8-block pools of these tests).
+  void ComputeOffloadEvict(const std::vector<uint32_t>& tokens) {
+    Compute(tokens);
+    pool_->OffloadForTesting();
+    Compute(Tokens(500, 32));
+  }
+
+  // The chain hashes the pool computes for `tokens` in session_'s tenant.
+  std::vector<Hash128> Chain(const std::vector<uint32_t>& tokens) {
+    BlockHasher hasher(HashAlgorithm::kXxh3_128);
+    const HashNamespace ns{"model", pool_->layout_fingerprint(), session_.tenant, ""};
+    std::vector<Hash128> chain;
+    hasher.ExtendChain(hasher.Root(ns), tokens, kBlockSize, ExtraKeys{}, &chain);
+    return chain;
+  }
+
+  std::string ReadBack(BlockId block) {
+    std::string bytes(block_bytes_, '\0');
+    EXPECT_OK(pool_->ReadBlock(block, 0, block_bytes_, bytes.data()));
+    return bytes;
+  }
+
+  PoolTierStats TierStats() const { return pool_->Stats().host_tier.value_or(PoolTierStats{}); }
+
+  testing::FakeClock clock_;
+  Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  uint64_t block_bytes_ = 0;
+  std::unique_ptr<Pool> pool_;
+};
+
+TEST_F(PoolTierTest, EvictedPrefixComesBackFromTier2WithIdenticalBytes) {
+  MakePool(8, 16);
+  const std::vector<uint32_t> a = Tokens(100, 17);  // four full blocks and a partial one
+  Compute(a);
+  EXPECT_EQ(pool_->OffloadForTesting(), 4u);  // 4 free < the window of 8: all four go down
+  Compute(Tokens(500, 32));                   // eight blocks: A's four are evicted
+  EXPECT_EQ(pool_->Stats().pool.evicted_offloaded, 4u);
+
+  auto lookup = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 16u);
+  EXPECT_EQ(lookup->num_host_tier_tokens, 16u);
+  EXPECT_EQ(TierStats().tier.loaded, 0u);  // a lookup loads nothing
+
+  absl::StatusOr<OpenedSequence> opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 16u);
+  EXPECT_EQ(opened->num_host_tier_tokens, 16u);
+  ASSERT_EQ(opened->block_ids.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i)) << "block " << i;
+    const std::string expected = BlockBytes(a, i);
+    auto checksum = pool_->BlockChecksum(opened->block_ids[i]);
+    ASSERT_OK(checksum);
+    EXPECT_EQ(*checksum, BlockChecksum(expected.data(), expected.size()));
+  }
+  const PoolTierStats stats = TierStats();
+  EXPECT_EQ(stats.hit_blocks, 4u);
+  EXPECT_EQ(stats.tier.loaded, 4u);
+  EXPECT_EQ(stats.load_failures, 0u);
+  EXPECT_EQ(pool_->Stats().hit_tokens, 16u);
+  ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  // Published again in tier 1: the next walk ends there.
+  lookup = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 16u);
+  EXPECT_EQ(lookup->num_host_tier_tokens, 0u);
+}
+
+TEST_F(PoolTierTest, WalkContinuesInTier2AfterTier1Hits) {
+  MakePool(8, 16);
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  Compute(a);
+  pool_->OffloadForTesting();
+  // Evict only A's tail (released first, so at the LRU front): 4 free + 2 evicted.
+  Compute(Tokens(500, 24));
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 16u);
+  EXPECT_EQ(opened->num_host_tier_tokens, 8u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
+}
+
+TEST_F(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
+  MakePool(8, 16);
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  ComputeOffloadEvict(a);
+  ASSERT_TRUE(pool_->host_tier()->CorruptForTesting(Chain(a)[1], 5));
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 4u);  // block 0 only: 1 failed, 2 and 3 hang off it
+  EXPECT_EQ(opened->num_host_tier_tokens, 4u);
+  EXPECT_EQ(ReadBack(opened->block_ids[0]), BlockBytes(a, 0));
+  const PoolTierStats stats = TierStats();
+  EXPECT_EQ(stats.load_failures, 1u);
+  EXPECT_EQ(stats.tier.verify_failures, 1u);
+  EXPECT_EQ(stats.hit_blocks, 1u);
+  EXPECT_FALSE(pool_->host_tier()->Contains(Chain(a)[1]));  // dropped, never served
+  // The rest is computed and committed as usual.
+  for (size_t i = 1; i < 4; ++i) {
+    ASSERT_OK(pool_->WriteBlock(opened->block_ids[i], 0, BlockBytes(a, i)));
+  }
+  ASSERT_OK(pool_->Commit(session_, opened->sequence_id, a.size()));
+}
+
+TEST_F(PoolTierTest, MaxLoadMsLeavesTheRestToCompute) {
+  MakePool(8, 16);
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  ComputeOffloadEvict(a);
+  // Each load takes 10 ms of the fake clock: blocks start at 0, 10, 20 ms; the fourth at 30 ms
+  // is past a 25 ms bound.
+  pool_->host_tier()->SetLoadHookForTesting(
+      [this](const Hash128&) { clock_.Advance(absl::Milliseconds(10)); });
+  auto opened = Open(a, OpenMode::kCompute, /*max_load_ms=*/25);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 12u);
+  EXPECT_EQ(opened->num_host_tier_tokens, 12u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
+  EXPECT_EQ(TierStats().deadline_blocks, 1u);
+  EXPECT_EQ(TierStats().hit_blocks, 3u);
+  // The block left behind is not published: nothing half-loaded is findable.
+  ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  auto lookup = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 16u);  // three in tier 1, the fourth still in tier 2
+  EXPECT_EQ(lookup->num_host_tier_tokens, 4u);
+}
+
+TEST_F(PoolTierTest, ReadsAndPutsCountTier2BlocksAsCached) {
+  MakePool(8, 16);
+  const std::vector<uint32_t> a = Tokens(100, 16);
+  ComputeOffloadEvict(a);
+  auto read = Open(a, OpenMode::kPinCached);
+  ASSERT_OK(read);
+  EXPECT_EQ(read->num_cached_tokens, 16u);
+  ASSERT_EQ(read->block_ids.size(), 4u);
+  EXPECT_EQ(ReadBack(read->block_ids[3]), BlockBytes(a, 3));
+  ASSERT_OK(pool_->Release(session_, read->sequence_id));
+  auto put = Open(Tokens(100, 20), OpenMode::kPut);  // A plus one new block
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_cached_tokens, 16u);
+  EXPECT_EQ(put->block_ids.size(), 5u);
+}
+
+TEST_F(PoolTierTest, ReadOfAPrefixOnlyInTier2FailsNothingWhenTier1IsFull) {
+  MakePool(8, 16);
+  const std::vector<uint32_t> a = Tokens(100, 16);
+  Compute(a);
+  pool_->OffloadForTesting();
+  auto hold = Open(Tokens(500, 32));  // every block referenced
+  ASSERT_OK(hold);
+  auto read = Open(a, OpenMode::kPinCached);
+  ASSERT_OK(read);
+  EXPECT_EQ(read->num_cached_tokens, 0u);
+  EXPECT_TRUE(read->block_ids.empty());
+}
+
+TEST_F(PoolTierTest, SessionEndingDuringTheLoadLeavesNothingBehind) {
+  MakePool(8, 16);
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  ComputeOffloadEvict(a);
+  pool_->host_tier()->SetLoadHookForTesting([this](const Hash128&) {
+    if (session_.closed.exchange(true)) return;
+    pool_->ReleaseSession(session_.id);  // the sweep runs while the opening sequence loads
+  });
+  EXPECT_THAT(Open(a).status(), StatusIs(absl::StatusCode::kAborted, HasSubstr("during the open")));
+  EXPECT_EQ(pool_->Stats().referenced, 0u);
+  EXPECT_EQ(pool_->Stats().open_sequences, 0u);
+}
+
+TEST_F(PoolTierTest, OnlyBlocksNearEvictionGoDown) {
+  MakePool(64, 64);  // default offload window: max(8, 64 / 8) = 8
+  ASSERT_EQ(pool_->offload_window(), 8u);
+  Compute(Tokens(1000, 40 * kBlockSize));  // 24 free: eviction is far, nothing goes down
+  EXPECT_EQ(pool_->OffloadForTesting(), 0u);
+  Compute(Tokens(5000, 20 * kBlockSize));  // 4 free: the oldest 8 evictable go down, no more
+  EXPECT_EQ(pool_->OffloadForTesting(), 8u);
+  EXPECT_EQ(pool_->OffloadForTesting(), 0u);
+  EXPECT_EQ(TierStats().tier.records, 8u);
+}
+
+TEST_F(PoolTierTest, MoverKeepsTheWindowCoveredAsEvictionsConsumeIt) {
+  // A window of 20 takes three batches of at most 8; the scan resumes where it stopped.
+  MakePool(64, 64, /*manual=*/true, /*offload_window=*/20);
+  Compute(Tokens(1000, 60 * kBlockSize));  // 60 evictable, 4 free
+  EXPECT_EQ(pool_->OffloadForTesting(), 20u);
+  EXPECT_EQ(pool_->OffloadForTesting(), 0u);
+  // Ten new blocks: the 4 free ones and 6 evictions, all of blocks already below.
+  auto hold = Open(Tokens(9000, 10 * kBlockSize));
+  ASSERT_OK(hold);
+  EXPECT_EQ(pool_->Stats().pool.evicted_offloaded, 6u);
+  EXPECT_EQ(pool_->Stats().pool.evictions, 6u);
+  // The window moved 6 blocks on: 6 more go down, and no more.
+  EXPECT_EQ(pool_->OffloadForTesting(), 6u);
+  EXPECT_EQ(pool_->OffloadForTesting(), 0u);
+  EXPECT_EQ(TierStats().tier.records, 26u);
+}
+
+TEST_F(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
+  MakePool(8, 2);
+  const std::vector<uint32_t> a = Tokens(100, 16);
+  Compute(a);
+  // LRU order is A3, A2, A1, A0 (tails are released first): the tier keeps the last two stored.
+  EXPECT_EQ(pool_->OffloadForTesting(), 4u);
+  EXPECT_EQ(TierStats().tier.evicted, 2u);
+  EXPECT_EQ(TierStats().tier.records, 2u);
+  EXPECT_EQ(TierStats().tier.bytes_used, 2 * block_bytes_);
+  Compute(Tokens(500, 32));  // requests go on; A leaves tier 1
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 8u);  // A0 and A1 from tier 2
+  EXPECT_EQ(opened->num_host_tier_tokens, 8u);
+}
+
+TEST_F(PoolTierTest, MoverThreadOffloadsAheadOfEviction) {
+  MakePool(8, 16, /*manual=*/false);
+  const std::vector<uint32_t> a = Tokens(100, 16);
+  Compute(a);
+  ASSERT_TRUE(testing::PollUntil([&] { return TierStats().tier.records == 4; }));
+  EXPECT_EQ(TierStats().offloaded_blocks, 4u);
+  Compute(Tokens(500, 32));
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 12u);  // capped: the last token is computed
+  EXPECT_EQ(opened->num_host_tier_tokens, 12u);
+}
+
+// Regression: with every evictable block in the mover's batch, an open failed
+// RESOURCE_EXHAUSTED ("0 free and 0 evictable") as if they were referenced. It now waits for the
+// batch. The mover here is OffloadForTesting on a thread, held inside its first store until the
+// open is waiting.
+TEST_F(PoolTierTest, OpenNeedingTheMoversBatchWaitsForIt) {
+  MakePool(8, 16);
+  Compute(Tokens(500, 32));  // 8 evictable, none free
+  std::atomic<bool> storing{false}, release{false};
+  pool_->host_tier()->SetStoreHookForTesting([&](const Hash128&) {
+    storing = true;  // the batch is pinned
+    while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
+  });
+  std::thread mover([&] { pool_->OffloadForTesting(); });
+  std::thread releaser([&] {
+    // Lets the batch go once the open waits for it (or after the bound, to fail, not hang).
+    testing::PollUntil([&] { return TierStats().request_waits == 1; });
+    release = true;
+  });
+  ASSERT_TRUE(testing::PollUntil([&] { return storing.load(); }));
+  auto opened = Open(Tokens(100, 16));
+  release = true;
+  mover.join();
+  releaser.join();
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->block_ids.size(), 4u);
+  EXPECT_EQ(TierStats().request_waits, 1u);
+}
+
+TEST_F(PoolTierTest, TierFiguresArePoolWideInEveryTenantsView) {
+  MakePool(8, 16);
+  Compute(Tokens(100, 16));
+  EXPECT_EQ(pool_->OffloadForTesting(), 4u);
+  for (absl::string_view tenant : {"tenant-a", "never-used-the-pool"}) {
+    const PoolStatsSnapshot stats = pool_->Stats(tenant);
+    ASSERT_TRUE(stats.host_tier.has_value()) << tenant;
+    EXPECT_EQ(stats.host_tier->offloaded_blocks, 4u) << tenant;
+    EXPECT_EQ(stats.host_tier->tier.records, 4u) << tenant;
+  }
+}
+
+TEST_F(PoolTierTest, HostTierNeedsAHostPool) {
+  PoolOptions options = TierPoolOptions(8, 4);
+  auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
+  ASSERT_OK(base);
+  auto memory = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
+  EXPECT_THAT(
+      Pool::Create(options, 0, std::move(memory)).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host_tier needs a host pool")));
+  options.host_tier_bytes = options.layout.BlockBytes() - 1;
+  auto host = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
+  ASSERT_OK(host);
+  EXPECT_THAT(Pool::Create(options, 0, *std::move(host)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool 'tiered': host_tier=")));
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -1,0 +1,166 @@
+// HostTier: store, find, verified load, its LRU under a full tier, and the counters. Every test
+// ends with the tier's invariants checked.
+#include "tiers/host_tier.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/block_checksum.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBlockBytes = 256;
+
+std::vector<uint8_t> Bytes(uint8_t seed) {
+  std::vector<uint8_t> bytes(kBlockBytes);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(seed * 31 + i);
+  return bytes;
+}
+
+BlockRecordIdentity Identity(uint64_t n, const std::vector<uint8_t>& bytes) {
+  return BlockRecordIdentity{.hash = {n, n * 7 + 1},
+                             .parent_hash = {n - 1, n},
+                             .namespace_digest = 42,
+                             .extras_digest = 0,
+                             .tokens = {uint32_t(n), 1, 2, 3},
+                             .checksum = BlockChecksum(bytes.data(), bytes.size())};
+}
+
+class HostTierTest : public ::testing::Test {
+ protected:
+  void MakeTier(uint32_t slots) {
+    auto tier = HostTier::Create(slots * kBlockBytes + kBlockBytes / 2, kBlockBytes);
+    ASSERT_OK(tier);
+    tier_ = *std::move(tier);
+  }
+  void TearDown() override {
+    if (tier_ != nullptr) {
+      EXPECT_OK(tier_->CheckInvariants());
+    }
+  }
+  void StoreBlock(uint64_t n) {
+    const std::vector<uint8_t> bytes = Bytes(static_cast<uint8_t>(n));
+    ASSERT_OK(tier_->Store(Identity(n, Bytes(static_cast<uint8_t>(n))), bytes.data()));
+  }
+
+  std::unique_ptr<HostTier> tier_;
+};
+
+TEST_F(HostTierTest, CreateNeedsAtLeastOneBlock) {
+  EXPECT_THAT(HostTier::Create(kBlockBytes - 1, kBlockBytes).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds 0 blocks of 256")));
+  auto tier = HostTier::Create(3 * kBlockBytes + 1, kBlockBytes);
+  ASSERT_OK(tier);
+  EXPECT_EQ((*tier)->num_slots(), 3u);
+  EXPECT_EQ((*tier)->counters().capacity_bytes, 3 * kBlockBytes);
+}
+
+TEST_F(HostTierTest, StoredBlockLoadsBackIdentical) {
+  MakeTier(4);
+  StoreBlock(1);
+  ASSERT_TRUE(tier_->Find(Identity(1, Bytes(1)).hash).has_value());
+  EXPECT_EQ(*tier_->Find(Identity(1, Bytes(1)).hash), Identity(1, Bytes(1)));
+  std::vector<uint8_t> out(kBlockBytes);
+  ASSERT_OK(tier_->Load(Identity(1, Bytes(1)), out.data()));
+  EXPECT_EQ(out, Bytes(1));
+  const HostTierCounters counters = tier_->counters();
+  EXPECT_EQ(counters.stored, 1u);
+  EXPECT_EQ(counters.loaded, 1u);
+  EXPECT_EQ(counters.records, 1u);
+  EXPECT_EQ(counters.bytes_used, kBlockBytes);
+  EXPECT_EQ(counters.misses, 0u);
+}
+
+TEST_F(HostTierTest, AtMostOneRecordPerHash) {
+  MakeTier(4);
+  StoreBlock(1);
+  const std::vector<uint8_t> other = Bytes(9);
+  BlockRecordIdentity collision = Identity(1, other);
+  collision.tokens = {9, 9, 9, 9};
+  EXPECT_THAT(tier_->Store(collision, other.data()).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(tier_->counters().records, 1u);
+  EXPECT_EQ(tier_->Find(collision.hash)->tokens, Identity(1, Bytes(1)).tokens);
+}
+
+TEST_F(HostTierTest, MismatchedIdentityIsACountedMiss) {
+  MakeTier(2);
+  StoreBlock(1);
+  BlockRecordIdentity expected = Identity(1, Bytes(1));
+  expected.extras_digest = 77;
+  EXPECT_EQ(tier_->Probe(expected), TierProbe::kMismatch);
+  std::vector<uint8_t> out(kBlockBytes);
+  EXPECT_THAT(tier_->Load(expected, out.data()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("extra_keys")));
+  EXPECT_THAT(tier_->Load(Identity(5, Bytes(5)), out.data()),
+              StatusIs(absl::StatusCode::kNotFound));
+  const HostTierCounters counters = tier_->counters();
+  EXPECT_EQ(counters.misses, 2u);
+  EXPECT_EQ(counters.mismatches, 1u);
+  EXPECT_EQ(counters.records, 1u);  // a mismatch is another request's record, kept
+}
+
+TEST_F(HostTierTest, CorruptedRecordFailsVerificationAndIsDropped) {
+  MakeTier(2);
+  StoreBlock(1);
+  ASSERT_TRUE(tier_->CorruptForTesting(Identity(1, Bytes(1)).hash, 17));
+  std::vector<uint8_t> out(kBlockBytes);
+  EXPECT_THAT(tier_->Load(Identity(1, Bytes(1)), out.data()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
+  const HostTierCounters counters = tier_->counters();
+  EXPECT_EQ(counters.verify_failures, 1u);
+  EXPECT_EQ(counters.misses, 1u);
+  EXPECT_EQ(counters.loaded, 0u);
+  EXPECT_EQ(counters.records, 0u);
+  EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));
+}
+
+TEST_F(HostTierTest, FullTierEvictsItsLeastRecentlyUsed) {
+  MakeTier(2);
+  StoreBlock(1);
+  StoreBlock(2);
+  // A load makes 1 the most recently used, so storing 3 evicts 2.
+  std::vector<uint8_t> out(kBlockBytes);
+  ASSERT_OK(tier_->Load(Identity(1, Bytes(1)), out.data()));
+  const std::vector<uint8_t> bytes = Bytes(3);
+  auto result = tier_->Store(Identity(3, bytes), bytes.data());
+  ASSERT_OK(result);
+  ASSERT_TRUE(result->evicted.has_value());
+  EXPECT_EQ(result->evicted->hash, Identity(2, Bytes(2)).hash);
+  EXPECT_TRUE(tier_->Contains(Identity(1, Bytes(1)).hash));
+  EXPECT_FALSE(tier_->Contains(Identity(2, Bytes(2)).hash));
+  EXPECT_TRUE(tier_->Contains(Identity(3, bytes).hash));
+  const HostTierCounters counters = tier_->counters();
+  EXPECT_EQ(counters.evicted, 1u);
+  EXPECT_EQ(counters.records, 2u);
+  EXPECT_EQ(counters.bytes_used, 2 * kBlockBytes);
+}
+
+TEST_F(HostTierTest, PinnedRecordIsNotEvictedAndAFullyPinnedTierRefusesStores) {
+  MakeTier(1);
+  StoreBlock(1);
+  // During a load of 1 (its hook runs with the slot pinned), the only slot cannot be taken.
+  absl::Status during_load;
+  tier_->SetLoadHookForTesting([&](const Hash128&) {
+    const std::vector<uint8_t> bytes = Bytes(2);
+    during_load = tier_->Store(Identity(2, bytes), bytes.data()).status();
+  });
+  std::vector<uint8_t> out(kBlockBytes);
+  ASSERT_OK(tier_->Load(Identity(1, Bytes(1)), out.data()));
+  EXPECT_EQ(out, Bytes(1));
+  EXPECT_THAT(during_load, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(tier_->counters().store_rejections, 1u);
+  tier_->SetLoadHookForTesting(nullptr);
+  StoreBlock(2);  // unpinned now: 1 is evicted
+  EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -1,0 +1,156 @@
+// HostTier: tier 2 of a pool (DESIGN §10) — a store of block records in one host-memory
+// allocation of fixed slots, each slot one block's bytes, indexed by chain hash with the record's
+// identity (tiers/block_record.h), and its own LRU. The pool's mover stores blocks into it ahead
+// of their eviction from tier 1; a prefix walk that ends in tier 1 continues here, loading each
+// record into a fresh tier-1 block.
+//
+// At most one record per hash: a second Store under a stored hash is ALREADY_EXISTS and changes
+// nothing (the first stays, as in tier 1). A full tier evicts its least recently stored or loaded
+// record to make room; that is its back-pressure on the mover — the mover never waits on it. A
+// record being read (Load) or written (Store) is pinned and not evicted; when every slot is
+// pinned, Store is RESOURCE_EXHAUSTED (counted).
+//
+// Loads verify twice: the identity against the request's expectation (RecordMismatch) before the
+// copy, the checksum over the copied bytes after it. Either failure is a miss, counted, never
+// bytes returned as good; a checksum failure also drops the record.
+//
+// The seam for the tier below (tier 3, the disk tier): Store reports the record it evicted
+// (StoreResult::evicted, identity only; its bytes are already overwritten), so the owner knows
+// what left; a pool that has a tier 3 passes such records down before they are evicted the same
+// way tier 1 passes blocks here (see docs/design.md, "Tiers").
+//
+// Thread safety: thread-safe. Bytes are copied outside the tier's mutex with the slot pinned.
+#ifndef KVCACHE_TIERS_HOST_TIER_H_
+#define KVCACHE_TIERS_HOST_TIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/block_hash.h"
+#include "common/index_list.h"
+#include "tiers/block_record.h"
+
+namespace kvcache {
+
+struct HostTierCounters {
+  uint64_t stored = 0;            // records written
+  uint64_t loaded = 0;            // records copied out and verified
+  uint64_t evicted = 0;           // records dropped to make room
+  uint64_t misses = 0;            // loads that returned nothing: absent, mismatched or corrupt
+  uint64_t mismatches = 0;        // of the misses: a record under the hash with another identity
+  uint64_t verify_failures = 0;   // of the misses: checksum of the copied bytes differed
+  uint64_t store_rejections = 0;  // stores refused because every slot was pinned
+  uint64_t records = 0;           // records held now
+  uint64_t bytes_used = 0;        // records * block_bytes
+  uint64_t capacity_bytes = 0;    // slots * block_bytes
+};
+
+// What a probe of the tier found under a hash.
+enum class TierProbe : uint8_t { kAbsent, kMatch, kMismatch };
+
+class HostTier {
+ public:
+  // A tier of capacity_bytes / block_bytes slots. INVALID_ARGUMENT when that is not at least one
+  // block; RESOURCE_EXHAUSTED when the memory cannot be mapped.
+  static absl::StatusOr<std::unique_ptr<HostTier>> Create(uint64_t capacity_bytes,
+                                                          uint64_t block_bytes);
+  ~HostTier();
+
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
+
+  uint64_t block_bytes() const { return block_bytes_; }
+  uint32_t num_slots() const { return num_slots_; }
+
+  struct StoreResult {
+    std::optional<BlockRecordIdentity> evicted;  // the record this store displaced, if any
+  };
+  // Copies block_bytes from `bytes` into a slot recorded under `identity` (whose checksum must be
+  // that of the bytes). ALREADY_EXISTS when the hash is stored (the first record stays);
+  // RESOURCE_EXHAUSTED when every slot is pinned.
+  absl::StatusOr<StoreResult> Store(const BlockRecordIdentity& identity, const uint8_t* bytes);
+
+  // The identity stored under `hash`, if any. Changes nothing.
+  std::optional<BlockRecordIdentity> Find(const Hash128& hash) const;
+  // Whether a record under expected.hash matches `expected` (RecordMismatch). Changes nothing:
+  // Lookup counts tier-2 hits with it without loading.
+  TierProbe Probe(const BlockRecordIdentity& expected) const;
+  bool Contains(const Hash128& hash) const;
+
+  // Copies the record matching `expected` (all of it but the checksum) into `out` (block_bytes),
+  // then verifies the copy's checksum against the record's. NOT_FOUND when no record matches;
+  // DATA_LOSS when the copy's checksum differs (the record is dropped). Every failure counts a
+  // miss; `out` then holds no bytes to use. On success the record becomes most recently used.
+  absl::Status Load(const BlockRecordIdentity& expected, uint8_t* out);
+
+  HostTierCounters counters() const;
+  // Index, LRU, free slots and byte counts agree. O(slots).
+  absl::Status CheckInvariants() const;
+
+  // TEST ONLY (benchmarks): where the record under `hash` keeps its bytes, or null. The pointer
+  // is valid until the record is evicted or dropped.
+  const uint8_t* RecordBytesForTesting(const Hash128& hash) const;
+  // TEST ONLY: flips one byte of the record stored under `hash`; false when there is none.
+  bool CorruptForTesting(const Hash128& hash, uint64_t offset);
+  // TEST ONLY: called at the start of every Load's copy (outside the mutex), e.g. to advance a
+  // fake clock as a slow copy would.
+  void SetLoadHookForTesting(std::function<void(const Hash128&)> hook);
+  // TEST ONLY: called at the start of every Store's copy (outside the mutex).
+  void SetStoreHookForTesting(std::function<void(const Hash128&)> hook);
+
+ private:
+  static constexpr uint32_t kNoSlot = ~uint32_t{0};
+  using Lru = IndexList<uint32_t, kNoSlot>;
+  enum class SlotState : uint8_t { kFree, kFilling, kStored, kDropped };
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    uint32_t pins = 0;
+    BlockRecordIdentity identity;
+    Lru::Links lru;
+  };
+
+  HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots);
+  uint8_t* SlotBytes(uint32_t slot) const { return base_ + uint64_t{slot} * block_bytes_; }
+
+  auto LruLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return [this](uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS -> Lru::Links& {
+      return slots_[slot].lru;  // called only under mu_, from the two below
+    };
+  }
+  void LruPushBack(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    lru_.PushBack(slot, LruLinks());
+  }
+  void LruRemove(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    lru_.Remove(slot, LruLinks());
+  }
+  // Takes a stored record out of the index and the LRU; its slot is freed now, or by the last
+  // unpin when it is pinned.
+  void DropLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpinLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  uint8_t* const base_;
+  const uint64_t mapped_bytes_;
+  const uint64_t block_bytes_;
+  const uint32_t num_slots_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Hash128, uint32_t> index_ ABSL_GUARDED_BY(mu_);
+  Lru lru_ ABSL_GUARDED_BY(mu_);  // stored records, least recently used at the front
+  HostTierCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Hash128&)> load_hook_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Hash128&)> store_hook_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_TIERS_HOST_TIER_H_
