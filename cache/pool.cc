@@ -94,14 +94,36 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     }
     host_tier = *std::move(tier);
   }
+  std::unique_ptr<ClusterTier> cluster_tier;
+  if (options.cluster_tier.has_value()) {
+    if (memory->HostBlock(0) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool '", options.name, "': the cluster tier needs a host pool; this one is ",
+          memory->kind(), " memory"));
+    }
+    absl::StatusOr<std::unique_ptr<ClusterTier>> tier = ClusterTier::Create(
+        ClusterTierOptions{.redis = *options.cluster_tier,
+                           .pool = PoolIdentity{.model_id = options.model_id,
+                                                .layout_fingerprint = options.layout.Fingerprint(),
+                                                .hash_algorithm = options.hash_algorithm,
+                                                .block_bytes = options.layout.BlockBytes()},
+                           .tokens_per_block = options.layout.block_size});
+    if (!tier.ok()) {
+      return absl::Status(tier.status().code(),
+                          absl::StrCat("pool '", options.name, "': ", tier.status().message()));
+    }
+    cluster_tier = *std::move(tier);
+  }
   if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
   return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory), std::move(faults),
-                                        quotas, events, clock, std::move(host_tier)));
+                                        quotas, events, clock, std::move(host_tier),
+                                        std::move(cluster_tier)));
 }
 
 Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
            std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
-           const Clock* clock, std::unique_ptr<HostTier> host_tier)
+           const Clock* clock, std::unique_ptr<HostTier> host_tier,
+           std::unique_ptr<ClusterTier> cluster_tier)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
@@ -121,8 +143,9 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
           std::min(options.num_blocks,
                    options.offload_window != 0
                        ? options.offload_window
-                       : std::max(8u, options.num_blocks / kDefaultOffloadWindowDivisor))) {
-  if (host_tier_ != nullptr && !options.testing_manual_offload) {
+                       : std::max(8u, options.num_blocks / kDefaultOffloadWindowDivisor))),
+      cluster_tier_(std::move(cluster_tier)) {
+  if ((host_tier_ != nullptr || cluster_tier_ != nullptr) && !options.testing_manual_offload) {
     mover_ = std::thread([this] { MoverLoop(); });
   }
 }
@@ -247,7 +270,7 @@ size_t Pool::OffloadForTesting() {
 }
 
 bool Pool::OffloadBatch() {
-  if (host_tier_ == nullptr) return false;
+  if (host_tier_ == nullptr && cluster_tier_ == nullptr) return false;
   struct Candidate {
     BlockId block = kNoBlock;
     BlockRecordIdentity record;
@@ -277,7 +300,8 @@ bool Pool::OffloadBatch() {
       const BlockId next = pool_.LruNext(block);
       if (!pool_.IsOffloaded(block)) {
         const BlockIdentity& identity = pool_.IdentityOf(block);
-        if (host_tier_->Contains(identity.hash)) {
+        if (host_tier_ != nullptr && cluster_tier_ == nullptr &&
+            host_tier_->Contains(identity.hash)) {
           pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
         } else {
           const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
@@ -303,15 +327,33 @@ bool Pool::OffloadBatch() {
     }
   }
   const uint64_t block_bytes = options_.layout.BlockBytes();
+  std::vector<ClusterTier::Record> to_cluster;
   for (Candidate& candidate : batch) {
     // Pinned and published: the bytes cannot change during the copy.
     const uint8_t* bytes = memory_->HostBlock(candidate.block);
     candidate.record.checksum = candidate.checksum.has_value()
                                     ? *candidate.checksum
                                     : ::kvcache::BlockChecksum(bytes, block_bytes);
-    const absl::StatusOr<HostTier::StoreResult> stored = host_tier_->Store(candidate.record, bytes);
-    candidate.below = stored.ok() || absl::IsAlreadyExists(stored.status());
-    if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
+    if (host_tier_ != nullptr) {
+      const absl::StatusOr<HostTier::StoreResult> stored =
+          host_tier_->Store(candidate.record, bytes);
+      candidate.below = stored.ok() || absl::IsAlreadyExists(stored.status());
+      if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (cluster_tier_ != nullptr) {
+      to_cluster.push_back(ClusterTier::Record{
+          candidate.record, absl::string_view(reinterpret_cast<const char*>(bytes), block_bytes)});
+    }
+  }
+  // What leaves the node goes to the cluster too, in one pipelined batch. A cluster that is down
+  // or slow costs the mover its timeout (back-pressure), never a request.
+  if (!to_cluster.empty()) {
+    const std::vector<absl::Status> stored = cluster_tier_->Store(to_cluster);
+    for (size_t i = 0; i < stored.size(); ++i) {
+      if (!stored[i].ok()) continue;
+      cluster_stored_blocks_.fetch_add(1, std::memory_order_relaxed);
+      if (host_tier_ == nullptr) batch[i].below = true;
+    }
   }
   absl::MutexLock lock(&mu_);
   // Back to the front in the order they were taken from it.
@@ -490,6 +532,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : total_blocks;
   std::vector<BlockRecordIdentity> below;  // tier-2 records continuing the tier-1 hits
   size_t num_hits = 0;
+  bool from_cluster = false;
   {
     absl::MutexLock lock(&mu_);
     WaitOutOffloadLocked(total_blocks);
@@ -521,12 +564,23 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       sequence->blocks.push_back(AllocateLocked(sequence->tenant));
     }
     ReportEvictionsLocked();
-    if (below.empty()) {
+    // The cluster is asked only by a compute open whose walk may go on past what the node has:
+    // its fresh blocks are where the cluster's blocks land.
+    from_cluster = cluster_tier_ != nullptr && mode == OpenMode::kCompute &&
+                   num_hits + below.size() < max_hit_blocks;
+    if (below.empty() && !from_cluster) {
       return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, 0);
     }
     loading_.insert(sequence.get());
   }
+  const absl::Time load_start = clock_->Now();
   const size_t loaded = LoadFromBelow(*sequence, num_hits, below, spec.max_load_ms);
+  size_t cluster_loaded = 0;
+  if (from_cluster && loaded == below.size() &&
+      (spec.max_load_ms == 0 ||
+       clock_->Now() - load_start < absl::Milliseconds(spec.max_load_ms))) {
+    cluster_loaded = LoadFromCluster(*sequence, num_hits + loaded, max_hit_blocks);
+  }
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
   if (session.closed.load(std::memory_order_acquire)) {
@@ -535,12 +589,15 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     quotas_->Release(tenants_[sequence->tenant].name, QuotaResource::kOpenSequences, 1);
     return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the open"));
   }
-  return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded);
+  return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded,
+                          cluster_loaded);
 }
 
 OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                      OpenMode mode, size_t num_hits, size_t loaded) {
+                                      OpenMode mode, size_t num_hits, size_t host_loaded,
+                                      size_t cluster_loaded) {
   const uint32_t block_size = options_.layout.block_size;
+  const size_t loaded = host_loaded + cluster_loaded;
   const size_t cached = num_hits + loaded;
   if (mode == OpenMode::kPinCached) {
     // A read returns the cached prefix only: blocks whose load did not happen go back.
@@ -556,7 +613,8 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     CommitResult ignored;
     PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(cached), &ignored);
     sequence->committed_blocks = static_cast<uint32_t>(cached);
-    tier_hit_blocks_ += loaded;
+    tier_hit_blocks_ += host_loaded;
+    cluster_hit_blocks_.fetch_add(cluster_loaded, std::memory_order_relaxed);
   }
   const size_t total_blocks = sequence->blocks.size();
   if (mode == OpenMode::kCompute) {
@@ -568,9 +626,11 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     usage.hit_blocks += cached;
     usage.miss_blocks += total_blocks - cached;
   }
-  OpenedSequence opened{.block_ids = sequence->blocks,
-                        .num_cached_tokens = static_cast<uint32_t>(cached * block_size),
-                        .num_host_tier_tokens = static_cast<uint32_t>(loaded * block_size)};
+  OpenedSequence opened{
+      .block_ids = sequence->blocks,
+      .num_cached_tokens = static_cast<uint32_t>(cached * block_size),
+      .num_host_tier_tokens = static_cast<uint32_t>(host_loaded * block_size),
+      .num_cluster_tier_tokens = static_cast<uint32_t>(cluster_loaded * block_size)};
   opened.sequence_id = AddLocked(std::move(sequence));
   return opened;
 }
@@ -615,6 +675,19 @@ size_t Pool::LoadFromBelow(const Sequence& sequence, size_t first,
     }
   }
   return loaded;
+}
+
+size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limit) {
+  std::vector<BlockRecordIdentity> expected;
+  std::vector<uint8_t*> out;
+  for (size_t i = first; i < std::min(limit, sequence.chain.size()); ++i) {
+    // Only this sequence holds the block, and nobody can see the sequence yet.
+    uint8_t* block = memory_->MutableHostBlock(sequence.blocks[i]);
+    if (block == nullptr) break;
+    expected.push_back(ExpectedRecord(sequence, i));
+    out.push_back(block);
+  }
+  return cluster_tier_->LoadPrefix(expected, out);
 }
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
@@ -855,7 +928,16 @@ PoolStatsSnapshot Pool::Stats() const {
       .pool = pool_.counters(),
   };
   stats.host_tier = TierStatsLocked();
+  stats.cluster_tier = ClusterStats();
   return stats;
+}
+
+std::optional<PoolClusterTierStats> Pool::ClusterStats() const {
+  if (cluster_tier_ == nullptr) return std::nullopt;
+  return PoolClusterTierStats{
+      .hit_blocks = cluster_hit_blocks_.load(std::memory_order_relaxed),
+      .stored_blocks = cluster_stored_blocks_.load(std::memory_order_relaxed),
+      .tier = cluster_tier_->counters()};
 }
 
 std::optional<PoolTierStats> Pool::TierStatsLocked() const {
@@ -875,6 +957,7 @@ PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   absl::ReaderMutexLock lock(&mu_);
   PoolStatsSnapshot stats{.free = pool_.num_free(), .evictable = pool_.num_evictable()};
   stats.host_tier = TierStatsLocked();  // pool-wide, a stranger's view included
+  stats.cluster_tier = ClusterStats();
   auto slot = tenant_slots_.find(tenant);
   if (slot == tenant_slots_.end()) return stats;
   const TenantUsage& usage = tenants_[slot->second];

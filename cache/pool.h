@@ -73,6 +73,8 @@
 #include "common/clock.h"
 #include "common/histogram.h"
 #include "common/pool_layout.h"
+#include "redis/redis_cluster.h"
+#include "tiers/cluster_tier.h"
 #include "tiers/host_tier.h"
 
 namespace kvcache {
@@ -100,6 +102,10 @@ struct PoolOptions {
   uint32_t offload_window = 0;
   // TEST ONLY: no mover thread; tests and the simulation move blocks with OffloadForTesting().
   bool testing_manual_offload = false;
+  // The cluster tier (tiers/cluster_tier.h): a Redis Cluster shared by every node's daemon. A host
+  // pool only. The mover also writes there what it offloads; an open continues its verified
+  // prefix there after the tiers of the node.
+  std::optional<RedisClusterOptions> cluster_tier;
 };
 
 struct SequenceSpec {
@@ -122,7 +128,8 @@ struct OpenedSequence {
   uint64_t sequence_id = 0;
   std::vector<BlockId> block_ids;
   uint32_t num_cached_tokens = 0;
-  uint32_t num_host_tier_tokens = 0;  // of num_cached_tokens, loaded from tier 2 by this call
+  uint32_t num_host_tier_tokens = 0;     // of num_cached_tokens, loaded from tier 2 by this call
+  uint32_t num_cluster_tier_tokens = 0;  // of num_cached_tokens, loaded from the cluster tier
 };
 
 struct ExtendedSequence {
@@ -173,6 +180,13 @@ struct PoolTierStats {
   HostTierCounters tier;           // the store's own counters
 };
 
+// A pool's cluster tier, pool-wide.
+struct PoolClusterTierStats {
+  uint64_t hit_blocks = 0;     // blocks loaded into tier 1 and returned as cached
+  uint64_t stored_blocks = 0;  // blocks the mover wrote to the cluster
+  ClusterTierCounters tier;    // the store's own counters (misses by kind)
+};
+
 // A pool's figures, or one tenant's share of them (Stats(tenant)): then `referenced`, the
 // request figures, `open_sequences` and the pool counters count only that tenant's blocks and
 // sequences (evictions: its blocks evicted), while `free` and `evictable` stay the pool's, the
@@ -187,7 +201,8 @@ struct PoolStatsSnapshot {
   uint64_t miss_blocks = 0;
   uint32_t open_sequences = 0;
   BlockPoolCounters pool;
-  std::optional<PoolTierStats> host_tier;  // set when the pool has a tier 2
+  std::optional<PoolTierStats> host_tier;            // set when the pool has a tier 2
+  std::optional<PoolClusterTierStats> cluster_tier;  // set when the pool has a cluster tier
 };
 
 // INVALID_ARGUMENT unless salt and extra keys are within limits and every multimodal item lies
@@ -304,7 +319,8 @@ class Pool {
 
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
        std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
-       const Clock* clock, std::unique_ptr<HostTier> host_tier);
+       const Clock* clock, std::unique_ptr<HostTier> host_tier,
+       std::unique_ptr<ClusterTier> cluster_tier);
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
@@ -319,6 +335,9 @@ class Pool {
   // bound passes; returns how many loaded. Outside mu_: only the opening sequence holds them.
   size_t LoadFromBelow(const Sequence& sequence, size_t first,
                        const std::vector<BlockRecordIdentity>& below, uint32_t max_load_ms);
+  // Loads the sequence's blocks [first, limit) from the cluster tier in one batch, stopping at
+  // the first that does not verify; returns how many loaded. Outside mu_, like LoadFromBelow.
+  size_t LoadFromCluster(const Sequence& sequence, size_t first, size_t limit);
   // Publishes the sequence's blocks from committed_blocks up to `written_blocks` (Commit's
   // rule, events included).
   void PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, CommitResult* result)
@@ -326,9 +345,10 @@ class Pool {
   // Open's end under mu_: trims a read to its cached prefix, publishes what was loaded from
   // below, counts and adds the sequence.
   OpenedSequence FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                  OpenMode mode, size_t num_hits, size_t loaded)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  OpenMode mode, size_t num_hits, size_t loaded,
+                                  size_t cluster_loaded = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<PoolTierStats> TierStatsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::optional<PoolClusterTierStats> ClusterStats() const;
   // Waits, releasing mu_, until the mover's batch is back when it holds blocks that a request
   // needing `needed` blocks could otherwise not have. Call before looking at anything.
   void WaitOutOffloadLocked(size_t needed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -426,6 +446,10 @@ class Pool {
   absl::Mutex mover_mu_ ABSL_ACQUIRED_AFTER(mu_);
   absl::CondVar mover_cv_;
   bool mover_stopping_ ABSL_GUARDED_BY(mover_mu_) = false;
+  // The cluster tier, or null. Synchronizes itself.
+  const std::unique_ptr<ClusterTier> cluster_tier_;
+  std::atomic<uint64_t> cluster_hit_blocks_{0};
+  std::atomic<uint64_t> cluster_stored_blocks_{0};
   std::thread mover_;  // last: started once everything above is constructed
 };
 

@@ -190,6 +190,7 @@ class KvCacheClient {
   struct TierTokens {
     uint32_t pool = 0;
     uint32_t host = 0;
+    uint32_t cluster = 0;
   };
   struct Sequence {
     uint64_t sequence_id = 0;
@@ -217,7 +218,7 @@ class KvCacheClient {
   };
   // A pool's lower tier (v1.TierStats).
   struct TierStats {
-    std::string tier;  // "host"
+    std::string tier;  // "host" or "cluster"
     uint64_t hit_blocks = 0;
     uint64_t stored_blocks = 0;
     uint64_t evicted_blocks = 0;

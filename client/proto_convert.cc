@@ -91,7 +91,8 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
 }
 
 KvCacheClient::TierTokens ToTierTokens(const v1::TierTokens& proto) {
-  return KvCacheClient::TierTokens{.pool = proto.pool(), .host = proto.host()};
+  return KvCacheClient::TierTokens{
+      .pool = proto.pool(), .host = proto.host(), .cluster = proto.cluster()};
 }
 
 }  // namespace kvcache

@@ -114,6 +114,16 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     host->set_records(tier.tier.records);
     host->set_request_waits(tier.request_waits);
   }
+  if (stats.cluster_tier.has_value()) {
+    const PoolClusterTierStats& tier = *stats.cluster_tier;
+    v1::TierStats* cluster = out->add_tiers();
+    cluster->set_tier("cluster");
+    cluster->set_hit_blocks(tier.hit_blocks);
+    cluster->set_stored_blocks(tier.stored_blocks);
+    cluster->set_verify_failures(tier.tier.corrupt);
+    cluster->set_load_failures(tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched +
+                               tier.tier.unavailable);
+  }
 }
 
 // Parks until the key has a value; the client's deadline (OnCancel) ends the wait otherwise.
@@ -295,8 +305,10 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerConte
         response->mutable_block_ids()->Add(opened.block_ids.begin(), opened.block_ids.end());
         response->set_num_cached_tokens(opened.num_cached_tokens);
         v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
-        by_tier->set_pool(opened.num_cached_tokens - opened.num_host_tier_tokens);
+        by_tier->set_pool(opened.num_cached_tokens - opened.num_host_tier_tokens -
+                          opened.num_cluster_tier_tokens);
         by_tier->set_host(opened.num_host_tier_tokens);
+        by_tier->set_cluster(opened.num_cluster_tier_tokens);
         return absl::OkStatus();
       });
 }

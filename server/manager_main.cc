@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/pool_spec.h"
 #include "common/command_line.h"
@@ -89,11 +92,39 @@ ABSL_FLAG(int32_t, max_calls_per_connection, 256,
           "calls of any kind one connection may have open in the daemon (HTTP/2 "
           "MAX_CONCURRENT_STREAMS; a client's further calls wait in its own gRPC library); more "
           "than --max_streams_per_connection");
+ABSL_FLAG(std::string, cluster_tier, "",
+          "redis://HOST:PORT[,HOST:PORT...]: a Redis Cluster (or Valkey) shared by the nodes' "
+          "daemons as every host pool's cluster tier: blocks leaving the node are written there, "
+          "and a prefix the node lacks is loaded from there, verified (docs/design.md §10); "
+          "default: none. The daemon starts and serves with the cluster unreachable");
+ABSL_FLAG(std::string, cluster_tier_password_file, "",
+          "file holding the cluster's AUTH password (first line; owner-only, never logged); "
+          "default: no AUTH");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
 namespace kvcache {
 namespace {
+
+// "redis://HOST:PORT[,HOST:PORT...]" (the scheme optional on each) and a password file.
+absl::StatusOr<RedisClusterOptions> ClusterTierFromFlags(const std::string& seeds,
+                                                         const std::string& password_file) {
+  RedisClusterOptions options;
+  for (absl::string_view seed : absl::StrSplit(seeds, ',', absl::SkipEmpty())) {
+    absl::ConsumePrefix(&seed, "redis://");
+    options.seeds.emplace_back(seed);
+  }
+  if (options.seeds.empty()) return absl::InvalidArgumentError("no HOST:PORT given");
+  if (!password_file.empty()) {
+    std::ifstream in(password_file);
+    std::getline(in, options.password);
+    if (!in && options.password.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read the password file ", password_file));
+    }
+  }
+  return options;
+}
 
 int Run() {
   DaemonOptions options;
@@ -149,6 +180,16 @@ int Run() {
     options.pools.push_back(*std::move(pool));
   }
   if (options.pools.empty()) options.pools.push_back(DefaultPoolOptions());
+  if (!absl::GetFlag(FLAGS_cluster_tier).empty()) {
+    absl::StatusOr<RedisClusterOptions> cluster = ClusterTierFromFlags(
+        absl::GetFlag(FLAGS_cluster_tier), absl::GetFlag(FLAGS_cluster_tier_password_file));
+    if (!cluster.ok()) {
+      std::fprintf(stderr, "kvcache-manager: --cluster_tier: %s\n",
+                   std::string(cluster.status().message()).c_str());
+      return 2;
+    }
+    for (PoolOptions& pool : options.pools) pool.cluster_tier = *cluster;
+  }
   if (options.kv_events.topic.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);

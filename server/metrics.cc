@@ -175,6 +175,16 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Gauge(tier_bytes, labels, tier.tier.bytes_used);
       out.Gauge(tier_capacity, labels, tier.tier.capacity_bytes);
     }
+    if (whole.cluster_tier.has_value()) {
+      const PoolClusterTierStats& tier = *whole.cluster_tier;
+      const Labels labels{{"pool", name}, {"tier", "cluster"}};
+      out.Counter(tier_hits, labels, tier.hit_blocks);
+      out.Counter(tier_stored, labels, tier.stored_blocks);
+      out.Counter(tier_verify, labels, tier.tier.corrupt);
+      out.Counter(
+          tier_load_failures, labels,
+          tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched + tier.tier.unavailable);
+    }
     const double total = pool->options().num_blocks;
     out.Gauge(blocks, {{"pool", name}, {"state", "free"}}, whole.free);
     out.Gauge(blocks, {{"pool", name}, {"state", "evictable"}}, whole.evictable);
