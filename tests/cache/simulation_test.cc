@@ -26,8 +26,25 @@
 // errors), the shadow KV of every hit (a collision is a miss, never wrong KV), the invariants,
 // and counts the collisions the pool caught.
 //
+// The tier run (PoolOptions::host_tier_bytes, issue 18) gives the pool a small tier 2 and moves
+// blocks into it with Pool::OffloadForTesting() at random points (testing_manual_offload: no
+// mover thread, so a seed replays exactly). The worker's bytes are real there: every committed
+// block is written with bytes derived from its content, and every hit — from tier 1 or loaded
+// from tier 2 — is read back from the pool's memory and compared, so the shadow KV follows the
+// bytes through tier 2 and back. The model does not know what tier 2 holds; it still predicts
+// the tier-1 part of every hit exactly (an offload leaves the LRU's order and the counters
+// alone), treats the loaded blocks as fresh allocations published by the open (Pool::Open's
+// rule) and so keeps every count and status exact. Tier-2 counters are checked against the
+// run's own sums (hits, stores; no load failures, nothing left to max_load_ms). It runs with
+// full-width hashes only: a tier-2 record is verified against one link of the request's chain
+// (its parent hash and tokens), so with truncated hashes a parent-hash collision loads another
+// prefix's bytes (6-bit hashes: seed 2000035 serves [3,2]'s KV for [3,2,2,2,3,2]); tier 1 follows
+// the parent blocks instead. With 128-bit hashes that needs a 128-bit collision.
+//
 // Environment: KVCACHE_SIM_SEEDS (seeds per run, default 10000), KVCACHE_SIM_SEED (replay one
 // seed, printing its trace), KVCACHE_SIM_OPS (operations per seed, default 120; 30 under ASan).
+// The tier run takes 2,000 seeds of 120 operations by default, 500 under ASan (KVCACHE_SIM_SEEDS
+// and KVCACHE_SIM_OPS set every run's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -249,13 +266,15 @@ struct SimTotals {
   uint64_t hit_blocks = 0;
   uint64_t evictions = 0;
   uint64_t collisions_caught = 0;
+  uint64_t tier_hit_blocks = 0;
+  uint64_t offloaded_blocks = 0;
 };
 
 // One seed's run. Returns the first discrepancy; `trace` holds every operation so far.
 class Simulation {
  public:
-  Simulation(uint64_t seed, uint32_t hash_bits, int num_ops)
-      : rng_(seed), hash_bits_(hash_bits), num_ops_(num_ops) {}
+  Simulation(uint64_t seed, uint32_t hash_bits, bool tier, int num_ops)
+      : rng_(seed), hash_bits_(hash_bits), tier_(tier), num_ops_(num_ops) {}
 
   absl::Status Run(SimTotals* totals) {
     block_size_ = Pick({1u, 2u, 4u});
@@ -270,6 +289,13 @@ class Simulation {
                                 .dtype = DType::kFloat16};
     options.num_blocks = num_blocks_;
     options.testing_hash_bits = hash_bits_;
+    if (tier_) {
+      // From one block to twice the pool, so tier 2 evicts its own records too.
+      options.host_tier_bytes = uint64_t{Uniform(1, 2 * num_blocks_)} * options.layout.BlockBytes();
+      options.offload_window = Uniform(0, num_blocks_);  // 0: the default
+      options.testing_manual_offload = true;
+    }
+    block_bytes_ = options.layout.BlockBytes();
     auto memory = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
     if (!memory.ok()) return memory.status();
     RETURN_IF_ERROR(manager_.AddPool(options, *std::move(memory)));
@@ -277,10 +303,16 @@ class Simulation {
     shadow_.assign(num_blocks_, std::nullopt);
     if (hash_bits_ == 0) model_.emplace(num_blocks_);
     trace_.push_back(absl::StrCat("pool: ", num_blocks_, " blocks of ", block_size_,
-                                  " tokens, hash bits ", hash_bits_ == 0 ? 128 : hash_bits_));
+                                  " tokens, hash bits ", hash_bits_ == 0 ? 128 : hash_bits_,
+                                  ", tier 2 ", options.host_tier_bytes / block_bytes_,
+                                  " blocks, offload window ", pool_->offload_window()));
 
     for (int op = 0; op < num_ops_; ++op) {
       ++totals->operations;
+      if (tier_ && Chance(20)) {
+        RETURN_IF_ERROR(Offload());
+        RETURN_IF_ERROR(CheckAccounting());
+      }
       RETURN_IF_ERROR(Step());
       RETURN_IF_ERROR(CheckAccounting());
     }
@@ -294,6 +326,8 @@ class Simulation {
     totals->hit_blocks += hit_blocks_;
     totals->evictions += pool_->Stats().pool.evictions;
     totals->collisions_caught += pool_->collisions_caught();
+    totals->tier_hit_blocks += tier_hit_blocks_;
+    totals->offloaded_blocks += offloaded_blocks_;
     if (hash_bits_ == 0 && pool_->collisions_caught() != 0) {
       return absl::InternalError(
           absl::StrCat(pool_->collisions_caught(), " collisions caught with full-width hashes"));
@@ -399,7 +433,8 @@ class Simulation {
     return absl::StatusCode::kOk;
   }
 
-  // A hit must hold exactly the requested prefix.
+  // A hit must hold exactly the requested prefix: by the shadow, and in the tier run by the
+  // bytes in the pool's memory.
   absl::Status CheckHit(BlockId block, const Key& want, absl::string_view op) {
     if (block >= shadow_.size() || !shadow_[block].has_value()) {
       return Fail(absl::StrCat(op, ": hit block ", block, " holds no committed KV"));
@@ -408,6 +443,38 @@ class Simulation {
       return Fail(absl::StrCat(op, ": WRONG KV: hit block ", block, " holds ",
                                Describe(*shadow_[block]), " for ", Describe(want)));
     }
+    return tier_ ? CheckBytes(block, want, op) : absl::OkStatus();
+  }
+
+  // The bytes the worker writes for a block of content `key`: its digest, repeated (a block is at
+  // least 8 bytes).
+  std::string BytesOf(const Key& key) const {
+    const uint64_t digest = std::hash<std::string>{}(Describe(key));
+    std::string bytes(block_bytes_, '\0');
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      bytes[b] = static_cast<char>((digest >> (8 * (b % 8))) ^ (b / 8));
+    }
+    return bytes;
+  }
+
+  // The pool's memory holds `key`'s bytes in `block`.
+  absl::Status CheckBytes(BlockId block, const Key& key, absl::string_view op) {
+    std::string bytes(block_bytes_, '\0');
+    RETURN_IF_ERROR(pool_->ReadBlock(block, 0, block_bytes_, bytes.data()));
+    if (bytes != BytesOf(key)) {
+      auto it = written_.find(bytes);
+      return Fail(absl::StrCat(op, ": WRONG BYTES: block ", block, " holds ",
+                               it == written_.end() ? "bytes never written" : Describe(it->second),
+                               " for ", Describe(key)));
+    }
+    return absl::OkStatus();
+  }
+
+  // What the mover would do now, done synchronously.
+  absl::Status Offload() {
+    const size_t stored = pool_->OffloadForTesting();
+    offloaded_blocks_ += stored;
+    trace_.push_back(absl::StrCat("offload -> ", stored));
     return absl::OkStatus();
   }
 
@@ -500,33 +567,56 @@ class Simulation {
     }
     RETURN_IF_ERROR(ExpectCode(opened, want, "open"));
     if (!opened.ok()) return absl::OkStatus();
-    trace_.back() +=
-        absl::StrCat("seq ", opened->sequence_id, " blocks ", absl::StrJoin(opened->block_ids, ","),
-                     " cached ", opened->num_cached_tokens);
+    trace_.back() += absl::StrCat(
+        "seq ", opened->sequence_id, " blocks ", absl::StrJoin(opened->block_ids, ","), " cached ",
+        opened->num_cached_tokens,
+        tier_ ? absl::StrCat(" (", opened->num_host_tier_tokens, " from tier 2)") : "");
 
     const size_t hits = opened->num_cached_tokens / block_size_;
+    // The last `loaded` hits came from tier 2 (the walk continues there where tier 1 ends).
+    const size_t loaded = opened->num_host_tier_tokens / block_size_;
     if (opened->num_cached_tokens % block_size_ != 0 || hits > max_hits) {
       return Fail("open: cached tokens not whole blocks or past the cap");
     }
+    if (opened->num_host_tier_tokens % block_size_ != 0 || loaded > hits ||
+        (!tier_ && loaded > 0)) {
+      return Fail(absl::StrCat("open: ", opened->num_host_tier_tokens, " tokens from tier 2"));
+    }
+    const size_t tier1_hits = hits - loaded;
     if (mode == OpenMode::kPinCached) total_blocks = hits;
     if (opened->block_ids.size() != total_blocks) {
       return Fail(absl::StrCat("open: ", opened->block_ids.size(), " blocks, want ", total_blocks));
+    }
+    // A loaded block was a fresh one: it must now hold the requested content's bytes, as a
+    // worker would have written them when it was computed.
+    for (size_t i = tier1_hits; i < hits; ++i) {
+      const Key key = KeyOf(ns, tokens, i, block_size_);
+      RETURN_IF_ERROR(CheckBytes(opened->block_ids[i], key, "open from tier 2"));
+      shadow_[opened->block_ids[i]] = key;
     }
     for (size_t i = 0; i < hits; ++i) {
       RETURN_IF_ERROR(CheckHit(opened->block_ids[i], KeyOf(ns, tokens, i, block_size_), "open"));
     }
     hit_blocks_ += hits;
+    tier_hit_blocks_ += loaded;
     if (model_) {
-      if (hits != model_hits.size() ||
+      if (tier1_hits != model_hits.size() ||
           !std::equal(model_hits.begin(), model_hits.end(), opened->block_ids.begin())) {
         return Fail(absl::StrCat(
             "open: hit blocks ",
-            absl::StrJoin(opened->block_ids.begin(), opened->block_ids.begin() + hits, ","),
-            ", model says ", absl::StrJoin(model_hits, ",")));
+            absl::StrJoin(opened->block_ids.begin(), opened->block_ids.begin() + tier1_hits, ","),
+            " (and ", loaded, " from tier 2), model says ", absl::StrJoin(model_hits, ",")));
       }
       for (BlockId block : model_hits) model_->Acquire(block, session.tenant);
-      for (size_t i = hits; i < total_blocks; ++i) {
+      for (size_t i = tier1_hits; i < total_blocks; ++i) {
         RETURN_IF_ERROR(model_->Allocate(opened->block_ids[i], session.tenant));
+      }
+      // The open publishes what it loaded, by Commit's rule.
+      const uint32_t published =
+          model_->Commit(ns, tokens, opened->block_ids, block_size_,
+                         static_cast<uint32_t>(tier1_hits), static_cast<uint32_t>(hits));
+      if (published != loaded) {
+        return Fail(absl::StrCat("open: loaded ", loaded, " blocks, model publishes ", published));
       }
     }
     for (size_t i = hits; i < total_blocks; ++i) shadow_[opened->block_ids[i]].reset();
@@ -605,6 +695,17 @@ class Simulation {
     absl::StatusCode want = SequenceAccess(session_id, id);
     if (want == absl::StatusCode::kOk && written > seqs_.at(id).tokens.size()) {
       want = absl::StatusCode::kInvalidArgument;
+    }
+    if (tier_ && want == absl::StatusCode::kOk) {
+      // The worker writes the KV of every full block it computed (one it shares holds it).
+      const SeqInfo& seq = seqs_.at(id);
+      for (uint32_t i = 0; i < written / block_size_; ++i) {
+        if (shadow_[seq.blocks[i]].has_value()) continue;
+        const Key key = KeyOf(seq.ns, seq.tokens, i, block_size_);
+        std::string bytes = BytesOf(key);
+        RETURN_IF_ERROR(pool_->WriteBlock(seq.blocks[i], 0, bytes));
+        written_.emplace(std::move(bytes), key);
+      }
     }
     auto committed = pool_->Commit(*sessions_.at(session_id).session, id, written);
     trace_.back() += absl::StrCat(
@@ -714,17 +815,23 @@ class Simulation {
         absl::StrCat("lookup ", tenant, "/", salt, " tokens ", absl::StrJoin(tokens, ",")));
     auto found = pool_->Lookup(tenant, SequenceSpec{tokens, salt, {}});
     if (!found.ok()) return Fail(absl::StrCat("lookup: ", found.status().ToString()));
-    trace_.back() += absl::StrCat(" -> ", found->num_cached_blocks);
+    trace_.back() += absl::StrCat(" -> ", found->num_cached_blocks, " (tier 2 tokens ",
+                                  found->num_host_tier_tokens, ")");
     if (found->num_cached_tokens != found->num_cached_blocks * block_size_ ||
-        found->num_cached_blocks > tokens.size() / block_size_) {
+        found->num_cached_blocks > tokens.size() / block_size_ ||
+        found->num_host_tier_tokens % block_size_ != 0 ||
+        found->num_host_tier_tokens > found->num_cached_tokens ||
+        (!tier_ && found->num_host_tier_tokens > 0)) {
       return Fail("lookup: inconsistent answer");
     }
     if (model_) {
+      // Tier 2's part follows tier 1's; the model knows tier 1's.
+      const size_t tier1_blocks =
+          found->num_cached_blocks - found->num_host_tier_tokens / block_size_;
       const size_t want =
           model_->Walk(Namespace(tenant, salt, ""), tokens, block_size_, tokens.size()).size();
-      if (found->num_cached_blocks != want) {
-        return Fail(
-            absl::StrCat("lookup: ", found->num_cached_blocks, " blocks, model says ", want));
+      if (tier1_blocks != want) {
+        return Fail(absl::StrCat("lookup: ", tier1_blocks, " blocks in tier 1, model says ", want));
       }
     }
     return absl::OkStatus();
@@ -818,6 +925,17 @@ class Simulation {
     if (stats.open_sequences != seqs_.size()) {
       return Fail(absl::StrCat(stats.open_sequences, " open sequences, want ", seqs_.size()));
     }
+    if (stats.host_tier.has_value() != tier_) return Fail("tier stats present or missing");
+    if (tier_) {
+      const PoolTierStats& tier = *stats.host_tier;
+      if (tier.hit_blocks != tier_hit_blocks_ || tier.offloaded_blocks != offloaded_blocks_ ||
+          tier.load_failures != 0 || tier.deadline_blocks != 0 || tier.request_waits != 0) {
+        return Fail(absl::StrCat(
+            "tier stats: hits/offloaded/load failures/deadline/waits ", tier.hit_blocks, "/",
+            tier.offloaded_blocks, "/", tier.load_failures, "/", tier.deadline_blocks, "/",
+            tier.request_waits, "; want ", tier_hit_blocks_, "/", offloaded_blocks_, "/0/0/0"));
+      }
+    }
     if (!model_) return absl::OkStatus();
     const BlockPoolCounters& want = model_->counters();
     if (stats.free != model_->num_free() || stats.evictable != model_->num_evictable() ||
@@ -846,8 +964,10 @@ class Simulation {
 
   std::mt19937_64 rng_;
   const uint32_t hash_bits_;
+  const bool tier_;
   const int num_ops_;
   uint32_t block_size_ = 0;
+  uint64_t block_bytes_ = 0;
   uint32_t num_blocks_ = 0;
   FakeClock clock_;
   CacheManager manager_{SessionLimits{}, &clock_, kEpoch};
@@ -861,44 +981,60 @@ class Simulation {
   std::vector<std::vector<uint32_t>> prompts_;
   std::vector<std::string> trace_;
   uint64_t hit_blocks_ = 0;
+  uint64_t tier_hit_blocks_ = 0;  // blocks Open loaded from tier 2
+  uint64_t offloaded_blocks_ = 0;
+  std::map<std::string, Key> written_;  // the tier run's bytes, for messages
 };
 
 // Operations per seed by default: fewer under the sanitizers (CI's Debug ASan + UBSan build runs
-// some 20 times slower), the same 10,000 seeds either way.
+// some 20 times slower), the same 10,000 seeds either way. The tier run keeps 120 operations (its
+// tier-2 hits need a commit, an offload, an eviction and a reopen: 30 operations make 10 in 2,000
+// seeds) and takes a quarter of its seeds there instead.
 #if defined(__SANITIZE_ADDRESS__)
-constexpr uint64_t kDefaultOps = 30;
+constexpr bool kSanitized = true;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-constexpr uint64_t kDefaultOps = 30;
+constexpr bool kSanitized = true;
 #else
-constexpr uint64_t kDefaultOps = 120;
+constexpr bool kSanitized = false;
 #endif
 #else
-constexpr uint64_t kDefaultOps = 120;
+constexpr bool kSanitized = false;
 #endif
+constexpr uint64_t kDefaultOps = kSanitized ? 30 : 120;
+constexpr uint64_t kTierOps = 120;
+constexpr uint64_t kTierSeeds = kSanitized ? 500 : 2'000;
 
 uint64_t EnvOr(const char* name, uint64_t fallback) {
   const char* value = std::getenv(name);
   return value == nullptr || *value == '\0' ? fallback : std::strtoull(value, nullptr, 10);
 }
 
-// Runs every seed (or the one KVCACHE_SIM_SEED names); stops at the first failure, printing the
-// seed, how to replay it and its trace.
-void RunSeeds(absl::string_view name, uint64_t first_seed, bool weak_hash) {
-  const int ops = static_cast<int>(EnvOr("KVCACHE_SIM_OPS", kDefaultOps));
+enum class Run {
+  kModel,     // full-width hashes, checked against the model
+  kWeakHash,  // 4- or 8-bit hashes, without the model
+  kTier,      // a tier 2, full-width hashes, checked against the model
+};
+
+// Runs `default_seeds` seeds (or the one KVCACHE_SIM_SEED names); stops at the first failure,
+// printing the seed, how to replay it and its trace.
+void RunSeeds(absl::string_view name, uint64_t first_seed, Run run, uint64_t default_seeds,
+              uint64_t default_ops = kDefaultOps) {
+  const int ops = static_cast<int>(EnvOr("KVCACHE_SIM_OPS", default_ops));
   const char* replay = std::getenv("KVCACHE_SIM_SEED");
   std::vector<uint64_t> seeds;
   if (replay != nullptr && *replay != '\0') {
     seeds.push_back(std::strtoull(replay, nullptr, 10));
   } else {
-    const uint64_t count = EnvOr("KVCACHE_SIM_SEEDS", 10000);
+    const uint64_t count = EnvOr("KVCACHE_SIM_SEEDS", default_seeds);
     for (uint64_t i = 0; i < count; ++i) seeds.push_back(first_seed + i);
   }
   SimTotals totals;
   const auto start = std::chrono::steady_clock::now();
   for (uint64_t seed : seeds) {
-    const uint32_t hash_bits = weak_hash ? (seed % 2 == 0 ? 4 : 8) : 0;
-    Simulation simulation(seed, hash_bits, ops);
+    uint32_t hash_bits = 0;
+    if (run == Run::kWeakHash) hash_bits = seed % 2 == 0 ? 4 : 8;
+    Simulation simulation(seed, hash_bits, run == Run::kTier, ops);
     const absl::Status status = simulation.Run(&totals);
     ++totals.seeds;
     if (!status.ok() || seeds.size() == 1) {
@@ -916,23 +1052,35 @@ void RunSeeds(absl::string_view name, uint64_t first_seed, bool weak_hash) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "%s: %llu seeds, %llu operations, %llu hit blocks, %llu evictions, %llu collisions caught "
-      "in %.1f s\n",
+      "%s: %llu seeds, %llu operations, %llu hit blocks (%llu from tier 2), %llu evictions, "
+      "%llu offloaded, %llu collisions caught in %.1f s\n",
       std::string(name).c_str(), static_cast<unsigned long long>(totals.seeds),
       static_cast<unsigned long long>(totals.operations),
       static_cast<unsigned long long>(totals.hit_blocks),
+      static_cast<unsigned long long>(totals.tier_hit_blocks),
       static_cast<unsigned long long>(totals.evictions),
+      static_cast<unsigned long long>(totals.offloaded_blocks),
       static_cast<unsigned long long>(totals.collisions_caught), seconds);
   // A run that exercised nothing would pass vacuously.
   EXPECT_GT(totals.hit_blocks, 0u);
   EXPECT_GT(totals.evictions, 0u);
-  if (weak_hash && seeds.size() > 100) EXPECT_GT(totals.collisions_caught, 0u);
+  if (run == Run::kWeakHash && seeds.size() > 100) {
+    EXPECT_GT(totals.collisions_caught, 0u);
+  }
+  if (run == Run::kTier && seeds.size() > 100) {
+    EXPECT_GT(totals.offloaded_blocks, 0u);
+    EXPECT_GT(totals.tier_hit_blocks, 0u);
+  }
 }
 
-TEST(SimulationTest, MatchesTheModel) { RunSeeds("MatchesTheModel", 1, /*weak_hash=*/false); }
+TEST(SimulationTest, MatchesTheModel) { RunSeeds("MatchesTheModel", 1, Run::kModel, 10'000); }
 
 TEST(SimulationTest, WeakHashCollisionsAreMisses) {
-  RunSeeds("WeakHashCollisionsAreMisses", 1'000'000, /*weak_hash=*/true);
+  RunSeeds("WeakHashCollisionsAreMisses", 1'000'000, Run::kWeakHash, 10'000);
+}
+
+TEST(SimulationTest, Tier2KeepsTheContract) {
+  RunSeeds("Tier2KeepsTheContract", 2'000'000, Run::kTier, kTierSeeds, kTierOps);
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
 // kvcache-worker processes against a real kvcache-manager: every cached run — a prefix hit, a
 // resurrection from soft-free, a prefix shared by another worker process, a prefix evicted under
-// memory pressure and recomputed — produces tokens and logits bit-identical to a cold run in this
-// process (GenerateCold over a private pool).
+// memory pressure and recomputed, a prefix evicted into tier 2 and loaded back — produces tokens
+// and logits bit-identical to a cold run in this process (GenerateCold over a private pool).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/generation.h"
 
@@ -174,6 +175,56 @@ TEST_F(WorkerProcessTest, BadRequestsFailWithPreciseCodes) {
   EXPECT_EQ(run({"--pool=qwen", checkpoint, "--tokens=" + absl::StrJoin(Prompt(7, 16 * 30), ",")}),
             "error code=RESOURCE_EXHAUSTED");
   // Nothing leaked by the failed requests.
+  EXPECT_TRUE(AwaitAllReleased());
+}
+
+// The same pool with a tier 2 below it (host_tier=1MiB: 170 blocks of 6 KiB, so tier 2 never
+// evicts here) and its mover thread; the offload window is the default 8 blocks.
+class WorkerTierProcessTest : public WorkerProcessTest {
+ protected:
+  WorkerTierProcessTest() { pool_flag_ += ":host_tier=1MiB"; }
+
+  KvCacheClient::TierStats HostTier() {
+    KvCacheClient::PoolStats stats = PoolStats();
+    EXPECT_EQ(stats.tiers.size(), 1u);
+    return stats.tiers.empty() ? KvCacheClient::TierStats{} : stats.tiers[0];
+  }
+};
+
+// Issue 18's cold check over tier 2. A worker writes the KV of positions 0 to prompt + 10 (its
+// 12th token is not fed back): a 16k+5-token prompt ends on a block boundary, so every block it
+// held is published and evictable once it is done, and none goes back to the free list.
+TEST_F(WorkerTierProcessTest, PrefixLoadedFromTier2IsIdenticalToAColdRun) {
+  // 98 tokens: 7 blocks, the 6 full ones published, the partial one freed: 18 free, 6 evictable.
+  const std::vector<uint32_t> prompt = Prompt(20, 98);
+  ExpectMatchesCold(RunWorker(prompt), prompt);
+  // 11 blocks: 7 free left, under the window, so the mover copies the oldest 8 evictable blocks
+  // (the prompt's 6, the LRU's front, and 2 of these) into tier 2 — and only those.
+  const std::vector<uint32_t> first_filler = Prompt(21, 16 * 10 + 5);
+  ExpectMatchesCold(RunWorker(first_filler), first_filler);
+  EXPECT_EQ(PoolStats().evictions, 0u);
+  ASSERT_TRUE(PollUntil([&] { return HostTier().stored_blocks >= 8; }));
+  EXPECT_EQ(HostTier().stored_blocks, 8u);
+  // 13 blocks: the 7 free ones and the 6 oldest evictable, the prompt's, which are below.
+  const std::vector<uint32_t> second_filler = Prompt(22, 16 * 12 + 5);
+  ExpectMatchesCold(RunWorker(second_filler), second_filler);
+  EXPECT_EQ(PoolStats().evictions, 6u);
+  EXPECT_EQ(HostTier().evicted_from_above, 6u);
+  absl::StatusOr<KvCacheClient::LookupResult> lookup = observer_->Lookup("qwen", "", prompt);
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->cached_tokens_by_tier.pool, 0u);
+  EXPECT_EQ(lookup->cached_tokens_by_tier.host, 96u);
+
+  // The prompt again: its 6 full blocks come up from tier 2 into fresh tier-1 blocks (evicting
+  // the first filler's oldest), verified, and the worker decodes from them.
+  const uint64_t hits_before = HostTier().hit_blocks;
+  const ClientResult loaded = RunWorker(prompt);
+  EXPECT_EQ(loaded.num_cached_tokens, 96u);
+  ExpectMatchesCold(loaded, prompt);
+  const KvCacheClient::TierStats tier = HostTier();
+  EXPECT_EQ(tier.hit_blocks - hits_before, 6u);
+  EXPECT_EQ(tier.load_failures, 0u);
+  EXPECT_EQ(tier.verify_failures, 0u);
   EXPECT_TRUE(AwaitAllReleased());
 }
 
