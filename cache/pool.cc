@@ -327,7 +327,9 @@ bool Pool::OffloadBatch() {
     }
   }
   const uint64_t block_bytes = options_.layout.BlockBytes();
-  std::vector<ClusterTier::Record> to_cluster;
+  // The cluster's copies are taken while the blocks are pinned, and sent after they are unpinned:
+  // a request that needs a pinned block waits for this batch, and must not wait on the network.
+  std::vector<std::string> cluster_bytes;
   for (Candidate& candidate : batch) {
     // Pinned and published: the bytes cannot change during the copy.
     const uint8_t* bytes = memory_->HostBlock(candidate.block);
@@ -341,26 +343,30 @@ bool Pool::OffloadBatch() {
       if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
     }
     if (cluster_tier_ != nullptr) {
-      to_cluster.push_back(ClusterTier::Record{
-          candidate.record, absl::string_view(reinterpret_cast<const char*>(bytes), block_bytes)});
+      cluster_bytes.emplace_back(reinterpret_cast<const char*>(bytes), block_bytes);
+      // Sent once: a store the cluster then refuses is not retried (it is a cache).
+      if (host_tier_ == nullptr) candidate.below = true;
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // Back to the front in the order they were taken from it.
+    for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+      pool_.UnpinOffloaded(it->block, it->below);
+    }
+    offload_pins_.clear();
   }
   // What leaves the node goes to the cluster too, in one pipelined batch. A cluster that is down
   // or slow costs the mover its timeout (back-pressure), never a request.
-  if (!to_cluster.empty()) {
-    const std::vector<absl::Status> stored = cluster_tier_->Store(to_cluster);
-    for (size_t i = 0; i < stored.size(); ++i) {
-      if (!stored[i].ok()) continue;
-      cluster_stored_blocks_.fetch_add(1, std::memory_order_relaxed);
-      if (host_tier_ == nullptr) batch[i].below = true;
+  if (!cluster_bytes.empty()) {
+    std::vector<ClusterTier::Record> to_cluster;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      to_cluster.push_back(ClusterTier::Record{batch[i].record, cluster_bytes[i]});
+    }
+    for (const absl::Status& stored : cluster_tier_->Store(to_cluster)) {
+      if (stored.ok()) cluster_stored_blocks_.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  absl::MutexLock lock(&mu_);
-  // Back to the front in the order they were taken from it.
-  for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
-    pool_.UnpinOffloaded(it->block, it->below);
-  }
-  offload_pins_.clear();
   return true;
 }
 
