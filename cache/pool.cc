@@ -94,6 +94,29 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     }
     host_tier = *std::move(tier);
   }
+  const PoolIdentity identity{.model_id = options.model_id,
+                              .layout_fingerprint = options.layout.Fingerprint(),
+                              .hash_algorithm = options.hash_algorithm,
+                              .block_bytes = options.layout.BlockBytes()};
+  std::unique_ptr<DiskTier> disk_tier;
+  if (!options.disk_tier_path.empty()) {
+    if (host_tier == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool '", options.name, "': disk_tier needs a host_tier above it"));
+    }
+    DiskTierOptions disk{.path = options.disk_tier_path,
+                         .capacity_bytes = options.disk_tier_bytes,
+                         .pool = identity,
+                         .tokens_per_block = options.layout.block_size};
+    if (options.testing_disk_tier_options) options.testing_disk_tier_options(&disk);
+    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(std::move(disk));
+    if (!tier.ok()) {
+      return absl::Status(
+          tier.status().code(),
+          absl::StrCat("pool '", options.name, "' disk_tier: ", tier.status().message()));
+    }
+    disk_tier = *std::move(tier);
+  }
   std::unique_ptr<ClusterTier> cluster_tier;
   if (options.cluster_tier.has_value()) {
     if (memory->HostBlock(0) == nullptr) {
@@ -101,13 +124,10 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
           "pool '", options.name, "': the cluster tier needs a host pool; this one is ",
           memory->kind(), " memory"));
     }
-    absl::StatusOr<std::unique_ptr<ClusterTier>> tier = ClusterTier::Create(
-        ClusterTierOptions{.redis = *options.cluster_tier,
-                           .pool = PoolIdentity{.model_id = options.model_id,
-                                                .layout_fingerprint = options.layout.Fingerprint(),
-                                                .hash_algorithm = options.hash_algorithm,
-                                                .block_bytes = options.layout.BlockBytes()},
-                           .tokens_per_block = options.layout.block_size});
+    absl::StatusOr<std::unique_ptr<ClusterTier>> tier =
+        ClusterTier::Create(ClusterTierOptions{.redis = *options.cluster_tier,
+                                               .pool = identity,
+                                               .tokens_per_block = options.layout.block_size});
     if (!tier.ok()) {
       return absl::Status(tier.status().code(),
                           absl::StrCat("pool '", options.name, "': ", tier.status().message()));
@@ -117,13 +137,13 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
   if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
   return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory), std::move(faults),
                                         quotas, events, clock, std::move(host_tier),
-                                        std::move(cluster_tier)));
+                                        std::move(disk_tier), std::move(cluster_tier)));
 }
 
 Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
            std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
            const Clock* clock, std::unique_ptr<HostTier> host_tier,
-           std::unique_ptr<ClusterTier> cluster_tier)
+           std::unique_ptr<DiskTier> disk_tier, std::unique_ptr<ClusterTier> cluster_tier)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
@@ -144,6 +164,12 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
                    options.offload_window != 0
                        ? options.offload_window
                        : std::max(8u, options.num_blocks / kDefaultOffloadWindowDivisor))),
+      disk_tier_(std::move(disk_tier)),
+      demotion_window_(
+          disk_tier_ == nullptr
+              ? 0
+              : std::min(host_tier_->num_slots(),
+                         std::max(8u, host_tier_->num_slots() / kDefaultOffloadWindowDivisor))),
       cluster_tier_(std::move(cluster_tier)) {
   if ((host_tier_ != nullptr || cluster_tier_ != nullptr) && !options.testing_manual_offload) {
     mover_ = std::thread([this] { MoverLoop(); });
@@ -255,7 +281,11 @@ void Pool::MoverLoop() {
       if (mover_stopping_) return;
     }
     mover_wanted_.store(false, std::memory_order_release);
-    while (OffloadBatch()) {
+    while (true) {
+      // Both stages each round: what tier 1 passes down fills tier 2, which passes its oldest on.
+      const bool offloading = OffloadBatch();
+      const bool demoting = DemoteBatch();
+      if (!offloading && !demoting) break;
       absl::MutexLock lock(&mover_mu_);
       if (mover_stopping_) return;
     }
@@ -264,7 +294,10 @@ void Pool::MoverLoop() {
 
 size_t Pool::OffloadForTesting() {
   const uint64_t before = offloaded_blocks_.load(std::memory_order_relaxed);
-  while (OffloadBatch()) {
+  while (true) {
+    const bool offloading = OffloadBatch();
+    const bool demoting = DemoteBatch();
+    if (!offloading && !demoting) break;
   }
   return offloaded_blocks_.load(std::memory_order_relaxed) - before;
 }
@@ -341,6 +374,11 @@ bool Pool::OffloadBatch() {
           host_tier_->Store(candidate.record, bytes);
       candidate.below = stored.ok() || absl::IsAlreadyExists(stored.status());
       if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
+      // Saved only if durable on disk (a record accepted for writing may yet fail its write).
+      if (stored.ok() && stored->evicted.has_value() && disk_tier_ != nullptr &&
+          disk_tier_->Find(stored->evicted->hash).ok()) {
+        evicted_below_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     if (cluster_tier_ != nullptr) {
       cluster_bytes.emplace_back(reinterpret_cast<const char*>(bytes), block_bytes);
@@ -368,6 +406,29 @@ bool Pool::OffloadBatch() {
     }
   }
   return true;
+}
+
+bool Pool::DemoteBatch() {
+  if (disk_tier_ == nullptr) return false;
+  const std::vector<HostTier::Demotion> batch =
+      host_tier_->PinForDemotion(demotion_window_, kOffloadBatch);
+  bool more = !batch.empty();
+  for (const HostTier::Demotion& demotion : batch) {
+    absl::Status stored = absl::UnavailableError("the disk tier refused this round");
+    if (more) {
+      // Stores only queue (a copy of the bytes); the disk tier's writer does the I/O.
+      stored = disk_tier_->Store(demotion.identity,
+                                 absl::MakeConstSpan(reinterpret_cast<const char*>(demotion.bytes),
+                                                     host_tier_->block_bytes()));
+      if (stored.ok()) demoted_blocks_.fetch_add(1, std::memory_order_relaxed);
+      // A full queue or a stopped disk is the disk's back-pressure: the rest of the batch goes
+      // back unmarked (offered again next pass, or evicted from tier 2 unsaved), and the mover
+      // stops passing down for this round.
+      more = !absl::IsResourceExhausted(stored) && !absl::IsUnavailable(stored);
+    }
+    host_tier_->FinishDemotion(demotion.slot, stored);
+  }
+  return more;
 }
 
 void Pool::ReportEvictionsLocked() {
@@ -536,7 +597,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   // When computing, at least one prompt token is left: the worker needs its logits.
   const size_t max_hit_blocks =
       mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : total_blocks;
-  std::vector<BlockRecordIdentity> below;  // tier-2 records continuing the tier-1 hits
+  std::vector<BelowRecord> below;  // tier-2 and tier-3 records continuing the tier-1 hits
   size_t num_hits = 0;
   bool from_cluster = false;
   {
@@ -549,7 +610,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     num_hits = hits.size();
     size_t evictable_hits = 0;
     for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
-    if (host_tier_ != nullptr) below = ProbeBelowLocked(*sequence, num_hits, max_hit_blocks);
+    below = ProbeBelowLocked(*sequence, num_hits, max_hit_blocks);
     if (mode == OpenMode::kPinCached) {
       // A read loads only into blocks it can have without failing.
       const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
@@ -575,17 +636,18 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     from_cluster = cluster_tier_ != nullptr && mode == OpenMode::kCompute &&
                    num_hits + below.size() < max_hit_blocks;
     if (below.empty() && !from_cluster) {
-      return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, 0);
+      return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, {}, 0);
     }
     loading_.insert(sequence.get());
   }
   const absl::Time load_start = clock_->Now();
-  const size_t loaded = LoadFromBelow(*sequence, num_hits, below, spec.max_load_ms);
+  const BelowLoaded loaded =
+      LoadFromBelow(*sequence, num_hits, below, load_start, spec.max_load_ms);
   size_t cluster_loaded = 0;
-  if (from_cluster && loaded == below.size() &&
+  if (from_cluster && loaded.total() == below.size() &&
       (spec.max_load_ms == 0 ||
        clock_->Now() - load_start < absl::Milliseconds(spec.max_load_ms))) {
-    cluster_loaded = LoadFromCluster(*sequence, num_hits + loaded, max_hit_blocks);
+    cluster_loaded = LoadFromCluster(*sequence, num_hits + loaded.total(), max_hit_blocks);
   }
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
@@ -600,10 +662,10 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
 }
 
 OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                      OpenMode mode, size_t num_hits, size_t host_loaded,
+                                      OpenMode mode, size_t num_hits, BelowLoaded below_loaded,
                                       size_t cluster_loaded) {
   const uint32_t block_size = options_.layout.block_size;
-  const size_t loaded = host_loaded + cluster_loaded;
+  const size_t loaded = below_loaded.total() + cluster_loaded;
   const size_t cached = num_hits + loaded;
   if (mode == OpenMode::kPinCached) {
     // A read returns the cached prefix only: blocks whose load did not happen go back.
@@ -619,7 +681,8 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     CommitResult ignored;
     PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(cached), &ignored);
     sequence->committed_blocks = static_cast<uint32_t>(cached);
-    tier_hit_blocks_ += host_loaded;
+    tier_hit_blocks_ += below_loaded.host;
+    disk_hit_blocks_.fetch_add(below_loaded.disk, std::memory_order_relaxed);
     cluster_hit_blocks_.fetch_add(cluster_loaded, std::memory_order_relaxed);
   }
   const size_t total_blocks = sequence->blocks.size();
@@ -635,7 +698,8 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
   OpenedSequence opened{
       .block_ids = sequence->blocks,
       .num_cached_tokens = static_cast<uint32_t>(cached * block_size),
-      .num_host_tier_tokens = static_cast<uint32_t>(host_loaded * block_size),
+      .num_host_tier_tokens = static_cast<uint32_t>(below_loaded.host * block_size),
+      .num_disk_tier_tokens = static_cast<uint32_t>(below_loaded.disk * block_size),
       .num_cluster_tier_tokens = static_cast<uint32_t>(cluster_loaded * block_size)};
   opened.sequence_id = AddLocked(std::move(sequence));
   return opened;
@@ -651,32 +715,72 @@ BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) con
                              .tokens = {tokens.begin(), tokens.end()}};
 }
 
-std::vector<BlockRecordIdentity> Pool::ProbeBelowLocked(const Sequence& sequence, size_t first,
-                                                        size_t limit) const {
-  std::vector<BlockRecordIdentity> below;
+std::vector<Pool::BelowRecord> Pool::ProbeBelowLocked(const Sequence& sequence, size_t first,
+                                                      size_t limit) const {
+  std::vector<BelowRecord> below;
+  if (host_tier_ == nullptr) return below;
   for (size_t i = first; i < std::min(limit, sequence.chain.size()); ++i) {
     BlockRecordIdentity expected = ExpectedRecord(sequence, i);
     const TierProbe probe = host_tier_->Probe(expected);
+    if (probe == TierProbe::kMatch) {
+      below.push_back(BelowRecord{std::move(expected), Below::kHost});
+      continue;
+    }
     if (probe == TierProbe::kMismatch) collisions_caught_.fetch_add(1, std::memory_order_relaxed);
-    if (probe != TierProbe::kMatch) break;
-    below.push_back(std::move(expected));
+    if (disk_tier_ == nullptr) break;
+    // From memory: what the disk tier indexed, durable records only.
+    const absl::StatusOr<BlockRecordIdentity> on_disk = disk_tier_->Find(expected.hash);
+    if (!on_disk.ok()) break;
+    if (!RecordMismatch(*on_disk, expected).empty()) {
+      collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    below.push_back(BelowRecord{std::move(expected), Below::kDisk});
   }
   return below;
 }
 
-size_t Pool::LoadFromBelow(const Sequence& sequence, size_t first,
-                           const std::vector<BlockRecordIdentity>& below, uint32_t max_load_ms) {
-  const absl::Time start = clock_->Now();
-  size_t loaded = 0;
-  for (; loaded < below.size(); ++loaded) {
+Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
+                                      const std::vector<BelowRecord>& below, absl::Time start,
+                                      uint32_t max_load_ms) {
+  const uint64_t block_bytes = options_.layout.BlockBytes();
+  BelowLoaded loaded;
+  while (loaded.total() < below.size()) {
+    const size_t next = loaded.total();
     if (max_load_ms != 0 && clock_->Now() - start >= absl::Milliseconds(max_load_ms)) {
-      tier_deadline_blocks_.fetch_add(below.size() - loaded, std::memory_order_relaxed);
+      for (size_t i = next; i < below.size(); ++i) {
+        (below[i].tier == Below::kHost ? tier_deadline_blocks_ : disk_deadline_blocks_)
+            .fetch_add(1, std::memory_order_relaxed);
+      }
       break;
     }
-    // Only this sequence holds the block, and nobody can see the sequence yet.
-    uint8_t* out = memory_->MutableHostBlock(sequence.blocks[first + loaded]);
-    if (!host_tier_->Load(below[loaded], out).ok()) {
-      tier_load_failures_.fetch_add(1, std::memory_order_relaxed);
+    // Only this sequence holds the blocks, and nobody can see the sequence yet.
+    if (below[next].tier == Below::kHost) {
+      uint8_t* out = memory_->MutableHostBlock(sequence.blocks[first + next]);
+      if (!host_tier_->Load(below[next].expected, out).ok()) {
+        tier_load_failures_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+      ++loaded.host;
+      continue;
+    }
+    // A run of disk records, one batch of the disk tier's read depth at a time (the bound is
+    // checked between batches).
+    std::vector<DiskTier::LoadRequest> requests;
+    for (size_t i = next; i < below.size() && below[i].tier == Below::kDisk &&
+                          requests.size() < disk_tier_->read_depth();
+         ++i) {
+      char* out = reinterpret_cast<char*>(memory_->MutableHostBlock(sequence.blocks[first + i]));
+      requests.push_back(DiskTier::LoadRequest{&below[i].expected, {out, block_bytes}});
+    }
+    size_t verified = 0;
+    for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
+      if (!status.ok()) break;
+      ++verified;
+    }
+    loaded.disk += verified;
+    if (verified < requests.size()) {
+      disk_load_failures_.fetch_add(1, std::memory_order_relaxed);
       break;
     }
   }
@@ -873,12 +977,16 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const Sequen
   HashNewBlocks(&probe);
   absl::ReaderMutexLock lock(&mu_);
   const size_t hits = WalkLocked(probe, probe.chain.size()).size();
-  const size_t below =
-      host_tier_ == nullptr ? 0 : ProbeBelowLocked(probe, hits, probe.chain.size()).size();
+  size_t host = 0, disk = 0;
+  for (const BelowRecord& record : ProbeBelowLocked(probe, hits, probe.chain.size())) {
+    ++(record.tier == Below::kHost ? host : disk);
+  }
   const uint32_t block_size = options_.layout.block_size;
-  return LookupResult{.num_cached_blocks = static_cast<uint32_t>(hits + below),
-                      .num_cached_tokens = static_cast<uint32_t>((hits + below) * block_size),
-                      .num_host_tier_tokens = static_cast<uint32_t>(below * block_size)};
+  const size_t cached = hits + host + disk;
+  return LookupResult{.num_cached_blocks = static_cast<uint32_t>(cached),
+                      .num_cached_tokens = static_cast<uint32_t>(cached * block_size),
+                      .num_host_tier_tokens = static_cast<uint32_t>(host * block_size),
+                      .num_disk_tier_tokens = static_cast<uint32_t>(disk * block_size)};
 }
 
 uint32_t Pool::ReleaseSession(uint64_t session_id) {
@@ -934,8 +1042,19 @@ PoolStatsSnapshot Pool::Stats() const {
       .pool = pool_.counters(),
   };
   stats.host_tier = TierStatsLocked();
+  stats.disk_tier = DiskStats();
   stats.cluster_tier = ClusterStats();
   return stats;
+}
+
+std::optional<PoolDiskTierStats> Pool::DiskStats() const {
+  if (disk_tier_ == nullptr) return std::nullopt;
+  return PoolDiskTierStats{.hit_blocks = disk_hit_blocks_.load(std::memory_order_relaxed),
+                           .load_failures = disk_load_failures_.load(std::memory_order_relaxed),
+                           .deadline_blocks = disk_deadline_blocks_.load(std::memory_order_relaxed),
+                           .demoted_blocks = demoted_blocks_.load(std::memory_order_relaxed),
+                           .evicted_below = evicted_below_.load(std::memory_order_relaxed),
+                           .tier = disk_tier_->stats()};
 }
 
 std::optional<PoolClusterTierStats> Pool::ClusterStats() const {
@@ -963,6 +1082,7 @@ PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   absl::ReaderMutexLock lock(&mu_);
   PoolStatsSnapshot stats{.free = pool_.num_free(), .evictable = pool_.num_evictable()};
   stats.host_tier = TierStatsLocked();  // pool-wide, a stranger's view included
+  stats.disk_tier = DiskStats();
   stats.cluster_tier = ClusterStats();
   auto slot = tenant_slots_.find(tenant);
   if (slot == tenant_slots_.end()) return stats;

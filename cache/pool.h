@@ -41,6 +41,15 @@
 // is computed. A request that could need the blocks the mover has pinned for a copy (at most
 // kOffloadBatch, for microseconds) waits for that batch instead of failing.
 //
+// Tier 3 (PoolOptions::disk_tier_path; tiers/disk_tier.h) sits below tier 2: the mover passes
+// tier 2's oldest records down to it the same way, ahead of their eviction from tier 2 (only
+// while tier 2 has fewer free slots than its demotion window), and the disk tier writes them
+// asynchronously — a full write queue or a failed disk stops the passing down, never a request.
+// The prefix walk continues block by block in tier 2, then tier 3: each next block is taken from
+// whichever holds a matching record, so a prefix split between them still hits. Disk records
+// load in batches (io_uring) into the fresh tier-1 blocks, verified like tier 2's, and the file
+// outlives the daemon: a restarted daemon with the same flags serves them again.
+//
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
 // its source block pinned; so do the mover's copies (offload pin) and the loads from tier 2 (into
 // blocks only the opening sequence holds). Lock order: mu_, then the host tier's, then the mover's
@@ -50,6 +59,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +85,7 @@
 #include "common/pool_layout.h"
 #include "redis/redis_cluster.h"
 #include "tiers/cluster_tier.h"
+#include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
 
 namespace kvcache {
@@ -100,6 +111,12 @@ struct PoolOptions {
   uint64_t host_tier_bytes = 0;
   // Tier 2's offload window in blocks (Pool::offload_window); 0: the default share of the pool.
   uint32_t offload_window = 0;
+  // Tier 3: a file on local disk below tier 2 (which it needs), `disk_tier_bytes` large; kept
+  // across restarts. Empty path: none.
+  std::string disk_tier_path;
+  uint64_t disk_tier_bytes = 0;
+  // TEST ONLY: the disk tier's options as the pool builds them, adjusted before it opens.
+  std::function<void(DiskTierOptions*)> testing_disk_tier_options;
   // TEST ONLY: no mover thread; tests and the simulation move blocks with OffloadForTesting().
   bool testing_manual_offload = false;
   // The cluster tier (tiers/cluster_tier.h): a Redis Cluster shared by every node's daemon. A host
@@ -129,6 +146,7 @@ struct OpenedSequence {
   std::vector<BlockId> block_ids;
   uint32_t num_cached_tokens = 0;
   uint32_t num_host_tier_tokens = 0;     // of num_cached_tokens, loaded from tier 2 by this call
+  uint32_t num_disk_tier_tokens = 0;     // of num_cached_tokens, loaded from tier 3 by this call
   uint32_t num_cluster_tier_tokens = 0;  // of num_cached_tokens, loaded from the cluster tier
 };
 
@@ -167,6 +185,7 @@ struct LookupResult {
   uint32_t num_cached_blocks = 0;
   uint32_t num_cached_tokens = 0;
   uint32_t num_host_tier_tokens = 0;  // of num_cached_tokens, found in tier 2 (not loaded)
+  uint32_t num_disk_tier_tokens = 0;  // of num_cached_tokens, found in tier 3 (not loaded)
 };
 
 // A pool's tier 2, pool-wide (tenant stats carry the same figures).
@@ -178,6 +197,16 @@ struct PoolTierStats {
   uint64_t evicted_offloaded = 0;  // tier-1 evictions whose victim was already in tier 2
   uint64_t request_waits = 0;      // requests that waited for a mover batch's pinned blocks
   HostTierCounters tier;           // the store's own counters
+};
+
+// A pool's tier 3, pool-wide.
+struct PoolDiskTierStats {
+  uint64_t hit_blocks = 0;       // blocks loaded into tier 1 and returned as cached
+  uint64_t load_failures = 0;    // matched records that failed their load (gone, corrupt, I/O)
+  uint64_t deadline_blocks = 0;  // matched records left to compute by max_load_ms
+  uint64_t demoted_blocks = 0;   // tier-2 records the mover passed down (stores accepted)
+  uint64_t evicted_below = 0;    // tier-2 evictions whose record was already on disk
+  DiskTierStats tier;            // the store's own counters
 };
 
 // A pool's cluster tier, pool-wide.
@@ -202,6 +231,7 @@ struct PoolStatsSnapshot {
   uint32_t open_sequences = 0;
   BlockPoolCounters pool;
   std::optional<PoolTierStats> host_tier;            // set when the pool has a tier 2
+  std::optional<PoolDiskTierStats> disk_tier;        // set when the pool has a tier 3
   std::optional<PoolClusterTierStats> cluster_tier;  // set when the pool has a cluster tier
 };
 
@@ -244,11 +274,17 @@ class Pool {
   PoolMemory& memory() { return *memory_; }
   // Tier 2, or null.
   HostTier* host_tier() { return host_tier_.get(); }
+  // Tier 3, or null.
+  DiskTier* disk_tier() { return disk_tier_.get(); }
   // How close to eviction the mover works: while fewer blocks than this are free, it keeps the
   // oldest this many evictable blocks copied below. PoolOptions::offload_window, or by default
   // num_blocks / kDefaultOffloadWindowDivisor (at least 8), at most num_blocks.
   uint32_t offload_window() const { return offload_window_; }
-  // What the mover does, synchronously, until nothing is left to do; returns the blocks stored.
+  // Tier 2 passes records to tier 3 while it has fewer free slots than this: its num_slots /
+  // kDefaultOffloadWindowDivisor, at least 8 (0 without a tier 3).
+  uint32_t demotion_window() const { return demotion_window_; }
+  // What the mover does, synchronously, until nothing is left to do; returns the blocks stored
+  // into tier 2 (tier 3's stores are queued; DiskTier::Flush makes them visible).
   // For tests and the simulation (PoolOptions::testing_manual_offload).
   size_t OffloadForTesting();
 
@@ -319,22 +355,35 @@ class Pool {
 
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
        std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
-       const Clock* clock, std::unique_ptr<HostTier> host_tier,
+       const Clock* clock, std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,
        std::unique_ptr<ClusterTier> cluster_tier);
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
-  // The tier-2 records matching `sequence` from block `first` on, consecutive, fewer than
-  // `limit` in all.
-  std::vector<BlockRecordIdentity> ProbeBelowLocked(const Sequence& sequence, size_t first,
-                                                    size_t limit) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A record below tier 1 that continues a sequence's verified prefix, and where it is.
+  enum class Below : uint8_t { kHost, kDisk };
+  struct BelowRecord {
+    BlockRecordIdentity expected;
+    Below tier = Below::kHost;
+  };
+  // What a load from below brought up, per tier (consecutive from the first record).
+  struct BelowLoaded {
+    size_t host = 0;
+    size_t disk = 0;
+    size_t total() const { return host + disk; }
+  };
+  // The records in tier 2 or tier 3 matching `sequence` from block `first` on, consecutive
+  // (each block from whichever tier holds it), below `limit`.
+  std::vector<BelowRecord> ProbeBelowLocked(const Sequence& sequence, size_t first,
+                                            size_t limit) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The record block `i` of `sequence` must match (checksum 0: the bytes' to check).
   BlockRecordIdentity ExpectedRecord(const Sequence& sequence, size_t i) const;
-  // Loads `below` into the sequence's blocks from `first` on, in order, until one fails or the
-  // bound passes; returns how many loaded. Outside mu_: only the opening sequence holds them.
-  size_t LoadFromBelow(const Sequence& sequence, size_t first,
-                       const std::vector<BlockRecordIdentity>& below, uint32_t max_load_ms);
+  // Loads `below` into the sequence's blocks from `first` on, in order (tier 3's in batches),
+  // until one fails or the bound passes (checked before each block or batch, from `start`).
+  // Outside mu_: only the opening sequence holds them.
+  BelowLoaded LoadFromBelow(const Sequence& sequence, size_t first,
+                            const std::vector<BelowRecord>& below, absl::Time start,
+                            uint32_t max_load_ms);
   // Loads the sequence's blocks [first, limit) from the cluster tier in one batch, stopping at
   // the first that does not verify; returns how many loaded. Outside mu_, like LoadFromBelow.
   size_t LoadFromCluster(const Sequence& sequence, size_t first, size_t limit);
@@ -345,9 +394,10 @@ class Pool {
   // Open's end under mu_: trims a read to its cached prefix, publishes what was loaded from
   // below, counts and adds the sequence.
   OpenedSequence FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                  OpenMode mode, size_t num_hits, size_t loaded,
-                                  size_t cluster_loaded = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  OpenMode mode, size_t num_hits, BelowLoaded loaded,
+                                  size_t cluster_loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<PoolTierStats> TierStatsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::optional<PoolDiskTierStats> DiskStats() const;
   std::optional<PoolClusterTierStats> ClusterStats() const;
   // Waits, releasing mu_, until the mover's batch is back when it holds blocks that a request
   // needing `needed` blocks could otherwise not have. Call before looking at anything.
@@ -359,6 +409,9 @@ class Pool {
   // offload_window_ evictable ones, copies them to tier 2 outside mu_, unpins. False when the
   // pass is done (nothing left to do until the next wake).
   bool OffloadBatch();
+  // One batch of the mover's second stage: passes up to kOffloadBatch of tier 2's oldest records
+  // to tier 3. False when there is nothing to pass, or tier 3 refuses (queue full, stopped).
+  bool DemoteBatch();
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -446,6 +499,14 @@ class Pool {
   absl::Mutex mover_mu_ ABSL_ACQUIRED_AFTER(mu_);
   absl::CondVar mover_cv_;
   bool mover_stopping_ ABSL_GUARDED_BY(mover_mu_) = false;
+  // Tier 3, or null. Synchronizes itself.
+  const std::unique_ptr<DiskTier> disk_tier_;
+  const uint32_t demotion_window_;
+  std::atomic<uint64_t> disk_hit_blocks_{0};
+  std::atomic<uint64_t> disk_load_failures_{0};
+  std::atomic<uint64_t> disk_deadline_blocks_{0};
+  std::atomic<uint64_t> demoted_blocks_{0};
+  std::atomic<uint64_t> evicted_below_{0};
   // The cluster tier, or null. Synchronizes itself.
   const std::unique_ptr<ClusterTier> cluster_tier_;
   std::atomic<uint64_t> cluster_hit_blocks_{0};

@@ -110,6 +110,22 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
       ASSIGN_OR_RETURN(options.hash_algorithm, ParseHashAlgorithm(value));
     } else if (key == "bytes") {
       ASSIGN_OR_RETURN(bytes, ParseByteSize(value));
+    } else if (key == "disk_tier") {
+      // disk_tier=PATH:SIZE — the size is the next field (so a path cannot hold ':').
+      if (value.empty() || i + 1 >= parts.size()) {
+        return absl::InvalidArgumentError(
+            "disk_tier wants PATH:SIZE (a file on local disk, then its size), e.g. "
+            "disk_tier=/var/lib/kvcache/p0.tier:64G");
+      }
+      if (value.front() != '/') {
+        return absl::InvalidArgumentError(
+            absl::StrCat("disk_tier path '", value, "' must be absolute"));
+      }
+      options.disk_tier_path = std::string(value);
+      ASSIGN_OR_RETURN(options.disk_tier_bytes, ParseByteSize(parts[++i]));
+      if (options.disk_tier_bytes == 0) {
+        return absl::InvalidArgumentError("disk_tier size 0: give at least one block");
+      }
     } else if (key == "host_tier") {
       ASSIGN_OR_RETURN(options.host_tier_bytes, ParseByteSize(value));
       if (options.host_tier_bytes == 0) {
@@ -119,7 +135,7 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown pool field '", key,
                        "' (want model, layers, kv_heads, head_dim, block_size, "
-                       "dtype, blocks, bytes, hash, host_tier)"));
+                       "dtype, blocks, bytes, hash, host_tier, disk_tier)"));
     }
   }
   RETURN_IF_ERROR(options.layout.Validate());
@@ -135,6 +151,11 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("host_tier=", options.host_tier_bytes, " bytes holds no block of ",
                      options.layout.BlockBytes(), " bytes; give at least one block"));
+  }
+  if (!options.disk_tier_path.empty() && options.host_tier_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "disk_tier sits below a host_tier: give host_tier=SIZE too (tier 2 passes its oldest "
+        "records to disk)");
   }
   return options;
 }

@@ -191,6 +191,7 @@ class KvCacheClient {
     uint32_t pool = 0;
     uint32_t host = 0;
     uint32_t cluster = 0;
+    uint32_t disk = 0;
   };
   struct Sequence {
     uint64_t sequence_id = 0;
@@ -218,7 +219,7 @@ class KvCacheClient {
   };
   // A pool's lower tier (v1.TierStats).
   struct TierStats {
-    std::string tier;  // "host" or "cluster"
+    std::string tier;  // "host", "disk" or "cluster"
     uint64_t hit_blocks = 0;
     uint64_t stored_blocks = 0;
     uint64_t evicted_blocks = 0;
@@ -230,6 +231,8 @@ class KvCacheClient {
     uint64_t evicted_from_above = 0;
     uint64_t records = 0;
     uint64_t request_waits = 0;
+    uint64_t restored_records = 0;
+    uint64_t restore_skipped = 0;
   };
   struct PoolStats {
     std::string pool;

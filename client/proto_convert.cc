@@ -85,14 +85,16 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .deadline_blocks = tier.deadline_blocks(),
                                                    .evicted_from_above = tier.evicted_from_above(),
                                                    .records = tier.records(),
-                                                   .request_waits = tier.request_waits()});
+                                                   .request_waits = tier.request_waits(),
+                                                   .restored_records = tier.restored_records(),
+                                                   .restore_skipped = tier.restore_skipped()});
   }
   return stats;
 }
 
 KvCacheClient::TierTokens ToTierTokens(const v1::TierTokens& proto) {
   return KvCacheClient::TierTokens{
-      .pool = proto.pool(), .host = proto.host(), .cluster = proto.cluster()};
+      .pool = proto.pool(), .host = proto.host(), .cluster = proto.cluster(), .disk = proto.disk()};
 }
 
 }  // namespace kvcache

@@ -114,6 +114,25 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     host->set_records(tier.tier.records);
     host->set_request_waits(tier.request_waits);
   }
+  if (stats.disk_tier.has_value()) {
+    const PoolDiskTierStats& tier = *stats.disk_tier;
+    const DiskTierStats& disk_stats = tier.tier;
+    v1::TierStats* disk = out->add_tiers();
+    disk->set_tier("disk");
+    disk->set_hit_blocks(tier.hit_blocks);
+    disk->set_stored_blocks(disk_stats.stores_durable);
+    disk->set_evicted_blocks(disk_stats.evictions);
+    disk->set_bytes_used(disk_stats.records * disk_stats.slot_bytes);
+    disk->set_capacity_bytes(disk_stats.slots * disk_stats.slot_bytes);
+    disk->set_verify_failures(disk_stats.load_corrupt);
+    disk->set_load_failures(tier.load_failures);
+    disk->set_deadline_blocks(tier.deadline_blocks);
+    disk->set_evicted_from_above(tier.evicted_below);
+    disk->set_records(disk_stats.records);
+    disk->set_restored_records(disk_stats.restart_records);
+    disk->set_restore_skipped(disk_stats.restart_torn + disk_stats.restart_foreign +
+                              disk_stats.restart_duplicates);
+  }
   if (stats.cluster_tier.has_value()) {
     const PoolClusterTierStats& tier = *stats.cluster_tier;
     v1::TierStats* cluster = out->add_tiers();
@@ -306,8 +325,9 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerConte
         response->set_num_cached_tokens(opened.num_cached_tokens);
         v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
         by_tier->set_pool(opened.num_cached_tokens - opened.num_host_tier_tokens -
-                          opened.num_cluster_tier_tokens);
+                          opened.num_disk_tier_tokens - opened.num_cluster_tier_tokens);
         by_tier->set_host(opened.num_host_tier_tokens);
+        by_tier->set_disk(opened.num_disk_tier_tokens);
         by_tier->set_cluster(opened.num_cluster_tier_tokens);
         return absl::OkStatus();
       });
@@ -396,8 +416,10 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* co
                   response->set_num_cached_tokens(result.num_cached_tokens);
                   response->set_num_cached_blocks(result.num_cached_blocks);
                   v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
-                  by_tier->set_pool(result.num_cached_tokens - result.num_host_tier_tokens);
+                  by_tier->set_pool(result.num_cached_tokens - result.num_host_tier_tokens -
+                                    result.num_disk_tier_tokens);
                   by_tier->set_host(result.num_host_tier_tokens);
+                  by_tier->set_disk(result.num_disk_tier_tokens);
                   return absl::OkStatus();
                 });
 }

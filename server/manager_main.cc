@@ -31,7 +31,9 @@ ABSL_FLAG(std::string, tcp_listen, "",
 ABSL_FLAG(std::vector<std::string>, pool, {},
           "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
           "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]"
-          "[:host_tier=SIZE] (host_tier: host memory below a host pool for its evicted blocks); "
+          "[:host_tier=SIZE[:disk_tier=PATH:SIZE]] (host_tier: host memory below a host pool "
+          "for its evicted blocks; disk_tier: a file on local disk below that, kept across "
+          "restarts); "
           "default: one pool 'default' of 1024 blocks");
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT of a plaintext TCP port that serves only grpc.health.v1.Health (for kubelet "
@@ -243,6 +245,19 @@ int Run() {
                   pool->host_tier()->num_slots(),
                   static_cast<unsigned long long>(pool_options.host_tier_bytes),
                   pool->offload_window());
+    }
+    if (DiskTier* disk = pool->disk_tier()) {
+      const DiskTierStats stats = disk->stats();
+      std::printf(
+          "    disk tier: %s, %llu slots of %llu bytes%s; found %llu records (%llu slots skipped) "
+          "in %.1f ms\n",
+          pool_options.disk_tier_path.c_str(), static_cast<unsigned long long>(stats.slots),
+          static_cast<unsigned long long>(stats.slot_bytes),
+          disk->direct_io() ? ", O_DIRECT" : ", buffered (no O_DIRECT here)",
+          static_cast<unsigned long long>(stats.restart_records),
+          static_cast<unsigned long long>(stats.restart_torn + stats.restart_foreign +
+                                          stats.restart_duplicates),
+          absl::ToDoubleMilliseconds(stats.restart_scan_time));
     }
   }
   if (options.identities_path.empty()) {

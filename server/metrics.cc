@@ -157,6 +157,17 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Family("kvcache_tier_used_bytes", "Bytes of records a lower tier holds.", gauge);
   const size_t tier_capacity =
       out.Family("kvcache_tier_capacity_bytes", "Bytes a lower tier can hold.", gauge);
+  const size_t disk_write_errors = out.Family(
+      "kvcache_disk_tier_write_errors_total",
+      "Failed writes to a pool's disk tier; after one it stops storing (loads go on).", counter);
+  const size_t disk_restored = out.Family(
+      "kvcache_disk_tier_restored_records",
+      "Records a pool's disk tier found in its file when the daemon started (a warm restart).",
+      gauge);
+  const size_t disk_skipped = out.Family(
+      "kvcache_disk_tier_restore_skipped_records",
+      "Slots of the disk tier's file skipped when the daemon started: torn, foreign or superseded.",
+      gauge);
   for (const Pool* pool : manager_->pools()) {
     const std::string& name = pool->options().name;
     const PoolStatsSnapshot whole = pool->Stats();
@@ -174,6 +185,25 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(tier_waits, labels, tier.request_waits);
       out.Gauge(tier_bytes, labels, tier.tier.bytes_used);
       out.Gauge(tier_capacity, labels, tier.tier.capacity_bytes);
+    }
+    if (whole.disk_tier.has_value()) {
+      const PoolDiskTierStats& tier = *whole.disk_tier;
+      const DiskTierStats& disk = tier.tier;
+      const Labels labels{{"pool", name}, {"tier", "disk"}};
+      out.Counter(tier_hits, labels, tier.hit_blocks);
+      out.Counter(tier_stored, labels, disk.stores_durable);
+      out.Counter(tier_evicted, labels, disk.evictions);
+      out.Counter(tier_rejected, labels, disk.stores_refused_full + disk.stores_refused_stopped);
+      out.Counter(tier_saved, labels, tier.evicted_below);
+      out.Counter(tier_verify, labels, disk.load_corrupt);
+      out.Counter(tier_load_failures, labels, tier.load_failures);
+      out.Counter(tier_deadline, labels, tier.deadline_blocks);
+      out.Gauge(tier_bytes, labels, disk.records * disk.slot_bytes);
+      out.Gauge(tier_capacity, labels, disk.slots * disk.slot_bytes);
+      out.Counter(disk_write_errors, {{"pool", name}}, disk.write_errors);
+      out.Gauge(disk_restored, {{"pool", name}}, disk.restart_records);
+      out.Gauge(disk_skipped, {{"pool", name}},
+                disk.restart_torn + disk.restart_foreign + disk.restart_duplicates);
     }
     if (whole.cluster_tier.has_value()) {
       const PoolClusterTierStats& tier = *whole.cluster_tier;

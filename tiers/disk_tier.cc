@@ -239,6 +239,7 @@ class DiskTier::Impl {
     absl::MutexLock lock(&mu_);
     DiskTierStats stats = stats_;
     stats.slots = slots_;
+    stats.slot_bytes = slot_bytes_;
     stats.records = index_.size();
     stats.queued = outstanding_;
     return stats;
@@ -246,6 +247,7 @@ class DiskTier::Impl {
 
   bool direct_io() const { return direct_io_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
+  uint32_t read_depth() const { return options_.read_depth; }
 
  private:
   enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDropped };
@@ -440,6 +442,7 @@ class DiskTier::Impl {
       free_buffers.pop_back();
       owner[i] = next;
       const Pinned& pin = pinned[next++];
+      if (options_.testing_before_read) options_.testing_before_read();
       absl::Span<char> out = requests[pin.request].out;
       if (ReadsInPlace(out)) {
         // The header into the buffer, the bytes straight into the caller's memory: no copy.
@@ -733,6 +736,7 @@ std::vector<absl::Status> DiskTier::LoadMany(absl::Span<const LoadRequest> reque
 absl::Status DiskTier::Erase(const Hash128& hash) { return impl_->Erase(hash); }
 void DiskTier::Flush() { impl_->Flush(); }
 DiskTierStats DiskTier::stats() const { return impl_->stats(); }
+uint32_t DiskTier::read_depth() const { return impl_->read_depth(); }
 bool DiskTier::direct_io() const { return impl_->direct_io(); }
 uint64_t DiskTier::slot_bytes() const { return impl_->slot_bytes(); }
 

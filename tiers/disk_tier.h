@@ -69,13 +69,16 @@ struct DiskTierOptions {
   // Test seam: called before each slot write; a nonzero errno fails that write as the kernel
   // would (ENOSPC: a full disk) without touching the file.
   std::function<int()> testing_write_errno;
+  // Test seam: called before each slot read is queued (e.g. to make reads take time).
+  std::function<void()> testing_before_read;
 };
 
 // Counters since Open; each is a running total unless said otherwise.
 struct DiskTierStats {
-  uint64_t slots = 0;    // capacity: file size / slot_bytes
-  uint64_t records = 0;  // indexed now (Find would answer them)
-  uint64_t queued = 0;   // accepted, not yet durable (now)
+  uint64_t slots = 0;       // capacity: file size / slot_bytes
+  uint64_t slot_bytes = 0;  // header and block, each padded to 4 KiB
+  uint64_t records = 0;     // indexed now (Find would answer them)
+  uint64_t queued = 0;      // accepted, not yet durable (now)
 
   uint64_t stores_accepted = 0;
   uint64_t stores_durable = 0;          // published
@@ -161,6 +164,8 @@ class DiskTier {
   // buffered I/O.
   bool direct_io() const;
   uint64_t slot_bytes() const;
+  // Reads LoadMany keeps in flight (DiskTierOptions::read_depth).
+  uint32_t read_depth() const;
   // Byte offset of slot i in the file. A new file fills slots 0, 1, 2, ... in that order.
   uint64_t SlotOffset(uint64_t slot) const { return slot * slot_bytes(); }
 

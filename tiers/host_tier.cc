@@ -55,6 +55,7 @@ void HostTier::DropLocked(uint32_t slot) {
     return;
   }
   s.state = SlotState::kFree;
+  s.below = false;
   s.identity = BlockRecordIdentity{};
   free_slots_.push_back(slot);
 }
@@ -63,6 +64,7 @@ void HostTier::UnpinLocked(uint32_t slot) {
   Slot& s = slots_[slot];
   if (--s.pins > 0 || s.state != SlotState::kDropped) return;
   s.state = SlotState::kFree;
+  s.below = false;
   s.identity = BlockRecordIdentity{};
   free_slots_.push_back(slot);
 }
@@ -186,6 +188,37 @@ absl::Status HostTier::Load(const BlockRecordIdentity& expected, uint8_t* out) {
   UnpinLocked(slot);
   return absl::DataLossError(absl::StrCat("host tier record of hash ", expected.hash.ToHex(),
                                           " failed its checksum; dropped"));
+}
+
+std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t max) {
+  std::vector<Demotion> batch;
+  absl::MutexLock lock(&mu_);
+  if (free_slots_.size() >= window) return batch;
+  uint32_t scanned = 0;
+  for (uint32_t slot = lru_.front(); slot != kNoSlot && scanned < window && batch.size() < max;
+       slot = slots_[slot].lru.next, ++scanned) {
+    Slot& s = slots_[slot];
+    // A pinned record is being loaded (it just became the most recent) or already demoted.
+    if (s.below || s.pins > 0) continue;
+    ++s.pins;
+    batch.push_back(Demotion{.slot = slot, .identity = s.identity, .bytes = SlotBytes(slot)});
+  }
+  return batch;
+}
+
+void HostTier::FinishDemotion(uint32_t slot, const absl::Status& stored) {
+  absl::MutexLock lock(&mu_);
+  Slot& s = slots_[slot];
+  if (s.state == SlotState::kStored) {
+    if ((stored.ok() || absl::IsAlreadyExists(stored)) && !s.below) {
+      s.below = true;
+      ++counters_.demoted;
+    } else if (absl::IsDataLoss(stored)) {
+      ++counters_.verify_failures;
+      DropLocked(slot);
+    }
+  }
+  UnpinLocked(slot);
 }
 
 HostTierCounters HostTier::counters() const {

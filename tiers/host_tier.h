@@ -14,10 +14,12 @@
 // copy, the checksum over the copied bytes after it. Either failure is a miss, counted, never
 // bytes returned as good; a checksum failure also drops the record.
 //
-// The seam for the tier below (tier 3, the disk tier): Store reports the record it evicted
-// (StoreResult::evicted, identity only; its bytes are already overwritten), so the owner knows
-// what left; a pool that has a tier 3 passes such records down before they are evicted the same
-// way tier 1 passes blocks here (see docs/design.md, "Tiers").
+// The seam for the tier below (tier 3, the disk tier): the pool's mover passes records down before
+// they are evicted, the same way tier 1 passes blocks here (docs/design.md, "Tiers"):
+// PinForDemotion pins the oldest records not yet below while few slots are free, the mover
+// copies them down, FinishDemotion marks them below and unpins them. Store reports the record it
+// evicted (StoreResult::evicted, identity only; its bytes are already overwritten), so the owner
+// can tell whether the tier below holds it.
 //
 // Thread safety: thread-safe. Bytes are copied outside the tier's mutex with the slot pinned.
 #ifndef KVCACHE_TIERS_HOST_TIER_H_
@@ -48,6 +50,7 @@ struct HostTierCounters {
   uint64_t mismatches = 0;        // of the misses: a record under the hash with another identity
   uint64_t verify_failures = 0;   // of the misses: checksum of the copied bytes differed
   uint64_t store_rejections = 0;  // stores refused because every slot was pinned
+  uint64_t demoted = 0;           // records marked as held by the tier below
   uint64_t records = 0;           // records held now
   uint64_t bytes_used = 0;        // records * block_bytes
   uint64_t capacity_bytes = 0;    // slots * block_bytes
@@ -91,6 +94,22 @@ class HostTier {
   // miss; `out` then holds no bytes to use. On success the record becomes most recently used.
   absl::Status Load(const BlockRecordIdentity& expected, uint8_t* out);
 
+  // A record being copied to the tier below; `bytes` stay valid until FinishDemotion.
+  struct Demotion {
+    uint32_t slot = 0;
+    BlockRecordIdentity identity;
+    const uint8_t* bytes = nullptr;
+  };
+  // Only while fewer than `window` slots are free: pins up to `max` records not yet below among
+  // the `window` least recently used ones (the next victims), oldest first. A pinned record is
+  // neither evicted nor freed, so the caller copies its bytes without the tier's mutex.
+  std::vector<Demotion> PinForDemotion(uint32_t window, size_t max);
+  // Unpins a record PinForDemotion returned, given what the tier below answered its store. OK or
+  // ALREADY_EXISTS: the tier below took it, and it is not offered again. DATA_LOSS: its bytes no
+  // longer match its checksum, so it is dropped (a verify failure). Anything else: offered again
+  // later.
+  void FinishDemotion(uint32_t slot, const absl::Status& stored);
+
   HostTierCounters counters() const;
   // Index, LRU, free slots and byte counts agree. O(slots).
   absl::Status CheckInvariants() const;
@@ -113,6 +132,7 @@ class HostTier {
   struct Slot {
     SlotState state = SlotState::kFree;
     uint32_t pins = 0;
+    bool below = false;  // the tier below holds the record too
     BlockRecordIdentity identity;
     Lru::Links lru;
   };

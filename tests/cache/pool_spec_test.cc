@@ -53,6 +53,25 @@ TEST(PoolSpecTest, HostTierTakesAByteSizeOfAtLeastOneBlock) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'lots' is not a byte size")));
 }
 
+TEST(PoolSpecTest, DiskTierTakesAPathAndASizeBelowAHostTier) {
+  auto options = ParsePoolSpec("p:host_tier=64MiB:disk_tier=/var/lib/kvcache/p.tier:2G:blocks=8");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->disk_tier_path, "/var/lib/kvcache/p.tier");
+  EXPECT_EQ(options->disk_tier_bytes, 2ull << 30);
+  EXPECT_EQ(options->num_blocks, 8u);  // the field after the size is parsed as usual
+  EXPECT_TRUE(ParsePoolSpec("p")->disk_tier_path.empty());
+  EXPECT_THAT(ParsePoolSpec("p:disk_tier=/d/p.tier:1G"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("give host_tier=SIZE too")));
+  EXPECT_THAT(ParsePoolSpec("p:host_tier=1G:disk_tier=/d/p.tier"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("disk_tier wants PATH:SIZE")));
+  EXPECT_THAT(ParsePoolSpec("p:host_tier=1G:disk_tier=d/p.tier:1G"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be absolute")));
+  EXPECT_THAT(ParsePoolSpec("p:host_tier=1G:disk_tier=/d/p.tier:0"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("disk_tier size 0")));
+  EXPECT_THAT(ParsePoolSpec("p:host_tier=1G:disk_tier=/d/p.tier:big"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'big' is not a byte size")));
+}
+
 TEST(PoolSpecTest, BadFieldsAreNamed) {
   EXPECT_THAT(ParsePoolSpec("p:layers=many"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layers='many'")));

@@ -3,10 +3,13 @@
 // walk there — bytes identical, corrupt records recomputed, max_load_ms bounding the load, a
 // full tier evicting its own oldest. The mover runs synchronously (testing_manual_offload) except
 // in the one test of its thread. Every test ends with the pool's invariants checked.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "tests/testing/poll_until.h"
 #include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_files.h"
 
 namespace kvcache {
 namespace {
@@ -39,10 +43,19 @@ PoolOptions TierPoolOptions(uint32_t num_blocks, uint32_t tier_blocks) {
 class PoolTierTest : public ::testing::Test {
  protected:
   void MakePool(uint32_t num_blocks, uint32_t tier_blocks, bool manual = true,
-                uint32_t offload_window = 0) {
+                uint32_t offload_window = 0, uint64_t disk_bytes = 0) {
     PoolOptions options = TierPoolOptions(num_blocks, tier_blocks);
     options.testing_manual_offload = manual;
     options.offload_window = offload_window;
+    if (disk_bytes != 0) {
+      options.disk_tier_path = DiskPath();
+      options.disk_tier_bytes = disk_bytes;
+      options.testing_disk_tier_options = [this](DiskTierOptions* disk) {
+        if (disk_read_depth_ != 0) disk->read_depth = disk_read_depth_;
+        disk->testing_before_read = disk_before_read_;
+        disk->testing_write_errno = disk_write_errno_;
+      };
+    }
     block_bytes_ = options.layout.BlockBytes();
     auto memory = HostPoolMemory::Create(block_bytes_, num_blocks);
     ASSERT_OK(memory);
@@ -110,10 +123,50 @@ class PoolTierTest : public ::testing::Test {
   }
 
   PoolTierStats TierStats() const { return pool_->Stats().host_tier.value_or(PoolTierStats{}); }
+  PoolDiskTierStats DiskStats() const {
+    return pool_->Stats().disk_tier.value_or(PoolDiskTierStats{});
+  }
+
+  std::string DiskPath() const { return disk_dir_.path() + "/pool.tier"; }
+  // A disk tier of 64 records under an 8-slot tier 2 (whose demotion window is then all of it:
+  // every record stored in tier 2 is passed down), below an 8-block pool.
+  void MakeDiskPool() { MakePool(8, 8, /*manual=*/true, 0, DiskBytes(64)); }
+  static uint64_t DiskBytes(uint64_t records) {
+    const uint64_t block_bytes = TierPoolOptions(1, 1).layout.BlockBytes();
+    return records * (4096 + (block_bytes + 4095) / 4096 * 4096);  // a header page and the block
+  }
+  // Computes `tokens`, passes them down to tier 2 and on to disk (durable), then evicts them from
+  // tier 1 and, with eight blocks of another prompt passed down too, from tier 2: only the disk
+  // tier holds them.
+  void ComputeIntoDiskOnly(const std::vector<uint32_t>& tokens) {
+    Compute(tokens);
+    pool_->OffloadForTesting();
+    pool_->disk_tier()->Flush();
+    Compute(Tokens(500, 32));
+    pool_->OffloadForTesting();
+    pool_->disk_tier()->Flush();
+  }
+  // Flips a byte of the block bytes of the disk tier's slot `slot`, behind the tier's back.
+  void CorruptDiskSlot(uint64_t slot) {
+    const uint64_t slot_bytes = pool_->disk_tier()->slot_bytes();
+    const uint64_t header_bytes = slot_bytes - ((block_bytes_ + 4095) / 4096) * 4096;
+    const int fd = ::open(DiskPath().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char byte = 0;
+    const off_t offset = static_cast<off_t>(slot * slot_bytes + header_bytes + 3);
+    ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x20;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
+    ::close(fd);
+  }
 
   testing::FakeClock clock_;
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
   uint64_t block_bytes_ = 0;
+  worker::testing::ScopedTempDir disk_dir_;
+  uint32_t disk_read_depth_ = 0;
+  std::function<void()> disk_before_read_;
+  std::function<int()> disk_write_errno_;
   std::unique_ptr<Pool> pool_;
 };
 
@@ -367,6 +420,153 @@ TEST_F(PoolTierTest, HostTierNeedsAHostPool) {
   ASSERT_OK(host);
   EXPECT_THAT(Pool::Create(options, 0, *std::move(host)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool 'tiered': host_tier=")));
+}
+
+}  // namespace
+}  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+// Tier 3: tier 2's oldest records are passed down to the disk tier, and the walk continues there.
+TEST_F(PoolTierTest, EvictedPrefixComesBackFromDiskWithIdenticalBytes) {
+  MakeDiskPool();
+  ASSERT_EQ(pool_->demotion_window(), 8u);
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  ComputeIntoDiskOnly(a);
+  EXPECT_EQ(DiskStats().demoted_blocks, 12u);  // A's 4, then the other prompt's 8
+  EXPECT_EQ(DiskStats().evicted_below, 4u);    // A's tier-2 records left, already on disk
+  EXPECT_EQ(DiskStats().tier.records, 12u);
+
+  auto lookup = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 16u);
+  EXPECT_EQ(lookup->num_host_tier_tokens, 0u);
+  EXPECT_EQ(lookup->num_disk_tier_tokens, 16u);
+  EXPECT_EQ(DiskStats().tier.loads, 0u);  // a lookup reads nothing
+
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 16u);
+  EXPECT_EQ(opened->num_disk_tier_tokens, 16u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i)) << "block " << i;
+  }
+  EXPECT_EQ(DiskStats().hit_blocks, 4u);
+  EXPECT_EQ(DiskStats().load_failures, 0u);
+  EXPECT_EQ(pool_->Stats().hit_tokens, 16u);
+}
+
+TEST_F(PoolTierTest, DiskRecordsOutliveThePool) {
+  MakeDiskPool();
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  ComputeIntoDiskOnly(a);
+  ASSERT_OK(pool_->CheckInvariants());
+  pool_.reset();  // a restart: tier 1 and tier 2 are gone, the file stays
+  MakeDiskPool();
+  EXPECT_EQ(DiskStats().tier.restart_records, 12u);
+  EXPECT_EQ(DiskStats().tier.restart_torn, 0u);
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_disk_tier_tokens, 16u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
+}
+
+TEST_F(PoolTierTest, CorruptDiskRecordIsDetectedAndRecomputed) {
+  MakeDiskPool();
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  ComputeIntoDiskOnly(a);
+  // Passed down oldest first, as tier 1 released them (tail first): A3, A2, A1, A0 in slots
+  // 0 to 3. A1's bytes change on disk.
+  CorruptDiskSlot(2);
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 4u);  // A0; the rest is computed
+  EXPECT_EQ(opened->num_disk_tier_tokens, 4u);
+  EXPECT_EQ(ReadBack(opened->block_ids[0]), BlockBytes(a, 0));
+  EXPECT_EQ(DiskStats().tier.load_corrupt, 1u);
+  EXPECT_EQ(DiskStats().load_failures, 1u);
+  EXPECT_FALSE(pool_->disk_tier()->Find(Chain(a)[1]).ok());  // dropped, never served
+}
+
+// A prefix split over the tiers: A0 and A1 in tier 2 (A2 and A3, stored first, were evicted from
+// it) and all four on disk. The walk takes each block from the highest tier holding it.
+TEST_F(PoolTierTest, PrefixSplitBetweenTier2AndDiskLoadsFromBoth) {
+  MakeDiskPool();
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  Compute(a);
+  pool_->OffloadForTesting();  // tier 2: A3 A2 A1 A0; disk: the same
+  pool_->disk_tier()->Flush();
+  Compute(Tokens(500, 24));    // six blocks: four free, A3 and A2 evicted from tier 1
+  pool_->OffloadForTesting();  // the six into tier 2 evict A3 and A2 from it
+  Compute(Tokens(900, 8));     // two blocks: A1 and A0 evicted from tier 1
+  pool_->disk_tier()->Flush();
+  auto lookup = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_host_tier_tokens, 8u);
+  EXPECT_EQ(lookup->num_disk_tier_tokens, 8u);
+  // Loading A0 and A1 takes 10 ms each on the fake clock; a 15 ms bound ends the load before the
+  // disk's batch: A2 and A3 are left to compute.
+  pool_->host_tier()->SetLoadHookForTesting(
+      [this](const Hash128&) { clock_.Advance(absl::Milliseconds(10)); });
+  auto bounded = Open(a, OpenMode::kCompute, /*max_load_ms=*/15);
+  ASSERT_OK(bounded);
+  EXPECT_EQ(bounded->num_host_tier_tokens, 8u);
+  EXPECT_EQ(bounded->num_disk_tier_tokens, 0u);
+  EXPECT_EQ(DiskStats().deadline_blocks, 2u);
+  ASSERT_OK(pool_->Release(session_, bounded->sequence_id));
+  // Unbounded: A0 and A1 now in tier 1, A2 and A3 from disk.
+  auto opened = Open(a);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 16u);
+  EXPECT_EQ(opened->num_host_tier_tokens, 0u);
+  EXPECT_EQ(opened->num_disk_tier_tokens, 8u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
+}
+
+TEST_F(PoolTierTest, MaxLoadMsEndsADiskLoadBetweenBatches) {
+  disk_read_depth_ = 1;  // a batch per block
+  disk_before_read_ = [this] { clock_.Advance(absl::Milliseconds(10)); };
+  MakeDiskPool();
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  ComputeIntoDiskOnly(a);
+  // Reads at 0, 10, 20 ms; the fourth would start at 30, past the bound.
+  auto opened = Open(a, OpenMode::kCompute, /*max_load_ms=*/25);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 12u);
+  EXPECT_EQ(opened->num_disk_tier_tokens, 12u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
+  EXPECT_EQ(DiskStats().deadline_blocks, 1u);
+  ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  // Nothing half-loaded is findable: the fourth block is still only on disk.
+  auto lookup = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->num_cached_tokens, 16u);
+  EXPECT_EQ(lookup->num_disk_tier_tokens, 4u);
+}
+
+// A disk that fails its writes (ENOSPC here) stops taking records; tier 2 and requests go on.
+TEST_F(PoolTierTest, FullDiskStopsPassingDownAndRequestsGoOn) {
+  disk_write_errno_ = [] { return ENOSPC; };
+  MakeDiskPool();
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  Compute(a);
+  pool_->OffloadForTesting();
+  pool_->disk_tier()->Flush();
+  EXPECT_GE(DiskStats().tier.write_errors, 1u);
+  EXPECT_EQ(DiskStats().tier.records, 0u);
+  for (int round = 0; round < 3; ++round) {
+    Compute(Tokens(1000 + 100 * round, 32));
+    pool_->OffloadForTesting();  // returns: the stopped disk refuses at once, nothing waits
+  }
+  EXPECT_GE(DiskStats().tier.stores_refused_stopped, 1u);
+  EXPECT_EQ(DiskStats().tier.records, 0u);
+  EXPECT_EQ(DiskStats().evicted_below, 0u);
+  // Tier 2 kept working: the last round's blocks, evicted from tier 1, come back from it.
+  Compute(Tokens(7000, 32));
+  auto opened = Open(Tokens(1200, 32));
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_host_tier_tokens, 28u);  // capped: the last token is computed
 }
 
 }  // namespace

@@ -1,15 +1,21 @@
 // kvcache-worker processes against a real kvcache-manager: every cached run — a prefix hit, a
 // resurrection from soft-free, a prefix shared by another worker process, a prefix evicted under
-// memory pressure and recomputed, a prefix evicted into tier 2 and loaded back — produces tokens
+// memory pressure and recomputed, a prefix evicted into tier 2 and loaded back, a prefix on disk
+// (tier 3) loaded back after the daemon was killed with SIGKILL and restarted — produces tokens
 // and logits bit-identical to a cold run in this process (GenerateCold over a private pool).
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_files.h"
 #include "worker/generation.h"
 
 namespace kvcache::testing {
@@ -225,6 +231,92 @@ TEST_F(WorkerTierProcessTest, PrefixLoadedFromTier2IsIdenticalToAColdRun) {
   EXPECT_EQ(tier.hit_blocks - hits_before, 6u);
   EXPECT_EQ(tier.load_failures, 0u);
   EXPECT_EQ(tier.verify_failures, 0u);
+  EXPECT_TRUE(AwaitAllReleased());
+}
+
+// Tier 3 below a tier 2 of 8 blocks (48 KiB of 6 KiB blocks): tier 2's demotion window is all
+// of it, so every block the mover stores there goes on to the disk tier's file.
+class WorkerDiskTierProcessTest : public WorkerProcessTest {
+ protected:
+  WorkerDiskTierProcessTest() {
+    pool_flag_ += ":host_tier=48KiB:disk_tier=" + DiskPath() + ":4MiB";
+  }
+
+  std::string DiskPath() const { return disk_dir_.path() + "/qwen.tier"; }
+
+  KvCacheClient::TierStats Tier(absl::string_view name) {
+    for (const KvCacheClient::TierStats& tier : PoolStats().tiers) {
+      if (tier.tier == name) return tier;
+    }
+    ADD_FAILURE() << "no tier " << name;
+    return {};
+  }
+
+  // kill -9, then the same daemon command line again.
+  void KillAndRestart() {
+    observer_.reset();
+    ASSERT_OK(daemon_->Signal(SIGKILL));
+    ASSERT_OK(daemon_->Wait(kStartBound));
+    daemon_.reset();
+    StartDaemon();
+  }
+
+  // Flips the first KV byte of the file's slots [0, count): a slot is a 4 KiB header page and
+  // the 6 KiB block padded to 8 KiB.
+  void CorruptSlots(uint64_t count) {
+    constexpr uint64_t kSlotBytes = 4096 + 8192;
+    const int fd = ::open(DiskPath().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    for (uint64_t slot = 0; slot < count; ++slot) {
+      char byte = 0;
+      const off_t offset = static_cast<off_t>(slot * kSlotBytes + 4096);
+      ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
+      byte ^= 0x01;
+      ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
+    }
+    ::close(fd);
+  }
+
+  worker::testing::ScopedTempDir disk_dir_;
+};
+
+// Issue 18's warm restart and cold check over tier 3: a prompt's blocks reach the disk tier, the
+// daemon is killed with SIGKILL and started again with the same flags; the prompt's prefix comes
+// back from disk, verified, and a worker decoding from it matches a cold run. Then every record
+// on disk gets a flipped byte: detected on load, recomputed, still identical to a cold run.
+TEST_F(WorkerDiskTierProcessTest, PrefixFromDiskAfterKill9IsIdenticalToAColdRun) {
+  // 98 tokens: the 6 full blocks published, evictable (see PrefixLoadedFromTier2...).
+  const std::vector<uint32_t> prompt = Prompt(20, 98);
+  ExpectMatchesCold(RunWorker(prompt), prompt);
+  // 11 blocks: the mover copies the oldest 8 evictable (the prompt's 6 and 2 of these) into
+  // tier 2, which passes all 8 on to disk.
+  const std::vector<uint32_t> filler = Prompt(21, 16 * 10 + 5);
+  ExpectMatchesCold(RunWorker(filler), filler);
+  ASSERT_TRUE(PollUntil([&] { return Tier("disk").stored_blocks >= 8; }));
+  EXPECT_EQ(Tier("disk").capacity_bytes % (4096 + 8192), 0u);
+
+  KillAndRestart();
+  EXPECT_EQ(Tier("disk").restored_records, 8u);
+  EXPECT_EQ(Tier("disk").restore_skipped, 0u);
+  absl::StatusOr<KvCacheClient::LookupResult> lookup = observer_->Lookup("qwen", "", prompt);
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->cached_tokens_by_tier.pool, 0u);
+  EXPECT_EQ(lookup->cached_tokens_by_tier.disk, 96u);
+  const ClientResult restored = RunWorker(prompt);
+  EXPECT_EQ(restored.num_cached_tokens, 96u);
+  ExpectMatchesCold(restored, prompt);
+  EXPECT_EQ(Tier("disk").hit_blocks, 6u);
+  EXPECT_EQ(Tier("disk").verify_failures, 0u);
+
+  KillAndRestart();
+  CorruptSlots(8);
+  EXPECT_EQ(Tier("disk").restored_records, 8u);  // headers intact: indexed, checked on load
+  const ClientResult recomputed = RunWorker(prompt);
+  EXPECT_EQ(recomputed.num_cached_tokens, 0u);
+  ExpectMatchesCold(recomputed, prompt);
+  EXPECT_GE(Tier("disk").verify_failures, 1u);
+  EXPECT_EQ(Tier("disk").load_failures, 1u);
+  EXPECT_EQ(Tier("disk").hit_blocks, 0u);
   EXPECT_TRUE(AwaitAllReleased());
 }
 

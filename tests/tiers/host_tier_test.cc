@@ -107,6 +107,39 @@ TEST_F(HostTierTest, MismatchedIdentityIsACountedMiss) {
   EXPECT_EQ(counters.records, 1u);  // a mismatch is another request's record, kept
 }
 
+// The seam for tier 3: the oldest records not yet below are pinned for the copy down, only while
+// fewer than the window's slots are free, and once below are not offered again.
+TEST_F(HostTierTest, DemotionOffersTheOldestRecordsOnceWhileFewSlotsAreFree) {
+  MakeTier(8);
+  for (uint64_t n = 1; n <= 4; ++n) StoreBlock(n);
+  EXPECT_TRUE(tier_->PinForDemotion(/*window=*/4, 8).empty());  // 4 free: not below the window
+  std::vector<HostTier::Demotion> batch = tier_->PinForDemotion(/*window=*/6, /*max=*/3);
+  ASSERT_EQ(batch.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(batch[i].identity, Identity(i + 1, Bytes(static_cast<uint8_t>(i + 1))));
+    EXPECT_EQ(std::vector<uint8_t>(batch[i].bytes, batch[i].bytes + kBlockBytes),
+              Bytes(static_cast<uint8_t>(i + 1)));
+  }
+  tier_->FinishDemotion(batch[0].slot, absl::OkStatus());
+  tier_->FinishDemotion(batch[1].slot, absl::ResourceExhaustedError("queue full"));  // retried
+  tier_->FinishDemotion(batch[2].slot, absl::DataLossError("bytes changed"));        // dropped
+  EXPECT_EQ(tier_->counters().demoted, 1u);
+  EXPECT_EQ(tier_->counters().verify_failures, 1u);
+  EXPECT_FALSE(tier_->Contains(Identity(3, Bytes(3)).hash));
+  batch = tier_->PinForDemotion(/*window=*/6, 8);
+  ASSERT_EQ(batch.size(), 2u);  // 2 and 4; 1 is below, 3 is gone
+  EXPECT_EQ(batch[0].identity.hash, Identity(2, Bytes(2)).hash);
+  EXPECT_EQ(batch[1].identity.hash, Identity(4, Bytes(4)).hash);
+  // A pinned record is not evicted: filling the tier evicts around it.
+  for (uint64_t n = 10; n < 16; ++n) StoreBlock(n);
+  EXPECT_TRUE(tier_->Contains(Identity(2, Bytes(2)).hash));
+  EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));
+  for (const HostTier::Demotion& demotion : batch) {
+    tier_->FinishDemotion(demotion.slot, absl::OkStatus());
+  }
+  EXPECT_EQ(tier_->counters().demoted, 3u);
+}
+
 TEST_F(HostTierTest, CorruptedRecordFailsVerificationAndIsDropped) {
   MakeTier(2);
   StoreBlock(1);
