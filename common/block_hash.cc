@@ -12,6 +12,9 @@ namespace {
 
 constexpr absl::string_view kRootTag = "kvcache.root.v1";
 constexpr absl::string_view kBlockTag = "kvcache.block.v1";
+constexpr absl::string_view kPrefixTag = "kvcache.prefix.v1";
+// Not the chain's seed (0): the digest must not fail together with the chain hash.
+constexpr uint64_t kPrefixDigestSeed = 0x9e37'79b9'7f4a'7c15ULL;
 
 uint64_t LoadBigEndian64(const unsigned char* bytes) {
   uint64_t value = 0;
@@ -103,14 +106,19 @@ void BlockHasher::WriteExtras(const ExtraKeys& extras, uint32_t block_start, uin
   }
 }
 
+void BlockHasher::WriteBlock(absl::Span<const uint32_t> tokens, const ExtraKeys& extras,
+                             uint32_t block_start) {
+  scratch_.U32(static_cast<uint32_t>(tokens.size()));
+  for (uint32_t token : tokens) scratch_.U32(token);
+  WriteExtras(extras, block_start, block_start + static_cast<uint32_t>(tokens.size()));
+}
+
 Hash128 BlockHasher::Block(const Hash128& parent, absl::Span<const uint32_t> tokens,
                            const ExtraKeys& extras, uint32_t block_start) {
   scratch_.Clear();
   scratch_.Raw(kBlockTag);
   WriteHash(parent, &scratch_);
-  scratch_.U32(static_cast<uint32_t>(tokens.size()));
-  for (uint32_t token : tokens) scratch_.U32(token);
-  WriteExtras(extras, block_start, block_start + static_cast<uint32_t>(tokens.size()));
+  WriteBlock(tokens, extras, block_start);
   return Finish();
 }
 
@@ -119,6 +127,15 @@ uint64_t BlockHasher::ExtrasDigest(const ExtraKeys& extras, uint32_t block_start
   scratch_.Clear();
   WriteExtras(extras, block_start, block_end);
   return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), 0);
+}
+
+uint64_t BlockHasher::PrefixDigest(uint64_t parent_digest, absl::Span<const uint32_t> tokens,
+                                   const ExtraKeys& extras, uint32_t block_start) {
+  scratch_.Clear();
+  scratch_.Raw(kPrefixTag);
+  scratch_.U64(parent_digest);
+  WriteBlock(tokens, extras, block_start);
+  return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), kPrefixDigestSeed);
 }
 
 void BlockHasher::ExtendChain(const Hash128& root, absl::Span<const uint32_t> tokens,
