@@ -311,6 +311,7 @@ bool Pool::OffloadBatch() {
                                                       .parent_hash = identity.parent_hash,
                                                       .namespace_digest = identity.namespace_digest,
                                                       .extras_digest = identity.extras_digest,
+                                                      .prefix_digest = identity.prefix_digest,
                                                       .tokens = {tokens.begin(), tokens.end()}},
                         .checksum = pool_.CachedChecksum(block)});
           pool_.PinForOffload(block);
@@ -410,6 +411,9 @@ void Pool::HashNewBlocks(Sequence* sequence) const {
     const uint32_t start = static_cast<uint32_t>(i * block_size);
     sequence->extras_digests.push_back(
         hasher.ExtrasDigest(sequence->extras, start, start + block_size));
+    sequence->prefix_digests.push_back(
+        hasher.PrefixDigest(i == 0 ? sequence->namespace_digest : sequence->prefix_digests[i - 1],
+                            BlockTokens(sequence->tokens, i, block_size), sequence->extras, start));
   }
 }
 
@@ -423,6 +427,7 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
         .parent_block = i == 0 ? kNoBlock : hits.back(),
         .extras_digest = sequence.extras_digests[i],
         .namespace_digest = sequence.namespace_digest,
+        .prefix_digest = sequence.prefix_digests[i],
     };
     const BlockId block =
         pool_.FindVerified(expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
@@ -451,6 +456,7 @@ BlockId Pool::IndexedOwnPrefixLocked(const Sequence& sequence, size_t i) const {
         .parent_block = pool_.ParentOf(block),
         .extras_digest = sequence.extras_digests[j],
         .namespace_digest = sequence.namespace_digest,
+        .prefix_digest = sequence.prefix_digests[j],
     };
     if (pool_.FindVerified(expected, BlockTokens(sequence.tokens, j, options_.layout.block_size)) !=
         block) {
@@ -614,6 +620,7 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     sequence->tokens.resize(cached * block_size);
     sequence->chain.resize(cached);
     sequence->extras_digests.resize(cached);
+    sequence->prefix_digests.resize(cached);
   }
   if (loaded > 0) {
     CommitResult ignored;
@@ -648,6 +655,7 @@ BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) con
                              .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
                              .namespace_digest = sequence.namespace_digest,
                              .extras_digest = sequence.extras_digests[i],
+                             .prefix_digest = sequence.prefix_digests[i],
                              .tokens = {tokens.begin(), tokens.end()}};
 }
 
@@ -777,6 +785,7 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
         .parent_block = parent,
         .extras_digest = sequence->extras_digests[i],
         .namespace_digest = sequence->namespace_digest,
+        .prefix_digest = sequence->prefix_digests[i],
     };
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
