@@ -405,15 +405,12 @@ void Pool::HashNewBlocks(Sequence* sequence) const {
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   const uint32_t block_size = options_.layout.block_size;
   const size_t first_new = sequence->chain.size();
-  hasher.ExtendChain(sequence->root, sequence->tokens, block_size, sequence->extras,
-                     &sequence->chain);
+  hasher.ExtendChain(sequence->root, sequence->namespace_digest, sequence->tokens, block_size,
+                     sequence->extras, &sequence->chain, &sequence->prefix_digests);
   for (size_t i = first_new; i < sequence->chain.size(); ++i) {
     const uint32_t start = static_cast<uint32_t>(i * block_size);
     sequence->extras_digests.push_back(
         hasher.ExtrasDigest(sequence->extras, start, start + block_size));
-    sequence->prefix_digests.push_back(
-        hasher.PrefixDigest(i == 0 ? sequence->namespace_digest : sequence->prefix_digests[i - 1],
-                            BlockTokens(sequence->tokens, i, block_size), sequence->extras, start));
   }
 }
 

@@ -102,11 +102,19 @@ class BlockHasher {
   // hash of block i; the root is h_{-1}.
   void ExtendChain(const Hash128& root, absl::Span<const uint32_t> tokens, uint32_t block_size,
                    const ExtraKeys& extras, std::vector<Hash128>* chain);
+  // The same, also appending each block's PrefixDigest to `prefix_digests` (parallel to `chain`;
+  // `root_digest` is the namespace's). Each block is encoded once for both (the digest costs one
+  // XXH3-64 over it).
+  void ExtendChain(const Hash128& root, uint64_t root_digest, absl::Span<const uint32_t> tokens,
+                   uint32_t block_size, const ExtraKeys& extras, std::vector<Hash128>* chain,
+                   std::vector<uint64_t>* prefix_digests);
 
  private:
   void WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
   // The token count, the tokens and the block's extra keys.
   void WriteBlock(absl::Span<const uint32_t> tokens, const ExtraKeys& extras, uint32_t block_start);
+  // PrefixDigest of the block whose chain encoding (Block's) is in scratch_; rewrites its parent.
+  uint64_t PrefixDigestOfEncodedBlock(uint64_t parent_digest);
   void WriteRoot(const HashNamespace& ns);
   Hash128 Finish() const;
 

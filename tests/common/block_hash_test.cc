@@ -147,6 +147,29 @@ TEST(BlockHashTest, PrefixDigestCoversTheWholePrefixAtFullWidth) {
   EXPECT_EQ(digests.size(), 64u);
 }
 
+TEST(BlockHashTest, ExtendChainComputesThePrefixDigestsFromTheSameEncoding) {
+  BlockHasher hasher(HashAlgorithm::kXxh3_128);
+  const HashNamespace ns{"m", 1, "t", "s"};
+  const Hash128 root = hasher.Root(ns);
+  const uint64_t root_digest = hasher.NamespaceDigest(ns);
+  const ExtraKeys extras{.lora_id = "l", .multimodal_items = {{"img", 5, 2}}};
+  std::vector<uint32_t> tokens(11);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  std::vector<Hash128> chain;
+  std::vector<uint64_t> digests;
+  for (size_t n = 1; n <= tokens.size(); ++n) {
+    hasher.ExtendChain(root, root_digest, absl::MakeConstSpan(tokens).first(n), 4, extras, &chain,
+                       &digests);
+  }
+  std::vector<Hash128> plain;
+  hasher.ExtendChain(root, tokens, 4, extras, &plain);
+  EXPECT_EQ(chain, plain);
+  ASSERT_EQ(digests.size(), 2u);
+  const absl::Span<const uint32_t> all(tokens);
+  EXPECT_EQ(digests[0], hasher.PrefixDigest(root_digest, all.subspan(0, 4), extras, 0));
+  EXPECT_EQ(digests[1], hasher.PrefixDigest(digests[0], all.subspan(4, 4), extras, 4));
+}
+
 TEST(BlockHashTest, ParsesAlgorithmNames) {
   EXPECT_EQ(*ParseHashAlgorithm("xxh3"), HashAlgorithm::kXxh3_128);
   EXPECT_EQ(*ParseHashAlgorithm("SHA256"), HashAlgorithm::kSha256);
