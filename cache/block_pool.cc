@@ -34,7 +34,8 @@ BlockId BlockPool::FindVerified(const BlockIdentity& expected,
   const BlockIdentity& stored = blocks_[block].identity;
   if (stored.parent_hash != expected.parent_hash || stored.parent_block != expected.parent_block ||
       stored.extras_digest != expected.extras_digest ||
-      stored.namespace_digest != expected.namespace_digest) {
+      stored.namespace_digest != expected.namespace_digest ||
+      stored.prefix_digest != expected.prefix_digest) {
     return kNoBlock;
   }
   const absl::Span<const uint32_t> stored_tokens = TokensOf(block);

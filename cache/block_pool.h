@@ -44,6 +44,10 @@ struct BlockIdentity {
   // BlockHasher::NamespaceDigest of the chain's namespace: block 0's parent_hash is the root, and
   // a root collision between two tenants or cache salts must not share their blocks.
   uint64_t namespace_digest = 0;
+  // BlockHasher::PrefixDigest through this block. Tier 1 verifies a prefix through parent_block
+  // already; the mover copies it into the block's record, which has no parent block to check
+  // (tiers/block_record.h).
+  uint64_t prefix_digest = 0;
 };
 
 struct BlockPoolCounters {

@@ -344,6 +344,7 @@ bool Pool::OffloadBatch() {
                                                       .parent_hash = identity.parent_hash,
                                                       .namespace_digest = identity.namespace_digest,
                                                       .extras_digest = identity.extras_digest,
+                                                      .prefix_digest = identity.prefix_digest,
                                                       .tokens = {tokens.begin(), tokens.end()}},
                         .checksum = pool_.CachedChecksum(block)});
           pool_.PinForOffload(block);
@@ -465,8 +466,8 @@ void Pool::HashNewBlocks(Sequence* sequence) const {
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   const uint32_t block_size = options_.layout.block_size;
   const size_t first_new = sequence->chain.size();
-  hasher.ExtendChain(sequence->root, sequence->tokens, block_size, sequence->extras,
-                     &sequence->chain);
+  hasher.ExtendChain(sequence->root, sequence->namespace_digest, sequence->tokens, block_size,
+                     sequence->extras, &sequence->chain, &sequence->prefix_digests);
   for (size_t i = first_new; i < sequence->chain.size(); ++i) {
     const uint32_t start = static_cast<uint32_t>(i * block_size);
     sequence->extras_digests.push_back(
@@ -484,6 +485,7 @@ std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_block
         .parent_block = i == 0 ? kNoBlock : hits.back(),
         .extras_digest = sequence.extras_digests[i],
         .namespace_digest = sequence.namespace_digest,
+        .prefix_digest = sequence.prefix_digests[i],
     };
     const BlockId block =
         pool_.FindVerified(expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
@@ -512,6 +514,7 @@ BlockId Pool::IndexedOwnPrefixLocked(const Sequence& sequence, size_t i) const {
         .parent_block = pool_.ParentOf(block),
         .extras_digest = sequence.extras_digests[j],
         .namespace_digest = sequence.namespace_digest,
+        .prefix_digest = sequence.prefix_digests[j],
     };
     if (pool_.FindVerified(expected, BlockTokens(sequence.tokens, j, options_.layout.block_size)) !=
         block) {
@@ -676,6 +679,7 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     sequence->tokens.resize(cached * block_size);
     sequence->chain.resize(cached);
     sequence->extras_digests.resize(cached);
+    sequence->prefix_digests.resize(cached);
   }
   if (loaded > 0) {
     CommitResult ignored;
@@ -712,6 +716,7 @@ BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) con
                              .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
                              .namespace_digest = sequence.namespace_digest,
                              .extras_digest = sequence.extras_digests[i],
+                             .prefix_digest = sequence.prefix_digests[i],
                              .tokens = {tokens.begin(), tokens.end()}};
 }
 
@@ -881,6 +886,7 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
         .parent_block = parent,
         .extras_digest = sequence->extras_digests[i],
         .namespace_digest = sequence->namespace_digest,
+        .prefix_digest = sequence->prefix_digests[i],
     };
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);

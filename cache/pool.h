@@ -339,6 +339,7 @@ class Pool {
     std::vector<BlockId> blocks;
     std::vector<Hash128> chain;            // hash of each full block
     std::vector<uint64_t> extras_digests;  // per full block, parallel to chain
+    std::vector<uint64_t> prefix_digests;  // per full block, parallel to chain
     uint32_t committed_blocks = 0;         // leading full blocks whose KV is written
   };
 

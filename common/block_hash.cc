@@ -12,6 +12,11 @@ namespace {
 
 constexpr absl::string_view kRootTag = "kvcache.root.v1";
 constexpr absl::string_view kBlockTag = "kvcache.block.v1";
+// The prefix digest hashes the chain's block encoding with the parent hash's 16 bytes replaced
+// by the parent digest and 8 zero bytes, so it can reuse that encoding. Its own seed (the chain's
+// is 0) keeps it from failing together with the chain hash.
+constexpr uint64_t kPrefixDigestSeed = 0x9e37'79b9'7f4a'7c15ULL;
+constexpr size_t kParentOffset = kBlockTag.size();
 
 uint64_t LoadBigEndian64(const unsigned char* bytes) {
   uint64_t value = 0;
@@ -103,14 +108,19 @@ void BlockHasher::WriteExtras(const ExtraKeys& extras, uint32_t block_start, uin
   }
 }
 
+void BlockHasher::WriteBlock(absl::Span<const uint32_t> tokens, const ExtraKeys& extras,
+                             uint32_t block_start) {
+  scratch_.U32(static_cast<uint32_t>(tokens.size()));
+  scratch_.U32s(tokens);
+  WriteExtras(extras, block_start, block_start + static_cast<uint32_t>(tokens.size()));
+}
+
 Hash128 BlockHasher::Block(const Hash128& parent, absl::Span<const uint32_t> tokens,
                            const ExtraKeys& extras, uint32_t block_start) {
   scratch_.Clear();
   scratch_.Raw(kBlockTag);
   WriteHash(parent, &scratch_);
-  scratch_.U32(static_cast<uint32_t>(tokens.size()));
-  for (uint32_t token : tokens) scratch_.U32(token);
-  WriteExtras(extras, block_start, block_start + static_cast<uint32_t>(tokens.size()));
+  WriteBlock(tokens, extras, block_start);
   return Finish();
 }
 
@@ -121,15 +131,43 @@ uint64_t BlockHasher::ExtrasDigest(const ExtraKeys& extras, uint32_t block_start
   return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), 0);
 }
 
+uint64_t BlockHasher::PrefixDigest(uint64_t parent_digest, absl::Span<const uint32_t> tokens,
+                                   const ExtraKeys& extras, uint32_t block_start) {
+  scratch_.Clear();
+  scratch_.Raw(kBlockTag);
+  scratch_.U64(parent_digest);
+  scratch_.U64(0);
+  WriteBlock(tokens, extras, block_start);
+  return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), kPrefixDigestSeed);
+}
+
+uint64_t BlockHasher::PrefixDigestOfEncodedBlock(uint64_t parent_digest) {
+  scratch_.U64At(kParentOffset, parent_digest);
+  scratch_.U64At(kParentOffset + 8, 0);
+  return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), kPrefixDigestSeed);
+}
+
 void BlockHasher::ExtendChain(const Hash128& root, absl::Span<const uint32_t> tokens,
                               uint32_t block_size, const ExtraKeys& extras,
                               std::vector<Hash128>* chain) {
+  ExtendChain(root, 0, tokens, block_size, extras, chain, nullptr);
+}
+
+void BlockHasher::ExtendChain(const Hash128& root, uint64_t root_digest,
+                              absl::Span<const uint32_t> tokens, uint32_t block_size,
+                              const ExtraKeys& extras, std::vector<Hash128>* chain,
+                              std::vector<uint64_t>* prefix_digests) {
   const size_t full_blocks = tokens.size() / block_size;
   chain->reserve(full_blocks);
+  if (prefix_digests != nullptr) prefix_digests->reserve(full_blocks);
   for (size_t i = chain->size(); i < full_blocks; ++i) {
     const Hash128& parent = i == 0 ? root : (*chain)[i - 1];
     const uint32_t start = static_cast<uint32_t>(i * block_size);
     chain->push_back(Block(parent, tokens.subspan(start, block_size), extras, start));
+    if (prefix_digests != nullptr) {
+      prefix_digests->push_back(
+          PrefixDigestOfEncodedBlock(i == 0 ? root_digest : (*prefix_digests)[i - 1]));
+    }
   }
 }
 

@@ -89,13 +89,32 @@ class BlockHasher {
   // XXH3-64 of the block's extra-key encoding; cached blocks keep it so a hit can be verified.
   uint64_t ExtrasDigest(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
 
+  // The block's full-prefix digest: XXH3-64 with its own seed over the parent's digest, the
+  // block's tokens and its extra keys, the first block's parent being NamespaceDigest; so it
+  // covers the namespace and every token and extra key up to the block's end. Full width
+  // whatever keep_bits says, and independent of the chain hash. Records below tier 1 keep it: a
+  // lower tier verifies a record alone, without tier 1's parent block links, so another prefix
+  // whose chain hash one block up collides with ours would pass the chain-hash checks there.
+  uint64_t PrefixDigest(uint64_t parent_digest, absl::Span<const uint32_t> tokens,
+                        const ExtraKeys& extras, uint32_t block_start);
+
   // Appends to `chain` the hashes of every full block of `tokens` not yet in it. `chain[i]` is the
   // hash of block i; the root is h_{-1}.
   void ExtendChain(const Hash128& root, absl::Span<const uint32_t> tokens, uint32_t block_size,
                    const ExtraKeys& extras, std::vector<Hash128>* chain);
+  // The same, also appending each block's PrefixDigest to `prefix_digests` (parallel to `chain`;
+  // `root_digest` is the namespace's). Each block is encoded once for both (the digest costs one
+  // XXH3-64 over it).
+  void ExtendChain(const Hash128& root, uint64_t root_digest, absl::Span<const uint32_t> tokens,
+                   uint32_t block_size, const ExtraKeys& extras, std::vector<Hash128>* chain,
+                   std::vector<uint64_t>* prefix_digests);
 
  private:
   void WriteExtras(const ExtraKeys& extras, uint32_t block_start, uint32_t block_end);
+  // The token count, the tokens and the block's extra keys.
+  void WriteBlock(absl::Span<const uint32_t> tokens, const ExtraKeys& extras, uint32_t block_start);
+  // PrefixDigest of the block whose chain encoding (Block's) is in scratch_; rewrites its parent.
+  uint64_t PrefixDigestOfEncodedBlock(uint64_t parent_digest);
   void WriteRoot(const HashNamespace& ns);
   Hash128 Finish() const;
 

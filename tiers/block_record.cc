@@ -9,6 +9,8 @@ absl::string_view RecordMismatch(const BlockRecordIdentity& found,
   if (found.namespace_digest != expected.namespace_digest) return "namespace";
   if (found.extras_digest != expected.extras_digest) return "extra_keys";
   if (found.tokens != expected.tokens) return "tokens";
+  // Last: with every field above equal, only another prefix than ours differs here.
+  if (found.prefix_digest != expected.prefix_digest) return "prefix";
   return "";
 }
 

@@ -5,9 +5,16 @@
 // A record is its identity followed by the block's bytes. The identity names the pool the bytes
 // are valid for (model, layout fingerprint — which covers dtype and block shape —, hash
 // algorithm) and the block itself (chain hash, parent hash, namespace digest — tenant root with
-// cache salt —, extra keys digest, tokens), plus the XXH3-64 checksum of the bytes
-// (common/block_checksum.h). A load matches the identity against the request's own chain and the
-// checksum against the bytes read; any difference is a miss, never wrong KV.
+// cache salt —, extra keys digest, tokens, full-prefix digest), plus the XXH3-64 checksum of the
+// bytes (common/block_checksum.h). A load matches the identity against the request's own chain
+// and the checksum against the bytes read; any difference is a miss, never wrong KV.
+//
+// Why the prefix digest: tier 1 verifies a hit through its parent block, whose own hit was
+// verified the same way, so a whole prefix is checked by induction. A record has no parent block:
+// its chain fields check one link (this block's tokens under the parent's chain hash). If another
+// prompt's block i-1 collides with ours, its block i record — same tokens, parent hash our
+// h_{i-1} — would pass them. The prefix digest (BlockHasher::PrefixDigest: every token and extra
+// key from the namespace on, 64 bits, independent of the chain hash) must collide too.
 //
 // Lower tiers index records by `hash` only; two records under one hash (a collision) are told
 // apart by the rest of the identity.
@@ -42,6 +49,7 @@ struct BlockRecordIdentity {
   Hash128 parent_hash;  // the chain root for a sequence's first block
   uint64_t namespace_digest = 0;
   uint64_t extras_digest = 0;
+  uint64_t prefix_digest = 0;    // BlockHasher::PrefixDigest through this block
   std::vector<uint32_t> tokens;  // the block's block_size tokens
   uint64_t checksum = 0;         // BlockChecksum of the block's bytes
 
@@ -49,8 +57,8 @@ struct BlockRecordIdentity {
 };
 
 // The first field in which a record read from a lower tier differs from what the request expects
-// there ("hash", "parent_hash", "namespace", "extra_keys", "tokens"; the checksum is the bytes'
-// and is checked against them, not here); empty when it matches.
+// there ("hash", "parent_hash", "namespace", "extra_keys", "tokens", "prefix"; the checksum is
+// the bytes' and is checked against them, not here); empty when it matches.
 absl::string_view RecordMismatch(const BlockRecordIdentity& found,
                                  const BlockRecordIdentity& expected);
 

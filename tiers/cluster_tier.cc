@@ -62,13 +62,14 @@ std::string ClusterTier::KeyOf(const BlockRecordIdentity& identity) const {
   writer.U64(identity.namespace_digest);
   writer.U64(identity.hash.hi);
   writer.U64(identity.hash.lo);
+  writer.U64(identity.prefix_digest);
   const XXH128_hash_t digest = XXH3_128bits(writer.data(), writer.size());
   char raw[16];
   for (int i = 0; i < 8; ++i) {
     raw[i] = static_cast<char>(digest.high64 >> (56 - 8 * i));
     raw[8 + i] = static_cast<char>(digest.low64 >> (56 - 8 * i));
   }
-  return absl::StrCat("kvc1:{", absl::BytesToHexString(absl::string_view(raw, 16)), "}");
+  return absl::StrCat("kvc2:{", absl::BytesToHexString(absl::string_view(raw, 16)), "}");
 }
 
 std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
@@ -150,7 +151,9 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
           return;
         }
         absl::StatusOr<RecordHeader> header = DecodeRecordHeader(value);
-        if (!header.ok() || value.size() != header_bytes_ + head_data_bytes_) {
+        if (absl::IsFailedPrecondition(header.status())) {
+          head[record] = Found::kForeign;  // an older record format's: intact, not ours to serve
+        } else if (!header.ok() || value.size() != header_bytes_ + head_data_bytes_) {
           head[record] = Found::kCorrupt;
         } else if (!PoolMismatch(header->pool, options_.pool).empty()) {
           head[record] = Found::kForeign;

@@ -3,19 +3,20 @@
 // on one node is a hit on every other. The cluster is a cache: a missing, evicted, foreign,
 // truncated or corrupted value is a miss, counted, never an error to a client and never bytes.
 //
-// Keys: "kvc1:{H}" where H is XXH3-128 (hex) of the block's full identity: the pool's model id,
-// layout fingerprint (shape and dtype), hash algorithm and block bytes, the namespace digest
-// (tenant root with cache salt) and the chain hash. Tenants and models never share a key, so they
-// never share a block through the cluster either; and each load still checks the value's header
-// (tiers/record_codec.h) against the request: pool identity, chain and parent hash, namespace,
-// extra keys, tokens, and the bytes' checksum.
+// Keys: "kvc2:{H}" (2: record format 2) where H is XXH3-128 (hex) of the block's full identity:
+// the pool's model id, layout fingerprint (shape and dtype), hash algorithm and block bytes, the
+// namespace digest (tenant root with cache salt), the chain hash and the prefix digest. Tenants
+// and models never share a key, so they never share a block through the cluster either, and two
+// prefixes whose chain hashes collide do not overwrite each other; each load still checks the
+// value's header (tiers/record_codec.h) against the request: pool identity, chain and parent
+// hash, namespace, extra keys, tokens, prefix digest, and the bytes' checksum.
 //
 // Values: the record header, then the block's bytes. Redis allocates values in jemalloc size
 // classes (four per doubling), so a value just over a class — a 32 KiB block plus its header —
 // would take 25% more memory than it holds, and maxmemory would evict that much early. With
 // `fit_size_classes` a record whose header and bytes do not fit a class is split in two values
-// under one hash tag (one slot, one node, one round trip): "kvc1:{H}" holding the header and as
-// many bytes as fill a class (less Redis' own overhead), and "kvc1:{H}:t" the rest. The two are
+// under one hash tag (one slot, one node, one round trip): "kvc2:{H}" holding the header and as
+// many bytes as fill a class (less Redis' own overhead), and "kvc2:{H}:t" the rest. The two are
 // written tail first; a reader that finds one without the other, or halves of two different
 // writes, fails the checksum: a miss.
 //
@@ -51,7 +52,7 @@ struct ClusterTierCounters {
   uint64_t loaded = 0;          // records read and verified
   uint64_t absent = 0;          // loads that found no value (never stored, or evicted)
   uint64_t unavailable = 0;     // loads whose node was down or slow
-  uint64_t foreign = 0;         // a value of another pool identity under the key
+  uint64_t foreign = 0;         // a value of another pool identity or record format under the key
   uint64_t mismatched = 0;      // a value of another block (a key collision) under the key
   uint64_t corrupt = 0;         // a torn, truncated or garbled value, or bytes failing the checksum
 };
@@ -67,7 +68,7 @@ class ClusterTier {
   const PoolIdentity& pool() const { return options_.pool; }
   RedisCluster& redis() { return *redis_; }
 
-  // "kvc1:{H}", the key of the record's first value.
+  // "kvc2:{H}", the key of the record's first value.
   std::string KeyOf(const BlockRecordIdentity& identity) const;
   // How many of a record's bytes go into its first value (all of them unless it is split).
   uint64_t HeadDataBytes() const { return head_data_bytes_; }

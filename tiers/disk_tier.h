@@ -4,7 +4,8 @@
 // The file is an array of fixed slots; slot i is at i * slot_bytes():
 //   [record header (tiers/record_codec.h), padded to 4 KiB][block bytes, padded to 4 KiB]
 // and is written as one piece. There is no other metadata: Open rebuilds the index by reading
-// every slot's header, so what a restart serves is exactly what the headers say.
+// every slot's header, so what a restart serves is exactly what the headers say (records of
+// another pool or of record format 1, which has no prefix digest, are skipped and counted).
 //
 // Durability rule: a record becomes visible to Find and Load only after its slot write completed
 // and an fdatasync that followed it did (or, with Durability::kDsyncPerWrite, its RWF_DSYNC
@@ -106,6 +107,7 @@ struct DiskTierStats {
   uint64_t restart_empty = 0;       // never-written slots
   uint64_t restart_torn = 0;        // header unreadable or failed to decode, or slot cut by EOF
   uint64_t restart_foreign = 0;     // another pool identity
+  uint64_t restart_old_format = 0;  // an older record format (version 1: no prefix digest)
   uint64_t restart_duplicates = 0;  // a hash already indexed from a newer record
   absl::Duration restart_scan_time;
 };

@@ -11,7 +11,10 @@ namespace {
 
 constexpr uint64_t kModelIdOffset = 20;
 constexpr uint64_t kAfterModelIdOffset = kModelIdOffset + kMaxRecordModelIdBytes;  // 276
-constexpr uint64_t kTokensOffset = 360;
+constexpr uint64_t kTokensOffset = 368;
+// Format version 1: no prefix digest, so its header is 8 bytes shorter.
+constexpr uint32_t kRecordFormatVersion1 = 1;
+constexpr uint64_t RecordHeaderBytesV1(uint32_t tokens) { return RecordHeaderBytes(tokens) - 8; }
 
 // Little-endian field access at a cursor; the layout is the header comment's.
 class Writer {
@@ -62,6 +65,12 @@ class Reader {
   uint64_t offset_ = 0;
 };
 
+// Whether the header checksum, the last 8 of `size` bytes, covers the bytes before it.
+// REQUIRES: bytes.size() >= size >= 8.
+bool HeaderChecksumMatches(absl::string_view bytes, uint64_t size) {
+  return Reader(bytes.data() + size - 8).U64() == BlockChecksum(bytes.data(), size - 8);
+}
+
 }  // namespace
 
 absl::Status EncodeRecordHeader(const RecordHeader& header, absl::Span<char> out) {
@@ -97,6 +106,7 @@ absl::Status EncodeRecordHeader(const RecordHeader& header, absl::Span<char> out
   writer.U64(header.block.parent_hash.lo);
   writer.U64(header.block.namespace_digest);
   writer.U64(header.block.extras_digest);
+  writer.U64(header.block.prefix_digest);
   writer.U64(header.block.checksum);
   writer.U64(header.sequence);
   for (uint32_t token : header.block.tokens) writer.U32(token);
@@ -113,13 +123,19 @@ absl::StatusOr<RecordHeader> DecodeRecordHeader(absl::string_view bytes) {
   if (magic == 0) return absl::NotFoundError("no record (empty slot)");
   if (magic != kRecordMagic) return absl::DataLossError("not a record header (magic)");
   const uint32_t version = reader.U32();
-  if (version != kRecordFormatVersion) {
-    return absl::DataLossError(
-        absl::StrCat("record format version ", version, ", expected ", kRecordFormatVersion));
-  }
   const uint32_t tokens = reader.U32();
   if (tokens > kMaxRecordTokens) {
     return absl::DataLossError(absl::StrCat("record claims ", tokens, " tokens"));
+  }
+  if (version == kRecordFormatVersion1 && bytes.size() >= RecordHeaderBytesV1(tokens) &&
+      HeaderChecksumMatches(bytes, RecordHeaderBytesV1(tokens))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("record format version 1, without a prefix digest; this build reads ",
+                     kRecordFormatVersion));
+  }
+  if (version != kRecordFormatVersion) {
+    return absl::DataLossError(
+        absl::StrCat("record format version ", version, ", expected ", kRecordFormatVersion));
   }
   const uint64_t size = RecordHeaderBytes(tokens);
   if (bytes.size() < size) {
@@ -127,8 +143,7 @@ absl::StatusOr<RecordHeader> DecodeRecordHeader(absl::string_view bytes) {
         absl::StrCat("record header truncated: ", bytes.size(), " of ", size, " bytes"));
   }
   // The checksum first: nothing below is trusted before it matches.
-  const uint64_t checksum = Reader(bytes.data() + size - 8).U64();
-  if (checksum != BlockChecksum(bytes.data(), size - 8)) {
+  if (!HeaderChecksumMatches(bytes, size)) {
     return absl::DataLossError("record header checksum mismatch (torn or garbled)");
   }
   RecordHeader header;
@@ -146,6 +161,7 @@ absl::StatusOr<RecordHeader> DecodeRecordHeader(absl::string_view bytes) {
   header.block.parent_hash.lo = reader.U64();
   header.block.namespace_digest = reader.U64();
   header.block.extras_digest = reader.U64();
+  header.block.prefix_digest = reader.U64();
   header.block.checksum = reader.U64();
   header.sequence = reader.U64();
   header.block.tokens.resize(tokens);

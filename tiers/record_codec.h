@@ -15,13 +15,19 @@
 //   312 16   parent hash (hi, lo)
 //   328 u64  namespace digest
 //   336 u64  extras digest
-//   344 u64  checksum of the block's bytes (BlockChecksum)
-//   352 u64  sequence: the writer's generation number (newer records have larger ones)
-//   360 4n   tokens, u32 each
+//   344 u64  prefix digest (BlockHasher::PrefixDigest)
+//   352 u64  checksum of the block's bytes (BlockChecksum)
+//   360 u64  sequence: the writer's generation number (newer records have larger ones)
+//   368 4n   tokens, u32 each
 //   ... u64  XXH3-64 (seed 0) of every byte before it
-// RecordHeaderBytes(n) = 368 + 4n; RecordHeaderSlotBytes(n) rounds it up to kRecordAlignment, the
+// RecordHeaderBytes(n) = 376 + 4n; RecordHeaderSlotBytes(n) rounds it up to kRecordAlignment, the
 // O_DIRECT unit, for stores that place the bytes right after it. The header checksum covers the
 // bytes' checksum, so a record whose header decodes names exactly the bytes it was written with.
+//
+// Version 1 had no prefix digest (the same layout without the field at 344: 368 + 4n bytes). Its
+// records cannot be verified against a whole prefix (tiers/block_record.h), so they are never
+// served: an intact one decodes as FAILED_PRECONDITION, for stores to skip and count apart from
+// damage.
 //
 // Thread safety: free functions on values; thread-safe.
 #ifndef KVCACHE_TIERS_RECORD_CODEC_H_
@@ -38,7 +44,7 @@
 namespace kvcache {
 
 inline constexpr uint64_t kRecordMagic = 0x0100'4345'5243'564bULL;  // "KVCREC\0\1"
-inline constexpr uint32_t kRecordFormatVersion = 1;
+inline constexpr uint32_t kRecordFormatVersion = 2;
 inline constexpr uint32_t kMaxRecordModelIdBytes = 256;
 // Decode's bound on n, so a garbled count cannot ask for an absurd read (a block of 1 GiB at
 // 1 byte per token has far fewer tokens than this).
@@ -56,7 +62,7 @@ struct RecordHeader {
 inline constexpr uint64_t RoundUpToRecordAlignment(uint64_t bytes) {
   return (bytes + kRecordAlignment - 1) / kRecordAlignment * kRecordAlignment;
 }
-inline constexpr uint64_t RecordHeaderBytes(uint32_t tokens) { return 368 + 4ull * tokens; }
+inline constexpr uint64_t RecordHeaderBytes(uint32_t tokens) { return 376 + 4ull * tokens; }
 inline constexpr uint64_t RecordHeaderSlotBytes(uint32_t tokens) {
   return RoundUpToRecordAlignment(RecordHeaderBytes(tokens));
 }
@@ -67,9 +73,10 @@ inline constexpr uint64_t RecordHeaderSlotBytes(uint32_t tokens) {
 absl::Status EncodeRecordHeader(const RecordHeader& header, absl::Span<char> out);
 
 // Reads a header from the front of `bytes` (any bytes after it are ignored). NOT_FOUND when the
-// magic is zero (a slot never written); DATA_LOSS for anything else that is not a whole, intact
-// header of this format: another magic, another version, a count out of range, too few bytes,
-// a header checksum that differs (a torn or garbled write).
+// magic is zero (a slot never written); FAILED_PRECONDITION for an intact header of format
+// version 1 (written by an older build; never served); DATA_LOSS for anything else that is not a
+// whole, intact header of this format: another magic, an unknown version, a count out of range,
+// too few bytes, a header checksum that differs (a torn or garbled write).
 absl::StatusOr<RecordHeader> DecodeRecordHeader(absl::string_view bytes);
 
 // The first PoolIdentity field in which a decoded record differs from the pool reading it

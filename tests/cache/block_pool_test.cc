@@ -109,6 +109,12 @@ TEST_F(BlockPoolTest, VerifiedLookupRejectsAnyMismatchBehindAnEqualHash) {
   other.extras_digest = 8;
   EXPECT_EQ(pool_.FindVerified(other, tokens_), kNoBlock);
   other = stored;
+  other.namespace_digest = 1;
+  EXPECT_EQ(pool_.FindVerified(other, tokens_), kNoBlock);
+  other = stored;
+  other.prefix_digest = 1;
+  EXPECT_EQ(pool_.FindVerified(other, tokens_), kNoBlock);
+  other = stored;
   other.hash = {3, 3};
   EXPECT_EQ(pool_.FindVerified(other, tokens_), kNoBlock);
 }

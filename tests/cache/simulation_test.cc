@@ -35,15 +35,17 @@
 // the tier-1 part of every hit exactly (an offload leaves the LRU's order and the counters
 // alone), treats the loaded blocks as fresh allocations published by the open (Pool::Open's
 // rule) and so keeps every count and status exact. Tier-2 counters are checked against the
-// run's own sums (hits, stores; no load failures, nothing left to max_load_ms). It runs with
-// full-width hashes only: a tier-2 record is verified against one link of the request's chain
-// (its parent hash and tokens), so with truncated hashes a parent-hash collision loads another
-// prefix's bytes (6-bit hashes: seed 2000035 serves [3,2]'s KV for [3,2,2,2,3,2]); tier 1 follows
-// the parent blocks instead. With 128-bit hashes that needs a 128-bit collision.
+// run's own sums (hits, stores; no load failures, nothing left to max_load_ms).
+//
+// The weak-hash tier run does the same with 6-bit chain hashes and without the model. Tier 1
+// verifies a hit through its parent block; a tier-2 record has none, and its chain fields check
+// one link (parent hash and tokens), so a parent-hash collision once loaded another prefix's
+// bytes (seed 2000035 served [3,2]'s KV for [3,2,2,2,3,2]). Each record now carries a full-width
+// digest of its whole prefix (tiers/block_record.h); the run checks the bytes of every hit.
 //
 // Environment: KVCACHE_SIM_SEEDS (seeds per run, default 10000), KVCACHE_SIM_SEED (replay one
 // seed, printing its trace), KVCACHE_SIM_OPS (operations per seed, default 120; 30 under ASan).
-// The tier run takes 2,000 seeds of 120 operations by default, 500 under ASan (KVCACHE_SIM_SEEDS
+// The tier runs take 2,000 seeds of 120 operations by default, 500 under ASan (KVCACHE_SIM_SEEDS
 // and KVCACHE_SIM_OPS set every run's).
 #include <gtest/gtest.h>
 
@@ -1011,9 +1013,10 @@ uint64_t EnvOr(const char* name, uint64_t fallback) {
 }
 
 enum class Run {
-  kModel,     // full-width hashes, checked against the model
-  kWeakHash,  // 4- or 8-bit hashes, without the model
-  kTier,      // a tier 2, full-width hashes, checked against the model
+  kModel,         // full-width hashes, checked against the model
+  kWeakHash,      // 4- or 8-bit hashes, without the model
+  kTier,          // a tier 2, full-width hashes, checked against the model
+  kWeakHashTier,  // a tier 2, 6-bit hashes, without the model
 };
 
 // Runs `default_seeds` seeds (or the one KVCACHE_SIM_SEED names); stops at the first failure,
@@ -1034,7 +1037,9 @@ void RunSeeds(absl::string_view name, uint64_t first_seed, Run run, uint64_t def
   for (uint64_t seed : seeds) {
     uint32_t hash_bits = 0;
     if (run == Run::kWeakHash) hash_bits = seed % 2 == 0 ? 4 : 8;
-    Simulation simulation(seed, hash_bits, run == Run::kTier, ops);
+    if (run == Run::kWeakHashTier) hash_bits = 6;
+    const bool tier = run == Run::kTier || run == Run::kWeakHashTier;
+    Simulation simulation(seed, hash_bits, tier, ops);
     const absl::Status status = simulation.Run(&totals);
     ++totals.seeds;
     if (!status.ok() || seeds.size() == 1) {
@@ -1064,10 +1069,10 @@ void RunSeeds(absl::string_view name, uint64_t first_seed, Run run, uint64_t def
   // A run that exercised nothing would pass vacuously.
   EXPECT_GT(totals.hit_blocks, 0u);
   EXPECT_GT(totals.evictions, 0u);
-  if (run == Run::kWeakHash && seeds.size() > 100) {
+  if ((run == Run::kWeakHash || run == Run::kWeakHashTier) && seeds.size() > 100) {
     EXPECT_GT(totals.collisions_caught, 0u);
   }
-  if (run == Run::kTier && seeds.size() > 100) {
+  if ((run == Run::kTier || run == Run::kWeakHashTier) && seeds.size() > 100) {
     EXPECT_GT(totals.offloaded_blocks, 0u);
     EXPECT_GT(totals.tier_hit_blocks, 0u);
   }
@@ -1081,6 +1086,12 @@ TEST(SimulationTest, WeakHashCollisionsAreMisses) {
 
 TEST(SimulationTest, Tier2KeepsTheContract) {
   RunSeeds("Tier2KeepsTheContract", 2'000'000, Run::kTier, kTierSeeds, kTierOps);
+}
+
+// Regression (seed 2000035 served [3,2]'s KV for [3,2,2,2,3,2] when tier-2 records were verified
+// against one chain link only): each record's prefix digest turns a chain collision into a miss.
+TEST(SimulationTest, WeakHashTier2CollisionsAreMisses) {
+  RunSeeds("WeakHashTier2CollisionsAreMisses", 2'000'000, Run::kWeakHashTier, kTierSeeds, kTierOps);
 }
 
 }  // namespace

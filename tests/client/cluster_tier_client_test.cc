@@ -177,7 +177,7 @@ TEST_F(ClusterTierClientTest, ACorruptedValueIsAMissCountedAndComputed) {
   const std::string third = Bytes(prompt).substr(2 * block_bytes_, block_bytes_);
   int corrupted = 0;
   for (int node = 0; node < redis_->size(); ++node) {
-    absl::StatusOr<std::string> listed = redis_->Cli(node, {"--scan", "--pattern", "kvc1:*:t"});
+    absl::StatusOr<std::string> listed = redis_->Cli(node, {"--scan", "--pattern", "kvc2:*:t"});
     ASSERT_OK(listed);
     for (absl::string_view key : absl::StrSplit(*listed, '\n', absl::SkipEmpty())) {
       absl::StatusOr<std::string> value = redis_->Cli(node, {"GET", std::string(key)});

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -114,6 +115,59 @@ TEST(BlockHashTest, EveryInputChangesTheHash) {
   EXPECT_EQ(plain, hasher.Block(root, block, image, 0));  // the image is outside this block
   EXPECT_NE(plain, hasher.Block(root, block, image, 4));
   EXPECT_NE(BlockHasher(HashAlgorithm::kSha256).Block(root, block, {}, 0), plain);
+}
+
+TEST(BlockHashTest, PrefixDigestCoversTheWholePrefixAtFullWidth) {
+  BlockHasher hasher(HashAlgorithm::kXxh3_128);
+  const uint64_t ns = hasher.NamespaceDigest({"m", 1, "t", "s"});
+  const std::vector<uint32_t> block{1, 2, 3, 4};
+  const uint64_t first = hasher.PrefixDigest(ns, block, {}, 0);
+  const uint64_t second = hasher.PrefixDigest(first, block, {}, 4);
+  // Another namespace, an earlier block, the block's own tokens or extra keys: another digest.
+  EXPECT_NE(first, hasher.PrefixDigest(hasher.NamespaceDigest({"m", 1, "t2", "s"}), block, {}, 0));
+  EXPECT_NE(second,
+            hasher.PrefixDigest(hasher.PrefixDigest(ns, std::vector<uint32_t>{1, 2, 3, 5}, {}, 0),
+                                block, {}, 4));
+  EXPECT_NE(second, hasher.PrefixDigest(first, std::vector<uint32_t>{1, 2, 3, 5}, {}, 4));
+  EXPECT_NE(second, hasher.PrefixDigest(first, block, {.lora_id = "x"}, 4));
+  // Neither the chain's truncation (testing_hash_bits) nor its algorithm touches it.
+  EXPECT_EQ(BlockHasher(HashAlgorithm::kXxh3_128, 4).PrefixDigest(first, block, {}, 4), second);
+  EXPECT_EQ(BlockHasher(HashAlgorithm::kSha256).PrefixDigest(first, block, {}, 4), second);
+  // 4-bit chain hashes of 64 one-block prompts collide; their digests do not.
+  BlockHasher weak(HashAlgorithm::kXxh3_128, 4);
+  const Hash128 root = weak.Root({"m", 1, "t", "s"});
+  absl::flat_hash_set<Hash128> hashes;
+  absl::flat_hash_set<uint64_t> digests;
+  for (uint32_t token = 0; token < 64; ++token) {
+    const std::vector<uint32_t> tokens{token, 0, 0, 0};
+    hashes.insert(weak.Block(root, tokens, {}, 0));
+    digests.insert(weak.PrefixDigest(ns, tokens, {}, 0));
+  }
+  EXPECT_LE(hashes.size(), 16u);
+  EXPECT_EQ(digests.size(), 64u);
+}
+
+TEST(BlockHashTest, ExtendChainComputesThePrefixDigestsFromTheSameEncoding) {
+  BlockHasher hasher(HashAlgorithm::kXxh3_128);
+  const HashNamespace ns{"m", 1, "t", "s"};
+  const Hash128 root = hasher.Root(ns);
+  const uint64_t root_digest = hasher.NamespaceDigest(ns);
+  const ExtraKeys extras{.lora_id = "l", .multimodal_items = {{"img", 5, 2}}};
+  std::vector<uint32_t> tokens(11);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  std::vector<Hash128> chain;
+  std::vector<uint64_t> digests;
+  for (size_t n = 1; n <= tokens.size(); ++n) {
+    hasher.ExtendChain(root, root_digest, absl::MakeConstSpan(tokens).first(n), 4, extras, &chain,
+                       &digests);
+  }
+  std::vector<Hash128> plain;
+  hasher.ExtendChain(root, tokens, 4, extras, &plain);
+  EXPECT_EQ(chain, plain);
+  ASSERT_EQ(digests.size(), 2u);
+  const absl::Span<const uint32_t> all(tokens);
+  EXPECT_EQ(digests[0], hasher.PrefixDigest(root_digest, all.subspan(0, 4), extras, 0));
+  EXPECT_EQ(digests[1], hasher.PrefixDigest(digests[0], all.subspan(4, 4), extras, 4));
 }
 
 TEST(BlockHashTest, ParsesAlgorithmNames) {

@@ -10,6 +10,7 @@ BlockRecordIdentity Record() {
                              .parent_hash = {3, 4},
                              .namespace_digest = 5,
                              .extras_digest = 6,
+                             .prefix_digest = 12,
                              .tokens = {7, 8, 9, 10},
                              .checksum = 11};
 }
@@ -17,6 +18,8 @@ BlockRecordIdentity Record() {
 TEST(RecordMismatchTest, NamesTheFirstFieldThatDiffers) {
   EXPECT_EQ(RecordMismatch(Record(), Record()), "");
   BlockRecordIdentity other = Record();
+  other.prefix_digest = 0;  // another prefix whose chain hash collides with ours one block up
+  EXPECT_EQ(RecordMismatch(other, Record()), "prefix");
   other.tokens[3] = 0;
   EXPECT_EQ(RecordMismatch(other, Record()), "tokens");
   other.extras_digest = 0;

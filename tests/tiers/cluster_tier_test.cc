@@ -15,6 +15,7 @@
 #include "common/block_checksum.h"
 #include "tests/testing/redis_cluster_process.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/tiers/test_blocks.h"
 #include "tiers/record_codec.h"
 
 namespace kvcache {
@@ -57,6 +58,7 @@ Chain MakeChain(int blocks, uint64_t ns, uint64_t seed = 1) {
     identity.hash = Hash128{seed * 1000 + i, ns};
     identity.parent_hash = parent;
     identity.namespace_digest = ns;
+    identity.prefix_digest = (seed << 32) ^ (ns << 8) ^ i;
     for (uint32_t t = 0; t < kTokensPerBlock; ++t) identity.tokens.push_back(i * 100 + t);
     std::string bytes(kBlockBytes, '\0');
     for (uint64_t b = 0; b < kBlockBytes; ++b)
@@ -215,6 +217,41 @@ TEST_F(ClusterTierTest, AForeignOrCollidingRecordUnderTheKeyIsNeverServed) {
   tail_chain.bytes = {chain.bytes[2]};
   EXPECT_EQ(Load(*tier_, from_two, tail_chain), 0u);
   EXPECT_EQ(tier_->counters().mismatched, 1u);
+}
+
+// Another prompt's block 1 whose block 0 collided with ours: chain hash, parent hash and tokens
+// are ours, only the prefix digest differs. It has a key of its own, and its record is refused
+// even under ours.
+TEST_F(ClusterTierTest, AnotherPrefixUnderACollidingChainHashIsNeverServed) {
+  const Chain chain = MakeChain(2, 85);
+  Store(*tier_, chain);
+  std::vector<BlockRecordIdentity> theirs = {chain.identities[1]};
+  theirs[0].prefix_digest ^= 1;
+  EXPECT_NE(tier_->KeyOf(theirs[0]), tier_->KeyOf(chain.identities[1]));
+  Chain their_bytes;
+  their_bytes.bytes = {chain.bytes[1]};
+  EXPECT_EQ(Load(*tier_, theirs, their_bytes), 0u);
+  EXPECT_EQ(tier_->counters().absent, 1u);
+  std::string head(RecordHeaderBytes(kTokensPerBlock) + tier_->HeadDataBytes(), 'z');
+  ASSERT_OK(EncodeRecordHeader(RecordHeader{.pool = Pool(), .block = chain.identities[1]},
+                               absl::MakeSpan(head.data(), RecordHeaderBytes(kTokensPerBlock))));
+  for (const absl::Status& status : tier_->redis().Set({{tier_->KeyOf(theirs[0]), head}})) {
+    ASSERT_OK(status);
+  }
+  EXPECT_EQ(Load(*tier_, theirs, their_bytes), 0u);
+  EXPECT_EQ(tier_->counters().mismatched, 1u);
+  // A value of record format 1 (written before the prefix digest) under our own key is foreign.
+  const std::string old =
+      testing::Version1RecordHeader(RecordHeader{.pool = Pool(), .block = chain.identities[0]});
+  ASSERT_FALSE(old.empty());
+  const std::string old_value = old.substr(0, RecordHeaderBytes(kTokensPerBlock) - 8) +
+                                chain.bytes[0].substr(0, tier_->HeadDataBytes());
+  for (const absl::Status& status :
+       tier_->redis().Set({{tier_->KeyOf(chain.identities[0]), old_value}})) {
+    ASSERT_OK(status);
+  }
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 0u);
+  EXPECT_EQ(tier_->counters().foreign, 1u);
 }
 
 TEST_F(ClusterTierTest, TenantsNeverShareBlocksThroughTheCluster) {

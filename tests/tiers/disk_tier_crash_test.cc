@@ -63,7 +63,7 @@ TEST(DiskTierCrashTest, KillNineLeavesNoWrongBytes) {
     ASSERT_OK(tier);
     const DiskTierStats stats = (*tier)->stats();
     EXPECT_GE(stats.restart_records, durable);
-    EXPECT_EQ(stats.restart_foreign + stats.restart_duplicates, 0u);
+    EXPECT_EQ(stats.restart_foreign + stats.restart_old_format + stats.restart_duplicates, 0u);
     uint64_t found = 0;
     std::string out(testing::kTestBlockBytes, '\0');
     for (uint64_t i = 0; i < kSlots; ++i) {

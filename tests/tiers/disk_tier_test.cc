@@ -253,7 +253,11 @@ TEST_F(DiskTierTest, RecordOfAnotherIdentityIsAMiss) {
   other.namespace_digest += 1;  // another tenant's root
   EXPECT_THAT(tier->Load(other, absl::MakeSpan(out)),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("namespace")));
-  EXPECT_EQ(tier->stats().load_mismatches, 2u);
+  other = TestIdentity(1);
+  other.prefix_digest += 1;  // another prefix whose block 0 collides with ours
+  EXPECT_THAT(tier->Load(other, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("prefix")));
+  EXPECT_EQ(tier->stats().load_mismatches, 3u);
   EXPECT_OK(LoadBlock(*tier, 1));  // still there for its own chain
 }
 
@@ -278,7 +282,9 @@ TEST_F(DiskTierTest, ReopenServesThePreviousRecords) {
   const DiskTierStats stats = tier->stats();
   EXPECT_EQ(stats.restart_records, 5u);
   EXPECT_EQ(stats.restart_empty, 59u);
-  EXPECT_EQ(stats.restart_torn + stats.restart_foreign + stats.restart_duplicates, 0u);
+  EXPECT_EQ(stats.restart_torn + stats.restart_foreign + stats.restart_old_format +
+                stats.restart_duplicates,
+            0u);
   for (uint64_t i = 0; i < 5; ++i) {
     auto found = tier->Find(TestHash(i));
     ASSERT_OK(found);
@@ -322,7 +328,7 @@ TEST_F(DiskTierTest, FlippedByteWhileOpenIsCaughtAtLoad) {
 
 TEST_F(DiskTierTest, FlippedHeaderByteSkipsTheRecordAtRestart) {
   ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
-  FlipByte(kSlotBytes + 300);  // slot 1's tokens
+  FlipByte(kSlotBytes + 300);  // slot 1's chain hash
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
   EXPECT_EQ(tier->stats().restart_records, 2u);
@@ -363,6 +369,33 @@ TEST_F(DiskTierTest, ForeignRecordsAreSkipped) {
   EXPECT_THAT(tier->Find(TestHash(0)), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_OK(LoadBlock(*tier, 1));
   EXPECT_OK(LoadBlock(*tier, 2));
+}
+
+// A file written by a build before record format 2 (no prefix digest): its records cannot be
+// verified against a whole prefix, so a restart skips and counts them and reuses their slots.
+TEST_F(DiskTierTest, RecordsOfFormatVersionOneAreSkippedAtRestart) {
+  ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
+  const std::string old = testing::Version1RecordHeader(
+      RecordHeader{.pool = testing::TestPool(), .block = TestIdentity(1), .sequence = 1});
+  ASSERT_EQ(old.size(), 4096u);
+  {
+    const int fd = ::open(path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, old.data(), old.size(), /*slot 1*/ kSlotBytes), 4096);
+    ::close(fd);
+  }
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().restart_old_format, 1u);
+  EXPECT_EQ(tier->stats().restart_torn, 0u);
+  EXPECT_EQ(tier->stats().restart_records, 2u);
+  EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(LoadBlock(*tier, 1), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(LoadBlock(*tier, 0));
+  EXPECT_OK(LoadBlock(*tier, 2));
+  ASSERT_OK(StoreBlock(*tier, 1));
+  tier->Flush();
+  EXPECT_OK(LoadBlock(*tier, 1));
 }
 
 TEST_F(DiskTierTest, TruncatedFileKeepsWholeSlots) {

@@ -29,6 +29,7 @@ BlockRecordIdentity Identity(uint64_t n, const std::vector<uint8_t>& bytes) {
                              .parent_hash = {n - 1, n},
                              .namespace_digest = 42,
                              .extras_digest = 0,
+                             .prefix_digest = n * 13 + 5,
                              .tokens = {uint32_t(n), 1, 2, 3},
                              .checksum = BlockChecksum(bytes.data(), bytes.size())};
 }
@@ -99,11 +100,18 @@ TEST_F(HostTierTest, MismatchedIdentityIsACountedMiss) {
   std::vector<uint8_t> out(kBlockBytes);
   EXPECT_THAT(tier_->Load(expected, out.data()),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("extra_keys")));
+  // Everything ours but the prefix digest: another prompt's block under a parent hash that
+  // collides with ours.
+  expected = Identity(1, Bytes(1));
+  expected.prefix_digest += 1;
+  EXPECT_EQ(tier_->Probe(expected), TierProbe::kMismatch);
+  EXPECT_THAT(tier_->Load(expected, out.data()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("prefix")));
   EXPECT_THAT(tier_->Load(Identity(5, Bytes(5)), out.data()),
               StatusIs(absl::StatusCode::kNotFound));
   const HostTierCounters counters = tier_->counters();
-  EXPECT_EQ(counters.misses, 2u);
-  EXPECT_EQ(counters.mismatches, 1u);
+  EXPECT_EQ(counters.misses, 3u);
+  EXPECT_EQ(counters.mismatches, 2u);
   EXPECT_EQ(counters.records, 1u);  // a mismatch is another request's record, kept
 }
 

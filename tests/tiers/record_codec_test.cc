@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/tiers/test_blocks.h"
 
 namespace kvcache {
 namespace {
@@ -20,6 +21,7 @@ RecordHeader Header() {
                 .parent_hash = {3, 4},
                 .namespace_digest = 5,
                 .extras_digest = 6,
+                .prefix_digest = 13,
                 .tokens = {7, 8, 9, 10},
                 .checksum = 11},
       .sequence = 12};
@@ -41,7 +43,7 @@ TEST(RecordCodecTest, RoundTripsEveryField) {
 }
 
 TEST(RecordCodecTest, SizesAreFixedPerTokenCountAndAligned) {
-  EXPECT_EQ(RecordHeaderBytes(16), 432u);
+  EXPECT_EQ(RecordHeaderBytes(16), 440u);
   EXPECT_EQ(RecordHeaderSlotBytes(16), 4096u);
   EXPECT_EQ(RecordHeaderSlotBytes(1000), 8192u);
   RecordHeader short_id = Header();
@@ -88,11 +90,27 @@ TEST(RecordCodecTest, EmptySlotIsNotFound) {
   EXPECT_THAT(DecodeRecordHeader(std::string(4096, '\0')), StatusIs(absl::StatusCode::kNotFound));
 }
 
-TEST(RecordCodecTest, OtherVersionIsDataLoss) {
+TEST(RecordCodecTest, UnknownVersionIsDataLoss) {
   std::string bytes = Encode(Header());
-  bytes[8] = 2;
+  bytes[8] = 3;
   EXPECT_THAT(DecodeRecordHeader(bytes),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version 2")));
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version 3")));
+  // Version 1's number on a version-2 header: its checksum is not where version 1 keeps it.
+  bytes[8] = 1;
+  EXPECT_THAT(DecodeRecordHeader(bytes),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version 1")));
+}
+
+// A record written before the prefix digest existed is intact but cannot be verified against a
+// whole prefix: refused as such, not as damage. Damaged, it is damage.
+TEST(RecordCodecTest, VersionOneRecordIsFailedPrecondition) {
+  const std::string old = testing::Version1RecordHeader(Header());
+  ASSERT_FALSE(old.empty());
+  EXPECT_THAT(DecodeRecordHeader(old),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("prefix digest")));
+  std::string torn = old;
+  torn[300] ^= 1;
+  EXPECT_THAT(DecodeRecordHeader(torn), StatusIs(absl::StatusCode::kDataLoss));
 }
 
 TEST(RecordCodecTest, RefusesWhatItCannotEncode) {

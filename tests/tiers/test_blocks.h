@@ -11,6 +11,7 @@
 #include "common/block_checksum.h"
 #include "tiers/block_record.h"
 #include "tiers/disk_tier.h"
+#include "tiers/record_codec.h"
 
 namespace kvcache::testing {
 
@@ -65,12 +66,30 @@ inline BlockRecordIdentity TestIdentity(uint64_t i) {
   identity.parent_hash = i == 0 ? Hash128{7, 7} : TestHash(i - 1);
   identity.namespace_digest = 0xabcdef;
   identity.extras_digest = i % 3;
+  identity.prefix_digest = SplitMix(i ^ 0x9e37);
   for (uint32_t t = 0; t < kTestTokensPerBlock; ++t) {
     identity.tokens.push_back(static_cast<uint32_t>(i * kTestTokensPerBlock + t));
   }
   const std::string bytes = TestBytes(identity.hash);
   identity.checksum = BlockChecksum(bytes.data(), bytes.size());
   return identity;
+}
+
+// The header `header` had as record format version 1 (no prefix digest, 8 bytes shorter: what a
+// build before version 2 wrote), zero-padded to RecordHeaderSlotBytes.
+inline std::string Version1RecordHeader(const RecordHeader& header) {
+  const uint32_t tokens = static_cast<uint32_t>(header.block.tokens.size());
+  std::string current(RecordHeaderSlotBytes(tokens), '\0');
+  if (!EncodeRecordHeader(header, absl::MakeSpan(current)).ok()) return "";
+  constexpr uint64_t kPrefixDigestOffset = 344;
+  std::string old = current.substr(0, kPrefixDigestOffset) +
+                    current.substr(kPrefixDigestOffset + 8,
+                                   RecordHeaderBytes(tokens) - 8 - 8 - kPrefixDigestOffset);
+  old[8] = 1;  // the version, little-endian
+  const uint64_t checksum = BlockChecksum(old.data(), old.size());
+  for (int b = 0; b < 8; ++b) old.push_back(static_cast<char>(checksum >> (8 * b)));
+  old.resize(current.size(), '\0');
+  return old;
 }
 
 }  // namespace kvcache::testing
