@@ -230,6 +230,7 @@ class KvCacheClient {
     uint64_t evicted_from_above = 0;
     uint64_t records = 0;
     uint64_t request_waits = 0;
+    uint64_t store_failures = 0;  // copies the tier did not take (v1.TierStats)
   };
   struct PoolStats {
     std::string pool;

@@ -85,7 +85,8 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .deadline_blocks = tier.deadline_blocks(),
                                                    .evicted_from_above = tier.evicted_from_above(),
                                                    .records = tier.records(),
-                                                   .request_waits = tier.request_waits()});
+                                                   .request_waits = tier.request_waits(),
+                                                   .store_failures = tier.store_failures()});
   }
   return stats;
 }
