@@ -237,6 +237,30 @@ TEST_F(ClusterTierProcessTest, APromptComputedOnNodeAIsAClusterHitOnNodeBIdentic
   runner_->ExpectMatchesCold(again, prompt);
 }
 
+// Known defect (cache/pool.cc, Pool::OffloadBatch): a block a node loaded from the cluster is
+// not marked as below, so that node's mover writes it back to the cluster — the same value under
+// the same key, a second write of every shared block per node that hits it. Fails until the
+// loaded blocks are marked offloaded when published; run with --gtest_also_run_disabled_tests.
+TEST_F(ClusterTierProcessTest, DISABLED_ABlockLoadedFromTheClusterIsNotWrittenBack) {
+  const std::vector<uint32_t> prompt = Prompt(5);
+  runner_->ExpectMatchesCold(RunWorker(a_, prompt), prompt);
+  ASSERT_TRUE(AwaitCopiesSent(a_, kPromptBlocks));
+  const ClientResult on_b = RunWorker(b_, prompt);
+  ASSERT_EQ(on_b.Number("cached_cluster"), kPromptCachedTokens);
+  // Another prompt computed on B: its own blocks are B's to send. Once they are all in the
+  // cluster, B's mover has passed over the loaded ones (they were older in B's LRU).
+  const std::vector<uint32_t> other = Prompt(6);
+  runner_->ExpectMatchesCold(RunWorker(b_, other), other);
+  ASSERT_TRUE(PollUntil([&] {
+    const std::vector<int> owners = RecordOwners(other);
+    return std::find(owners.begin(), owners.end(), -1) == owners.end();
+  }));
+  ASSERT_TRUE(AwaitCopiesSent(b_, kPromptBlocks));
+  const KvCacheClient::TierStats b_tier = Cluster(b_);
+  EXPECT_EQ(b_tier.stored_blocks + b_tier.store_failures, kPromptBlocks)
+      << "node B wrote back blocks it had loaded from the cluster";
+}
+
 TEST_F(ClusterTierProcessTest, TenantsNeverShareABlockThroughTheCluster) {
   const std::vector<uint32_t> prompt = Prompt(2);
   runner_->ExpectMatchesCold(RunWorker(a_, prompt, "token-x"), prompt);
