@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -177,6 +178,13 @@ Sha256Digest Sha256Of(absl::string_view bytes) {
   Sha256Digest digest;
   SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest.data());
   return digest;
+}
+
+std::string TokenDigestText(absl::string_view token) {
+  const Sha256Digest digest = Sha256Of(token);
+  return absl::StrCat(kSha256Prefix,
+                      absl::BytesToHexString(absl::string_view(
+                          reinterpret_cast<const char*>(digest.data()), digest.size())));
 }
 
 absl::StatusOr<IdentityFile> ParseIdentityFile(absl::string_view text) {

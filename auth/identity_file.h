@@ -57,6 +57,8 @@ absl::StatusOr<IdentityFile> ParseIdentityFile(absl::string_view text);
 absl::StatusOr<IdentityFile> LoadIdentityFile(const std::string& path);
 
 Sha256Digest Sha256Of(absl::string_view bytes);
+// "sha256:HEX" of `token`: how a token line of the file names it.
+std::string TokenDigestText(absl::string_view token);
 
 }  // namespace kvcache
 

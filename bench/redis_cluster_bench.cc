@@ -3,7 +3,8 @@
 // 3-master cluster (what redis-benchmark -P does), measured in alternating rounds of one run; and
 // the bytes of Redis memory per byte of KV stored: for raw values on a jemalloc size class and
 // just below one, and for the tier's records of 32 KiB blocks whole and split to fit the classes
-// (shared/research/peers_2026.md §5, the size-class trap).
+// (shared/research/peers_2026.md §5, the size-class trap); and stores in the mover's batches
+// against one pipelined SET batch of the same values per batch.
 //
 //   redis_cluster_bench [BLOCK_BYTES] [BLOCKS] [ROUNDS]   (defaults 262144 400 9)
 #include <hiredis/hiredis.h>
@@ -24,6 +25,7 @@
 #include "redis/redis_cluster.h"
 #include "tests/testing/redis_cluster_process.h"
 #include "tiers/cluster_tier.h"
+#include "tiers/record_codec.h"
 
 namespace kvcache {
 namespace {
@@ -88,26 +90,102 @@ std::unique_ptr<ClusterTier> MakeTier(const RedisClusterProcess& redis, uint64_t
   return *std::move(tier);
 }
 
-// A chain of `blocks` records of `block_bytes`, stored into `tier`.
-std::vector<BlockRecordIdentity> StoreChain(ClusterTier& tier, uint64_t block_bytes, int blocks) {
+// A chain of `blocks` records of `block_bytes`: identities (namespace `space`) and bytes.
+struct Chain {
   std::vector<BlockRecordIdentity> identities;
-  std::string bytes(block_bytes, '\0');
-  Hash128 parent{0, 42};
+  std::vector<std::string> bytes;
+};
+Chain MakeChain(uint64_t block_bytes, int blocks, uint64_t space) {
+  Chain chain;
+  Hash128 parent{0, space};
   for (int i = 0; i < blocks; ++i) {
+    std::string bytes(block_bytes, '\0');
     for (uint64_t b = 0; b < block_bytes; b += 64) bytes[b] = static_cast<char>(i + b);
-    BlockRecordIdentity identity{.hash = Hash128{static_cast<uint64_t>(i) + 1, 42},
+    BlockRecordIdentity identity{.hash = Hash128{static_cast<uint64_t>(i) + 1, space},
                                  .parent_hash = parent,
-                                 .namespace_digest = 42,
+                                 .namespace_digest = space,
                                  .extras_digest = 0,
                                  .tokens = std::vector<uint32_t>(16, static_cast<uint32_t>(i)),
                                  .checksum = BlockChecksum(bytes.data(), bytes.size())};
     parent = identity.hash;
-    for (const absl::Status& status : tier.Store({{identity, bytes}})) {
+    chain.identities.push_back(std::move(identity));
+    chain.bytes.push_back(std::move(bytes));
+  }
+  return chain;
+}
+
+// Stores `chain` into `tier` in batches of `batch` records; the seconds it took.
+double StoreInBatches(ClusterTier& tier, const Chain& chain, size_t batch) {
+  const absl::Time start = absl::Now();
+  for (size_t first = 0; first < chain.identities.size(); first += batch) {
+    std::vector<ClusterTier::Record> records;
+    for (size_t i = first; i < std::min(chain.identities.size(), first + batch); ++i) {
+      records.push_back(ClusterTier::Record{chain.identities[i], chain.bytes[i]});
+    }
+    for (const absl::Status& status : tier.Store(records)) {
       if (!status.ok()) std::fprintf(stderr, "store: %s\n", status.ToString().c_str());
     }
-    identities.push_back(std::move(identity));
   }
-  return identities;
+  return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// A chain of `blocks` records of `block_bytes`, stored into `tier`.
+std::vector<BlockRecordIdentity> StoreChain(ClusterTier& tier, uint64_t block_bytes, int blocks) {
+  Chain chain = MakeChain(block_bytes, blocks, 42);
+  StoreInBatches(tier, chain, 1);
+  return std::move(chain.identities);
+}
+
+// The mover's batch (cache/pool.h kOffloadBatch): what one ClusterTier::Store call carries.
+constexpr size_t kMoverBatch = 8;
+
+// Stores as the mover sends them, batches of kMoverBatch records: the tier's Store vs SETs of
+// values of the same sizes and key layout (a head and, when split, a tail under one hash tag)
+// in one RedisCluster::Set per batch — one pipeline per node, the floor for a batch. Alternating
+// rounds; the median ratio of the tier's throughput to the floor's.
+void MeasureStores(const RedisClusterProcess& redis, RedisCluster& cluster, uint64_t block_bytes,
+                   int blocks, int rounds) {
+  FlushAll(redis);
+  std::unique_ptr<ClusterTier> tier = MakeTier(redis, block_bytes, true);
+  const Chain chain = MakeChain(block_bytes, blocks, 7);
+  const uint64_t head_bytes = RecordHeaderBytes(16) + tier->HeadDataBytes();
+  const uint64_t tail_bytes = block_bytes - tier->HeadDataBytes();
+  std::vector<std::vector<std::pair<std::string, std::string>>> floor_batches;
+  for (int first = 0; first < blocks; first += kMoverBatch) {
+    auto& batch = floor_batches.emplace_back();
+    for (int i = first; i < std::min<int>(blocks, first + kMoverBatch); ++i) {
+      const std::string key = absl::StrCat("floor:{", i, "}");
+      if (tail_bytes > 0) batch.emplace_back(key + ":t", std::string(tail_bytes, 't'));
+      batch.emplace_back(key, std::string(head_bytes, 'h'));
+    }
+  }
+  std::vector<double> ratios;
+  double tier_best = 1e9, floor_best = 1e9;
+  for (int round = 0; round < rounds; ++round) {
+    double stored = 0, floor = 0;
+    const auto run_floor = [&] {
+      const absl::Time start = absl::Now();
+      for (const auto& batch : floor_batches) cluster.Set(batch);
+      floor = absl::ToDoubleSeconds(absl::Now() - start);
+    };
+    if (round % 2 == 0) {
+      run_floor();
+      stored = StoreInBatches(*tier, chain, kMoverBatch);
+    } else {
+      stored = StoreInBatches(*tier, chain, kMoverBatch);
+      run_floor();
+    }
+    ratios.push_back(floor / stored);
+    tier_best = std::min(tier_best, stored);
+    floor_best = std::min(floor_best, floor);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  std::printf(
+      "store %d blocks of %llu bytes in batches of %zu: cluster tier %.0f blocks/s, one "
+      "pipelined SET batch per batch (%s) %.0f blocks/s (best of %d); median ratio %.2fx\n",
+      blocks, static_cast<unsigned long long>(block_bytes), kMoverBatch, blocks / tier_best,
+      tail_bytes > 0 ? "head and tail" : "one value", blocks / floor_best, rounds,
+      ratios[ratios.size() / 2]);
 }
 
 int Main(int argc, char** argv) {
@@ -155,6 +233,8 @@ int Main(int argc, char** argv) {
                 static_cast<double>(UsedMemory(**redis) - before) /
                     (static_cast<double>(32 << 10) * blocks));
   }
+
+  MeasureStores(**redis, **cluster, block_bytes, blocks, rounds);
 
   // Loads: the tier (verified, copied out) vs raw pipelined GETs of the same values.
   FlushAll(**redis);

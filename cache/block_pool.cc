@@ -75,6 +75,7 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   meta.ref_count = 1;
   meta.has_checksum = false;
   meta.offloaded = false;
+  meta.in_cluster = false;
   return block;
 }
 
@@ -159,6 +160,7 @@ void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
   }
   meta.published = false;
   meta.offloaded = false;
+  meta.in_cluster = false;
   meta.identity = BlockIdentity{};
   auto orphans = children_.extract(block);
   if (orphans.empty()) return;

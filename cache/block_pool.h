@@ -127,6 +127,11 @@ class BlockPool {
   bool IsOffloaded(BlockId block) const { return blocks_[block].offloaded; }
   void SetOffloaded(BlockId block) { blocks_[block].offloaded = blocks_[block].published; }
   bool IsOffloadPinned(BlockId block) const { return blocks_[block].offload_pinned; }
+  // Whether the cluster tier already has the block's bytes (it came from a lower tier, which the
+  // mover had written to the cluster too, or from the cluster itself): the mover does not write
+  // it there again. Cleared like IsOffloaded.
+  bool IsInCluster(BlockId block) const { return blocks_[block].in_cluster; }
+  void SetInCluster(BlockId block) { blocks_[block].in_cluster = blocks_[block].published; }
   // Takes an evictable block off the LRU with ref 1 and marks it offload-pinned: it cannot be
   // evicted or reused until UnpinOffloaded. REQUIRES: IsEvictable(block).
   void PinForOffload(BlockId block);
@@ -151,6 +156,7 @@ class BlockPool {
     bool published = false;
     bool has_checksum = false;
     bool offloaded = false;          // bytes copied below; see IsOffloaded
+    bool in_cluster = false;         // see IsInCluster
     bool offload_pinned = false;     // see PinForOffload
     bool used_while_pinned = false;  // acquired by a sequence during the offload pin
     BlockId pinned_next = kNoBlock;  // its LRU successor when pinned for offload

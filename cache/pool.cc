@@ -309,6 +309,8 @@ bool Pool::OffloadBatch() {
     BlockRecordIdentity record;
     std::optional<uint64_t> checksum;
     bool below = false;
+    bool to_cluster = false;
+    std::string cluster_copy;
   };
   std::vector<Candidate> batch;
   {
@@ -333,8 +335,8 @@ bool Pool::OffloadBatch() {
       const BlockId next = pool_.LruNext(block);
       if (!pool_.IsOffloaded(block)) {
         const BlockIdentity& identity = pool_.IdentityOf(block);
-        if (host_tier_ != nullptr && cluster_tier_ == nullptr &&
-            host_tier_->Contains(identity.hash)) {
+        const bool to_cluster = cluster_tier_ != nullptr && !pool_.IsInCluster(block);
+        if (!to_cluster && (host_tier_ == nullptr || host_tier_->Contains(identity.hash))) {
           pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
         } else {
           const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
@@ -346,7 +348,8 @@ bool Pool::OffloadBatch() {
                                                       .extras_digest = identity.extras_digest,
                                                       .prefix_digest = identity.prefix_digest,
                                                       .tokens = {tokens.begin(), tokens.end()}},
-                        .checksum = pool_.CachedChecksum(block)});
+                        .checksum = pool_.CachedChecksum(block),
+                        .to_cluster = to_cluster});
           pool_.PinForOffload(block);
           offload_pins_.push_back(block);
         }
@@ -363,7 +366,6 @@ bool Pool::OffloadBatch() {
   const uint64_t block_bytes = options_.layout.BlockBytes();
   // The cluster's copies are taken while the blocks are pinned, and sent after they are unpinned:
   // a request that needs a pinned block waits for this batch, and must not wait on the network.
-  std::vector<std::string> cluster_bytes;
   for (Candidate& candidate : batch) {
     // Pinned and published: the bytes cannot change during the copy.
     const uint8_t* bytes = memory_->HostBlock(candidate.block);
@@ -381,8 +383,8 @@ bool Pool::OffloadBatch() {
         evicted_below_.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    if (cluster_tier_ != nullptr) {
-      cluster_bytes.emplace_back(reinterpret_cast<const char*>(bytes), block_bytes);
+    if (candidate.to_cluster) {
+      candidate.cluster_copy.assign(reinterpret_cast<const char*>(bytes), block_bytes);
       // Sent once: a store the cluster then refuses is not retried (it is a cache).
       if (host_tier_ == nullptr) candidate.below = true;
     }
@@ -397,11 +399,13 @@ bool Pool::OffloadBatch() {
   }
   // What leaves the node goes to the cluster too, in one pipelined batch. A cluster that is down
   // or slow costs the mover its timeout (back-pressure), never a request.
-  if (!cluster_bytes.empty()) {
-    std::vector<ClusterTier::Record> to_cluster;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      to_cluster.push_back(ClusterTier::Record{batch[i].record, cluster_bytes[i]});
+  std::vector<ClusterTier::Record> to_cluster;
+  for (const Candidate& candidate : batch) {
+    if (candidate.to_cluster) {
+      to_cluster.push_back(ClusterTier::Record{candidate.record, candidate.cluster_copy});
     }
+  }
+  if (!to_cluster.empty()) {
     for (const absl::Status& stored : cluster_tier_->Store(to_cluster)) {
       if (stored.ok()) cluster_stored_blocks_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -685,6 +689,12 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     CommitResult ignored;
     PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(cached), &ignored);
     sequence->committed_blocks = static_cast<uint32_t>(cached);
+    if (cluster_tier_ != nullptr) {
+      // What came up from a lower tier or the cluster is there already: the mover sent the lower
+      // tiers' records to the cluster when it passed them down. Not written back (every node
+      // hitting a shared prefix would write it again).
+      for (size_t i = num_hits; i < cached; ++i) pool_.SetInCluster(sequence->blocks[i]);
+    }
     tier_hit_blocks_ += below_loaded.host;
     disk_hit_blocks_.fetch_add(below_loaded.disk, std::memory_order_relaxed);
     cluster_hit_blocks_.fetch_add(cluster_loaded, std::memory_order_relaxed);

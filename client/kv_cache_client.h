@@ -231,6 +231,7 @@ class KvCacheClient {
     uint64_t evicted_from_above = 0;
     uint64_t records = 0;
     uint64_t request_waits = 0;
+    uint64_t store_failures = 0;  // copies the tier did not take (v1.TierStats)
     uint64_t restored_records = 0;
     uint64_t restore_skipped = 0;
   };

@@ -86,6 +86,7 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .evicted_from_above = tier.evicted_from_above(),
                                                    .records = tier.records(),
                                                    .request_waits = tier.request_waits(),
+                                                   .store_failures = tier.store_failures(),
                                                    .restored_records = tier.restored_records(),
                                                    .restore_skipped = tier.restore_skipped()});
   }

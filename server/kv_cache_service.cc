@@ -113,6 +113,7 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     host->set_evicted_from_above(tier.evicted_offloaded);
     host->set_records(tier.tier.records);
     host->set_request_waits(tier.request_waits);
+    host->set_store_failures(tier.tier.store_rejections);
   }
   if (stats.disk_tier.has_value()) {
     const PoolDiskTierStats& tier = *stats.disk_tier;
@@ -131,7 +132,7 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     disk->set_records(disk_stats.records);
     disk->set_restored_records(disk_stats.restart_records);
     disk->set_restore_skipped(disk_stats.restart_torn + disk_stats.restart_foreign +
-                              disk_stats.restart_duplicates);
+                              disk_stats.restart_old_format + disk_stats.restart_duplicates);
   }
   if (stats.cluster_tier.has_value()) {
     const PoolClusterTierStats& tier = *stats.cluster_tier;
@@ -139,6 +140,7 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     cluster->set_tier("cluster");
     cluster->set_hit_blocks(tier.hit_blocks);
     cluster->set_stored_blocks(tier.stored_blocks);
+    cluster->set_store_failures(tier.tier.store_failures);
     cluster->set_verify_failures(tier.tier.corrupt);
     cluster->set_load_failures(tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched +
                                tier.tier.unavailable);

@@ -256,7 +256,7 @@ int Run() {
           disk->direct_io() ? ", O_DIRECT" : ", buffered (no O_DIRECT here)",
           static_cast<unsigned long long>(stats.restart_records),
           static_cast<unsigned long long>(stats.restart_torn + stats.restart_foreign +
-                                          stats.restart_duplicates),
+                                          stats.restart_old_format + stats.restart_duplicates),
           absl::ToDoubleMilliseconds(stats.restart_scan_time));
     }
   }

@@ -136,7 +136,9 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
                  "Records a full lower tier dropped to make room (its back-pressure).", counter);
   const size_t tier_rejected =
       out.Family("kvcache_tier_store_rejections_total",
-                 "Stores a lower tier refused because every slot was being read.", counter);
+                 "Copies a lower tier did not take (host: every slot being read; cluster: a "
+                 "node down, slow or refusing).",
+                 counter);
   const size_t tier_saved =
       out.Family("kvcache_tier_saved_evictions_total",
                  "Evictions from the tier above whose block was already in this tier.", counter);
@@ -203,13 +205,15 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(disk_write_errors, {{"pool", name}}, disk.write_errors);
       out.Gauge(disk_restored, {{"pool", name}}, disk.restart_records);
       out.Gauge(disk_skipped, {{"pool", name}},
-                disk.restart_torn + disk.restart_foreign + disk.restart_duplicates);
+                disk.restart_torn + disk.restart_foreign + disk.restart_old_format +
+                    disk.restart_duplicates);
     }
     if (whole.cluster_tier.has_value()) {
       const PoolClusterTierStats& tier = *whole.cluster_tier;
       const Labels labels{{"pool", name}, {"tier", "cluster"}};
       out.Counter(tier_hits, labels, tier.hit_blocks);
       out.Counter(tier_stored, labels, tier.stored_blocks);
+      out.Counter(tier_rejected, labels, tier.tier.store_failures);
       out.Counter(tier_verify, labels, tier.tier.corrupt);
       out.Counter(
           tier_load_failures, labels,

@@ -75,10 +75,12 @@ std::string ClusterTier::KeyOf(const BlockRecordIdentity& identity) const {
 std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   const bool split = head_data_bytes_ < options_.pool.block_bytes;
   std::vector<absl::Status> results(records.size());
-  // Tails first, so that a head (which names the record) never lands before its tail.
-  std::vector<std::pair<std::string, std::string>> tails;
-  std::vector<std::pair<std::string, std::string>> heads;
-  std::vector<size_t> owner;  // the record of each entry of `tails` and of `heads`
+  // One batch: each record's tail, then its head. Both keys share a hash tag, so they go to one
+  // node, down one connection, in this order, and Redis runs one connection's commands in order:
+  // a head (which names the record) is never stored before its tail. One round trip per node.
+  std::vector<std::pair<std::string, std::string>> entries;
+  std::vector<size_t> owner;  // the record of each entry
+  std::vector<bool> is_tail;
   for (size_t i = 0; i < records.size(); ++i) {
     const Record& record = records[i];
     if (record.bytes.size() != options_.pool.block_bytes) {
@@ -92,31 +94,27 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
         absl::MakeSpan(head.data(), header_bytes_));
     if (!results[i].ok()) continue;
     std::memcpy(head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
-    const std::string key = KeyOf(record.identity);
-    if (split)
-      tails.emplace_back(TailKeyOf(key), std::string(record.bytes.substr(head_data_bytes_)));
-    heads.emplace_back(key, std::move(head));
-    owner.push_back(i);
-  }
-  std::vector<bool> tail_stored(heads.size(), true);
-  if (split) {
-    const std::vector<absl::Status> tail_results = redis_->Set(tails);
-    for (size_t k = 0; k < tails.size(); ++k) {
-      if (!tail_results[k].ok()) {
-        results[owner[k]] = tail_results[k];
-        tail_stored[k] = false;
-      }
+    std::string key = KeyOf(record.identity);
+    if (split) {
+      entries.emplace_back(TailKeyOf(key), std::string(record.bytes.substr(head_data_bytes_)));
+      owner.push_back(i);
+      is_tail.push_back(true);
     }
+    entries.emplace_back(std::move(key), std::move(head));
+    owner.push_back(i);
+    is_tail.push_back(false);
   }
-  std::vector<std::pair<std::string, std::string>> ready;
-  std::vector<size_t> ready_owner;
-  for (size_t k = 0; k < heads.size(); ++k) {
-    if (!tail_stored[k]) continue;
-    ready.push_back(std::move(heads[k]));
-    ready_owner.push_back(owner[k]);
+  const std::vector<absl::Status> set = redis_->Set(entries);
+  // A record is stored when both its values are. A head taken after its tail was refused (a node
+  // out of memory, a tail redirected too often) would name bytes that are not there: deleted, so
+  // that no reader finds it (a reader that did would fail the checksum: a miss all the same).
+  std::vector<std::string> orphan_heads;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    absl::Status& result = results[owner[k]];  // its tail's, when k is a head
+    if (!is_tail[k] && !result.ok() && set[k].ok()) orphan_heads.push_back(entries[k].first);
+    if (result.ok()) result = set[k];
   }
-  const std::vector<absl::Status> head_results = redis_->Set(ready);
-  for (size_t k = 0; k < ready.size(); ++k) results[ready_owner[k]] = head_results[k];
+  if (!orphan_heads.empty()) redis_->Delete(orphan_heads);
   for (const absl::Status& result : results) {
     (result.ok() ? stored_ : store_failures_).fetch_add(1, std::memory_order_relaxed);
   }

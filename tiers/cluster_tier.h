@@ -17,8 +17,9 @@
 // `fit_size_classes` a record whose header and bytes do not fit a class is split in two values
 // under one hash tag (one slot, one node, one round trip): "kvc2:{H}" holding the header and as
 // many bytes as fill a class (less Redis' own overhead), and "kvc2:{H}:t" the rest. The two are
-// written tail first; a reader that finds one without the other, or halves of two different
-// writes, fails the checksum: a miss.
+// written tail first in the same pipeline (one connection, which Redis applies in order), and a
+// head taken while its tail was refused is deleted again; a reader that finds one without the
+// other, or halves of two different writes, fails the checksum: a miss.
 //
 // Thread safety: thread-safe (RedisCluster is; the counters are atomic).
 #ifndef KVCACHE_TIERS_CLUSTER_TIER_H_

@@ -30,7 +30,11 @@ namespace kvcache::worker {
 struct GenerationResult {
   std::vector<uint32_t> tokens;  // generated, max_new_tokens of them
   uint32_t prompt_tokens = 0;
-  uint32_t cached_tokens = 0;   // prompt tokens whose KV came from the cache
+  uint32_t cached_tokens = 0;  // prompt tokens whose KV came from the cache
+  // Of cached_tokens, those the daemon loaded from a lower tier for this request (the rest were
+  // in its pool): where a cross-node hit shows.
+  uint32_t host_tier_tokens = 0;
+  uint32_t cluster_tier_tokens = 0;
   uint64_t logits_digest = 0;   // over the logits of the prompt's last token, then each step's
   absl::Duration prefill_time;  // computing the uncached prompt tokens
   absl::Duration decode_time;   // every decode step after the prefill

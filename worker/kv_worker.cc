@@ -73,6 +73,10 @@ absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> p
   absl::StatusOr<GenerationResult> result =
       Run(sequence.sequence_id, std::move(sequence.block_ids), sequence.num_cached_tokens, prompt,
           max_new_tokens, sampler, after_prefill);
+  if (result.ok()) {
+    result->host_tier_tokens = sequence.cached_tokens_by_tier.host;
+    result->cluster_tier_tokens = sequence.cached_tokens_by_tier.cluster;
+  }
   const absl::Status released = client_->ReleaseSequence(sequence.sequence_id);
   if (result.ok() && !released.ok()) return released;
   return result;

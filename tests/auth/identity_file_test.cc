@@ -15,6 +15,16 @@ using ::testing::Not;
 constexpr char kDigest[] =
     "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
+// kDigest is SHA-256("test"): a token line written with TokenDigestText names that token.
+TEST(IdentityFileTest, TokenDigestTextIsHowAFileNamesAToken) {
+  EXPECT_EQ(TokenDigestText("test"), kDigest);
+  absl::StatusOr<IdentityFile> file = ParseIdentityFile(
+      absl::StrCat("tenant acme\ntoken t ", TokenDigestText("a token"), " acme worker\n"));
+  ASSERT_OK(file);
+  ASSERT_EQ(file->tokens.size(), 1u);
+  EXPECT_EQ(file->tokens[0].digest, Sha256Of("a token"));
+}
+
 TEST(IdentityFileTest, ParsesEveryKindOfLine) {
   absl::StatusOr<IdentityFile> file = ParseIdentityFile(
       absl::StrCat("# comment\n"

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::testing {
@@ -56,6 +57,25 @@ std::vector<uint32_t> Prefix(const std::vector<uint32_t>& ids, size_t count) {
   return std::vector<uint32_t>(ids.begin(), ids.begin() + std::min(count, ids.size()));
 }
 
+absl::StatusOr<Subprocess> StartManager(const std::string& bin_dir,
+                                        const std::vector<std::string>& flags,
+                                        absl::Duration bound) {
+  std::vector<std::string> argv = {bin_dir + "/kvcache-manager"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  ASSIGN_OR_RETURN(Subprocess daemon, Subprocess::Start(argv));
+  RETURN_IF_ERROR(daemon.ReadLineStartingWith("kvcache-manager: listening on", bound).status());
+  return daemon;
+}
+
+absl::Status StopManager(Subprocess& daemon, absl::Duration bound) {
+  RETURN_IF_ERROR(daemon.Signal(SIGTERM));
+  ASSIGN_OR_RETURN(const int status, daemon.Wait(bound));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError("kvcache-manager " + DescribeWaitStatus(status));
+  }
+  return absl::OkStatus();
+}
+
 void DaemonProcessTest::SetUp() {
   const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
   ASSERT_NE(bin_dir, nullptr) << "KVCACHE_BIN_DIR must name the folder of kvcache-manager";
@@ -74,25 +94,19 @@ void DaemonProcessTest::TearDown() {
 }
 
 void DaemonProcessTest::StartDaemon() {
-  std::vector<std::string> argv = {bin_dir_ + "/kvcache-manager", "--listen=" + target_,
-                                   "--pool=" + pool_flag_, "--device=" + device_flag_,
-                                   "--session_ttl=2s"};
-  argv.insert(argv.end(), extra_daemon_flags_.begin(), extra_daemon_flags_.end());
-  absl::StatusOr<Subprocess> daemon = Subprocess::Start(argv);
+  std::vector<std::string> flags = {"--listen=" + target_, "--pool=" + pool_flag_,
+                                    "--device=" + device_flag_, "--session_ttl=2s"};
+  flags.insert(flags.end(), extra_daemon_flags_.begin(), extra_daemon_flags_.end());
+  absl::StatusOr<Subprocess> daemon = StartManager(bin_dir_, flags, kStartBound);
   ASSERT_OK(daemon);
   daemon_.emplace(*std::move(daemon));
-  ASSERT_OK(daemon_->ReadLineStartingWith("kvcache-manager: listening on", kStartBound));
   absl::StatusOr<std::unique_ptr<KvCacheClient>> observer = KvCacheClient::Connect(target_);
   ASSERT_OK(observer);
   observer_ = *std::move(observer);
 }
 
 void DaemonProcessTest::StopDaemon() {
-  ASSERT_OK(daemon_->Signal(SIGTERM));
-  absl::StatusOr<int> status = daemon_->Wait(kStartBound);
-  ASSERT_OK(status);
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-      << "kvcache-manager " << DescribeWaitStatus(*status);
+  EXPECT_OK(StopManager(*daemon_, kStartBound));
   daemon_.reset();
 }
 

@@ -41,6 +41,14 @@ std::optional<ClientResult> ParseResult(absl::string_view line);
 // The first `count` ids (all of them if fewer).
 std::vector<uint32_t> Prefix(const std::vector<uint32_t>& ids, size_t count);
 
+// kvcache-manager from `bin_dir` with `flags`, once it says it is listening (within
+// `bound`). For tests that run more than one daemon; DaemonProcessTest runs one.
+absl::StatusOr<Subprocess> StartManager(const std::string& bin_dir,
+                                        const std::vector<std::string>& flags,
+                                        absl::Duration bound);
+// SIGTERM, then the daemon must exit 0 within `bound`: INTERNAL otherwise.
+absl::Status StopManager(Subprocess& daemon, absl::Duration bound);
+
 class DaemonProcessTest : public ::testing::Test {
  protected:
   static constexpr uint32_t kBlockSize = 16;  // the daemon's default pool layout

@@ -9,8 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/integration/worker_runner.h"
 #include "tests/testing/status_matchers.h"
-#include "worker/generation.h"
 
 namespace kvcache::testing {
 namespace {
@@ -37,52 +37,36 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
     DaemonProcessTest::SetUp();
     StartDaemon();  // daemon A: the prefill node
     decode_target_ = "unix://" + dir_ + "/decode.sock";
-    absl::StatusOr<Subprocess> decode_daemon =
-        Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + decode_target_,
-                           std::string("--pool=") + kPool, "--session_ttl=2s"});
+    absl::StatusOr<Subprocess> decode_daemon = StartManager(
+        bin_dir_,
+        {"--listen=" + decode_target_, std::string("--pool=") + kPool, "--session_ttl=2s"},
+        kStartBound);
     ASSERT_OK(decode_daemon);
     decode_daemon_.emplace(*std::move(decode_daemon));
-    ASSERT_OK(decode_daemon_->ReadLineStartingWith("kvcache-manager: listening on", kStartBound));
     auto observer = KvCacheClient::Connect(decode_target_);
     ASSERT_OK(observer);
     decode_observer_ = *std::move(observer);
-    auto model = worker::Qwen3MoeModel::Load(KVCACHE_TINY_CHECKPOINT_DIR);
-    ASSERT_OK(model);
-    model_.emplace(*std::move(model));
+    absl::StatusOr<WorkerRunner> runner =
+        WorkerRunner::Create(bin_dir_, KVCACHE_TINY_CHECKPOINT_DIR, kBlockSize, kNewTokens);
+    ASSERT_OK(runner);
+    runner_.emplace(*std::move(runner));
   }
 
   void TearDown() override {
     decode_observer_.reset();
     if (decode_daemon_.has_value()) {
-      ASSERT_OK(decode_daemon_->Signal(SIGTERM));
-      absl::StatusOr<int> status = decode_daemon_->Wait(kStartBound);
-      ASSERT_OK(status);
-      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+      EXPECT_OK(StopManager(*decode_daemon_, kStartBound));
     }
     DaemonProcessTest::TearDown();
   }
 
   std::vector<std::string> WorkerArgs(const std::string& target,
                                       const std::vector<uint32_t>& prompt) {
-    return {bin_dir_ + "/kvcache-worker",
-            "--target=" + target,
-            "--pool=qwen",
-            "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR,
-            "--tokens=" + absl::StrJoin(prompt, ","),
-            "--max_new_tokens=" + std::to_string(kNewTokens)};
+    return runner_->Argv(target, "qwen", prompt);
   }
 
-  ClientResult Run(std::vector<std::string> argv) {
-    absl::StatusOr<Subprocess> process = Subprocess::Start(argv);
-    EXPECT_OK(process);
-    if (!process.ok()) return {};
-    ClientResult result = ReadResult(*process);
-    absl::StatusOr<int> status = process->Wait(kClientBound);
-    EXPECT_OK(status);
-    if (status.ok()) {
-      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
-    }
-    return result;
+  ClientResult Run(const std::vector<std::string>& argv) {
+    return runner_->Run(argv, kClientBound);
   }
 
   ClientResult Prefill(const std::vector<uint32_t>& prompt) {
@@ -100,11 +84,7 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
   }
 
   void ExpectMatchesCold(const ClientResult& result, const std::vector<uint32_t>& prompt) {
-    worker::Sampler sampler = worker::Sampler::Greedy();
-    auto cold = worker::GenerateCold(*model_, prompt, kNewTokens, sampler, 16, DType::kBFloat16);
-    ASSERT_OK(cold);
-    EXPECT_EQ(result.Field("tokens"), absl::StrJoin(cold->tokens, ","));
-    EXPECT_EQ(result.Field("digest"), absl::StrFormat("%016x", cold->logits_digest));
+    runner_->ExpectMatchesCold(result, prompt);
   }
 
   KvCacheClient::PoolStats DecodeStats() {
@@ -134,7 +114,7 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
   std::string decode_target_;
   std::optional<Subprocess> decode_daemon_;
   std::unique_ptr<KvCacheClient> decode_observer_;
-  std::optional<worker::Qwen3MoeModel> model_;
+  std::optional<WorkerRunner> runner_;
 };
 
 TEST_P(PdProcessTest, DecodeContinuesFromShippedKvIdenticalToAColdRun) {

@@ -28,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -60,11 +59,7 @@ double EnvNumber(const char* name, double fallback) {
 }
 
 std::string TokenLine(const std::string& name, absl::string_view token, const std::string& tenant) {
-  const Sha256Digest digest = Sha256Of(token);
-  return absl::StrCat("token ", name, " sha256:",
-                      absl::BytesToHexString(absl::string_view(
-                          reinterpret_cast<const char*>(digest.data()), digest.size())),
-                      " ", tenant, " worker\n");
+  return absl::StrCat("token ", name, " ", TokenDigestText(token), " ", tenant, " worker\n");
 }
 
 class SoakProcessTest : public DaemonProcessTest {

@@ -45,11 +45,7 @@ constexpr char kTokenB[] = "token-of-tenant-b-9876543210";
 constexpr char kReaderToken[] = "router-token-aaaaaaaaaaaaaaaa";
 constexpr char kAdminToken[] = "operator-token-bbbbbbbbbbbbbb";
 
-std::string DigestLine(const std::string& token) {
-  std::string hex;
-  for (uint8_t byte : Sha256Of(token)) absl::StrAppend(&hex, absl::Hex(byte, absl::kZeroPad2));
-  return "sha256:" + hex;
-}
+std::string DigestLine(const std::string& token) { return TokenDigestText(token); }
 
 absl::Status StatusOf(const grpc::Status& status) { return FromGrpcStatus(status); }
 

@@ -13,10 +13,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/integration/worker_runner.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_files.h"
-#include "worker/generation.h"
 
 namespace kvcache::testing {
 namespace {
@@ -47,47 +47,22 @@ class WorkerProcessTest : public DaemonProcessTest {
   void SetUp() override {
     DaemonProcessTest::SetUp();
     StartDaemon();
-    auto model = worker::Qwen3MoeModel::Load(KVCACHE_TINY_CHECKPOINT_DIR);
-    ASSERT_OK(model);
-    model_.emplace(*std::move(model));
+    absl::StatusOr<WorkerRunner> runner =
+        WorkerRunner::Create(bin_dir_, KVCACHE_TINY_CHECKPOINT_DIR, kBlockSize, kNewTokens);
+    ASSERT_OK(runner);
+    runner_.emplace(*std::move(runner));
   }
 
   // Runs kvcache-worker on `prompt` and returns its result line.
-  ClientResult RunWorker(const std::vector<uint32_t>& prompt,
-                         const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {bin_dir_ + "/kvcache-worker",
-                                     "--target=" + target_,
-                                     "--pool=qwen",
-                                     "--checkpoint=" KVCACHE_TINY_CHECKPOINT_DIR,
-                                     "--tokens=" + absl::StrJoin(prompt, ","),
-                                     "--max_new_tokens=" + std::to_string(kNewTokens)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
-    EXPECT_OK(worker);
-    if (!worker.ok()) return {};
-    ClientResult result = ReadResult(*worker);
-    absl::StatusOr<int> status = worker->Wait(kClientBound);
-    EXPECT_OK(status);
-    return result;
-  }
-
-  // The cold reference's tokens and digest, as the worker prints them.
-  std::pair<std::string, std::string> Cold(const std::vector<uint32_t>& prompt) {
-    worker::Sampler sampler = worker::Sampler::Greedy();
-    auto cold =
-        worker::GenerateCold(*model_, prompt, kNewTokens, sampler, kBlockSize, DType::kBFloat16);
-    EXPECT_OK(cold);
-    if (!cold.ok()) return {};
-    return {absl::StrJoin(cold->tokens, ","), absl::StrFormat("%016x", cold->logits_digest)};
+  ClientResult RunWorker(const std::vector<uint32_t>& prompt) {
+    return runner_->Run(runner_->Argv(target_, "qwen", prompt), kClientBound);
   }
 
   void ExpectMatchesCold(const ClientResult& result, const std::vector<uint32_t>& prompt) {
-    const auto [tokens, digest] = Cold(prompt);
-    EXPECT_EQ(result.Field("tokens"), tokens);
-    EXPECT_EQ(result.Field("digest"), digest);
+    runner_->ExpectMatchesCold(result, prompt);
   }
 
-  std::optional<worker::Qwen3MoeModel> model_;
+  std::optional<WorkerRunner> runner_;
 };
 
 TEST_F(WorkerProcessTest, ColdRunThenPrefixHitAndResurrectionAreIdentical) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
 #include "tests/testing/redis_cluster_process.h"
@@ -22,6 +23,7 @@ namespace kvcache {
 namespace {
 
 using ::kvcache::testing::RedisClusterProcess;
+using ::kvcache::testing::StatusIs;
 
 constexpr uint32_t kTokensPerBlock = 16;
 constexpr uint64_t kBlockBytes = 32 << 10;  // the default pool's: a split record
@@ -285,6 +287,49 @@ TEST_F(ClusterTierTest, AMasterDownCostsItsBlocksAsMisses) {
   EXPECT_GT(stored, 0u);
   EXPECT_LT(stored, records.size());
   ASSERT_OK(redis_->Restart(*first_owner));
+}
+
+// A record's head and tail go out in one pipeline per node (tail first), so the head can be
+// taken while its tail is refused. Here an ACL user may write heads only (keys ending in '}'):
+// every tail gets NOPERM, the record fails, and the heads that were taken are deleted again, so
+// no reader finds a head naming bytes that are not there.
+TEST_F(ClusterTierTest, AHeadWhoseTailWasRefusedIsNotLeftBehind) {
+  for (int node = 0; node < redis_->size(); ++node) {
+    ASSERT_OK(redis_->Cli(
+        node, {"ACL", "SETUSER", "heads-only", "on", ">heads-secret", "~kvc2:*}", "+@all"}));
+  }
+  ClusterTierOptions options;
+  options.redis.seeds = {redis_->address(0)};
+  options.redis.username = "heads-only";
+  options.redis.password = "heads-secret";
+  options.pool = Pool();
+  options.tokens_per_block = kTokensPerBlock;
+  absl::StatusOr<std::unique_ptr<ClusterTier>> heads_only = ClusterTier::Create(options);
+  ASSERT_OK(heads_only);
+  ASSERT_LT((*heads_only)->HeadDataBytes(), kBlockBytes);
+  const Chain chain = MakeChain(4, 84);
+  std::vector<ClusterTier::Record> records;
+  for (size_t i = 0; i < chain.identities.size(); ++i) {
+    records.push_back({chain.identities[i], chain.bytes[i]});
+  }
+  for (const absl::Status& status : (*heads_only)->Store(records)) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInternal));
+  }
+  EXPECT_EQ((*heads_only)->counters().store_failures, 4u);
+  EXPECT_EQ((*heads_only)->counters().stored, 0u);
+  for (const BlockRecordIdentity& identity : chain.identities) {
+    const std::string key = tier_->KeyOf(identity);
+    absl::StatusOr<int> node = redis_->NodeOfSlot(RedisCluster::KeySlot(key));
+    ASSERT_OK(node);
+    absl::StatusOr<std::string> exists = redis_->Cli(*node, {"EXISTS", key});
+    ASSERT_OK(exists);
+    EXPECT_EQ(absl::StripAsciiWhitespace(*exists), "0") << key;
+  }
+  EXPECT_EQ(Load(*tier_, chain.identities, chain), 0u);
+  EXPECT_EQ(tier_->counters().absent, 1u);
+  for (int node = 0; node < redis_->size(); ++node) {
+    ASSERT_OK(redis_->Cli(node, {"ACL", "DELUSER", "heads-only"}));
+  }
 }
 
 }  // namespace

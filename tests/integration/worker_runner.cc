@@ -1,0 +1,62 @@
+#include "tests/integration/worker_runner.h"
+
+#include <sys/wait.h>
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvcache::testing {
+
+absl::StatusOr<WorkerRunner> WorkerRunner::Create(std::string bin_dir, std::string checkpoint,
+                                                  uint32_t block_size, uint32_t new_tokens) {
+  absl::StatusOr<worker::Qwen3MoeModel> model = worker::Qwen3MoeModel::Load(checkpoint);
+  if (!model.ok()) return model.status();
+  return WorkerRunner(std::move(bin_dir), std::move(checkpoint), block_size, new_tokens,
+                      *std::move(model));
+}
+
+std::vector<std::string> WorkerRunner::Argv(const std::string& target, const std::string& pool,
+                                            const std::vector<uint32_t>& prompt) const {
+  return {bin_dir_ + "/kvcache-worker",
+          "--target=" + target,
+          "--pool=" + pool,
+          "--checkpoint=" + checkpoint_,
+          "--tokens=" + absl::StrJoin(prompt, ","),
+          "--max_new_tokens=" + std::to_string(new_tokens_)};
+}
+
+ClientResult WorkerRunner::Run(const std::vector<std::string>& argv, absl::Duration bound) const {
+  absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
+  EXPECT_OK(worker);
+  if (!worker.ok()) return {};
+  absl::StatusOr<std::string> line = worker->ReadLineStartingWith("result ", bound);
+  EXPECT_OK(line);
+  std::optional<ClientResult> result;
+  if (line.ok()) {
+    result = ParseResult(*line);
+    EXPECT_TRUE(result.has_value()) << "unparsable: " << *line;
+  }
+  absl::StatusOr<int> status = worker->Wait(bound);
+  EXPECT_OK(status);
+  if (status.ok()) {
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << "kvcache-worker " << DescribeWaitStatus(*status);
+  }
+  return result.value_or(ClientResult{});
+}
+
+void WorkerRunner::ExpectMatchesCold(const ClientResult& result,
+                                     const std::vector<uint32_t>& prompt) const {
+  worker::Sampler sampler = worker::Sampler::Greedy();
+  absl::StatusOr<worker::GenerationResult> cold =
+      worker::GenerateCold(model_, prompt, new_tokens_, sampler, block_size_, DType::kBFloat16);
+  ASSERT_OK(cold);
+  EXPECT_EQ(result.Field("tokens"), absl::StrJoin(cold->tokens, ","));
+  EXPECT_EQ(result.Field("digest"), absl::StrFormat("%016x", cold->logits_digest));
+}
+
+}  // namespace kvcache::testing
