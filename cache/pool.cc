@@ -651,10 +651,13 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   const BelowLoaded loaded =
       LoadFromBelow(*sequence, num_hits, below, load_start, spec.max_load_ms);
   size_t cluster_loaded = 0;
-  if (from_cluster && loaded.total() == below.size() &&
-      (spec.max_load_ms == 0 ||
-       clock_->Now() - load_start < absl::Milliseconds(spec.max_load_ms))) {
-    cluster_loaded = LoadFromCluster(*sequence, num_hits + loaded.total(), max_hit_blocks);
+  // The budget left, as a real-time deadline for the network (the pool's clock may be a test's).
+  const absl::Duration budget_left =
+      spec.max_load_ms == 0 ? absl::InfiniteDuration()
+                            : absl::Milliseconds(spec.max_load_ms) - (clock_->Now() - load_start);
+  if (from_cluster && loaded.total() == below.size() && budget_left > absl::ZeroDuration()) {
+    cluster_loaded = LoadFromCluster(*sequence, num_hits + loaded.total(), max_hit_blocks,
+                                     absl::Now() + budget_left);
   }
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
@@ -802,7 +805,8 @@ Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
   return loaded;
 }
 
-size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limit) {
+size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limit,
+                             absl::Time deadline) {
   std::vector<BlockRecordIdentity> expected;
   std::vector<uint8_t*> out;
   for (size_t i = first; i < std::min(limit, sequence.chain.size()); ++i) {
@@ -812,7 +816,7 @@ size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limi
     expected.push_back(ExpectedRecord(sequence, i));
     out.push_back(block);
   }
-  return cluster_tier_->LoadPrefix(expected, out);
+  return cluster_tier_->LoadPrefix(expected, out, deadline);
 }
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,

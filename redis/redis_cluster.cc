@@ -271,11 +271,18 @@ absl::Status RedisCluster::RefreshSlots() {
 void RedisCluster::Run(
     std::vector<Command>& commands,
     absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
-    std::vector<absl::Status>& results) {
+    std::vector<absl::Status>& results, absl::Time deadline) {
   results.assign(commands.size(), absl::UnavailableError("not sent"));
+  const bool bounded = deadline != absl::InfiniteFuture();
+  const absl::Status past_deadline =
+      absl::DeadlineExceededError("the caller's deadline passed before Redis answered");
   std::vector<size_t> pending(commands.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
   for (int round = 0; !pending.empty(); ++round) {
+    if (bounded && absl::Now() >= deadline) {
+      for (size_t i : pending) results[i] = past_deadline;  // redirected, with no time left
+      return;
+    }
     MaybeRefreshSlots();
     // By node index: the order every batch locks nodes in.
     std::map<int, std::pair<Node*, std::vector<size_t>>> by_node;
@@ -293,9 +300,25 @@ void RedisCluster::Run(
     }
     std::vector<size_t> next;
     std::vector<Node*> locked;
-    for (auto& [index, group] : by_node) {
-      group.first->mu.Lock();
-      locked.push_back(group.first);
+    for (auto it = by_node.begin(); it != by_node.end();) {
+      Node* node = it->second.first;
+      // A node another batch holds (the mover's, on a slow node) is waited for only until the
+      // deadline; its keys are then the caller's misses.
+      bool held = !bounded;
+      if (bounded) {
+        while (!(held = node->mu.TryLock()) && absl::Now() < deadline) {
+          absl::SleepFor(absl::Microseconds(100));
+        }
+      } else {
+        node->mu.Lock();
+      }
+      if (!held) {
+        for (size_t i : it->second.second) results[i] = past_deadline;
+        it = by_node.erase(it);
+        continue;
+      }
+      locked.push_back(node);
+      ++it;
     }
     // Pipelines of at most max_pipeline_bytes per node: every node's next chunk is written,
     // then every node's replies to it are read.
@@ -349,6 +372,14 @@ void RedisCluster::Run(
       for (auto& [index, group] : by_node) {
         Node* node = group.first;
         std::vector<size_t>& members = group.second;
+        // Within the caller's deadline: a read timeout that ends before io_timeout is the
+        // deadline's, and drops the connection without resting the node.
+        bool deadline_bound = false;
+        if (bounded && usable[g] && chunk[g].first < chunk[g].second) {
+          const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+          deadline_bound = left < options_.io_timeout;
+          if (deadline_bound) redisSetTimeout(node->context, absl::ToTimeval(left));
+        }
         for (size_t k = chunk[g].first; k < chunk[g].second && usable[g]; ++k) {
           const size_t i = members[k];
           Command& command = commands[i];
@@ -361,6 +392,15 @@ void RedisCluster::Run(
           }
           if (!lost) {
             lost = redisGetReply(node->context, reinterpret_cast<void**>(&reply)) != REDIS_OK;
+          }
+          if ((lost || reply == nullptr) && deadline_bound && absl::Now() >= deadline) {
+            redisFree(node->context);  // replies still owed: the connection is out of step
+            node->context = nullptr;
+            for (size_t rest = k; rest < members.size(); ++rest) {
+              results[members[rest]] = past_deadline;
+            }
+            usable[g] = false;
+            break;
           }
           if (lost || reply == nullptr) {
             const absl::Status failed = absl::UnavailableError(
@@ -410,6 +450,9 @@ void RedisCluster::Run(
           }
           freeReplyObject(reply);
         }
+        if (deadline_bound && node->context != nullptr) {
+          redisSetTimeout(node->context, absl::ToTimeval(options_.io_timeout));
+        }
         ++g;
       }
     }
@@ -419,7 +462,7 @@ void RedisCluster::Run(
 }
 
 std::vector<absl::Status> RedisCluster::Get(absl::Span<const std::string> keys,
-                                            ValueVisitor found) {
+                                            ValueVisitor found, absl::Time deadline) {
   std::vector<Command> commands(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     commands[i].argv = {"GET", keys[i]};
@@ -436,7 +479,7 @@ std::vector<absl::Status> RedisCluster::Get(absl::Span<const std::string> keys,
         found(index, absl::string_view(reply.str, reply.len));
         return absl::OkStatus();
       },
-      results);
+      results, deadline);
   return results;
 }
 

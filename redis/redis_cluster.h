@@ -83,8 +83,12 @@ class RedisCluster {
   // GET of each key. `found(i, value)` is called for each key found, with a view valid only
   // during the call; the result says, per key, OK (found), NOT_FOUND, UNAVAILABLE (its node is
   // down or slow, or the slot has no node) or INTERNAL (Redis answered with an error).
+  // With a `deadline`, what has not come back by then is DEADLINE_EXCEEDED: the connections it
+  // waited on are dropped (a reconnect follows) but their nodes are not rested, since the budget
+  // was the caller's, not a sign the node failed.
   using ValueVisitor = absl::FunctionRef<void(size_t index, absl::string_view value)>;
-  std::vector<absl::Status> Get(absl::Span<const std::string> keys, ValueVisitor found);
+  std::vector<absl::Status> Get(absl::Span<const std::string> keys, ValueVisitor found,
+                                absl::Time deadline = absl::InfiniteFuture());
   // The same, copying the values.
   std::vector<absl::StatusOr<std::string>> Get(absl::Span<const std::string> keys);
   // SET of each key to its value; per key OK, UNAVAILABLE or INTERNAL (e.g. OOM from a node
@@ -121,7 +125,8 @@ class RedisCluster {
   // only at run time (in index order), which the thread-safety analysis cannot follow.
   void Run(std::vector<Command>& commands,
            absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
-           std::vector<absl::Status>& results) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+           std::vector<absl::Status>& results, absl::Time deadline = absl::InfiniteFuture())
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   Node* NodeFor(const std::string& address) ABSL_LOCKS_EXCLUDED(map_mu_);
   Node* SlotOwner(uint16_t slot) ABSL_LOCKS_EXCLUDED(map_mu_);
   // Connects `node` if it has no connection and is not resting after a failure.

@@ -142,6 +142,7 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     cluster->set_stored_blocks(tier.stored_blocks);
     cluster->set_store_failures(tier.tier.store_failures);
     cluster->set_verify_failures(tier.tier.corrupt);
+    cluster->set_deadline_blocks(tier.tier.past_deadline);
     cluster->set_load_failures(tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched +
                                tier.tier.unavailable);
   }

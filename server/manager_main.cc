@@ -249,11 +249,14 @@ int Run() {
     if (DiskTier* disk = pool->disk_tier()) {
       const DiskTierStats stats = disk->stats();
       std::printf(
-          "    disk tier: %s, %llu slots of %llu bytes%s; found %llu records (%llu slots skipped) "
-          "in %.1f ms\n",
+          "    disk tier: %s, %llu slots of %llu bytes%s, %s; found %llu records (%llu slots "
+          "skipped) in %.1f ms\n",
           pool_options.disk_tier_path.c_str(), static_cast<unsigned long long>(stats.slots),
           static_cast<unsigned long long>(stats.slot_bytes),
           disk->direct_io() ? ", O_DIRECT" : ", buffered (no O_DIRECT here)",
+          disk->io_backend() == IoBackend::kIoUring
+              ? "io_uring"
+              : "system calls (the kernel refused io_uring: seccomp or io_uring_disabled)",
           static_cast<unsigned long long>(stats.restart_records),
           static_cast<unsigned long long>(stats.restart_torn + stats.restart_foreign +
                                           stats.restart_old_format + stats.restart_duplicates),

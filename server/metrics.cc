@@ -215,6 +215,7 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(tier_stored, labels, tier.stored_blocks);
       out.Counter(tier_rejected, labels, tier.tier.store_failures);
       out.Counter(tier_verify, labels, tier.tier.corrupt);
+      out.Counter(tier_deadline, labels, tier.tier.past_deadline);
       out.Counter(
           tier_load_failures, labels,
           tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched + tier.tier.unavailable);

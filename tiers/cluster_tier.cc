@@ -122,7 +122,7 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
 }
 
 size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
-                               absl::Span<uint8_t* const> out) {
+                               absl::Span<uint8_t* const> out, absl::Time deadline) {
   const bool split = head_data_bytes_ < options_.pool.block_bytes;
   const size_t per_record = split ? 2 : 1;
   std::vector<std::string> keys;
@@ -162,10 +162,13 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
           checksum[record] = header->block.checksum;
           head[record] = Found::kGood;
         }
-      });
+      }, deadline);
   const auto miss = [&](const absl::Status& status, Found found) {
     if (!status.ok()) {
-      (absl::IsNotFound(status) ? absent_ : unavailable_).fetch_add(1, std::memory_order_relaxed);
+      (absl::IsNotFound(status)           ? absent_
+       : absl::IsDeadlineExceeded(status) ? past_deadline_
+                                          : unavailable_)
+          .fetch_add(1, std::memory_order_relaxed);
     } else if (found == Found::kForeign) {
       foreign_.fetch_add(1, std::memory_order_relaxed);
     } else if (found == Found::kOtherBlock) {
@@ -205,6 +208,7 @@ ClusterTierCounters ClusterTier::counters() const {
                              .loaded = loaded_.load(),
                              .absent = absent_.load(),
                              .unavailable = unavailable_.load(),
+                             .past_deadline = past_deadline_.load(),
                              .foreign = foreign_.load(),
                              .mismatched = mismatched_.load(),
                              .corrupt = corrupt_.load()};

@@ -53,6 +53,7 @@ struct ClusterTierCounters {
   uint64_t loaded = 0;          // records read and verified
   uint64_t absent = 0;          // loads that found no value (never stored, or evicted)
   uint64_t unavailable = 0;     // loads whose node was down or slow
+  uint64_t past_deadline = 0;   // loads cut by the request's deadline (max_load_ms)
   uint64_t foreign = 0;         // a value of another pool identity or record format under the key
   uint64_t mismatched = 0;      // a value of another block (a key collision) under the key
   uint64_t corrupt = 0;         // a torn, truncated or garbled value, or bytes failing the checksum
@@ -84,8 +85,10 @@ class ClusterTier {
 
   // Reads the records `expected` names, a chain in order, and copies each verified one's bytes
   // into out[i] (block_bytes each); stops at the first that does not verify. Returns how many
-  // leading records were loaded; out[i] past that holds nothing to use.
-  size_t LoadPrefix(absl::Span<const BlockRecordIdentity> expected, absl::Span<uint8_t* const> out);
+  // leading records were loaded; out[i] past that holds nothing to use. What has not come back
+  // by `deadline` (a request's max_load_ms) is a miss (`past_deadline`); its node is not rested.
+  size_t LoadPrefix(absl::Span<const BlockRecordIdentity> expected, absl::Span<uint8_t* const> out,
+                    absl::Time deadline = absl::InfiniteFuture());
 
   ClusterTierCounters counters() const;
 
@@ -103,6 +106,7 @@ class ClusterTier {
   std::atomic<uint64_t> loaded_{0};
   std::atomic<uint64_t> absent_{0};
   std::atomic<uint64_t> unavailable_{0};
+  std::atomic<uint64_t> past_deadline_{0};
   std::atomic<uint64_t> foreign_{0};
   std::atomic<uint64_t> mismatched_{0};
   std::atomic<uint64_t> corrupt_{0};

@@ -57,6 +57,9 @@ class DiskTier::Impl {
       : options_(std::move(options)),
         fd_(fd),
         direct_io_(direct_io),
+        io_backend_(options_.io == DiskTierOptions::Io::kIoUring    ? IoBackend::kIoUring
+                    : options_.io == DiskTierOptions::Io::kSyscalls ? IoBackend::kSyscalls
+                                                                    : IoRing::Probe()),
         header_bytes_(RecordHeaderSlotBytes(options_.tokens_per_block)),
         slot_bytes_(header_bytes_ + RoundUpToRecordAlignment(options_.pool.block_bytes)),
         slots_(slots),
@@ -81,10 +84,10 @@ class DiskTier::Impl {
     for (uint32_t i = options_.max_queued_stores; i > 0; --i) {
       free_buffers_.push_back(store_buffers_.data() + (i - 1) * slot_bytes_);
     }
-    ASSIGN_OR_RETURN(write_ring_, IoRing::Create(options_.max_queued_stores + 1));
+    ASSIGN_OR_RETURN(write_ring_, IoRing::Create(options_.max_queued_stores + 1, io_backend_));
     for (uint32_t i = 0; i < options_.read_rings; ++i) {
       auto reader = std::make_unique<Reader>();
-      ASSIGN_OR_RETURN(reader->ring, IoRing::Create(options_.read_depth));
+      ASSIGN_OR_RETURN(reader->ring, IoRing::Create(options_.read_depth, io_backend_));
       reader->buffers = std::make_unique<AlignedBuffer>(2 * slot_bytes_ * options_.read_depth);
       if (reader->buffers->data() == nullptr) return absl::ResourceExhaustedError("read buffers");
       readers_.push_back(std::move(reader));
@@ -101,7 +104,7 @@ class DiskTier::Impl {
     const uint64_t whole = std::min(slots_, old_size / slot_bytes_);
     if (whole < slots_ && old_size > whole * slot_bytes_) ++stats_.restart_torn;  // cut slot
     if (whole > 0) {
-      ASSIGN_OR_RETURN(std::unique_ptr<IoRing> ring, IoRing::Create(64));
+      ASSIGN_OR_RETURN(std::unique_ptr<IoRing> ring, IoRing::Create(64, io_backend_));
       AlignedBuffer buffer(header_bytes_ * ring->depth());
       if (buffer.data() == nullptr) return absl::ResourceExhaustedError("scan buffer");
       std::vector<IoRing::Completion> done;
@@ -246,6 +249,7 @@ class DiskTier::Impl {
   }
 
   bool direct_io() const { return direct_io_; }
+  IoBackend io_backend() const { return io_backend_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint32_t read_depth() const { return options_.read_depth; }
 
@@ -614,6 +618,7 @@ class DiskTier::Impl {
   const DiskTierOptions options_;
   const int fd_;
   const bool direct_io_;
+  const IoBackend io_backend_;
   const uint64_t header_bytes_;  // the header's share of a slot, 4 KiB-aligned
   const uint64_t slot_bytes_;
   const uint64_t slots_;
@@ -741,6 +746,7 @@ absl::Status DiskTier::Erase(const Hash128& hash) { return impl_->Erase(hash); }
 void DiskTier::Flush() { impl_->Flush(); }
 DiskTierStats DiskTier::stats() const { return impl_->stats(); }
 uint32_t DiskTier::read_depth() const { return impl_->read_depth(); }
+IoBackend DiskTier::io_backend() const { return impl_->io_backend(); }
 bool DiskTier::direct_io() const { return impl_->direct_io(); }
 uint64_t DiskTier::slot_bytes() const { return impl_->slot_bytes(); }
 

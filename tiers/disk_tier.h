@@ -42,6 +42,7 @@
 #include "absl/types/span.h"
 #include "common/block_hash.h"
 #include "tiers/block_record.h"
+#include "tiers/io_ring.h"
 
 namespace kvcache {
 
@@ -62,6 +63,11 @@ struct DiskTierOptions {
   // buffers (a completed read is verified while the next ones are read).
   uint32_t read_rings = 2;
   uint32_t read_depth = 16;
+
+  // kAuto: io_uring where the kernel grants it, else plain system calls (io_ring.h), e.g. under a
+  // container runtime's default seccomp profile. The others force one (tests, benches).
+  enum class Io { kAuto, kIoUring, kSyscalls };
+  Io io = Io::kAuto;
 
   // How long Open waits for another process's lock on the file to go (a killed daemon's lives
   // on briefly while the kernel tears down its io_uring rings).
@@ -118,8 +124,8 @@ class DiskTier {
   // INVALID_ARGUMENT: bad options (no path, a capacity below one slot, block_bytes 0, a model id
   // longer than kMaxRecordModelIdBytes); RESOURCE_EXHAUSTED: the file system has less free space
   // than the capacity still needs; FAILED_PRECONDITION: another process has the file open
-  // (flock, after lock_timeout) or io_uring is unavailable; INTERNAL: any other system call
-  // failure, with errno.
+  // (flock, after lock_timeout), or Io::kIoUring was asked and io_uring is unavailable; INTERNAL:
+  // any other system call failure, with errno.
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(DiskTierOptions options);
 
   // Writes the queued records (a bounded wait) and stops the writer.
@@ -165,6 +171,8 @@ class DiskTier {
   // False when the file system refused O_DIRECT (tmpfs before Linux 6.6) and the tier uses
   // buffered I/O.
   bool direct_io() const;
+  // What does the I/O; with DiskTierOptions::Io::kAuto, io_uring unless the kernel refused it.
+  IoBackend io_backend() const;
   uint64_t slot_bytes() const;
   // Reads LoadMany keeps in flight (DiskTierOptions::read_depth).
   uint32_t read_depth() const;

@@ -2,6 +2,13 @@
 // an fdatasync, submit, wait for all". Also AlignedBuffer, memory aligned for O_DIRECT. The disk
 // tier and its bench (the raw-io_uring baseline) both use them.
 //
+// Where the kernel refuses io_uring — container runtimes' default seccomp profiles block its
+// system calls (Docker since 25.0, containerd's RuntimeDefault), and kernels may disable it
+// (kernel.io_uring_disabled) — the same interface runs on plain system calls
+// (IoBackend::kSyscalls): Submit performs the queued operations one after another with
+// pread/preadv/pwritev2/fdatasync, and the waits hand back their results. Slower (one operation
+// in flight per ring), but the tier works.
+//
 // Thread safety: thread-compatible; one thread uses a ring at a time.
 #ifndef KVCACHE_TIERS_IO_RING_H_
 #define KVCACHE_TIERS_IO_RING_H_
@@ -9,10 +16,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 struct io_uring;  // liburing.h, kept out of this header
 struct iovec;
@@ -34,15 +43,25 @@ class AlignedBuffer {
   std::unique_ptr<char, Free> data_;
 };
 
+enum class IoBackend : uint8_t { kIoUring, kSyscalls };
+absl::string_view IoBackendName(IoBackend backend);
+
 class IoRing {
  public:
-  // FAILED_PRECONDITION when the kernel refuses io_uring (disabled, seccomp), with errno.
-  static absl::StatusOr<std::unique_ptr<IoRing>> Create(uint32_t depth);
+  // kIoUring: FAILED_PRECONDITION when the kernel refuses io_uring (disabled, seccomp), with
+  // errno. kSyscalls always succeeds.
+  static absl::StatusOr<std::unique_ptr<IoRing>> Create(uint32_t depth,
+                                                        IoBackend backend = IoBackend::kIoUring);
+  // The backend to use here: kIoUring if the kernel grants a ring, else kSyscalls (and why).
+  static IoBackend Probe(std::string* why_not_io_uring = nullptr);
   ~IoRing();
   IoRing(const IoRing&) = delete;
   IoRing& operator=(const IoRing&) = delete;
 
   uint32_t depth() const { return depth_; }
+  IoBackend backend() const {
+    return ring_ == nullptr ? IoBackend::kSyscalls : IoBackend::kIoUring;
+  }
 
   // Each Queue* adds one operation; REQUIRES: fewer than depth() queued since the last Submit.
   // `tag` comes back in its Completion.
@@ -72,12 +91,27 @@ class IoRing {
   }
 
  private:
+  // An operation kept for Submit (kSyscalls).
+  struct Queued {
+    enum class Kind : uint8_t { kRead, kReadv, kWrite, kFdatasync } kind;
+    int fd = -1;
+    void* buffer = nullptr;
+    const struct iovec* iovecs = nullptr;
+    uint32_t size = 0;  // bytes, or iovec count for kReadv
+    uint64_t offset = 0;
+    uint64_t tag = 0;
+    bool dsync = false;
+  };
+
   IoRing(uint32_t depth, std::unique_ptr<::io_uring> ring);
+  static int Perform(const Queued& op);
 
   const uint32_t depth_;
-  std::unique_ptr<::io_uring> ring_;
-  uint32_t queued_ = 0;     // queued, not submitted
-  uint32_t in_flight_ = 0;  // submitted, not yet waited for
+  std::unique_ptr<::io_uring> ring_;  // null: kSyscalls
+  std::vector<Queued> pending_;       // kSyscalls: queued, not submitted
+  std::vector<Completion> done_;      // kSyscalls: performed, not yet waited for
+  uint32_t queued_ = 0;               // queued, not submitted
+  uint32_t in_flight_ = 0;            // submitted, not yet waited for
 };
 
 }  // namespace kvcache

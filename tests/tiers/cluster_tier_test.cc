@@ -289,6 +289,36 @@ TEST_F(ClusterTierTest, AMasterDownCostsItsBlocksAsMisses) {
   ASSERT_OK(redis_->Restart(*first_owner));
 }
 
+// A request's max_load_ms holds against a silent master: its blocks are cut by the deadline, not
+// waited for over io_timeout (30 s here, so a test that ignored the deadline would take 30 s and
+// see UNAVAILABLE), and the node is not rested — it serves at once when it answers again.
+TEST_F(ClusterTierTest, ASilentMasterCostsNoMoreThanTheRequestsDeadline) {
+  ClusterTierOptions options;
+  options.redis.seeds = {redis_->address(0)};
+  options.redis.io_timeout = absl::Seconds(30);
+  options.redis.retry_down_after = absl::Seconds(60);
+  options.pool = Pool();
+  options.tokens_per_block = kTokensPerBlock;
+  absl::StatusOr<std::unique_ptr<ClusterTier>> tier = ClusterTier::Create(options);
+  ASSERT_OK(tier);
+  const Chain chain = MakeChain(12, 91);
+  Store(**tier, chain);
+  absl::StatusOr<int> first_owner =
+      redis_->NodeOfSlot(RedisCluster::KeySlot((*tier)->KeyOf(chain.identities[0])));
+  ASSERT_OK(first_owner);
+  ASSERT_OK(redis_->Pause(*first_owner));
+  std::vector<std::string> out(chain.identities.size(), std::string(kBlockBytes, '\0'));
+  std::vector<uint8_t*> pointers;
+  for (std::string& block : out) pointers.push_back(reinterpret_cast<uint8_t*>(block.data()));
+  EXPECT_EQ((*tier)->LoadPrefix(chain.identities, pointers, absl::Now() + absl::Milliseconds(100)),
+            0u);
+  EXPECT_EQ((*tier)->counters().past_deadline, 1u);
+  EXPECT_EQ((*tier)->counters().unavailable, 0u);
+  ASSERT_OK(redis_->Resume(*first_owner));
+  // Not rested for retry_down_after (a minute): the whole chain loads now.
+  EXPECT_EQ(Load(**tier, chain.identities, chain), chain.identities.size());
+}
+
 // A record's head and tail go out in one pipeline per node (tail first), so the head can be
 // taken while its tail is refused. Here an ACL user may write heads only (keys ending in '}'):
 // every tail gets NOPERM, the record fails, and the heads that were taken are deleted again, so

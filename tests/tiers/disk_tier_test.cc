@@ -34,12 +34,15 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kSlotBytes = testing::kTestSlotBytes;
 
-class DiskTierTest : public ::testing::Test {
+// Every case runs on io_uring and on the plain system calls a container without io_uring gets.
+class DiskTierTest : public ::testing::TestWithParam<DiskTierOptions::Io> {
  protected:
   std::string path() const { return dir_.File("tier/pool0.kvt"); }
 
   DiskTierOptions Options(uint64_t slots = 64) const {
-    return testing::TestTierOptions(path(), slots);
+    DiskTierOptions options = testing::TestTierOptions(path(), slots);
+    options.io = GetParam();
+    return options;
   }
 
   std::unique_ptr<DiskTier> OpenTier(DiskTierOptions options) {
@@ -84,9 +87,11 @@ class DiskTierTest : public ::testing::Test {
   worker::testing::ScopedTempDir dir_;
 };
 
-TEST_F(DiskTierTest, StoredBlocksComeBackVerified) {
+TEST_P(DiskTierTest, StoredBlocksComeBackVerified) {
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->io_backend(), GetParam() == DiskTierOptions::Io::kSyscalls ? IoBackend::kSyscalls
+                                                                             : IoBackend::kIoUring);
   EXPECT_EQ(tier->slot_bytes(), kSlotBytes);
   for (uint64_t i = 0; i < 10; ++i) ASSERT_OK(StoreBlock(*tier, i));
   tier->Flush();
@@ -109,7 +114,7 @@ TEST_F(DiskTierTest, StoredBlocksComeBackVerified) {
   EXPECT_EQ(stats.bytes_written, 10 * kSlotBytes);
 }
 
-TEST_F(DiskTierTest, LoadManyAnswersEachRequestInOrder) {
+TEST_P(DiskTierTest, LoadManyAnswersEachRequestInOrder) {
   DiskTierOptions options = Options();
   options.read_depth = 4;  // 40 requests: ten rounds on one ring
   auto tier = OpenTier(options);
@@ -138,7 +143,7 @@ TEST_F(DiskTierTest, LoadManyAnswersEachRequestInOrder) {
   }
 }
 
-TEST_F(DiskTierTest, RecordIsInvisibleUntilDurable) {
+TEST_P(DiskTierTest, RecordIsInvisibleUntilDurable) {
   absl::Notification written;
   DiskTierOptions options = Options();
   options.testing_write_errno = [&written] {
@@ -159,7 +164,7 @@ TEST_F(DiskTierTest, RecordIsInvisibleUntilDurable) {
   EXPECT_EQ(tier->stats().queued, 0u);
 }
 
-TEST_F(DiskTierTest, FullQueueRefusesAtOnce) {
+TEST_P(DiskTierTest, FullQueueRefusesAtOnce) {
   absl::Notification written;
   DiskTierOptions options = Options();
   options.max_queued_stores = 2;
@@ -181,7 +186,7 @@ TEST_F(DiskTierTest, FullQueueRefusesAtOnce) {
   EXPECT_EQ(tier->stats().records, 3u);
 }
 
-TEST_F(DiskTierTest, WriteErrorStopsStoresAndLoadsGoOn) {
+TEST_P(DiskTierTest, WriteErrorStopsStoresAndLoadsGoOn) {
   std::atomic<int> write_errno{0};
   DiskTierOptions options = Options();
   options.testing_write_errno = [&write_errno] { return write_errno.load(); };
@@ -203,7 +208,7 @@ TEST_F(DiskTierTest, WriteErrorStopsStoresAndLoadsGoOn) {
   EXPECT_EQ(stats.records, 3u);
 }
 
-TEST_F(DiskTierTest, FullTierEvictsLeastRecentlyUsed) {
+TEST_P(DiskTierTest, FullTierEvictsLeastRecentlyUsed) {
   auto tier = OpenTier(Options(/*slots=*/4));
   ASSERT_NE(tier, nullptr);
   for (uint64_t i = 0; i < 4; ++i) ASSERT_OK(StoreBlock(*tier, i));
@@ -217,7 +222,7 @@ TEST_F(DiskTierTest, FullTierEvictsLeastRecentlyUsed) {
   EXPECT_EQ(tier->stats().records, 4u);
 }
 
-TEST_F(DiskTierTest, StoreChecksItsInput) {
+TEST_P(DiskTierTest, StoreChecksItsInput) {
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
   const std::string bytes = TestBytes(TestHash(1));
@@ -238,7 +243,7 @@ TEST_F(DiskTierTest, StoreChecksItsInput) {
   EXPECT_EQ(tier->stats().stores_durable, 1u);
 }
 
-TEST_F(DiskTierTest, RecordOfAnotherIdentityIsAMiss) {
+TEST_P(DiskTierTest, RecordOfAnotherIdentityIsAMiss) {
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
   ASSERT_OK(StoreBlock(*tier, 1));
@@ -261,7 +266,7 @@ TEST_F(DiskTierTest, RecordOfAnotherIdentityIsAMiss) {
   EXPECT_OK(LoadBlock(*tier, 1));  // still there for its own chain
 }
 
-TEST_F(DiskTierTest, EraseForgetsTheRecord) {
+TEST_P(DiskTierTest, EraseForgetsTheRecord) {
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
   ASSERT_OK(StoreBlock(*tier, 1));
@@ -275,7 +280,7 @@ TEST_F(DiskTierTest, EraseForgetsTheRecord) {
   EXPECT_EQ(tier->stats().erases, 1u);
 }
 
-TEST_F(DiskTierTest, ReopenServesThePreviousRecords) {
+TEST_P(DiskTierTest, ReopenServesThePreviousRecords) {
   ASSERT_NO_FATAL_FAILURE(StoreAndClose(5));
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
@@ -297,7 +302,7 @@ TEST_F(DiskTierTest, ReopenServesThePreviousRecords) {
   EXPECT_EQ(tier->stats().records, 6u);
 }
 
-TEST_F(DiskTierTest, FlippedDataByteIsCaughtAtLoad) {
+TEST_P(DiskTierTest, FlippedDataByteIsCaughtAtLoad) {
   ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
   FlipByte(/*slot 1's bytes*/ kSlotBytes + 4096 + 1234);
   auto tier = OpenTier(Options());
@@ -315,7 +320,7 @@ TEST_F(DiskTierTest, FlippedDataByteIsCaughtAtLoad) {
   EXPECT_OK(LoadBlock(*tier, 1));
 }
 
-TEST_F(DiskTierTest, FlippedByteWhileOpenIsCaughtAtLoad) {
+TEST_P(DiskTierTest, FlippedByteWhileOpenIsCaughtAtLoad) {
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
   for (uint64_t i = 0; i < 3; ++i) ASSERT_OK(StoreBlock(*tier, i));
@@ -326,7 +331,7 @@ TEST_F(DiskTierTest, FlippedByteWhileOpenIsCaughtAtLoad) {
   EXPECT_OK(LoadBlock(*tier, 1));
 }
 
-TEST_F(DiskTierTest, FlippedHeaderByteSkipsTheRecordAtRestart) {
+TEST_P(DiskTierTest, FlippedHeaderByteSkipsTheRecordAtRestart) {
   ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
   FlipByte(kSlotBytes + 300);  // slot 1's chain hash
   auto tier = OpenTier(Options());
@@ -338,7 +343,7 @@ TEST_F(DiskTierTest, FlippedHeaderByteSkipsTheRecordAtRestart) {
   EXPECT_OK(LoadBlock(*tier, 2));
 }
 
-TEST_F(DiskTierTest, ForeignRecordsAreSkipped) {
+TEST_P(DiskTierTest, ForeignRecordsAreSkipped) {
   ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
   // Each field of the pool identity makes every record foreign. block_bytes 10001 keeps the
   // slot geometry, so the headers are read where they are.
@@ -373,7 +378,7 @@ TEST_F(DiskTierTest, ForeignRecordsAreSkipped) {
 
 // A file written by a build before record format 2 (no prefix digest): its records cannot be
 // verified against a whole prefix, so a restart skips and counts them and reuses their slots.
-TEST_F(DiskTierTest, RecordsOfFormatVersionOneAreSkippedAtRestart) {
+TEST_P(DiskTierTest, RecordsOfFormatVersionOneAreSkippedAtRestart) {
   ASSERT_NO_FATAL_FAILURE(StoreAndClose(3));
   const std::string old = testing::Version1RecordHeader(
       RecordHeader{.pool = testing::TestPool(), .block = TestIdentity(1), .sequence = 1});
@@ -398,7 +403,7 @@ TEST_F(DiskTierTest, RecordsOfFormatVersionOneAreSkippedAtRestart) {
   EXPECT_OK(LoadBlock(*tier, 1));
 }
 
-TEST_F(DiskTierTest, TruncatedFileKeepsWholeSlots) {
+TEST_P(DiskTierTest, TruncatedFileKeepsWholeSlots) {
   ASSERT_NO_FATAL_FAILURE(StoreAndClose(4));
   ASSERT_EQ(::truncate(path().c_str(), 2 * kSlotBytes + 5000), 0);
   auto tier = OpenTier(Options());
@@ -414,7 +419,7 @@ TEST_F(DiskTierTest, TruncatedFileKeepsWholeSlots) {
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * kSlotBytes);  // extended again
 }
 
-TEST_F(DiskTierTest, RestartKeepsTheNewestOfTwoRecordsOfOneHash) {
+TEST_P(DiskTierTest, RestartKeepsTheNewestOfTwoRecordsOfOneHash) {
   {
     auto tier = OpenTier(Options());
     ASSERT_NE(tier, nullptr);
@@ -433,7 +438,7 @@ TEST_F(DiskTierTest, RestartKeepsTheNewestOfTwoRecordsOfOneHash) {
   EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
 }
 
-TEST_F(DiskTierTest, OpenRefusesBadSizesAFullDiskAndASecondOwner) {
+TEST_P(DiskTierTest, OpenRefusesBadSizesAFullDiskAndASecondOwner) {
   DiskTierOptions tiny = Options();
   tiny.capacity_bytes = kSlotBytes - 1;
   EXPECT_THAT(DiskTier::Open(tiny), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -450,7 +455,7 @@ TEST_F(DiskTierTest, OpenRefusesBadSizesAFullDiskAndASecondOwner) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
 }
 
-TEST_F(DiskTierTest, FileAndDirectoryAreOwnerOnly) {
+TEST_P(DiskTierTest, FileAndDirectoryAreOwnerOnly) {
   auto tier = OpenTier(Options());
   ASSERT_NE(tier, nullptr);
   struct stat st;
@@ -461,7 +466,7 @@ TEST_F(DiskTierTest, FileAndDirectoryAreOwnerOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
-TEST_F(DiskTierTest, ConcurrentStoresAndLoadsNeverSeeWrongBytes) {
+TEST_P(DiskTierTest, ConcurrentStoresAndLoadsNeverSeeWrongBytes) {
   DiskTierOptions options = Options(/*slots=*/512);
   options.max_queued_stores = 8;
   auto tier = OpenTier(options);
@@ -497,7 +502,7 @@ TEST_F(DiskTierTest, ConcurrentStoresAndLoadsNeverSeeWrongBytes) {
   EXPECT_EQ(tier->stats().load_corrupt, 0u);
 }
 
-TEST_F(DiskTierTest, PageAlignedBlocksAreReadInPlaceAndVerified) {
+TEST_P(DiskTierTest, PageAlignedBlocksAreReadInPlaceAndVerified) {
   // Whole-page blocks in page-aligned memory, as a pool's: the bytes go straight into `out`.
   constexpr uint64_t kBlockBytes = 8192;
   DiskTierOptions options = Options();
@@ -526,7 +531,7 @@ TEST_F(DiskTierTest, PageAlignedBlocksAreReadInPlaceAndVerified) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
 }
 
-TEST_F(DiskTierTest, TmpfsFallsBackToBufferedIo) {
+TEST_P(DiskTierTest, TmpfsFallsBackToBufferedIo) {
   if (::access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no writable /dev/shm";
   char pattern[] = "/dev/shm/kvcache_disk_tier_XXXXXX";
   ASSERT_NE(::mkdtemp(pattern), nullptr);
@@ -548,6 +553,14 @@ TEST_F(DiskTierTest, TmpfsFallsBackToBufferedIo) {
   }
   std::filesystem::remove_all(pattern);
 }
+
+INSTANTIATE_TEST_SUITE_P(Io, DiskTierTest,
+                         ::testing::Values(DiskTierOptions::Io::kIoUring,
+                                           DiskTierOptions::Io::kSyscalls),
+                         [](const ::testing::TestParamInfo<DiskTierOptions::Io>& info) {
+                           return info.param == DiskTierOptions::Io::kIoUring ? "IoUring"
+                                                                              : "Syscalls";
+                         });
 
 }  // namespace
 }  // namespace kvcache
