@@ -247,9 +247,14 @@ class DiskTier::Impl {
   }
 
   void Flush() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](uint64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](uint64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
+    }
+    // The writer may not have delivered its last batch's changes yet: after this, it has (or
+    // this call did).
+    changes_.Deliver();
   }
 
   DiskTierStats stats() const {
