@@ -423,10 +423,12 @@ bool Pool::OffloadBatch() {
   if (!to_cluster.empty()) {
     const std::vector<absl::Status> stored = cluster_tier_->Store(to_cluster);
     // Announced live only: the cluster evicts silently, so no removal would ever follow.
+    // Announced before counted, so whoever sees the count sees the events.
     std::vector<RecordChange> in_cluster;
+    uint64_t written = 0;
     for (size_t i = 0; i < stored.size(); ++i) {
       if (!stored[i].ok()) continue;
-      cluster_stored_blocks_.fetch_add(1, std::memory_order_relaxed);
+      ++written;
       if (tier_events_ != nullptr) {
         in_cluster.push_back(RecordChange{RecordChange::Kind::kStored, to_cluster[i].identity});
       }
@@ -434,6 +436,7 @@ bool Pool::OffloadBatch() {
     if (!in_cluster.empty()) {
       tier_events_->Announce(kKvMediumExternal, in_cluster, KvEventRetention::kLiveOnly);
     }
+    cluster_stored_blocks_.fetch_add(written, std::memory_order_relaxed);
   }
   return true;
 }
