@@ -37,9 +37,11 @@ absl::Status CacheManager::AddPool(const PoolOptions& options, std::unique_ptr<P
   }
   const uint32_t pool_index = static_cast<uint32_t>(pools_.size());
   const std::string medium(KvEventMediumOf(memory == nullptr ? "" : memory->kind()));
+  // Before the pool: its disk tier announces what a restart restored while it is created. A pool
+  // that fails to be created leaves an entry the next one's index replaces.
+  events_.AddPool(pool_index, options.name, medium, options.layout.block_size);
   ASSIGN_OR_RETURN(auto pool, Pool::Create(options, pool_index, std::move(memory), device_faults_,
                                            &quotas_, record_events_ ? &events_ : nullptr, clock_));
-  events_.AddPool(pool_index, options.name, medium, options.layout.block_size);
   pools_.push_back(std::move(pool));
   return absl::OkStatus();
 }

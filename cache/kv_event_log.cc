@@ -14,7 +14,7 @@ bool KvEventFilter::Matches(const KvEvent& event) const {
 }
 
 absl::string_view KvEventMediumOf(absl::string_view memory_kind) {
-  return memory_kind == "cuda" ? "GPU" : "CPU";
+  return memory_kind == "cuda" ? kKvMediumGpu : kKvMediumCpu;
 }
 
 KvEventLog::KvEventLog(size_t capacity, const Clock* clock) : capacity_(capacity), clock_(clock) {
@@ -29,13 +29,24 @@ void KvEventLog::AddPool(uint32_t pool_index, std::string name, std::string medi
                          uint32_t block_size) {
   absl::MutexLock lock(&mu_);
   pools_[pool_index] =
-      PoolInfo{.name = std::move(name), .medium = std::move(medium), .block_size = block_size};
+      PoolInfo{.name = std::move(name), .media = {std::move(medium)}, .block_size = block_size};
 }
 
 const KvEventLog::PoolInfo& KvEventLog::PoolLocked(uint32_t pool_index) const {
   auto it = pools_.find(pool_index);
   assert(it != pools_.end());
   return it->second;
+}
+
+uint32_t KvEventLog::MediumLocked(uint32_t pool_index, absl::string_view medium) {
+  auto it = pools_.find(pool_index);
+  assert(it != pools_.end());
+  std::vector<std::string>& media = it->second.media;
+  for (uint32_t i = 0; i < media.size(); ++i) {
+    if (media[i] == medium) return i;
+  }
+  media.emplace_back(medium);
+  return static_cast<uint32_t>(media.size() - 1);
 }
 
 void KvEventLog::AppendLocked(std::shared_ptr<KvEvent> event) {
@@ -45,22 +56,49 @@ void KvEventLog::AppendLocked(std::shared_ptr<KvEvent> event) {
   if (buffer_.size() > capacity_) buffer_.pop_front();
 }
 
-void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
-                              std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks) {
-  if (blocks.empty()) return;
+namespace {
+
+std::shared_ptr<KvEvent> NewStoredEvent(absl::string_view tenant,
+                                        std::optional<Hash128> parent_hash,
+                                        std::vector<StoredBlock> blocks) {
   auto event = std::make_shared<KvEvent>();
   event->kind = KvEventKind::kBlocksStored;
   event->tenant = std::string(tenant);
   event->parent_hash = parent_hash;
   event->blocks = std::move(blocks);
+  return event;
+}
+
+}  // namespace
+
+void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
+                              std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks) {
+  if (blocks.empty()) return;
+  auto event = NewStoredEvent(tenant, parent_hash, std::move(blocks));
   absl::MutexLock lock(&mu_);
+  StoredLocked(pool_index, 0, std::move(event), KvEventRetention::kIndexed);
+}
+
+void KvEventLog::BlocksStoredIn(uint32_t pool_index, absl::string_view medium,
+                                absl::string_view tenant, std::optional<Hash128> parent_hash,
+                                std::vector<StoredBlock> blocks, KvEventRetention retention) {
+  if (blocks.empty()) return;
+  auto event = NewStoredEvent(tenant, parent_hash, std::move(blocks));
+  absl::MutexLock lock(&mu_);
+  StoredLocked(pool_index, MediumLocked(pool_index, medium), std::move(event), retention);
+}
+
+void KvEventLog::StoredLocked(uint32_t pool_index, uint32_t medium, std::shared_ptr<KvEvent> event,
+                              KvEventRetention retention) {
   const PoolInfo& pool = PoolLocked(pool_index);
   event->pool = pool.name;
-  event->medium = pool.medium;
+  event->medium = pool.media[medium];
   event->block_size = pool.block_size;
-  for (uint32_t position = 0; position < event->blocks.size(); ++position) {
-    index_.insert_or_assign(IndexKey{pool_index, event->blocks[position].hash},
-                            IndexEntry{.stored_in = event, .position = position});
+  if (retention == KvEventRetention::kIndexed) {
+    for (uint32_t position = 0; position < event->blocks.size(); ++position) {
+      index_.insert_or_assign(IndexKey{pool_index, medium, event->blocks[position].hash},
+                              IndexEntry{.stored_in = event, .position = position});
+    }
   }
   AppendLocked(std::move(event));
 }
@@ -68,11 +106,23 @@ void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
 void KvEventLog::BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> hashes) {
   if (hashes.empty()) return;
   absl::MutexLock lock(&mu_);
+  RemovedLocked(pool_index, 0, hashes);
+}
+
+void KvEventLog::BlocksRemovedFrom(uint32_t pool_index, absl::string_view medium,
+                                   absl::Span<const Hash128> hashes) {
+  if (hashes.empty()) return;
+  absl::MutexLock lock(&mu_);
+  RemovedLocked(pool_index, MediumLocked(pool_index, medium), hashes);
+}
+
+void KvEventLog::RemovedLocked(uint32_t pool_index, uint32_t medium,
+                               absl::Span<const Hash128> hashes) {
   const PoolInfo& pool = PoolLocked(pool_index);
   // Usually one tenant; keep the owners in first-seen order so events are deterministic.
   std::vector<std::shared_ptr<KvEvent>> by_tenant;
   for (const Hash128& hash : hashes) {
-    auto it = index_.find(IndexKey{pool_index, hash});
+    auto it = index_.find(IndexKey{pool_index, medium, hash});
     if (it == index_.end()) continue;
     std::shared_ptr<KvEvent>* owner = nullptr;
     const std::string& block_tenant = it->second.stored_in->tenant;
@@ -84,7 +134,7 @@ void KvEventLog::BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> ha
       event->kind = KvEventKind::kBlocksRemoved;
       event->pool = pool.name;
       event->tenant = block_tenant;
-      event->medium = pool.medium;
+      event->medium = pool.media[medium];
       event->block_size = pool.block_size;
       by_tenant.push_back(std::move(event));
       owner = &by_tenant.back();
@@ -93,6 +143,28 @@ void KvEventLog::BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> ha
     index_.erase(it);
   }
   for (auto& event : by_tenant) AppendLocked(std::move(event));
+}
+
+const KvEventLog::IndexSlot* KvEventLog::FindLocked(uint32_t pool_index, uint32_t preferred,
+                                                    const Hash128& hash) const {
+  auto it = index_.find(IndexKey{pool_index, preferred, hash});
+  if (it != index_.end()) return &*it;
+  const uint32_t media = static_cast<uint32_t>(PoolLocked(pool_index).media.size());
+  for (uint32_t medium = 0; medium < media; ++medium) {
+    if (medium == preferred) continue;
+    it = index_.find(IndexKey{pool_index, medium, hash});
+    if (it != index_.end()) return &*it;
+  }
+  return nullptr;
+}
+
+std::optional<KvEventLog::Announcement> KvEventLog::FindAnnounced(uint32_t pool_index,
+                                                                  const Hash128& hash) const {
+  absl::MutexLock lock(&mu_);
+  const IndexSlot* found = FindLocked(pool_index, 0, hash);
+  if (found == nullptr) return std::nullopt;
+  return Announcement{.tenant = found->second.stored_in->tenant,
+                      .parent_hash = found->second.parent_hash()};
 }
 
 uint64_t KvEventLog::next_sequence() const {
@@ -135,19 +207,22 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
   snapshot.next_sequence = next_sequence_;
   const uint64_t sequence = next_sequence_ - 1;
   const absl::Time now = clock_->Now();
-  // A parent before its children: emit each entry after its parent, when the parent is indexed.
+  // A parent before its children: emit each entry after its parent, when the parent is indexed
+  // (in the child's medium if it is there, else in another: a block in tier 2 whose parent is
+  // still in tier 1 only).
   absl::flat_hash_set<IndexKey> emitted;
   emitted.reserve(index_.size());
-  std::vector<const std::pair<const IndexKey, IndexEntry>*> chain;
+  std::vector<const IndexSlot*> chain;
   for (const auto& entry : index_) {
     chain.clear();
-    const auto* current = &entry;
-    while (current != nullptr && !emitted.contains(current->first)) {
+    const IndexSlot* current = &entry;
+    // The length bound stops a cycle, which only colliding test-weakened hashes could make.
+    while (current != nullptr && !emitted.contains(current->first) &&
+           chain.size() < index_.size()) {
       chain.push_back(current);
       const std::optional<Hash128> parent = current->second.parent_hash();
       if (!parent.has_value()) break;
-      auto it = index_.find(IndexKey{current->first.pool_index, *parent});
-      current = it == index_.end() ? nullptr : &*it;
+      current = FindLocked(current->first.pool_index, current->first.medium, *parent);
     }
     for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
       const auto& [key, value] = **it;
@@ -162,7 +237,7 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
       event.kind = KvEventKind::kBlocksStored;
       event.pool = pool.name;
       event.tenant = tenant;
-      event.medium = pool.medium;
+      event.medium = pool.media[key.medium];
       event.block_size = pool.block_size;
       event.parent_hash = value.parent_hash();
       event.blocks.push_back(value.block());

@@ -12,6 +12,13 @@
 // Removal: a pool reports a hash as removed only when it leaves the pool's index (eviction), not
 // when a block holding a duplicate of it is freed; the log drops hashes it never announced.
 //
+// Media: a block may be held by a pool's tier 1 and by its lower tiers at once (docs/design.md
+// §10), each announced with its own medium (kKvMedium*), so the log keys its index by (pool,
+// medium, hash): a block stored in tier 2 and evicted from tier 1 stays announced with tier 2's
+// medium, and a snapshot carries one BlocksStored per (pool, medium, hash). A store announced
+// kLiveOnly (the cluster tier: its removals are never seen) is sent to watchers but not indexed,
+// so it is neither in a snapshot nor ever removed.
+//
 // Thread safety: thread-safe.
 #ifndef KVCACHE_CACHE_KV_EVENT_LOG_H_
 #define KVCACHE_CACHE_KV_EVENT_LOG_H_
@@ -23,10 +30,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -49,7 +58,7 @@ struct KvEvent {
   KvEventKind kind = KvEventKind::kAllBlocksCleared;
   std::string pool;  // empty for an AllBlocksCleared of every pool
   std::string tenant;
-  std::string medium;  // "GPU" or "CPU"
+  std::string medium;  // kKvMedium*: where the blocks are
   uint32_t block_size = 0;
   // kBlocksStored: a chain, each block the child of the one before; the first one's parent, or
   // nullopt when it starts its prompt.
@@ -66,6 +75,22 @@ struct KvEventFilter {
   bool Matches(const KvEvent& event) const;
 };
 
+// The media of KV events, as vLLM's and SGLang's publishers name them (SGLang's StorageMedium),
+// which llm-d and Dynamo map to tiers. Tier 1: GPU for a CUDA pool, CPU for host memory.
+inline constexpr absl::string_view kKvMediumGpu = "GPU";
+inline constexpr absl::string_view kKvMediumCpu = "CPU";
+// Tier 2, the host tier: SGLang's L2 host medium, and a name apart from tier 1's CPU even under a
+// host pool, so that a router keeps the two apart.
+inline constexpr absl::string_view kKvMediumCpuPinned = "CPU_PINNED";
+inline constexpr absl::string_view kKvMediumDisk = "DISK";  // tier 3, local disk
+// The cluster tier: a store shared by every node (SGLang's "L4: shared / remote pool").
+inline constexpr absl::string_view kKvMediumExternal = "EXTERNAL";
+
+enum class KvEventRetention : uint8_t {
+  kIndexed,   // in the log's index and snapshots until removed
+  kLiveOnly,  // sent to watchers only: nothing will ever announce its removal
+};
+
 // Who reads the log, for the counters the metrics export.
 enum class KvEventSink : uint8_t { kGrpc = 0, kZmq = 1 };
 inline constexpr size_t kNumKvEventSinks = 2;
@@ -80,14 +105,31 @@ class KvEventLog {
   KvEventLog(const KvEventLog&) = delete;
   KvEventLog& operator=(const KvEventLog&) = delete;
 
-  // Called by the CacheManager for each pool before it serves.
+  // Called by the CacheManager for each pool before the pool is created (a pool's disk tier
+  // announces what it restored while the pool is created). `medium` is tier 1's.
   void AddPool(uint32_t pool_index, std::string name, std::string medium, uint32_t block_size);
 
-  // The pool's calls, made under its own mutex. `blocks` is a chain (see KvEvent).
+  // The pool's calls for tier 1, made under its own mutex. `blocks` is a chain (see KvEvent).
   void BlocksStored(uint32_t pool_index, absl::string_view tenant,
                     std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks);
   // One event per tenant among the hashes' owners; hashes never announced are dropped.
   void BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> hashes);
+
+  // The same for a lower tier's `medium` (not tier 1's).
+  void BlocksStoredIn(uint32_t pool_index, absl::string_view medium, absl::string_view tenant,
+                      std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks,
+                      KvEventRetention retention = KvEventRetention::kIndexed);
+  void BlocksRemovedFrom(uint32_t pool_index, absl::string_view medium,
+                         absl::Span<const Hash128> hashes);
+
+  // How an indexed block of the pool was announced, in any medium (tier 1's first): a lower tier
+  // announces a record with the tenant and parent its block had above, which the record does
+  // not carry.
+  struct Announcement {
+    std::string tenant;
+    std::optional<Hash128> parent_hash;
+  };
+  std::optional<Announcement> FindAnnounced(uint32_t pool_index, const Hash128& hash) const;
 
   // The next sequence number to be assigned: every event below it has happened.
   uint64_t next_sequence() const;
@@ -136,18 +178,19 @@ class KvEventLog {
  private:
   struct PoolInfo {
     std::string name;
-    std::string medium;
+    std::vector<std::string> media;  // [0]: tier 1's; then lower tiers' as they first appear
     uint32_t block_size = 0;
   };
   struct IndexKey {
     uint32_t pool_index = 0;
+    uint32_t medium = 0;  // into PoolInfo::media
     Hash128 hash;
     friend bool operator==(const IndexKey& a, const IndexKey& b) {
-      return a.pool_index == b.pool_index && a.hash == b.hash;
+      return a.pool_index == b.pool_index && a.medium == b.medium && a.hash == b.hash;
     }
     template <typename H>
     friend H AbslHashValue(H state, const IndexKey& key) {
-      return H::combine(std::move(state), key.pool_index, key.hash);
+      return H::combine(std::move(state), key.pool_index, key.medium, key.hash);
     }
   };
   // The BlocksStored event that announced the block, and the block's place in it: the tenant,
@@ -163,8 +206,20 @@ class KvEventLog {
     }
   };
 
+  using IndexSlot = std::pair<const IndexKey, IndexEntry>;
+
   void AppendLocked(std::shared_ptr<KvEvent> event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const PoolInfo& PoolLocked(uint32_t pool_index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint32_t MediumLocked(uint32_t pool_index, absl::string_view medium)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StoredLocked(uint32_t pool_index, uint32_t medium, std::shared_ptr<KvEvent> event,
+                    KvEventRetention retention) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemovedLocked(uint32_t pool_index, uint32_t medium, absl::Span<const Hash128> hashes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The indexed block under `hash` in the pool, in `preferred` medium if it is there, else in
+  // the first medium that has it; null when none does.
+  const IndexSlot* FindLocked(uint32_t pool_index, uint32_t preferred, const Hash128& hash) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
   const Clock* const clock_;
@@ -180,7 +235,7 @@ class KvEventLog {
   std::atomic<uint64_t> snapshots_{0};
 };
 
-// "GPU" for a CUDA pool, "CPU" for host memory: the medium vLLM-format consumers map to a tier.
+// Tier 1's medium: kKvMediumGpu for a CUDA pool, kKvMediumCpu for host memory.
 absl::string_view KvEventMediumOf(absl::string_view memory_kind);
 
 }  // namespace kvcache

@@ -79,6 +79,16 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' memory does not match its layout"));
   }
+  // Lower tiers announce their records in the pool's events, each with its medium.
+  std::shared_ptr<TierEvents> tier_events;
+  if (events != nullptr) {
+    tier_events = std::make_shared<TierEvents>(events, pool_index, options.hash_algorithm,
+                                               options.layout.block_size);
+  }
+  const auto listener = [&tier_events](absl::string_view medium) -> RecordChangeListener {
+    if (tier_events == nullptr) return nullptr;
+    return TierEvents::ListenerFor(tier_events, std::string(medium));
+  };
   std::unique_ptr<HostTier> host_tier;
   if (options.host_tier_bytes != 0) {
     if (memory->HostBlock(0) == nullptr) {
@@ -86,8 +96,8 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
                                                      "': host_tier needs a host pool; this one is ",
                                                      memory->kind(), " memory"));
     }
-    absl::StatusOr<std::unique_ptr<HostTier>> tier =
-        HostTier::Create(options.host_tier_bytes, options.layout.BlockBytes());
+    absl::StatusOr<std::unique_ptr<HostTier>> tier = HostTier::Create(
+        options.host_tier_bytes, options.layout.BlockBytes(), listener(kKvMediumCpuPinned));
     if (!tier.ok()) {
       return absl::Status(tier.status().code(),
                           absl::StrCat("pool '", options.name, "': ", tier.status().message()));
@@ -107,7 +117,8 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     DiskTierOptions disk{.path = options.disk_tier_path,
                          .capacity_bytes = options.disk_tier_bytes,
                          .pool = identity,
-                         .tokens_per_block = options.layout.block_size};
+                         .tokens_per_block = options.layout.block_size,
+                         .on_change = listener(kKvMediumDisk)};
     if (options.testing_disk_tier_options) options.testing_disk_tier_options(&disk);
     absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(std::move(disk));
     if (!tier.ok()) {
@@ -116,6 +127,8 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
           absl::StrCat("pool '", options.name, "' disk_tier: ", tier.status().message()));
     }
     disk_tier = *std::move(tier);
+    // A router that connects after a warm restart learns what the disk still serves.
+    if (tier_events != nullptr) tier_events->AnnounceRestored(kKvMediumDisk, disk_tier->Records());
   }
   std::unique_ptr<ClusterTier> cluster_tier;
   if (options.cluster_tier.has_value()) {
@@ -135,15 +148,16 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     cluster_tier = *std::move(tier);
   }
   if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
-  return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory), std::move(faults),
-                                        quotas, events, clock, std::move(host_tier),
-                                        std::move(disk_tier), std::move(cluster_tier)));
+  return std::unique_ptr<Pool>(new Pool(
+      options, pool_index, std::move(memory), std::move(faults), quotas, events, clock,
+      std::move(host_tier), std::move(disk_tier), std::move(cluster_tier), std::move(tier_events)));
 }
 
 Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
            std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
            const Clock* clock, std::unique_ptr<HostTier> host_tier,
-           std::unique_ptr<DiskTier> disk_tier, std::unique_ptr<ClusterTier> cluster_tier)
+           std::unique_ptr<DiskTier> disk_tier, std::unique_ptr<ClusterTier> cluster_tier,
+           std::shared_ptr<TierEvents> tier_events)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
@@ -170,7 +184,8 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
               ? 0
               : std::min(host_tier_->num_slots(),
                          std::max(8u, host_tier_->num_slots() / kDefaultOffloadWindowDivisor))),
-      cluster_tier_(std::move(cluster_tier)) {
+      cluster_tier_(std::move(cluster_tier)),
+      tier_events_(std::move(tier_events)) {
   if ((host_tier_ != nullptr || cluster_tier_ != nullptr) && !options.testing_manual_offload) {
     mover_ = std::thread([this] { MoverLoop(); });
   }
@@ -406,9 +421,22 @@ bool Pool::OffloadBatch() {
     }
   }
   if (!to_cluster.empty()) {
-    for (const absl::Status& stored : cluster_tier_->Store(to_cluster)) {
-      if (stored.ok()) cluster_stored_blocks_.fetch_add(1, std::memory_order_relaxed);
+    const std::vector<absl::Status> stored = cluster_tier_->Store(to_cluster);
+    // Announced live only: the cluster evicts silently, so no removal would ever follow.
+    // Announced before counted, so whoever sees the count sees the events.
+    std::vector<RecordChange> in_cluster;
+    uint64_t written = 0;
+    for (size_t i = 0; i < stored.size(); ++i) {
+      if (!stored[i].ok()) continue;
+      ++written;
+      if (tier_events_ != nullptr) {
+        in_cluster.push_back(RecordChange{RecordChange::Kind::kStored, to_cluster[i].identity});
+      }
     }
+    if (!in_cluster.empty()) {
+      tier_events_->Announce(kKvMediumExternal, in_cluster, KvEventRetention::kLiveOnly);
+    }
+    cluster_stored_blocks_.fetch_add(written, std::memory_order_relaxed);
   }
   return true;
 }

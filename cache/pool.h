@@ -27,7 +27,9 @@
 // KvEventLog given at creation (stored as a chain per commit, removed per eviction batch), and
 // every eviction and hit is timed into the residency histograms (vLLM's semantics: lifetime from
 // allocation to eviction, idle from the last release to eviction, reuse gap between consecutive
-// accesses — an allocation or a hit).
+// accesses — an allocation or a hit). The lower tiers' records are announced too, each tier with
+// its medium (cache/tier_events.h): tier 2 CPU_PINNED, the disk tier DISK (its restored records
+// at creation), the cluster tier EXTERNAL (live only).
 //
 // Tier 2 (PoolOptions::host_tier_bytes; DESIGN §10, docs/design.md "Tiers"): a host pool may
 // keep a HostTier below it. A mover thread copies hashed evictable blocks from the LRU's eviction
@@ -79,6 +81,7 @@
 #include "cache/pool_memory.h"
 #include "cache/session.h"
 #include "cache/tenant_quotas.h"
+#include "cache/tier_events.h"
 #include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/histogram.h"
@@ -357,7 +360,7 @@ class Pool {
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
        std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
        const Clock* clock, std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,
-       std::unique_ptr<ClusterTier> cluster_tier);
+       std::unique_ptr<ClusterTier> cluster_tier, std::shared_ptr<TierEvents> tier_events);
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
@@ -514,6 +517,8 @@ class Pool {
   const std::unique_ptr<ClusterTier> cluster_tier_;
   std::atomic<uint64_t> cluster_hit_blocks_{0};
   std::atomic<uint64_t> cluster_stored_blocks_{0};
+  // Announces the lower tiers' records; null without events. Synchronizes itself.
+  const std::shared_ptr<TierEvents> tier_events_;
   std::thread mover_;  // last: started once everything above is constructed
 };
 

@@ -66,7 +66,8 @@ class DiskTier::Impl {
         slot_(slots),
         lru_prev_(slots + 1, kNone),
         lru_next_(slots + 1, kNone),
-        store_buffers_(slot_bytes_ * options_.max_queued_stores) {
+        store_buffers_(slot_bytes_ * options_.max_queued_stores),
+        changes_(options_.on_change) {
     lru_prev_[slots_] = lru_next_[slots_] = slots_;  // the sentinel
   }
 
@@ -213,29 +214,50 @@ class DiskTier::Impl {
     }
     if (pinned.empty()) return results;
     ReadPinned(pinned, requests, &results);
-    absl::MutexLock lock(&mu_);
-    for (const Pinned& pin : pinned) {
-      UnpinLocked(pin, results[pin.request]);
-      if (results[pin.request].ok() && ReadsInPlace(requests[pin.request].out)) {
-        ++stats_.loads_in_place;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const Pinned& pin : pinned) {
+        UnpinLocked(pin, results[pin.request]);
+        if (results[pin.request].ok() && ReadsInPlace(requests[pin.request].out)) {
+          ++stats_.loads_in_place;
+        }
       }
     }
+    changes_.Deliver();
     return results;
   }
 
   absl::Status Erase(const Hash128& hash) {
-    absl::MutexLock lock(&mu_);
-    auto it = index_.find(hash);
-    if (it == index_.end()) return absl::NotFoundError("not in the disk tier");
-    ++stats_.erases;
-    DropLocked(it->second);
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = index_.find(hash);
+      if (it == index_.end()) return absl::NotFoundError("not in the disk tier");
+      ++stats_.erases;
+      DropLocked(it->second);
+    }
+    changes_.Deliver();
     return absl::OkStatus();
   }
 
-  void Flush() {
+  std::vector<BlockRecordIdentity> Records() const {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](uint64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
+    std::vector<BlockRecordIdentity> records;
+    records.reserve(index_.size());
+    for (const Slot& slot : slot_) {
+      if (slot.state == SlotState::kIndexed) records.push_back(slot.identity);
+    }
+    return records;
+  }
+
+  void Flush() {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](uint64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
+    }
+    // The writer may not have delivered its last batch's changes yet: after this, it has (or
+    // this call did).
+    changes_.Deliver();
   }
 
   DiskTierStats stats() const {
@@ -367,6 +389,7 @@ class DiskTier::Impl {
   // Removes the record from the index; its slot is free once no load reads it.
   void DropLocked(uint64_t slot_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Slot& slot = slot_[slot_index];
+    changes_.Add(RecordChange::Kind::kRemoved, slot.identity);
     index_.erase(slot.identity.hash);
     if (slot.pins > 0) {
       slot.state = SlotState::kDropped;
@@ -391,6 +414,7 @@ class DiskTier::Impl {
     } else if (lru_prev_[slots_] != slots_) {
       slot = lru_prev_[slots_];
       LruRemoveLocked(slot);
+      changes_.Add(RecordChange::Kind::kRemoved, slot_[slot].identity);
       index_.erase(slot_[slot].identity.hash);
       ++stats_.evictions;
     } else {
@@ -541,6 +565,8 @@ class DiskTier::Impl {
     std::vector<IoRing::Completion> done;
     const bool dsync = options_.durability == DiskTierOptions::Durability::kDsyncPerWrite;
     while (true) {
+      // Evictions made for the last batch and its records made visible.
+      changes_.Deliver();
       batch.clear();
       slots.clear();
       {
@@ -595,6 +621,7 @@ class DiskTier::Impl {
           slot = Slot{SlotState::kIndexed, 0, batch[i].sequence, std::move(batch[i].identity)};
           index_[slot.identity.hash] = slots[i];
           LruPushFrontLocked(slots[i]);
+          changes_.Add(RecordChange::Kind::kStored, slot.identity);
           ++stats_.stores_durable;
           stats_.bytes_written += slot_bytes_;
           ReleaseStoreLocked(slot.identity.hash, batch[i].buffer);
@@ -642,7 +669,8 @@ class DiskTier::Impl {
   absl::flat_hash_map<Hash128, uint64_t> index_ ABSL_GUARDED_BY(mu_);  // hash -> slot
   absl::flat_hash_set<Hash128> queued_hashes_ ABSL_GUARDED_BY(mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
-  AlignedBuffer store_buffers_;                           // max_queued_stores slots
+  AlignedBuffer store_buffers_;  // max_queued_stores slots
+  RecordChanges changes_;        // added to under mu_, delivered without it
   std::vector<char*> free_buffers_ ABSL_GUARDED_BY(mu_);  // into store_buffers_
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;         // accepted or reserved, not finished
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
@@ -745,6 +773,7 @@ std::vector<absl::Status> DiskTier::LoadMany(absl::Span<const LoadRequest> reque
 absl::Status DiskTier::Erase(const Hash128& hash) { return impl_->Erase(hash); }
 void DiskTier::Flush() { impl_->Flush(); }
 DiskTierStats DiskTier::stats() const { return impl_->stats(); }
+std::vector<BlockRecordIdentity> DiskTier::Records() const { return impl_->Records(); }
 uint32_t DiskTier::read_depth() const { return impl_->read_depth(); }
 IoBackend DiskTier::io_backend() const { return impl_->io_backend(); }
 bool DiskTier::direct_io() const { return impl_->direct_io(); }

@@ -25,6 +25,11 @@
 // When every slot holds a record, a store evicts the least recently stored-or-loaded one. A slot
 // being read is pinned: neither evicted nor overwritten until its load ends.
 //
+// What the tier holds is reported to DiskTierOptions::on_change (tiers/record_changes.h): a record
+// that became visible (durable), one that left (evicted, erased, dropped as corrupt), in order,
+// outside the tier's mutex, from the writer thread or a loading thread. Records found by Open's
+// scan are not reported; Records() lists them.
+//
 // Thread safety: thread-safe. Store, Find, Load, LoadMany, Erase and stats may be called from any
 // thread; loads run concurrently on `read_rings` io_uring instances.
 #ifndef KVCACHE_TIERS_DISK_TIER_H_
@@ -43,6 +48,7 @@
 #include "common/block_hash.h"
 #include "tiers/block_record.h"
 #include "tiers/io_ring.h"
+#include "tiers/record_changes.h"
 
 namespace kvcache {
 
@@ -72,6 +78,9 @@ struct DiskTierOptions {
   // How long Open waits for another process's lock on the file to go (a killed daemon's lives
   // on briefly while the kernel tears down its io_uring rings).
   absl::Duration lock_timeout = absl::Seconds(5);
+
+  // Hears of every record made visible or removed after Open (may be empty).
+  RecordChangeListener on_change;
 
   // Test seam: called before each slot write; a nonzero errno fails that write as the kernel
   // would (ENOSPC: a full disk) without touching the file.
@@ -163,8 +172,12 @@ class DiskTier {
   // harmless: loads verify). NOT_FOUND when there is none.
   absl::Status Erase(const Hash128& hash);
 
-  // Waits until no accepted record is still queued (each is durable or dropped); stores that
-  // keep arriving are waited for too. For tests, benches and shutdown; a mover never needs it.
+  // The identities of the records indexed now, in slot order: after Open, what a restart
+  // restored.
+  std::vector<BlockRecordIdentity> Records() const;
+
+  // Waits until no accepted record is still queued (each is durable or dropped) and on_change
+  // has heard of it; stores that keep arriving are waited for too. For tests, benches and shutdown; a mover never needs it.
   void Flush();
 
   DiskTierStats stats() const;

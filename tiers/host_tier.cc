@@ -11,7 +11,8 @@
 namespace kvcache {
 
 absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(uint64_t capacity_bytes,
-                                                           uint64_t block_bytes) {
+                                                           uint64_t block_bytes,
+                                                           RecordChangeListener on_change) {
   if (block_bytes == 0) return absl::InvalidArgumentError("host tier block_bytes must be > 0");
   const uint64_t slots = capacity_bytes / block_bytes;
   if (slots == 0 || slots >= kNoSlot) {
@@ -26,15 +27,18 @@ absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(uint64_t capacity_byt
     return absl::ResourceExhaustedError(
         absl::StrCat("host tier: cannot map ", mapped, " bytes: ", std::strerror(errno)));
   }
-  return std::unique_ptr<HostTier>(
-      new HostTier(static_cast<uint8_t*>(base), mapped, block_bytes, static_cast<uint32_t>(slots)));
+  return std::unique_ptr<HostTier>(new HostTier(static_cast<uint8_t*>(base), mapped, block_bytes,
+                                                static_cast<uint32_t>(slots),
+                                                std::move(on_change)));
 }
 
-HostTier::HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots)
+HostTier::HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots,
+                   RecordChangeListener on_change)
     : base_(base),
       mapped_bytes_(mapped_bytes),
       block_bytes_(block_bytes),
       num_slots_(num_slots),
+      changes_(std::move(on_change)),
       slots_(num_slots) {
   free_slots_.reserve(num_slots);
   for (uint32_t i = num_slots; i > 0; --i) free_slots_.push_back(i - 1);
@@ -46,6 +50,7 @@ HostTier::~HostTier() { munmap(base_, mapped_bytes_); }
 
 void HostTier::DropLocked(uint32_t slot) {
   Slot& s = slots_[slot];
+  changes_.Add(RecordChange::Kind::kRemoved, s.identity);
   index_.erase(s.identity.hash);
   LruRemove(slot);
   --counters_.records;
@@ -71,6 +76,13 @@ void HostTier::UnpinLocked(uint32_t slot) {
 
 absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity& identity,
                                                       const uint8_t* bytes) {
+  absl::StatusOr<StoreResult> result = StoreAndIndex(identity, bytes);
+  changes_.Deliver();
+  return result;
+}
+
+absl::StatusOr<HostTier::StoreResult> HostTier::StoreAndIndex(const BlockRecordIdentity& identity,
+                                                              const uint8_t* bytes) {
   StoreResult result;
   uint32_t slot = kNoSlot;
   std::function<void(const Hash128&)> hook;
@@ -120,6 +132,7 @@ absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity&
   s.identity = identity;
   index_.emplace(identity.hash, slot);
   LruPushBack(slot);
+  changes_.Add(RecordChange::Kind::kStored, identity);
   ++counters_.stored;
   ++counters_.records;
   counters_.bytes_used += block_bytes_;
@@ -147,6 +160,12 @@ bool HostTier::Contains(const Hash128& hash) const {
 }
 
 absl::Status HostTier::Load(const BlockRecordIdentity& expected, uint8_t* out) {
+  absl::Status loaded = CopyOutVerified(expected, out);
+  changes_.Deliver();
+  return loaded;
+}
+
+absl::Status HostTier::CopyOutVerified(const BlockRecordIdentity& expected, uint8_t* out) {
   uint32_t slot = kNoSlot;
   uint64_t checksum = 0;
   std::function<void(const Hash128&)> hook;
@@ -207,18 +226,21 @@ std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t
 }
 
 void HostTier::FinishDemotion(uint32_t slot, const absl::Status& stored) {
-  absl::MutexLock lock(&mu_);
-  Slot& s = slots_[slot];
-  if (s.state == SlotState::kStored) {
-    if ((stored.ok() || absl::IsAlreadyExists(stored)) && !s.below) {
-      s.below = true;
-      ++counters_.demoted;
-    } else if (absl::IsDataLoss(stored)) {
-      ++counters_.verify_failures;
-      DropLocked(slot);
+  {
+    absl::MutexLock lock(&mu_);
+    Slot& s = slots_[slot];
+    if (s.state == SlotState::kStored) {
+      if ((stored.ok() || absl::IsAlreadyExists(stored)) && !s.below) {
+        s.below = true;
+        ++counters_.demoted;
+      } else if (absl::IsDataLoss(stored)) {
+        ++counters_.verify_failures;
+        DropLocked(slot);
+      }
     }
+    UnpinLocked(slot);
   }
-  UnpinLocked(slot);
+  changes_.Deliver();
 }
 
 HostTierCounters HostTier::counters() const {

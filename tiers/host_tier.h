@@ -21,6 +21,10 @@
 // evicted (StoreResult::evicted, identity only; its bytes are already overwritten), so the owner
 // can tell whether the tier below holds it.
 //
+// What the tier holds is reported to the listener given at Create (tiers/record_changes.h): a
+// record stored, a record evicted or dropped (checksum failure on load or on demotion), in order,
+// outside the tier's mutex; the pool announces them as KV events with tier 2's medium.
+//
 // Thread safety: thread-safe. Bytes are copied outside the tier's mutex with the slot pinned.
 #ifndef KVCACHE_TIERS_HOST_TIER_H_
 #define KVCACHE_TIERS_HOST_TIER_H_
@@ -39,6 +43,7 @@
 #include "common/block_hash.h"
 #include "common/index_list.h"
 #include "tiers/block_record.h"
+#include "tiers/record_changes.h"
 
 namespace kvcache {
 
@@ -62,9 +67,11 @@ enum class TierProbe : uint8_t { kAbsent, kMatch, kMismatch };
 class HostTier {
  public:
   // A tier of capacity_bytes / block_bytes slots. INVALID_ARGUMENT when that is not at least one
-  // block; RESOURCE_EXHAUSTED when the memory cannot be mapped.
+  // block; RESOURCE_EXHAUSTED when the memory cannot be mapped. `on_change` (may be empty) hears
+  // of every record stored and removed.
   static absl::StatusOr<std::unique_ptr<HostTier>> Create(uint64_t capacity_bytes,
-                                                          uint64_t block_bytes);
+                                                          uint64_t block_bytes,
+                                                          RecordChangeListener on_change = {});
   ~HostTier();
 
   HostTier(const HostTier&) = delete;
@@ -137,7 +144,12 @@ class HostTier {
     Lru::Links lru;
   };
 
-  HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots);
+  HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots,
+           RecordChangeListener on_change);
+  // Store and Load without delivering the changes they make (their callers do, unlocked).
+  absl::StatusOr<StoreResult> StoreAndIndex(const BlockRecordIdentity& identity,
+                                            const uint8_t* bytes);
+  absl::Status CopyOutVerified(const BlockRecordIdentity& expected, uint8_t* out);
   uint8_t* SlotBytes(uint32_t slot) const { return base_ + uint64_t{slot} * block_bytes_; }
 
   auto LruLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -160,6 +172,7 @@ class HostTier {
   const uint64_t mapped_bytes_;
   const uint64_t block_bytes_;
   const uint32_t num_slots_;
+  RecordChanges changes_;  // added to under mu_, delivered without it
 
   mutable absl::Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);

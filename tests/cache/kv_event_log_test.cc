@@ -119,6 +119,59 @@ TEST(KvEventLogTest, SnapshotPutsParentsFirstAndFilters) {
   EXPECT_EQ(pool_q.events[0].medium, "GPU");
 }
 
+// A block held by tier 1 and a lower tier at once is indexed once per medium: removal from one
+// leaves the other, and a snapshot carries each medium's copy, parents first across media.
+TEST(KvEventLogTest, TheMediumIsPartOfTheIndexAndTheSnapshot) {
+  KvEventLog log;
+  log.AddPool(0, "p", "CPU", 2);
+  log.BlocksStored(0, "a", std::nullopt, {Block(1), Block(2)});
+  log.BlocksStoredIn(0, kKvMediumCpuPinned, "a", H(1), {Block(2)});
+  log.BlocksStoredIn(0, kKvMediumDisk, "a", H(1), {Block(2)});
+  EXPECT_EQ(log.indexed_blocks(), 4u);
+
+  log.BlocksRemoved(0, {H(2)});  // tier 1 evicts block 2: tier 2 and the disk still hold it
+  log.BlocksRemovedFrom(0, kKvMediumDisk, {H(2), H(1)});  // H(1) was never on disk: dropped
+  KvEventLog::ReadResult read = log.Read(1, 10);
+  ASSERT_EQ(read.events.size(), 5u);
+  EXPECT_EQ(read.events[1]->medium, "CPU_PINNED");
+  EXPECT_EQ(read.events[1]->parent_hash, H(1));
+  EXPECT_EQ(read.events[2]->medium, "DISK");
+  EXPECT_EQ(read.events[3]->kind, KvEventKind::kBlocksRemoved);
+  EXPECT_EQ(read.events[3]->medium, "CPU");
+  EXPECT_EQ(read.events[4]->medium, "DISK");
+  EXPECT_THAT(read.events[4]->removed, ElementsAre(H(2)));
+
+  KvEventLog::Snapshot snapshot = log.TakeSnapshot(KvEventFilter{});
+  ASSERT_EQ(snapshot.events.size(), 2u);
+  // H(2) in tier 2 comes after its parent, which only tier 1 holds.
+  EXPECT_EQ(snapshot.events[0].medium, "CPU");
+  EXPECT_EQ(snapshot.events[0].blocks[0].hash, H(1));
+  EXPECT_EQ(snapshot.events[1].medium, "CPU_PINNED");
+  EXPECT_EQ(snapshot.events[1].blocks[0].hash, H(2));
+  EXPECT_EQ(snapshot.events[1].parent_hash, H(1));
+  EXPECT_EQ(snapshot.events[1].tenant, "a");
+
+  // A lower tier takes its tenant and parent from any medium's announcement.
+  std::optional<KvEventLog::Announcement> announced = log.FindAnnounced(0, H(2));
+  ASSERT_TRUE(announced.has_value());
+  EXPECT_EQ(announced->tenant, "a");
+  EXPECT_EQ(announced->parent_hash, H(1));
+  EXPECT_EQ(log.FindAnnounced(0, H(3)), std::nullopt);
+}
+
+// The cluster tier's stores reach watchers but are never indexed: their removals are never seen.
+TEST(KvEventLogTest, LiveOnlyStoresAreSentButNotSnapshotted) {
+  KvEventLog log;
+  log.AddPool(0, "p", "CPU", 2);
+  log.BlocksStoredIn(0, kKvMediumExternal, "a", std::nullopt, {Block(1)},
+                     KvEventRetention::kLiveOnly);
+  KvEventLog::ReadResult read = log.Read(1, 10);
+  ASSERT_EQ(read.events.size(), 1u);
+  EXPECT_EQ(read.events[0]->medium, "EXTERNAL");
+  EXPECT_EQ(log.indexed_blocks(), 0u);
+  EXPECT_THAT(log.TakeSnapshot(KvEventFilter{}).events, IsEmpty());
+}
+
 TEST(KvEventLogTest, FilterLetsEveryoneSeeAClearOfAllPools) {
   KvEvent cleared_all{.kind = KvEventKind::kAllBlocksCleared};
   KvEvent stored{.kind = KvEventKind::kBlocksStored, .pool = "p", .tenant = "a"};

@@ -11,11 +11,15 @@
 #include <atomic>
 #include <cerrno>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cache/pool.h"
 #include "common/block_checksum.h"
+#include "tests/testing/event_index.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injection_pool_memory.h"
 #include "tests/testing/poll_until.h"
@@ -59,7 +63,12 @@ class PoolTierTest : public ::testing::Test {
     block_bytes_ = options.layout.BlockBytes();
     auto memory = HostPoolMemory::Create(block_bytes_, num_blocks);
     ASSERT_OK(memory);
-    auto pool = Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, nullptr, &clock_);
+    // Each pool a new daemon: a new event log.
+    pool_.reset();
+    events_ = std::make_unique<KvEventLog>();
+    events_->AddPool(0, options.name, "CPU", kBlockSize);
+    auto pool =
+        Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, events_.get(), &clock_);
     ASSERT_OK(pool);
     pool_ = *std::move(pool);
   }
@@ -160,6 +169,26 @@ class PoolTierTest : public ::testing::Test {
     ::close(fd);
   }
 
+  // The events of `medium` so far: each stored block as (hash, parent, tenant), in order, and
+  // the removed hashes.
+  struct MediumEvents {
+    std::vector<std::tuple<Hash128, std::optional<Hash128>, std::string>> stored;
+    std::vector<Hash128> removed;
+  };
+  MediumEvents EventsIn(absl::string_view medium) const {
+    MediumEvents seen;
+    for (const auto& event : events_->Read(0, 1 << 20).events) {
+      if (event->medium != medium) continue;
+      std::optional<Hash128> parent = event->parent_hash;
+      for (const StoredBlock& block : event->blocks) {
+        seen.stored.emplace_back(block.hash, parent, event->tenant);
+        parent = block.hash;
+      }
+      seen.removed.insert(seen.removed.end(), event->removed.begin(), event->removed.end());
+    }
+    return seen;
+  }
+
   testing::FakeClock clock_;
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
   uint64_t block_bytes_ = 0;
@@ -167,6 +196,7 @@ class PoolTierTest : public ::testing::Test {
   uint32_t disk_read_depth_ = 0;
   std::function<void()> disk_before_read_;
   std::function<int()> disk_write_errno_;
+  std::unique_ptr<KvEventLog> events_;
   std::unique_ptr<Pool> pool_;
 };
 
@@ -354,6 +384,34 @@ TEST_F(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
   EXPECT_EQ(opened->num_host_tier_tokens, 8u);
 }
 
+// Tier 2's records are announced with its own medium, apart from tier 1's: stored with the
+// tenant and parent their blocks had above, removed when tier 2 evicts them, and still announced
+// (in a snapshot too) after tier 1 evicted the blocks.
+TEST_F(PoolTierTest, Tier2StoresAndEvictionsAreEventsWithItsMedium) {
+  MakePool(8, 2);
+  const std::vector<uint32_t> a = Tokens(100, 16);
+  const std::vector<Hash128> chain = Chain(a);
+  Compute(a);
+  EXPECT_EQ(pool_->OffloadForTesting(), 4u);  // A3, A2, A1, A0; the tier keeps A1 and A0
+  const MediumEvents tier2 = EventsIn(kKvMediumCpuPinned);
+  ASSERT_EQ(tier2.stored.size(), 4u);
+  EXPECT_EQ(tier2.stored[0], std::make_tuple(chain[3], std::optional(chain[2]), "tenant-a"));
+  EXPECT_EQ(tier2.stored[3], std::make_tuple(chain[0], std::optional<Hash128>(), "tenant-a"));
+  EXPECT_THAT(tier2.removed, ::testing::ElementsAre(chain[3], chain[2]));
+
+  Compute(Tokens(500, 32));  // A leaves tier 1
+  EXPECT_THAT(EventsIn(kKvMediumCpu).removed, ::testing::IsSupersetOf(chain));
+  std::vector<std::pair<std::string, Hash128>> snapshot;
+  for (const KvEvent& event : events_->TakeSnapshot(KvEventFilter{}).events) {
+    if (event.medium == kKvMediumCpuPinned) {
+      snapshot.emplace_back(event.medium, event.blocks[0].hash);
+      if (event.blocks[0].hash == chain[0]) EXPECT_EQ(event.parent_hash, std::nullopt);
+    }
+  }
+  EXPECT_THAT(snapshot, ::testing::ElementsAre(std::pair(std::string("CPU_PINNED"), chain[0]),
+                                               std::pair(std::string("CPU_PINNED"), chain[1])));
+}
+
 TEST_F(PoolTierTest, MoverThreadOffloadsAheadOfEviction) {
   MakePool(8, 16, /*manual=*/false);
   const std::vector<uint32_t> a = Tokens(100, 16);
@@ -470,6 +528,50 @@ TEST_F(PoolTierTest, DiskRecordsOutliveThePool) {
   ASSERT_OK(opened);
   EXPECT_EQ(opened->num_disk_tier_tokens, 16u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
+}
+
+// Disk records are announced DISK once durable, removed when dropped, and after a restart the
+// new daemon's log holds what the disk restored: each prompt a chain from its first block (no
+// tenant: a record has none), parents first.
+TEST_F(PoolTierTest, DiskRecordsAreEventsWhenDurableAndAfterARestart) {
+  MakeDiskPool();
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  const std::vector<Hash128> chain = Chain(a);
+  ComputeIntoDiskOnly(a);
+  const MediumEvents disk = EventsIn(kKvMediumDisk);
+  ASSERT_EQ(disk.stored.size(), 12u);  // A's 4, the other prompt's 8
+  EXPECT_EQ(disk.stored[0], std::make_tuple(chain[3], std::optional(chain[2]), "tenant-a"));
+  EXPECT_EQ(disk.stored[3], std::make_tuple(chain[0], std::optional<Hash128>(), "tenant-a"));
+  EXPECT_TRUE(disk.removed.empty());
+
+  pool_.reset();
+  MakeDiskPool();
+  testing::EventIndex restored;
+  for (const KvEvent& event : events_->TakeSnapshot(KvEventFilter{}).events) {
+    ASSERT_EQ(event.medium, "DISK");
+    restored.Store(event.pool, event.tenant, event.parent_hash, event.blocks[0].hash,
+                   event.blocks[0].token_ids);
+  }
+  EXPECT_EQ(restored.size(), 12u);
+  EXPECT_THAT(restored.violations(), ::testing::IsEmpty());
+  EXPECT_EQ(restored.CachedBlocks("tiered", "", a, kBlockSize), 4u);
+  EXPECT_EQ(restored.CachedBlocks("tiered", "", Tokens(500, 32), kBlockSize), 8u);
+  // The live stream from the start says the same, a parent before its children.
+  testing::EventIndex live;
+  for (const auto& event : events_->Read(1, 100).events) {
+    std::optional<Hash128> parent = event->parent_hash;
+    for (const StoredBlock& block : event->blocks) {
+      live.Store(event->pool, event->tenant, parent, block.hash, block.token_ids);
+      parent = block.hash;
+    }
+  }
+  EXPECT_EQ(live.CachedBlocks("tiered", "", a, kBlockSize), 4u);
+  EXPECT_THAT(live.violations(), ::testing::IsEmpty());
+
+  // A record dropped as corrupt is removed. Slots hold A3, A2, A1, A0 from slot 0.
+  CorruptDiskSlot(2);
+  ASSERT_OK(Open(a));
+  EXPECT_THAT(EventsIn(kKvMediumDisk).removed, ::testing::ElementsAre(chain[1]));
 }
 
 TEST_F(PoolTierTest, CorruptDiskRecordIsDetectedAndRecomputed) {

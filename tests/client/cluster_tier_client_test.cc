@@ -139,6 +139,17 @@ TEST_F(ClusterTierClientTest, APrefixPutOnOneNodeIsAHitOnAnother) {
   ASSERT_NO_FATAL_FAILURE(StartNode(b_, {redis_->address(1)}));
   const std::vector<uint32_t> prompt = Prompt(1000, kPromptBlocks);
   ASSERT_NO_FATAL_FAILURE(PutOnA(prompt, kPromptBlocks));
+  // A's router learns that A shared the prompt: EXTERNAL stores, live only (not in a snapshot,
+  // since the cluster's evictions are never seen).
+  KvEventLog& a_events = a_.daemon->manager().events();
+  size_t external_blocks = 0;
+  for (const auto& event : a_events.Read(a_events.first_sequence(), 1 << 20).events) {
+    if (event->medium == "EXTERNAL") external_blocks += event->blocks.size();
+  }
+  EXPECT_EQ(external_blocks, kPromptBlocks);
+  for (const KvEvent& event : a_events.TakeSnapshot(KvEventFilter{}).events) {
+    EXPECT_NE(event.medium, "EXTERNAL");
+  }
 
   // Node B never saw the prompt: its open loads the prefix from the cluster (one token is left
   // to compute, so the last full block is loaded too only when the prompt is longer).

@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/block_hash.h"
@@ -124,6 +126,64 @@ TEST_F(TierClientTest, CorruptedHostTierRecordIsDetectedAndRecomputed) {
   ASSERT_OK(put);
   EXPECT_EQ(put->num_already_cached, 2u);
   EXPECT_EQ(put->num_stored, 2u);
+}
+
+// A router watching the daemon learns where A's blocks went: stored in tier 1 (CPU), stored in
+// tier 2 with its medium (CPU_PINNED, chained from A's first block), removed from tier 1 only.
+TEST_F(TierClientTest, AWatcherSeesBlocksOffloadedToTier2WithItsMedium) {
+  const std::vector<uint32_t> a = Tokens(4 * kBlockSize, 100);
+  ASSERT_NO_FATAL_FAILURE(PutOffloadAndEvict(a));
+  // A marker put last: once its event is read, every event before it has been.
+  const std::vector<uint32_t> marker = Tokens(kBlockSize, 9000);
+  ASSERT_OK(client_->PutBlocks("default", marker,
+                               std::string(DefaultPoolOptions().layout.BlockBytes(), 'm')));
+  absl::StatusOr<Pool*> pool = daemon_->manager().FindPool("tiered");
+  ASSERT_OK(pool);
+  BlockHasher hasher(HashAlgorithm::kXxh3_128);
+  const HashNamespace ns{(*pool)->options().model_id, (*pool)->layout_fingerprint(), "default", ""};
+  std::vector<Hash128> chain;
+  hasher.ExtendChain(hasher.Root(ns), a, kBlockSize, ExtraKeys{}, &chain);
+  const auto to_hash = [](const v1::BlockHash& hash) { return Hash128{hash.hi(), hash.lo()}; };
+
+  std::vector<std::pair<std::string, Hash128>> stored, removed;
+  std::optional<Hash128> tier2_first_parent = Hash128{};
+  bool marker_seen = false;
+  std::unique_ptr<EventWatch> everything = client_->WatchEvents({});
+  while (!marker_seen) {
+    absl::StatusOr<v1::WatchEventsResponse> response = everything->Next();
+    ASSERT_OK(response);
+    for (const v1::KvEvent& event : response->events()) {
+      if (event.has_blocks_stored()) {
+        const v1::BlocksStored& blocks = event.blocks_stored();
+        if (blocks.pool() == "default") {
+          marker_seen = true;
+          continue;
+        }
+        for (const v1::StoredBlock& block : blocks.blocks()) {
+          const Hash128 hash = to_hash(block.hash());
+          if (blocks.medium() == "CPU_PINNED" && hash == chain[0]) {
+            tier2_first_parent = blocks.has_parent_hash()
+                                     ? std::optional(to_hash(blocks.parent_hash()))
+                                     : std::nullopt;
+          }
+          stored.emplace_back(blocks.medium(), hash);
+        }
+      }
+      if (event.has_blocks_removed()) {
+        for (const v1::BlockHash& hash : event.blocks_removed().hashes()) {
+          removed.emplace_back(event.blocks_removed().medium(), to_hash(hash));
+        }
+      }
+    }
+  }
+  for (const Hash128& hash : chain) {
+    EXPECT_THAT(stored, ::testing::Contains(std::pair(std::string("CPU"), hash)));
+    EXPECT_THAT(stored, ::testing::Contains(std::pair(std::string("CPU_PINNED"), hash)));
+    EXPECT_THAT(removed, ::testing::Contains(std::pair(std::string("CPU"), hash)));
+    EXPECT_THAT(removed,
+                ::testing::Not(::testing::Contains(std::pair(std::string("CPU_PINNED"), hash))));
+  }
+  EXPECT_EQ(tier2_first_parent, std::nullopt);  // A's first block starts its prompt
 }
 
 }  // namespace

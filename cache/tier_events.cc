@@ -1,0 +1,105 @@
+#include "cache/tier_events.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace kvcache {
+
+TierEvents::TierEvents(KvEventLog* events, uint32_t pool_index, HashAlgorithm hash_algorithm,
+                       uint32_t block_size)
+    : events_(events),
+      pool_index_(pool_index),
+      hash_algorithm_(hash_algorithm),
+      no_extras_digest_(BlockHasher(hash_algorithm).ExtrasDigest(ExtraKeys{}, 0, block_size)) {}
+
+RecordChangeListener TierEvents::ListenerFor(std::shared_ptr<TierEvents> self, std::string medium) {
+  return [self = std::move(self), medium = std::move(medium)](
+             absl::Span<const RecordChange> changes) { self->Announce(medium, changes); };
+}
+
+bool TierEvents::StartsItsPrompt(const BlockRecordIdentity& record) const {
+  if (record.extras_digest != no_extras_digest_) return false;
+  return BlockHasher(hash_algorithm_)
+             .PrefixDigest(record.namespace_digest, record.tokens, ExtraKeys{}, 0) ==
+         record.prefix_digest;
+}
+
+KvEventLog::Announcement TierEvents::Resolve(const BlockRecordIdentity& record) const {
+  std::optional<KvEventLog::Announcement> announced =
+      events_->FindAnnounced(pool_index_, record.hash);
+  if (announced.has_value()) return *std::move(announced);
+  return KvEventLog::Announcement{.tenant = "",
+                                  .parent_hash = StartsItsPrompt(record)
+                                                     ? std::nullopt
+                                                     : std::optional<Hash128>(record.parent_hash)};
+}
+
+void TierEvents::Announce(absl::string_view medium, absl::Span<const RecordChange> changes,
+                          KvEventRetention retention) {
+  // Consecutive changes of one kind go out together, in order; a store continues the pending
+  // chain when it is its last block's child of the same tenant.
+  std::vector<StoredBlock> chain;
+  KvEventLog::Announcement chain_start;
+  std::vector<Hash128> removed;
+  const auto flush = [&] {
+    if (!chain.empty()) {
+      events_->BlocksStoredIn(pool_index_, medium, chain_start.tenant, chain_start.parent_hash,
+                              std::move(chain), retention);
+      chain.clear();
+    }
+    if (!removed.empty()) {
+      events_->BlocksRemovedFrom(pool_index_, medium, removed);
+      removed.clear();
+    }
+  };
+  for (const RecordChange& change : changes) {
+    const BlockRecordIdentity& record = change.record;
+    if (change.kind == RecordChange::Kind::kRemoved) {
+      if (!chain.empty()) flush();
+      removed.push_back(record.hash);
+      continue;
+    }
+    if (!removed.empty()) flush();
+    KvEventLog::Announcement announced = Resolve(record);
+    const bool continues = !chain.empty() && announced.tenant == chain_start.tenant &&
+                           announced.parent_hash == chain.back().hash;
+    if (!continues) {
+      flush();
+      chain_start = std::move(announced);
+    }
+    chain.push_back(StoredBlock{
+        .hash = record.hash, .token_ids = record.tokens, .extras_digest = record.extras_digest});
+  }
+  flush();
+}
+
+void TierEvents::AnnounceRestored(absl::string_view medium,
+                                  std::vector<BlockRecordIdentity> records) {
+  absl::flat_hash_map<Hash128, size_t> by_hash;
+  by_hash.reserve(records.size());
+  for (size_t i = 0; i < records.size(); ++i) by_hash.emplace(records[i].hash, i);
+  std::vector<bool> placed(records.size(), false);
+  std::vector<RecordChange> ordered;
+  ordered.reserve(records.size());
+  std::vector<size_t> path;
+  for (size_t i = 0; i < records.size(); ++i) {
+    // Up to the first ancestor already placed or not on disk, then back down. The length bound
+    // stops a cycle, which only colliding test-weakened hashes could make.
+    path.clear();
+    for (size_t at = i; !placed[at] && path.size() < records.size();) {
+      path.push_back(at);
+      auto parent = by_hash.find(records[at].parent_hash);
+      if (parent == by_hash.end()) break;
+      at = parent->second;
+    }
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+      if (placed[*it]) continue;
+      placed[*it] = true;
+      ordered.push_back(RecordChange{RecordChange::Kind::kStored, std::move(records[*it])});
+    }
+  }
+  Announce(medium, ordered);
+}
+
+}  // namespace kvcache
