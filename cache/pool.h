@@ -391,8 +391,7 @@ class Pool {
   // Loads the sequence's blocks [first, limit) from the cluster tier in one batch, stopping at
   // the first that does not verify or has not come back by `deadline` (real time); returns how
   // many loaded. Outside mu_, like LoadFromBelow.
-  size_t LoadFromCluster(const Sequence& sequence, size_t first, size_t limit,
-                         absl::Time deadline);
+  size_t LoadFromCluster(const Sequence& sequence, size_t first, size_t limit, absl::Time deadline);
   // Publishes the sequence's blocks from committed_blocks up to `written_blocks` (Commit's
   // rule, events included).
   void PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, CommitResult* result)

@@ -461,8 +461,8 @@ void RedisCluster::Run(
   }
 }
 
-std::vector<absl::Status> RedisCluster::Get(absl::Span<const std::string> keys,
-                                            ValueVisitor found, absl::Time deadline) {
+std::vector<absl::Status> RedisCluster::Get(absl::Span<const std::string> keys, ValueVisitor found,
+                                            absl::Time deadline) {
   std::vector<Command> commands(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     commands[i].argv = {"GET", keys[i]};

@@ -125,8 +125,8 @@ class RedisCluster {
   // only at run time (in index order), which the thread-safety analysis cannot follow.
   void Run(std::vector<Command>& commands,
            absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
-           std::vector<absl::Status>& results, absl::Time deadline = absl::InfiniteFuture())
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+           std::vector<absl::Status>& results,
+           absl::Time deadline = absl::InfiniteFuture()) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   Node* NodeFor(const std::string& address) ABSL_LOCKS_EXCLUDED(map_mu_);
   Node* SlotOwner(uint16_t slot) ABSL_LOCKS_EXCLUDED(map_mu_);
   // Connects `node` if it has no connection and is not resting after a failure.

@@ -135,8 +135,9 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
   std::vector<Found> tail(expected.size(), Found::kNothing);
   std::vector<uint64_t> checksum(expected.size(), 0);  // the bytes', as their header says
   // Views are valid only inside the visitor: each value is checked and copied there.
-  const std::vector<absl::Status> results =
-      redis_->Get(keys, [&](size_t index, absl::string_view value) {
+  const std::vector<absl::Status> results = redis_->Get(
+      keys,
+      [&](size_t index, absl::string_view value) {
         const size_t record = index / per_record;
         if (split && index % 2 == 1) {
           const uint64_t tail_bytes = options_.pool.block_bytes - head_data_bytes_;
@@ -162,7 +163,8 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
           checksum[record] = header->block.checksum;
           head[record] = Found::kGood;
         }
-      }, deadline);
+      },
+      deadline);
   const auto miss = [&](const absl::Status& status, Found found) {
     if (!status.ok()) {
       (absl::IsNotFound(status)           ? absent_

@@ -177,7 +177,8 @@ class DiskTier {
   std::vector<BlockRecordIdentity> Records() const;
 
   // Waits until no accepted record is still queued (each is durable or dropped) and on_change
-  // has heard of it; stores that keep arriving are waited for too. For tests, benches and shutdown; a mover never needs it.
+  // has heard of it; stores that keep arriving are waited for too. For tests, benches and shutdown;
+  // a mover never needs it.
   void Flush();
 
   DiskTierStats stats() const;
