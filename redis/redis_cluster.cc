@@ -1,6 +1,8 @@
 #include "redis/redis_cluster.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -90,6 +92,13 @@ absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(RedisClusterO
   if (options.max_redirects < 1 || options.max_pipeline_bytes == 0) {
     return absl::InvalidArgumentError("max_redirects and max_pipeline_bytes must be positive");
   }
+  // hiredis writes with write(2): a node that closed its end (killed, restarted) would raise
+  // SIGPIPE, whose default action ends the whole process — a daemon killed by a Redis restart.
+  // Where nobody chose a disposition, ignore it; the write then fails with EPIPE, a node failure.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
   auto cluster = std::unique_ptr<RedisCluster>(new RedisCluster(std::move(options)));
   for (const std::string& seed : cluster->options_.seeds) cluster->NodeFor(seed);
   return cluster;
@@ -142,7 +151,16 @@ int RedisCluster::MappedSlots() const {
 }
 
 absl::Status RedisCluster::EnsureConnected(Node* node) {
-  if (node->context != nullptr && node->context->err == 0) return absl::OkStatus();
+  if (node->context != nullptr && node->context->err == 0) {
+    // Between batches nothing is owed on a connection, so anything to read is the node's end of
+    // it: a restarted node closed it. Reconnect now rather than lose the batch and rest a node
+    // that is back.
+    pollfd idle{.fd = node->context->fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+    if (::poll(&idle, 1, 0) == 0) return absl::OkStatus();
+    redisFree(node->context);
+    node->context = nullptr;
+    stale_reconnects_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (node->context != nullptr) MarkFailed(node, "connection broken");
   if (absl::Now() < node->resting_until) {
     return absl::UnavailableError(absl::StrCat("Redis node ", node->address, " failed recently (",
@@ -542,6 +560,7 @@ RedisClusterCounters RedisCluster::counters() const {
                               .ask = ask_.load(),
                               .connects = connects_.load(),
                               .node_failures = node_failures_.load(),
+                              .stale_reconnects = stale_reconnects_.load(),
                               .slot_refreshes = slot_refreshes_.load(),
                               .commands = commands_.load()};
 }

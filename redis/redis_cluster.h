@@ -60,17 +60,20 @@ struct RedisClusterOptions {
 };
 
 struct RedisClusterCounters {
-  uint64_t moved = 0;          // MOVED replies followed
-  uint64_t ask = 0;            // ASK replies followed
-  uint64_t connects = 0;       // connections opened (the first ones and every reconnect)
-  uint64_t node_failures = 0;  // connects refused or timed out, connections lost or timed out
+  uint64_t moved = 0;             // MOVED replies followed
+  uint64_t ask = 0;               // ASK replies followed
+  uint64_t connects = 0;          // connections opened (the first ones and every reconnect)
+  uint64_t node_failures = 0;     // connects refused or timed out, connections lost or timed out
+  uint64_t stale_reconnects = 0;  // idle connections the node had closed (a restart), replaced
   uint64_t slot_refreshes = 0;
   uint64_t commands = 0;
 };
 
 class RedisCluster {
  public:
-  // INVALID_ARGUMENT for no seeds or a seed that is not HOST:PORT.
+  // INVALID_ARGUMENT for no seeds or a seed that is not HOST:PORT. Sets SIGPIPE to be ignored
+  // if the process left it at its default (which would end the process when a node closes a
+  // connection hiredis then writes to).
   static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(RedisClusterOptions options);
   ~RedisCluster();
   RedisCluster(const RedisCluster&) = delete;
@@ -151,6 +154,7 @@ class RedisCluster {
   std::atomic<uint64_t> connects_{0};
   std::atomic<uint64_t> node_failures_{0};
   std::atomic<uint64_t> slot_refreshes_{0};
+  std::atomic<uint64_t> stale_reconnects_{0};
   std::atomic<uint64_t> commands_{0};
 };
 

@@ -102,6 +102,13 @@ ABSL_FLAG(std::string, cluster_tier, "",
 ABSL_FLAG(std::string, cluster_tier_password_file, "",
           "file holding the cluster's AUTH password (first line; owner-only, never logged); "
           "default: no AUTH");
+ABSL_FLAG(absl::Duration, cluster_tier_timeout, absl::Milliseconds(500),
+          "how long the cluster tier waits for a Redis node's replies before it counts the node "
+          "as failed and rests it for --cluster_tier_retry_after (a request's max_load_ms, when "
+          "shorter, bounds its own loads without resting the node)");
+ABSL_FLAG(absl::Duration, cluster_tier_retry_after, absl::Seconds(1),
+          "how long a failed Redis node is left alone (its keys are misses) before it is tried "
+          "again");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
@@ -190,6 +197,15 @@ int Run() {
                    std::string(cluster.status().message()).c_str());
       return 2;
     }
+    cluster->io_timeout = absl::GetFlag(FLAGS_cluster_tier_timeout);
+    cluster->retry_down_after = absl::GetFlag(FLAGS_cluster_tier_retry_after);
+    if (cluster->io_timeout <= absl::ZeroDuration() ||
+        cluster->retry_down_after < absl::ZeroDuration()) {
+      std::fprintf(stderr,
+                   "kvcache-manager: --cluster_tier_timeout must be > 0 and "
+                   "--cluster_tier_retry_after >= 0\n");
+      return 2;
+    }
     for (PoolOptions& pool : options.pools) pool.cluster_tier = *cluster;
   }
   if (options.kv_events.topic.empty()) {
@@ -207,6 +223,9 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGHUP);  // reloads the identity file
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // A peer that closed its end of a socket (a Redis node restarting under the cluster tier) must
+  // fail that write with EPIPE, never end the daemon.
+  ::signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
   if (!daemon.ok()) {

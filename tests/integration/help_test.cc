@@ -53,6 +53,22 @@ TEST(HelpTest, ManagerListsItsFlagsWithDefaults) {
                     HasSubstr("-insecure")));
 }
 
+TEST(HelpTest, ManagerRefusesANonPositiveClusterTierTimeout) {
+  EXPECT_THAT(HelpOf("kvcache-manager"),
+              AllOf(HasSubstr("-cluster_tier_timeout"), HasSubstr("default: 500ms"),
+                    HasSubstr("-cluster_tier_retry_after")));
+  const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
+  ASSERT_NE(bin_dir, nullptr);
+  absl::StatusOr<Subprocess> child =
+      Subprocess::Start({std::string(bin_dir) + "/kvcache-manager",
+                         "--cluster_tier=redis://127.0.0.1:9", "--cluster_tier_timeout=0s"});
+  ASSERT_OK(child);
+  absl::StatusOr<int> wait_status = child->Wait(absl::Seconds(30));
+  ASSERT_OK(wait_status);
+  EXPECT_TRUE(WIFEXITED(*wait_status) && WEXITSTATUS(*wait_status) == 2)
+      << testing::DescribeWaitStatus(*wait_status);
+}
+
 TEST(HelpTest, WorkerListsItsFlagsWithDefaults) {
   EXPECT_THAT(HelpOf("kvcache-worker"),
               AllOf(Not(HasSubstr("No flags matched")), HasSubstr("-checkpoint"),

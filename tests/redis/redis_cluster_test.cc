@@ -244,6 +244,26 @@ TEST_F(RedisClusterTest, AKilledMasterCostsOnlyItsKeysAndIsUsedAgainWhenBack) {
   }
 }
 
+// A master restarted while this client was idle: the connection it held is closed, which the
+// next batch notices before using it, so the restarted node serves that very batch (it was
+// never failed, so it is not rested).
+TEST_F(RedisClusterTest, AMasterRestartedWhileIdleServesTheNextBatch) {
+  const auto entries = Entries(60, "idle:");
+  for (const absl::Status& status : client_->Set(entries)) ASSERT_OK(status);
+  const int node = 2;
+  ASSERT_OK(redis_->Kill(node));
+  ASSERT_OK(redis_->Restart(node));  // empty, as a cache node without persistence comes back
+  const uint64_t failures_before = client_->counters().node_failures;
+  for (const absl::Status& status : client_->Set(entries)) EXPECT_OK(status);
+  EXPECT_EQ(client_->counters().node_failures, failures_before);
+  EXPECT_GE(client_->counters().stale_reconnects, 1u);
+  const auto back = client_->Get(Keys(entries));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    ASSERT_OK(back[i]) << entries[i].first;
+    EXPECT_TRUE(*back[i] == entries[i].second);
+  }
+}
+
 // A master that stops answering (SIGSTOP) costs its keys one io_timeout, not a stall; once it
 // answers again it is used again.
 TEST_F(RedisClusterTest, ASilentMasterCostsItsKeysOneTimeout) {
