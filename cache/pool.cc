@@ -684,8 +684,10 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       spec.max_load_ms == 0 ? absl::InfiniteDuration()
                             : absl::Milliseconds(spec.max_load_ms) - (clock_->Now() - load_start);
   if (from_cluster && loaded.total() == below.size() && budget_left > absl::ZeroDuration()) {
-    cluster_loaded = LoadFromCluster(*sequence, num_hits + loaded.total(), max_hit_blocks,
-                                     absl::Now() + budget_left);
+    const absl::Time begin = absl::Now();
+    cluster_loaded =
+        LoadFromCluster(*sequence, num_hits + loaded.total(), max_hit_blocks, begin + budget_left);
+    tier_load_latency_.cluster.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
   }
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
@@ -791,6 +793,14 @@ Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
                                       uint32_t max_load_ms) {
   const uint64_t block_bytes = options_.layout.BlockBytes();
   BelowLoaded loaded;
+  // Real time spent in each tier (the pool's clock may be a test's), one sample per tier tried.
+  std::optional<absl::Duration> host_time, disk_time;
+  const auto timed = [](std::optional<absl::Duration>& total, auto&& load) {
+    const absl::Time begin = absl::Now();
+    auto result = load();
+    total = total.value_or(absl::ZeroDuration()) + (absl::Now() - begin);
+    return result;
+  };
   while (loaded.total() < below.size()) {
     const size_t next = loaded.total();
     if (max_load_ms != 0 && clock_->Now() - start >= absl::Milliseconds(max_load_ms)) {
@@ -803,7 +813,7 @@ Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
     // Only this sequence holds the blocks, and nobody can see the sequence yet.
     if (below[next].tier == Below::kHost) {
       uint8_t* out = memory_->MutableHostBlock(sequence.blocks[first + next]);
-      if (!host_tier_->Load(below[next].expected, out).ok()) {
+      if (!timed(host_time, [&] { return host_tier_->Load(below[next].expected, out); }).ok()) {
         tier_load_failures_.fetch_add(1, std::memory_order_relaxed);
         break;
       }
@@ -820,7 +830,8 @@ Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
       requests.push_back(DiskTier::LoadRequest{&below[i].expected, {out, block_bytes}});
     }
     size_t verified = 0;
-    for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
+    for (const absl::Status& status :
+         timed(disk_time, [&] { return disk_tier_->LoadMany(requests); })) {
       if (!status.ok()) break;
       ++verified;
     }
@@ -830,6 +841,8 @@ Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
       break;
     }
   }
+  if (host_time) tier_load_latency_.host.Observe(absl::ToDoubleSeconds(*host_time));
+  if (disk_time) tier_load_latency_.disk.Observe(absl::ToDoubleSeconds(*disk_time));
   return loaded;
 }
 
@@ -1110,7 +1123,8 @@ std::optional<PoolClusterTierStats> Pool::ClusterStats() const {
   return PoolClusterTierStats{
       .hit_blocks = cluster_hit_blocks_.load(std::memory_order_relaxed),
       .stored_blocks = cluster_stored_blocks_.load(std::memory_order_relaxed),
-      .tier = cluster_tier_->counters()};
+      .tier = cluster_tier_->counters(),
+      .redis = cluster_tier_->redis().counters()};
 }
 
 std::optional<PoolTierStats> Pool::TierStatsLocked() const {

@@ -176,6 +176,15 @@ struct PoolResidency {
   Histogram reuse_gap{ResidencyBucketsSeconds()};
 };
 
+// How long opens spent loading their prefix from each lower tier, in seconds: one sample per open
+// that loaded (or tried to load) from the tier — the whole run, verified — so a slow disk or a
+// slow Redis node shows as the latency requests paid.
+struct PoolTierLoadLatency {
+  Histogram host{LatencyBucketsSeconds()};
+  Histogram disk{LatencyBucketsSeconds()};
+  Histogram cluster{LatencyBucketsSeconds()};
+};
+
 // Block bytes moved by the data streams (PutBlocks, GetBlocks), counted by the server.
 struct PoolTransferCounters {
   std::atomic<uint64_t> put_bytes{0};
@@ -217,6 +226,7 @@ struct PoolClusterTierStats {
   uint64_t hit_blocks = 0;     // blocks loaded into tier 1 and returned as cached
   uint64_t stored_blocks = 0;  // blocks the mover wrote to the cluster
   ClusterTierCounters tier;    // the store's own counters (misses by kind)
+  RedisClusterCounters redis;  // its client's: node failures, redirects, reconnects
 };
 
 // A pool's figures, or one tenant's share of them (Stats(tenant)): then `referenced`, the
@@ -269,6 +279,7 @@ class Pool {
   const PoolOptions& options() const { return options_; }
   uint32_t pool_index() const { return pool_index_; }
   const PoolResidency& residency() const { return residency_; }
+  const PoolTierLoadLatency& tier_load_latency() const { return tier_load_latency_; }
   PoolTransferCounters& transfers() { return transfers_; }
   const PoolTransferCounters& transfers() const { return transfers_; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
@@ -463,8 +474,9 @@ class Pool {
   TenantQuotas* const quotas_;                      // own synchronization
   KvEventLog* const events_;                        // own synchronization; may be null
   const Clock* const clock_;
-  PoolResidency residency_;         // own synchronization
-  PoolTransferCounters transfers_;  // own synchronization
+  PoolResidency residency_;                // own synchronization
+  PoolTierLoadLatency tier_load_latency_;  // own synchronization
+  PoolTransferCounters transfers_;         // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
 

@@ -159,6 +159,19 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Family("kvcache_tier_used_bytes", "Bytes of records a lower tier holds.", gauge);
   const size_t tier_capacity =
       out.Family("kvcache_tier_capacity_bytes", "Bytes a lower tier can hold.", gauge);
+  const size_t tier_load = out.Family(
+      "kvcache_tier_load_seconds",
+      "Time an open spent loading its prefix from a lower tier (the whole verified run), one "
+      "sample per open that loaded from the tier.",
+      histogram);
+  const size_t cluster_node_failures = out.Family(
+      "kvcache_cluster_tier_node_failures_total",
+      "Redis nodes found down or slow by the cluster tier (each then rested; its keys are misses).",
+      counter);
+  const size_t cluster_redirects = out.Family(
+      "kvcache_cluster_tier_redirects_total",
+      "MOVED and ASK replies the cluster tier followed (slots migrating or a stale slot map).",
+      counter);
   const size_t disk_write_errors = out.Family(
       "kvcache_disk_tier_write_errors_total",
       "Failed writes to a pool's disk tier; after one it stops storing (loads go on).", counter);
@@ -216,6 +229,8 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(tier_rejected, labels, tier.tier.store_failures);
       out.Counter(tier_verify, labels, tier.tier.corrupt);
       out.Counter(tier_deadline, labels, tier.tier.past_deadline);
+      out.Counter(cluster_node_failures, {{"pool", name}}, tier.redis.node_failures);
+      out.Counter(cluster_redirects, {{"pool", name}}, tier.redis.moved + tier.redis.ask);
       out.Counter(
           tier_load_failures, labels,
           tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched + tier.tier.unavailable);
@@ -238,6 +253,16 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(resurrected, PoolTenant(name, tenant), share.pool.resurrections);
       out.Counter(published, PoolTenant(name, tenant), share.pool.published);
       out.Counter(duplicates, PoolTenant(name, tenant), share.pool.duplicates);
+    }
+    const PoolTierLoadLatency& loads = pool->tier_load_latency();
+    if (whole.host_tier.has_value()) {
+      out.Histogram(tier_load, {{"pool", name}, {"tier", "host"}}, loads.host.Snapshot());
+    }
+    if (whole.disk_tier.has_value()) {
+      out.Histogram(tier_load, {{"pool", name}, {"tier", "disk"}}, loads.disk.Snapshot());
+    }
+    if (whole.cluster_tier.has_value()) {
+      out.Histogram(tier_load, {{"pool", name}, {"tier", "cluster"}}, loads.cluster.Snapshot());
     }
     out.Histogram(lifetime, {{"pool", name}}, pool->residency().lifetime.Snapshot());
     out.Histogram(idle, {{"pool", name}}, pool->residency().idle_before_evict.Snapshot());

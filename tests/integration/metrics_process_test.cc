@@ -66,8 +66,9 @@ class MetricsProcessTest : public DaemonProcessTest {
   void SetUp() override {
     DaemonProcessTest::SetUp();
     extra_daemon_flags_ = {"--metrics_listen=127.0.0.1:0"};
-    // A second pool with a host tier, so the tier families are exposed and checked too.
-    pool_flag_ += ",tiered:blocks=8:host_tier=1MiB";
+    // A second pool with a host tier and a disk tier, so the tier families are exposed and
+    // checked too.
+    pool_flag_ += ",tiered:blocks=8:host_tier=1MiB:disk_tier=" + dir_ + "/tiered.tier:1MiB";
   }
 
   void StartWithMetrics() {
@@ -94,6 +95,12 @@ TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExpos
   EXPECT_EQ(Sample(before, "kvcache_usage_ratio{pool=\"default\"}"), 0);
   EXPECT_EQ(Sample(before, R"(kvcache_tier_capacity_bytes{pool="tiered",tier="host"})"), 1 << 20);
   EXPECT_EQ(Sample(before, R"(kvcache_tier_stored_blocks_total{pool="tiered",tier="host"})"), 0);
+  // 1 MiB of slots of a 4 KiB header and a 32 KiB block.
+  EXPECT_EQ(Sample(before, R"(kvcache_tier_capacity_bytes{pool="tiered",tier="disk"})"),
+            (1 << 20) / (36 << 10) * (36 << 10));
+  EXPECT_EQ(Sample(before, R"(kvcache_disk_tier_restored_records{pool="tiered"})"), 0);
+  EXPECT_EQ(Sample(before, R"(kvcache_disk_tier_write_errors_total{pool="tiered"})"), 0);
+  EXPECT_EQ(Sample(before, R"(kvcache_tier_load_seconds_count{pool="tiered",tier="disk"})"), 0);
 
   // Two full blocks computed, then hit: 32 of the second prompt's 40 tokens, both resurrected.
   RunClient({"compute-and-commit", "default", "40", "1000"});
