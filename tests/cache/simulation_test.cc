@@ -31,11 +31,12 @@
 // mover thread, so a seed replays exactly). The worker's bytes are real there: every committed
 // block is written with bytes derived from its content, and every hit — from tier 1 or loaded
 // from tier 2 — is read back from the pool's memory and compared, so the shadow KV follows the
-// bytes through tier 2 and back. The model does not know what tier 2 holds; it still predicts
-// the tier-1 part of every hit exactly (an offload leaves the LRU's order and the counters
-// alone), treats the loaded blocks as fresh allocations published by the open (Pool::Open's
-// rule) and so keeps every count and status exact. Tier-2 counters are checked against the
-// run's own sums (hits, stores; no load failures, nothing left to max_load_ms).
+// bytes through tier 2 and back. The model does not model what tier 2 holds; it predicts the
+// tier-1 part of every hit exactly (an offload leaves the LRU's order and the counters alone),
+// asks tier 2 (HostTier::Find, by the hashes and prefix digests it computes itself) how far the
+// walk goes on there, treats the loaded blocks as fresh allocations published by the open
+// (Pool::Open's rule) and so keeps every count and status exact. Tier-2 counters are checked
+// against the run's own sums (hits, stores; no load failures, nothing left to max_load_ms).
 //
 // The weak-hash tier run does the same with 6-bit chain hashes and without the model. Tier 1
 // verifies a hit through its parent block; a tier-2 record has none, and its chain fields check
@@ -43,10 +44,30 @@
 // bytes (seed 2000035 served [3,2]'s KV for [3,2,2,2,3,2]). Each record now carries a full-width
 // digest of its whole prefix (tiers/block_record.h); the run checks the bytes of every hit.
 //
+// The disk runs (PoolOptions::disk_tier_path) put a disk tier of 1 to 2x the pool's blocks, a file
+// in a temporary directory, below a tier 2 of at most the pool (its demotion window is then all of
+// it: every record it stores is passed down), and flush the disk after each offload, so what is
+// durable, hence visible, is the same in every run of a seed. In the model run each Open and
+// Lookup predicts where every block past the tier-1 hits comes back from, computing the chain
+// hashes and prefix digests itself: tier 2 where it holds the block's record, else the disk,
+// ending at the first block neither holds; the counts of blocks loaded from each must match
+// (nothing fails to load). Every record on disk must be a block this run wrote, under its own
+// identity. Disk hits are counted by the pool and by the tier. A restart (2% per operation)
+// destroys the manager and its pool and creates them again over the same file: every session,
+// tier 1 and tier 2 are gone; the disk must index again exactly the records it held, and a
+// Lookup of every recent prompt in every namespace must find on disk exactly the blocks whose
+// records the old pool left there (the restart's expectation, from the records alone); then a
+// new session computes two recent prompts, loading what the disk holds of them. The weak-hash
+// disk run does the same with 6-bit chain hashes without the model (the records' 64-bit prefix
+// digests keep the restart's expectation exact). Every 50th seed of a disk run is run twice and
+// the traces compared (session ids, which are random, by opening order): the disk tier's threads
+// must not make a seed replay differently.
+//
 // Environment: KVCACHE_SIM_SEEDS (seeds per run, default 10000), KVCACHE_SIM_SEED (replay one
 // seed, printing its trace), KVCACHE_SIM_OPS (operations per seed, default 120; 30 under ASan).
-// The tier runs take 2,000 seeds of 120 operations by default, 500 under ASan (KVCACHE_SIM_SEEDS
-// and KVCACHE_SIM_OPS set every run's).
+// The tier runs take 2,000 seeds of 120 operations by default, 500 under ASan; the disk runs 100
+// (I/O: a file per seed, an fdatasync per offload that passes records down, restarts);
+// KVCACHE_SIM_SEEDS and KVCACHE_SIM_OPS set every run's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -552,6 +573,12 @@ class Simulation {
         }
       }
     }
+    // A new session computes two recent prompts again: what the disk holds of them is loaded.
+    RETURN_IF_ERROR(OpenSession());
+    for (int i = 0; i < 2 && !prompts_.empty(); ++i) {
+      const std::vector<uint32_t> prompt = prompts_[Uniform(0, prompts_.size() - 1)];
+      RETURN_IF_ERROR(OpenSequence(OpenMode::kCompute, /*composite=*/true, &prompt));
+    }
     return absl::OkStatus();
   }
 
@@ -723,12 +750,13 @@ class Simulation {
 
   // Opens a sequence. `composite` with kCompute: commits every token and releases (a finished
   // request); with kPut: the same (what PutBlocks does); with kPinCached: checks the hits and
-  // releases (GetBlocks).
-  absl::Status OpenSequence(OpenMode mode, bool composite) {
+  // releases (GetBlocks). `prompt`: these tokens rather than a new prompt.
+  absl::Status OpenSequence(OpenMode mode, bool composite,
+                            const std::vector<uint32_t>* prompt = nullptr) {
     const uint64_t session_id = PickSession();
     if (session_id == 0) return absl::OkStatus();
     const SessionInfo& session = sessions_.at(session_id);
-    std::vector<uint32_t> tokens = NewPrompt();
+    std::vector<uint32_t> tokens = prompt != nullptr ? *prompt : NewPrompt();
     const std::string salt(kSalts[Chance(80) ? 0 : 1]);
     const std::string lora = Chance(5) ? "lora-a" : "";
     const std::string ns = Namespace(session.tenant, salt, lora);
@@ -1278,7 +1306,7 @@ constexpr uint64_t kTierOps = 120;
 constexpr uint64_t kTierSeeds = kSanitized ? 500 : 2'000;
 // The disk runs' I/O (a file per seed, an fdatasync per offload that passes records down, a
 // restart's scan) costs more per operation.
-constexpr uint64_t kDiskSeeds = kSanitized ? 100 : 300;
+constexpr uint64_t kDiskSeeds = 100;
 // Every this many seeds a disk run is run twice and the traces compared.
 constexpr uint64_t kReplayEvery = 50;
 
