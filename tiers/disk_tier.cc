@@ -574,9 +574,14 @@ class DiskTier::Impl {
         mu_.Await(absl::Condition(this, &Impl::HasWorkLocked));
         if (queue_.empty()) return;  // shutting down, everything written
         while (!queue_.empty() && batch.size() < options_.max_queued_stores) {
+          const uint64_t slot = TakeSlotLocked();
+          // Every slot is this batch's or pinned by a load. Once the batch is durable its records
+          // can be evicted, so the rest waits for the next batch: dropping it would lose the
+          // newest records while older ones stay, and which ones would depend on how batches
+          // fall. With no batch at all, every slot is being read: the store is dropped.
+          if (slot == kNone && !batch.empty()) break;
           Queued queued = std::move(queue_.front());
           queue_.pop_front();
-          const uint64_t slot = TakeSlotLocked();
           if (slot == kNone) {
             ++stats_.stores_dropped;
             ReleaseStoreLocked(queued.identity.hash, queued.buffer);
