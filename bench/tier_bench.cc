@@ -1,28 +1,41 @@
-// Tier 2 (the host tier, issue 18): loading blocks from it vs a plain memcpy of the same bytes,
-// measured in one run. Two figures per block size:
+// Tiers 2 and 3 (issue 18): loading blocks from them vs the plain copy or read of the same bytes,
+// measured in one run. Per block size:
 //   HostTier::Load   copy out of the tier's slot + XXH3-64 verify of the copy, vs memcpy of the
 //                    same bytes between the same kind of buffers (target >= 0.8x);
 //   Pool::Open       an OpenSequence whose whole prefix comes up from tier 2 (probe under the
-//                    pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,
-//                    vs the same memcpy.
+//   from tier 2      pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,
+//                    vs the same memcpy;
+//   Pool::Open       the same with the prefix only on disk (evicted from tiers 1 and 2), vs raw
+//   from tier 3      io_uring O_DIRECT reads of as many slots of the same file at the tier's read
+//                    depth (target >= 0.8x), and raw reads in drained batches of that depth (what
+//                    a walk that loads one LoadMany batch at a time can reach at best).
 // Working sets exceed the last-level cache (both sides stream from memory). Then the offload
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
 // No timing asserted.
-// Usage: tier_bench [seconds per measurement]
+// Usage: tier_bench [seconds per measurement] [load|open|disk|sweep] [DIR]; DIR (default $TMPDIR
+// or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "bench/raw_direct_reads.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
 #include "tiers/host_tier.h"
+#include "tiers/io_ring.h"
+#include "tiers/record_codec.h"
 
 namespace kvcache {
 namespace {
@@ -43,19 +56,6 @@ double Rate(double seconds, uint64_t bytes_per_step, Step step) {
   const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
   return steps * bytes_per_step / elapsed;
 }
-
-// Page-aligned bytes, as pool blocks and tier slots are: memcpy's speed depends on the relative
-// alignment of source and destination (glibc's `rep movsb` path), so both sides of every
-// comparison use the same alignment as the product's copies.
-struct AlignedBuffer {
-  explicit AlignedBuffer(size_t size, uint8_t fill = 0)
-      : bytes(static_cast<uint8_t*>(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096))) {
-    std::memset(bytes, fill, size);
-  }
-  ~AlignedBuffer() { std::free(bytes); }
-  uint8_t* data() const { return bytes; }
-  uint8_t* const bytes;
-};
 
 // `a` and `b` (each moving `bytes_per_step` per call) measured in turn, in short alternating
 // phases over `rounds` rounds, so that the shared machine's drift hits both alike.
@@ -129,6 +129,35 @@ void LoadVsMemcpy(uint64_t block_bytes, uint32_t blocks, double seconds) {
               c.b_rate / 1e9, c.median_ratio, failures == 0 ? "" : "LOAD FAILURES");
 }
 
+// Opens `tokens`, writes each full block with bytes of its own, commits and releases: a prompt
+// computed once, left evictable in tier 1.
+bool ComputeOnce(Pool& pool, const Session& session, const std::vector<uint32_t>& tokens) {
+  auto opened = pool.Open(session, SequenceSpec{tokens});
+  if (!opened.ok()) return false;
+  const PoolLayout& layout = pool.options().layout;
+  std::string bytes(layout.BlockBytes(), '\0');
+  for (size_t i = 0; i < tokens.size() / layout.block_size; ++i) {
+    for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = static_cast<char>(tokens[i] + b);
+    if (!pool.WriteBlock(opened->block_ids[i], 0, bytes).ok()) return false;
+  }
+  return pool.Commit(session, opened->sequence_id, tokens.size()).ok() &&
+         pool.Release(session, opened->sequence_id).ok();
+}
+
+// Opens and releases each of `prompts`; returns how many did not load the whole `tokens` of
+// their prefix from the tier whose count `loaded_from` names.
+uint64_t OpenAndRelease(Pool& pool, const Session& session,
+                        std::initializer_list<const std::vector<uint32_t>*> prompts,
+                        uint32_t tokens, uint32_t OpenedSequence::*loaded_from) {
+  uint64_t short_loads = 0;
+  for (const std::vector<uint32_t>* prompt : prompts) {
+    auto opened = pool.Open(session, SequenceSpec{*prompt});
+    if (!opened.ok() || (*opened).*loaded_from != tokens) ++short_loads;
+    if (opened.ok()) (void)pool.Release(session, opened->sequence_id);
+  }
+  return short_loads;
+}
+
 // Open of a prompt whose `prefix_blocks` come up from tier 2 each time: a pool of exactly
 // prefix_blocks + 1 blocks is refilled by another prompt between opens, so every open loads the
 // whole prefix again. Per byte loaded, vs memcpy of as many bytes.
@@ -153,21 +182,10 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1);
   std::iota(prompt.begin(), prompt.end(), 0);
   std::iota(other.begin(), other.end(), 1u << 30);
-  // Computes `tokens_of` once: written, committed, released, offloaded.
-  const auto compute = [&](const std::vector<uint32_t>& tokens_of) {
-    auto opened = (*pool)->Open(session, SequenceSpec{tokens_of});
-    if (!opened.ok()) return false;
-    std::string bytes(block_bytes, '\0');
-    for (size_t i = 0; i < prefix_blocks; ++i) {
-      for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = static_cast<char>(tokens_of[i] + b);
-      (void)(*pool)->WriteBlock(opened->block_ids[i], 0, bytes);
-    }
-    (void)(*pool)->Commit(session, opened->sequence_id, tokens_of.size());
-    (void)(*pool)->Release(session, opened->sequence_id);
+  for (const std::vector<uint32_t>* which : {&prompt, &other}) {
+    if (!ComputeOnce(**pool, session, *which)) return;
     (*pool)->OffloadForTesting();
-    return true;
-  };
-  if (!compute(prompt) || !compute(other)) return;
+  }
   uint64_t short_loads = 0;
   // The baseline: memcpy of the same records' bytes, from where tier 2 keeps them.
   std::vector<const uint8_t*> slots;
@@ -187,11 +205,8 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   const Comparison c = Compare(
       seconds, 2 * block_bytes * prefix_blocks,
       [&] {
-        for (const std::vector<uint32_t>* which : {&prompt, &other}) {
-          auto opened = (*pool)->Open(session, SequenceSpec{*which});
-          if (!opened.ok() || opened->num_host_tier_tokens != tokens) ++short_loads;
-          if (opened.ok()) (void)(*pool)->Release(session, opened->sequence_id);
-        }
+        short_loads += OpenAndRelease(**pool, session, {&prompt, &other}, tokens,
+                                      &OpenedSequence::num_host_tier_tokens);
       },
       [&] {
         for (size_t i = 0; i < slots.size(); ++i) {
@@ -201,6 +216,103 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n", "Pool::Open from tier 2",
               static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
               c.b_rate / 1e9, c.median_ratio, short_loads == 0 ? "" : "SHORT LOADS");
+}
+
+// Open of a prompt whose `prefix_blocks` come up from tier 3 each time. Both prompts went down
+// through an 8-slot tier 2 (its demotion window is all of it, so each record is passed on to
+// disk before tier 2 evicts it), and a third prompt then took tier 2's slots: only the disk holds
+// them. Tier 1 holds prefix_blocks + 1 blocks, so each open evicts the other prompt, and the
+// mover never runs, so nothing comes back to tier 2. Per byte loaded, vs raw io_uring O_DIRECT
+// reads of as many slots of the same file at the tier's read depth.
+void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
+                            const std::string& dir) {
+  constexpr uint32_t kTier2Slots = 8;
+  const uint64_t block_bytes = layout.BlockBytes();
+  const uint64_t slot_bytes =
+      RecordHeaderSlotBytes(layout.block_size) + RoundUpToRecordAlignment(block_bytes);
+  const uint32_t disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
+  PoolOptions options;
+  options.name = "bench";
+  options.model_id = "bench";
+  options.layout = layout;
+  options.num_blocks = prefix_blocks + 1;
+  options.host_tier_bytes = uint64_t{kTier2Slots} * block_bytes;
+  options.disk_tier_path = dir + "/tier_bench.kvt";
+  options.disk_tier_bytes = disk_records * slot_bytes;
+  // One offload pass queues a whole prefix for the disk; a full queue would end the pass and let
+  // tier 2 evict records that never reached the disk.
+  options.testing_disk_tier_options = [&](DiskTierOptions* disk) {
+    disk->max_queued_stores = disk_records;
+  };
+  options.testing_manual_offload = true;        // offload is not what is measured
+  options.offload_window = options.num_blocks;  // the whole prefix goes down
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove(options.disk_tier_path);
+  auto memory = HostPoolMemory::Create(block_bytes, options.num_blocks);
+  auto pool = Pool::Create(options, 0, *std::move(memory));
+  if (!pool.ok()) {
+    std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());
+    return;
+  }
+  DiskTier& disk = *(*pool)->disk_tier();
+  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
+  const uint32_t tokens = prefix_blocks * layout.block_size;
+  std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1),
+      tier2_filler(kTier2Slots * layout.block_size + 1);
+  std::iota(prompt.begin(), prompt.end(), 0);
+  std::iota(other.begin(), other.end(), 1u << 30);
+  std::iota(tier2_filler.begin(), tier2_filler.end(), 2u << 30);
+  for (const std::vector<uint32_t>* which : {&prompt, &other, &tier2_filler}) {
+    if (!ComputeOnce(**pool, session, *which)) return;
+    (*pool)->OffloadForTesting();
+    disk.Flush();
+  }
+  const uint32_t depth = disk.read_depth();
+  const int fd = ::open(options.disk_tier_path.c_str(), O_RDONLY | O_DIRECT);
+  auto ring = IoRing::Create(depth);
+  if (fd < 0 || !ring.ok()) {
+    std::fprintf(stderr, "cannot open the tier file or an io_uring\n");
+    return;
+  }
+  AlignedBuffer buffers(slot_bytes * depth);
+  // The tier stored the two prompts first, into the file's first slots: the raw reads take as
+  // many slots from there.
+  const auto raw_reads = [&](bench::RawReadPipeline pipeline) {
+    bench::RawDirectReads(fd, slot_bytes, 0, 2 * prefix_blocks, depth, **ring, buffers, pipeline);
+  };
+  uint64_t short_loads = 0;
+  const DiskTierStats before = disk.stats();
+  // Two opens per step, each loading the whole prefix of its prompt from disk (checked for every
+  // open: the first open of `other` finds its head in tier 1 only if it comes before the first
+  // open of `prompt`, which evicts it).
+  const Comparison c = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        short_loads += OpenAndRelease(**pool, session, {&prompt, &other}, tokens,
+                                      &OpenedSequence::num_disk_tier_tokens);
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous); });
+  const Comparison drained = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] { raw_reads(bench::RawReadPipeline::kDrainedBatches); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous); });
+  ::close(fd);
+  const DiskTierStats after = disk.stats();
+  const bool in_place = after.loads_in_place - before.loads_in_place == after.loads - before.loads;
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s%s\n", "Pool::Open from tier 3",
+              static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
+              c.b_rate / 1e9, c.median_ratio, short_loads == 0 ? "" : "SHORT LOADS ",
+              in_place ? "" : "NOT READ IN PLACE");
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx\n", "raw, drained batches",
+              static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks,
+              drained.a_rate / 1e9, drained.b_rate / 1e9, drained.median_ratio);
+  pool->reset();
+  std::filesystem::remove(options.disk_tier_path);
+  if (short_loads != 0) {
+    std::fprintf(stderr, "ERROR: %llu opens did not load their whole prefix from tier 3\n",
+                 static_cast<unsigned long long>(short_loads));
+    std::exit(1);
+  }
 }
 
 // How far ahead the mover should work: a workload replayed against pools that differ only in
@@ -276,6 +388,8 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   // Optional: only "load", "open" or "sweep".
   const std::string only = argc > 2 ? argv[2] : "";
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = argc > 3 ? argv[3] : std::string(tmp != nullptr ? tmp : "/tmp");
   const auto runs = [&](const char* part) { return only.empty() || only == part; };
   std::printf("tier 2 loads vs memcpy of the same bytes, %.1f s per figure, one thread\n", seconds);
   std::printf("%-22s %13s %8s %10s %10s %8s\n", "path", "block", "blocks", "GB/s", "memcpy",
@@ -286,8 +400,8 @@ int main(int argc, char** argv) {
     kvcache::LoadVsMemcpy(block_bytes, static_cast<uint32_t>((256ull << 20) / block_bytes),
                           seconds);
   }
-  // Pool blocks of 32 KiB (the default layout) and 512 KiB (48 layers, 4 heads, 128 dims, fp16,
-  // 16 tokens would be 3 MiB; 8 layers keeps the bench's memory small).
+  // Pool blocks of 32 KiB (the default layout) and 256 KiB (48 layers, 4 heads, 128 dims, fp16,
+  // 16 tokens would be 1.5 MiB; 8 layers keeps the bench's memory small).
   const kvcache::PoolLayout small{.num_layers = 4,
                                   .num_kv_heads = 2,
                                   .head_dim = 64,
@@ -301,6 +415,15 @@ int main(int argc, char** argv) {
   if (runs("open")) {
     kvcache::OpenFromTierVsMemcpy(small, 2048, seconds);  // 64 MiB prefix
     kvcache::OpenFromTierVsMemcpy(large, 128, seconds);   // 64 MiB prefix
+  }
+  if (runs("disk")) {
+    // 64 MiB prefixes of 32 KiB and 256 KiB blocks.
+    std::printf("\ntier 3 loads vs raw io_uring O_DIRECT reads of as many slots, %s\n",
+                (dir + "/kvcache_tier_bench").c_str());
+    std::printf("%-22s %13s %8s %10s %10s %8s\n", "path", "block", "blocks", "GB/s", "raw",
+                "median ratio of 9 alternating rounds");
+    kvcache::OpenFromDiskVsRawReads(small, 2048, seconds, dir + "/kvcache_tier_bench");
+    kvcache::OpenFromDiskVsRawReads(large, 256, seconds, dir + "/kvcache_tier_bench");
   }
   if (runs("sweep")) {
     for (uint32_t lag : {1u, 8u}) kvcache::WindowSweep(lag);
