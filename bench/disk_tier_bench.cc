@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,7 +188,9 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
     for (uint64_t first = 0; first < blocks; first += kLoadBatch, raw_first = !raw_first) {
       const uint64_t count = std::min<uint64_t>(kLoadBatch, blocks - first);
       if (!raw_first) loaded += TierLoads(**tier, identities, first, count, out);
-      raw += bench::RawDirectReads(fd, slot_bytes, first, count, kDepth, **ring, raw_buffers);
+      std::vector<uint64_t> slots(count);
+      std::iota(slots.begin(), slots.end(), first);
+      raw += bench::RawDirectReads(fd, slot_bytes, slots, kDepth, **ring, raw_buffers);
       if (raw_first) loaded += TierLoads(**tier, identities, first, count, out);
     }
   }

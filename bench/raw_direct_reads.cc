@@ -1,6 +1,9 @@
 #include "bench/raw_direct_reads.h"
 
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <vector>
@@ -14,12 +17,22 @@ void CheckRead(const absl::StatusOr<IoRing::Completion>& completion, uint64_t sl
 
 }  // namespace
 
-double RawDirectReads(int fd, uint64_t slot_bytes, uint64_t first, uint64_t count, uint32_t depth,
-                      IoRing& ring, AlignedBuffer& buffers, RawReadPipeline pipeline) {
+double RawDirectReads(int fd, uint64_t slot_bytes, absl::Span<const uint64_t> slots, uint32_t depth,
+                      IoRing& ring, AlignedBuffer& buffers, RawReadPipeline pipeline,
+                      uint64_t header_bytes) {
+  const uint64_t count = slots.size();
+  std::vector<std::array<iovec, 2>> iovecs(depth);
   const auto start = std::chrono::steady_clock::now();
-  const auto queue = [&](uint64_t slot, uint64_t buffer) {
-    ring.QueueRead(fd, buffers.data() + buffer * slot_bytes, slot_bytes,
-                   (first + slot) * slot_bytes, buffer);
+  const auto queue = [&](uint64_t read, uint64_t buffer) {
+    char* slot = buffers.data() + buffer * slot_bytes;
+    if (header_bytes == 0) {
+      ring.QueueRead(fd, slot, slot_bytes, slots[read] * slot_bytes, buffer);
+      return;
+    }
+    // The header where the slot would start, the bytes in the second half of `buffers`.
+    char* bytes = buffers.data() + (depth + buffer) * slot_bytes;
+    iovecs[buffer] = {iovec{slot, header_bytes}, iovec{bytes, slot_bytes - header_bytes}};
+    ring.QueueReadv(fd, iovecs[buffer].data(), 2, slots[read] * slot_bytes, buffer);
   };
   if (pipeline == RawReadPipeline::kDrainedBatches) {
     std::vector<IoRing::Completion> done;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "absl/types/span.h"
 #include "tiers/io_ring.h"
 
 namespace kvcache::bench {
@@ -18,13 +19,16 @@ enum class RawReadPipeline {
   kDrainedBatches,
 };
 
-// Reads slots [first, first + count) of `fd` (opened O_DIRECT), each `slot_bytes` long, with
-// `depth` reads in flight, into `buffers` (at least depth * slot_bytes, 4 KiB aligned); `ring`
-// holds at least `depth` entries. Aborts on any failed or short read (a bench has no way on).
+// Reads `slots` of `fd` (opened O_DIRECT), each `slot_bytes` long, in that order with `depth`
+// reads in flight, into `buffers` (at least depth * slot_bytes, 4 KiB aligned); `ring` holds at
+// least `depth` entries. With `header_bytes`, each read is a readv that puts a slot's first
+// header_bytes apart from the rest, as the disk tier reads a record into a pool block (`buffers`
+// then holds 2 * depth * slot_bytes). Aborts on any failed or short read (a bench has no way on).
 // Returns seconds.
-double RawDirectReads(int fd, uint64_t slot_bytes, uint64_t first, uint64_t count, uint32_t depth,
+double RawDirectReads(int fd, uint64_t slot_bytes, absl::Span<const uint64_t> slots, uint32_t depth,
                       IoRing& ring, AlignedBuffer& buffers,
-                      RawReadPipeline pipeline = RawReadPipeline::kContinuous);
+                      RawReadPipeline pipeline = RawReadPipeline::kContinuous,
+                      uint64_t header_bytes = 0);
 
 }  // namespace kvcache::bench
 

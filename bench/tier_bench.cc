@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/raw_direct_reads.h"
 #include "cache/pool.h"
@@ -42,11 +43,23 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// Calls `step()` (which moves `bytes_per_step`) until `seconds` pass; bytes per second.
+double ThreadCpuSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9;
+}
+
+struct Measured {
+  double rate = 0;       // bytes per second
+  double cpu_share = 0;  // this thread's CPU time (user and kernel) per second of the phase
+};
+
+// Calls `step()` (which moves `bytes_per_step`) until `seconds` pass.
 template <typename Step>
-double Rate(double seconds, uint64_t bytes_per_step, Step step) {
+Measured Rate(double seconds, uint64_t bytes_per_step, Step step) {
   step();  // warm: page faults are not measured
   uint64_t steps = 0;
+  const double cpu_start = ThreadCpuSeconds();
   const auto start = SteadyClock::now();
   const auto stop = start + std::chrono::duration<double>(seconds);
   while (SteadyClock::now() < stop) {
@@ -54,13 +67,14 @@ double Rate(double seconds, uint64_t bytes_per_step, Step step) {
     ++steps;
   }
   const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  return steps * bytes_per_step / elapsed;
+  return {steps * bytes_per_step / elapsed, (ThreadCpuSeconds() - cpu_start) / elapsed};
 }
 
 // `a` and `b` (each moving `bytes_per_step` per call) measured in turn, in short alternating
 // phases over `rounds` rounds, so that the shared machine's drift hits both alike.
 struct Comparison {
   double a_rate = 0, b_rate = 0;  // bytes per second, over all rounds
+  double a_cpu = 0, b_cpu = 0;    // CPU share of the measuring thread, over all rounds
   double median_ratio = 0;        // of the rounds' a/b
 };
 template <typename A, typename B>
@@ -69,12 +83,14 @@ Comparison Compare(double seconds, uint64_t bytes_per_step, A a, B b, int rounds
   Comparison result;
   for (int round = 0; round < rounds; ++round) {
     const double phase = seconds / rounds;
-    const double ra = round % 2 == 0 ? Rate(phase, bytes_per_step, a) : 0;
-    const double rb = Rate(phase, bytes_per_step, b);
-    const double ra2 = round % 2 == 0 ? ra : Rate(phase, bytes_per_step, a);
-    result.a_rate += ra2 / rounds;
-    result.b_rate += rb / rounds;
-    ratios.push_back(ra2 / rb);
+    const Measured first = round % 2 == 0 ? Rate(phase, bytes_per_step, a) : Measured{};
+    const Measured rb = Rate(phase, bytes_per_step, b);
+    const Measured ra = round % 2 == 0 ? first : Rate(phase, bytes_per_step, a);
+    result.a_rate += ra.rate / rounds;
+    result.b_rate += rb.rate / rounds;
+    result.a_cpu += ra.cpu_share / rounds;
+    result.b_cpu += rb.cpu_share / rounds;
+    ratios.push_back(ra.rate / rb.rate);
   }
   std::sort(ratios.begin(), ratios.end());
   result.median_ratio = ratios[ratios.size() / 2];
@@ -144,6 +160,17 @@ bool ComputeOnce(Pool& pool, const Session& session, const std::vector<uint32_t>
          pool.Release(session, opened->sequence_id).ok();
 }
 
+// The chain hashes `pool` computes for `tokens` in `session`'s tenant.
+std::vector<Hash128> ChainOf(Pool& pool, const Session& session,
+                             const std::vector<uint32_t>& tokens) {
+  BlockHasher hasher(pool.options().hash_algorithm);
+  const HashNamespace ns{pool.options().model_id, pool.layout_fingerprint(), session.tenant, ""};
+  std::vector<Hash128> chain;
+  hasher.ExtendChain(hasher.Root(ns), tokens, pool.options().layout.block_size, ExtraKeys{},
+                     &chain);
+  return chain;
+}
+
 // Opens and releases each of `prompts`; returns how many did not load the whole `tokens` of
 // their prefix from the tier whose count `loaded_from` names.
 uint64_t OpenAndRelease(Pool& pool, const Session& session,
@@ -190,10 +217,7 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   // The baseline: memcpy of the same records' bytes, from where tier 2 keeps them.
   std::vector<const uint8_t*> slots;
   for (const std::vector<uint32_t>* which : {&prompt, &other}) {
-    BlockHasher hasher(options.hash_algorithm);
-    const HashNamespace ns{options.model_id, (*pool)->layout_fingerprint(), session.tenant, ""};
-    std::vector<Hash128> chain;
-    hasher.ExtendChain(hasher.Root(ns), *which, layout.block_size, ExtraKeys{}, &chain);
+    const std::vector<Hash128> chain = ChainOf(**pool, session, *which);
     for (uint32_t i = 0; i < prefix_blocks; ++i) {
       slots.push_back((*pool)->host_tier()->RecordBytesForTesting(chain[i]));
       if (slots.back() == nullptr) return;
@@ -216,6 +240,31 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n", "Pool::Open from tier 2",
               static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
               c.b_rate / 1e9, c.median_ratio, short_loads == 0 ? "" : "SHORT LOADS");
+}
+
+// The slots of a disk tier's file (`path`, `slots` of `slot_bytes`) that hold `hashes`, in that
+// order, read from the slots' headers; empty if one is missing.
+std::vector<uint64_t> SlotsOf(const std::string& path, uint64_t slot_bytes, uint64_t slots,
+                              uint32_t tokens_per_block, const std::vector<Hash128>& hashes) {
+  absl::flat_hash_map<Hash128, uint64_t> slot_of;
+  std::string header(RecordHeaderSlotBytes(tokens_per_block), '\0');
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  for (uint64_t slot = 0; fd >= 0 && slot < slots; ++slot) {
+    if (::pread(fd, header.data(), header.size(), slot * slot_bytes) !=
+        static_cast<ssize_t>(header.size())) {
+      break;
+    }
+    absl::StatusOr<RecordHeader> decoded = DecodeRecordHeader(header);
+    if (decoded.ok()) slot_of[decoded->block.hash] = slot;
+  }
+  if (fd >= 0) ::close(fd);
+  std::vector<uint64_t> in_order;
+  for (const Hash128& hash : hashes) {
+    auto it = slot_of.find(hash);
+    if (it == slot_of.end()) return {};
+    in_order.push_back(it->second);
+  }
+  return in_order;
 }
 
 // Open of a prompt whose `prefix_blocks` come up from tier 3 each time. Both prompts went down
@@ -274,11 +323,26 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
     std::fprintf(stderr, "cannot open the tier file or an io_uring\n");
     return;
   }
-  AlignedBuffer buffers(slot_bytes * depth);
-  // The tier stored the two prompts first, into the file's first slots: the raw reads take as
-  // many slots from there.
-  const auto raw_reads = [&](bench::RawReadPipeline pipeline) {
-    bench::RawDirectReads(fd, slot_bytes, 0, 2 * prefix_blocks, depth, **ring, buffers, pipeline);
+  AlignedBuffer buffers(2 * slot_bytes * depth);
+  // The same slots in the order the walk reads them (each prompt's blocks in order), and, for
+  // comparison, the same number of slots in the file's order. The walk's order is backwards: the
+  // mover passes a released prompt down tail first, so its blocks sit in the file in reverse.
+  std::vector<Hash128> hashes;
+  for (const std::vector<uint32_t>* which : {&prompt, &other}) {
+    const std::vector<Hash128> chain = ChainOf(**pool, session, *which);
+    hashes.insert(hashes.end(), chain.begin(), chain.end());
+  }
+  const std::vector<uint64_t> walk_order =
+      SlotsOf(options.disk_tier_path, slot_bytes, disk_records, layout.block_size, hashes);
+  std::vector<uint64_t> file_order(walk_order.size());
+  std::iota(file_order.begin(), file_order.end(), 0);
+  if (walk_order.empty()) {
+    std::fprintf(stderr, "ERROR: the prompts' records are not all in the tier file\n");
+    std::exit(1);
+  }
+  const auto raw_reads = [&](bench::RawReadPipeline pipeline, const std::vector<uint64_t>& slots,
+                             uint64_t header_bytes = 0) {
+    bench::RawDirectReads(fd, slot_bytes, slots, depth, **ring, buffers, pipeline, header_bytes);
   };
   uint64_t short_loads = 0;
   const DiskTierStats before = disk.stats();
@@ -291,25 +355,72 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
         short_loads += OpenAndRelease(**pool, session, {&prompt, &other}, tokens,
                                       &OpenedSequence::num_disk_tier_tokens);
       },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous); });
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
   const Comparison drained = Compare(
       seconds, 2 * block_bytes * prefix_blocks,
-      [&] { raw_reads(bench::RawReadPipeline::kDrainedBatches); },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous); });
+      [&] { raw_reads(bench::RawReadPipeline::kDrainedBatches, walk_order); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  // Where the walk's time goes: the disk tier alone, loading the same records into page-aligned
+  // memory, in batches of its read depth as the walk calls it, and in one call.
+  std::vector<BlockRecordIdentity> records;
+  for (const Hash128& hash : hashes) {
+    absl::StatusOr<BlockRecordIdentity> record = disk.Find(hash);
+    if (!record.ok()) return;
+    records.push_back(*std::move(record));
+  }
+  AlignedBuffer out(block_bytes * prefix_blocks);
+  const auto load_many = [&](size_t batch) {
+    for (size_t first = 0; first < records.size(); first += batch) {
+      std::vector<DiskTier::LoadRequest> requests;
+      for (size_t i = first; i < std::min(records.size(), first + batch); ++i) {
+        requests.push_back(
+            {&records[i],
+             absl::MakeSpan(out.data() + (i % prefix_blocks) * block_bytes, block_bytes)});
+      }
+      for (const absl::Status& status : disk.LoadMany(requests)) {
+        if (!status.ok()) ++short_loads;
+      }
+    }
+  };
+  const Comparison batched = Compare(
+      seconds, 2 * block_bytes * prefix_blocks, [&] { load_many(depth); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison whole = Compare(
+      seconds, 2 * block_bytes * prefix_blocks, [&] { load_many(prefix_blocks); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison file_ordered = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, file_order); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison header_apart = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
+                  RecordHeaderSlotBytes(layout.block_size));
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
   ::close(fd);
   const DiskTierStats after = disk.stats();
   const bool in_place = after.loads_in_place - before.loads_in_place == after.loads - before.loads;
-  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s%s\n", "Pool::Open from tier 3",
-              static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
-              c.b_rate / 1e9, c.median_ratio, short_loads == 0 ? "" : "SHORT LOADS ",
-              in_place ? "" : "NOT READ IN PLACE");
-  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx\n", "raw, drained batches",
-              static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks,
-              drained.a_rate / 1e9, drained.b_rate / 1e9, drained.median_ratio);
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %s\n",
+              "Pool::Open from tier 3", static_cast<unsigned long long>(block_bytes >> 10),
+              prefix_blocks, c.a_rate / 1e9, c.b_rate / 1e9, c.median_ratio, 100 * c.a_cpu,
+              100 * c.b_cpu, in_place ? "" : "NOT READ IN PLACE");
+  const auto row = [&](const char* path, const Comparison& comparison) {
+    std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%%\n", path,
+                static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks,
+                comparison.a_rate / 1e9, comparison.b_rate / 1e9, comparison.median_ratio,
+                100 * comparison.a_cpu, 100 * comparison.b_cpu);
+  };
+  row("  raw, drained batches", drained);
+  row("  LoadMany, batches", batched);
+  row("  LoadMany, one call", whole);
+  row("  raw, file order", file_ordered);
+  row("  raw, header apart", header_apart);
   pool->reset();
   std::filesystem::remove(options.disk_tier_path);
   if (short_loads != 0) {
-    std::fprintf(stderr, "ERROR: %llu opens did not load their whole prefix from tier 3\n",
+    std::fprintf(stderr, "ERROR: %llu opens or loads fell short of a whole prefix from tier 3\n",
                  static_cast<unsigned long long>(short_loads));
     std::exit(1);
   }
@@ -420,8 +531,11 @@ int main(int argc, char** argv) {
     // 64 MiB prefixes of 32 KiB and 256 KiB blocks.
     std::printf("\ntier 3 loads vs raw io_uring O_DIRECT reads of as many slots, %s\n",
                 (dir + "/kvcache_tier_bench").c_str());
-    std::printf("%-22s %13s %8s %10s %10s %8s\n", "path", "block", "blocks", "GB/s", "raw",
-                "median ratio of 9 alternating rounds");
+    std::printf("%-22s %13s %8s %10s %10s %8s %6s %6s\n", "path", "block", "blocks", "GB/s", "raw",
+                "ratio", "cpu", "raw cpu");
+    std::printf(
+        "(ratio: the median of 9 alternating rounds; cpu: the measuring thread's CPU time "
+        "per second)\n");
     kvcache::OpenFromDiskVsRawReads(small, 2048, seconds, dir + "/kvcache_tier_bench");
     kvcache::OpenFromDiskVsRawReads(large, 256, seconds, dir + "/kvcache_tier_bench");
   }
