@@ -19,16 +19,28 @@ enum class RawReadPipeline {
   kDrainedBatches,
 };
 
+// How each read lands in memory.
+struct RawReadLayout {
+  // 0: each slot is read whole into `buffers`. Otherwise a readv puts a slot's first header_bytes
+  // into `buffers` and the rest apart, as the disk tier reads a record into a pool block.
+  uint64_t header_bytes = 0;
+  // With header_bytes: where the rest of the r-th read goes, at bytes_out + r * (slot_bytes -
+  // header_bytes) (4 KiB aligned; as large as every read's bytes), as the tier fills a sequence's
+  // fresh blocks; null: into the second half of `buffers`, reused (then 2 * depth * slot_bytes).
+  char* bytes_out = nullptr;
+  // With bytes_out: XXH3-64 of each read's bytes in the reaping loop, after the next read is
+  // queued, as the disk tier verifies each record (what its extra work per read costs the loop).
+  bool checksum_bytes = false;
+};
+
 // Reads `slots` of `fd` (opened O_DIRECT), each `slot_bytes` long, in that order with `depth`
-// reads in flight, into `buffers` (at least depth * slot_bytes, 4 KiB aligned); `ring` holds at
-// least `depth` entries. With `header_bytes`, each read is a readv that puts a slot's first
-// header_bytes apart from the rest, as the disk tier reads a record into a pool block (`buffers`
-// then holds 2 * depth * slot_bytes). Aborts on any failed or short read (a bench has no way on).
+// reads in flight, into `buffers` (at least depth * slot_bytes, 4 KiB aligned, reused); `ring`
+// holds at least `depth` entries. Aborts on any failed or short read (a bench has no way on).
 // Returns seconds.
 double RawDirectReads(int fd, uint64_t slot_bytes, absl::Span<const uint64_t> slots, uint32_t depth,
                       IoRing& ring, AlignedBuffer& buffers,
                       RawReadPipeline pipeline = RawReadPipeline::kContinuous,
-                      uint64_t header_bytes = 0);
+                      const RawReadLayout& layout = {});
 
 }  // namespace kvcache::bench
 

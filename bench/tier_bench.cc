@@ -43,15 +43,26 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-double ThreadCpuSeconds() {
-  timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return now.tv_sec + now.tv_nsec * 1e-9;
+// The calling thread's time on a CPU and waiting for one (runnable, not running: what a busy
+// shared machine costs a loop that must run to reap and refill its reads), in seconds.
+struct ThreadTimes {
+  double on_cpu = 0;
+  double waiting = 0;
+};
+ThreadTimes ThreadTimesNow() {
+  unsigned long long on_cpu_ns = 0, waiting_ns = 0;
+  std::FILE* file = std::fopen("/proc/thread-self/schedstat", "r");
+  if (file != nullptr) {
+    if (std::fscanf(file, "%llu %llu", &on_cpu_ns, &waiting_ns) != 2) on_cpu_ns = waiting_ns = 0;
+    std::fclose(file);
+  }
+  return {on_cpu_ns * 1e-9, waiting_ns * 1e-9};
 }
 
 struct Measured {
-  double rate = 0;       // bytes per second
-  double cpu_share = 0;  // this thread's CPU time (user and kernel) per second of the phase
+  double rate = 0;        // bytes per second
+  double cpu_share = 0;   // this thread's time on a CPU per second of the phase
+  double wait_share = 0;  // this thread's time waiting for a CPU per second of the phase
 };
 
 // Calls `step()` (which moves `bytes_per_step`) until `seconds` pass.
@@ -59,7 +70,7 @@ template <typename Step>
 Measured Rate(double seconds, uint64_t bytes_per_step, Step step) {
   step();  // warm: page faults are not measured
   uint64_t steps = 0;
-  const double cpu_start = ThreadCpuSeconds();
+  const ThreadTimes times_start = ThreadTimesNow();
   const auto start = SteadyClock::now();
   const auto stop = start + std::chrono::duration<double>(seconds);
   while (SteadyClock::now() < stop) {
@@ -67,7 +78,9 @@ Measured Rate(double seconds, uint64_t bytes_per_step, Step step) {
     ++steps;
   }
   const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  return {steps * bytes_per_step / elapsed, (ThreadCpuSeconds() - cpu_start) / elapsed};
+  const ThreadTimes times = ThreadTimesNow();
+  return {steps * bytes_per_step / elapsed, (times.on_cpu - times_start.on_cpu) / elapsed,
+          (times.waiting - times_start.waiting) / elapsed};
 }
 
 // `a` and `b` (each moving `bytes_per_step` per call) measured in turn, in short alternating
@@ -75,6 +88,7 @@ Measured Rate(double seconds, uint64_t bytes_per_step, Step step) {
 struct Comparison {
   double a_rate = 0, b_rate = 0;  // bytes per second, over all rounds
   double a_cpu = 0, b_cpu = 0;    // CPU share of the measuring thread, over all rounds
+  double a_wait = 0, b_wait = 0;  // share of the time it waited for a CPU
   double median_ratio = 0;        // of the rounds' a/b
 };
 template <typename A, typename B>
@@ -90,6 +104,8 @@ Comparison Compare(double seconds, uint64_t bytes_per_step, A a, B b, int rounds
     result.b_rate += rb.rate / rounds;
     result.a_cpu += ra.cpu_share / rounds;
     result.b_cpu += rb.cpu_share / rounds;
+    result.a_wait += ra.wait_share / rounds;
+    result.b_wait += rb.wait_share / rounds;
     ratios.push_back(ra.rate / rb.rate);
   }
   std::sort(ratios.begin(), ratios.end());
@@ -341,8 +357,8 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
     std::exit(1);
   }
   const auto raw_reads = [&](bench::RawReadPipeline pipeline, const std::vector<uint64_t>& slots,
-                             uint64_t header_bytes = 0) {
-    bench::RawDirectReads(fd, slot_bytes, slots, depth, **ring, buffers, pipeline, header_bytes);
+                             const bench::RawReadLayout& read_layout = {}) {
+    bench::RawDirectReads(fd, slot_bytes, slots, depth, **ring, buffers, pipeline, read_layout);
   };
   uint64_t short_loads = 0;
   const DiskTierStats before = disk.stats();
@@ -396,27 +412,49 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
       seconds, 2 * block_bytes * prefix_blocks,
       [&] {
         raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
-                  RecordHeaderSlotBytes(layout.block_size));
+                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size)});
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  // The bytes of each prompt's reads into `out`'s blocks, as LoadMany and Open place them.
+  AlignedBuffer raw_out(2 * block_bytes * prefix_blocks);
+  const Comparison into_blocks = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
+                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size),
+                   .bytes_out = raw_out.data()});
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison checksummed = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
+                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size),
+                   .bytes_out = raw_out.data(),
+                   .checksum_bytes = true});
       },
       [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
   ::close(fd);
   const DiskTierStats after = disk.stats();
   const bool in_place = after.loads_in_place - before.loads_in_place == after.loads - before.loads;
-  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %s\n",
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%% %s\n",
               "Pool::Open from tier 3", static_cast<unsigned long long>(block_bytes >> 10),
               prefix_blocks, c.a_rate / 1e9, c.b_rate / 1e9, c.median_ratio, 100 * c.a_cpu,
-              100 * c.b_cpu, in_place ? "" : "NOT READ IN PLACE");
+              100 * c.b_cpu, 100 * c.a_wait, 100 * c.b_wait, in_place ? "" : "NOT READ IN PLACE");
   const auto row = [&](const char* path, const Comparison& comparison) {
-    std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%%\n", path,
+    std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%%\n", path,
                 static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks,
                 comparison.a_rate / 1e9, comparison.b_rate / 1e9, comparison.median_ratio,
-                100 * comparison.a_cpu, 100 * comparison.b_cpu);
+                100 * comparison.a_cpu, 100 * comparison.b_cpu, 100 * comparison.a_wait,
+                100 * comparison.b_wait);
   };
   row("  raw, drained batches", drained);
   row("  LoadMany, batches", batched);
   row("  LoadMany, one call", whole);
   row("  raw, file order", file_ordered);
   row("  raw, header apart", header_apart);
+  row("  raw, into 2 prefixes", into_blocks);
+  row("  raw, + checksums", checksummed);
   pool->reset();
   std::filesystem::remove(options.disk_tier_path);
   if (short_loads != 0) {
@@ -531,11 +569,11 @@ int main(int argc, char** argv) {
     // 64 MiB prefixes of 32 KiB and 256 KiB blocks.
     std::printf("\ntier 3 loads vs raw io_uring O_DIRECT reads of as many slots, %s\n",
                 (dir + "/kvcache_tier_bench").c_str());
-    std::printf("%-22s %13s %8s %10s %10s %8s %6s %6s\n", "path", "block", "blocks", "GB/s", "raw",
-                "ratio", "cpu", "raw cpu");
+    std::printf("%-22s %13s %8s %10s %10s %8s %6s %6s %6s %6s\n", "path", "block", "blocks", "GB/s",
+                "raw", "ratio", "cpu", "raw", "wait", "raw");
     std::printf(
-        "(ratio: the median of 9 alternating rounds; cpu: the measuring thread's CPU time "
-        "per second)\n");
+        "(ratio: the median of 9 alternating rounds; cpu: the measuring thread's time on a "
+        "CPU per second, wait: its time runnable but waiting for one)\n");
     kvcache::OpenFromDiskVsRawReads(small, 2048, seconds, dir + "/kvcache_tier_bench");
     kvcache::OpenFromDiskVsRawReads(large, 256, seconds, dir + "/kvcache_tier_bench");
   }
