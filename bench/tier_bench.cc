@@ -457,6 +457,7 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   row("  raw, + checksums", checksummed);
   pool->reset();
   std::filesystem::remove(options.disk_tier_path);
+  std::filesystem::remove(dir);  // only if nothing else is in it
   if (short_loads != 0) {
     std::fprintf(stderr, "ERROR: %llu opens or loads fell short of a whole prefix from tier 3\n",
                  static_cast<unsigned long long>(short_loads));
