@@ -17,10 +17,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/raw_direct_reads.h"
 #include "common/block_checksum.h"
 #include "tiers/disk_tier.h"
 #include "tiers/io_ring.h"
@@ -85,30 +87,6 @@ double RawWrites(int fd, uint64_t slot_bytes, uint64_t blocks, IoRing& ring, con
   ring.QueueFdatasync(fd, 0);
   done.clear();
   if (!ring.SubmitAndWait(&done).ok()) std::abort();
-  return Seconds(start);
-}
-
-// Raw O_DIRECT reads of slots [first, first + count), kDepth in flight all the time (each
-// completion queues the next read at once): the best the device does at this depth; seconds.
-double RawReads(int fd, uint64_t slot_bytes, uint64_t first, uint64_t count, IoRing& ring,
-                AlignedBuffer& buf) {
-  const auto start = std::chrono::steady_clock::now();
-  uint64_t next = 0;
-  for (; next < std::min<uint64_t>(kDepth, count); ++next) {
-    ring.QueueRead(fd, buf.data() + next * slot_bytes, slot_bytes, (first + next) * slot_bytes,
-                   next);
-  }
-  if (!ring.Submit().ok()) std::abort();
-  for (uint64_t done = 0; done < count; ++done) {
-    absl::StatusOr<IoRing::Completion> completion = ring.WaitOne();
-    if (!completion.ok() || completion->result != static_cast<int>(slot_bytes)) std::abort();
-    if (next < count) {
-      const uint64_t buffer = completion->tag;
-      ring.QueueRead(fd, buf.data() + buffer * slot_bytes, slot_bytes,
-                     (first + next++) * slot_bytes, buffer);
-      if (!ring.Submit().ok()) std::abort();
-    }
-  }
   return Seconds(start);
 }
 
@@ -210,7 +188,9 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
     for (uint64_t first = 0; first < blocks; first += kLoadBatch, raw_first = !raw_first) {
       const uint64_t count = std::min<uint64_t>(kLoadBatch, blocks - first);
       if (!raw_first) loaded += TierLoads(**tier, identities, first, count, out);
-      raw += RawReads(fd, slot_bytes, first, count, **ring, raw_buffers);
+      std::vector<uint64_t> slots(count);
+      std::iota(slots.begin(), slots.end(), first);
+      raw += bench::RawDirectReads(fd, slot_bytes, slots, kDepth, **ring, raw_buffers);
       if (raw_first) loaded += TierLoads(**tier, identities, first, count, out);
     }
   }

@@ -1,39 +1,76 @@
-// Tier 2 (the host tier, issue 18): loading blocks from it vs a plain memcpy of the same bytes,
-// measured in one run. Two figures per block size:
+// Tiers 2 and 3 (issue 18): loading blocks from them vs the plain copy or read of the same bytes,
+// measured in one run. Per block size:
 //   HostTier::Load   copy out of the tier's slot + XXH3-64 verify of the copy, vs memcpy of the
 //                    same bytes between the same kind of buffers (target >= 0.8x);
 //   Pool::Open       an OpenSequence whose whole prefix comes up from tier 2 (probe under the
-//                    pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,
-//                    vs the same memcpy.
+//   from tier 2      pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,
+//                    vs the same memcpy;
+//   Pool::Open       the same with the prefix only on disk (evicted from tiers 1 and 2), vs raw
+//   from tier 3      io_uring O_DIRECT reads of as many slots of the same file at the tier's read
+//                    depth (target >= 0.8x), and raw reads in drained batches of that depth (what
+//                    a walk that loads one LoadMany batch at a time can reach at best).
 // Working sets exceed the last-level cache (both sides stream from memory). Then the offload
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
 // No timing asserted.
-// Usage: tier_bench [seconds per measurement]
+// Usage: tier_bench [seconds per measurement] [load|open|disk|sweep] [DIR]; DIR (default $TMPDIR
+// or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/raw_direct_reads.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
 #include "tiers/host_tier.h"
+#include "tiers/io_ring.h"
+#include "tiers/record_codec.h"
 
 namespace kvcache {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// Calls `step()` (which moves `bytes_per_step`) until `seconds` pass; bytes per second.
+// The calling thread's time on a CPU and waiting for one (runnable, not running: what a busy
+// shared machine costs a loop that must run to reap and refill its reads), in seconds.
+struct ThreadTimes {
+  double on_cpu = 0;
+  double waiting = 0;
+};
+ThreadTimes ThreadTimesNow() {
+  unsigned long long on_cpu_ns = 0, waiting_ns = 0;
+  std::FILE* file = std::fopen("/proc/thread-self/schedstat", "r");
+  if (file != nullptr) {
+    if (std::fscanf(file, "%llu %llu", &on_cpu_ns, &waiting_ns) != 2) on_cpu_ns = waiting_ns = 0;
+    std::fclose(file);
+  }
+  return {on_cpu_ns * 1e-9, waiting_ns * 1e-9};
+}
+
+struct Measured {
+  double rate = 0;        // bytes per second
+  double cpu_share = 0;   // this thread's time on a CPU per second of the phase
+  double wait_share = 0;  // this thread's time waiting for a CPU per second of the phase
+};
+
+// Calls `step()` (which moves `bytes_per_step`) until `seconds` pass.
 template <typename Step>
-double Rate(double seconds, uint64_t bytes_per_step, Step step) {
+Measured Rate(double seconds, uint64_t bytes_per_step, Step step) {
   step();  // warm: page faults are not measured
   uint64_t steps = 0;
+  const ThreadTimes times_start = ThreadTimesNow();
   const auto start = SteadyClock::now();
   const auto stop = start + std::chrono::duration<double>(seconds);
   while (SteadyClock::now() < stop) {
@@ -41,26 +78,17 @@ double Rate(double seconds, uint64_t bytes_per_step, Step step) {
     ++steps;
   }
   const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  return steps * bytes_per_step / elapsed;
+  const ThreadTimes times = ThreadTimesNow();
+  return {steps * bytes_per_step / elapsed, (times.on_cpu - times_start.on_cpu) / elapsed,
+          (times.waiting - times_start.waiting) / elapsed};
 }
-
-// Page-aligned bytes, as pool blocks and tier slots are: memcpy's speed depends on the relative
-// alignment of source and destination (glibc's `rep movsb` path), so both sides of every
-// comparison use the same alignment as the product's copies.
-struct AlignedBuffer {
-  explicit AlignedBuffer(size_t size, uint8_t fill = 0)
-      : bytes(static_cast<uint8_t*>(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096))) {
-    std::memset(bytes, fill, size);
-  }
-  ~AlignedBuffer() { std::free(bytes); }
-  uint8_t* data() const { return bytes; }
-  uint8_t* const bytes;
-};
 
 // `a` and `b` (each moving `bytes_per_step` per call) measured in turn, in short alternating
 // phases over `rounds` rounds, so that the shared machine's drift hits both alike.
 struct Comparison {
   double a_rate = 0, b_rate = 0;  // bytes per second, over all rounds
+  double a_cpu = 0, b_cpu = 0;    // CPU share of the measuring thread, over all rounds
+  double a_wait = 0, b_wait = 0;  // share of the time it waited for a CPU
   double median_ratio = 0;        // of the rounds' a/b
 };
 template <typename A, typename B>
@@ -69,12 +97,16 @@ Comparison Compare(double seconds, uint64_t bytes_per_step, A a, B b, int rounds
   Comparison result;
   for (int round = 0; round < rounds; ++round) {
     const double phase = seconds / rounds;
-    const double ra = round % 2 == 0 ? Rate(phase, bytes_per_step, a) : 0;
-    const double rb = Rate(phase, bytes_per_step, b);
-    const double ra2 = round % 2 == 0 ? ra : Rate(phase, bytes_per_step, a);
-    result.a_rate += ra2 / rounds;
-    result.b_rate += rb / rounds;
-    ratios.push_back(ra2 / rb);
+    const Measured first = round % 2 == 0 ? Rate(phase, bytes_per_step, a) : Measured{};
+    const Measured rb = Rate(phase, bytes_per_step, b);
+    const Measured ra = round % 2 == 0 ? first : Rate(phase, bytes_per_step, a);
+    result.a_rate += ra.rate / rounds;
+    result.b_rate += rb.rate / rounds;
+    result.a_cpu += ra.cpu_share / rounds;
+    result.b_cpu += rb.cpu_share / rounds;
+    result.a_wait += ra.wait_share / rounds;
+    result.b_wait += rb.wait_share / rounds;
+    ratios.push_back(ra.rate / rb.rate);
   }
   std::sort(ratios.begin(), ratios.end());
   result.median_ratio = ratios[ratios.size() / 2];
@@ -129,6 +161,46 @@ void LoadVsMemcpy(uint64_t block_bytes, uint32_t blocks, double seconds) {
               c.b_rate / 1e9, c.median_ratio, failures == 0 ? "" : "LOAD FAILURES");
 }
 
+// Opens `tokens`, writes each full block with bytes of its own, commits and releases: a prompt
+// computed once, left evictable in tier 1.
+bool ComputeOnce(Pool& pool, const Session& session, const std::vector<uint32_t>& tokens) {
+  auto opened = pool.Open(session, SequenceSpec{tokens});
+  if (!opened.ok()) return false;
+  const PoolLayout& layout = pool.options().layout;
+  std::string bytes(layout.BlockBytes(), '\0');
+  for (size_t i = 0; i < tokens.size() / layout.block_size; ++i) {
+    for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = static_cast<char>(tokens[i] + b);
+    if (!pool.WriteBlock(opened->block_ids[i], 0, bytes).ok()) return false;
+  }
+  return pool.Commit(session, opened->sequence_id, tokens.size()).ok() &&
+         pool.Release(session, opened->sequence_id).ok();
+}
+
+// The chain hashes `pool` computes for `tokens` in `session`'s tenant.
+std::vector<Hash128> ChainOf(Pool& pool, const Session& session,
+                             const std::vector<uint32_t>& tokens) {
+  BlockHasher hasher(pool.options().hash_algorithm);
+  const HashNamespace ns{pool.options().model_id, pool.layout_fingerprint(), session.tenant, ""};
+  std::vector<Hash128> chain;
+  hasher.ExtendChain(hasher.Root(ns), tokens, pool.options().layout.block_size, ExtraKeys{},
+                     &chain);
+  return chain;
+}
+
+// Opens and releases each of `prompts`; returns how many did not load the whole `tokens` of
+// their prefix from the tier whose count `loaded_from` names.
+uint64_t OpenAndRelease(Pool& pool, const Session& session,
+                        std::initializer_list<const std::vector<uint32_t>*> prompts,
+                        uint32_t tokens, uint32_t OpenedSequence::*loaded_from) {
+  uint64_t short_loads = 0;
+  for (const std::vector<uint32_t>* prompt : prompts) {
+    auto opened = pool.Open(session, SequenceSpec{*prompt});
+    if (!opened.ok() || (*opened).*loaded_from != tokens) ++short_loads;
+    if (opened.ok()) (void)pool.Release(session, opened->sequence_id);
+  }
+  return short_loads;
+}
+
 // Open of a prompt whose `prefix_blocks` come up from tier 2 each time: a pool of exactly
 // prefix_blocks + 1 blocks is refilled by another prompt between opens, so every open loads the
 // whole prefix again. Per byte loaded, vs memcpy of as many bytes.
@@ -153,29 +225,15 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1);
   std::iota(prompt.begin(), prompt.end(), 0);
   std::iota(other.begin(), other.end(), 1u << 30);
-  // Computes `tokens_of` once: written, committed, released, offloaded.
-  const auto compute = [&](const std::vector<uint32_t>& tokens_of) {
-    auto opened = (*pool)->Open(session, SequenceSpec{tokens_of});
-    if (!opened.ok()) return false;
-    std::string bytes(block_bytes, '\0');
-    for (size_t i = 0; i < prefix_blocks; ++i) {
-      for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = static_cast<char>(tokens_of[i] + b);
-      (void)(*pool)->WriteBlock(opened->block_ids[i], 0, bytes);
-    }
-    (void)(*pool)->Commit(session, opened->sequence_id, tokens_of.size());
-    (void)(*pool)->Release(session, opened->sequence_id);
+  for (const std::vector<uint32_t>* which : {&prompt, &other}) {
+    if (!ComputeOnce(**pool, session, *which)) return;
     (*pool)->OffloadForTesting();
-    return true;
-  };
-  if (!compute(prompt) || !compute(other)) return;
+  }
   uint64_t short_loads = 0;
   // The baseline: memcpy of the same records' bytes, from where tier 2 keeps them.
   std::vector<const uint8_t*> slots;
   for (const std::vector<uint32_t>* which : {&prompt, &other}) {
-    BlockHasher hasher(options.hash_algorithm);
-    const HashNamespace ns{options.model_id, (*pool)->layout_fingerprint(), session.tenant, ""};
-    std::vector<Hash128> chain;
-    hasher.ExtendChain(hasher.Root(ns), *which, layout.block_size, ExtraKeys{}, &chain);
+    const std::vector<Hash128> chain = ChainOf(**pool, session, *which);
     for (uint32_t i = 0; i < prefix_blocks; ++i) {
       slots.push_back((*pool)->host_tier()->RecordBytesForTesting(chain[i]));
       if (slots.back() == nullptr) return;
@@ -187,11 +245,8 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   const Comparison c = Compare(
       seconds, 2 * block_bytes * prefix_blocks,
       [&] {
-        for (const std::vector<uint32_t>* which : {&prompt, &other}) {
-          auto opened = (*pool)->Open(session, SequenceSpec{*which});
-          if (!opened.ok() || opened->num_host_tier_tokens != tokens) ++short_loads;
-          if (opened.ok()) (void)(*pool)->Release(session, opened->sequence_id);
-        }
+        short_loads += OpenAndRelease(**pool, session, {&prompt, &other}, tokens,
+                                      &OpenedSequence::num_host_tier_tokens);
       },
       [&] {
         for (size_t i = 0; i < slots.size(); ++i) {
@@ -201,6 +256,213 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n", "Pool::Open from tier 2",
               static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
               c.b_rate / 1e9, c.median_ratio, short_loads == 0 ? "" : "SHORT LOADS");
+}
+
+// The slots of a disk tier's file (`path`, `slots` of `slot_bytes`) that hold `hashes`, in that
+// order, read from the slots' headers; empty if one is missing.
+std::vector<uint64_t> SlotsOf(const std::string& path, uint64_t slot_bytes, uint64_t slots,
+                              uint32_t tokens_per_block, const std::vector<Hash128>& hashes) {
+  absl::flat_hash_map<Hash128, uint64_t> slot_of;
+  std::string header(RecordHeaderSlotBytes(tokens_per_block), '\0');
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  for (uint64_t slot = 0; fd >= 0 && slot < slots; ++slot) {
+    if (::pread(fd, header.data(), header.size(), slot * slot_bytes) !=
+        static_cast<ssize_t>(header.size())) {
+      break;
+    }
+    absl::StatusOr<RecordHeader> decoded = DecodeRecordHeader(header);
+    if (decoded.ok()) slot_of[decoded->block.hash] = slot;
+  }
+  if (fd >= 0) ::close(fd);
+  std::vector<uint64_t> in_order;
+  for (const Hash128& hash : hashes) {
+    auto it = slot_of.find(hash);
+    if (it == slot_of.end()) return {};
+    in_order.push_back(it->second);
+  }
+  return in_order;
+}
+
+// Open of a prompt whose `prefix_blocks` come up from tier 3 each time. Both prompts went down
+// through an 8-slot tier 2 (its demotion window is all of it, so each record is passed on to
+// disk before tier 2 evicts it), and a third prompt then took tier 2's slots: only the disk holds
+// them. Tier 1 holds prefix_blocks + 1 blocks, so each open evicts the other prompt, and the
+// mover never runs, so nothing comes back to tier 2. Per byte loaded, vs raw io_uring O_DIRECT
+// reads of as many slots of the same file at the tier's read depth.
+void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
+                            const std::string& dir) {
+  constexpr uint32_t kTier2Slots = 8;
+  const uint64_t block_bytes = layout.BlockBytes();
+  const uint64_t slot_bytes =
+      RecordHeaderSlotBytes(layout.block_size) + RoundUpToRecordAlignment(block_bytes);
+  const uint32_t disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
+  PoolOptions options;
+  options.name = "bench";
+  options.model_id = "bench";
+  options.layout = layout;
+  options.num_blocks = prefix_blocks + 1;
+  options.host_tier_bytes = uint64_t{kTier2Slots} * block_bytes;
+  options.disk_tier_path = dir + "/tier_bench.kvt";
+  options.disk_tier_bytes = disk_records * slot_bytes;
+  // One offload pass queues a whole prefix for the disk; a full queue would end the pass and let
+  // tier 2 evict records that never reached the disk.
+  options.testing_disk_tier_options = [&](DiskTierOptions* disk) {
+    disk->max_queued_stores = disk_records;
+  };
+  options.testing_manual_offload = true;        // offload is not what is measured
+  options.offload_window = options.num_blocks;  // the whole prefix goes down
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove(options.disk_tier_path);
+  auto memory = HostPoolMemory::Create(block_bytes, options.num_blocks);
+  auto pool = Pool::Create(options, 0, *std::move(memory));
+  if (!pool.ok()) {
+    std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());
+    return;
+  }
+  DiskTier& disk = *(*pool)->disk_tier();
+  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
+  const uint32_t tokens = prefix_blocks * layout.block_size;
+  std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1),
+      tier2_filler(kTier2Slots * layout.block_size + 1);
+  std::iota(prompt.begin(), prompt.end(), 0);
+  std::iota(other.begin(), other.end(), 1u << 30);
+  std::iota(tier2_filler.begin(), tier2_filler.end(), 2u << 30);
+  for (const std::vector<uint32_t>* which : {&prompt, &other, &tier2_filler}) {
+    if (!ComputeOnce(**pool, session, *which)) return;
+    (*pool)->OffloadForTesting();
+    disk.Flush();
+  }
+  const uint32_t depth = disk.read_depth();
+  const int fd = ::open(options.disk_tier_path.c_str(), O_RDONLY | O_DIRECT);
+  auto ring = IoRing::Create(depth);
+  if (fd < 0 || !ring.ok()) {
+    std::fprintf(stderr, "cannot open the tier file or an io_uring\n");
+    return;
+  }
+  AlignedBuffer buffers(2 * slot_bytes * depth);
+  // The same slots in the order the walk reads them (each prompt's blocks in order), and, for
+  // comparison, the same number of slots in the file's order. The walk's order is backwards: the
+  // mover passes a released prompt down tail first, so its blocks sit in the file in reverse.
+  std::vector<Hash128> hashes;
+  for (const std::vector<uint32_t>* which : {&prompt, &other}) {
+    const std::vector<Hash128> chain = ChainOf(**pool, session, *which);
+    hashes.insert(hashes.end(), chain.begin(), chain.end());
+  }
+  const std::vector<uint64_t> walk_order =
+      SlotsOf(options.disk_tier_path, slot_bytes, disk_records, layout.block_size, hashes);
+  std::vector<uint64_t> file_order(walk_order.size());
+  std::iota(file_order.begin(), file_order.end(), 0);
+  if (walk_order.empty()) {
+    std::fprintf(stderr, "ERROR: the prompts' records are not all in the tier file\n");
+    std::exit(1);
+  }
+  const auto raw_reads = [&](bench::RawReadPipeline pipeline, const std::vector<uint64_t>& slots,
+                             const bench::RawReadLayout& read_layout = {}) {
+    bench::RawDirectReads(fd, slot_bytes, slots, depth, **ring, buffers, pipeline, read_layout);
+  };
+  uint64_t short_loads = 0;
+  const DiskTierStats before = disk.stats();
+  // Two opens per step, each loading the whole prefix of its prompt from disk (checked for every
+  // open: the first open of `other` finds its head in tier 1 only if it comes before the first
+  // open of `prompt`, which evicts it).
+  const Comparison c = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        short_loads += OpenAndRelease(**pool, session, {&prompt, &other}, tokens,
+                                      &OpenedSequence::num_disk_tier_tokens);
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison drained = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] { raw_reads(bench::RawReadPipeline::kDrainedBatches, walk_order); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  // Where the walk's time goes: the disk tier alone, loading the same records into page-aligned
+  // memory, in batches of its read depth as the walk calls it, and in one call.
+  std::vector<BlockRecordIdentity> records;
+  for (const Hash128& hash : hashes) {
+    absl::StatusOr<BlockRecordIdentity> record = disk.Find(hash);
+    if (!record.ok()) return;
+    records.push_back(*std::move(record));
+  }
+  AlignedBuffer out(block_bytes * prefix_blocks);
+  const auto load_many = [&](size_t batch) {
+    for (size_t first = 0; first < records.size(); first += batch) {
+      std::vector<DiskTier::LoadRequest> requests;
+      for (size_t i = first; i < std::min(records.size(), first + batch); ++i) {
+        requests.push_back(
+            {&records[i],
+             absl::MakeSpan(out.data() + (i % prefix_blocks) * block_bytes, block_bytes)});
+      }
+      for (const absl::Status& status : disk.LoadMany(requests)) {
+        if (!status.ok()) ++short_loads;
+      }
+    }
+  };
+  const Comparison batched = Compare(
+      seconds, 2 * block_bytes * prefix_blocks, [&] { load_many(depth); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison whole = Compare(
+      seconds, 2 * block_bytes * prefix_blocks, [&] { load_many(prefix_blocks); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison file_ordered = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, file_order); },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison header_apart = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
+                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size)});
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  // The bytes of each prompt's reads into `out`'s blocks, as LoadMany and Open place them.
+  AlignedBuffer raw_out(2 * block_bytes * prefix_blocks);
+  const Comparison into_blocks = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
+                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size),
+                   .bytes_out = raw_out.data()});
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  const Comparison checksummed = Compare(
+      seconds, 2 * block_bytes * prefix_blocks,
+      [&] {
+        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
+                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size),
+                   .bytes_out = raw_out.data(),
+                   .checksum_bytes = true});
+      },
+      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
+  ::close(fd);
+  const DiskTierStats after = disk.stats();
+  const bool in_place = after.loads_in_place - before.loads_in_place == after.loads - before.loads;
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%% %s\n",
+              "Pool::Open from tier 3", static_cast<unsigned long long>(block_bytes >> 10),
+              prefix_blocks, c.a_rate / 1e9, c.b_rate / 1e9, c.median_ratio, 100 * c.a_cpu,
+              100 * c.b_cpu, 100 * c.a_wait, 100 * c.b_wait, in_place ? "" : "NOT READ IN PLACE");
+  const auto row = [&](const char* path, const Comparison& comparison) {
+    std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%%\n", path,
+                static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks,
+                comparison.a_rate / 1e9, comparison.b_rate / 1e9, comparison.median_ratio,
+                100 * comparison.a_cpu, 100 * comparison.b_cpu, 100 * comparison.a_wait,
+                100 * comparison.b_wait);
+  };
+  row("  raw, drained batches", drained);
+  row("  LoadMany, batches", batched);
+  row("  LoadMany, one call", whole);
+  row("  raw, file order", file_ordered);
+  row("  raw, header apart", header_apart);
+  row("  raw, into 2 prefixes", into_blocks);
+  row("  raw, + checksums", checksummed);
+  pool->reset();
+  std::filesystem::remove(options.disk_tier_path);
+  std::filesystem::remove(dir);  // only if nothing else is in it
+  if (short_loads != 0) {
+    std::fprintf(stderr, "ERROR: %llu opens or loads fell short of a whole prefix from tier 3\n",
+                 static_cast<unsigned long long>(short_loads));
+    std::exit(1);
+  }
 }
 
 // How far ahead the mover should work: a workload replayed against pools that differ only in
@@ -276,6 +538,8 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   // Optional: only "load", "open" or "sweep".
   const std::string only = argc > 2 ? argv[2] : "";
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = argc > 3 ? argv[3] : std::string(tmp != nullptr ? tmp : "/tmp");
   const auto runs = [&](const char* part) { return only.empty() || only == part; };
   std::printf("tier 2 loads vs memcpy of the same bytes, %.1f s per figure, one thread\n", seconds);
   std::printf("%-22s %13s %8s %10s %10s %8s\n", "path", "block", "blocks", "GB/s", "memcpy",
@@ -286,8 +550,8 @@ int main(int argc, char** argv) {
     kvcache::LoadVsMemcpy(block_bytes, static_cast<uint32_t>((256ull << 20) / block_bytes),
                           seconds);
   }
-  // Pool blocks of 32 KiB (the default layout) and 512 KiB (48 layers, 4 heads, 128 dims, fp16,
-  // 16 tokens would be 3 MiB; 8 layers keeps the bench's memory small).
+  // Pool blocks of 32 KiB (the default layout) and 256 KiB (48 layers, 4 heads, 128 dims, fp16,
+  // 16 tokens would be 1.5 MiB; 8 layers keeps the bench's memory small).
   const kvcache::PoolLayout small{.num_layers = 4,
                                   .num_kv_heads = 2,
                                   .head_dim = 64,
@@ -301,6 +565,18 @@ int main(int argc, char** argv) {
   if (runs("open")) {
     kvcache::OpenFromTierVsMemcpy(small, 2048, seconds);  // 64 MiB prefix
     kvcache::OpenFromTierVsMemcpy(large, 128, seconds);   // 64 MiB prefix
+  }
+  if (runs("disk")) {
+    // 64 MiB prefixes of 32 KiB and 256 KiB blocks.
+    std::printf("\ntier 3 loads vs raw io_uring O_DIRECT reads of as many slots, %s\n",
+                (dir + "/kvcache_tier_bench").c_str());
+    std::printf("%-22s %13s %8s %10s %10s %8s %6s %6s %6s %6s\n", "path", "block", "blocks", "GB/s",
+                "raw", "ratio", "cpu", "raw", "wait", "raw");
+    std::printf(
+        "(ratio: the median of 9 alternating rounds; cpu: the measuring thread's time on a "
+        "CPU per second, wait: its time runnable but waiting for one)\n");
+    kvcache::OpenFromDiskVsRawReads(small, 2048, seconds, dir + "/kvcache_tier_bench");
+    kvcache::OpenFromDiskVsRawReads(large, 256, seconds, dir + "/kvcache_tier_bench");
   }
   if (runs("sweep")) {
     for (uint32_t lag : {1u, 8u}) kvcache::WindowSweep(lag);

@@ -34,6 +34,7 @@ struct GenerationResult {
   // Of cached_tokens, those the daemon loaded from a lower tier for this request (the rest were
   // in its pool): where a cross-node hit shows.
   uint32_t host_tier_tokens = 0;
+  uint32_t disk_tier_tokens = 0;
   uint32_t cluster_tier_tokens = 0;
   uint64_t logits_digest = 0;   // over the logits of the prompt's last token, then each step's
   absl::Duration prefill_time;  // computing the uncached prompt tokens

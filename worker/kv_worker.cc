@@ -75,6 +75,7 @@ absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> p
           max_new_tokens, sampler, after_prefill);
   if (result.ok()) {
     result->host_tier_tokens = sequence.cached_tokens_by_tier.host;
+    result->disk_tier_tokens = sequence.cached_tokens_by_tier.disk;
     result->cluster_tier_tokens = sequence.cached_tokens_by_tier.cluster;
   }
   const absl::Status released = client_->ReleaseSequence(sequence.sequence_id);
