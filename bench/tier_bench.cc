@@ -12,8 +12,8 @@
 // Working sets exceed the last-level cache (both sides stream from memory). Then the offload
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
 // No timing asserted.
-// Usage: tier_bench [seconds per measurement] [load|open|disk|sweep] [DIR]; DIR (default $TMPDIR
-// or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
+// Usage: tier_bench [seconds per measurement] [load|open|disk|sweep|admission] [DIR]; DIR (default
+// $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -528,6 +528,85 @@ void WindowSweep(uint32_t lag) {
   }
 }
 
+// The disk tier's admission filter: the window sweep's workload (shared Zipf documents, a unique
+// suffix per request) against tier 1 < tier 2 < disk, once passing every record near tier 2's
+// eviction end down (all) and once only records of blocks hit at least once (reused). Counts:
+// where prompt tokens came from, and disk writes per request (what wears an SSD).
+void AdmissionSweep(const std::string& dir) {
+  constexpr uint32_t kPoolBlocks = 512, kTierBlocks = 1024, kDiskBlocks = 16384;
+  constexpr uint32_t kDocuments = 400, kPrefixBlocks = 32, kSuffixBlocks = 2, kRequests = 20000;
+  constexpr uint32_t kLag = 8;
+  const PoolLayout layout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
+  std::vector<double> cdf(kDocuments);
+  double total = 0;
+  for (uint32_t d = 0; d < kDocuments; ++d) cdf[d] = total += 1.0 / (d + 1);
+  std::printf(
+      "\ndisk admission (pool %u blocks, tier 2 %u, disk %u, %u documents of %u blocks + %u "
+      "unique, Zipf 1.0, %u requests, mover every %u)\n",
+      kPoolBlocks, kTierBlocks, kDiskBlocks, kDocuments, kPrefixBlocks, kSuffixBlocks, kRequests,
+      kLag);
+  std::printf("%-10s %10s %10s %10s %10s %14s %16s\n", "admission", "tier1 hit", "tier2 hit",
+              "disk hit", "computed", "disk writes/req", "disk hits/write");
+  std::filesystem::create_directories(dir);
+  for (DiskAdmission admission : {DiskAdmission::kAll, DiskAdmission::kReused}) {
+    PoolOptions options;
+    options.name = "admission";
+    options.model_id = "admission";
+    options.layout = layout;
+    options.num_blocks = kPoolBlocks;
+    options.host_tier_bytes = uint64_t{kTierBlocks} * layout.BlockBytes();
+    options.disk_tier_path = dir + "/admission.tier";
+    options.disk_tier_bytes = uint64_t{kDiskBlocks} * (4096 + 4096);
+    options.disk_admission = admission;
+    options.testing_manual_offload = true;
+    std::filesystem::remove(options.disk_tier_path);
+    auto memory = HostPoolMemory::Create(layout.BlockBytes(), kPoolBlocks);
+    auto pool = Pool::Create(options, 0, *std::move(memory));
+    if (!pool.ok()) {
+      std::fprintf(stderr, "%s\n", pool.status().ToString().c_str());
+      std::exit(1);
+    }
+    Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> uniform(0, total);
+    uint64_t tier1 = 0, tier2 = 0, disk = 0, prompt_tokens = 0;
+    std::vector<uint32_t> prompt((kPrefixBlocks + kSuffixBlocks) * layout.block_size + 1);
+    for (uint32_t r = 0; r < kRequests; ++r) {
+      const uint32_t document = static_cast<uint32_t>(
+          std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin());
+      for (uint32_t t = 0; t < kPrefixBlocks * layout.block_size; ++t) {
+        prompt[t] = document * 100000 + t;
+      }
+      for (uint32_t t = kPrefixBlocks * layout.block_size; t < prompt.size(); ++t) {
+        prompt[t] = (1u << 30) + r * 1000 + t;
+      }
+      auto opened = (*pool)->Open(session, SequenceSpec{prompt});
+      if (!opened.ok()) return;
+      (void)(*pool)->Commit(session, opened->sequence_id, prompt.size());
+      (void)(*pool)->Release(session, opened->sequence_id);
+      tier1 +=
+          opened->num_cached_tokens - opened->num_host_tier_tokens - opened->num_disk_tier_tokens;
+      tier2 += opened->num_host_tier_tokens;
+      disk += opened->num_disk_tier_tokens;
+      prompt_tokens += prompt.size();
+      if ((r + 1) % kLag == 0) {
+        (*pool)->OffloadForTesting();
+        (*pool)->disk_tier()->Flush();  // visibility as of this pass: counts do not race the writer
+      }
+    }
+    const PoolStatsSnapshot stats = (*pool)->Stats();
+    const double writes = stats.disk_tier->tier.stores_durable;
+    std::printf("%-10s %9.1f%% %9.1f%% %9.1f%% %9.1f%% %14.2f %16.2f\n",
+                admission == DiskAdmission::kAll ? "all" : "reused", 100.0 * tier1 / prompt_tokens,
+                100.0 * tier2 / prompt_tokens, 100.0 * disk / prompt_tokens,
+                100.0 * (prompt_tokens - tier1 - tier2 - disk) / prompt_tokens, writes / kRequests,
+                writes == 0 ? 0 : stats.disk_tier->hit_blocks / writes);
+    pool->reset();
+    std::filesystem::remove(options.disk_tier_path);
+  }
+  std::filesystem::remove(dir);
+}
+
 }  // namespace
 }  // namespace kvcache
 
@@ -581,4 +660,5 @@ int main(int argc, char** argv) {
   if (runs("sweep")) {
     for (uint32_t lag : {1u, 8u}) kvcache::WindowSweep(lag);
   }
+  if (runs("admission")) kvcache::AdmissionSweep(dir + "/kvcache_tier_bench_admission");
 }

@@ -76,6 +76,7 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   meta.has_checksum = false;
   meta.offloaded = false;
   meta.in_cluster = false;
+  meta.reused = false;
   return block;
 }
 
@@ -161,6 +162,7 @@ void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
   meta.published = false;
   meta.offloaded = false;
   meta.in_cluster = false;
+  meta.reused = false;
   meta.identity = BlockIdentity{};
   auto orphans = children_.extract(block);
   if (orphans.empty()) return;

@@ -131,6 +131,10 @@ class BlockPool {
   // mover had written to the cluster too, or from the cluster itself): the mover does not write
   // it there again. Cleared like IsOffloaded.
   bool IsInCluster(BlockId block) const { return blocks_[block].in_cluster; }
+  // Whether the block was a prefix hit since it was published (the disk tier's admission: a
+  // reused block is worth a write to disk, a one-off one is not). Cleared like IsOffloaded.
+  bool IsReused(BlockId block) const { return blocks_[block].reused; }
+  void SetReused(BlockId block) { blocks_[block].reused = blocks_[block].published; }
   void SetInCluster(BlockId block) { blocks_[block].in_cluster = blocks_[block].published; }
   // Takes an evictable block off the LRU with ref 1 and marks it offload-pinned: it cannot be
   // evicted or reused until UnpinOffloaded. REQUIRES: IsEvictable(block).
@@ -157,6 +161,7 @@ class BlockPool {
     bool has_checksum = false;
     bool offloaded = false;          // bytes copied below; see IsOffloaded
     bool in_cluster = false;         // see IsInCluster
+    bool reused = false;             // see IsReused
     bool offload_pinned = false;     // see PinForOffload
     bool used_while_pinned = false;  // acquired by a sequence during the offload pin
     BlockId pinned_next = kNoBlock;  // its LRU successor when pinned for offload

@@ -325,6 +325,7 @@ bool Pool::OffloadBatch() {
     std::optional<uint64_t> checksum;
     bool below = false;
     bool to_cluster = false;
+    bool reused = false;
     std::string cluster_copy;
   };
   std::vector<Candidate> batch;
@@ -364,7 +365,8 @@ bool Pool::OffloadBatch() {
                                                       .prefix_digest = identity.prefix_digest,
                                                       .tokens = {tokens.begin(), tokens.end()}},
                         .checksum = pool_.CachedChecksum(block),
-                        .to_cluster = to_cluster});
+                        .to_cluster = to_cluster,
+                        .reused = pool_.IsReused(block)});
           pool_.PinForOffload(block);
           offload_pins_.push_back(block);
         }
@@ -389,7 +391,7 @@ bool Pool::OffloadBatch() {
                                     : ::kvcache::BlockChecksum(bytes, block_bytes);
     if (host_tier_ != nullptr) {
       const absl::StatusOr<HostTier::StoreResult> stored =
-          host_tier_->Store(candidate.record, bytes);
+          host_tier_->Store(candidate.record, bytes, candidate.reused);
       candidate.below = stored.ok() || absl::IsAlreadyExists(stored.status());
       if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
       // Saved only if durable on disk (a record accepted for writing may yet fail its write).
@@ -443,8 +445,8 @@ bool Pool::OffloadBatch() {
 
 bool Pool::DemoteBatch() {
   if (disk_tier_ == nullptr) return false;
-  const std::vector<HostTier::Demotion> batch =
-      host_tier_->PinForDemotion(demotion_window_, kOffloadBatch);
+  const std::vector<HostTier::Demotion> batch = host_tier_->PinForDemotion(
+      demotion_window_, kOffloadBatch, options_.disk_admission == DiskAdmission::kReused);
   bool more = !batch.empty();
   for (const HostTier::Demotion& demotion : batch) {
     absl::Status stored = absl::UnavailableError("the disk tier refused this round");
@@ -659,7 +661,10 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     sequence->tenant = TenantSlotLocked(session.tenant);
     // Hits on evictable blocks become the tenant's referenced blocks too.
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - num_hits + evictable_hits, 1));
-    for (BlockId block : hits) AcquireLocked(block, sequence->tenant);
+    for (BlockId block : hits) {
+      AcquireLocked(block, sequence->tenant);
+      pool_.SetReused(block);
+    }
     sequence->blocks = std::move(hits);
     sequence->committed_blocks = static_cast<uint32_t>(num_hits);
     while (sequence->blocks.size() < total_blocks) {
@@ -722,6 +727,8 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     CommitResult ignored;
     PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(cached), &ignored);
     sequence->committed_blocks = static_cast<uint32_t>(cached);
+    // Loaded from below: a hit, like a tier-1 one.
+    for (size_t i = num_hits; i < cached; ++i) pool_.SetReused(sequence->blocks[i]);
     if (cluster_tier_ != nullptr) {
       // What came up from a lower tier or the cluster is there already: the mover sent the lower
       // tiers' records to the cluster when it passed them down. Not written back (every node

@@ -99,6 +99,12 @@ inline constexpr size_t kMaxLoraIdBytes = 256;
 inline constexpr size_t kMaxMultimodalItems = 1024;
 inline constexpr size_t kMaxContentHashBytes = 128;
 
+// Which tier-2 records the mover passes down to the disk tier.
+enum class DiskAdmission : uint8_t {
+  kAll,     // every record near tier 2's eviction end
+  kReused,  // only records of blocks hit at least once (in tier 1, or loaded from below)
+};
+
 struct PoolOptions {
   std::string name;
   std::string model_id;
@@ -118,6 +124,7 @@ struct PoolOptions {
   // across restarts. Empty path: none.
   std::string disk_tier_path;
   uint64_t disk_tier_bytes = 0;
+  DiskAdmission disk_admission = DiskAdmission::kAll;
   // TEST ONLY: the disk tier's options as the pool builds them, adjusted before it opens.
   std::function<void(DiskTierOptions*)> testing_disk_tier_options;
   // TEST ONLY: no mover thread; tests and the simulation move blocks with OffloadForTesting().

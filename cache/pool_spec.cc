@@ -126,6 +126,15 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
       if (options.disk_tier_bytes == 0) {
         return absl::InvalidArgumentError("disk_tier size 0: give at least one block");
       }
+    } else if (key == "disk_admission") {
+      if (value == "all") {
+        options.disk_admission = DiskAdmission::kAll;
+      } else if (value == "reused") {
+        options.disk_admission = DiskAdmission::kReused;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("disk_admission='", value, "' (want all or reused)"));
+      }
     } else if (key == "host_tier") {
       ASSIGN_OR_RETURN(options.host_tier_bytes, ParseByteSize(value));
       if (options.host_tier_bytes == 0) {
@@ -135,7 +144,7 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown pool field '", key,
                        "' (want model, layers, kv_heads, head_dim, block_size, "
-                       "dtype, blocks, bytes, hash, host_tier, disk_tier)"));
+                       "dtype, blocks, bytes, hash, host_tier, disk_tier, disk_admission)"));
     }
   }
   RETURN_IF_ERROR(options.layout.Validate());

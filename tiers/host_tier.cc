@@ -61,6 +61,7 @@ void HostTier::DropLocked(uint32_t slot) {
   }
   s.state = SlotState::kFree;
   s.below = false;
+  s.reused = false;
   s.identity = BlockRecordIdentity{};
   free_slots_.push_back(slot);
 }
@@ -70,19 +71,20 @@ void HostTier::UnpinLocked(uint32_t slot) {
   if (--s.pins > 0 || s.state != SlotState::kDropped) return;
   s.state = SlotState::kFree;
   s.below = false;
+  s.reused = false;
   s.identity = BlockRecordIdentity{};
   free_slots_.push_back(slot);
 }
 
 absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity& identity,
-                                                      const uint8_t* bytes) {
-  absl::StatusOr<StoreResult> result = StoreAndIndex(identity, bytes);
+                                                      const uint8_t* bytes, bool reused) {
+  absl::StatusOr<StoreResult> result = StoreAndIndex(identity, bytes, reused);
   changes_.Deliver();
   return result;
 }
 
 absl::StatusOr<HostTier::StoreResult> HostTier::StoreAndIndex(const BlockRecordIdentity& identity,
-                                                              const uint8_t* bytes) {
+                                                              const uint8_t* bytes, bool reused) {
   StoreResult result;
   uint32_t slot = kNoSlot;
   std::function<void(const Hash128&)> hook;
@@ -129,6 +131,7 @@ absl::StatusOr<HostTier::StoreResult> HostTier::StoreAndIndex(const BlockRecordI
         absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
   }
   s.state = SlotState::kStored;
+  s.reused = reused;
   s.identity = identity;
   index_.emplace(identity.hash, slot);
   LruPushBack(slot);
@@ -198,6 +201,7 @@ absl::Status HostTier::CopyOutVerified(const BlockRecordIdentity& expected, uint
   absl::MutexLock lock(&mu_);
   if (verified) {
     ++counters_.loaded;
+    slots_[slot].reused = true;
     UnpinLocked(slot);
     return absl::OkStatus();
   }
@@ -209,7 +213,8 @@ absl::Status HostTier::CopyOutVerified(const BlockRecordIdentity& expected, uint
                                           " failed its checksum; dropped"));
 }
 
-std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t max) {
+std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t max,
+                                                         bool reused_only) {
   std::vector<Demotion> batch;
   absl::MutexLock lock(&mu_);
   if (free_slots_.size() >= window) return batch;
@@ -218,7 +223,7 @@ std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t
        slot = slots_[slot].lru.next, ++scanned) {
     Slot& s = slots_[slot];
     // A pinned record is being loaded (it just became the most recent) or already demoted.
-    if (s.below || s.pins > 0) continue;
+    if (s.below || s.pins > 0 || (reused_only && !s.reused)) continue;
     ++s.pins;
     batch.push_back(Demotion{.slot = slot, .identity = s.identity, .bytes = SlotBytes(slot)});
   }

@@ -86,7 +86,9 @@ class HostTier {
   // Copies block_bytes from `bytes` into a slot recorded under `identity` (whose checksum must be
   // that of the bytes). ALREADY_EXISTS when the hash is stored (the first record stays);
   // RESOURCE_EXHAUSTED when every slot is pinned.
-  absl::StatusOr<StoreResult> Store(const BlockRecordIdentity& identity, const uint8_t* bytes);
+  // `reused`: the block was a hit above (see PinForDemotion's `reused_only`).
+  absl::StatusOr<StoreResult> Store(const BlockRecordIdentity& identity, const uint8_t* bytes,
+                                    bool reused = false);
 
   // The identity stored under `hash`, if any. Changes nothing.
   std::optional<BlockRecordIdentity> Find(const Hash128& hash) const;
@@ -110,7 +112,9 @@ class HostTier {
   // Only while fewer than `window` slots are free: pins up to `max` records not yet below among
   // the `window` least recently used ones (the next victims), oldest first. A pinned record is
   // neither evicted nor freed, so the caller copies its bytes without the tier's mutex.
-  std::vector<Demotion> PinForDemotion(uint32_t window, size_t max);
+  // `reused_only`: only records stored as reused or loaded from here since (an admission filter
+  // that keeps one-off blocks off the tier below).
+  std::vector<Demotion> PinForDemotion(uint32_t window, size_t max, bool reused_only = false);
   // Unpins a record PinForDemotion returned, given what the tier below answered its store. OK or
   // ALREADY_EXISTS: the tier below took it, and it is not offered again. DATA_LOSS: its bytes no
   // longer match its checksum, so it is dropped (a verify failure). Anything else: offered again
@@ -139,7 +143,8 @@ class HostTier {
   struct Slot {
     SlotState state = SlotState::kFree;
     uint32_t pins = 0;
-    bool below = false;  // the tier below holds the record too
+    bool below = false;   // the tier below holds the record too
+    bool reused = false;  // stored as reused, or loaded from here since
     BlockRecordIdentity identity;
     Lru::Links lru;
   };
@@ -148,7 +153,7 @@ class HostTier {
            RecordChangeListener on_change);
   // Store and Load without delivering the changes they make (their callers do, unlocked).
   absl::StatusOr<StoreResult> StoreAndIndex(const BlockRecordIdentity& identity,
-                                            const uint8_t* bytes);
+                                            const uint8_t* bytes, bool reused);
   absl::Status CopyOutVerified(const BlockRecordIdentity& expected, uint8_t* out);
   uint8_t* SlotBytes(uint32_t slot) const { return base_ + uint64_t{slot} * block_bytes_; }
 

@@ -187,10 +187,11 @@ absl::Status Run() {
         absl::ToDoubleMilliseconds(result.prefill_time), result.tokens.size(),
         absl::ToDoubleMilliseconds(result.decode_time), cold_check.c_str());
     std::printf(
-        "result turn=%u prompt_tokens=%u cached=%u cached_host=%u cached_cluster=%u tokens=%s "
-        "digest=%016llx prefill_us=%lld decode_us=%lld compute=%s\n",
+        "result turn=%u prompt_tokens=%u cached=%u cached_host=%u cached_disk=%u "
+        "cached_cluster=%u tokens=%s digest=%016llx prefill_us=%lld decode_us=%lld compute=%s\n",
         turn, result.prompt_tokens, result.cached_tokens, result.host_tier_tokens,
-        result.cluster_tier_tokens, absl::StrJoin(result.tokens, ",").c_str(),
+        result.disk_tier_tokens, result.cluster_tier_tokens,
+        absl::StrJoin(result.tokens, ",").c_str(),
         static_cast<unsigned long long>(result.logits_digest),
         static_cast<long long>(absl::ToInt64Microseconds(result.prefill_time)),
         static_cast<long long>(absl::ToInt64Microseconds(result.decode_time)),

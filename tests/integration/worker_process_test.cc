@@ -279,6 +279,7 @@ TEST_F(WorkerDiskTierProcessTest, PrefixFromDiskAfterKill9IsIdenticalToAColdRun)
   EXPECT_EQ(lookup->cached_tokens_by_tier.disk, 96u);
   const ClientResult restored = RunWorker(prompt);
   EXPECT_EQ(restored.num_cached_tokens, 96u);
+  EXPECT_EQ(restored.Number("cached_disk"), 96);
   ExpectMatchesCold(restored, prompt);
   EXPECT_EQ(Tier("disk").hit_blocks, 6u);
   EXPECT_EQ(Tier("disk").verify_failures, 0u);
