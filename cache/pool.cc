@@ -663,6 +663,10 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - num_hits + evictable_hits, 1));
     for (BlockId block : hits) {
       AcquireLocked(block, sequence->tenant);
+      // A hit after the block went down to tier 2: its record there is reused too (once).
+      if (!pool_.IsReused(block) && pool_.IsOffloaded(block) && host_tier_ != nullptr) {
+        host_tier_->MarkReused(pool_.IdentityOf(block).hash);
+      }
       pool_.SetReused(block);
     }
     sequence->blocks = std::move(hits);

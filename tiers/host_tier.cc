@@ -230,6 +230,12 @@ std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t
   return batch;
 }
 
+void HostTier::MarkReused(const Hash128& hash) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(hash);
+  if (it != index_.end()) slots_[it->second].reused = true;
+}
+
 void HostTier::FinishDemotion(uint32_t slot, const absl::Status& stored) {
   {
     absl::MutexLock lock(&mu_);

@@ -115,6 +115,8 @@ class HostTier {
   // `reused_only`: only records stored as reused or loaded from here since (an admission filter
   // that keeps one-off blocks off the tier below).
   std::vector<Demotion> PinForDemotion(uint32_t window, size_t max, bool reused_only = false);
+  // Marks the record under `hash` reused (its block was hit above after it was stored here).
+  void MarkReused(const Hash128& hash);
   // Unpins a record PinForDemotion returned, given what the tier below answered its store. OK or
   // ALREADY_EXISTS: the tier below took it, and it is not offered again. DATA_LOSS: its bytes no
   // longer match its checksum, so it is dropped (a verify failure). Anything else: offered again

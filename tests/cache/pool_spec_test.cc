@@ -70,6 +70,13 @@ TEST(PoolSpecTest, DiskTierTakesAPathAndASizeBelowAHostTier) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("disk_tier size 0")));
   EXPECT_THAT(ParsePoolSpec("p:host_tier=1G:disk_tier=/d/p.tier:big"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'big' is not a byte size")));
+  EXPECT_EQ(options->disk_admission, DiskAdmission::kAll);
+  EXPECT_EQ(
+      ParsePoolSpec("p:host_tier=1G:disk_tier=/d/p.tier:1G:disk_admission=reused")->disk_admission,
+      DiskAdmission::kReused);
+  EXPECT_THAT(ParsePoolSpec("p:disk_admission=some"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("disk_admission='some' (want all or reused)")));
 }
 
 TEST(PoolSpecTest, BadFieldsAreNamed) {

@@ -59,6 +59,7 @@ class PoolTierTest : public ::testing::Test {
         disk->testing_before_read = disk_before_read_;
         disk->testing_write_errno = disk_write_errno_;
       };
+      options.disk_admission = disk_admission_;
     }
     block_bytes_ = options.layout.BlockBytes();
     auto memory = HostPoolMemory::Create(block_bytes_, num_blocks);
@@ -140,6 +141,7 @@ class PoolTierTest : public ::testing::Test {
   // A disk tier of 64 records under an 8-slot tier 2 (whose demotion window is then all of it:
   // every record stored in tier 2 is passed down), below an 8-block pool.
   void MakeDiskPool() { MakePool(8, 8, /*manual=*/true, 0, DiskBytes(64)); }
+  DiskAdmission disk_admission_ = DiskAdmission::kAll;
   static uint64_t DiskBytes(uint64_t records) {
     const uint64_t block_bytes = TierPoolOptions(1, 1).layout.BlockBytes();
     return records * (4096 + (block_bytes + 4095) / 4096 * 4096);  // a header page and the block
@@ -669,6 +671,24 @@ TEST_F(PoolTierTest, FullDiskStopsPassingDownAndRequestsGoOn) {
   auto opened = Open(Tokens(1200, 32));
   ASSERT_OK(opened);
   EXPECT_EQ(opened->num_host_tier_tokens, 28u);  // capped: the last token is computed
+}
+
+// disk_admission=reused: a block never hit stays off the disk; once hit (here in tier 1, after
+// its record went to tier 2) its record is passed down.
+TEST_F(PoolTierTest, ReusedAdmissionPassesDownOnlyBlocksHitAtLeastOnce) {
+  disk_admission_ = DiskAdmission::kReused;
+  MakeDiskPool();
+  const std::vector<uint32_t> a = Tokens(100, 17);
+  Compute(a);
+  pool_->OffloadForTesting();  // tier 2 takes A's four records; none was hit: none goes on
+  pool_->disk_tier()->Flush();
+  EXPECT_EQ(TierStats().tier.records, 4u);
+  EXPECT_EQ(DiskStats().tier.records, 0u);
+  Compute(a);  // all four hit in tier 1
+  pool_->OffloadForTesting();
+  pool_->disk_tier()->Flush();
+  EXPECT_EQ(DiskStats().tier.records, 4u);
+  EXPECT_EQ(DiskStats().demoted_blocks, 4u);
 }
 
 }  // namespace
