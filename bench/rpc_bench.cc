@@ -6,8 +6,9 @@
 // and /metrics scraped every 100 ms: both daemons live side by side and are measured in turn, in
 // short phases over many rounds, with the median ratio of their call rates (the bar:
 // >= 0.9x). Last, the same mix against a small, evicting pool with a host tier (tier 2: its mover
-// and every open's probe) vs without (the bar: >= 0.9x). Usage: rpc_bench [seconds] [clients]
-// [rounds] [tier: only the tier 2 comparison]
+// and every open's probe) vs without (the bar: >= 0.9x), then with tiers 2 and 3 (the mover
+// passing tier 2's oldest records on to a disk file as fast as the pool evicts). Usage: rpc_bench
+// [seconds] [clients] [rounds] [tier: only the tier comparisons]
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
@@ -21,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -138,9 +140,10 @@ bool Observes(absl::string_view part) {
 // subscriber, and /metrics is scraped every 100 ms while the daemon is measured.
 class BenchDaemon {
  public:
-  // `host_tier_bytes` > 0: the pool has a tier 2 of that size, and `pool_blocks` blocks.
+  // `host_tier_bytes` > 0: the pool has a tier 2 of that size, and `pool_blocks` blocks;
+  // `disk_tier_bytes` > 0: a disk tier below it, in the daemon's temp folder.
   BenchDaemon(int clients, bool observed, uint64_t host_tier_bytes = 0,
-              uint32_t pool_blocks = 1 << 16)
+              uint32_t pool_blocks = 1 << 16, uint64_t disk_tier_bytes = 0)
       : clients_(clients) {
     char dir_template[] = "/tmp/kvcache-bench-XXXXXX";
     dir_ = mkdtemp(dir_template);
@@ -158,6 +161,10 @@ class BenchDaemon {
     pool.layout = PoolLayout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
     pool.num_blocks = pool_blocks;
     pool.host_tier_bytes = host_tier_bytes;
+    if (disk_tier_bytes != 0) {
+      pool.disk_tier_path = dir_ + "/bench.tier";
+      pool.disk_tier_bytes = disk_tier_bytes;
+    }
     options.pools.push_back(pool);
     auto daemon = Daemon::Start(options);
     if (!daemon.ok()) {
@@ -186,7 +193,8 @@ class BenchDaemon {
     watch_context_.TryCancel();
     for (std::thread& observer : observers_) observer.join();
     daemon_->Shutdown();
-    rmdir(dir_.c_str());
+    daemon_.reset();  // its pools close their disk tier's file
+    std::filesystem::remove_all(dir_);
   }
 
   v1::KvCache::Stub& stub() { return *stub_; }
@@ -231,6 +239,15 @@ class BenchDaemon {
           static_cast<unsigned long long>(stats.host_tier->tier.stored),
           static_cast<unsigned long long>(stats.host_tier->tier.evicted),
           static_cast<unsigned long long>(stats.host_tier->hit_blocks));
+      if (!stats.disk_tier.has_value()) continue;
+      std::printf(
+          "disk tier: %llu records passed down, %llu durable, %llu refused (queue full), %llu "
+          "tier-2 evictions already on disk, %llu disk hits\n",
+          static_cast<unsigned long long>(stats.disk_tier->demoted_blocks),
+          static_cast<unsigned long long>(stats.disk_tier->tier.stores_durable),
+          static_cast<unsigned long long>(stats.disk_tier->tier.stores_refused_full),
+          static_cast<unsigned long long>(stats.disk_tier->evicted_below),
+          static_cast<unsigned long long>(stats.disk_tier->hit_blocks));
     }
   }
 
@@ -368,9 +385,20 @@ void CompareTiers(int clients, double phase, int rounds) {
       "blocks): %d rounds of two %.2f s phases, two live daemons\n",
       kTierPoolBlocks, static_cast<unsigned long long>(tier_bytes / 512), rounds, phase);
   BenchDaemon plain_pool(clients, false, 0, kTierPoolBlocks);
-  BenchDaemon tiered_pool(clients, false, tier_bytes, kTierPoolBlocks);
-  CompareDaemons(plain_pool, tiered_pool, phase, rounds);
-  tiered_pool.PrintTier();
+  {
+    BenchDaemon tiered_pool(clients, false, tier_bytes, kTierPoolBlocks);
+    CompareDaemons(plain_pool, tiered_pool, phase, rounds);
+    tiered_pool.PrintTier();
+  }
+  // Tiers 2 and 3: a tier 2 as large as the pool, so it passes its oldest records on to disk
+  // all the time (8 KiB slots: a header page and the 512-byte block's page).
+  std::printf(
+      "\ntiers 2+3 on vs off (the same mix; host tier of %u blocks, disk tier of %u records)\n",
+      kTierPoolBlocks, 16 * kTierPoolBlocks);
+  BenchDaemon disk_pool(clients, false, uint64_t{kTierPoolBlocks} * 512, kTierPoolBlocks,
+                        uint64_t{16 * kTierPoolBlocks} * 8192);
+  CompareDaemons(plain_pool, disk_pool, phase, rounds);
+  disk_pool.PrintTier();
 }
 
 int Main(double seconds, int clients, int rounds, bool only_tier) {
