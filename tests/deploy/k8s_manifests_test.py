@@ -208,6 +208,14 @@ class ManifestsTest(unittest.TestCase):
         worker_socket = volume(worker_pod, mount_of(app, socket[len("unix://"):]))
         self.assertEqual(worker_socket["hostPath"]["path"], socket_volume["hostPath"]["path"])
         self.assertNotIn("dshm", [v["name"] for v in worker_pod["volumes"]])
+        # The disk tier's file lives on the node (a hostPath), so a new daemon pod serves it
+        # again; the pool and its host tier fit the memory limit.
+        disk_path = re.search(r"disk_tier=([^:,]+):", args["pool"]).group(1)
+        self.assertIn("hostPath", volume(pod, mount_of(daemon, disk_path)))
+        pool_bytes = to_bytes(re.search(r"bytes=(\w+)", args["pool"]).group(1))
+        host_tier_bytes = to_bytes(re.search(r"host_tier=(\w+)", args["pool"]).group(1))
+        self.assertLess(pool_bytes + host_tier_bytes,
+                        to_bytes(daemon["resources"]["limits"]["memory"]))
 
 
 if __name__ == "__main__":
