@@ -18,9 +18,9 @@ from .errors import KvCacheError
 from .session import Session
 from .values import (BlockCounts, Commit, DType, Extension, Fork, GetInfo, ListedSession,
                      LookupResult, MappingKind, PoolDescription, PoolInfo, PoolLayout,
-                     PoolMapping, PoolStats, PutResult, Sequence, Stats)
+                     PoolMapping, PoolStats, PutResult, Sequence, Stats, TierTokens)
 
 __all__ = ["BlockCounts", "Client", "Commit", "DType", "Extension", "Fork", "GetInfo",
            "KvCacheError", "ListedSession", "LookupResult", "MappingKind", "PoolDescription",
            "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult", "Sequence",
-           "Session", "Stats", "TlsOptions", "default_target"]
+           "Session", "Stats", "TierTokens", "TlsOptions", "default_target"]

@@ -33,7 +33,7 @@ from .block_stream import split_get_message
 from .errors import KvCacheError, check_tokens, invalid_argument, make_request
 from .values import (ListedSession, LookupResult, PoolDescription, PoolInfo, Stats,
                      block_counts_from_proto, fill_extra_keys, pool_info_from_proto,
-                     pool_stats_from_proto)
+                     pool_stats_from_proto, tier_tokens_from_proto)
 
 if TYPE_CHECKING:
     from .session import Session
@@ -250,7 +250,9 @@ class Client:
         fill_extra_keys(extra_keys, request.extra_keys)
         response = self._unary("Lookup", request)
         return LookupResult(num_cached_tokens=response.num_cached_tokens,
-                            num_cached_blocks=response.num_cached_blocks)
+                            num_cached_blocks=response.num_cached_blocks,
+                            cached_tokens_by_tier=tier_tokens_from_proto(
+                                response.cached_tokens_by_tier))
 
     def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
         """Every pool's statistics when `pool` is empty; NOT_FOUND for an unknown pool."""

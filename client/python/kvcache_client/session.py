@@ -36,7 +36,7 @@ from .client import Client
 from .errors import (KvCacheError, check_tokens, epoch_from_trailers, invalid_argument,
                      make_request)
 from .values import (Commit, Extension, Fork, GetInfo, PutResult, Sequence as SequenceTable,
-                     fill_extra_keys)
+                     fill_extra_keys, tier_tokens_from_proto)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
@@ -144,18 +144,24 @@ class Session:
     # --- sequences ------------------------------------------------------------------------------
 
     def open_sequence(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
-                      extra_keys: Optional[hashing.ExtraKeys] = None) -> SequenceTable:
+                      extra_keys: Optional[hashing.ExtraKeys] = None,
+                      max_load_ms: int = 0) -> SequenceTable:
         """Opens a sequence for a prompt: the longest verified cached prefix is acquired, the
         rest freshly allocated (at least one token is left to compute). Not idempotent.
-        INVALID_ARGUMENT for an empty prompt or an oversize salt; NOT_FOUND for an unknown pool;
-        RESOURCE_EXHAUSTED when the pool has too few blocks or a quota would be passed."""
+        `max_load_ms`: how long loading the prefix from the pool's lower tiers may take (0: no
+        bound); what does not come up in time is left to compute. `cached_tokens_by_tier` says
+        where the cached tokens came from. INVALID_ARGUMENT for an empty prompt or an oversize
+        salt; NOT_FOUND for an unknown pool; RESOURCE_EXHAUSTED when the pool has too few blocks
+        or a quota would be passed."""
         request = make_request("open_sequence", kvcache_pb2.OpenSequenceRequest, pool=pool,
                                tokens=check_tokens("open_sequence", tokens),
-                               cache_salt=cache_salt)
+                               cache_salt=cache_salt, max_load_ms=max_load_ms)
         fill_extra_keys(extra_keys, request.extra_keys)
         response = self._session_call("OpenSequence", request)
         return SequenceTable(sequence_id=response.sequence_id, block_ids=list(response.block_ids),
-                             num_cached_tokens=response.num_cached_tokens)
+                             num_cached_tokens=response.num_cached_tokens,
+                             cached_tokens_by_tier=tier_tokens_from_proto(
+                                 response.cached_tokens_by_tier))
 
     def extend(self, sequence_id: int, tokens: Sequence[int]) -> Extension:
         """Appends decoded tokens, allocating blocks as needed. Not idempotent."""

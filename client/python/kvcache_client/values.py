@@ -80,11 +80,26 @@ class PoolDescription:
 
 
 @dataclass(frozen=True)
+class TierTokens:
+    """Where cached tokens were found (v1.TierTokens), summing to num_cached_tokens: the pool
+    itself, or a lower tier they were loaded from (a lookup: found in, not loaded)."""
+    pool: int = 0
+    host: int = 0
+    disk: int = 0
+    cluster: int = 0
+
+
+def tier_tokens_from_proto(proto) -> TierTokens:
+    return TierTokens(pool=proto.pool, host=proto.host, disk=proto.disk, cluster=proto.cluster)
+
+
+@dataclass(frozen=True)
 class Sequence:
     """An open sequence: its block table, one block id per block_size tokens."""
     sequence_id: int
     block_ids: List[int]
     num_cached_tokens: int  # leading tokens whose KV is already in the pool
+    cached_tokens_by_tier: TierTokens = TierTokens()
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,7 @@ class Fork:
 class LookupResult:
     num_cached_tokens: int  # num_cached_blocks * block_size; not capped
     num_cached_blocks: int
+    cached_tokens_by_tier: TierTokens = TierTokens()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from daemon import BOUND, POOL_BLOCKS, Daemon, error_code, tokens, wait_until
 
 import grpc
 from kvcache_client import Client, DType, KvCacheError, MappingKind, TlsOptions
-from kvcache_client import PoolInfo, PoolLayout, PoolMapping
+from kvcache_client import PoolInfo, PoolLayout, PoolMapping, TierTokens
 from kvcache_client import block_stream, hashing
 from kvcache_client.mapped_pool import MappedPool
 from kvcache_client._proto import kvcache_pb2
@@ -83,14 +83,16 @@ class CallsTest(unittest.TestCase):
         self.assertNotEqual(fork.block_ids[3], extension.new_block_ids[0])
         lookup = self.client.lookup("default", prompt)
         self.assertEqual((lookup.num_cached_blocks, lookup.num_cached_tokens), (2, 32))
+        self.assertEqual(lookup.cached_tokens_by_tier, TierTokens(pool=32))
         # Salts and extra keys are part of the hash: no hit under another.
         self.assertEqual(self.client.lookup("default", prompt, cache_salt=b"s").num_cached_blocks,
                          0)
         extra = hashing.ExtraKeys(b"lora-1", [hashing.MultimodalItem(b"img", 0, 4)])
         self.assertEqual(self.client.lookup("default", prompt, extra_keys=extra).num_cached_blocks,
                          0)
-        hit = session.open_sequence("default", prompt)
+        hit = session.open_sequence("default", prompt, max_load_ms=50)
         self.assertEqual(hit.num_cached_tokens, 32)
+        self.assertEqual(hit.cached_tokens_by_tier, TierTokens(pool=32))
         stats = self.client.stats("default").pools[0]
         self.assertGreaterEqual(stats.hit_tokens, 32)
         self.assertGreaterEqual(stats.open_sequences, 3)
