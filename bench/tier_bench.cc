@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/raw_direct_reads.h"
 #include "cache/pool.h"
@@ -465,6 +466,52 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   }
 }
 
+// Where a replay's prompt tokens came from.
+struct TierTokenCounts {
+  uint64_t tier1 = 0;
+  uint64_t tier2 = 0;
+  uint64_t disk = 0;
+  uint64_t prompt = 0;
+  uint64_t computed() const { return prompt - tier1 - tier2 - disk; }
+};
+
+// The sweeps' workload: `requests` prompts, each one of `documents` shared `prefix_blocks`-block
+// prefixes drawn Zipf 1.0 (a fixed seed) plus a unique `suffix_blocks`-block suffix, each opened,
+// committed (KV is whatever the pool holds: the sweeps count blocks, not bytes) and released;
+// `after_request(r)` runs after request r. False if an open fails.
+bool ReplaySharedDocuments(Pool& pool, uint32_t documents, uint32_t prefix_blocks,
+                           uint32_t suffix_blocks, uint32_t requests,
+                           absl::FunctionRef<void(uint32_t)> after_request,
+                           TierTokenCounts* counts) {
+  const uint32_t block_size = pool.options().layout.block_size;
+  std::vector<double> cdf(documents);
+  double total = 0;
+  for (uint32_t d = 0; d < documents; ++d) cdf[d] = total += 1.0 / (d + 1);
+  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> uniform(0, total);
+  std::vector<uint32_t> prompt((prefix_blocks + suffix_blocks) * block_size + 1);
+  for (uint32_t r = 0; r < requests; ++r) {
+    const uint32_t document =
+        static_cast<uint32_t>(std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin());
+    for (uint32_t t = 0; t < prefix_blocks * block_size; ++t) prompt[t] = document * 100000 + t;
+    for (uint32_t t = prefix_blocks * block_size; t < prompt.size(); ++t) {
+      prompt[t] = (1u << 30) + r * 1000 + t;
+    }
+    auto opened = pool.Open(session, SequenceSpec{prompt});
+    if (!opened.ok()) return false;
+    (void)pool.Commit(session, opened->sequence_id, prompt.size());
+    (void)pool.Release(session, opened->sequence_id);
+    counts->tier1 +=
+        opened->num_cached_tokens - opened->num_host_tier_tokens - opened->num_disk_tier_tokens;
+    counts->tier2 += opened->num_host_tier_tokens;
+    counts->disk += opened->num_disk_tier_tokens;
+    counts->prompt += prompt.size();
+    after_request(r);
+  }
+  return true;
+}
+
 // How far ahead the mover should work: a workload replayed against pools that differ only in
 // their offload window. Prompts are one of `kDocuments` shared 32-block prefixes (Zipf 1.0) plus
 // a 2-block unique suffix, more than tier 1 holds; the mover runs every `lag` requests (a mover
@@ -473,9 +520,6 @@ void WindowSweep(uint32_t lag) {
   constexpr uint32_t kPoolBlocks = 1024, kTierBlocks = 8192, kDocuments = 200;
   constexpr uint32_t kPrefixBlocks = 32, kSuffixBlocks = 2, kRequests = 20000;
   const PoolLayout layout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
-  std::vector<double> cdf(kDocuments);
-  double total = 0;
-  for (uint32_t d = 0; d < kDocuments; ++d) cdf[d] = total += 1.0 / (d + 1);
   std::printf(
       "\nmover lag %u requests (pool %u blocks, tier 2 %u, %u documents of %u blocks, "
       "Zipf 1.0, %u requests)\n",
@@ -494,35 +538,20 @@ void WindowSweep(uint32_t lag) {
     auto memory = HostPoolMemory::Create(layout.BlockBytes(), kPoolBlocks);
     auto pool = Pool::Create(options, 0, *std::move(memory));
     if (!pool.ok()) return;
-    Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<double> uniform(0, total);
-    uint64_t tier1 = 0, tier2 = 0, prompt_tokens = 0;
-    std::vector<uint32_t> prompt((kPrefixBlocks + kSuffixBlocks) * layout.block_size + 1);
-    for (uint32_t r = 0; r < kRequests; ++r) {
-      const uint32_t document = static_cast<uint32_t>(
-          std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin());
-      for (uint32_t t = 0; t < kPrefixBlocks * layout.block_size; ++t) {
-        prompt[t] = document * 100000 + t;
-      }
-      for (uint32_t t = kPrefixBlocks * layout.block_size; t < prompt.size(); ++t) {
-        prompt[t] = (1u << 30) + r * 1000 + t;
-      }
-      auto opened = (*pool)->Open(session, SequenceSpec{prompt});
-      if (!opened.ok()) return;
-      // KV is whatever the pool holds: the sweep counts blocks, not bytes.
-      (void)(*pool)->Commit(session, opened->sequence_id, prompt.size());
-      (void)(*pool)->Release(session, opened->sequence_id);
-      tier1 += opened->num_cached_tokens - opened->num_host_tier_tokens;
-      tier2 += opened->num_host_tier_tokens;
-      prompt_tokens += prompt.size();
-      if ((r + 1) % lag == 0) (*pool)->OffloadForTesting();
+    TierTokenCounts counts;
+    if (!ReplaySharedDocuments(
+            **pool, kDocuments, kPrefixBlocks, kSuffixBlocks, kRequests,
+            [&](uint32_t r) {
+              if ((r + 1) % lag == 0) (*pool)->OffloadForTesting();
+            },
+            &counts)) {
+      return;
     }
     const PoolStatsSnapshot stats = (*pool)->Stats();
     const double evictions = stats.pool.evictions;
     std::printf("%-10u %9.1f%% %9.1f%% %9.1f%% %12.2f %13.1f%%\n", window,
-                100.0 * tier1 / prompt_tokens, 100.0 * tier2 / prompt_tokens,
-                100.0 * (prompt_tokens - tier1 - tier2) / prompt_tokens,
+                100.0 * counts.tier1 / counts.prompt, 100.0 * counts.tier2 / counts.prompt,
+                100.0 * counts.computed() / counts.prompt,
                 static_cast<double>(stats.host_tier->offloaded_blocks) / kRequests,
                 evictions == 0 ? 0 : 100.0 * stats.pool.evicted_offloaded / evictions);
   }
@@ -537,9 +566,6 @@ void AdmissionSweep(const std::string& dir) {
   constexpr uint32_t kDocuments = 400, kPrefixBlocks = 32, kSuffixBlocks = 2, kRequests = 20000;
   constexpr uint32_t kLag = 8;
   const PoolLayout layout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
-  std::vector<double> cdf(kDocuments);
-  double total = 0;
-  for (uint32_t d = 0; d < kDocuments; ++d) cdf[d] = total += 1.0 / (d + 1);
   std::printf(
       "\ndisk admission (pool %u blocks, tier 2 %u, disk %u, %u documents of %u blocks + %u "
       "unique, Zipf 1.0, %u requests, mover every %u)\n",
@@ -566,41 +592,24 @@ void AdmissionSweep(const std::string& dir) {
       std::fprintf(stderr, "%s\n", pool.status().ToString().c_str());
       std::exit(1);
     }
-    Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<double> uniform(0, total);
-    uint64_t tier1 = 0, tier2 = 0, disk = 0, prompt_tokens = 0;
-    std::vector<uint32_t> prompt((kPrefixBlocks + kSuffixBlocks) * layout.block_size + 1);
-    for (uint32_t r = 0; r < kRequests; ++r) {
-      const uint32_t document = static_cast<uint32_t>(
-          std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin());
-      for (uint32_t t = 0; t < kPrefixBlocks * layout.block_size; ++t) {
-        prompt[t] = document * 100000 + t;
-      }
-      for (uint32_t t = kPrefixBlocks * layout.block_size; t < prompt.size(); ++t) {
-        prompt[t] = (1u << 30) + r * 1000 + t;
-      }
-      auto opened = (*pool)->Open(session, SequenceSpec{prompt});
-      if (!opened.ok()) return;
-      (void)(*pool)->Commit(session, opened->sequence_id, prompt.size());
-      (void)(*pool)->Release(session, opened->sequence_id);
-      tier1 +=
-          opened->num_cached_tokens - opened->num_host_tier_tokens - opened->num_disk_tier_tokens;
-      tier2 += opened->num_host_tier_tokens;
-      disk += opened->num_disk_tier_tokens;
-      prompt_tokens += prompt.size();
-      if ((r + 1) % kLag == 0) {
-        (*pool)->OffloadForTesting();
-        (*pool)->disk_tier()->Flush();  // visibility as of this pass: counts do not race the writer
-      }
-    }
+    TierTokenCounts counts;
+    const bool replayed = ReplaySharedDocuments(
+        **pool, kDocuments, kPrefixBlocks, kSuffixBlocks, kRequests,
+        [&](uint32_t r) {
+          if ((r + 1) % kLag != 0) return;
+          (*pool)->OffloadForTesting();
+          // Visibility as of this pass: the counts do not race the disk's writer.
+          (*pool)->disk_tier()->Flush();
+        },
+        &counts);
+    if (!replayed) return;
     const PoolStatsSnapshot stats = (*pool)->Stats();
     const double writes = stats.disk_tier->tier.stores_durable;
     std::printf("%-10s %9.1f%% %9.1f%% %9.1f%% %9.1f%% %14.2f %16.2f\n",
-                admission == DiskAdmission::kAll ? "all" : "reused", 100.0 * tier1 / prompt_tokens,
-                100.0 * tier2 / prompt_tokens, 100.0 * disk / prompt_tokens,
-                100.0 * (prompt_tokens - tier1 - tier2 - disk) / prompt_tokens, writes / kRequests,
-                writes == 0 ? 0 : stats.disk_tier->hit_blocks / writes);
+                admission == DiskAdmission::kAll ? "all" : "reused",
+                100.0 * counts.tier1 / counts.prompt, 100.0 * counts.tier2 / counts.prompt,
+                100.0 * counts.disk / counts.prompt, 100.0 * counts.computed() / counts.prompt,
+                writes / kRequests, writes == 0 ? 0 : stats.disk_tier->hit_blocks / writes);
     pool->reset();
     std::filesystem::remove(options.disk_tier_path);
   }

@@ -296,11 +296,7 @@ void Pool::MoverLoop() {
       if (mover_stopping_) return;
     }
     mover_wanted_.store(false, std::memory_order_release);
-    while (true) {
-      // Both stages each round: what tier 1 passes down fills tier 2, which passes its oldest on.
-      const bool offloading = OffloadBatch();
-      const bool demoting = DemoteBatch();
-      if (!offloading && !demoting) break;
+    while (MoverRound()) {
       absl::MutexLock lock(&mover_mu_);
       if (mover_stopping_) return;
     }
@@ -309,12 +305,16 @@ void Pool::MoverLoop() {
 
 size_t Pool::OffloadForTesting() {
   const uint64_t before = offloaded_blocks_.load(std::memory_order_relaxed);
-  while (true) {
-    const bool offloading = OffloadBatch();
-    const bool demoting = DemoteBatch();
-    if (!offloading && !demoting) break;
+  while (MoverRound()) {
   }
   return offloaded_blocks_.load(std::memory_order_relaxed) - before;
+}
+
+bool Pool::MoverRound() {
+  // Both stages each round: what tier 1 passes down fills tier 2, which passes its oldest on.
+  const bool offloading = OffloadBatch();
+  const bool demoting = DemoteBatch();
+  return offloading || demoting;
 }
 
 bool Pool::OffloadBatch() {

@@ -432,6 +432,8 @@ class Pool {
   // offload_window_ evictable ones, copies them to tier 2 outside mu_, unpins. False when the
   // pass is done (nothing left to do until the next wake).
   bool OffloadBatch();
+  // One batch of each of the mover's stages; false when neither had anything to do.
+  bool MoverRound();
   // One batch of the mover's second stage: passes up to kOffloadBatch of tier 2's oldest records
   // to tier 3. False when there is nothing to pass, or tier 3 refuses (queue full, stopped).
   bool DemoteBatch();

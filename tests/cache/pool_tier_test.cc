@@ -407,7 +407,9 @@ TEST_F(PoolTierTest, Tier2StoresAndEvictionsAreEventsWithItsMedium) {
   for (const KvEvent& event : events_->TakeSnapshot(KvEventFilter{}).events) {
     if (event.medium == kKvMediumCpuPinned) {
       snapshot.emplace_back(event.medium, event.blocks[0].hash);
-      if (event.blocks[0].hash == chain[0]) EXPECT_EQ(event.parent_hash, std::nullopt);
+      if (event.blocks[0].hash == chain[0]) {
+        EXPECT_EQ(event.parent_hash, std::nullopt);
+      }
     }
   }
   EXPECT_THAT(snapshot, ::testing::ElementsAre(std::pair(std::string("CPU_PINNED"), chain[0]),

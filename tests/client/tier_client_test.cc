@@ -64,6 +64,19 @@ class TierClientTest : public DaemonFixture {
     ASSERT_OK(client_->PutBlocks("tiered", b, Bytes(b)));
   }
 
+  // The chain hashes pool "tiered" computes for `tokens` in tenant "default".
+  std::vector<Hash128> Chain(const std::vector<uint32_t>& tokens) {
+    absl::StatusOr<Pool*> pool = daemon_->manager().FindPool("tiered");
+    EXPECT_OK(pool);
+    if (!pool.ok()) return {};
+    BlockHasher hasher(HashAlgorithm::kXxh3_128);
+    const HashNamespace ns{(*pool)->options().model_id, (*pool)->layout_fingerprint(), "default",
+                           ""};
+    std::vector<Hash128> chain;
+    hasher.ExtendChain(hasher.Root(ns), tokens, kBlockSize, ExtraKeys{}, &chain);
+    return chain;
+  }
+
   uint64_t block_bytes_ = 0;
 };
 
@@ -107,10 +120,8 @@ TEST_F(TierClientTest, CorruptedHostTierRecordIsDetectedAndRecomputed) {
   // Flip a byte of A's third block in tier 2.
   absl::StatusOr<Pool*> pool = daemon_->manager().FindPool("tiered");
   ASSERT_OK(pool);
-  BlockHasher hasher(HashAlgorithm::kXxh3_128);
-  const HashNamespace ns{(*pool)->options().model_id, (*pool)->layout_fingerprint(), "default", ""};
-  std::vector<Hash128> chain;
-  hasher.ExtendChain(hasher.Root(ns), a, kBlockSize, ExtraKeys{}, &chain);
+  const std::vector<Hash128> chain = Chain(a);
+  ASSERT_EQ(chain.size(), 4u);
   ASSERT_TRUE((*pool)->host_tier()->CorruptForTesting(chain[2], 1000));
 
   absl::StatusOr<KvCacheClient::GetResult> got = client_->GetBlocks("tiered", a);
@@ -137,12 +148,8 @@ TEST_F(TierClientTest, AWatcherSeesBlocksOffloadedToTier2WithItsMedium) {
   const std::vector<uint32_t> marker = Tokens(kBlockSize, 9000);
   ASSERT_OK(client_->PutBlocks("default", marker,
                                std::string(DefaultPoolOptions().layout.BlockBytes(), 'm')));
-  absl::StatusOr<Pool*> pool = daemon_->manager().FindPool("tiered");
-  ASSERT_OK(pool);
-  BlockHasher hasher(HashAlgorithm::kXxh3_128);
-  const HashNamespace ns{(*pool)->options().model_id, (*pool)->layout_fingerprint(), "default", ""};
-  std::vector<Hash128> chain;
-  hasher.ExtendChain(hasher.Root(ns), a, kBlockSize, ExtraKeys{}, &chain);
+  const std::vector<Hash128> chain = Chain(a);
+  ASSERT_EQ(chain.size(), 4u);
   const auto to_hash = [](const v1::BlockHash& hash) { return Hash128{hash.hi(), hash.lo()}; };
 
   std::vector<std::pair<std::string, Hash128>> stored, removed;
