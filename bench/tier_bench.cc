@@ -5,6 +5,9 @@
 //   Pool::Open       an OpenSequence whose whole prefix comes up from tier 2 (probe under the
 //   from tier 2      pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,
 //                    vs the same memcpy;
+//   Pool::Open       the same into a CUDA pool (H2D from page-locked tier 2, verified on the
+//   tier 2->GPU      host meanwhile), vs cudaMemcpyAsync of the same slots in the same batches
+//                    (target >= 0.8x; "device", needs a GPU, skipped without one);
 //   Pool::Open       the same with the prefix only on disk (evicted from tiers 1 and 2), vs raw
 //   from tier 3      io_uring O_DIRECT reads of as many slots of the same file at the tier's read
 //                    depth (target >= 0.8x), and raw reads in drained batches of that depth (what
@@ -12,8 +15,8 @@
 // Working sets exceed the last-level cache (both sides stream from memory). Then the offload
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
 // No timing asserted.
-// Usage: tier_bench [seconds per measurement] [load|open|disk|sweep|admission] [DIR]; DIR (default
-// $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
+// Usage: tier_bench [seconds per measurement] [load|open|device|disk|sweep|admission] [DIR]; DIR
+// (default $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -33,6 +36,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/raw_direct_reads.h"
+#include "cache/cuda_pool_memory.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
 #include "tiers/host_tier.h"
@@ -204,8 +208,11 @@ uint64_t OpenAndRelease(Pool& pool, const Session& session,
 
 // Open of a prompt whose `prefix_blocks` come up from tier 2 each time: a pool of exactly
 // prefix_blocks + 1 blocks is refilled by another prompt between opens, so every open loads the
-// whole prefix again. Per byte loaded, vs memcpy of as many bytes.
-void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, double seconds) {
+// whole prefix again. Per byte loaded, vs the plain copy of as many bytes from the same slots:
+// memcpy for a host pool; for a CUDA pool (`on_device`), one batch of cudaMemcpyAsync H2D copies
+// from the same page-locked slots and one synchronization (PoolMemory::CopyFromHost).
+void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
+                        bool on_device) {
   PoolOptions options;
   options.name = "bench";
   options.model_id = "bench";
@@ -215,7 +222,21 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
   options.testing_manual_offload = true;        // offload is not what is measured
   options.offload_window = options.num_blocks;  // the whole prefix goes down
   const uint64_t block_bytes = layout.BlockBytes();
-  auto memory = HostPoolMemory::Create(block_bytes, options.num_blocks);
+  const auto create_memory = [&](uint32_t blocks) -> absl::StatusOr<std::unique_ptr<PoolMemory>> {
+    if (on_device) return CreateCudaPoolMemory(0, block_bytes, blocks);
+    auto host = HostPoolMemory::Create(block_bytes, blocks);
+    if (!host.ok()) return host.status();
+    return std::unique_ptr<PoolMemory>(*std::move(host));
+  };
+  absl::StatusOr<std::unique_ptr<PoolMemory>> memory = create_memory(options.num_blocks);
+  // The device baseline's destination: blocks of their own, on the same device.
+  absl::StatusOr<std::unique_ptr<PoolMemory>> destination = create_memory(prefix_blocks);
+  if (!memory.ok() || !destination.ok()) {
+    std::printf("%-22s %9llu KiB: skipped (%s)\n", "Pool::Open from tier 2",
+                static_cast<unsigned long long>(block_bytes >> 10),
+                (memory.ok() ? destination.status() : memory.status()).ToString().c_str());
+    return;
+  }
   auto pool = Pool::Create(options, 0, *std::move(memory));
   if (!pool.ok()) {
     std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());
@@ -231,7 +252,7 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
     (*pool)->OffloadForTesting();
   }
   uint64_t short_loads = 0;
-  // The baseline: memcpy of the same records' bytes, from where tier 2 keeps them.
+  // The baseline copies the same records' bytes, from where tier 2 keeps them.
   std::vector<const uint8_t*> slots;
   for (const std::vector<uint32_t>* which : {&prompt, &other}) {
     const std::vector<Hash128> chain = ChainOf(**pool, session, *which);
@@ -241,6 +262,12 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
     }
   }
   AlignedBuffer out(block_bytes * prefix_blocks);
+  std::vector<PoolMemory::HostCopy> copies;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    copies.push_back(PoolMemory::HostCopy{.block = static_cast<uint32_t>(i % prefix_blocks),
+                                          .host = const_cast<uint8_t*>(slots[i])});
+  }
+  uint64_t copy_failures = 0;
   // Two opens per step, each loading the whole prefix of its prompt (the other prompt's blocks
   // are what tier 1 holds), so a step moves twice the prefix.
   const Comparison c = Compare(
@@ -250,13 +277,27 @@ void OpenFromTierVsMemcpy(const PoolLayout& layout, uint32_t prefix_blocks, doub
                                       &OpenedSequence::num_host_tier_tokens);
       },
       [&] {
+        if (on_device) {
+          // As the pool loads: one batch (kLoadBatch records) per synchronization.
+          for (size_t i = 0; i < copies.size(); i += Pool::kLoadBatch) {
+            const size_t n = std::min(Pool::kLoadBatch, copies.size() - i);
+            if (!(*destination)
+                     ->CopyFromHost(absl::MakeConstSpan(copies).subspan(i, n), [] {})
+                     .ok()) {
+              ++copy_failures;
+            }
+          }
+          return;
+        }
         for (size_t i = 0; i < slots.size(); ++i) {
           std::memcpy(out.data() + (i % prefix_blocks) * block_bytes, slots[i], block_bytes);
         }
       });
-  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n", "Pool::Open from tier 2",
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n",
+              on_device ? "Pool::Open tier 2->GPU" : "Pool::Open from tier 2",
               static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
-              c.b_rate / 1e9, c.median_ratio, short_loads == 0 ? "" : "SHORT LOADS");
+              c.b_rate / 1e9, c.median_ratio,
+              short_loads + copy_failures == 0 ? "" : "SHORT LOADS OR FAILED COPIES");
 }
 
 // The slots of a disk tier's file (`path`, `slots` of `slot_bytes`) that hold `hashes`, in that
@@ -651,8 +692,15 @@ int main(int argc, char** argv) {
                                   .block_size = 16,
                                   .dtype = kvcache::DType::kFloat16};
   if (runs("open")) {
-    kvcache::OpenFromTierVsMemcpy(small, 2048, seconds);  // 64 MiB prefix
-    kvcache::OpenFromTierVsMemcpy(large, 128, seconds);   // 64 MiB prefix
+    kvcache::OpenFromTierVsCopy(small, 2048, seconds, false);  // 64 MiB prefix
+    kvcache::OpenFromTierVsCopy(large, 128, seconds, false);   // 64 MiB prefix
+  }
+  if (runs("device")) {
+    std::printf(
+        "\ntier 2 loads into a CUDA pool vs cudaMemcpyAsync H2D of the same page-locked "
+        "slots\n");
+    kvcache::OpenFromTierVsCopy(small, 2048, seconds, true);
+    kvcache::OpenFromTierVsCopy(large, 128, seconds, true);
   }
   if (runs("disk")) {
     // 64 MiB prefixes of 32 KiB and 256 KiB blocks.

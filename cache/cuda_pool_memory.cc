@@ -66,6 +66,44 @@ class CudaPoolMemory final : public PoolMemory {
                       "reading block bytes");
   }
 
+  absl::Status CopyToHost(absl::Span<const HostCopy> copies) const override {
+    for (const HostCopy& copy : copies) RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes()));
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
+    for (const HostCopy& copy : copies) {
+      KVCACHE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy.host, BlockPointer(copy.block),
+                                                   block_bytes(), cudaMemcpyDeviceToHost, stream_),
+                                   "copying blocks to the host");
+    }
+    return CudaStatus(cudaStreamSynchronize(stream_), "copying blocks to the host");
+  }
+
+  absl::Status CopyFromHost(absl::Span<const HostCopy> copies,
+                            absl::FunctionRef<void()> while_copying) override {
+    for (const HostCopy& copy : copies) RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes()));
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
+    absl::Status queued;
+    for (const HostCopy& copy : copies) {
+      queued = CudaStatus(cudaMemcpyAsync(BlockPointer(copy.block), copy.host, block_bytes(),
+                                          cudaMemcpyHostToDevice, stream_),
+                          "copying blocks from the host");
+      if (!queued.ok()) break;
+    }
+    // The copies run on the device's copy engine meanwhile; what was queued is waited for
+    // either way, so no copy outlives its source.
+    if (queued.ok()) while_copying();
+    const absl::Status done =
+        CudaStatus(cudaStreamSynchronize(stream_), "copying blocks from the host");
+    return queued.ok() ? done : queued;
+  }
+
+  absl::Status RegisterHostMemory(void* base, uint64_t size) override {
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
+    return CudaStatus(cudaHostRegister(base, size, cudaHostRegisterPortable),
+                      absl::StrCat("page-locking ", size, " bytes of host memory"));
+  }
+
+  void UnregisterHostMemory(void* base) override { cudaHostUnregister(base); }
+
   absl::StatusOr<uint64_t> Checksum(uint32_t block) const override {
     std::vector<char> host(block_bytes());
     RETURN_IF_ERROR(Read(block, 0, block_bytes(), host.data()));

@@ -91,13 +91,18 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
   };
   std::unique_ptr<HostTier> host_tier;
   if (options.host_tier_bytes != 0) {
-    if (memory->HostBlock(0) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("pool '", options.name,
-                                                     "': host_tier needs a host pool; this one is ",
-                                                     memory->kind(), " memory"));
-    }
+    // A device pool's copies to and from tier 2 are DMA from page-locked memory. The pool's
+    // memory outlives the tier (declared before it in Pool).
+    PoolMemory* const pool_memory = memory.get();
     absl::StatusOr<std::unique_ptr<HostTier>> tier = HostTier::Create(
-        options.host_tier_bytes, options.layout.BlockBytes(), listener(kKvMediumCpuPinned));
+        options.host_tier_bytes, options.layout.BlockBytes(), listener(kKvMediumCpuPinned),
+        HostMemoryRegistrar{
+            .register_memory =
+                [pool_memory](void* base, uint64_t size) {
+                  return pool_memory->RegisterHostMemory(base, size);
+                },
+            .unregister_memory =
+                [pool_memory](void* base) { pool_memory->UnregisterHostMemory(base); }});
     if (!tier.ok()) {
       return absl::Status(tier.status().code(),
                           absl::StrCat("pool '", options.name, "': ", tier.status().message()));
@@ -381,29 +386,55 @@ bool Pool::OffloadBatch() {
     }
   }
   const uint64_t block_bytes = options_.layout.BlockBytes();
+  // Pinned and published: the bytes cannot change during the copies. Tier 2's slots are filled
+  // in one batch (a device pool's D2H copies, one synchronization).
+  std::vector<std::optional<HostTier::PendingStore>> pending(batch.size());
+  absl::Status copied = absl::OkStatus();
+  if (host_tier_ != nullptr) {
+    std::vector<PoolMemory::HostCopy> copies;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(batch[i].record.hash);
+      // ALREADY_EXISTS: below already (a concurrent load from the disk tier put it there).
+      batch[i].below = absl::IsAlreadyExists(slot.status());
+      if (!slot.ok()) continue;
+      copies.push_back(PoolMemory::HostCopy{.block = batch[i].block, .host = slot->bytes});
+      pending[i] = *std::move(slot);
+    }
+    copied = CheckMemory(memory_->CopyToHost(copies));
+  }
   // The cluster's copies are taken while the blocks are pinned, and sent after they are unpinned:
   // a request that needs a pinned block waits for this batch, and must not wait on the network.
-  for (Candidate& candidate : batch) {
-    // Pinned and published: the bytes cannot change during the copy.
-    const uint8_t* bytes = memory_->HostBlock(candidate.block);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Candidate& candidate = batch[i];
+    const uint8_t* bytes =
+        pending[i].has_value() ? pending[i]->bytes : memory_->HostBlock(candidate.block);
+    if (bytes == nullptr || !copied.ok()) {
+      // A device pool's failed copy (the fault latched): nothing of it is published.
+      if (pending[i].has_value()) {
+        host_tier_->FinishStore(*pending[i], candidate.record, candidate.reused, false)
+            .IgnoreError();
+      }
+      continue;
+    }
     candidate.record.checksum = candidate.checksum.has_value()
                                     ? *candidate.checksum
                                     : ::kvcache::BlockChecksum(bytes, block_bytes);
-    if (host_tier_ != nullptr) {
-      const absl::StatusOr<HostTier::StoreResult> stored =
-          host_tier_->Store(candidate.record, bytes, candidate.reused);
-      candidate.below = stored.ok() || absl::IsAlreadyExists(stored.status());
-      if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
-      // Saved only if durable on disk (a record accepted for writing may yet fail its write).
-      if (stored.ok() && stored->evicted.has_value() && disk_tier_ != nullptr &&
-          disk_tier_->Find(stored->evicted->hash).ok()) {
-        evicted_below_.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
+    // Copied before tier 2 publishes its slot, which may then be evicted and reused at once.
     if (candidate.to_cluster) {
       candidate.cluster_copy.assign(reinterpret_cast<const char*>(bytes), block_bytes);
       // Sent once: a store the cluster then refuses is not retried (it is a cache).
       if (host_tier_ == nullptr) candidate.below = true;
+    }
+    if (pending[i].has_value()) {
+      const absl::Status stored =
+          host_tier_->FinishStore(*pending[i], candidate.record, candidate.reused, true);
+      candidate.below = stored.ok() || absl::IsAlreadyExists(stored);
+      if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
+      // Saved only if durable on disk (a record accepted for writing may yet fail its write).
+      if (stored.ok() && pending[i]->evicted.has_value() && disk_tier_ != nullptr &&
+          disk_tier_->Find(pending[i]->evicted->hash).ok()) {
+        evicted_below_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
   }
   {
@@ -700,10 +731,13 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   }
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
-  if (session.closed.load(std::memory_order_acquire)) {
-    // The session's sweep ran during the load and could not see this sequence: undo it here.
+  const absl::Status device = faults_->status();
+  if (session.closed.load(std::memory_order_acquire) || !device.ok()) {
+    // Undone here: the session's sweep ran during the load and could not see this sequence, or a
+    // copy from below hit a device fault, and this open fails like every call after it.
     ReleaseLocked(*sequence);
     quotas_->Release(tenants_[sequence->tenant].name, QuotaResource::kOpenSequences, 1);
+    if (!device.ok()) return device;
     return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the open"));
   }
   return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded,
@@ -802,7 +836,6 @@ std::vector<Pool::BelowRecord> Pool::ProbeBelowLocked(const Sequence& sequence, 
 Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
                                       const std::vector<BelowRecord>& below, absl::Time start,
                                       uint32_t max_load_ms) {
-  const uint64_t block_bytes = options_.layout.BlockBytes();
   BelowLoaded loaded;
   // Real time spent in each tier (the pool's clock may be a test's), one sample per tier tried.
   std::optional<absl::Duration> host_time, disk_time;
@@ -812,42 +845,41 @@ Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
     total = total.value_or(absl::ZeroDuration()) + (absl::Now() - begin);
     return result;
   };
+  const auto past_bound = [&] {
+    return max_load_ms != 0 && clock_->Now() - start >= absl::Milliseconds(max_load_ms);
+  };
+  // Only this sequence holds the blocks, and nobody can see the sequence yet.
+  const auto block_at = [&](size_t i) { return sequence.blocks[first + i]; };
   while (loaded.total() < below.size()) {
     const size_t next = loaded.total();
-    if (max_load_ms != 0 && clock_->Now() - start >= absl::Milliseconds(max_load_ms)) {
+    if (past_bound()) {
       for (size_t i = next; i < below.size(); ++i) {
         (below[i].tier == Below::kHost ? tier_deadline_blocks_ : disk_deadline_blocks_)
             .fetch_add(1, std::memory_order_relaxed);
       }
       break;
     }
-    // Only this sequence holds the blocks, and nobody can see the sequence yet.
     if (below[next].tier == Below::kHost) {
-      uint8_t* out = memory_->MutableHostBlock(sequence.blocks[first + next]);
-      if (!timed(host_time, [&] { return host_tier_->Load(below[next].expected, out); }).ok()) {
+      const RunLoaded run =
+          timed(host_time, [&] { return LoadHostRun(below, next, block_at, past_bound); });
+      loaded.host += run.loaded;
+      if (run.failed) {
         tier_load_failures_.fetch_add(1, std::memory_order_relaxed);
         break;
       }
-      ++loaded.host;
       continue;
     }
     // A run of disk records, one batch of the disk tier's read depth at a time (the bound is
     // checked between batches).
-    std::vector<DiskTier::LoadRequest> requests;
-    for (size_t i = next; i < below.size() && below[i].tier == Below::kDisk &&
-                          requests.size() < disk_tier_->read_depth();
-         ++i) {
-      char* out = reinterpret_cast<char*>(memory_->MutableHostBlock(sequence.blocks[first + i]));
-      requests.push_back(DiskTier::LoadRequest{&below[i].expected, {out, block_bytes}});
+    size_t end = next;
+    while (end < below.size() && below[end].tier == Below::kDisk &&
+           end - next < disk_tier_->read_depth()) {
+      ++end;
     }
-    size_t verified = 0;
-    for (const absl::Status& status :
-         timed(disk_time, [&] { return disk_tier_->LoadMany(requests); })) {
-      if (!status.ok()) break;
-      ++verified;
-    }
+    const size_t verified =
+        timed(disk_time, [&] { return LoadDiskBatch(below, next, end, block_at); });
     loaded.disk += verified;
-    if (verified < requests.size()) {
+    if (verified < end - next) {
       disk_load_failures_.fetch_add(1, std::memory_order_relaxed);
       break;
     }
@@ -855,6 +887,93 @@ Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
   if (host_time) tier_load_latency_.host.Observe(absl::ToDoubleSeconds(*host_time));
   if (disk_time) tier_load_latency_.disk.Observe(absl::ToDoubleSeconds(*disk_time));
   return loaded;
+}
+
+Pool::RunLoaded Pool::LoadHostRun(const std::vector<BelowRecord>& below, size_t next,
+                                  absl::FunctionRef<BlockId(size_t)> block_at,
+                                  absl::FunctionRef<bool()> past_bound) {
+  // Pins a run of tier-2 records (the bound checked before each), copies them up in one batch
+  // (a device pool's H2D copies, verified on the host meanwhile) and counts the verified prefix.
+  RunLoaded run;
+  std::vector<HostTier::PinnedRecord> pinned;
+  std::vector<PoolMemory::HostCopy> copies;
+  for (size_t i = next; i < below.size() && below[i].tier == Below::kHost &&
+                        pinned.size() < kLoadBatch && (i == next || !past_bound());
+       ++i) {
+    absl::StatusOr<HostTier::PinnedRecord> record = host_tier_->PinForLoad(below[i].expected);
+    if (!record.ok()) {
+      run.failed = true;  // gone since the probe (evicted), counted by the tier
+      break;
+    }
+    copies.push_back(
+        PoolMemory::HostCopy{.block = block_at(i), .host = const_cast<uint8_t*>(record->bytes)});
+    pinned.push_back(*std::move(record));
+  }
+  const uint64_t block_bytes = host_tier_->block_bytes();
+  std::vector<bool> verified(pinned.size(), false);
+  const absl::Status copied = CheckMemory(memory_->CopyFromHost(copies, [&] {
+    for (size_t i = 0; i < pinned.size(); ++i) {
+      verified[i] = ::kvcache::BlockChecksum(pinned[i].bytes, block_bytes) == pinned[i].checksum;
+    }
+  }));
+  while (run.loaded < pinned.size() && copied.ok() && verified[run.loaded]) ++run.loaded;
+  run.failed = run.failed || run.loaded < pinned.size();
+  for (size_t i = 0; i < pinned.size(); ++i) {
+    // Past the verified prefix nothing is used: the first failure is dropped if it is the
+    // record's (a failed copy is no verdict on it), the rest are only unpinned.
+    const HostTier::LoadVerdict verdict = i < run.loaded ? HostTier::LoadVerdict::kVerified
+                                          : i == run.loaded && copied.ok()
+                                              ? HostTier::LoadVerdict::kCorrupt
+                                              : HostTier::LoadVerdict::kNotCopied;
+    host_tier_->FinishLoad(pinned[i], verdict).IgnoreError();
+  }
+  return run;
+}
+
+size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
+                           absl::FunctionRef<BlockId(size_t)> block_at) {
+  const uint64_t block_bytes = options_.layout.BlockBytes();
+  std::vector<DiskTier::LoadRequest> requests;
+  if (memory_->HostBlock(0) != nullptr) {
+    // Host memory: straight into the fresh tier-1 blocks.
+    for (size_t i = next; i < end; ++i) {
+      char* out = reinterpret_cast<char*>(memory_->MutableHostBlock(block_at(i)));
+      requests.push_back(DiskTier::LoadRequest{&below[i].expected, {out, block_bytes}});
+    }
+    size_t verified = 0;
+    for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
+      if (!status.ok()) break;
+      ++verified;
+    }
+    return verified;
+  }
+  // Device memory: through tier 2's page-locked slots, which keep the records afterwards (they
+  // are hot again), then one batch of H2D copies.
+  std::vector<HostTier::PendingStore> slots;
+  for (size_t i = next; i < end; ++i) {
+    absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
+    if (!slot.ok()) break;
+    requests.push_back(DiskTier::LoadRequest{&below[i].expected,
+                                             {reinterpret_cast<char*>(slot->bytes), block_bytes}});
+    slots.push_back(*std::move(slot));
+  }
+  size_t verified = 0;
+  for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
+    if (!status.ok()) break;
+    ++verified;
+  }
+  std::vector<PoolMemory::HostCopy> copies;
+  for (size_t i = 0; i < verified; ++i) {
+    copies.push_back(PoolMemory::HostCopy{.block = block_at(next + i), .host = slots[i].bytes});
+  }
+  if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) verified = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    BlockRecordIdentity record = below[next + i].expected;
+    // Of the verified bytes themselves: the disk's record may have changed since.
+    if (i < verified) record.checksum = ::kvcache::BlockChecksum(slots[i].bytes, block_bytes);
+    host_tier_->FinishStore(slots[i], record, /*reused=*/true, i < verified).IgnoreError();
+  }
+  return verified;
 }
 
 size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limit,

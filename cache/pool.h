@@ -31,8 +31,10 @@
 // its medium (cache/tier_events.h): tier 2 CPU_PINNED, the disk tier DISK (its restored records
 // at creation), the cluster tier EXTERNAL (live only).
 //
-// Tier 2 (PoolOptions::host_tier_bytes; DESIGN §10, docs/design.md "Tiers"): a host pool may
-// keep a HostTier below it. A mover thread copies hashed evictable blocks from the LRU's eviction
+// Tier 2 (PoolOptions::host_tier_bytes; DESIGN §10, docs/design.md "Tiers"): a pool may keep a
+// HostTier below it (page-locked under a device pool, whose copies to and from it are batched
+// D2H and H2D: PoolMemory::CopyToHost / CopyFromHost; host memory's are its own reads and
+// writes). A mover thread copies hashed evictable blocks from the LRU's eviction
 // end into it ahead of eviction — only while free blocks are fewer than the offload window, and
 // only the oldest `offload_window` evictable blocks — so that the victim of an eviction is
 // usually already below; eviction itself stays O(1) and never waits for it. Open and Lookup
@@ -40,8 +42,10 @@
 // matched record into a fresh tier-1 block outside mu_ (the sequence is not visible until it is
 // published), verifies it (identity before, checksum after the copy) and only then publishes it
 // and counts it cached; a failure or SequenceSpec::max_load_ms ends the loaded run, and the rest
-// is computed. A request that could need the blocks the mover has pinned for a copy (at most
-// kOffloadBatch, for microseconds) waits for that batch instead of failing.
+// is computed. Loads copy up to kLoadBatch records at once and verify the pinned records'
+// checksums on the host while the copies run. A request that could need the blocks the mover has
+// pinned for a copy (at most kOffloadBatch, for microseconds) waits for that batch instead of
+// failing.
 //
 // Tier 3 (PoolOptions::disk_tier_path; tiers/disk_tier.h) sits below tier 2: the mover passes
 // tier 2's oldest records down to it the same way, ahead of their eviction from tier 2 (only
@@ -50,7 +54,8 @@
 // The prefix walk continues block by block in tier 2, then tier 3: each next block is taken from
 // whichever holds a matching record, so a prefix split between them still hits. Disk records
 // load in batches (io_uring) into the fresh tier-1 blocks, verified like tier 2's, and the file
-// outlives the daemon: a restarted daemon with the same flags serves them again.
+// outlives the daemon: a restarted daemon with the same flags serves them again. Under a device
+// pool they come up through fresh tier-2 slots (verified there, then one H2D batch), and stay.
 //
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
 // its source block pinned; so do the mover's copies (offload pin) and the loads from tier 2 (into
@@ -71,6 +76,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -278,6 +284,8 @@ class Pool {
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
   // Blocks the mover copies per batch, and the most it pins at once.
   static constexpr size_t kOffloadBatch = 8;
+  // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
+  static constexpr size_t kLoadBatch = 16;
   // The default offload window is this fraction of the pool (docs/design.md: measured).
   static constexpr uint32_t kDefaultOffloadWindowDivisor = 8;
   // LRU links the mover follows per hold of the pool mutex.
@@ -406,6 +414,20 @@ class Pool {
   BelowLoaded LoadFromBelow(const Sequence& sequence, size_t first,
                             const std::vector<BelowRecord>& below, absl::Time start,
                             uint32_t max_load_ms);
+  // LoadFromBelow's steps, each loading and verifying a prefix of the records from `next` on.
+  // LoadHostRun: tier-2 records from `next` while they last, at most kLoadBatch, `past_bound`
+  // checked before each but the first; `failed` when a record failed (not when the bound or the
+  // run's end stopped it). LoadDiskBatch: the disk records [next, end); returns how many loaded.
+  // `block_at(i)`: the tier-1 block record i goes to.
+  struct RunLoaded {
+    size_t loaded = 0;
+    bool failed = false;
+  };
+  RunLoaded LoadHostRun(const std::vector<BelowRecord>& below, size_t next,
+                        absl::FunctionRef<BlockId(size_t)> block_at,
+                        absl::FunctionRef<bool()> past_bound);
+  size_t LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
+                       absl::FunctionRef<BlockId(size_t)> block_at);
   // Loads the sequence's blocks [first, limit) from the cluster tier in one batch, stopping at
   // the first that does not verify or has not come back by `deadline` (real time); returns how
   // many loaded. Outside mu_, like LoadFromBelow.

@@ -37,6 +37,23 @@ absl::Status PoolMemory::CheckRange(uint32_t block, uint64_t offset, uint64_t si
   return absl::OkStatus();
 }
 
+absl::Status PoolMemory::CopyToHost(absl::Span<const HostCopy> copies) const {
+  for (const HostCopy& copy : copies) {
+    RETURN_IF_ERROR(Read(copy.block, 0, block_bytes_, reinterpret_cast<char*>(copy.host)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PoolMemory::CopyFromHost(absl::Span<const HostCopy> copies,
+                                      absl::FunctionRef<void()> while_copying) {
+  for (const HostCopy& copy : copies) {
+    RETURN_IF_ERROR(Write(
+        copy.block, 0, absl::string_view(reinterpret_cast<const char*>(copy.host), block_bytes_)));
+  }
+  while_copying();
+  return absl::OkStatus();
+}
+
 std::string ShmNameFor(absl::string_view pool_name, uint64_t epoch) {
   return absl::StrFormat("/kvcache.%d.%016x.%s", getpid(), epoch, pool_name);
 }

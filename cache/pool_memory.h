@@ -17,8 +17,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace kvcache {
 
@@ -52,9 +54,30 @@ class PoolMemory {
   // The block's bytes in this process's address space, or nullptr when they are not host memory
   // (callers then Read). REQUIRES: block < num_blocks().
   virtual const uint8_t* HostBlock(uint32_t block) const { return nullptr; }
-  // The same, writable: where a load from the host tier copies a block's bytes (cache/pool.h).
+  // The same, writable: where a load from the cluster tier copies a block's bytes (cache/pool.h).
   // REQUIRES: the caller holds the block's only reference.
   virtual uint8_t* MutableHostBlock(uint32_t block) { return nullptr; }
+
+  // Whole blocks to or from host memory, in batches: the lower tiers' offloads and loads
+  // (cache/pool.h). A device pool queues every copy of a batch on its stream and synchronizes
+  // once (D2H, H2D), fastest from memory given to RegisterHostMemory; the defaults go through
+  // Read and Write. Errors as Read and Write; a failed batch leaves its destinations unspecified.
+  struct HostCopy {
+    uint32_t block = 0;
+    uint8_t* host = nullptr;  // block_bytes() of host memory
+  };
+  // Copies each block into its host memory. REQUIRES: the blocks are pinned and published.
+  virtual absl::Status CopyToHost(absl::Span<const HostCopy> copies) const;
+  // Copies each host memory into its block, running `while_copying` (e.g. verifying the
+  // sources) once the copies are queued and before waiting for them; the sources must not change
+  // until this returns. REQUIRES: the caller holds the blocks' only references.
+  virtual absl::Status CopyFromHost(absl::Span<const HostCopy> copies,
+                                    absl::FunctionRef<void()> while_copying);
+  // Makes [base, base + size) fast for the copies above (page-locked, cudaHostRegister, for a
+  // device pool; nothing for host memory) until UnregisterHostMemory(base), which must come before
+  // the memory is unmapped. RESOURCE_EXHAUSTED when it cannot be locked.
+  virtual absl::Status RegisterHostMemory(void* base, uint64_t size) { return absl::OkStatus(); }
+  virtual void UnregisterHostMemory(void* base) {}
 
  protected:
   PoolMemory(uint64_t block_bytes, uint32_t num_blocks)

@@ -30,14 +30,16 @@ function(kvcache_test)
   endif()
 endfunction()
 
-# kvcache_gpu_test(NAME <name>_test SRCS ... DEPS ... GPU_FILTER <gtest pattern> [NEEDS_NCCL]):
+# kvcache_gpu_test(NAME <name>_test SRCS ... DEPS ... GPU_FILTER <gtest pattern> [NEEDS_NCCL]
+#                  [LABELS ...]):
 # one binary that mixes unit cases with GPU cases (those GPU_FILTER matches; compiled under
-# #if KVCACHE_WITH_CUDA, or KVCACHE_WITH_NCCL with NEEDS_NCCL, and skipping with "no CUDA device"
-# where there is none), two CTest entries: <name>_test (label unit) runs every case but the GPU
-# ones, in every build; <name>_gpu_test (label gpu) runs only the GPU cases, where they are built.
+# #if KVCACHE_WITH_CUDA, or KVCACHE_WITH_NCCL with NEEDS_NCCL, or asking BuiltWithCuda(), and
+# skipping with "no CUDA device" where there is none), two CTest entries: <name>_test (label unit
+# and LABELS) runs every case but the GPU ones, in every build; <name>_gpu_test (label gpu) runs
+# only the GPU cases, where they are built.
 function(kvcache_gpu_test)
-  cmake_parse_arguments(KV "NEEDS_NCCL" "NAME;GPU_FILTER" "SRCS;DEPS" ${ARGN})
-  kvcache_test(NAME ${KV_NAME} SRCS ${KV_SRCS} DEPS ${KV_DEPS} LABELS unit)
+  cmake_parse_arguments(KV "NEEDS_NCCL" "NAME;GPU_FILTER" "SRCS;DEPS;LABELS" ${ARGN})
+  kvcache_test(NAME ${KV_NAME} SRCS ${KV_SRCS} DEPS ${KV_DEPS} LABELS unit ${KV_LABELS})
   set_property(TEST ${KV_NAME} APPEND PROPERTY ENVIRONMENT "GTEST_FILTER=-${KV_GPU_FILTER}")
   if(KVCACHE_WITH_CUDA AND (KVCACHE_WITH_NCCL OR NOT KV_NEEDS_NCCL))
     string(REGEX REPLACE "_test$" "_gpu_test" gpu_name ${KV_NAME})

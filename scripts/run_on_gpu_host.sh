@@ -3,7 +3,7 @@
 # unpacked (at the build's own path): the GPU tests, then the benchmarks that want a GPU or a
 # bigger machine than CI's. Each part's output also lands in RESULTS_DIR/<part>.log.
 #
-# Usage: [MODES="tests kernels transport data_plane worker"] [RESULTS_DIR=dir] \
+# Usage: [MODES="tests kernels transport data_plane tiers worker"] [RESULTS_DIR=dir] \
 #          [DATA_PLANE_SECONDS=3] scripts/run_on_gpu_host.sh [BUILD_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,12 +30,14 @@ run() {
   timeout 300 "$@" 2>&1 | tee "$results/$part.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 }
-for mode in ${MODES:-tests kernels transport data_plane}; do
+for mode in ${MODES:-tests kernels transport data_plane tiers}; do
   case $mode in
     tests) run gpu_tests ctest -L gpu -j4 --timeout 200 --output-on-failure ;;
     kernels) run kernels_bench bin/kernels_bench ;;
     transport) run transport_bench bin/transport_bench 1 ;;
     data_plane) run data_plane_bench bin/data_plane_bench "${DATA_PLANE_SECONDS:-3}" ;;
+    # Tier 2 loads into a CUDA pool vs cudaMemcpyAsync from the same page-locked memory.
+    tiers) run tier_bench bin/tier_bench 1 device ;;
     worker)
       python3 ../scripts/make_tiny_checkpoint.py wide --hidden 512 --moe_intermediate 512 \
         >/dev/null && run worker_cuda_bench bin/worker_cuda_bench wide 3 ;;

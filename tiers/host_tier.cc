@@ -7,12 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
+#include "common/status_macros.h"
 
 namespace kvcache {
 
 absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(uint64_t capacity_bytes,
                                                            uint64_t block_bytes,
-                                                           RecordChangeListener on_change) {
+                                                           RecordChangeListener on_change,
+                                                           HostMemoryRegistrar registrar) {
   if (block_bytes == 0) return absl::InvalidArgumentError("host tier block_bytes must be > 0");
   const uint64_t slots = capacity_bytes / block_bytes;
   if (slots == 0 || slots >= kNoSlot) {
@@ -27,17 +29,26 @@ absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(uint64_t capacity_byt
     return absl::ResourceExhaustedError(
         absl::StrCat("host tier: cannot map ", mapped, " bytes: ", std::strerror(errno)));
   }
-  return std::unique_ptr<HostTier>(new HostTier(static_cast<uint8_t*>(base), mapped, block_bytes,
-                                                static_cast<uint32_t>(slots),
-                                                std::move(on_change)));
+  if (registrar.register_memory) {
+    const absl::Status registered = registrar.register_memory(base, mapped);
+    if (!registered.ok()) {
+      munmap(base, mapped);
+      return absl::Status(registered.code(), absl::StrCat("host tier: ", registered.message()));
+    }
+  }
+  return std::unique_ptr<HostTier>(
+      new HostTier(static_cast<uint8_t*>(base), mapped, block_bytes, static_cast<uint32_t>(slots),
+                   std::move(on_change),
+                   registrar.register_memory ? std::move(registrar.unregister_memory) : nullptr));
 }
 
 HostTier::HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots,
-                   RecordChangeListener on_change)
+                   RecordChangeListener on_change, std::function<void(void*)> unregister_memory)
     : base_(base),
       mapped_bytes_(mapped_bytes),
       block_bytes_(block_bytes),
       num_slots_(num_slots),
+      unregister_memory_(std::move(unregister_memory)),
       changes_(std::move(on_change)),
       slots_(num_slots) {
   free_slots_.reserve(num_slots);
@@ -46,7 +57,10 @@ HostTier::HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, u
   counters_.capacity_bytes = mapped_bytes;
 }
 
-HostTier::~HostTier() { munmap(base_, mapped_bytes_); }
+HostTier::~HostTier() {
+  if (unregister_memory_) unregister_memory_(base_);
+  munmap(base_, mapped_bytes_);
+}
 
 void HostTier::DropLocked(uint32_t slot) {
   Slot& s = slots_[slot];
@@ -78,68 +92,74 @@ void HostTier::UnpinLocked(uint32_t slot) {
 
 absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity& identity,
                                                       const uint8_t* bytes, bool reused) {
-  absl::StatusOr<StoreResult> result = StoreAndIndex(identity, bytes, reused);
-  changes_.Deliver();
-  return result;
+  absl::StatusOr<PendingStore> pending = BeginStore(identity.hash);
+  if (!pending.ok()) return pending.status();
+  std::memcpy(pending->bytes, bytes, block_bytes_);
+  RETURN_IF_ERROR(FinishStore(*pending, identity, reused, /*filled=*/true));
+  return StoreResult{.evicted = std::move(pending->evicted)};
 }
 
-absl::StatusOr<HostTier::StoreResult> HostTier::StoreAndIndex(const BlockRecordIdentity& identity,
-                                                              const uint8_t* bytes, bool reused) {
-  StoreResult result;
-  uint32_t slot = kNoSlot;
+absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const Hash128& hash) {
+  PendingStore pending;
   std::function<void(const Hash128&)> hook;
   {
     absl::MutexLock lock(&mu_);
-    if (index_.contains(identity.hash)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
+    if (index_.contains(hash)) {
+      return absl::AlreadyExistsError(absl::StrCat("host tier already holds hash ", hash.ToHex()));
     }
-    if (!free_slots_.empty()) {
-      slot = free_slots_.back();
-      free_slots_.pop_back();
-    } else {
-      // The least recently used record that no load is reading; pins are few (one per load in
-      // flight), so this stays O(1) in practice.
+    if (free_slots_.empty()) {
+      // The least recently used record that no load is reading; pins are few (at most a batch per
+      // load in flight), so this stays O(1) in practice.
       uint32_t victim = lru_.front();
       while (victim != kNoSlot && slots_[victim].pins > 0) victim = slots_[victim].lru.next;
       if (victim == kNoSlot) {
         ++counters_.store_rejections;
-        return absl::ResourceExhaustedError("host tier: every slot is being read");
+        return absl::ResourceExhaustedError("host tier: every slot is being read or filled");
       }
-      result.evicted = slots_[victim].identity;
+      pending.evicted = slots_[victim].identity;
       DropLocked(victim);
       ++counters_.evicted;
-      slot = free_slots_.back();
-      free_slots_.pop_back();
     }
-    Slot& s = slots_[slot];
+    pending.slot = free_slots_.back();
+    free_slots_.pop_back();
+    Slot& s = slots_[pending.slot];
     s.state = SlotState::kFilling;
     s.pins = 1;
     hook = store_hook_;
   }
-  if (hook) hook(identity.hash);
-  // The slot is private until indexed: no lock needed for its bytes.
-  std::memcpy(SlotBytes(slot), bytes, block_bytes_);
-  absl::MutexLock lock(&mu_);
-  Slot& s = slots_[slot];
-  s.pins = 0;
-  if (index_.contains(identity.hash)) {
-    // A concurrent store of the same hash won.
-    s.state = SlotState::kFree;
-    free_slots_.push_back(slot);
-    return absl::AlreadyExistsError(
-        absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
+  pending.bytes = SlotBytes(pending.slot);
+  changes_.Deliver();
+  if (hook) hook(hash);
+  return pending;
+}
+
+absl::Status HostTier::FinishStore(const PendingStore& pending, const BlockRecordIdentity& identity,
+                                   bool reused, bool filled) {
+  {
+    // The slot was private until now: its bytes needed no lock.
+    absl::MutexLock lock(&mu_);
+    Slot& s = slots_[pending.slot];
+    s.pins = 0;
+    if (!filled || index_.contains(identity.hash)) {
+      s.state = SlotState::kFree;
+      free_slots_.push_back(pending.slot);
+      // A concurrent store of the same hash won.
+      if (!filled) return absl::OkStatus();
+      return absl::AlreadyExistsError(
+          absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
+    }
+    s.state = SlotState::kStored;
+    s.reused = reused;
+    s.identity = identity;
+    index_.emplace(identity.hash, pending.slot);
+    LruPushBack(pending.slot);
+    changes_.Add(RecordChange::Kind::kStored, identity);
+    ++counters_.stored;
+    ++counters_.records;
+    counters_.bytes_used += block_bytes_;
   }
-  s.state = SlotState::kStored;
-  s.reused = reused;
-  s.identity = identity;
-  index_.emplace(identity.hash, slot);
-  LruPushBack(slot);
-  changes_.Add(RecordChange::Kind::kStored, identity);
-  ++counters_.stored;
-  ++counters_.records;
-  counters_.bytes_used += block_bytes_;
-  return result;
+  changes_.Deliver();
+  return absl::OkStatus();
 }
 
 std::optional<BlockRecordIdentity> HostTier::Find(const Hash128& hash) const {
@@ -163,14 +183,15 @@ bool HostTier::Contains(const Hash128& hash) const {
 }
 
 absl::Status HostTier::Load(const BlockRecordIdentity& expected, uint8_t* out) {
-  absl::Status loaded = CopyOutVerified(expected, out);
-  changes_.Deliver();
-  return loaded;
+  ASSIGN_OR_RETURN(const PinnedRecord pinned, PinForLoad(expected));
+  std::memcpy(out, pinned.bytes, block_bytes_);
+  return FinishLoad(pinned, BlockChecksum(out, block_bytes_) == pinned.checksum
+                                ? LoadVerdict::kVerified
+                                : LoadVerdict::kCorrupt);
 }
 
-absl::Status HostTier::CopyOutVerified(const BlockRecordIdentity& expected, uint8_t* out) {
-  uint32_t slot = kNoSlot;
-  uint64_t checksum = 0;
+absl::StatusOr<HostTier::PinnedRecord> HostTier::PinForLoad(const BlockRecordIdentity& expected) {
+  PinnedRecord pinned;
   std::function<void(const Hash128&)> hook;
   {
     absl::MutexLock lock(&mu_);
@@ -180,8 +201,7 @@ absl::Status HostTier::CopyOutVerified(const BlockRecordIdentity& expected, uint
       return absl::NotFoundError(
           absl::StrCat("host tier holds no record of hash ", expected.hash.ToHex()));
     }
-    slot = it->second;
-    Slot& s = slots_[slot];
+    Slot& s = slots_[it->second];
     const absl::string_view mismatch = RecordMismatch(s.identity, expected);
     if (!mismatch.empty()) {
       ++counters_.misses;
@@ -190,26 +210,37 @@ absl::Status HostTier::CopyOutVerified(const BlockRecordIdentity& expected, uint
                                               " differs in ", mismatch));
     }
     ++s.pins;
-    checksum = s.identity.checksum;
-    LruRemove(slot);
-    LruPushBack(slot);
+    pinned = PinnedRecord{.slot = it->second,
+                          .bytes = SlotBytes(it->second),
+                          .checksum = s.identity.checksum,
+                          .hash = expected.hash};
+    LruRemove(pinned.slot);
+    LruPushBack(pinned.slot);
     hook = load_hook_;
   }
   if (hook) hook(expected.hash);
-  std::memcpy(out, SlotBytes(slot), block_bytes_);
-  const bool verified = BlockChecksum(out, block_bytes_) == checksum;
-  absl::MutexLock lock(&mu_);
-  if (verified) {
-    ++counters_.loaded;
-    slots_[slot].reused = true;
-    UnpinLocked(slot);
-    return absl::OkStatus();
+  return pinned;
+}
+
+absl::Status HostTier::FinishLoad(const PinnedRecord& pinned, LoadVerdict verdict) {
+  {
+    absl::MutexLock lock(&mu_);
+    Slot& s = slots_[pinned.slot];
+    if (verdict != LoadVerdict::kCorrupt) {
+      if (verdict == LoadVerdict::kVerified) {
+        ++counters_.loaded;
+        s.reused = true;
+      }
+      UnpinLocked(pinned.slot);
+      return absl::OkStatus();
+    }
+    ++counters_.misses;
+    ++counters_.verify_failures;
+    if (s.state == SlotState::kStored) DropLocked(pinned.slot);
+    UnpinLocked(pinned.slot);
   }
-  ++counters_.misses;
-  ++counters_.verify_failures;
-  if (slots_[slot].state == SlotState::kStored) DropLocked(slot);
-  UnpinLocked(slot);
-  return absl::DataLossError(absl::StrCat("host tier record of hash ", expected.hash.ToHex(),
+  changes_.Deliver();
+  return absl::DataLossError(absl::StrCat("host tier record of hash ", pinned.hash.ToHex(),
                                           " failed its checksum; dropped"));
 }
 

@@ -64,14 +64,23 @@ struct HostTierCounters {
 // What a probe of the tier found under a hash.
 enum class TierProbe : uint8_t { kAbsent, kMatch, kMismatch };
 
+// Lends the tier's memory to a device pool's copies — page-locks it (PoolMemory::
+// RegisterHostMemory) after it is mapped, and unlocks it before it is unmapped. Empty functions:
+// plain memory.
+struct HostMemoryRegistrar {
+  std::function<absl::Status(void* base, uint64_t size)> register_memory;
+  std::function<void(void* base)> unregister_memory;
+};
+
 class HostTier {
  public:
   // A tier of capacity_bytes / block_bytes slots. INVALID_ARGUMENT when that is not at least one
-  // block; RESOURCE_EXHAUSTED when the memory cannot be mapped. `on_change` (may be empty) hears
-  // of every record stored and removed.
+  // block; RESOURCE_EXHAUSTED when the memory cannot be mapped; `registrar`'s error when it fails.
+  // `on_change` (may be empty) hears of every record stored and removed.
   static absl::StatusOr<std::unique_ptr<HostTier>> Create(uint64_t capacity_bytes,
                                                           uint64_t block_bytes,
-                                                          RecordChangeListener on_change = {});
+                                                          RecordChangeListener on_change = {},
+                                                          HostMemoryRegistrar registrar = {});
   ~HostTier();
 
   HostTier(const HostTier&) = delete;
@@ -90,6 +99,20 @@ class HostTier {
   absl::StatusOr<StoreResult> Store(const BlockRecordIdentity& identity, const uint8_t* bytes,
                                     bool reused = false);
 
+  // Store in two steps, for a caller that fills the slot itself (a device pool's batched D2H copy
+  // into this tier's memory): BeginStore takes a slot for `hash` (evicting as Store does) that
+  // stays private to the caller, and FinishStore publishes it under `identity` — whose checksum
+  // must be that of the bytes the caller put there — or, with `filled` false, frees it. Errors
+  // as Store's, ALREADY_EXISTS from either step (a concurrent store of the hash won).
+  struct PendingStore {
+    uint32_t slot = 0;
+    uint8_t* bytes = nullptr;                    // block_bytes to fill
+    std::optional<BlockRecordIdentity> evicted;  // as StoreResult::evicted
+  };
+  absl::StatusOr<PendingStore> BeginStore(const Hash128& hash);
+  absl::Status FinishStore(const PendingStore& pending, const BlockRecordIdentity& identity,
+                           bool reused, bool filled);
+
   // The identity stored under `hash`, if any. Changes nothing.
   std::optional<BlockRecordIdentity> Find(const Hash128& hash) const;
   // Whether a record under expected.hash matches `expected` (RecordMismatch). Changes nothing:
@@ -102,6 +125,22 @@ class HostTier {
   // DATA_LOSS when the copy's checksum differs (the record is dropped). Every failure counts a
   // miss; `out` then holds no bytes to use. On success the record becomes most recently used.
   absl::Status Load(const BlockRecordIdentity& expected, uint8_t* out);
+
+  // Load in two steps, for a caller that copies the bytes itself (a device pool's batched H2D
+  // copy): PinForLoad pins the record matching `expected` (NOT_FOUND as Load's, counted), whose
+  // bytes stay as they are until FinishLoad. FinishLoad takes the caller's verdict — whether the
+  // checksum of what it copied (or of `bytes`, which cannot change while pinned) equals
+  // `checksum`: kVerified counts a load; kCorrupt is DATA_LOSS, a counted miss, and drops the
+  // record; kNotCopied (the copy itself failed) only unpins.
+  struct PinnedRecord {
+    uint32_t slot = 0;
+    const uint8_t* bytes = nullptr;
+    uint64_t checksum = 0;
+    Hash128 hash;
+  };
+  absl::StatusOr<PinnedRecord> PinForLoad(const BlockRecordIdentity& expected);
+  enum class LoadVerdict : uint8_t { kVerified, kCorrupt, kNotCopied };
+  absl::Status FinishLoad(const PinnedRecord& pinned, LoadVerdict verdict);
 
   // A record being copied to the tier below; `bytes` stay valid until FinishDemotion.
   struct Demotion {
@@ -132,10 +171,10 @@ class HostTier {
   const uint8_t* RecordBytesForTesting(const Hash128& hash) const;
   // TEST ONLY: flips one byte of the record stored under `hash`; false when there is none.
   bool CorruptForTesting(const Hash128& hash, uint64_t offset);
-  // TEST ONLY: called at the start of every Load's copy (outside the mutex), e.g. to advance a
-  // fake clock as a slow copy would.
+  // TEST ONLY: called once a load has pinned its record, before the copy (outside the mutex), e.g.
+  // to advance a fake clock as a slow copy would.
   void SetLoadHookForTesting(std::function<void(const Hash128&)> hook);
-  // TEST ONLY: called at the start of every Store's copy (outside the mutex).
+  // TEST ONLY: called once a store has its slot, before the copy (outside the mutex).
   void SetStoreHookForTesting(std::function<void(const Hash128&)> hook);
 
  private:
@@ -152,11 +191,7 @@ class HostTier {
   };
 
   HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots,
-           RecordChangeListener on_change);
-  // Store and Load without delivering the changes they make (their callers do, unlocked).
-  absl::StatusOr<StoreResult> StoreAndIndex(const BlockRecordIdentity& identity,
-                                            const uint8_t* bytes, bool reused);
-  absl::Status CopyOutVerified(const BlockRecordIdentity& expected, uint8_t* out);
+           RecordChangeListener on_change, std::function<void(void*)> unregister_memory);
   uint8_t* SlotBytes(uint32_t slot) const { return base_ + uint64_t{slot} * block_bytes_; }
 
   auto LruLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -179,7 +214,8 @@ class HostTier {
   const uint64_t mapped_bytes_;
   const uint64_t block_bytes_;
   const uint32_t num_slots_;
-  RecordChanges changes_;  // added to under mu_, delivered without it
+  const std::function<void(void*)> unregister_memory_;  // empty: nothing to undo
+  RecordChanges changes_;                               // added to under mu_, delivered without it
 
   mutable absl::Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,12 @@
 // walk there — bytes identical, corrupt records recomputed, max_load_ms bounding the load, a
 // full tier evicting its own oldest. The mover runs synchronously (testing_manual_offload) except
 // in the one test of its thread. Every test ends with the pool's invariants checked.
+//
+// Every test runs on three pool memories: host memory ("host"); host bytes behind the device
+// interface ("staged": no host pointers, so every copy to and from the tiers goes through
+// PoolMemory's batched CopyToHost/CopyFromHost, the CPU reference of the device path); and, in a
+// CUDA build on a machine with a device, a CUDA pool whose tier 2 is page-locked ("cuda": D2H
+// offloads, H2D loads; label gpu, pool_tier_gpu_test).
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -17,8 +23,10 @@
 #include <tuple>
 #include <vector>
 
+#include "cache/cuda_pool_memory.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
+#include "common/cuda/cuda_device.h"
 #include "tests/testing/event_index.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injection_pool_memory.h"
@@ -44,8 +52,27 @@ PoolOptions TierPoolOptions(uint32_t num_blocks, uint32_t tier_blocks) {
   return options;
 }
 
-class PoolTierTest : public ::testing::Test {
+enum class MemoryKind { kHost, kStaged, kCuda };
+
+// The pool memory of `kind`: see the file comment.
+absl::StatusOr<std::unique_ptr<PoolMemory>> CreateMemory(MemoryKind kind, uint64_t block_bytes,
+                                                         uint32_t num_blocks) {
+  if (kind == MemoryKind::kCuda) return CreateCudaPoolMemory(0, block_bytes, num_blocks);
+  auto host = HostPoolMemory::Create(block_bytes, num_blocks);
+  if (!host.ok()) return host.status();
+  if (kind == MemoryKind::kHost) return std::unique_ptr<PoolMemory>(*std::move(host));
+  return std::unique_ptr<PoolMemory>(
+      std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(host)));
+}
+
+class PoolTierTest : public ::testing::TestWithParam<MemoryKind> {
  protected:
+  void SetUp() override {
+    if (GetParam() == MemoryKind::kCuda && !CudaDeviceAvailable()) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+  }
+
   void MakePool(uint32_t num_blocks, uint32_t tier_blocks, bool manual = true,
                 uint32_t offload_window = 0, uint64_t disk_bytes = 0) {
     PoolOptions options = TierPoolOptions(num_blocks, tier_blocks);
@@ -62,8 +89,9 @@ class PoolTierTest : public ::testing::Test {
       options.disk_admission = disk_admission_;
     }
     block_bytes_ = options.layout.BlockBytes();
-    auto memory = HostPoolMemory::Create(block_bytes_, num_blocks);
+    auto memory = CreateMemory(GetParam(), block_bytes_, num_blocks);
     ASSERT_OK(memory);
+    memory_ = memory->get();
     // Each pool a new daemon: a new event log.
     pool_.reset();
     events_ = std::make_unique<KvEventLog>();
@@ -200,9 +228,27 @@ class PoolTierTest : public ::testing::Test {
   std::function<int()> disk_write_errno_;
   std::unique_ptr<KvEventLog> events_;
   std::unique_ptr<Pool> pool_;
+  PoolMemory* memory_ = nullptr;  // pool_'s
 };
 
-TEST_F(PoolTierTest, EvictedPrefixComesBackFromTier2WithIdenticalBytes) {
+std::string MemoryName(const ::testing::TestParamInfo<MemoryKind>& info) {
+  switch (info.param) {
+    case MemoryKind::kHost:
+      return "host";
+    case MemoryKind::kStaged:
+      return "staged";
+    case MemoryKind::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+INSTANTIATE_TEST_SUITE_P(Memories, PoolTierTest,
+                         ::testing::Values(MemoryKind::kHost, MemoryKind::kStaged,
+                                           MemoryKind::kCuda),
+                         MemoryName);
+
+TEST_P(PoolTierTest, EvictedPrefixComesBackFromTier2WithIdenticalBytes) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);  // four full blocks and a partial one
   Compute(a);
@@ -241,7 +287,7 @@ TEST_F(PoolTierTest, EvictedPrefixComesBackFromTier2WithIdenticalBytes) {
   EXPECT_EQ(lookup->num_host_tier_tokens, 0u);
 }
 
-TEST_F(PoolTierTest, WalkContinuesInTier2AfterTier1Hits) {
+TEST_P(PoolTierTest, WalkContinuesInTier2AfterTier1Hits) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
   Compute(a);
@@ -255,7 +301,7 @@ TEST_F(PoolTierTest, WalkContinuesInTier2AfterTier1Hits) {
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
 }
 
-TEST_F(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
+TEST_P(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
   ComputeOffloadEvict(a);
@@ -268,8 +314,11 @@ TEST_F(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
   const PoolTierStats stats = TierStats();
   EXPECT_EQ(stats.load_failures, 1u);
   EXPECT_EQ(stats.tier.verify_failures, 1u);
+  EXPECT_EQ(stats.tier.misses, 1u);
   EXPECT_EQ(stats.hit_blocks, 1u);
+  EXPECT_EQ(stats.tier.loaded, 1u);  // blocks 2 and 3, copied in the same batch, are not used
   EXPECT_FALSE(pool_->host_tier()->Contains(Chain(a)[1]));  // dropped, never served
+  EXPECT_TRUE(pool_->host_tier()->Contains(Chain(a)[2]));
   // The rest is computed and committed as usual.
   for (size_t i = 1; i < 4; ++i) {
     ASSERT_OK(pool_->WriteBlock(opened->block_ids[i], 0, BlockBytes(a, i)));
@@ -277,7 +326,7 @@ TEST_F(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
   ASSERT_OK(pool_->Commit(session_, opened->sequence_id, a.size()));
 }
 
-TEST_F(PoolTierTest, MaxLoadMsLeavesTheRestToCompute) {
+TEST_P(PoolTierTest, MaxLoadMsLeavesTheRestToCompute) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
   ComputeOffloadEvict(a);
@@ -300,7 +349,7 @@ TEST_F(PoolTierTest, MaxLoadMsLeavesTheRestToCompute) {
   EXPECT_EQ(lookup->num_host_tier_tokens, 4u);
 }
 
-TEST_F(PoolTierTest, ReadsAndPutsCountTier2BlocksAsCached) {
+TEST_P(PoolTierTest, ReadsAndPutsCountTier2BlocksAsCached) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 16);
   ComputeOffloadEvict(a);
@@ -316,7 +365,7 @@ TEST_F(PoolTierTest, ReadsAndPutsCountTier2BlocksAsCached) {
   EXPECT_EQ(put->block_ids.size(), 5u);
 }
 
-TEST_F(PoolTierTest, ReadOfAPrefixOnlyInTier2FailsNothingWhenTier1IsFull) {
+TEST_P(PoolTierTest, ReadOfAPrefixOnlyInTier2FailsNothingWhenTier1IsFull) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 16);
   Compute(a);
@@ -329,7 +378,7 @@ TEST_F(PoolTierTest, ReadOfAPrefixOnlyInTier2FailsNothingWhenTier1IsFull) {
   EXPECT_TRUE(read->block_ids.empty());
 }
 
-TEST_F(PoolTierTest, SessionEndingDuringTheLoadLeavesNothingBehind) {
+TEST_P(PoolTierTest, SessionEndingDuringTheLoadLeavesNothingBehind) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
   ComputeOffloadEvict(a);
@@ -342,7 +391,7 @@ TEST_F(PoolTierTest, SessionEndingDuringTheLoadLeavesNothingBehind) {
   EXPECT_EQ(pool_->Stats().open_sequences, 0u);
 }
 
-TEST_F(PoolTierTest, OnlyBlocksNearEvictionGoDown) {
+TEST_P(PoolTierTest, OnlyBlocksNearEvictionGoDown) {
   MakePool(64, 64);  // default offload window: max(8, 64 / 8) = 8
   ASSERT_EQ(pool_->offload_window(), 8u);
   Compute(Tokens(1000, 40 * kBlockSize));  // 24 free: eviction is far, nothing goes down
@@ -353,7 +402,7 @@ TEST_F(PoolTierTest, OnlyBlocksNearEvictionGoDown) {
   EXPECT_EQ(TierStats().tier.records, 8u);
 }
 
-TEST_F(PoolTierTest, MoverKeepsTheWindowCoveredAsEvictionsConsumeIt) {
+TEST_P(PoolTierTest, MoverKeepsTheWindowCoveredAsEvictionsConsumeIt) {
   // A window of 20 takes three batches of at most 8; the scan resumes where it stopped.
   MakePool(64, 64, /*manual=*/true, /*offload_window=*/20);
   Compute(Tokens(1000, 60 * kBlockSize));  // 60 evictable, 4 free
@@ -370,7 +419,7 @@ TEST_F(PoolTierTest, MoverKeepsTheWindowCoveredAsEvictionsConsumeIt) {
   EXPECT_EQ(TierStats().tier.records, 26u);
 }
 
-TEST_F(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
+TEST_P(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
   MakePool(8, 2);
   const std::vector<uint32_t> a = Tokens(100, 16);
   Compute(a);
@@ -389,7 +438,7 @@ TEST_F(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
 // Tier 2's records are announced with its own medium, apart from tier 1's: stored with the
 // tenant and parent their blocks had above, removed when tier 2 evicts them, and still announced
 // (in a snapshot too) after tier 1 evicted the blocks.
-TEST_F(PoolTierTest, Tier2StoresAndEvictionsAreEventsWithItsMedium) {
+TEST_P(PoolTierTest, Tier2StoresAndEvictionsAreEventsWithItsMedium) {
   MakePool(8, 2);
   const std::vector<uint32_t> a = Tokens(100, 16);
   const std::vector<Hash128> chain = Chain(a);
@@ -416,7 +465,7 @@ TEST_F(PoolTierTest, Tier2StoresAndEvictionsAreEventsWithItsMedium) {
                                                std::pair(std::string("CPU_PINNED"), chain[1])));
 }
 
-TEST_F(PoolTierTest, MoverThreadOffloadsAheadOfEviction) {
+TEST_P(PoolTierTest, MoverThreadOffloadsAheadOfEviction) {
   MakePool(8, 16, /*manual=*/false);
   const std::vector<uint32_t> a = Tokens(100, 16);
   Compute(a);
@@ -433,7 +482,7 @@ TEST_F(PoolTierTest, MoverThreadOffloadsAheadOfEviction) {
 // RESOURCE_EXHAUSTED ("0 free and 0 evictable") as if they were referenced. It now waits for the
 // batch. The mover here is OffloadForTesting on a thread, held inside its first store until the
 // open is waiting.
-TEST_F(PoolTierTest, OpenNeedingTheMoversBatchWaitsForIt) {
+TEST_P(PoolTierTest, OpenNeedingTheMoversBatchWaitsForIt) {
   MakePool(8, 16);
   Compute(Tokens(500, 32));  // 8 evictable, none free
   std::atomic<bool> storing{false}, release{false};
@@ -457,7 +506,7 @@ TEST_F(PoolTierTest, OpenNeedingTheMoversBatchWaitsForIt) {
   EXPECT_EQ(TierStats().request_waits, 1u);
 }
 
-TEST_F(PoolTierTest, TierFiguresArePoolWideInEveryTenantsView) {
+TEST_P(PoolTierTest, TierFiguresArePoolWideInEveryTenantsView) {
   MakePool(8, 16);
   Compute(Tokens(100, 16));
   EXPECT_EQ(pool_->OffloadForTesting(), 4u);
@@ -469,19 +518,52 @@ TEST_F(PoolTierTest, TierFiguresArePoolWideInEveryTenantsView) {
   }
 }
 
-TEST_F(PoolTierTest, HostTierNeedsAHostPool) {
+TEST(PoolTierSpecTest, HostTierOfLessThanOneBlockIsRefused) {
   PoolOptions options = TierPoolOptions(8, 4);
-  auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
-  ASSERT_OK(base);
-  auto memory = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
-  EXPECT_THAT(
-      Pool::Create(options, 0, std::move(memory)).status(),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host_tier needs a host pool")));
   options.host_tier_bytes = options.layout.BlockBytes() - 1;
   auto host = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
   ASSERT_OK(host);
   EXPECT_THAT(Pool::Create(options, 0, *std::move(host)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool 'tiered': host_tier=")));
+}
+
+// A device fault in the middle of a copy from tier 2 (a sticky CUDA error, here injected into
+// the staged memory's writes) latches: the open that hit it fails like every call after it, and
+// hands out nothing.
+TEST(PoolTierFaultTest, DeviceFaultWhileLoadingFromTier2FailsTheOpen) {
+  PoolOptions options = TierPoolOptions(8, 16);
+  auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
+  ASSERT_OK(base);
+  auto owned = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
+  testing::FaultInjectionPoolMemory* memory = owned.get();
+  auto pool = Pool::Create(options, 0, std::move(owned));
+  ASSERT_OK(pool);
+  const Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  const auto compute = [&](const std::vector<uint32_t>& tokens) {
+    auto opened = (*pool)->Open(session, SequenceSpec{.tokens = tokens}, OpenMode::kCompute);
+    ASSERT_OK(opened);
+    const std::string bytes(options.layout.BlockBytes(), 'k');
+    for (size_t i = 0; i < tokens.size() / kBlockSize; ++i) {
+      ASSERT_OK((*pool)->WriteBlock(opened->block_ids[i], 0, bytes));
+    }
+    ASSERT_OK((*pool)->Commit(session, opened->sequence_id, tokens.size()));
+    ASSERT_OK((*pool)->Release(session, opened->sequence_id));
+  };
+  const std::vector<uint32_t> a = Tokens(100, 16);
+  compute(a);
+  EXPECT_EQ((*pool)->OffloadForTesting(), 4u);
+  compute(Tokens(500, 32));  // A's four leave tier 1
+  memory->FailNth(testing::FaultInjectionPoolMemory::Op::kWrite, 2,
+                  testing::FaultInjectionPoolMemory::StickyCudaError());
+  EXPECT_THAT((*pool)->Open(session, SequenceSpec{.tokens = a}, OpenMode::kCompute),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("illegal memory access")));
+  EXPECT_TRUE(memory->tripped());
+  EXPECT_THAT((*pool)->Lookup("tenant-a", SequenceSpec{.tokens = a}).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  const PoolStatsSnapshot stats = (*pool)->Stats();
+  EXPECT_EQ(stats.referenced, 0u);               // the failed open holds nothing
+  EXPECT_EQ(stats.host_tier->tier.records, 4u);  // and A's records stay, no verdict on them
+  EXPECT_OK((*pool)->CheckInvariants());
 }
 
 }  // namespace
@@ -491,7 +573,7 @@ namespace kvcache {
 namespace {
 
 // Tier 3: tier 2's oldest records are passed down to the disk tier, and the walk continues there.
-TEST_F(PoolTierTest, EvictedPrefixComesBackFromDiskWithIdenticalBytes) {
+TEST_P(PoolTierTest, EvictedPrefixComesBackFromDiskWithIdenticalBytes) {
   MakeDiskPool();
   ASSERT_EQ(pool_->demotion_window(), 8u);
   const std::vector<uint32_t> a = Tokens(100, 17);
@@ -519,7 +601,7 @@ TEST_F(PoolTierTest, EvictedPrefixComesBackFromDiskWithIdenticalBytes) {
   EXPECT_EQ(pool_->Stats().hit_tokens, 16u);
 }
 
-TEST_F(PoolTierTest, DiskRecordsOutliveThePool) {
+TEST_P(PoolTierTest, DiskRecordsOutliveThePool) {
   MakeDiskPool();
   const std::vector<uint32_t> a = Tokens(100, 17);
   ComputeIntoDiskOnly(a);
@@ -537,7 +619,7 @@ TEST_F(PoolTierTest, DiskRecordsOutliveThePool) {
 // Disk records are announced DISK once durable, removed when dropped, and after a restart the
 // new daemon's log holds what the disk restored: each prompt a chain from its first block (no
 // tenant: a record has none), parents first.
-TEST_F(PoolTierTest, DiskRecordsAreEventsWhenDurableAndAfterARestart) {
+TEST_P(PoolTierTest, DiskRecordsAreEventsWhenDurableAndAfterARestart) {
   MakeDiskPool();
   const std::vector<uint32_t> a = Tokens(100, 17);
   const std::vector<Hash128> chain = Chain(a);
@@ -578,7 +660,7 @@ TEST_F(PoolTierTest, DiskRecordsAreEventsWhenDurableAndAfterARestart) {
   EXPECT_THAT(EventsIn(kKvMediumDisk).removed, ::testing::ElementsAre(chain[1]));
 }
 
-TEST_F(PoolTierTest, CorruptDiskRecordIsDetectedAndRecomputed) {
+TEST_P(PoolTierTest, CorruptDiskRecordIsDetectedAndRecomputed) {
   MakeDiskPool();
   const std::vector<uint32_t> a = Tokens(100, 17);
   ComputeIntoDiskOnly(a);
@@ -597,7 +679,7 @@ TEST_F(PoolTierTest, CorruptDiskRecordIsDetectedAndRecomputed) {
 
 // A prefix split over the tiers: A0 and A1 in tier 2 (A2 and A3, stored first, were evicted from
 // it) and all four on disk. The walk takes each block from the highest tier holding it.
-TEST_F(PoolTierTest, PrefixSplitBetweenTier2AndDiskLoadsFromBoth) {
+TEST_P(PoolTierTest, PrefixSplitBetweenTier2AndDiskLoadsFromBoth) {
   MakeDiskPool();
   const std::vector<uint32_t> a = Tokens(100, 17);
   Compute(a);
@@ -630,7 +712,7 @@ TEST_F(PoolTierTest, PrefixSplitBetweenTier2AndDiskLoadsFromBoth) {
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i));
 }
 
-TEST_F(PoolTierTest, MaxLoadMsEndsADiskLoadBetweenBatches) {
+TEST_P(PoolTierTest, MaxLoadMsEndsADiskLoadBetweenBatches) {
   disk_read_depth_ = 1;  // a batch per block
   disk_before_read_ = [this] { clock_.Advance(absl::Milliseconds(10)); };
   MakeDiskPool();
@@ -652,7 +734,7 @@ TEST_F(PoolTierTest, MaxLoadMsEndsADiskLoadBetweenBatches) {
 }
 
 // A disk that fails its writes (ENOSPC here) stops taking records; tier 2 and requests go on.
-TEST_F(PoolTierTest, FullDiskStopsPassingDownAndRequestsGoOn) {
+TEST_P(PoolTierTest, FullDiskStopsPassingDownAndRequestsGoOn) {
   disk_write_errno_ = [] { return ENOSPC; };
   MakeDiskPool();
   const std::vector<uint32_t> a = Tokens(100, 17);
@@ -677,7 +759,7 @@ TEST_F(PoolTierTest, FullDiskStopsPassingDownAndRequestsGoOn) {
 
 // disk_admission=reused: a block never hit stays off the disk; once hit (here in tier 1, after
 // its record went to tier 2) its record is passed down.
-TEST_F(PoolTierTest, ReusedAdmissionPassesDownOnlyBlocksHitAtLeastOnce) {
+TEST_P(PoolTierTest, ReusedAdmissionPassesDownOnlyBlocksHitAtLeastOnce) {
   disk_admission_ = DiskAdmission::kReused;
   MakeDiskPool();
   const std::vector<uint32_t> a = Tokens(100, 17);

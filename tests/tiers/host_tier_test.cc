@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/block_checksum.h"
@@ -201,6 +202,108 @@ TEST_F(HostTierTest, PinnedRecordIsNotEvictedAndAFullyPinnedTierRefusesStores) {
   tier_->SetLoadHookForTesting(nullptr);
   StoreBlock(2);  // unpinned now: 1 is evicted
   EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));
+}
+
+// The two-step store a device pool uses (its D2H copy fills the slot): the slot is private until
+// published, an unfilled one goes back, and a store that lost a race to the same hash is refused.
+TEST_F(HostTierTest, TwoStepStorePublishesOnlyWhatWasFilled) {
+  MakeTier(2);
+  auto pending = tier_->BeginStore(Identity(1, Bytes(1)).hash);
+  ASSERT_OK(pending);
+  EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));  // private until finished
+  const std::vector<uint8_t> bytes = Bytes(1);
+  std::copy(bytes.begin(), bytes.end(), pending->bytes);
+  // Meanwhile a plain store of the same hash wins.
+  StoreBlock(1);
+  EXPECT_THAT(tier_->FinishStore(*pending, Identity(1, Bytes(1)), false, true),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(tier_->BeginStore(Identity(1, Bytes(1)).hash).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  // An unfilled slot (its copy failed) is freed, and nothing is published.
+  pending = tier_->BeginStore(Identity(2, Bytes(2)).hash);
+  ASSERT_OK(pending);
+  EXPECT_OK(tier_->FinishStore(*pending, Identity(2, Bytes(2)), false, false));
+  EXPECT_FALSE(tier_->Contains(Identity(2, Bytes(2)).hash));
+  // A full tier evicts its oldest for the new slot and says which record left.
+  StoreBlock(3);
+  pending = tier_->BeginStore(Identity(4, Bytes(4)).hash);
+  ASSERT_OK(pending);
+  ASSERT_TRUE(pending->evicted.has_value());
+  EXPECT_EQ(pending->evicted->hash, Identity(1, Bytes(1)).hash);
+  const std::vector<uint8_t> fourth = Bytes(4);
+  std::copy(fourth.begin(), fourth.end(), pending->bytes);
+  ASSERT_OK(tier_->FinishStore(*pending, Identity(4, Bytes(4)), true, true));
+  std::vector<uint8_t> out(kBlockBytes);
+  ASSERT_OK(tier_->Load(Identity(4, Bytes(4)), out.data()));
+  EXPECT_EQ(out, fourth);
+  EXPECT_EQ(tier_->counters().stored, 3u);
+  EXPECT_EQ(tier_->counters().records, 2u);
+}
+
+// The two-step load a device pool uses (its H2D copy reads the pinned slot): the caller's verdict
+// counts a load, drops a corrupt record, or — the copy itself failed — only unpins.
+TEST_F(HostTierTest, TwoStepLoadTakesTheCallersVerdict) {
+  MakeTier(1);
+  StoreBlock(1);
+  auto pinned = tier_->PinForLoad(Identity(1, Bytes(1)));
+  ASSERT_OK(pinned);
+  EXPECT_EQ(std::vector<uint8_t>(pinned->bytes, pinned->bytes + kBlockBytes), Bytes(1));
+  EXPECT_EQ(pinned->checksum, Identity(1, Bytes(1)).checksum);
+  // Pinned: a store into the one-slot tier cannot evict it.
+  const std::vector<uint8_t> second = Bytes(2);
+  EXPECT_THAT(tier_->Store(Identity(2, second), second.data()),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_OK(tier_->FinishLoad(*pinned, HostTier::LoadVerdict::kNotCopied));
+  EXPECT_EQ(tier_->counters().loaded, 0u);
+  EXPECT_EQ(tier_->counters().misses, 0u);
+
+  pinned = tier_->PinForLoad(Identity(1, Bytes(1)));
+  ASSERT_OK(pinned);
+  EXPECT_OK(tier_->FinishLoad(*pinned, HostTier::LoadVerdict::kVerified));
+  EXPECT_EQ(tier_->counters().loaded, 1u);
+
+  pinned = tier_->PinForLoad(Identity(1, Bytes(1)));
+  ASSERT_OK(pinned);
+  EXPECT_THAT(tier_->FinishLoad(*pinned, HostTier::LoadVerdict::kCorrupt),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("failed its checksum")));
+  EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));
+  EXPECT_EQ(tier_->counters().verify_failures, 1u);
+  EXPECT_THAT(tier_->PinForLoad(Identity(1, Bytes(1))).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+// A device pool page-locks the tier's memory for its copies, and unlocks it before unmapping.
+TEST(HostTierRegistrarTest, MemoryIsRegisteredOnceAndUnregisteredAtTheEnd) {
+  void* registered = nullptr;
+  uint64_t registered_size = 0;
+  void* unregistered = nullptr;
+  {
+    auto tier = HostTier::Create(
+        4 * kBlockBytes, kBlockBytes, {},
+        HostMemoryRegistrar{.register_memory =
+                                [&](void* base, uint64_t size) {
+                                  registered = base;
+                                  registered_size = size;
+                                  return absl::OkStatus();
+                                },
+                            .unregister_memory = [&](void* base) { unregistered = base; }});
+    ASSERT_OK(tier);
+    EXPECT_NE(registered, nullptr);
+    EXPECT_EQ(registered_size, 4 * kBlockBytes);
+    EXPECT_EQ(unregistered, nullptr);
+  }
+  EXPECT_EQ(unregistered, registered);
+  // A refusal (no page-locked memory left) is the tier's error, naming it.
+  EXPECT_THAT(HostTier::Create(4 * kBlockBytes, kBlockBytes, {},
+                               HostMemoryRegistrar{.register_memory =
+                                                       [](void*, uint64_t) {
+                                                         return absl::ResourceExhaustedError(
+                                                             "page-locking: out of memory");
+                                                       },
+                                                   .unregister_memory = [](void*) { FAIL(); }})
+                  .status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("host tier: page-locking: out of memory")));
 }
 
 }  // namespace
