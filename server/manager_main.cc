@@ -31,8 +31,9 @@ ABSL_FLAG(std::string, tcp_listen, "",
 ABSL_FLAG(std::vector<std::string>, pool, {},
           "comma-separated pools, each NAME[:model=ID][:layers=N][:kv_heads=N][:head_dim=N]"
           "[:block_size=N][:dtype=fp16|bf16|fp32|fp8][:blocks=N|:bytes=SIZE][:hash=xxh3_128|sha256]"
-          "[:host_tier=SIZE[:disk_tier=PATH:SIZE]] (host_tier: host memory below a host pool "
-          "for its evicted blocks; disk_tier: a file on local disk below that, kept across "
+          "[:host_tier=SIZE[:disk_tier=PATH:SIZE]] (host_tier: host memory below the pool for its "
+          "evicted blocks, page-locked under a --device pool; disk_tier: a file on local disk "
+          "below that, kept across "
           "restarts); "
           "default: one pool 'default' of 1024 blocks");
 ABSL_FLAG(std::string, health_listen, "",
@@ -260,9 +261,10 @@ int Run() {
                 std::string(HashAlgorithmName(pool_options.hash_algorithm)).c_str(),
                 pool->memory().kind().c_str());
     if (pool_options.host_tier_bytes != 0) {
-      std::printf("    host tier: %u blocks (%llu bytes), offload window %u blocks\n",
+      std::printf("    host tier: %u blocks (%llu bytes%s), offload window %u blocks\n",
                   pool->host_tier()->num_slots(),
                   static_cast<unsigned long long>(pool_options.host_tier_bytes),
+                  pool->memory().HostBlock(0) == nullptr ? ", page-locked" : "",
                   pool->offload_window());
     }
     if (DiskTier* disk = pool->disk_tier()) {

@@ -110,6 +110,14 @@ void DaemonProcessTest::StopDaemon() {
   daemon_.reset();
 }
 
+void DaemonProcessTest::KillAndRestartDaemon() {
+  observer_.reset();
+  ASSERT_OK(daemon_->Signal(SIGKILL));
+  ASSERT_OK(daemon_->Wait(kStartBound));
+  daemon_.reset();
+  StartDaemon();
+}
+
 absl::StatusOr<Subprocess> DaemonProcessTest::StartClient(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {bin_dir_ + "/kvcache-test-client", target_};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -144,6 +152,14 @@ KvCacheClient::PoolStats DaemonProcessTest::PoolStats() {
   EXPECT_OK(stats);
   if (!stats.ok() || stats->pools.empty()) return {};
   return stats->pools[0];
+}
+
+KvCacheClient::TierStats DaemonProcessTest::PoolTier(absl::string_view name) {
+  for (const KvCacheClient::TierStats& tier : PoolStats().tiers) {
+    if (tier.tier == name) return tier;
+  }
+  ADD_FAILURE() << "no tier " << name << " in pool " << pool_name_;
+  return {};
 }
 
 uint32_t DaemonProcessTest::OpenSessions() {

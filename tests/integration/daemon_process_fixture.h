@@ -65,6 +65,8 @@ class DaemonProcessTest : public ::testing::Test {
   void StartDaemon();
   // SIGTERM, then the daemon must exit 0 within the bound.
   void StopDaemon();
+  // SIGKILL (a crash: nothing flushed, no goodbye), then the same command line again.
+  void KillAndRestartDaemon();
 
   absl::StatusOr<Subprocess> StartClient(const std::vector<std::string>& args);
   // Reads the client's result line; ClientResult{} (and a test failure) if there is none.
@@ -73,6 +75,8 @@ class DaemonProcessTest : public ::testing::Test {
   ClientResult RunClient(const std::vector<std::string>& args);
 
   KvCacheClient::PoolStats PoolStats();
+  // The pool's tier `name` ("host", "disk", "cluster"); a test failure if it has none.
+  KvCacheClient::TierStats PoolTier(absl::string_view name);
   uint32_t OpenSessions();
   // Polls until the daemon holds no session and no referenced block; false past the bound.
   bool AwaitAllReleased();

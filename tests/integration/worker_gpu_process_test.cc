@@ -25,7 +25,9 @@
 #include "common/cuda/cuda_device.h"
 #include "model/cuda/qwen3_moe_cuda.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_files.h"
 #include "worker/generation.h"
 
 namespace kvcache::testing {
@@ -197,6 +199,55 @@ TEST_F(WorkerGpuProcessTest, MultiTurnConversationOnTheGpuHitsItsOwnAnswers) {
 }
 
 #if KVCACHE_WITH_NCCL
+
+// Issue 18 on the GPU: a CUDA pool of 24 blocks (6 KiB each) with a page-locked tier 2 of 8
+// blocks and a disk tier below it. A prompt's blocks go down by D2H copies and come back by H2D
+// copies (from tier 2 or, through it, from disk), and after kill -9 and a restart from disk
+// alone; each time the worker's tokens and logits equal a cold GPU run.
+class WorkerGpuTierProcessTest : public WorkerGpuProcessTest {
+ protected:
+  WorkerGpuTierProcessTest() {
+    pool_flag_ =
+        "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=16:dtype=bf16:blocks=24:"
+        "host_tier=48KiB:disk_tier=" +
+        disk_dir_.path() + "/qwen.tier:4MiB";
+  }
+
+  worker::testing::ScopedTempDir disk_dir_;
+};
+
+TEST_F(WorkerGpuTierProcessTest, PrefixFromTier2AndFromDiskAfterKill9IsIdenticalToAColdGpuRun) {
+  // 98 tokens: its 6 full blocks published and evictable (worker_process_test says why).
+  const std::vector<uint32_t> prompt = Prompt(20, 98);
+  ExpectGpuRunMatchesCold(RunWorker(prompt, {"--check_cold"}), prompt);
+  // 11 blocks: the mover copies the 8 oldest evictable (the prompt's 6 first) down to tier 2,
+  // which passes them on to disk; 13 more evict the prompt from the device.
+  const std::vector<uint32_t> first_filler = Prompt(21, 16 * 10 + 5);
+  RunWorker(first_filler);
+  ASSERT_TRUE(PollUntil([&] { return PoolTier("disk").stored_blocks >= 8; }));
+  const std::vector<uint32_t> second_filler = Prompt(22, 16 * 12 + 5);
+  RunWorker(second_filler);
+  absl::StatusOr<KvCacheClient::LookupResult> lookup = observer_->Lookup("qwen", "", prompt);
+  ASSERT_OK(lookup);
+  EXPECT_EQ(lookup->cached_tokens_by_tier.pool, 0u);
+  EXPECT_EQ(lookup->cached_tokens_by_tier.host + lookup->cached_tokens_by_tier.disk, 96u);
+
+  const WorkerRun loaded = RunWorker(prompt, {"--check_cold"});
+  EXPECT_EQ(loaded.result.num_cached_tokens, 96u);
+  EXPECT_EQ(loaded.result.Number("cached_host") + loaded.result.Number("cached_disk"), 96);
+  ExpectGpuRunMatchesCold(loaded, prompt);
+  EXPECT_EQ(PoolTier("host").verify_failures, 0u);
+  EXPECT_EQ(PoolTier("disk").verify_failures, 0u);
+
+  KillAndRestartDaemon();
+  EXPECT_GE(PoolTier("disk").restored_records, 6u);
+  const WorkerRun restored = RunWorker(prompt, {"--check_cold"});
+  EXPECT_EQ(restored.result.num_cached_tokens, 96u);
+  EXPECT_EQ(restored.result.Number("cached_disk"), 96);
+  ExpectGpuRunMatchesCold(restored, prompt);
+  EXPECT_EQ(PoolTier("disk").hit_blocks, 6u);
+  EXPECT_TRUE(AwaitAllReleased());
+}
 
 // Disaggregated prefill/decode on one GPU: daemon A (this fixture's) and daemon B, both with
 // --device cuda:0; the prefill worker on A ships over a single-rank NCCL channel into B's pool.

@@ -219,23 +219,6 @@ class WorkerDiskTierProcessTest : public WorkerProcessTest {
 
   std::string DiskPath() const { return disk_dir_.path() + "/qwen.tier"; }
 
-  KvCacheClient::TierStats Tier(absl::string_view name) {
-    for (const KvCacheClient::TierStats& tier : PoolStats().tiers) {
-      if (tier.tier == name) return tier;
-    }
-    ADD_FAILURE() << "no tier " << name;
-    return {};
-  }
-
-  // kill -9, then the same daemon command line again.
-  void KillAndRestart() {
-    observer_.reset();
-    ASSERT_OK(daemon_->Signal(SIGKILL));
-    ASSERT_OK(daemon_->Wait(kStartBound));
-    daemon_.reset();
-    StartDaemon();
-  }
-
   // Flips the first KV byte of the file's slots [0, count): a slot is a 4 KiB header page and
   // the 6 KiB block padded to 8 KiB.
   void CorruptSlots(uint64_t count) {
@@ -267,12 +250,12 @@ TEST_F(WorkerDiskTierProcessTest, PrefixFromDiskAfterKill9IsIdenticalToAColdRun)
   // tier 2, which passes all 8 on to disk.
   const std::vector<uint32_t> filler = Prompt(21, 16 * 10 + 5);
   ExpectMatchesCold(RunWorker(filler), filler);
-  ASSERT_TRUE(PollUntil([&] { return Tier("disk").stored_blocks >= 8; }));
-  EXPECT_EQ(Tier("disk").capacity_bytes % (4096 + 8192), 0u);
+  ASSERT_TRUE(PollUntil([&] { return PoolTier("disk").stored_blocks >= 8; }));
+  EXPECT_EQ(PoolTier("disk").capacity_bytes % (4096 + 8192), 0u);
 
-  KillAndRestart();
-  EXPECT_EQ(Tier("disk").restored_records, 8u);
-  EXPECT_EQ(Tier("disk").restore_skipped, 0u);
+  KillAndRestartDaemon();
+  EXPECT_EQ(PoolTier("disk").restored_records, 8u);
+  EXPECT_EQ(PoolTier("disk").restore_skipped, 0u);
   absl::StatusOr<KvCacheClient::LookupResult> lookup = observer_->Lookup("qwen", "", prompt);
   ASSERT_OK(lookup);
   EXPECT_EQ(lookup->cached_tokens_by_tier.pool, 0u);
@@ -281,18 +264,18 @@ TEST_F(WorkerDiskTierProcessTest, PrefixFromDiskAfterKill9IsIdenticalToAColdRun)
   EXPECT_EQ(restored.num_cached_tokens, 96u);
   EXPECT_EQ(restored.Number("cached_disk"), 96);
   ExpectMatchesCold(restored, prompt);
-  EXPECT_EQ(Tier("disk").hit_blocks, 6u);
-  EXPECT_EQ(Tier("disk").verify_failures, 0u);
+  EXPECT_EQ(PoolTier("disk").hit_blocks, 6u);
+  EXPECT_EQ(PoolTier("disk").verify_failures, 0u);
 
-  KillAndRestart();
+  KillAndRestartDaemon();
   CorruptSlots(8);
-  EXPECT_EQ(Tier("disk").restored_records, 8u);  // headers intact: indexed, checked on load
+  EXPECT_EQ(PoolTier("disk").restored_records, 8u);  // headers intact: indexed, checked on load
   const ClientResult recomputed = RunWorker(prompt);
   EXPECT_EQ(recomputed.num_cached_tokens, 0u);
   ExpectMatchesCold(recomputed, prompt);
-  EXPECT_GE(Tier("disk").verify_failures, 1u);
-  EXPECT_EQ(Tier("disk").load_failures, 1u);
-  EXPECT_EQ(Tier("disk").hit_blocks, 0u);
+  EXPECT_GE(PoolTier("disk").verify_failures, 1u);
+  EXPECT_EQ(PoolTier("disk").load_failures, 1u);
+  EXPECT_EQ(PoolTier("disk").hit_blocks, 0u);
   EXPECT_TRUE(AwaitAllReleased());
 }
 
