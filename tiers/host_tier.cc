@@ -244,20 +244,46 @@ absl::Status HostTier::FinishLoad(const PinnedRecord& pinned, LoadVerdict verdic
                                           " failed its checksum; dropped"));
 }
 
+void HostTier::LruRemove(uint32_t slot) {
+  Slot& s = slots_[slot];
+  if (slot == demotion_cursor_) demotion_cursor_ = s.lru.next;
+  if (s.scan_pass == demotion_pass_ && demotion_scanned_ > 0) --demotion_scanned_;
+  s.scan_pass = 0;
+  lru_.Remove(slot, LruLinks());
+}
+
 std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t max,
                                                          bool reused_only) {
   std::vector<Demotion> batch;
   absl::MutexLock lock(&mu_);
-  if (free_slots_.size() >= window) return batch;
-  uint32_t scanned = 0;
-  for (uint32_t slot = lru_.front(); slot != kNoSlot && scanned < window && batch.size() < max;
-       slot = slots_[slot].lru.next, ++scanned) {
-    Slot& s = slots_[slot];
-    // A pinned record is being loaded (it just became the most recent) or already demoted.
-    if (s.below || s.pins > 0 || (reused_only && !s.reused)) continue;
-    ++s.pins;
-    batch.push_back(Demotion{.slot = slot, .identity = s.identity, .bytes = SlotBytes(slot)});
+  if (free_slots_.size() >= window) {
+    demotion_cursor_ = kNoSlot;
+    return batch;
   }
+  uint32_t slot = demotion_cursor_;
+  if (slot == kNoSlot) {
+    // A new pass from the front (the first, or the last one reached the LRU's end).
+    slot = lru_.front();
+    demotion_scanned_ = 0;
+    ++demotion_pass_;
+  }
+  for (uint32_t steps = 0; slot != kNoSlot && demotion_scanned_ < window && batch.size() < max &&
+                           steps < kMaxDemotionScan;
+       ++steps) {
+    Slot& s = slots_[slot];
+    const uint32_t next = s.lru.next;
+    // A pinned record is being loaded (it just became the most recent) or already demoted;
+    // either way the next pass looks again.
+    if (!s.below && s.pins == 0 && (!reused_only || s.reused)) {
+      ++s.pins;
+      batch.push_back(Demotion{.slot = slot, .identity = s.identity, .bytes = SlotBytes(slot)});
+    }
+    s.scan_pass = demotion_pass_;
+    ++demotion_scanned_;
+    ++counters_.demotion_scanned;
+    slot = next;
+  }
+  demotion_cursor_ = slot;
   return batch;
 }
 
@@ -278,6 +304,10 @@ void HostTier::FinishDemotion(uint32_t slot, const absl::Status& stored) {
       } else if (absl::IsDataLoss(stored)) {
         ++counters_.verify_failures;
         DropLocked(slot);
+      } else if (!stored.ok() && !absl::IsAlreadyExists(stored)) {
+        // Refused for now (the tier below is full or stopped): the next call starts a new pass,
+        // which offers it again.
+        demotion_cursor_ = kNoSlot;
       }
     }
     UnpinLocked(slot);
@@ -326,16 +356,30 @@ absl::Status HostTier::CheckInvariants() const {
   if (stored + free + busy != num_slots_) {
     return fail("host tier slots ", stored, " + ", free, " + ", busy, " != ", num_slots_);
   }
-  uint64_t lru_length = 0;
+  uint64_t lru_length = 0, scanned = 0;
+  bool past_cursor = false;
   uint32_t previous = kNoSlot;
   for (uint32_t slot = lru_.front(); slot != kNoSlot; slot = slots_[slot].lru.next) {
     if (++lru_length > num_slots_) return fail("host tier LRU has a cycle");
     if (slots_[slot].lru.prev != previous) return fail("host tier LRU link broken at ", slot);
     if (slots_[slot].state != SlotState::kStored) return fail("unstored slot ", slot, " on LRU");
+    past_cursor = past_cursor || slot == demotion_cursor_;
+    // What the scan has passed lies before its cursor, and it counts all of it.
+    if (slots_[slot].scan_pass == demotion_pass_) {
+      if (past_cursor) return fail("host tier slot ", slot, " scanned but past the cursor");
+      ++scanned;
+    }
     previous = slot;
   }
   if (previous != lru_.back() || lru_length != stored) {
     return fail("host tier LRU holds ", lru_length, " of ", stored, " records");
+  }
+  if (demotion_cursor_ != kNoSlot && !past_cursor) {
+    return fail("host tier demotion cursor ", demotion_cursor_, " is off the LRU");
+  }
+  if (scanned != demotion_scanned_) {
+    return fail("host tier demotion scan counts ", demotion_scanned_, " records but marked ",
+                scanned);
   }
   if (counters_.records != stored || counters_.bytes_used != stored * block_bytes_) {
     return fail("host tier counts ", counters_.records, " records and ", counters_.bytes_used,

@@ -56,6 +56,7 @@ struct HostTierCounters {
   uint64_t verify_failures = 0;   // of the misses: checksum of the copied bytes differed
   uint64_t store_rejections = 0;  // stores refused because every slot was pinned
   uint64_t demoted = 0;           // records marked as held by the tier below
+  uint64_t demotion_scanned = 0;  // records PinForDemotion looked at (its work)
   uint64_t records = 0;           // records held now
   uint64_t bytes_used = 0;        // records * block_bytes
   uint64_t capacity_bytes = 0;    // slots * block_bytes
@@ -150,16 +151,19 @@ class HostTier {
   };
   // Only while fewer than `window` slots are free: pins up to `max` records not yet below among
   // the `window` least recently used ones (the next victims), oldest first. A pinned record is
-  // neither evicted nor freed, so the caller copies its bytes without the tier's mutex.
+  // neither evicted nor freed, so the caller copies its bytes without the tier's mutex. The scan
+  // resumes where the last call stopped (each record is looked at once per pass over the
+  // window, however large) and looks at most kMaxDemotionScan records per call.
   // `reused_only`: only records stored as reused or loaded from here since (an admission filter
   // that keeps one-off blocks off the tier below).
   std::vector<Demotion> PinForDemotion(uint32_t window, size_t max, bool reused_only = false);
+  static constexpr uint32_t kMaxDemotionScan = 256;
   // Marks the record under `hash` reused (its block was hit above after it was stored here).
   void MarkReused(const Hash128& hash);
   // Unpins a record PinForDemotion returned, given what the tier below answered its store. OK or
   // ALREADY_EXISTS: the tier below took it, and it is not offered again. DATA_LOSS: its bytes no
   // longer match its checksum, so it is dropped (a verify failure). Anything else: offered again
-  // later.
+  // by the next call, which starts a new pass.
   void FinishDemotion(uint32_t slot, const absl::Status& stored);
 
   HostTierCounters counters() const;
@@ -184,8 +188,9 @@ class HostTier {
   struct Slot {
     SlotState state = SlotState::kFree;
     uint32_t pins = 0;
-    bool below = false;   // the tier below holds the record too
-    bool reused = false;  // stored as reused, or loaded from here since
+    bool below = false;      // the tier below holds the record too
+    bool reused = false;     // stored as reused, or loaded from here since
+    uint32_t scan_pass = 0;  // the demotion pass whose scan last passed it
     BlockRecordIdentity identity;
     Lru::Links lru;
   };
@@ -202,9 +207,9 @@ class HostTier {
   void LruPushBack(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     lru_.PushBack(slot, LruLinks());
   }
-  void LruRemove(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    lru_.Remove(slot, LruLinks());
-  }
+  // Takes `slot` out of the LRU, keeping the demotion scan's place: a cursor on it moves to the
+  // next record, and one the scan has passed no longer counts as scanned.
+  void LruRemove(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a stored record out of the index and the LRU; its slot is freed now, or by the last
   // unpin when it is pinned.
   void DropLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -223,6 +228,11 @@ class HostTier {
   absl::flat_hash_map<Hash128, uint32_t> index_ ABSL_GUARDED_BY(mu_);
   Lru lru_ ABSL_GUARDED_BY(mu_);  // stored records, least recently used at the front
   HostTierCounters counters_ ABSL_GUARDED_BY(mu_);
+  // PinForDemotion's scan resumes where it stopped: at demotion_cursor_, the first record it has
+  // not looked at, demotion_scanned_ records (of pass demotion_pass_) from the LRU's front.
+  uint32_t demotion_cursor_ ABSL_GUARDED_BY(mu_) = kNoSlot;
+  uint32_t demotion_scanned_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t demotion_pass_ ABSL_GUARDED_BY(mu_) = 1;
   std::function<void(const Hash128&)> load_hook_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Hash128&)> store_hook_ ABSL_GUARDED_BY(mu_);
 };

@@ -149,6 +149,56 @@ TEST_F(HostTierTest, DemotionOffersTheOldestRecordsOnceWhileFewSlotsAreFree) {
   EXPECT_EQ(tier_->counters().demoted, 3u);
 }
 
+// The demotion scan resumes where it stopped: once the window's records are below, further
+// calls look at nothing new until evictions bring new records into the window — its work per
+// pass is the window, not the window per call (a 64 GiB tier's window is 260k records).
+TEST_F(HostTierTest, DemotionScanLooksAtEachRecordOncePerPass) {
+  MakeTier(600);
+  for (uint64_t n = 1; n <= 600; ++n) StoreBlock(n);
+  constexpr uint32_t kWindow = 500;
+  uint64_t demoted = 0;
+  for (int call = 0; call < 200; ++call) {
+    for (const HostTier::Demotion& demotion : tier_->PinForDemotion(kWindow, 8)) {
+      tier_->FinishDemotion(demotion.slot, absl::OkStatus());
+      ++demoted;
+    }
+  }
+  EXPECT_EQ(demoted, kWindow);
+  // Each of the window's records once, however many calls: before, every call rescanned it.
+  EXPECT_EQ(tier_->counters().demotion_scanned, kWindow);
+  EXPECT_OK(tier_->CheckInvariants());
+  // Ten stores evict the ten oldest (below, passed): ten new records enter the window, and only
+  // they are looked at.
+  for (uint64_t n = 1001; n <= 1010; ++n) StoreBlock(n);
+  for (int call = 0; call < 10; ++call) {
+    for (const HostTier::Demotion& demotion : tier_->PinForDemotion(kWindow, 8)) {
+      tier_->FinishDemotion(demotion.slot, absl::OkStatus());
+      ++demoted;
+    }
+  }
+  EXPECT_EQ(demoted, kWindow + 10);
+  EXPECT_EQ(tier_->counters().demotion_scanned, kWindow + 10);
+  // A record loaded (now the most recent) leaves the scanned part; the one whose store the tier
+  // below refused starts a new pass that offers it again.
+  std::vector<uint8_t> out(kBlockBytes);
+  ASSERT_OK(tier_->Load(Identity(100, Bytes(100)), out.data()));
+  EXPECT_OK(tier_->CheckInvariants());
+  for (uint64_t n = 2001; n <= 2100; ++n) StoreBlock(n);  // 100 new records in the window
+  std::vector<HostTier::Demotion> batch = tier_->PinForDemotion(kWindow, 1);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0].identity.hash, Identity(511, Bytes(static_cast<uint8_t>(511))).hash);
+  tier_->FinishDemotion(batch[0].slot, absl::ResourceExhaustedError("queue full"));
+  // The new pass walks the 399 records below first, at most kMaxDemotionScan per call.
+  const uint64_t scanned_before = tier_->counters().demotion_scanned;
+  batch = tier_->PinForDemotion(kWindow, 1);
+  EXPECT_TRUE(batch.empty());
+  EXPECT_EQ(tier_->counters().demotion_scanned - scanned_before, HostTier::kMaxDemotionScan);
+  batch = tier_->PinForDemotion(kWindow, 1);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0].identity.hash, Identity(511, Bytes(static_cast<uint8_t>(511))).hash);
+  tier_->FinishDemotion(batch[0].slot, absl::OkStatus());
+}
+
 TEST_F(HostTierTest, CorruptedRecordFailsVerificationAndIsDropped) {
   MakeTier(2);
   StoreBlock(1);
