@@ -137,10 +137,10 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
   }
   std::unique_ptr<ClusterTier> cluster_tier;
   if (options.cluster_tier.has_value()) {
-    if (memory->HostBlock(0) == nullptr) {
+    if (memory->HostBlock(0) == nullptr && host_tier == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "pool '", options.name, "': the cluster tier needs a host pool; this one is ",
-          memory->kind(), " memory"));
+          "pool '", options.name, "': the cluster tier under ", memory->kind(),
+          " memory needs a host_tier (its records come up through tier 2's page-locked slots)"));
     }
     absl::StatusOr<std::unique_ptr<ClusterTier>> tier =
         ClusterTier::Create(ClusterTierOptions{.redis = *options.cluster_tier,
@@ -389,25 +389,39 @@ bool Pool::OffloadBatch() {
   // Pinned and published: the bytes cannot change during the copies. Tier 2's slots are filled
   // in one batch (a device pool's D2H copies, one synchronization).
   std::vector<std::optional<HostTier::PendingStore>> pending(batch.size());
-  absl::Status copied = absl::OkStatus();
-  if (host_tier_ != nullptr) {
-    std::vector<PoolMemory::HostCopy> copies;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(batch[i].record.hash);
-      // ALREADY_EXISTS: below already (a concurrent load from the disk tier put it there).
-      batch[i].below = absl::IsAlreadyExists(slot.status());
-      if (!slot.ok()) continue;
-      copies.push_back(PoolMemory::HostCopy{.block = batch[i].block, .host = slot->bytes});
-      pending[i] = *std::move(slot);
+  std::vector<PoolMemory::HostCopy> copies;
+  const bool host_memory = memory_->HostBlock(0) != nullptr;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Candidate& candidate = batch[i];
+    if (host_tier_ != nullptr) {
+      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(candidate.record.hash);
+      // ALREADY_EXISTS: below already (loaded from there, or a concurrent load from the disk
+      // tier put it there).
+      candidate.below = absl::IsAlreadyExists(slot.status());
+      if (slot.ok()) {
+        copies.push_back(PoolMemory::HostCopy{.block = candidate.block, .host = slot->bytes});
+        pending[i] = *std::move(slot);
+        continue;
+      }
     }
-    copied = CheckMemory(memory_->CopyToHost(copies));
+    if (candidate.to_cluster && !host_memory) {
+      // Only for the cluster: device bytes staged in the copy itself.
+      candidate.cluster_copy.resize(block_bytes);
+      copies.push_back(
+          PoolMemory::HostCopy{.block = candidate.block,
+                               .host = reinterpret_cast<uint8_t*>(candidate.cluster_copy.data())});
+    }
   }
+  const absl::Status copied = CheckMemory(memory_->CopyToHost(copies));
   // The cluster's copies are taken while the blocks are pinned, and sent after they are unpinned:
   // a request that needs a pinned block waits for this batch, and must not wait on the network.
   for (size_t i = 0; i < batch.size(); ++i) {
     Candidate& candidate = batch[i];
-    const uint8_t* bytes =
-        pending[i].has_value() ? pending[i]->bytes : memory_->HostBlock(candidate.block);
+    const uint8_t* bytes = pending[i].has_value() ? pending[i]->bytes
+                           : host_memory          ? memory_->HostBlock(candidate.block)
+                           : candidate.to_cluster
+                               ? reinterpret_cast<const uint8_t*>(candidate.cluster_copy.data())
+                               : nullptr;
     if (bytes == nullptr || !copied.ok()) {
       // A device pool's failed copy (the fault latched): nothing of it is published.
       if (pending[i].has_value()) {
@@ -421,7 +435,9 @@ bool Pool::OffloadBatch() {
                                     : ::kvcache::BlockChecksum(bytes, block_bytes);
     // Copied before tier 2 publishes its slot, which may then be evicted and reused at once.
     if (candidate.to_cluster) {
-      candidate.cluster_copy.assign(reinterpret_cast<const char*>(bytes), block_bytes);
+      if (candidate.cluster_copy.empty()) {
+        candidate.cluster_copy.assign(reinterpret_cast<const char*>(bytes), block_bytes);
+      }
       // Sent once: a store the cluster then refuses is not retried (it is a cache).
       if (host_tier_ == nullptr) candidate.below = true;
     }
@@ -949,12 +965,14 @@ size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, s
   }
   // Device memory: through tier 2's page-locked slots, which keep the records afterwards (they
   // are hot again), then one batch of H2D copies.
+  std::vector<BlockRecordIdentity> expected;
   std::vector<HostTier::PendingStore> slots;
   for (size_t i = next; i < end; ++i) {
     absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
     if (!slot.ok()) break;
     requests.push_back(DiskTier::LoadRequest{&below[i].expected,
                                              {reinterpret_cast<char*>(slot->bytes), block_bytes}});
+    expected.push_back(below[i].expected);
     slots.push_back(*std::move(slot));
   }
   size_t verified = 0;
@@ -962,32 +980,55 @@ size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, s
     if (!status.ok()) break;
     ++verified;
   }
-  std::vector<PoolMemory::HostCopy> copies;
-  for (size_t i = 0; i < verified; ++i) {
-    copies.push_back(PoolMemory::HostCopy{.block = block_at(next + i), .host = slots[i].bytes});
-  }
-  if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) verified = 0;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    BlockRecordIdentity record = below[next + i].expected;
-    // Of the verified bytes themselves: the disk's record may have changed since.
-    if (i < verified) record.checksum = ::kvcache::BlockChecksum(slots[i].bytes, block_bytes);
-    host_tier_->FinishStore(slots[i], record, /*reused=*/true, i < verified).IgnoreError();
-  }
-  return verified;
+  return PublishStagedLoads([&](size_t i) { return block_at(next + i); }, expected, slots,
+                            verified);
 }
 
 size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limit,
                              absl::Time deadline) {
   std::vector<BlockRecordIdentity> expected;
-  std::vector<uint8_t*> out;
   for (size_t i = first; i < std::min(limit, sequence.chain.size()); ++i) {
-    // Only this sequence holds the block, and nobody can see the sequence yet.
-    uint8_t* block = memory_->MutableHostBlock(sequence.blocks[i]);
-    if (block == nullptr) break;
     expected.push_back(ExpectedRecord(sequence, i));
-    out.push_back(block);
   }
-  return cluster_tier_->LoadPrefix(expected, out, deadline);
+  std::vector<uint8_t*> out;
+  if (memory_->HostBlock(0) != nullptr) {
+    // Only this sequence holds the blocks, and nobody can see the sequence yet.
+    for (size_t i = 0; i < expected.size(); ++i) {
+      out.push_back(memory_->MutableHostBlock(sequence.blocks[first + i]));
+    }
+    return cluster_tier_->LoadPrefix(expected, out, deadline);
+  }
+  // Device memory: through fresh tier-2 slots (they keep the records: hot again), then one batch
+  // of H2D copies, as the disk tier's records come up.
+  std::vector<HostTier::PendingStore> slots;
+  for (const BlockRecordIdentity& record : expected) {
+    absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(record.hash);
+    if (!slot.ok()) break;
+    out.push_back(slot->bytes);
+    slots.push_back(*std::move(slot));
+  }
+  expected.resize(slots.size());
+  const size_t loaded = cluster_tier_->LoadPrefix(expected, out, deadline);
+  return PublishStagedLoads([&](size_t i) { return sequence.blocks[first + i]; }, expected, slots,
+                            loaded);
+}
+
+size_t Pool::PublishStagedLoads(absl::FunctionRef<BlockId(size_t)> block_of,
+                                absl::Span<const BlockRecordIdentity> expected,
+                                absl::Span<const HostTier::PendingStore> slots, size_t loaded) {
+  const uint64_t block_bytes = options_.layout.BlockBytes();
+  std::vector<PoolMemory::HostCopy> copies;
+  for (size_t i = 0; i < loaded; ++i) {
+    copies.push_back(PoolMemory::HostCopy{.block = block_of(i), .host = slots[i].bytes});
+  }
+  if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) loaded = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    BlockRecordIdentity record = expected[i];
+    // Of the verified bytes themselves: the record below may have changed since.
+    if (i < loaded) record.checksum = ::kvcache::BlockChecksum(slots[i].bytes, block_bytes);
+    host_tier_->FinishStore(slots[i], record, /*reused=*/true, i < loaded).IgnoreError();
+  }
+  return loaded;
 }
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,

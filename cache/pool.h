@@ -428,6 +428,12 @@ class Pool {
                         absl::FunctionRef<bool()> past_bound);
   size_t LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
                        absl::FunctionRef<BlockId(size_t)> block_at);
+  // A device pool's loads from the disk or the cluster land in fresh tier-2 slots (BeginStore)
+  // first: copies the `loaded` verified ones up to block_of(i) in one H2D batch, then publishes
+  // them in tier 2 (they are hot again) and frees the rest; returns how many were copied up.
+  size_t PublishStagedLoads(absl::FunctionRef<BlockId(size_t)> block_of,
+                            absl::Span<const BlockRecordIdentity> expected,
+                            absl::Span<const HostTier::PendingStore> slots, size_t loaded);
   // Loads the sequence's blocks [first, limit) from the cluster tier in one batch, stopping at
   // the first that does not verify or has not come back by `deadline` (real time); returns how
   // many loaded. Outside mu_, like LoadFromBelow.

@@ -4,11 +4,9 @@
 // full tier evicting its own oldest. The mover runs synchronously (testing_manual_offload) except
 // in the one test of its thread. Every test ends with the pool's invariants checked.
 //
-// Every test runs on three pool memories: host memory ("host"); host bytes behind the device
-// interface ("staged": no host pointers, so every copy to and from the tiers goes through
-// PoolMemory's batched CopyToHost/CopyFromHost, the CPU reference of the device path); and, in a
-// CUDA build on a machine with a device, a CUDA pool whose tier 2 is page-locked ("cuda": D2H
-// offloads, H2D loads; label gpu, pool_tier_gpu_test).
+// Every test runs on the three pool memories of tests/testing/pool_memories.h: host, staged (the
+// CPU reference of the device path) and, in a CUDA build on a machine with a device, cuda (label
+// gpu: pool_tier_gpu_test).
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -23,7 +21,6 @@
 #include <tuple>
 #include <vector>
 
-#include "cache/cuda_pool_memory.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
 #include "common/cuda/cuda_device.h"
@@ -31,6 +28,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injection_pool_memory.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/pool_memories.h"
 #include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_files.h"
@@ -52,23 +50,12 @@ PoolOptions TierPoolOptions(uint32_t num_blocks, uint32_t tier_blocks) {
   return options;
 }
 
-enum class MemoryKind { kHost, kStaged, kCuda };
+using ::kvcache::testing::PoolMemoryKind;
 
-// The pool memory of `kind`: see the file comment.
-absl::StatusOr<std::unique_ptr<PoolMemory>> CreateMemory(MemoryKind kind, uint64_t block_bytes,
-                                                         uint32_t num_blocks) {
-  if (kind == MemoryKind::kCuda) return CreateCudaPoolMemory(0, block_bytes, num_blocks);
-  auto host = HostPoolMemory::Create(block_bytes, num_blocks);
-  if (!host.ok()) return host.status();
-  if (kind == MemoryKind::kHost) return std::unique_ptr<PoolMemory>(*std::move(host));
-  return std::unique_ptr<PoolMemory>(
-      std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(host)));
-}
-
-class PoolTierTest : public ::testing::TestWithParam<MemoryKind> {
+class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
  protected:
   void SetUp() override {
-    if (GetParam() == MemoryKind::kCuda && !CudaDeviceAvailable()) {
+    if (GetParam() == PoolMemoryKind::kCuda && !CudaDeviceAvailable()) {
       GTEST_SKIP() << "no CUDA device";
     }
   }
@@ -89,7 +76,7 @@ class PoolTierTest : public ::testing::TestWithParam<MemoryKind> {
       options.disk_admission = disk_admission_;
     }
     block_bytes_ = options.layout.BlockBytes();
-    auto memory = CreateMemory(GetParam(), block_bytes_, num_blocks);
+    auto memory = testing::CreatePoolMemory(GetParam(), block_bytes_, num_blocks);
     ASSERT_OK(memory);
     memory_ = memory->get();
     // Each pool a new daemon: a new event log.
@@ -231,22 +218,8 @@ class PoolTierTest : public ::testing::TestWithParam<MemoryKind> {
   PoolMemory* memory_ = nullptr;  // pool_'s
 };
 
-std::string MemoryName(const ::testing::TestParamInfo<MemoryKind>& info) {
-  switch (info.param) {
-    case MemoryKind::kHost:
-      return "host";
-    case MemoryKind::kStaged:
-      return "staged";
-    case MemoryKind::kCuda:
-      return "cuda";
-  }
-  return "unknown";
-}
-
-INSTANTIATE_TEST_SUITE_P(Memories, PoolTierTest,
-                         ::testing::Values(MemoryKind::kHost, MemoryKind::kStaged,
-                                           MemoryKind::kCuda),
-                         MemoryName);
+INSTANTIATE_TEST_SUITE_P(Memories, PoolTierTest, testing::AllPoolMemories(),
+                         testing::PoolMemoryName);
 
 TEST_P(PoolTierTest, EvictedPrefixComesBackFromTier2WithIdenticalBytes) {
   MakePool(8, 16);

@@ -1,0 +1,123 @@
+// Pools over a real 3-master Redis Cluster (tests/testing/redis_cluster_process.h), on every pool
+// memory of tests/testing/pool_memories.h: what one pool's mover sends to the cluster is a hit in
+// another pool (another node's daemon) with identical bytes. Under device memory (staged, cuda)
+// the copies to the cluster are D2H and the records come up through fresh tier-2 slots, which
+// keep them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/pool.h"
+#include "common/cuda/cuda_device.h"
+#include "tests/testing/pool_memories.h"
+#include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/small_pool_options.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_files.h"
+
+namespace kvcache {
+namespace {
+
+using ::kvcache::testing::PoolMemoryKind;
+using ::kvcache::testing::StatusIs;
+using ::kvcache::testing::Tokens;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kBlockSize = 4;
+
+class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == PoolMemoryKind::kCuda && !CudaDeviceAvailable()) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+    auto cluster = testing::RedisClusterProcess::Start(dir_.path());
+    ASSERT_OK(cluster);
+    cluster_ = *std::move(cluster);
+  }
+
+  // A node's pool: 8 blocks, a 16-slot tier 2 (needed under device memory), the cluster below.
+  std::unique_ptr<Pool> MakePool(const std::string& name) {
+    PoolOptions options = testing::SmallPoolOptions(name, 8, kBlockSize);
+    options.host_tier_bytes = 16 * options.layout.BlockBytes();
+    options.cluster_tier = RedisClusterOptions{.seeds = cluster_->addresses()};
+    options.testing_manual_offload = true;
+    auto memory =
+        testing::CreatePoolMemory(GetParam(), options.layout.BlockBytes(), options.num_blocks);
+    EXPECT_OK(memory);
+    if (!memory.ok()) return nullptr;
+    auto pool = Pool::Create(options, 0, *std::move(memory));
+    EXPECT_OK(pool);
+    return pool.ok() ? *std::move(pool) : nullptr;
+  }
+
+  static std::string BlockBytes(const Pool& pool, const std::vector<uint32_t>& tokens, size_t i) {
+    std::string bytes(pool.options().layout.BlockBytes(), '\0');
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      bytes[b] = static_cast<char>(tokens[i * kBlockSize + b % kBlockSize] * 5 + b);
+    }
+    return bytes;
+  }
+
+  worker::testing::ScopedTempDir dir_;
+  std::unique_ptr<testing::RedisClusterProcess> cluster_;
+  Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+};
+
+INSTANTIATE_TEST_SUITE_P(Memories, PoolClusterTierTest, testing::AllPoolMemories(),
+                         testing::PoolMemoryName);
+
+TEST_P(PoolClusterTierTest, APrefixOffloadedByOnePoolIsAVerifiedHitInAnother) {
+  std::unique_ptr<Pool> a = MakePool("node-a");
+  std::unique_ptr<Pool> b = MakePool("node-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<uint32_t> prompt = Tokens(100, 17);  // four full blocks
+  auto opened = a->Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+  ASSERT_OK(opened);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_OK(a->WriteBlock(opened->block_ids[i], 0, BlockBytes(*a, prompt, i)));
+  }
+  ASSERT_OK(a->Commit(session_, opened->sequence_id, prompt.size()));
+  ASSERT_OK(a->Release(session_, opened->sequence_id));
+  EXPECT_EQ(a->OffloadForTesting(), 4u);  // to tier 2 and, in the same batch, to the cluster
+  EXPECT_EQ(a->Stats().cluster_tier->stored_blocks, 4u);
+
+  auto hit = b->Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->num_cached_tokens, 16u);
+  EXPECT_EQ(hit->num_cluster_tier_tokens, 16u);
+  for (size_t i = 0; i < 4; ++i) {
+    std::string bytes(b->options().layout.BlockBytes(), '\0');
+    ASSERT_OK(b->ReadBlock(hit->block_ids[i], 0, bytes.size(), bytes.data()));
+    EXPECT_EQ(bytes, BlockBytes(*b, prompt, i)) << "block " << i;
+  }
+  const bool device = GetParam() != PoolMemoryKind::kHost;
+  // Under device memory the records came up through tier 2, which keeps them.
+  EXPECT_EQ(b->Stats().host_tier->tier.records, device ? 4u : 0u);
+  ASSERT_OK(b->Release(session_, hit->sequence_id));
+  // Loaded from the cluster: never sent back to it.
+  b->OffloadForTesting();
+  EXPECT_EQ(b->Stats().cluster_tier->stored_blocks, 0u);
+  EXPECT_OK(a->CheckInvariants());
+  EXPECT_OK(b->CheckInvariants());
+}
+
+// Device memory stages the cluster's records in tier 2: without one, the pool is refused (before
+// any connection: the seed here is never dialled).
+TEST(PoolClusterTierSpecTest, DeviceMemoryWithoutATier2IsRefused) {
+  PoolOptions options = testing::SmallPoolOptions("bare", 8, kBlockSize);
+  options.cluster_tier = RedisClusterOptions{.seeds = {"127.0.0.1:1"}};
+  auto memory = testing::CreatePoolMemory(PoolMemoryKind::kStaged, options.layout.BlockBytes(), 8);
+  ASSERT_OK(memory);
+  EXPECT_THAT(Pool::Create(options, 0, *std::move(memory)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pool 'bare': the cluster tier under host memory needs a "
+                                 "host_tier")));
+}
+
+}  // namespace
+}  // namespace kvcache
