@@ -137,11 +137,6 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
   }
   std::unique_ptr<ClusterTier> cluster_tier;
   if (options.cluster_tier.has_value()) {
-    if (memory->HostBlock(0) == nullptr && host_tier == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pool '", options.name, "': the cluster tier under ", memory->kind(),
-          " memory needs a host_tier (its records come up through tier 2's page-locked slots)"));
-    }
     absl::StatusOr<std::unique_ptr<ClusterTier>> tier =
         ClusterTier::Create(ClusterTierOptions{.redis = *options.cluster_tier,
                                                .pool = identity,
@@ -998,19 +993,31 @@ size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limi
     }
     return cluster_tier_->LoadPrefix(expected, out, deadline);
   }
-  // Device memory: through fresh tier-2 slots (they keep the records: hot again), then one batch
-  // of H2D copies, as the disk tier's records come up.
-  std::vector<HostTier::PendingStore> slots;
-  for (const BlockRecordIdentity& record : expected) {
-    absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(record.hash);
-    if (!slot.ok()) break;
-    out.push_back(slot->bytes);
-    slots.push_back(*std::move(slot));
+  // Device memory: the cluster holds any, all or none of the prefix, so its records are staged
+  // in a buffer of this call's own (not tier 2, whose records a miss would evict for nothing), a
+  // chunk at a time, each chunk copied up in one H2D batch.
+  const uint64_t block_bytes = options_.layout.BlockBytes();
+  const size_t chunk = std::max<uint64_t>(
+      1, std::min<uint64_t>(kClusterStageBlocks, kClusterStageBytes / block_bytes));
+  std::vector<uint8_t> staging(std::min(chunk, expected.size()) * block_bytes);
+  size_t loaded = 0;
+  while (loaded < expected.size()) {
+    const size_t n = std::min(chunk, expected.size() - loaded);
+    out.clear();
+    std::vector<PoolMemory::HostCopy> copies;
+    for (size_t i = 0; i < n; ++i) {
+      out.push_back(staging.data() + i * block_bytes);
+      copies.push_back(
+          PoolMemory::HostCopy{.block = sequence.blocks[first + loaded + i], .host = out.back()});
+    }
+    const size_t verified =
+        cluster_tier_->LoadPrefix(absl::MakeConstSpan(expected).subspan(loaded, n), out, deadline);
+    copies.resize(verified);
+    if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) break;
+    loaded += verified;
+    if (verified < n) break;
   }
-  expected.resize(slots.size());
-  const size_t loaded = cluster_tier_->LoadPrefix(expected, out, deadline);
-  return PublishStagedLoads([&](size_t i) { return sequence.blocks[first + i]; }, expected, slots,
-                            loaded);
+  return loaded;
 }
 
 size_t Pool::PublishStagedLoads(absl::FunctionRef<BlockId(size_t)> block_of,

@@ -286,6 +286,9 @@ class Pool {
   static constexpr size_t kOffloadBatch = 8;
   // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
   static constexpr size_t kLoadBatch = 16;
+  // A device pool's loads from the cluster stage at most this many blocks (and bytes) at a time.
+  static constexpr size_t kClusterStageBlocks = 32;
+  static constexpr uint64_t kClusterStageBytes = uint64_t{16} << 20;
   // The default offload window is this fraction of the pool (docs/design.md: measured).
   static constexpr uint32_t kDefaultOffloadWindowDivisor = 8;
   // LRU links the mover follows per hold of the pool mutex.
@@ -428,9 +431,9 @@ class Pool {
                         absl::FunctionRef<bool()> past_bound);
   size_t LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
                        absl::FunctionRef<BlockId(size_t)> block_at);
-  // A device pool's loads from the disk or the cluster land in fresh tier-2 slots (BeginStore)
-  // first: copies the `loaded` verified ones up to block_of(i) in one H2D batch, then publishes
-  // them in tier 2 (they are hot again) and frees the rest; returns how many were copied up.
+  // A device pool's loads from the disk tier land in fresh tier-2 slots (BeginStore) first: copies
+  // the `loaded` verified ones up to block_of(i) in one H2D batch, then publishes them in tier 2
+  // (they are hot again) and frees the rest; returns how many were copied up.
   size_t PublishStagedLoads(absl::FunctionRef<BlockId(size_t)> block_of,
                             absl::Span<const BlockRecordIdentity> expected,
                             absl::Span<const HostTier::PendingStore> slots, size_t loaded);

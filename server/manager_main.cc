@@ -97,8 +97,7 @@ ABSL_FLAG(int32_t, max_calls_per_connection, 256,
           "than --max_streams_per_connection");
 ABSL_FLAG(std::string, cluster_tier, "",
           "redis://HOST:PORT[,HOST:PORT...]: a Redis Cluster (or Valkey) shared by the nodes' "
-          "daemons as every pool's cluster tier (a --device pool's through its host_tier): blocks "
-          "leaving the node are written there, "
+          "daemons as every pool's cluster tier: blocks leaving the node are written there, "
           "and a prefix the node lacks is loaded from there, verified (docs/design.md §10); "
           "default: none. The daemon starts and serves with the cluster unreachable");
 ABSL_FLAG(std::string, cluster_tier_password_file, "",
