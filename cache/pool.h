@@ -438,9 +438,9 @@ class Pool {
                             absl::Span<const BlockRecordIdentity> expected,
                             absl::Span<const HostTier::PendingStore> slots, size_t loaded);
   // Loads the sequence's blocks [first, limit) from the cluster tier in one batch (a device
-  // pool's in chunks of kClusterStageBlocks, staged on the host), stopping at
-  // the first that does not verify or has not come back by `deadline` (real time); returns how
-  // many loaded. Outside mu_, like LoadFromBelow.
+  // pool's in chunks of kClusterStageBlocks, staged on the host), stopping at the first that does
+  // not verify or has not come back by `deadline` (real time); returns how many loaded. Outside
+  // mu_, like LoadFromBelow.
   size_t LoadFromCluster(const Sequence& sequence, size_t first, size_t limit, absl::Time deadline);
   // Publishes the sequence's blocks from committed_blocks up to `written_blocks` (Commit's
   // rule, events included).
