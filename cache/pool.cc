@@ -944,37 +944,32 @@ Pool::RunLoaded Pool::LoadHostRun(const std::vector<BelowRecord>& below, size_t 
 size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
                            absl::FunctionRef<BlockId(size_t)> block_at) {
   const uint64_t block_bytes = options_.layout.BlockBytes();
+  const bool host_memory = memory_->HostBlock(0) != nullptr;
   std::vector<DiskTier::LoadRequest> requests;
-  if (memory_->HostBlock(0) != nullptr) {
-    // Host memory: straight into the fresh tier-1 blocks.
-    for (size_t i = next; i < end; ++i) {
-      char* out = reinterpret_cast<char*>(memory_->MutableHostBlock(block_at(i)));
-      requests.push_back(DiskTier::LoadRequest{&below[i].expected, {out, block_bytes}});
-    }
-    size_t verified = 0;
-    for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
-      if (!status.ok()) break;
-      ++verified;
-    }
-    return verified;
-  }
-  // Device memory: through tier 2's page-locked slots, which keep the records afterwards (they
-  // are hot again), then one batch of H2D copies.
   std::vector<BlockRecordIdentity> expected;
   std::vector<HostTier::PendingStore> slots;
   for (size_t i = next; i < end; ++i) {
-    absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
-    if (!slot.ok()) break;
-    requests.push_back(DiskTier::LoadRequest{&below[i].expected,
-                                             {reinterpret_cast<char*>(slot->bytes), block_bytes}});
-    expected.push_back(below[i].expected);
-    slots.push_back(*std::move(slot));
+    uint8_t* out = nullptr;
+    if (host_memory) {
+      // Straight into the fresh tier-1 block.
+      out = memory_->MutableHostBlock(block_at(i));
+    } else {
+      // Device memory: into a tier-2 slot (page-locked), copied up in one batch afterwards.
+      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
+      if (!slot.ok()) break;
+      out = slot->bytes;
+      expected.push_back(below[i].expected);
+      slots.push_back(*std::move(slot));
+    }
+    requests.push_back(
+        DiskTier::LoadRequest{&below[i].expected, {reinterpret_cast<char*>(out), block_bytes}});
   }
   size_t verified = 0;
   for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
     if (!status.ok()) break;
     ++verified;
   }
+  if (host_memory) return verified;
   return PublishStagedLoads([&](size_t i) { return block_at(next + i); }, expected, slots,
                             verified);
 }
