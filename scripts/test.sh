@@ -2,7 +2,8 @@
 # Builds everything and runs every test: unit, integration (daemon and clients as processes) and
 # the Python hash vectors. Then the checks that keep the code honest:
 # - every C++/CUDA file is formatted as .clang-format says;
-# - clang builds every CPU target with -Werror=thread-safety (the ABSL_GUARDED_BY annotations),
+# - clang builds every CPU target but the benchmarks with -Werror=thread-safety (the
+#   ABSL_GUARDED_BY annotations),
 #   with AddressSanitizer and UBSan, and every test runs again under them, the libFuzzer targets
 #   (tests/fuzz, KVCACHE_FUZZ=ON) among them for a bounded number of inputs each.
 set -euo pipefail
