@@ -96,6 +96,7 @@
 #include "common/block_hash.h"
 #include "common/status_macros.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/pool_memories.h"
 #include "tests/testing/test_files.h"
 
 namespace kvcache {
@@ -307,8 +308,16 @@ struct SimTotals {
 class Simulation {
  public:
   // `disk`: a disk tier below tier 2 (which `tier` then must ask for).
-  Simulation(uint64_t seed, uint32_t hash_bits, bool tier, bool disk, int num_ops)
-      : rng_(seed), hash_bits_(hash_bits), tier_(tier || disk), disk_(disk), num_ops_(num_ops) {}
+  // `staged`: the pool's memory is host bytes behind the device interface
+  // (tests/testing/pool_memories.h), so every tier copy takes a device pool's batched path.
+  Simulation(uint64_t seed, uint32_t hash_bits, bool tier, bool disk, int num_ops,
+             bool staged = false)
+      : rng_(seed),
+        hash_bits_(hash_bits),
+        tier_(tier || disk),
+        disk_(disk),
+        staged_(staged),
+        num_ops_(num_ops) {}
 
   absl::Status Run(SimTotals* totals) {
     block_size_ = Pick({1u, 2u, 4u});
@@ -435,7 +444,9 @@ class Simulation {
 
   // A new pool (and manager: a new daemon) with empty tiers 1 and 2, over the disk file if any.
   absl::Status StartPool() {
-    auto memory = HostPoolMemory::Create(block_bytes_, num_blocks_);
+    auto memory = testing::CreatePoolMemory(
+        staged_ ? testing::PoolMemoryKind::kStaged : testing::PoolMemoryKind::kHost, block_bytes_,
+        num_blocks_);
     if (!memory.ok()) return memory.status();
     manager_ = std::make_unique<CacheManager>(SessionLimits{}, &clock_, epoch_);
     RETURN_IF_ERROR(manager_->AddPool(options_, *std::move(memory)));
@@ -1257,6 +1268,7 @@ class Simulation {
   const uint32_t hash_bits_;
   const bool tier_;
   const bool disk_;
+  const bool staged_;
   const int num_ops_;
   PoolOptions options_;
   // The disk tier's file, kept across restarts.
@@ -1317,6 +1329,7 @@ enum class Run {
   kModel,         // full-width hashes, checked against the model
   kWeakHash,      // 4- or 8-bit hashes, without the model
   kTier,          // a tier 2, full-width hashes, checked against the model
+  kTierStaged,    // kTier on staged memory: a device pool's copies (CPU reference)
   kWeakHashTier,  // a tier 2, 6-bit hashes, without the model
   kDisk,          // a tier 2 over a disk tier, restarts, full-width hashes, with the model
   kWeakHashDisk,  // a tier 2 over a disk tier, restarts, 6-bit hashes, without the model
@@ -1350,8 +1363,9 @@ void RunSeeds(absl::string_view name, uint64_t first_seed, Run run, uint64_t def
     if (run == Run::kWeakHash) hash_bits = seed % 2 == 0 ? 4 : 8;
     if (run == Run::kWeakHashTier || run == Run::kWeakHashDisk) hash_bits = 6;
     const bool disk = run == Run::kDisk || run == Run::kWeakHashDisk;
-    const bool tier = disk || run == Run::kTier || run == Run::kWeakHashTier;
-    Simulation simulation(seed, hash_bits, tier, disk, ops);
+    const bool staged = run == Run::kTierStaged;
+    const bool tier = disk || staged || run == Run::kTier || run == Run::kWeakHashTier;
+    Simulation simulation(seed, hash_bits, tier, disk, ops, staged);
     const absl::Status status = simulation.Run(&totals);
     ++totals.seeds;
     if (status.ok() && disk && replay_every != 0 && seed % replay_every == 0) {
@@ -1430,6 +1444,12 @@ TEST(SimulationTest, WeakHashCollisionsAreMisses) {
 
 TEST(SimulationTest, Tier2KeepsTheContract) {
   RunSeeds("Tier2KeepsTheContract", 2'000'000, Run::kTier, kTierSeeds, kTierOps);
+}
+
+// The same on a device pool's path: offloads and loads through the batched copies.
+TEST(SimulationTest, Tier2OnDeviceMemoryKeepsTheContract) {
+  RunSeeds("Tier2OnDeviceMemoryKeepsTheContract", 2'500'000, Run::kTierStaged, kTierSeeds,
+           kTierOps);
 }
 
 TEST(SimulationTest, DiskTierKeepsTheContract) {
