@@ -69,12 +69,17 @@ class CudaPoolMemory final : public PoolMemory {
   absl::Status CopyToHost(absl::Span<const HostCopy> copies) const override {
     for (const HostCopy& copy : copies) RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes()));
     KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
+    absl::Status queued;
     for (const HostCopy& copy : copies) {
-      KVCACHE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy.host, BlockPointer(copy.block),
-                                                   block_bytes(), cudaMemcpyDeviceToHost, stream_),
-                                   "copying blocks to the host");
+      queued = CudaStatus(cudaMemcpyAsync(copy.host, BlockPointer(copy.block), block_bytes(),
+                                          cudaMemcpyDeviceToHost, stream_),
+                          "copying blocks to the host");
+      if (!queued.ok()) break;
     }
-    return CudaStatus(cudaStreamSynchronize(stream_), "copying blocks to the host");
+    // What was queued is waited for either way: the caller reuses the destinations on failure.
+    const absl::Status done =
+        CudaStatus(cudaStreamSynchronize(stream_), "copying blocks to the host");
+    return queued.ok() ? done : queued;
   }
 
   absl::Status CopyFromHost(absl::Span<const HostCopy> copies,

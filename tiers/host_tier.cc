@@ -1,6 +1,7 @@
 #include "tiers/host_tier.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <utility>
@@ -30,7 +31,10 @@ absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(uint64_t capacity_byt
         absl::StrCat("host tier: cannot map ", mapped, " bytes: ", std::strerror(errno)));
   }
   if (registrar.register_memory) {
-    const absl::Status registered = registrar.register_memory(base, mapped);
+    // The whole pages the mapping holds (page-locking works on pages).
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const absl::Status registered =
+        registrar.register_memory(base, (mapped + page - 1) / page * page);
     if (!registered.ok()) {
       munmap(base, mapped);
       return absl::Status(registered.code(), absl::StrCat("host tier: ", registered.message()));
