@@ -166,6 +166,20 @@ void LoadVsMemcpy(uint64_t block_bytes, uint32_t blocks, double seconds) {
               c.b_rate / 1e9, c.median_ratio, failures == 0 ? "" : "LOAD FAILURES");
 }
 
+// A pool of `num_blocks` with a tier 2 of `tier_blocks`, whose mover runs only when the bench
+// calls OffloadForTesting.
+PoolOptions ManualTierOptions(const std::string& name, const PoolLayout& layout,
+                              uint32_t num_blocks, uint64_t tier_blocks) {
+  PoolOptions options;
+  options.name = name;
+  options.model_id = name;
+  options.layout = layout;
+  options.num_blocks = num_blocks;
+  options.host_tier_bytes = tier_blocks * layout.BlockBytes();
+  options.testing_manual_offload = true;
+  return options;
+}
+
 // Opens `tokens`, writes each full block with bytes of its own, commits and releases: a prompt
 // computed once, left evictable in tier 1.
 bool ComputeOnce(Pool& pool, const Session& session, const std::vector<uint32_t>& tokens) {
@@ -213,14 +227,10 @@ uint64_t OpenAndRelease(Pool& pool, const Session& session,
 // from the same page-locked slots and one synchronization (PoolMemory::CopyFromHost).
 void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
                         bool on_device) {
-  PoolOptions options;
-  options.name = "bench";
-  options.model_id = "bench";
-  options.layout = layout;
-  options.num_blocks = prefix_blocks + 1;
-  options.host_tier_bytes = uint64_t{2 * prefix_blocks + 2} * layout.BlockBytes();
-  options.testing_manual_offload = true;        // offload is not what is measured
-  options.offload_window = options.num_blocks;  // the whole prefix goes down
+  // Offload is not what is measured; the whole prefix goes down.
+  PoolOptions options =
+      ManualTierOptions("bench", layout, prefix_blocks + 1, 2 * prefix_blocks + 2);
+  options.offload_window = options.num_blocks;
   const uint64_t block_bytes = layout.BlockBytes();
   const auto create_memory = [&](uint32_t blocks) -> absl::StatusOr<std::unique_ptr<PoolMemory>> {
     if (on_device) return CreateCudaPoolMemory(0, block_bytes, blocks);
@@ -338,12 +348,7 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   const uint64_t slot_bytes =
       RecordHeaderSlotBytes(layout.block_size) + RoundUpToRecordAlignment(block_bytes);
   const uint32_t disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
-  PoolOptions options;
-  options.name = "bench";
-  options.model_id = "bench";
-  options.layout = layout;
-  options.num_blocks = prefix_blocks + 1;
-  options.host_tier_bytes = uint64_t{kTier2Slots} * block_bytes;
+  PoolOptions options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
   options.disk_tier_path = dir + "/tier_bench.kvt";
   options.disk_tier_bytes = disk_records * slot_bytes;
   // One offload pass queues a whole prefix for the disk; a full queue would end the pass and let
@@ -351,7 +356,6 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   options.testing_disk_tier_options = [&](DiskTierOptions* disk) {
     disk->max_queued_stores = disk_records;
   };
-  options.testing_manual_offload = true;        // offload is not what is measured
   options.offload_window = options.num_blocks;  // the whole prefix goes down
   std::filesystem::create_directories(dir);
   std::filesystem::remove(options.disk_tier_path);
@@ -568,13 +572,7 @@ void WindowSweep(uint32_t lag) {
   std::printf("%-10s %10s %10s %10s %12s %14s\n", "window", "tier1 hit", "tier2 hit", "computed",
               "copies/req", "evictions saved");
   for (uint32_t window : {16u, 64u, 128u, 256u, 512u, 1024u}) {
-    PoolOptions options;
-    options.name = "sweep";
-    options.model_id = "sweep";
-    options.layout = layout;
-    options.num_blocks = kPoolBlocks;
-    options.host_tier_bytes = uint64_t{kTierBlocks} * layout.BlockBytes();
-    options.testing_manual_offload = true;
+    PoolOptions options = ManualTierOptions("sweep", layout, kPoolBlocks, kTierBlocks);
     options.offload_window = window;
     auto memory = HostPoolMemory::Create(layout.BlockBytes(), kPoolBlocks);
     auto pool = Pool::Create(options, 0, *std::move(memory));
@@ -616,16 +614,10 @@ void AdmissionSweep(const std::string& dir) {
               "disk hit", "computed", "disk writes/req", "disk hits/write");
   std::filesystem::create_directories(dir);
   for (DiskAdmission admission : {DiskAdmission::kAll, DiskAdmission::kReused}) {
-    PoolOptions options;
-    options.name = "admission";
-    options.model_id = "admission";
-    options.layout = layout;
-    options.num_blocks = kPoolBlocks;
-    options.host_tier_bytes = uint64_t{kTierBlocks} * layout.BlockBytes();
+    PoolOptions options = ManualTierOptions("admission", layout, kPoolBlocks, kTierBlocks);
     options.disk_tier_path = dir + "/admission.tier";
     options.disk_tier_bytes = uint64_t{kDiskBlocks} * (4096 + 4096);
     options.disk_admission = admission;
-    options.testing_manual_offload = true;
     std::filesystem::remove(options.disk_tier_path);
     auto memory = HostPoolMemory::Create(layout.BlockBytes(), kPoolBlocks);
     auto pool = Pool::Create(options, 0, *std::move(memory));

@@ -67,38 +67,12 @@ class CudaPoolMemory final : public PoolMemory {
   }
 
   absl::Status CopyToHost(absl::Span<const HostCopy> copies) const override {
-    for (const HostCopy& copy : copies) RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes()));
-    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
-    absl::Status queued;
-    for (const HostCopy& copy : copies) {
-      queued = CudaStatus(cudaMemcpyAsync(copy.host, BlockPointer(copy.block), block_bytes(),
-                                          cudaMemcpyDeviceToHost, stream_),
-                          "copying blocks to the host");
-      if (!queued.ok()) break;
-    }
-    // What was queued is waited for either way: the caller reuses the destinations on failure.
-    const absl::Status done =
-        CudaStatus(cudaStreamSynchronize(stream_), "copying blocks to the host");
-    return queued.ok() ? done : queued;
+    return CopyBatch(copies, cudaMemcpyDeviceToHost, "copying blocks to the host", [] {});
   }
 
   absl::Status CopyFromHost(absl::Span<const HostCopy> copies,
                             absl::FunctionRef<void()> while_copying) override {
-    for (const HostCopy& copy : copies) RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes()));
-    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
-    absl::Status queued;
-    for (const HostCopy& copy : copies) {
-      queued = CudaStatus(cudaMemcpyAsync(BlockPointer(copy.block), copy.host, block_bytes(),
-                                          cudaMemcpyHostToDevice, stream_),
-                          "copying blocks from the host");
-      if (!queued.ok()) break;
-    }
-    // The copies run on the device's copy engine meanwhile; what was queued is waited for
-    // either way, so no copy outlives its source.
-    if (queued.ok()) while_copying();
-    const absl::Status done =
-        CudaStatus(cudaStreamSynchronize(stream_), "copying blocks from the host");
-    return queued.ok() ? done : queued;
+    return CopyBatch(copies, cudaMemcpyHostToDevice, "copying blocks from the host", while_copying);
   }
 
   absl::Status RegisterHostMemory(void* base, uint64_t size) override {
@@ -117,6 +91,27 @@ class CudaPoolMemory final : public PoolMemory {
 
  private:
   uint8_t* BlockPointer(uint32_t block) const { return base_ + uint64_t{block} * block_bytes(); }
+
+  // Queues every copy of the batch on the pool's stream, runs `while_copying` while they run,
+  // and waits. What was queued is waited for even when a later copy fails to queue: the caller
+  // reuses the host memory on failure, and no copy may outlive it.
+  absl::Status CopyBatch(absl::Span<const HostCopy> copies, cudaMemcpyKind kind,
+                         absl::string_view what, absl::FunctionRef<void()> while_copying) const {
+    for (const HostCopy& copy : copies) RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes()));
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
+    absl::Status queued;
+    for (const HostCopy& copy : copies) {
+      void* const device = BlockPointer(copy.block);
+      queued = CudaStatus(kind == cudaMemcpyHostToDevice
+                              ? cudaMemcpyAsync(device, copy.host, block_bytes(), kind, stream_)
+                              : cudaMemcpyAsync(copy.host, device, block_bytes(), kind, stream_),
+                          what);
+      if (!queued.ok()) break;
+    }
+    if (queued.ok()) while_copying();
+    const absl::Status done = CudaStatus(cudaStreamSynchronize(stream_), what);
+    return queued.ok() ? done : queued;
+  }
 
   const int device_;
   uint8_t* const base_;

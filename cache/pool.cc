@@ -412,11 +412,12 @@ bool Pool::OffloadBatch() {
   // a request that needs a pinned block waits for this batch, and must not wait on the network.
   for (size_t i = 0; i < batch.size(); ++i) {
     Candidate& candidate = batch[i];
+    // Tier 2's slot, else the cluster's own copy of a device block, else host memory (null for a
+    // device block with neither).
     const uint8_t* bytes = pending[i].has_value() ? pending[i]->bytes
-                           : host_memory          ? memory_->HostBlock(candidate.block)
-                           : candidate.to_cluster
+                           : !candidate.cluster_copy.empty()
                                ? reinterpret_cast<const uint8_t*>(candidate.cluster_copy.data())
-                               : nullptr;
+                               : memory_->HostBlock(candidate.block);
     if (bytes == nullptr || !copied.ok()) {
       // A device pool's failed copy (the fault latched): nothing of it is published.
       if (pending[i].has_value()) {
@@ -946,8 +947,8 @@ size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, s
   const uint64_t block_bytes = options_.layout.BlockBytes();
   const bool host_memory = memory_->HostBlock(0) != nullptr;
   std::vector<DiskTier::LoadRequest> requests;
-  std::vector<BlockRecordIdentity> expected;
   std::vector<HostTier::PendingStore> slots;
+  std::vector<uint64_t> checksums(end - next);
   for (size_t i = next; i < end; ++i) {
     uint8_t* out = nullptr;
     if (host_memory) {
@@ -958,11 +959,11 @@ size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, s
       absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
       if (!slot.ok()) break;
       out = slot->bytes;
-      expected.push_back(below[i].expected);
       slots.push_back(*std::move(slot));
     }
-    requests.push_back(
-        DiskTier::LoadRequest{&below[i].expected, {reinterpret_cast<char*>(out), block_bytes}});
+    requests.push_back(DiskTier::LoadRequest{.expected = &below[i].expected,
+                                             .out = {reinterpret_cast<char*>(out), block_bytes},
+                                             .checksum = &checksums[i - next]});
   }
   size_t verified = 0;
   for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
@@ -970,8 +971,19 @@ size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, s
     ++verified;
   }
   if (host_memory) return verified;
-  return PublishStagedLoads([&](size_t i) { return block_at(next + i); }, expected, slots,
-                            verified);
+  std::vector<PoolMemory::HostCopy> copies;
+  for (size_t i = 0; i < verified; ++i) {
+    copies.push_back(PoolMemory::HostCopy{.block = block_at(next + i), .host = slots[i].bytes});
+  }
+  if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) verified = 0;
+  // The copied records stay in tier 2 (they are hot again), under the checksum the disk tier
+  // verified their bytes against; the rest of the slots go back.
+  for (size_t i = 0; i < slots.size(); ++i) {
+    BlockRecordIdentity record = below[next + i].expected;
+    record.checksum = checksums[i];
+    host_tier_->FinishStore(slots[i], record, /*reused=*/true, i < verified).IgnoreError();
+  }
+  return verified;
 }
 
 size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limit,
@@ -1011,24 +1023,6 @@ size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limi
     if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) break;
     loaded += verified;
     if (verified < n) break;
-  }
-  return loaded;
-}
-
-size_t Pool::PublishStagedLoads(absl::FunctionRef<BlockId(size_t)> block_of,
-                                absl::Span<const BlockRecordIdentity> expected,
-                                absl::Span<const HostTier::PendingStore> slots, size_t loaded) {
-  const uint64_t block_bytes = options_.layout.BlockBytes();
-  std::vector<PoolMemory::HostCopy> copies;
-  for (size_t i = 0; i < loaded; ++i) {
-    copies.push_back(PoolMemory::HostCopy{.block = block_of(i), .host = slots[i].bytes});
-  }
-  if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) loaded = 0;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    BlockRecordIdentity record = expected[i];
-    // Of the verified bytes themselves: the record below may have changed since.
-    if (i < loaded) record.checksum = ::kvcache::BlockChecksum(slots[i].bytes, block_bytes);
-    host_tier_->FinishStore(slots[i], record, /*reused=*/true, i < loaded).IgnoreError();
   }
   return loaded;
 }

@@ -420,8 +420,9 @@ class Pool {
   // LoadFromBelow's steps, each loading and verifying a prefix of the records from `next` on.
   // LoadHostRun: tier-2 records from `next` while they last, at most kLoadBatch, `past_bound`
   // checked before each but the first; `failed` when a record failed (not when the bound or the
-  // run's end stopped it). LoadDiskBatch: the disk records [next, end); returns how many loaded.
-  // `block_at(i)`: the tier-1 block record i goes to.
+  // run's end stopped it). LoadDiskBatch: the disk records [next, end), a device pool's through
+  // fresh tier-2 slots that keep them; returns how many loaded. `block_at(i)`: the tier-1 block
+  // record i goes to.
   struct RunLoaded {
     size_t loaded = 0;
     bool failed = false;
@@ -431,12 +432,6 @@ class Pool {
                         absl::FunctionRef<bool()> past_bound);
   size_t LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
                        absl::FunctionRef<BlockId(size_t)> block_at);
-  // A device pool's loads from the disk tier land in fresh tier-2 slots (BeginStore) first: copies
-  // the `loaded` verified ones up to block_of(i) in one H2D batch, then publishes them in tier 2
-  // (they are hot again) and frees the rest; returns how many were copied up.
-  size_t PublishStagedLoads(absl::FunctionRef<BlockId(size_t)> block_of,
-                            absl::Span<const BlockRecordIdentity> expected,
-                            absl::Span<const HostTier::PendingStore> slots, size_t loaded);
   // Loads the sequence's blocks [first, limit) from the cluster tier in one batch (a device
   // pool's in chunks of kClusterStageBlocks, staged on the host), stopping at the first that does
   // not verify or has not come back by `deadline` (real time); returns how many loaded. Outside

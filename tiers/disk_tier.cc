@@ -521,10 +521,10 @@ class DiskTier::Impl {
       return;
     }
     if (ReadsInPlace(request.out)) {
-      result = Verify(slot, request.out.data(), pin.sequence, *request.expected);
+      result = Verify(slot, request.out.data(), pin.sequence, *request.expected, request.checksum);
       return;
     }
-    result = Verify(slot, slot + header_bytes_, pin.sequence, *request.expected);
+    result = Verify(slot, slot + header_bytes_, pin.sequence, *request.expected, request.checksum);
     if (result.ok()) std::memcpy(request.out.data(), slot + header_bytes_, request.out.size());
   }
 
@@ -535,9 +535,10 @@ class DiskTier::Impl {
            reinterpret_cast<uintptr_t>(out.data()) % kRecordAlignment == 0;
   }
 
-  // Checks a slot's header (`header`, header_bytes_) and block bytes (`bytes`, block_bytes).
+  // Checks a slot's header (`header`, header_bytes_) and block bytes (`bytes`, block_bytes); on
+  // OK sets *checksum (if given) to the record's.
   absl::Status Verify(const char* header_bytes, const char* bytes, uint64_t sequence,
-                      const BlockRecordIdentity& expected) const {
+                      const BlockRecordIdentity& expected, uint64_t* checksum) const {
     absl::StatusOr<RecordHeader> header =
         DecodeRecordHeader(absl::string_view(header_bytes, header_bytes_));
     if (!header.ok()) {
@@ -555,6 +556,7 @@ class DiskTier::Impl {
     if (BlockChecksum(bytes, options_.pool.block_bytes) != header->block.checksum) {
       return absl::DataLossError("disk record bytes fail their checksum");
     }
+    if (checksum != nullptr) *checksum = header->block.checksum;
     return absl::OkStatus();
   }
 

@@ -163,6 +163,7 @@ class DiskTier {
   struct LoadRequest {
     const BlockRecordIdentity* expected;
     absl::Span<char> out;
+    uint64_t* checksum = nullptr;  // when set and OK: the verified record's checksum
   };
   // Load for many blocks at once, up to read_depth reads in flight; one status per request, in
   // order, each as Load would answer it.

@@ -77,17 +77,19 @@ void HostTier::DropLocked(uint32_t slot) {
     s.state = SlotState::kDropped;  // the last UnpinLocked frees it
     return;
   }
-  s.state = SlotState::kFree;
-  s.below = false;
-  s.reused = false;
-  s.identity = BlockRecordIdentity{};
-  free_slots_.push_back(slot);
+  FreeLocked(slot);
 }
 
 void HostTier::UnpinLocked(uint32_t slot) {
   Slot& s = slots_[slot];
   if (--s.pins > 0 || s.state != SlotState::kDropped) return;
+  FreeLocked(slot);
+}
+
+void HostTier::FreeLocked(uint32_t slot) {
+  Slot& s = slots_[slot];
   s.state = SlotState::kFree;
+  s.pins = 0;
   s.below = false;
   s.reused = false;
   s.identity = BlockRecordIdentity{};
@@ -142,16 +144,18 @@ absl::Status HostTier::FinishStore(const PendingStore& pending, const BlockRecor
   {
     // The slot was private until now: its bytes needed no lock.
     absl::MutexLock lock(&mu_);
-    Slot& s = slots_[pending.slot];
-    s.pins = 0;
-    if (!filled || index_.contains(identity.hash)) {
-      s.state = SlotState::kFree;
-      free_slots_.push_back(pending.slot);
+    if (!filled) {
+      FreeLocked(pending.slot);
+      return absl::OkStatus();
+    }
+    if (index_.contains(identity.hash)) {
       // A concurrent store of the same hash won.
-      if (!filled) return absl::OkStatus();
+      FreeLocked(pending.slot);
       return absl::AlreadyExistsError(
           absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
     }
+    Slot& s = slots_[pending.slot];
+    s.pins = 0;
     s.state = SlotState::kStored;
     s.reused = reused;
     s.identity = identity;

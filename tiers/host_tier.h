@@ -214,6 +214,8 @@ class HostTier {
   // unpin when it is pinned.
   void DropLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns an unpinned or filling slot to the free list, cleared.
+  void FreeLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   uint8_t* const base_;
   const uint64_t mapped_bytes_;

@@ -78,7 +78,6 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     block_bytes_ = options.layout.BlockBytes();
     auto memory = testing::CreatePoolMemory(GetParam(), block_bytes_, num_blocks);
     ASSERT_OK(memory);
-    memory_ = memory->get();
     // Each pool a new daemon: a new event log.
     pool_.reset();
     events_ = std::make_unique<KvEventLog>();
@@ -215,7 +214,6 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   std::function<int()> disk_write_errno_;
   std::unique_ptr<KvEventLog> events_;
   std::unique_ptr<Pool> pool_;
-  PoolMemory* memory_ = nullptr;  // pool_'s
 };
 
 INSTANTIATE_TEST_SUITE_P(Memories, PoolTierTest, testing::AllPoolMemories(),
@@ -572,6 +570,19 @@ TEST_P(PoolTierTest, EvictedPrefixComesBackFromDiskWithIdenticalBytes) {
   EXPECT_EQ(DiskStats().hit_blocks, 4u);
   EXPECT_EQ(DiskStats().load_failures, 0u);
   EXPECT_EQ(pool_->Stats().hit_tokens, 16u);
+
+  // A device pool's disk records came up through tier 2, which keeps them under the checksum
+  // the disk tier verified: once tier 1 loses them again they load from tier 2, verified.
+  const bool device = GetParam() != PoolMemoryKind::kHost;
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(pool_->host_tier()->Contains(Chain(a)[i]), device);
+  if (!device) return;
+  ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  Compute(Tokens(900, 32));  // eight fresh blocks: A leaves tier 1, tier 2 is not touched
+  auto again = Open(a);
+  ASSERT_OK(again);
+  EXPECT_EQ(again->num_host_tier_tokens, 16u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(again->block_ids[i]), BlockBytes(a, i));
+  EXPECT_EQ(TierStats().tier.verify_failures, 0u);
 }
 
 TEST_P(PoolTierTest, DiskRecordsOutliveThePool) {

@@ -198,8 +198,6 @@ TEST_F(WorkerGpuProcessTest, MultiTurnConversationOnTheGpuHitsItsOwnAnswers) {
   EXPECT_TRUE(AwaitAllReleased());
 }
 
-#if KVCACHE_WITH_NCCL
-
 // Issue 18 on the GPU: a CUDA pool of 24 blocks (6 KiB each) with a page-locked tier 2 of 8
 // blocks and a disk tier below it. A prompt's blocks go down by D2H copies and come back by H2D
 // copies (from tier 2 or, through it, from disk), and after kill -9 and a restart from disk
@@ -248,6 +246,8 @@ TEST_F(WorkerGpuTierProcessTest, PrefixFromTier2AndFromDiskAfterKill9IsIdentical
   EXPECT_EQ(PoolTier("disk").hit_blocks, 6u);
   EXPECT_TRUE(AwaitAllReleased());
 }
+
+#if KVCACHE_WITH_NCCL
 
 // Disaggregated prefill/decode on one GPU: daemon A (this fixture's) and daemon B, both with
 // --device cuda:0; the prefill worker on A ships over a single-rank NCCL channel into B's pool.
