@@ -308,10 +308,12 @@ int Run() {
   }
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_period);
   const absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  // Draining before saying so: whoever reads the line (an operator, a test) must find new
+  // sessions refused already.
+  (*daemon)->Drain();
   std::printf("kvcache-manager: signal %d, draining for %s\n", signal_number,
               absl::FormatDuration(drain).c_str());
   std::fflush(stdout);
-  (*daemon)->Drain();
   absl::SleepFor(drain);
   std::printf("kvcache-manager: shutting down; calls in flight have %s to finish\n",
               absl::FormatDuration(drain_timeout).c_str());
