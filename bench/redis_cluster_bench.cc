@@ -136,7 +136,7 @@ std::vector<BlockRecordIdentity> StoreChain(ClusterTier& tier, uint64_t block_by
   return std::move(chain.identities);
 }
 
-// The mover's batch (cache/pool.h kOffloadBatch): what one ClusterTier::Store call carries.
+// The mover's batch (cache/lower_tiers.h kOffloadBatch): what one ClusterTier::Store call carries.
 constexpr size_t kMoverBatch = 8;
 
 // Stores as the mover sends them, batches of kMoverBatch records: the tier's Store vs SETs of

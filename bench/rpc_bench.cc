@@ -236,17 +236,17 @@ class BenchDaemon {
           "%llu tier-2 evictions, %llu tier-2 hits\n",
           static_cast<unsigned long long>(stats.pool.evictions),
           static_cast<unsigned long long>(stats.pool.evicted_offloaded),
-          static_cast<unsigned long long>(stats.host_tier->tier.stored),
-          static_cast<unsigned long long>(stats.host_tier->tier.evicted),
+          static_cast<unsigned long long>(stats.host_tier->store.stored),
+          static_cast<unsigned long long>(stats.host_tier->store.evicted),
           static_cast<unsigned long long>(stats.host_tier->hit_blocks));
       if (!stats.disk_tier.has_value()) continue;
       std::printf(
           "disk tier: %llu records passed down, %llu durable, %llu refused (queue full), %llu "
           "tier-2 evictions already on disk, %llu disk hits\n",
           static_cast<unsigned long long>(stats.disk_tier->demoted_blocks),
-          static_cast<unsigned long long>(stats.disk_tier->tier.stores_durable),
-          static_cast<unsigned long long>(stats.disk_tier->tier.stores_refused_full),
-          static_cast<unsigned long long>(stats.disk_tier->evicted_below),
+          static_cast<unsigned long long>(stats.disk_tier->store.stores_durable),
+          static_cast<unsigned long long>(stats.disk_tier->store.stores_refused_full),
+          static_cast<unsigned long long>(stats.disk_tier->evicted_from_above),
           static_cast<unsigned long long>(stats.disk_tier->hit_blocks));
     }
   }

@@ -289,8 +289,8 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
       [&] {
         if (on_device) {
           // As the pool loads: one batch (kLoadBatch records) per synchronization.
-          for (size_t i = 0; i < copies.size(); i += Pool::kLoadBatch) {
-            const size_t n = std::min(Pool::kLoadBatch, copies.size() - i);
+          for (size_t i = 0; i < copies.size(); i += LowerTiers::kLoadBatch) {
+            const size_t n = std::min(LowerTiers::kLoadBatch, copies.size() - i);
             if (!(*destination)
                      ->CopyFromHost(absl::MakeConstSpan(copies).subspan(i, n), [] {})
                      .ok()) {
@@ -637,7 +637,7 @@ void AdmissionSweep(const std::string& dir) {
         &counts);
     if (!replayed) return;
     const PoolStatsSnapshot stats = (*pool)->Stats();
-    const double writes = stats.disk_tier->tier.stores_durable;
+    const double writes = stats.disk_tier->store.stores_durable;
     std::printf("%-10s %9.1f%% %9.1f%% %9.1f%% %9.1f%% %14.2f %16.2f\n",
                 admission == DiskAdmission::kAll ? "all" : "reused",
                 100.0 * counts.tier1 / counts.prompt, 100.0 * counts.tier2 / counts.prompt,

@@ -33,7 +33,7 @@ absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys&
   }
   if (extras.multimodal_items.size() > kMaxMultimodalItems) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "", extras.multimodal_items.size(), " multimodal items; at most ", kMaxMultimodalItems));
+        extras.multimodal_items.size(), " multimodal items; at most ", kMaxMultimodalItems));
   }
   for (size_t i = 0; i < extras.multimodal_items.size(); ++i) {
     const MultimodalItem& item = extras.multimodal_items[i];
@@ -58,12 +58,7 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
                                                    TenantQuotas* quotas, KvEventLog* events,
                                                    const Clock* clock) {
   RETURN_IF_ERROR(options.layout.Validate());
-  if (options.name.empty() || options.name.size() > 64 ||
-      options.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                     "0123456789_-.") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool name '", options.name, "' must be 1 to 64 characters of [A-Za-z0-9_.-]"));
-  }
+  RETURN_IF_ERROR(ValidatePoolName(options.name));
   if (options.num_blocks == 0 || options.num_blocks >= kNoBlock) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' needs 1 to ", kNoBlock - 1, " blocks"));
@@ -79,85 +74,17 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(const PoolOptions& options, u
     return absl::InvalidArgumentError(
         absl::StrCat("pool '", options.name, "' memory does not match its layout"));
   }
-  // Lower tiers announce their records in the pool's events, each with its medium.
-  std::shared_ptr<TierEvents> tier_events;
-  if (events != nullptr) {
-    tier_events = std::make_shared<TierEvents>(events, pool_index, options.hash_algorithm,
-                                               options.layout.block_size);
-  }
-  const auto listener = [&tier_events](absl::string_view medium) -> RecordChangeListener {
-    if (tier_events == nullptr) return nullptr;
-    return TierEvents::ListenerFor(tier_events, std::string(medium));
-  };
-  std::unique_ptr<HostTier> host_tier;
-  if (options.host_tier_bytes != 0) {
-    // A device pool's copies to and from tier 2 are DMA from page-locked memory. The pool's
-    // memory outlives the tier (declared before it in Pool).
-    PoolMemory* const pool_memory = memory.get();
-    absl::StatusOr<std::unique_ptr<HostTier>> tier = HostTier::Create(
-        options.host_tier_bytes, options.layout.BlockBytes(), listener(kKvMediumCpuPinned),
-        HostMemoryRegistrar{
-            .register_memory =
-                [pool_memory](void* base, uint64_t size) {
-                  return pool_memory->RegisterHostMemory(base, size);
-                },
-            .unregister_memory =
-                [pool_memory](void* base) { pool_memory->UnregisterHostMemory(base); }});
-    if (!tier.ok()) {
-      return absl::Status(tier.status().code(),
-                          absl::StrCat("pool '", options.name, "': ", tier.status().message()));
-    }
-    host_tier = *std::move(tier);
-  }
-  const PoolIdentity identity{.model_id = options.model_id,
-                              .layout_fingerprint = options.layout.Fingerprint(),
-                              .hash_algorithm = options.hash_algorithm,
-                              .block_bytes = options.layout.BlockBytes()};
-  std::unique_ptr<DiskTier> disk_tier;
-  if (!options.disk_tier_path.empty()) {
-    if (host_tier == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pool '", options.name, "': disk_tier needs a host_tier above it"));
-    }
-    DiskTierOptions disk{.path = options.disk_tier_path,
-                         .capacity_bytes = options.disk_tier_bytes,
-                         .pool = identity,
-                         .tokens_per_block = options.layout.block_size,
-                         .on_change = listener(kKvMediumDisk)};
-    if (options.testing_disk_tier_options) options.testing_disk_tier_options(&disk);
-    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(std::move(disk));
-    if (!tier.ok()) {
-      return absl::Status(
-          tier.status().code(),
-          absl::StrCat("pool '", options.name, "' disk_tier: ", tier.status().message()));
-    }
-    disk_tier = *std::move(tier);
-    // A router that connects after a warm restart learns what the disk still serves.
-    if (tier_events != nullptr) tier_events->AnnounceRestored(kKvMediumDisk, disk_tier->Records());
-  }
-  std::unique_ptr<ClusterTier> cluster_tier;
-  if (options.cluster_tier.has_value()) {
-    absl::StatusOr<std::unique_ptr<ClusterTier>> tier =
-        ClusterTier::Create(ClusterTierOptions{.redis = *options.cluster_tier,
-                                               .pool = identity,
-                                               .tokens_per_block = options.layout.block_size});
-    if (!tier.ok()) {
-      return absl::Status(tier.status().code(),
-                          absl::StrCat("pool '", options.name, "': ", tier.status().message()));
-    }
-    cluster_tier = *std::move(tier);
-  }
   if (faults == nullptr) faults = std::make_shared<DeviceFaultLatch>();
-  return std::unique_ptr<Pool>(new Pool(
-      options, pool_index, std::move(memory), std::move(faults), quotas, events, clock,
-      std::move(host_tier), std::move(disk_tier), std::move(cluster_tier), std::move(tier_events)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<LowerTiers> tiers,
+      LowerTiers::Create(options, pool_index, memory.get(), faults.get(), events, clock));
+  return std::unique_ptr<Pool>(new Pool(options, pool_index, std::move(memory), std::move(faults),
+                                        quotas, events, clock, std::move(tiers)));
 }
 
 Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
            std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
-           const Clock* clock, std::unique_ptr<HostTier> host_tier,
-           std::unique_ptr<DiskTier> disk_tier, std::unique_ptr<ClusterTier> cluster_tier,
-           std::shared_ptr<TierEvents> tier_events)
+           const Clock* clock, std::unique_ptr<LowerTiers> tiers)
     : options_(options),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
@@ -172,33 +99,12 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
       allocated_at_(options.num_blocks),
       last_access_(options.num_blocks),
       released_at_(options.num_blocks),
-      host_tier_(std::move(host_tier)),
-      offload_window_(
-          std::min(options.num_blocks,
-                   options.offload_window != 0
-                       ? options.offload_window
-                       : std::max(8u, options.num_blocks / kDefaultOffloadWindowDivisor))),
-      disk_tier_(std::move(disk_tier)),
-      demotion_window_(
-          disk_tier_ == nullptr
-              ? 0
-              : std::min(host_tier_->num_slots(),
-                         std::max(8u, host_tier_->num_slots() / kDefaultOffloadWindowDivisor))),
-      cluster_tier_(std::move(cluster_tier)),
-      tier_events_(std::move(tier_events)) {
-  if ((host_tier_ != nullptr || cluster_tier_ != nullptr) && !options.testing_manual_offload) {
-    mover_ = std::thread([this] { MoverLoop(); });
-  }
+      tiers_(std::move(tiers)) {
+  tiers_->Start(this);  // last: the mover may call PickOffload at once
 }
 
-Pool::~Pool() {
-  {
-    absl::MutexLock lock(&mover_mu_);
-    mover_stopping_ = true;
-    mover_cv_.Signal();
-  }
-  if (mover_.joinable()) mover_.join();
-}
+// The mover calls into this pool until it stops.
+Pool::~Pool() { tiers_->Stop(); }
 
 uint32_t Pool::TenantSlotLocked(absl::string_view tenant) {
   auto [it, inserted] = tenant_slots_.try_emplace(tenant, static_cast<uint32_t>(tenants_.size()));
@@ -273,240 +179,77 @@ void Pool::WaitOutOffloadLocked(size_t needed) {
 }
 
 void Pool::MaybeWakeMoverLocked() {
-  if (!mover_.joinable() || pool_.num_free() >= offload_window_ || pool_.num_evictable() == 0) {
+  if (!tiers_->has_mover() || pool_.num_free() >= tiers_->offload_window() ||
+      pool_.num_evictable() == 0) {
     return;
   }
   // One wake per kOffloadBatch events (a release, an allocation) while the window has slack:
   // a wake per event cost a futex wake and a pass per request (rpc_bench). Small evictable sets
   // (under twice a batch) are woken for at once, so nothing waits for events that may not come.
-  if (++mover_events_ < kOffloadBatch && pool_.num_evictable() >= 2 * kOffloadBatch) return;
+  if (++mover_events_ < LowerTiers::kOffloadBatch &&
+      pool_.num_evictable() >= 2 * LowerTiers::kOffloadBatch) {
+    return;
+  }
   mover_events_ = 0;
-  if (mover_wanted_.exchange(true, std::memory_order_acq_rel)) return;
-  absl::MutexLock lock(&mover_mu_);
-  mover_cv_.Signal();
+  tiers_->WakeMover();
 }
 
-void Pool::MoverLoop() {
-  while (true) {
-    {
-      absl::MutexLock lock(&mover_mu_);
-      while (!mover_stopping_ && !mover_wanted_.load(std::memory_order_acquire)) {
-        mover_cv_.Wait(&mover_mu_);
-      }
-      if (mover_stopping_) return;
-    }
-    mover_wanted_.store(false, std::memory_order_release);
-    while (MoverRound()) {
-      absl::MutexLock lock(&mover_mu_);
-      if (mover_stopping_) return;
-    }
+bool Pool::PickOffload(size_t max, std::vector<OffloadCandidate>* batch) {
+  absl::MutexLock lock(&mu_);
+  const uint32_t window = tiers_->offload_window();
+  if (pool_.num_free() >= window) {
+    offload_cursor_ = kNoBlock;
+    return false;
   }
+  // The oldest offload_window() evictable blocks: those the next evictions take (no eager
+  // mirror of the whole LRU). The scan resumes at its cursor — the first block it has not
+  // looked at, offload_scanned_ blocks from the front (evictions from the front bring it
+  // closer) — so each block is looked at once per pass; it restarts from the front when the
+  // cursor left the LRU (evicted, resurrected). At most kMaxOffloadScan links per lock hold.
+  BlockId block = offload_cursor_;
+  if (block == kNoBlock || !pool_.IsEvictable(block)) {
+    block = pool_.LruFront();
+    offload_scanned_ = 0;
+  }
+  for (uint32_t steps = 0; block != kNoBlock && offload_scanned_ < window && batch->size() < max &&
+                           steps < kMaxOffloadScan;
+       ++steps, ++offload_scanned_) {
+    const BlockId next = pool_.LruNext(block);
+    if (!pool_.IsOffloaded(block)) {
+      const BlockIdentity& identity = pool_.IdentityOf(block);
+      const bool in_cluster = pool_.IsInCluster(block);
+      if (!tiers_->NeedsOffload(identity.hash, in_cluster)) {
+        pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
+      } else {
+        const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
+        batch->push_back(OffloadCandidate{
+            .block = block,
+            .record = BlockRecordIdentity{.hash = identity.hash,
+                                          .parent_hash = identity.parent_hash,
+                                          .namespace_digest = identity.namespace_digest,
+                                          .extras_digest = identity.extras_digest,
+                                          .prefix_digest = identity.prefix_digest,
+                                          .tokens = {tokens.begin(), tokens.end()}},
+            .checksum = pool_.CachedChecksum(block),
+            .to_cluster = tiers_->has_cluster() && !in_cluster,
+            .reused = pool_.IsReused(block)});
+        pool_.PinForOffload(block);
+        offload_pins_.push_back(block);
+      }
+    }
+    block = next;
+  }
+  offload_cursor_ = block;
+  // An empty batch past the window or the LRU's end: this pass is done.
+  return !batch->empty() || (block != kNoBlock && offload_scanned_ < window);
 }
 
-size_t Pool::OffloadForTesting() {
-  const uint64_t before = offloaded_blocks_.load(std::memory_order_relaxed);
-  while (MoverRound()) {
-  }
-  return offloaded_blocks_.load(std::memory_order_relaxed) - before;
-}
-
-bool Pool::MoverRound() {
-  // Both stages each round: what tier 1 passes down fills tier 2, which passes its oldest on.
-  const bool offloading = OffloadBatch();
-  const bool demoting = DemoteBatch();
-  return offloading || demoting;
-}
-
-bool Pool::OffloadBatch() {
-  if (host_tier_ == nullptr && cluster_tier_ == nullptr) return false;
-  struct Candidate {
-    BlockId block = kNoBlock;
-    BlockRecordIdentity record;
-    std::optional<uint64_t> checksum;
-    bool below = false;
-    bool to_cluster = false;
-    bool reused = false;
-    std::string cluster_copy;
-  };
-  std::vector<Candidate> batch;
-  {
-    absl::MutexLock lock(&mu_);
-    if (pool_.num_free() >= offload_window_) {
-      offload_cursor_ = kNoBlock;
-      return false;
-    }
-    // The oldest offload_window_ evictable blocks: those the next evictions take (no eager
-    // mirror of the whole LRU). The scan resumes at its cursor — the first block it has not
-    // looked at, offload_scanned_ blocks from the front (evictions from the front bring it
-    // closer) — so each block is looked at once per pass; it restarts from the front when the
-    // cursor left the LRU (evicted, resurrected). At most kMaxOffloadScan links per lock hold.
-    BlockId block = offload_cursor_;
-    if (block == kNoBlock || !pool_.IsEvictable(block)) {
-      block = pool_.LruFront();
-      offload_scanned_ = 0;
-    }
-    for (uint32_t steps = 0; block != kNoBlock && offload_scanned_ < offload_window_ &&
-                             batch.size() < kOffloadBatch && steps < kMaxOffloadScan;
-         ++steps, ++offload_scanned_) {
-      const BlockId next = pool_.LruNext(block);
-      if (!pool_.IsOffloaded(block)) {
-        const BlockIdentity& identity = pool_.IdentityOf(block);
-        const bool to_cluster = cluster_tier_ != nullptr && !pool_.IsInCluster(block);
-        if (!to_cluster && (host_tier_ == nullptr || host_tier_->Contains(identity.hash))) {
-          pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
-        } else {
-          const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
-          batch.push_back(
-              Candidate{.block = block,
-                        .record = BlockRecordIdentity{.hash = identity.hash,
-                                                      .parent_hash = identity.parent_hash,
-                                                      .namespace_digest = identity.namespace_digest,
-                                                      .extras_digest = identity.extras_digest,
-                                                      .prefix_digest = identity.prefix_digest,
-                                                      .tokens = {tokens.begin(), tokens.end()}},
-                        .checksum = pool_.CachedChecksum(block),
-                        .to_cluster = to_cluster,
-                        .reused = pool_.IsReused(block)});
-          pool_.PinForOffload(block);
-          offload_pins_.push_back(block);
-        }
-      }
-      block = next;
-    }
-    offload_cursor_ = block;
-    if (batch.empty()) {
-      // Past the window or the LRU's end: this pass is done.
-      if (block == kNoBlock || offload_scanned_ >= offload_window_) return false;
-      return true;  // the scan continues after letting requests in
-    }
-  }
-  const uint64_t block_bytes = options_.layout.BlockBytes();
-  // Pinned and published: the bytes cannot change during the copies. Tier 2's slots are filled
-  // in one batch (a device pool's D2H copies, one synchronization).
-  std::vector<std::optional<HostTier::PendingStore>> pending(batch.size());
-  std::vector<PoolMemory::HostCopy> copies;
-  const bool host_memory = memory_->HostBlock(0) != nullptr;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Candidate& candidate = batch[i];
-    if (host_tier_ != nullptr) {
-      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(candidate.record.hash);
-      // ALREADY_EXISTS: below already (loaded from there, or a concurrent load from the disk
-      // tier put it there).
-      candidate.below = absl::IsAlreadyExists(slot.status());
-      if (slot.ok()) {
-        copies.push_back(PoolMemory::HostCopy{.block = candidate.block, .host = slot->bytes});
-        pending[i] = *std::move(slot);
-        continue;
-      }
-    }
-    if (candidate.to_cluster && !host_memory) {
-      // Only for the cluster: device bytes staged in the copy itself.
-      candidate.cluster_copy.resize(block_bytes);
-      copies.push_back(
-          PoolMemory::HostCopy{.block = candidate.block,
-                               .host = reinterpret_cast<uint8_t*>(candidate.cluster_copy.data())});
-    }
-  }
-  const absl::Status copied = CheckMemory(memory_->CopyToHost(copies));
-  // The cluster's copies are taken while the blocks are pinned, and sent after they are unpinned:
-  // a request that needs a pinned block waits for this batch, and must not wait on the network.
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Candidate& candidate = batch[i];
-    // Tier 2's slot, else the cluster's own copy of a device block, else host memory (null for a
-    // device block with neither).
-    const uint8_t* bytes = pending[i].has_value() ? pending[i]->bytes
-                           : !candidate.cluster_copy.empty()
-                               ? reinterpret_cast<const uint8_t*>(candidate.cluster_copy.data())
-                               : memory_->HostBlock(candidate.block);
-    if (bytes == nullptr || !copied.ok()) {
-      // A device pool's failed copy (the fault latched): nothing of it is published.
-      if (pending[i].has_value()) {
-        host_tier_->FinishStore(*pending[i], candidate.record, candidate.reused, false)
-            .IgnoreError();
-      }
-      continue;
-    }
-    candidate.record.checksum = candidate.checksum.has_value()
-                                    ? *candidate.checksum
-                                    : ::kvcache::BlockChecksum(bytes, block_bytes);
-    // Copied before tier 2 publishes its slot, which may then be evicted and reused at once.
-    if (candidate.to_cluster) {
-      if (candidate.cluster_copy.empty()) {
-        candidate.cluster_copy.assign(reinterpret_cast<const char*>(bytes), block_bytes);
-      }
-      // Sent once: a store the cluster then refuses is not retried (it is a cache).
-      if (host_tier_ == nullptr) candidate.below = true;
-    }
-    if (pending[i].has_value()) {
-      const absl::Status stored =
-          host_tier_->FinishStore(*pending[i], candidate.record, candidate.reused, true);
-      candidate.below = stored.ok() || absl::IsAlreadyExists(stored);
-      if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
-      // Saved only if durable on disk (a record accepted for writing may yet fail its write).
-      if (stored.ok() && pending[i]->evicted.has_value() && disk_tier_ != nullptr &&
-          disk_tier_->Find(pending[i]->evicted->hash).ok()) {
-        evicted_below_.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    // Back to the front in the order they were taken from it.
-    for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
-      pool_.UnpinOffloaded(it->block, it->below);
-    }
-    offload_pins_.clear();
-  }
-  // What leaves the node goes to the cluster too, in one pipelined batch. A cluster that is down
-  // or slow costs the mover its timeout (back-pressure), never a request.
-  std::vector<ClusterTier::Record> to_cluster;
-  for (const Candidate& candidate : batch) {
-    if (candidate.to_cluster) {
-      to_cluster.push_back(ClusterTier::Record{candidate.record, candidate.cluster_copy});
-    }
-  }
-  if (!to_cluster.empty()) {
-    const std::vector<absl::Status> stored = cluster_tier_->Store(to_cluster);
-    // Announced live only: the cluster evicts silently, so no removal would ever follow.
-    // Announced before counted, so whoever sees the count sees the events.
-    std::vector<RecordChange> in_cluster;
-    uint64_t written = 0;
-    for (size_t i = 0; i < stored.size(); ++i) {
-      if (!stored[i].ok()) continue;
-      ++written;
-      if (tier_events_ != nullptr) {
-        in_cluster.push_back(RecordChange{RecordChange::Kind::kStored, to_cluster[i].identity});
-      }
-    }
-    if (!in_cluster.empty()) {
-      tier_events_->Announce(kKvMediumExternal, in_cluster, KvEventRetention::kLiveOnly);
-    }
-    cluster_stored_blocks_.fetch_add(written, std::memory_order_relaxed);
-  }
-  return true;
-}
-
-bool Pool::DemoteBatch() {
-  if (disk_tier_ == nullptr) return false;
-  const std::vector<HostTier::Demotion> batch = host_tier_->PinForDemotion(
-      demotion_window_, kOffloadBatch, options_.disk_admission == DiskAdmission::kReused);
-  bool more = !batch.empty();
-  for (const HostTier::Demotion& demotion : batch) {
-    absl::Status stored = absl::UnavailableError("the disk tier refused this round");
-    if (more) {
-      // Stores only queue (a copy of the bytes); the disk tier's writer does the I/O.
-      stored = disk_tier_->Store(demotion.identity,
-                                 absl::MakeConstSpan(reinterpret_cast<const char*>(demotion.bytes),
-                                                     host_tier_->block_bytes()));
-      if (stored.ok()) demoted_blocks_.fetch_add(1, std::memory_order_relaxed);
-      // A full queue or a stopped disk is the disk's back-pressure: the rest of the batch goes
-      // back unmarked (offered again next pass, or evicted from tier 2 unsaved), and the mover
-      // stops passing down for this round.
-      more = !absl::IsResourceExhausted(stored) && !absl::IsUnavailable(stored);
-    }
-    host_tier_->FinishDemotion(demotion.slot, stored);
-  }
-  return more;
+void Pool::FinishOffload(absl::Span<const OffloadCandidate> batch) {
+  absl::MutexLock lock(&mu_);
+  // Back to the front in the order they were taken from it.
+  for (auto it = batch.rbegin(); it != batch.rend(); ++it)
+    pool_.UnpinOffloaded(it->block, it->below);
+  offload_pins_.clear();
 }
 
 void Pool::ReportEvictionsLocked() {
@@ -679,7 +422,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : total_blocks;
   std::vector<BelowRecord> below;  // tier-2 and tier-3 records continuing the tier-1 hits
   size_t num_hits = 0;
-  bool from_cluster = false;
+  size_t cluster_end = 0;  // records the cluster is asked for, after `below`'s (none: 0)
   {
     absl::MutexLock lock(&mu_);
     WaitOutOffloadLocked(total_blocks);
@@ -690,7 +433,8 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     num_hits = hits.size();
     size_t evictable_hits = 0;
     for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
-    below = ProbeBelowLocked(*sequence, num_hits, max_hit_blocks);
+    below = tiers_->Probe([&](size_t i) { return ExpectedRecord(*sequence, num_hits + i); },
+                          max_hit_blocks - num_hits);
     if (mode == OpenMode::kPinCached) {
       // A read loads only into blocks it can have without failing.
       const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
@@ -707,8 +451,8 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     for (BlockId block : hits) {
       AcquireLocked(block, sequence->tenant);
       // A hit after the block went down to tier 2: its record there is reused too (once).
-      if (!pool_.IsReused(block) && pool_.IsOffloaded(block) && host_tier_ != nullptr) {
-        host_tier_->MarkReused(pool_.IdentityOf(block).hash);
+      if (!pool_.IsReused(block) && pool_.IsOffloaded(block)) {
+        tiers_->MarkReused(pool_.IdentityOf(block).hash);
       }
       pool_.SetReused(block);
     }
@@ -720,27 +464,19 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     ReportEvictionsLocked();
     // The cluster is asked only by a compute open whose walk may go on past what the node has:
     // its fresh blocks are where the cluster's blocks land.
-    from_cluster = cluster_tier_ != nullptr && mode == OpenMode::kCompute &&
-                   num_hits + below.size() < max_hit_blocks;
-    if (below.empty() && !from_cluster) {
-      return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, {}, 0);
+    if (tiers_->has_cluster() && mode == OpenMode::kCompute &&
+        num_hits + below.size() < max_hit_blocks) {
+      cluster_end = max_hit_blocks - num_hits;
+    }
+    if (below.empty() && cluster_end == 0) {
+      return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, {});
     }
     loading_.insert(sequence.get());
   }
-  const absl::Time load_start = clock_->Now();
-  const BelowLoaded loaded =
-      LoadFromBelow(*sequence, num_hits, below, load_start, spec.max_load_ms);
-  size_t cluster_loaded = 0;
-  // The budget left, as a real-time deadline for the network (the pool's clock may be a test's).
-  const absl::Duration budget_left =
-      spec.max_load_ms == 0 ? absl::InfiniteDuration()
-                            : absl::Milliseconds(spec.max_load_ms) - (clock_->Now() - load_start);
-  if (from_cluster && loaded.total() == below.size() && budget_left > absl::ZeroDuration()) {
-    const absl::Time begin = absl::Now();
-    cluster_loaded =
-        LoadFromCluster(*sequence, num_hits + loaded.total(), max_hit_blocks, begin + budget_left);
-    tier_load_latency_.cluster.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
-  }
+  // Only this sequence holds the blocks, and nobody can see the sequence yet.
+  const TierLoaded loaded = tiers_->Load(
+      below, [&](size_t i) { return ExpectedRecord(*sequence, num_hits + i); }, cluster_end,
+      absl::MakeConstSpan(sequence->blocks).subspan(num_hits), spec.max_load_ms);
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
   const absl::Status device = faults_->status();
@@ -752,16 +488,13 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     if (!device.ok()) return device;
     return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the open"));
   }
-  return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded,
-                          cluster_loaded);
+  return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded);
 }
 
 OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                      OpenMode mode, size_t num_hits, BelowLoaded below_loaded,
-                                      size_t cluster_loaded) {
+                                      OpenMode mode, size_t num_hits, TierLoaded loaded) {
   const uint32_t block_size = options_.layout.block_size;
-  const size_t loaded = below_loaded.total() + cluster_loaded;
-  const size_t cached = num_hits + loaded;
+  const size_t cached = num_hits + loaded.total();
   if (mode == OpenMode::kPinCached) {
     // A read returns the cached prefix only: blocks whose load did not happen go back.
     while (sequence->blocks.size() > cached) {
@@ -773,21 +506,19 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
     sequence->extras_digests.resize(cached);
     sequence->prefix_digests.resize(cached);
   }
-  if (loaded > 0) {
+  if (loaded.total() > 0) {
     CommitResult ignored;
     PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(cached), &ignored);
     sequence->committed_blocks = static_cast<uint32_t>(cached);
     // Loaded from below: a hit, like a tier-1 one.
     for (size_t i = num_hits; i < cached; ++i) pool_.SetReused(sequence->blocks[i]);
-    if (cluster_tier_ != nullptr) {
+    if (tiers_->has_cluster()) {
       // What came up from a lower tier or the cluster is there already: the mover sent the lower
       // tiers' records to the cluster when it passed them down. Not written back (every node
       // hitting a shared prefix would write it again).
       for (size_t i = num_hits; i < cached; ++i) pool_.SetInCluster(sequence->blocks[i]);
     }
-    tier_hit_blocks_ += below_loaded.host;
-    disk_hit_blocks_.fetch_add(below_loaded.disk, std::memory_order_relaxed);
-    cluster_hit_blocks_.fetch_add(cluster_loaded, std::memory_order_relaxed);
+    tiers_->CountHits(loaded);
   }
   const size_t total_blocks = sequence->blocks.size();
   if (mode == OpenMode::kCompute) {
@@ -802,9 +533,9 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
   OpenedSequence opened{
       .block_ids = sequence->blocks,
       .num_cached_tokens = static_cast<uint32_t>(cached * block_size),
-      .num_host_tier_tokens = static_cast<uint32_t>(below_loaded.host * block_size),
-      .num_disk_tier_tokens = static_cast<uint32_t>(below_loaded.disk * block_size),
-      .num_cluster_tier_tokens = static_cast<uint32_t>(cluster_loaded * block_size)};
+      .num_host_tier_tokens = static_cast<uint32_t>(loaded.host * block_size),
+      .num_disk_tier_tokens = static_cast<uint32_t>(loaded.disk * block_size),
+      .num_cluster_tier_tokens = static_cast<uint32_t>(loaded.cluster * block_size)};
   opened.sequence_id = AddLocked(std::move(sequence));
   return opened;
 }
@@ -818,213 +549,6 @@ BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) con
                              .extras_digest = sequence.extras_digests[i],
                              .prefix_digest = sequence.prefix_digests[i],
                              .tokens = {tokens.begin(), tokens.end()}};
-}
-
-std::vector<Pool::BelowRecord> Pool::ProbeBelowLocked(const Sequence& sequence, size_t first,
-                                                      size_t limit) const {
-  std::vector<BelowRecord> below;
-  if (host_tier_ == nullptr) return below;
-  for (size_t i = first; i < std::min(limit, sequence.chain.size()); ++i) {
-    BlockRecordIdentity expected = ExpectedRecord(sequence, i);
-    const TierProbe probe = host_tier_->Probe(expected);
-    if (probe == TierProbe::kMatch) {
-      below.push_back(BelowRecord{std::move(expected), Below::kHost});
-      continue;
-    }
-    if (probe == TierProbe::kMismatch) collisions_caught_.fetch_add(1, std::memory_order_relaxed);
-    if (disk_tier_ == nullptr) break;
-    // From memory: what the disk tier indexed, durable records only.
-    const absl::StatusOr<BlockRecordIdentity> on_disk = disk_tier_->Find(expected.hash);
-    if (!on_disk.ok()) break;
-    if (!RecordMismatch(*on_disk, expected).empty()) {
-      collisions_caught_.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    below.push_back(BelowRecord{std::move(expected), Below::kDisk});
-  }
-  return below;
-}
-
-Pool::BelowLoaded Pool::LoadFromBelow(const Sequence& sequence, size_t first,
-                                      const std::vector<BelowRecord>& below, absl::Time start,
-                                      uint32_t max_load_ms) {
-  BelowLoaded loaded;
-  // Real time spent in each tier (the pool's clock may be a test's), one sample per tier tried.
-  std::optional<absl::Duration> host_time, disk_time;
-  const auto timed = [](std::optional<absl::Duration>& total, auto&& load) {
-    const absl::Time begin = absl::Now();
-    auto result = load();
-    total = total.value_or(absl::ZeroDuration()) + (absl::Now() - begin);
-    return result;
-  };
-  const auto past_bound = [&] {
-    return max_load_ms != 0 && clock_->Now() - start >= absl::Milliseconds(max_load_ms);
-  };
-  // Only this sequence holds the blocks, and nobody can see the sequence yet.
-  const auto block_at = [&](size_t i) { return sequence.blocks[first + i]; };
-  while (loaded.total() < below.size()) {
-    const size_t next = loaded.total();
-    if (past_bound()) {
-      for (size_t i = next; i < below.size(); ++i) {
-        (below[i].tier == Below::kHost ? tier_deadline_blocks_ : disk_deadline_blocks_)
-            .fetch_add(1, std::memory_order_relaxed);
-      }
-      break;
-    }
-    if (below[next].tier == Below::kHost) {
-      const RunLoaded run =
-          timed(host_time, [&] { return LoadHostRun(below, next, block_at, past_bound); });
-      loaded.host += run.loaded;
-      if (run.failed) {
-        tier_load_failures_.fetch_add(1, std::memory_order_relaxed);
-        break;
-      }
-      continue;
-    }
-    // A run of disk records, one batch of the disk tier's read depth at a time (the bound is
-    // checked between batches).
-    size_t end = next;
-    while (end < below.size() && below[end].tier == Below::kDisk &&
-           end - next < disk_tier_->read_depth()) {
-      ++end;
-    }
-    const size_t verified =
-        timed(disk_time, [&] { return LoadDiskBatch(below, next, end, block_at); });
-    loaded.disk += verified;
-    if (verified < end - next) {
-      disk_load_failures_.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-  }
-  if (host_time) tier_load_latency_.host.Observe(absl::ToDoubleSeconds(*host_time));
-  if (disk_time) tier_load_latency_.disk.Observe(absl::ToDoubleSeconds(*disk_time));
-  return loaded;
-}
-
-Pool::RunLoaded Pool::LoadHostRun(const std::vector<BelowRecord>& below, size_t next,
-                                  absl::FunctionRef<BlockId(size_t)> block_at,
-                                  absl::FunctionRef<bool()> past_bound) {
-  // Pins a run of tier-2 records (the bound checked before each), copies them up in one batch
-  // (a device pool's H2D copies, verified on the host meanwhile) and counts the verified prefix.
-  RunLoaded run;
-  std::vector<HostTier::PinnedRecord> pinned;
-  std::vector<PoolMemory::HostCopy> copies;
-  for (size_t i = next; i < below.size() && below[i].tier == Below::kHost &&
-                        pinned.size() < kLoadBatch && (i == next || !past_bound());
-       ++i) {
-    absl::StatusOr<HostTier::PinnedRecord> record = host_tier_->PinForLoad(below[i].expected);
-    if (!record.ok()) {
-      run.failed = true;  // gone since the probe (evicted), counted by the tier
-      break;
-    }
-    copies.push_back(
-        PoolMemory::HostCopy{.block = block_at(i), .host = const_cast<uint8_t*>(record->bytes)});
-    pinned.push_back(*std::move(record));
-  }
-  const uint64_t block_bytes = host_tier_->block_bytes();
-  std::vector<bool> verified(pinned.size(), false);
-  const absl::Status copied = CheckMemory(memory_->CopyFromHost(copies, [&] {
-    for (size_t i = 0; i < pinned.size(); ++i) {
-      verified[i] = ::kvcache::BlockChecksum(pinned[i].bytes, block_bytes) == pinned[i].checksum;
-    }
-  }));
-  while (run.loaded < pinned.size() && copied.ok() && verified[run.loaded]) ++run.loaded;
-  run.failed = run.failed || run.loaded < pinned.size();
-  for (size_t i = 0; i < pinned.size(); ++i) {
-    // Past the verified prefix nothing is used: the first failure is dropped if it is the
-    // record's (a failed copy is no verdict on it), the rest are only unpinned.
-    const HostTier::LoadVerdict verdict = i < run.loaded ? HostTier::LoadVerdict::kVerified
-                                          : i == run.loaded && copied.ok()
-                                              ? HostTier::LoadVerdict::kCorrupt
-                                              : HostTier::LoadVerdict::kNotCopied;
-    host_tier_->FinishLoad(pinned[i], verdict).IgnoreError();
-  }
-  return run;
-}
-
-size_t Pool::LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
-                           absl::FunctionRef<BlockId(size_t)> block_at) {
-  const uint64_t block_bytes = options_.layout.BlockBytes();
-  const bool host_memory = memory_->HostBlock(0) != nullptr;
-  std::vector<DiskTier::LoadRequest> requests;
-  std::vector<HostTier::PendingStore> slots;
-  std::vector<uint64_t> checksums(end - next);
-  for (size_t i = next; i < end; ++i) {
-    uint8_t* out = nullptr;
-    if (host_memory) {
-      // Straight into the fresh tier-1 block.
-      out = memory_->MutableHostBlock(block_at(i));
-    } else {
-      // Device memory: into a tier-2 slot (page-locked), copied up in one batch afterwards.
-      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
-      if (!slot.ok()) break;
-      out = slot->bytes;
-      slots.push_back(*std::move(slot));
-    }
-    requests.push_back(DiskTier::LoadRequest{.expected = &below[i].expected,
-                                             .out = {reinterpret_cast<char*>(out), block_bytes},
-                                             .checksum = &checksums[i - next]});
-  }
-  size_t verified = 0;
-  for (const absl::Status& status : disk_tier_->LoadMany(requests)) {
-    if (!status.ok()) break;
-    ++verified;
-  }
-  if (host_memory) return verified;
-  std::vector<PoolMemory::HostCopy> copies;
-  for (size_t i = 0; i < verified; ++i) {
-    copies.push_back(PoolMemory::HostCopy{.block = block_at(next + i), .host = slots[i].bytes});
-  }
-  if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) verified = 0;
-  // The copied records stay in tier 2 (they are hot again), under the checksum the disk tier
-  // verified their bytes against; the rest of the slots go back.
-  for (size_t i = 0; i < slots.size(); ++i) {
-    BlockRecordIdentity record = below[next + i].expected;
-    record.checksum = checksums[i];
-    host_tier_->FinishStore(slots[i], record, /*reused=*/true, i < verified).IgnoreError();
-  }
-  return verified;
-}
-
-size_t Pool::LoadFromCluster(const Sequence& sequence, size_t first, size_t limit,
-                             absl::Time deadline) {
-  std::vector<BlockRecordIdentity> expected;
-  for (size_t i = first; i < std::min(limit, sequence.chain.size()); ++i) {
-    expected.push_back(ExpectedRecord(sequence, i));
-  }
-  std::vector<uint8_t*> out;
-  if (memory_->HostBlock(0) != nullptr) {
-    // Only this sequence holds the blocks, and nobody can see the sequence yet.
-    for (size_t i = 0; i < expected.size(); ++i) {
-      out.push_back(memory_->MutableHostBlock(sequence.blocks[first + i]));
-    }
-    return cluster_tier_->LoadPrefix(expected, out, deadline);
-  }
-  // Device memory: the cluster holds any, all or none of the prefix, so its records are staged
-  // in a buffer of this call's own (not tier 2, whose records a miss would evict for nothing), a
-  // chunk at a time, each chunk copied up in one H2D batch.
-  const uint64_t block_bytes = options_.layout.BlockBytes();
-  const size_t chunk = std::max<uint64_t>(
-      1, std::min<uint64_t>(kClusterStageBlocks, kClusterStageBytes / block_bytes));
-  std::vector<uint8_t> staging(std::min(chunk, expected.size()) * block_bytes);
-  size_t loaded = 0;
-  while (loaded < expected.size()) {
-    const size_t n = std::min(chunk, expected.size() - loaded);
-    out.clear();
-    std::vector<PoolMemory::HostCopy> copies;
-    for (size_t i = 0; i < n; ++i) {
-      out.push_back(staging.data() + i * block_bytes);
-      copies.push_back(
-          PoolMemory::HostCopy{.block = sequence.blocks[first + loaded + i], .host = out.back()});
-    }
-    const size_t verified =
-        cluster_tier_->LoadPrefix(absl::MakeConstSpan(expected).subspan(loaded, n), out, deadline);
-    copies.resize(verified);
-    if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) break;
-    loaded += verified;
-    if (verified < n) break;
-  }
-  return loaded;
 }
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
@@ -1206,8 +730,9 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const Sequen
   absl::ReaderMutexLock lock(&mu_);
   const size_t hits = WalkLocked(probe, probe.chain.size()).size();
   size_t host = 0, disk = 0;
-  for (const BelowRecord& record : ProbeBelowLocked(probe, hits, probe.chain.size())) {
-    ++(record.tier == Below::kHost ? host : disk);
+  const auto record_at = [&](size_t i) { return ExpectedRecord(probe, hits + i); };
+  for (const BelowRecord& record : tiers_->Probe(record_at, probe.chain.size() - hits)) {
+    ++(record.tier == BelowRecord::Tier::kHost ? host : disk);
   }
   const uint32_t block_size = options_.layout.block_size;
   const size_t cached = hits + host + disk;
@@ -1269,50 +794,25 @@ PoolStatsSnapshot Pool::Stats() const {
       .open_sequences = static_cast<uint32_t>(sequences_.size()),
       .pool = pool_.counters(),
   };
-  stats.host_tier = TierStatsLocked();
-  stats.disk_tier = DiskStats();
-  stats.cluster_tier = ClusterStats();
+  FillTierStatsLocked(&stats);
   return stats;
 }
 
-std::optional<PoolDiskTierStats> Pool::DiskStats() const {
-  if (disk_tier_ == nullptr) return std::nullopt;
-  return PoolDiskTierStats{.hit_blocks = disk_hit_blocks_.load(std::memory_order_relaxed),
-                           .load_failures = disk_load_failures_.load(std::memory_order_relaxed),
-                           .deadline_blocks = disk_deadline_blocks_.load(std::memory_order_relaxed),
-                           .demoted_blocks = demoted_blocks_.load(std::memory_order_relaxed),
-                           .evicted_below = evicted_below_.load(std::memory_order_relaxed),
-                           .tier = disk_tier_->stats()};
-}
-
-std::optional<PoolClusterTierStats> Pool::ClusterStats() const {
-  if (cluster_tier_ == nullptr) return std::nullopt;
-  return PoolClusterTierStats{
-      .hit_blocks = cluster_hit_blocks_.load(std::memory_order_relaxed),
-      .stored_blocks = cluster_stored_blocks_.load(std::memory_order_relaxed),
-      .tier = cluster_tier_->counters(),
-      .redis = cluster_tier_->redis().counters()};
-}
-
-std::optional<PoolTierStats> Pool::TierStatsLocked() const {
-  if (host_tier_ == nullptr) return std::nullopt;
-  return PoolTierStats{
-      .hit_blocks = tier_hit_blocks_,
-      .offloaded_blocks = offloaded_blocks_.load(std::memory_order_relaxed),
-      .load_failures = tier_load_failures_.load(std::memory_order_relaxed),
-      .deadline_blocks = tier_deadline_blocks_.load(std::memory_order_relaxed),
-      .evicted_offloaded = pool_.counters().evicted_offloaded,
-      .request_waits = offload_waits_,
-      .tier = host_tier_->counters(),
-  };
+void Pool::FillTierStatsLocked(PoolStatsSnapshot* stats) const {
+  stats->host_tier = tiers_->HostStats();
+  if (stats->host_tier.has_value()) {
+    stats->host_tier->evicted_from_above = pool_.counters().evicted_offloaded;
+    stats->host_tier->request_waits = offload_waits_;
+  }
+  stats->disk_tier = tiers_->DiskStats();
+  stats->cluster_tier = tiers_->ClusterStats();
+  stats->tiers = TierStatsRows(stats->host_tier, stats->disk_tier, stats->cluster_tier);
 }
 
 PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   absl::ReaderMutexLock lock(&mu_);
   PoolStatsSnapshot stats{.free = pool_.num_free(), .evictable = pool_.num_evictable()};
-  stats.host_tier = TierStatsLocked();  // pool-wide, a stranger's view included
-  stats.disk_tier = DiskStats();
-  stats.cluster_tier = ClusterStats();
+  FillTierStatsLocked(&stats);  // pool-wide, a stranger's view included
   auto slot = tenant_slots_.find(tenant);
   if (slot == tenant_slots_.end()) return stats;
   const TenantUsage& usage = tenants_[slot->second];
@@ -1364,7 +864,7 @@ absl::Status Pool::CheckInvariants() const {
     return absl::InternalError(absl::StrCat(pool_.num_referenced(), " referenced blocks but ",
                                             refs.size(), " held by sequences and pins"));
   }
-  if (host_tier_ != nullptr) RETURN_IF_ERROR(host_tier_->CheckInvariants());
+  RETURN_IF_ERROR(tiers_->CheckInvariants());
   // Each tenant's referenced count is the blocks its sequences hold, and no block is held by
   // two tenants.
   std::vector<uint32_t> referenced(tenants_.size(), 0);

@@ -31,36 +31,19 @@
 // its medium (cache/tier_events.h): tier 2 CPU_PINNED, the disk tier DISK (its restored records
 // at creation), the cluster tier EXTERNAL (live only).
 //
-// Tier 2 (PoolOptions::host_tier_bytes; DESIGN §10, docs/design.md "Tiers"): a pool may keep a
-// HostTier below it (page-locked under a device pool, whose copies to and from it are batched
-// D2H and H2D: PoolMemory::CopyToHost / CopyFromHost; host memory's are its own reads and
-// writes). A mover thread copies hashed evictable blocks from the LRU's eviction
-// end into it ahead of eviction — only while free blocks are fewer than the offload window, and
-// only the oldest `offload_window` evictable blocks — so that the victim of an eviction is
-// usually already below; eviction itself stays O(1) and never waits for it. Open and Lookup
-// continue the verified prefix walk into tier 2 where the tier-1 walk ends: Open copies each
-// matched record into a fresh tier-1 block outside mu_ (the sequence is not visible until it is
-// published), verifies it (identity before, checksum after the copy) and only then publishes it
-// and counts it cached; a failure or SequenceSpec::max_load_ms ends the loaded run, and the rest
-// is computed. Loads copy up to kLoadBatch records at once and verify the pinned records'
-// checksums on the host while the copies run. A request that could need the blocks the mover has
-// pinned for a copy (at most kOffloadBatch, for microseconds) waits for that batch instead of
-// failing.
-//
-// Tier 3 (PoolOptions::disk_tier_path; tiers/disk_tier.h) sits below tier 2: the mover passes
-// tier 2's oldest records down to it the same way, ahead of their eviction from tier 2 (only
-// while tier 2 has fewer free slots than its demotion window), and the disk tier writes them
-// asynchronously — a full write queue or a failed disk stops the passing down, never a request.
-// The prefix walk continues block by block in tier 2, then tier 3: each next block is taken from
-// whichever holds a matching record, so a prefix split between them still hits. Disk records
-// load in batches (io_uring) into the fresh tier-1 blocks, verified like tier 2's, and the file
-// outlives the daemon: a restarted daemon with the same flags serves them again. Under a device
-// pool they come up through fresh tier-2 slots (verified there, then one H2D batch), and stay.
+// Lower tiers (PoolOptions: host_tier_bytes, disk_tier_path, cluster_tier; cache/lower_tiers.h):
+// the pool owns a LowerTiers, which runs tier 2, tier 3, the cluster tier and the mover that
+// passes blocks down ahead of their eviction (eviction itself stays O(1) and never waits for it).
+// Open and Lookup continue the verified prefix walk below where the tier-1 walk ends
+// (LowerTiers::Probe, under mu_); Open loads what it found into fresh tier-1 blocks outside mu_
+// (LowerTiers::Load: the sequence is not visible until it is published), and publishes and counts
+// only what verified. A request that could need the blocks the mover has pinned for a copy (at
+// most LowerTiers::kOffloadBatch, for microseconds) waits for that batch instead of failing.
 //
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
-// its source block pinned; so do the mover's copies (offload pin) and the loads from tier 2 (into
-// blocks only the opening sequence holds). Lock order: mu_, then the host tier's, then the mover's
-// wake mutex.
+// its source block pinned; so do the mover's copies (offload pin) and the loads from below (into
+// blocks only the opening sequence holds). Lock order: mu_, then LowerTiers' (its stores', then
+// the mover's wake mutex).
 #ifndef KVCACHE_CACHE_POOL_H_
 #define KVCACHE_CACHE_POOL_H_
 
@@ -70,13 +53,11 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -84,18 +65,15 @@
 #include "cache/block_pool.h"
 #include "cache/device_fault_latch.h"
 #include "cache/kv_event_log.h"
+#include "cache/lower_tiers.h"
 #include "cache/pool_memory.h"
+#include "cache/pool_options.h"
 #include "cache/session.h"
 #include "cache/tenant_quotas.h"
-#include "cache/tier_events.h"
+#include "cache/tier_stats.h"
 #include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/histogram.h"
-#include "common/pool_layout.h"
-#include "redis/redis_cluster.h"
-#include "tiers/cluster_tier.h"
-#include "tiers/disk_tier.h"
-#include "tiers/host_tier.h"
 
 namespace kvcache {
 
@@ -104,42 +82,6 @@ inline constexpr size_t kMaxCacheSaltBytes = 256;
 inline constexpr size_t kMaxLoraIdBytes = 256;
 inline constexpr size_t kMaxMultimodalItems = 1024;
 inline constexpr size_t kMaxContentHashBytes = 128;
-
-// Which tier-2 records the mover passes down to the disk tier.
-enum class DiskAdmission : uint8_t {
-  kAll,     // every record near tier 2's eviction end
-  kReused,  // only records of blocks hit at least once (in tier 1, or loaded from below)
-};
-
-struct PoolOptions {
-  std::string name;
-  std::string model_id;
-  PoolLayout layout;
-  uint32_t num_blocks = 0;
-  HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
-  // TEST ONLY: keep only this many low bits of every chain hash (BlockHasher's keep_bits), so
-  // collisions are common. No flag, pool spec or config sets it: production always runs with 0
-  // (all 128 bits), and a pool with it set hashes differently from every client.
-  uint32_t testing_hash_bits = 0;
-  // Tier 2: bytes of host memory for blocks evicted from this pool (0: none). A host pool only;
-  // at least one block.
-  uint64_t host_tier_bytes = 0;
-  // Tier 2's offload window in blocks (Pool::offload_window); 0: the default share of the pool.
-  uint32_t offload_window = 0;
-  // Tier 3: a file on local disk below tier 2 (which it needs), `disk_tier_bytes` large; kept
-  // across restarts. Empty path: none.
-  std::string disk_tier_path;
-  uint64_t disk_tier_bytes = 0;
-  DiskAdmission disk_admission = DiskAdmission::kAll;
-  // TEST ONLY: the disk tier's options as the pool builds them, adjusted before it opens.
-  std::function<void(DiskTierOptions*)> testing_disk_tier_options;
-  // TEST ONLY: no mover thread; tests and the simulation move blocks with OffloadForTesting().
-  bool testing_manual_offload = false;
-  // The cluster tier (tiers/cluster_tier.h): a Redis Cluster shared by every node's daemon. A host
-  // pool only. The mover also writes there what it offloads; an open continues its verified
-  // prefix there after the tiers of the node.
-  std::optional<RedisClusterOptions> cluster_tier;
-};
 
 struct SequenceSpec {
   absl::Span<const uint32_t> tokens;
@@ -189,15 +131,6 @@ struct PoolResidency {
   Histogram reuse_gap{ResidencyBucketsSeconds()};
 };
 
-// How long opens spent loading their prefix from each lower tier, in seconds: one sample per open
-// that loaded (or tried to load) from the tier — the whole run, verified — so a slow disk or a
-// slow Redis node shows as the latency requests paid.
-struct PoolTierLoadLatency {
-  Histogram host{LatencyBucketsSeconds()};
-  Histogram disk{LatencyBucketsSeconds()};
-  Histogram cluster{LatencyBucketsSeconds()};
-};
-
 // Block bytes moved by the data streams (PutBlocks, GetBlocks), counted by the server.
 struct PoolTransferCounters {
   std::atomic<uint64_t> put_bytes{0};
@@ -211,35 +144,6 @@ struct LookupResult {
   uint32_t num_cached_tokens = 0;
   uint32_t num_host_tier_tokens = 0;  // of num_cached_tokens, found in tier 2 (not loaded)
   uint32_t num_disk_tier_tokens = 0;  // of num_cached_tokens, found in tier 3 (not loaded)
-};
-
-// A pool's tier 2, pool-wide (tenant stats carry the same figures).
-struct PoolTierStats {
-  uint64_t hit_blocks = 0;         // blocks loaded into tier 1 and returned as cached
-  uint64_t offloaded_blocks = 0;   // blocks the mover stored
-  uint64_t load_failures = 0;      // matched records that failed their load (gone, corrupt)
-  uint64_t deadline_blocks = 0;    // matched records left to compute by max_load_ms
-  uint64_t evicted_offloaded = 0;  // tier-1 evictions whose victim was already in tier 2
-  uint64_t request_waits = 0;      // requests that waited for a mover batch's pinned blocks
-  HostTierCounters tier;           // the store's own counters
-};
-
-// A pool's tier 3, pool-wide.
-struct PoolDiskTierStats {
-  uint64_t hit_blocks = 0;       // blocks loaded into tier 1 and returned as cached
-  uint64_t load_failures = 0;    // matched records that failed their load (gone, corrupt, I/O)
-  uint64_t deadline_blocks = 0;  // matched records left to compute by max_load_ms
-  uint64_t demoted_blocks = 0;   // tier-2 records the mover passed down (stores accepted)
-  uint64_t evicted_below = 0;    // tier-2 evictions whose record was already on disk
-  DiskTierStats tier;            // the store's own counters
-};
-
-// A pool's cluster tier, pool-wide.
-struct PoolClusterTierStats {
-  uint64_t hit_blocks = 0;     // blocks loaded into tier 1 and returned as cached
-  uint64_t stored_blocks = 0;  // blocks the mover wrote to the cluster
-  ClusterTierCounters tier;    // the store's own counters (misses by kind)
-  RedisClusterCounters redis;  // its client's: node failures, redirects, reconnects
 };
 
 // A pool's figures, or one tenant's share of them (Stats(tenant)): then `referenced`, the
@@ -256,9 +160,10 @@ struct PoolStatsSnapshot {
   uint64_t miss_blocks = 0;
   uint32_t open_sequences = 0;
   BlockPoolCounters pool;
-  std::optional<PoolTierStats> host_tier;            // set when the pool has a tier 2
+  std::optional<PoolHostTierStats> host_tier;        // set when the pool has a tier 2
   std::optional<PoolDiskTierStats> disk_tier;        // set when the pool has a tier 3
   std::optional<PoolClusterTierStats> cluster_tier;  // set when the pool has a cluster tier
+  std::vector<TierStatsRow> tiers;                   // the same, one row per tier (pool-wide)
 };
 
 // INVALID_ARGUMENT unless salt and extra keys are within limits and every multimodal item lies
@@ -266,7 +171,7 @@ struct PoolStatsSnapshot {
 absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys& extras,
                                   size_t num_tokens);
 
-class Pool {
+class Pool final : private OffloadSource {
  public:
   // INVALID_ARGUMENT for a bad layout or block count; RESOURCE_EXHAUSTED if memory can't be had.
   // `faults` is where this pool latches its memory's faults and whose status gates its calls;
@@ -280,45 +185,31 @@ class Pool {
       KvEventLog* events = nullptr, const Clock* clock = RealClock::Get());
 
   ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
 
   static uint32_t PoolIndexOf(uint64_t sequence_id) { return sequence_id % kMaxPools; }
-  // Blocks the mover copies per batch, and the most it pins at once.
-  static constexpr size_t kOffloadBatch = 8;
-  // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
-  static constexpr size_t kLoadBatch = 16;
-  // A device pool's loads from the cluster stage at most this many blocks (and bytes) at a time.
-  static constexpr size_t kClusterStageBlocks = 32;
-  static constexpr uint64_t kClusterStageBytes = uint64_t{16} << 20;
-  // The default offload window is this fraction of the pool (docs/design.md: measured).
-  static constexpr uint32_t kDefaultOffloadWindowDivisor = 8;
   // LRU links the mover follows per hold of the pool mutex.
   static constexpr uint32_t kMaxOffloadScan = 256;
 
   const PoolOptions& options() const { return options_; }
   uint32_t pool_index() const { return pool_index_; }
   const PoolResidency& residency() const { return residency_; }
-  const PoolTierLoadLatency& tier_load_latency() const { return tier_load_latency_; }
+  const PoolTierLoadLatency& tier_load_latency() const { return tiers_->load_latency(); }
   PoolTransferCounters& transfers() { return transfers_; }
   const PoolTransferCounters& transfers() const { return transfers_; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   // The raw memory, for its description and for tests. Request paths move bytes with ReadBlock
   // and WriteBlock, which latch device faults.
   PoolMemory& memory() { return *memory_; }
-  // Tier 2, or null.
-  HostTier* host_tier() { return host_tier_.get(); }
-  // Tier 3, or null.
-  DiskTier* disk_tier() { return disk_tier_.get(); }
-  // How close to eviction the mover works: while fewer blocks than this are free, it keeps the
-  // oldest this many evictable blocks copied below. PoolOptions::offload_window, or by default
-  // num_blocks / kDefaultOffloadWindowDivisor (at least 8), at most num_blocks.
-  uint32_t offload_window() const { return offload_window_; }
-  // Tier 2 passes records to tier 3 while it has fewer free slots than this: its num_slots /
-  // kDefaultOffloadWindowDivisor, at least 8 (0 without a tier 3).
-  uint32_t demotion_window() const { return demotion_window_; }
-  // What the mover does, synchronously, until nothing is left to do; returns the blocks stored
-  // into tier 2 (tier 3's stores are queued; DiskTier::Flush makes them visible).
-  // For tests and the simulation (PoolOptions::testing_manual_offload).
-  size_t OffloadForTesting();
+  // The tiers below (LowerTiers), and the parts tests and the daemon's start-up line read.
+  LowerTiers& lower_tiers() { return *tiers_; }
+  HostTier* host_tier() { return tiers_->host_tier(); }
+  DiskTier* disk_tier() { return tiers_->disk_tier(); }
+  uint32_t offload_window() const { return tiers_->offload_window(); }
+  uint32_t demotion_window() const { return tiers_->demotion_window(); }
+  // LowerTiers::OffloadForTesting (PoolOptions::testing_manual_offload).
+  size_t OffloadForTesting() { return tiers_->OffloadForTesting(); }
 
   // kPut and kPinCached sequences cover only the prompt's full blocks (kPinCached: only the
   // cached ones) and leave the hit/miss statistics alone; release them like any other.
@@ -357,7 +248,9 @@ class Pool {
   // stored identity or tokens differ from the request's, or a commit whose hash was already
   // indexed for other content. Each is a hash collision caught (a miss, never wrong KV); with
   // full-width hashes it stays 0 in practice. Tests force collisions with testing_hash_bits.
-  uint64_t collisions_caught() const { return collisions_caught_.load(std::memory_order_relaxed); }
+  uint64_t collisions_caught() const {
+    return collisions_caught_.load(std::memory_order_relaxed) + tiers_->collisions_caught();
+  }
 
  private:
   struct Sequence {
@@ -388,55 +281,12 @@ class Pool {
 
   Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<PoolMemory> memory,
        std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
-       const Clock* clock, std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,
-       std::unique_ptr<ClusterTier> cluster_tier, std::shared_ptr<TierEvents> tier_events);
+       const Clock* clock, std::unique_ptr<LowerTiers> tiers);
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
-  // A record below tier 1 that continues a sequence's verified prefix, and where it is.
-  enum class Below : uint8_t { kHost, kDisk };
-  struct BelowRecord {
-    BlockRecordIdentity expected;
-    Below tier = Below::kHost;
-  };
-  // What a load from below brought up, per tier (consecutive from the first record).
-  struct BelowLoaded {
-    size_t host = 0;
-    size_t disk = 0;
-    size_t total() const { return host + disk; }
-  };
-  // The records in tier 2 or tier 3 matching `sequence` from block `first` on, consecutive
-  // (each block from whichever tier holds it), below `limit`.
-  std::vector<BelowRecord> ProbeBelowLocked(const Sequence& sequence, size_t first,
-                                            size_t limit) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The record block `i` of `sequence` must match (checksum 0: the bytes' to check).
+  // The record block `i` of `sequence` must match below tier 1 (checksum 0: the bytes' to check).
   BlockRecordIdentity ExpectedRecord(const Sequence& sequence, size_t i) const;
-  // Loads `below` into the sequence's blocks from `first` on, in order (tier 3's in batches),
-  // until one fails or the bound passes (checked before each block or batch, from `start`).
-  // Outside mu_: only the opening sequence holds them.
-  BelowLoaded LoadFromBelow(const Sequence& sequence, size_t first,
-                            const std::vector<BelowRecord>& below, absl::Time start,
-                            uint32_t max_load_ms);
-  // LoadFromBelow's steps, each loading and verifying a prefix of the records from `next` on.
-  // LoadHostRun: tier-2 records from `next` while they last, at most kLoadBatch, `past_bound`
-  // checked before each but the first; `failed` when a record failed (not when the bound or the
-  // run's end stopped it). LoadDiskBatch: the disk records [next, end), a device pool's through
-  // fresh tier-2 slots that keep them; returns how many loaded. `block_at(i)`: the tier-1 block
-  // record i goes to.
-  struct RunLoaded {
-    size_t loaded = 0;
-    bool failed = false;
-  };
-  RunLoaded LoadHostRun(const std::vector<BelowRecord>& below, size_t next,
-                        absl::FunctionRef<BlockId(size_t)> block_at,
-                        absl::FunctionRef<bool()> past_bound);
-  size_t LoadDiskBatch(const std::vector<BelowRecord>& below, size_t next, size_t end,
-                       absl::FunctionRef<BlockId(size_t)> block_at);
-  // Loads the sequence's blocks [first, limit) from the cluster tier in one batch (a device
-  // pool's in chunks of kClusterStageBlocks, staged on the host), stopping at the first that does
-  // not verify or has not come back by `deadline` (real time); returns how many loaded. Outside
-  // mu_, like LoadFromBelow.
-  size_t LoadFromCluster(const Sequence& sequence, size_t first, size_t limit, absl::Time deadline);
   // Publishes the sequence's blocks from committed_blocks up to `written_blocks` (Commit's
   // rule, events included).
   void PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, CommitResult* result)
@@ -444,26 +294,19 @@ class Pool {
   // Open's end under mu_: trims a read to its cached prefix, publishes what was loaded from
   // below, counts and adds the sequence.
   OpenedSequence FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                  OpenMode mode, size_t num_hits, BelowLoaded loaded,
-                                  size_t cluster_loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<PoolTierStats> TierStatsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  std::optional<PoolDiskTierStats> DiskStats() const;
-  std::optional<PoolClusterTierStats> ClusterStats() const;
+                                  OpenMode mode, size_t num_hits, TierLoaded loaded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lower tiers' figures and rows, with tier 1's share of tier 2's.
+  void FillTierStatsLocked(PoolStatsSnapshot* stats) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Waits, releasing mu_, until the mover's batch is back when it holds blocks that a request
   // needing `needed` blocks could otherwise not have. Call before looking at anything.
   void WaitOutOffloadLocked(size_t needed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the mover when blocks are evictable and fewer than offload_window_ are free.
   void MaybeWakeMoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MoverLoop();
-  // One batch of the mover: pins up to kOffloadBatch un-offloaded blocks among the oldest
-  // offload_window_ evictable ones, copies them to tier 2 outside mu_, unpins. False when the
-  // pass is done (nothing left to do until the next wake).
-  bool OffloadBatch();
-  // One batch of each of the mover's stages; false when neither had anything to do.
-  bool MoverRound();
-  // One batch of the mover's second stage: passes up to kOffloadBatch of tier 2's oldest records
-  // to tier 3. False when there is nothing to pass, or tier 3 refuses (queue full, stopped).
-  bool DemoteBatch();
+  // OffloadSource, for the mover: the oldest offload_window() evictable blocks not below yet,
+  // pinned, and handed back.
+  bool PickOffload(size_t max, std::vector<OffloadCandidate>* batch) override;
+  void FinishOffload(absl::Span<const OffloadCandidate> batch) override;
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -510,9 +353,8 @@ class Pool {
   TenantQuotas* const quotas_;                      // own synchronization
   KvEventLog* const events_;                        // own synchronization; may be null
   const Clock* const clock_;
-  PoolResidency residency_;                // own synchronization
-  PoolTierLoadLatency tier_load_latency_;  // own synchronization
-  PoolTransferCounters transfers_;         // own synchronization
+  PoolResidency residency_;         // own synchronization
+  PoolTransferCounters transfers_;  // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
 
@@ -538,35 +380,12 @@ class Pool {
   // Where the mover's scan of the LRU resumes, and how many blocks from the front that is.
   BlockId offload_cursor_ ABSL_GUARDED_BY(mu_) = kNoBlock;
   uint32_t offload_scanned_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t tier_hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t offload_waits_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t mover_events_ ABSL_GUARDED_BY(mu_) = 0;  // since the mover was last woken
 
-  // Tier 2. Constant after construction; the tier and the counters synchronize themselves.
-  const std::unique_ptr<HostTier> host_tier_;
-  const uint32_t offload_window_;
-  std::atomic<uint64_t> offloaded_blocks_{0};
-  std::atomic<uint64_t> tier_load_failures_{0};
-  std::atomic<uint64_t> tier_deadline_blocks_{0};
-  std::atomic<bool> mover_wanted_{false};
-  absl::Mutex mover_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  absl::CondVar mover_cv_;
-  bool mover_stopping_ ABSL_GUARDED_BY(mover_mu_) = false;
-  // Tier 3, or null. Synchronizes itself.
-  const std::unique_ptr<DiskTier> disk_tier_;
-  const uint32_t demotion_window_;
-  std::atomic<uint64_t> disk_hit_blocks_{0};
-  std::atomic<uint64_t> disk_load_failures_{0};
-  std::atomic<uint64_t> disk_deadline_blocks_{0};
-  std::atomic<uint64_t> demoted_blocks_{0};
-  std::atomic<uint64_t> evicted_below_{0};
-  // The cluster tier, or null. Synchronizes itself.
-  const std::unique_ptr<ClusterTier> cluster_tier_;
-  std::atomic<uint64_t> cluster_hit_blocks_{0};
-  std::atomic<uint64_t> cluster_stored_blocks_{0};
-  // Announces the lower tiers' records; null without events. Synchronizes itself.
-  const std::shared_ptr<TierEvents> tier_events_;
-  std::thread mover_;  // last: started once everything above is constructed
+  // The tiers below. Last: its mover calls PickOffload and FinishOffload until it is stopped,
+  // which ~Pool does first.
+  const std::unique_ptr<LowerTiers> tiers_;
 };
 
 }  // namespace kvcache

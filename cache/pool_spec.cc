@@ -1,11 +1,9 @@
 #include "cache/pool_spec.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -58,17 +56,6 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a byte size"));
   }
   return value * multiplier;
-}
-
-absl::Status ValidatePoolName(absl::string_view name) {
-  const bool allowed = std::all_of(name.begin(), name.end(), [](char c) {
-    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
-  });
-  if (!name.empty() && name.size() <= kMaxPoolNameBytes && allowed) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("pool name '", absl::CHexEscape(name.substr(0, kMaxPoolNameBytes)),
-                   name.size() > kMaxPoolNameBytes ? "...'" : "'", " (", name.size(),
-                   " bytes) must have 1 to ", kMaxPoolNameBytes, " of A-Z a-z 0-9 . _ -"));
 }
 
 absl::Status ValidatePoolNames(absl::Span<const PoolOptions> pools) {

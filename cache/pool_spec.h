@@ -21,10 +21,6 @@ PoolOptions DefaultPoolOptions();
 // INVALID_ARGUMENT naming the offending field.
 absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec);
 
-// A pool's name goes into its shared-memory object's name, metric labels and event topics: 1 to
-// kMaxPoolNameBytes of [A-Za-z0-9._-]. INVALID_ARGUMENT naming the pool otherwise.
-inline constexpr size_t kMaxPoolNameBytes = 64;
-absl::Status ValidatePoolName(absl::string_view name);
 // Every name valid and no two alike: what a daemon checks before it creates any pool's memory.
 absl::Status ValidatePoolNames(absl::Span<const PoolOptions> pools);
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);

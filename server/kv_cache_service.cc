@@ -98,53 +98,23 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
   out->set_published_blocks(stats.pool.published);
   out->set_duplicate_blocks(stats.pool.duplicates);
   out->set_open_sequences(stats.open_sequences);
-  if (stats.host_tier.has_value()) {
-    const PoolTierStats& tier = *stats.host_tier;
-    v1::TierStats* host = out->add_tiers();
-    host->set_tier("host");
-    host->set_hit_blocks(tier.hit_blocks);
-    host->set_stored_blocks(tier.tier.stored);
-    host->set_evicted_blocks(tier.tier.evicted);
-    host->set_bytes_used(tier.tier.bytes_used);
-    host->set_capacity_bytes(tier.tier.capacity_bytes);
-    host->set_verify_failures(tier.tier.verify_failures);
-    host->set_load_failures(tier.load_failures);
-    host->set_deadline_blocks(tier.deadline_blocks);
-    host->set_evicted_from_above(tier.evicted_offloaded);
-    host->set_records(tier.tier.records);
-    host->set_request_waits(tier.request_waits);
-    host->set_store_failures(tier.tier.store_rejections);
-  }
-  if (stats.disk_tier.has_value()) {
-    const PoolDiskTierStats& tier = *stats.disk_tier;
-    const DiskTierStats& disk_stats = tier.tier;
-    v1::TierStats* disk = out->add_tiers();
-    disk->set_tier("disk");
-    disk->set_hit_blocks(tier.hit_blocks);
-    disk->set_stored_blocks(disk_stats.stores_durable);
-    disk->set_evicted_blocks(disk_stats.evictions);
-    disk->set_bytes_used(disk_stats.records * disk_stats.slot_bytes);
-    disk->set_capacity_bytes(disk_stats.slots * disk_stats.slot_bytes);
-    disk->set_verify_failures(disk_stats.load_corrupt);
-    disk->set_load_failures(tier.load_failures);
-    disk->set_deadline_blocks(tier.deadline_blocks);
-    disk->set_evicted_from_above(tier.evicted_below);
-    disk->set_records(disk_stats.records);
-    disk->set_restored_records(disk_stats.restart_records);
-    disk->set_restore_skipped(disk_stats.restart_torn + disk_stats.restart_foreign +
-                              disk_stats.restart_old_format + disk_stats.restart_duplicates);
-  }
-  if (stats.cluster_tier.has_value()) {
-    const PoolClusterTierStats& tier = *stats.cluster_tier;
-    v1::TierStats* cluster = out->add_tiers();
-    cluster->set_tier("cluster");
-    cluster->set_hit_blocks(tier.hit_blocks);
-    cluster->set_stored_blocks(tier.stored_blocks);
-    cluster->set_store_failures(tier.tier.store_failures);
-    cluster->set_verify_failures(tier.tier.corrupt);
-    cluster->set_deadline_blocks(tier.tier.past_deadline);
-    cluster->set_load_failures(tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched +
-                               tier.tier.unavailable);
+  for (const TierStatsRow& row : stats.tiers) {
+    v1::TierStats* tier = out->add_tiers();
+    tier->set_tier(std::string(row.tier));
+    tier->set_hit_blocks(row.hit_blocks);
+    tier->set_stored_blocks(row.stored_blocks);
+    tier->set_store_failures(row.store_failures);
+    tier->set_evicted_blocks(row.evicted_blocks);
+    tier->set_evicted_from_above(row.evicted_from_above);
+    tier->set_verify_failures(row.verify_failures);
+    tier->set_load_failures(row.load_failures);
+    tier->set_deadline_blocks(row.deadline_blocks);
+    tier->set_request_waits(row.request_waits);
+    tier->set_records(row.records);
+    tier->set_bytes_used(row.bytes_used);
+    tier->set_capacity_bytes(row.capacity_bytes);
+    tier->set_restored_records(row.restored_records);
+    tier->set_restore_skipped(row.restore_skipped);
   }
 }
 

@@ -136,8 +136,8 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
                  "Records a full lower tier dropped to make room (its back-pressure).", counter);
   const size_t tier_rejected =
       out.Family("kvcache_tier_store_rejections_total",
-                 "Copies a lower tier did not take (host: every slot being read; cluster: a "
-                 "node down, slow or refusing).",
+                 "Copies a lower tier did not take (host: every slot being read; disk: its write "
+                 "queue full or its writer stopped; cluster: a node down, slow or refusing).",
                  counter);
   const size_t tier_saved =
       out.Family("kvcache_tier_saved_evictions_total",
@@ -186,54 +186,30 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   for (const Pool* pool : manager_->pools()) {
     const std::string& name = pool->options().name;
     const PoolStatsSnapshot whole = pool->Stats();
-    if (whole.host_tier.has_value()) {
-      const PoolTierStats& tier = *whole.host_tier;
-      const Labels labels{{"pool", name}, {"tier", "host"}};
-      out.Counter(tier_hits, labels, tier.hit_blocks);
-      out.Counter(tier_stored, labels, tier.tier.stored);
-      out.Counter(tier_evicted, labels, tier.tier.evicted);
-      out.Counter(tier_rejected, labels, tier.tier.store_rejections);
-      out.Counter(tier_saved, labels, tier.evicted_offloaded);
-      out.Counter(tier_verify, labels, tier.tier.verify_failures);
-      out.Counter(tier_load_failures, labels, tier.load_failures);
-      out.Counter(tier_deadline, labels, tier.deadline_blocks);
-      out.Counter(tier_waits, labels, tier.request_waits);
-      out.Gauge(tier_bytes, labels, tier.tier.bytes_used);
-      out.Gauge(tier_capacity, labels, tier.tier.capacity_bytes);
-    }
-    if (whole.disk_tier.has_value()) {
-      const PoolDiskTierStats& tier = *whole.disk_tier;
-      const DiskTierStats& disk = tier.tier;
-      const Labels labels{{"pool", name}, {"tier", "disk"}};
-      out.Counter(tier_hits, labels, tier.hit_blocks);
-      out.Counter(tier_stored, labels, disk.stores_durable);
-      out.Counter(tier_evicted, labels, disk.evictions);
-      out.Counter(tier_rejected, labels, disk.stores_refused_full + disk.stores_refused_stopped);
-      out.Counter(tier_saved, labels, tier.evicted_below);
-      out.Counter(tier_verify, labels, disk.load_corrupt);
-      out.Counter(tier_load_failures, labels, tier.load_failures);
-      out.Counter(tier_deadline, labels, tier.deadline_blocks);
-      out.Gauge(tier_bytes, labels, disk.records * disk.slot_bytes);
-      out.Gauge(tier_capacity, labels, disk.slots * disk.slot_bytes);
-      out.Counter(disk_write_errors, {{"pool", name}}, disk.write_errors);
-      out.Gauge(disk_restored, {{"pool", name}}, disk.restart_records);
-      out.Gauge(disk_skipped, {{"pool", name}},
-                disk.restart_torn + disk.restart_foreign + disk.restart_old_format +
-                    disk.restart_duplicates);
-    }
-    if (whole.cluster_tier.has_value()) {
-      const PoolClusterTierStats& tier = *whole.cluster_tier;
-      const Labels labels{{"pool", name}, {"tier", "cluster"}};
-      out.Counter(tier_hits, labels, tier.hit_blocks);
-      out.Counter(tier_stored, labels, tier.stored_blocks);
-      out.Counter(tier_rejected, labels, tier.tier.store_failures);
-      out.Counter(tier_verify, labels, tier.tier.corrupt);
-      out.Counter(tier_deadline, labels, tier.tier.past_deadline);
-      out.Counter(cluster_node_failures, {{"pool", name}}, tier.redis.node_failures);
-      out.Counter(cluster_redirects, {{"pool", name}}, tier.redis.moved + tier.redis.ask);
-      out.Counter(
-          tier_load_failures, labels,
-          tier.tier.corrupt + tier.tier.foreign + tier.tier.mismatched + tier.tier.unavailable);
+    for (const TierStatsRow& row : whole.tiers) {
+      const Labels labels{{"pool", name}, {"tier", std::string(row.tier)}};
+      out.Counter(tier_hits, labels, row.hit_blocks);
+      out.Counter(tier_stored, labels, row.stored_blocks);
+      out.Counter(tier_rejected, labels, row.store_failures);
+      out.Counter(tier_verify, labels, row.verify_failures);
+      out.Counter(tier_load_failures, labels, row.load_failures);
+      out.Counter(tier_deadline, labels, row.deadline_blocks);
+      if (row.tier == "cluster") {
+        // The cluster evicts unseen and holds no count of its own records.
+        out.Counter(cluster_node_failures, {{"pool", name}}, row.node_failures);
+        out.Counter(cluster_redirects, {{"pool", name}}, row.redirects);
+        continue;
+      }
+      out.Counter(tier_evicted, labels, row.evicted_blocks);
+      out.Counter(tier_saved, labels, row.evicted_from_above);
+      out.Gauge(tier_bytes, labels, row.bytes_used);
+      out.Gauge(tier_capacity, labels, row.capacity_bytes);
+      if (row.tier == "host") out.Counter(tier_waits, labels, row.request_waits);
+      if (row.tier == "disk") {
+        out.Counter(disk_write_errors, {{"pool", name}}, row.write_errors);
+        out.Gauge(disk_restored, {{"pool", name}}, row.restored_records);
+        out.Gauge(disk_skipped, {{"pool", name}}, row.restore_skipped);
+      }
     }
     const double total = pool->options().num_blocks;
     out.Gauge(blocks, {{"pool", name}, {"state", "free"}}, whole.free);

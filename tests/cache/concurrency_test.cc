@@ -266,9 +266,9 @@ TEST_F(ConcurrencyTest, WorkersReaperAndWatcherKeepThePoolConsistent) {
   EXPECT_EQ(stats.free + stats.evictable + stats.referenced, kBlocks);
   ASSERT_TRUE(stats.host_tier.has_value());
   std::printf("tier 2: %llu stored, %llu hits, %llu evicted, %llu requests waited\n",
-              static_cast<unsigned long long>(stats.host_tier->tier.stored),
+              static_cast<unsigned long long>(stats.host_tier->store.stored),
               static_cast<unsigned long long>(stats.host_tier->hit_blocks),
-              static_cast<unsigned long long>(stats.host_tier->tier.evicted),
+              static_cast<unsigned long long>(stats.host_tier->store.evicted),
               static_cast<unsigned long long>(stats.host_tier->request_waits));
   EXPECT_GT(stats.evictable, 0u) << "nothing was ever committed";
   EXPECT_GT(events_seen.load(), 0u);

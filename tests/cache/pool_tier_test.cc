@@ -146,7 +146,9 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     return bytes;
   }
 
-  PoolTierStats TierStats() const { return pool_->Stats().host_tier.value_or(PoolTierStats{}); }
+  PoolHostTierStats TierStats() const {
+    return pool_->Stats().host_tier.value_or(PoolHostTierStats{});
+  }
   PoolDiskTierStats DiskStats() const {
     return pool_->Stats().disk_tier.value_or(PoolDiskTierStats{});
   }
@@ -231,7 +233,7 @@ TEST_P(PoolTierTest, EvictedPrefixComesBackFromTier2WithIdenticalBytes) {
   ASSERT_OK(lookup);
   EXPECT_EQ(lookup->num_cached_tokens, 16u);
   EXPECT_EQ(lookup->num_host_tier_tokens, 16u);
-  EXPECT_EQ(TierStats().tier.loaded, 0u);  // a lookup loads nothing
+  EXPECT_EQ(TierStats().store.loaded, 0u);  // a lookup loads nothing
 
   absl::StatusOr<OpenedSequence> opened = Open(a);
   ASSERT_OK(opened);
@@ -245,9 +247,9 @@ TEST_P(PoolTierTest, EvictedPrefixComesBackFromTier2WithIdenticalBytes) {
     ASSERT_OK(checksum);
     EXPECT_EQ(*checksum, BlockChecksum(expected.data(), expected.size()));
   }
-  const PoolTierStats stats = TierStats();
+  const PoolHostTierStats stats = TierStats();
   EXPECT_EQ(stats.hit_blocks, 4u);
-  EXPECT_EQ(stats.tier.loaded, 4u);
+  EXPECT_EQ(stats.store.loaded, 4u);
   EXPECT_EQ(stats.load_failures, 0u);
   EXPECT_EQ(pool_->Stats().hit_tokens, 16u);
   ASSERT_OK(pool_->Release(session_, opened->sequence_id));
@@ -282,12 +284,12 @@ TEST_P(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
   EXPECT_EQ(opened->num_cached_tokens, 4u);  // block 0 only: 1 failed, 2 and 3 hang off it
   EXPECT_EQ(opened->num_host_tier_tokens, 4u);
   EXPECT_EQ(ReadBack(opened->block_ids[0]), BlockBytes(a, 0));
-  const PoolTierStats stats = TierStats();
+  const PoolHostTierStats stats = TierStats();
   EXPECT_EQ(stats.load_failures, 1u);
-  EXPECT_EQ(stats.tier.verify_failures, 1u);
-  EXPECT_EQ(stats.tier.misses, 1u);
+  EXPECT_EQ(stats.store.verify_failures, 1u);
+  EXPECT_EQ(stats.store.misses, 1u);
   EXPECT_EQ(stats.hit_blocks, 1u);
-  EXPECT_EQ(stats.tier.loaded, 1u);  // blocks 2 and 3, copied in the same batch, are not used
+  EXPECT_EQ(stats.store.loaded, 1u);  // blocks 2 and 3, copied in the same batch, are not used
   EXPECT_FALSE(pool_->host_tier()->Contains(Chain(a)[1]));  // dropped, never served
   EXPECT_TRUE(pool_->host_tier()->Contains(Chain(a)[2]));
   // The rest is computed and committed as usual.
@@ -370,7 +372,7 @@ TEST_P(PoolTierTest, OnlyBlocksNearEvictionGoDown) {
   Compute(Tokens(5000, 20 * kBlockSize));  // 4 free: the oldest 8 evictable go down, no more
   EXPECT_EQ(pool_->OffloadForTesting(), 8u);
   EXPECT_EQ(pool_->OffloadForTesting(), 0u);
-  EXPECT_EQ(TierStats().tier.records, 8u);
+  EXPECT_EQ(TierStats().store.records, 8u);
 }
 
 TEST_P(PoolTierTest, MoverKeepsTheWindowCoveredAsEvictionsConsumeIt) {
@@ -387,7 +389,7 @@ TEST_P(PoolTierTest, MoverKeepsTheWindowCoveredAsEvictionsConsumeIt) {
   // The window moved 6 blocks on: 6 more go down, and no more.
   EXPECT_EQ(pool_->OffloadForTesting(), 6u);
   EXPECT_EQ(pool_->OffloadForTesting(), 0u);
-  EXPECT_EQ(TierStats().tier.records, 26u);
+  EXPECT_EQ(TierStats().store.records, 26u);
 }
 
 TEST_P(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
@@ -396,9 +398,9 @@ TEST_P(PoolTierTest, FullTierEvictsItsOldestAndRequestsGoOn) {
   Compute(a);
   // LRU order is A3, A2, A1, A0 (tails are released first): the tier keeps the last two stored.
   EXPECT_EQ(pool_->OffloadForTesting(), 4u);
-  EXPECT_EQ(TierStats().tier.evicted, 2u);
-  EXPECT_EQ(TierStats().tier.records, 2u);
-  EXPECT_EQ(TierStats().tier.bytes_used, 2 * block_bytes_);
+  EXPECT_EQ(TierStats().store.evicted, 2u);
+  EXPECT_EQ(TierStats().store.records, 2u);
+  EXPECT_EQ(TierStats().store.bytes_used, 2 * block_bytes_);
   Compute(Tokens(500, 32));  // requests go on; A leaves tier 1
   auto opened = Open(a);
   ASSERT_OK(opened);
@@ -440,7 +442,7 @@ TEST_P(PoolTierTest, MoverThreadOffloadsAheadOfEviction) {
   MakePool(8, 16, /*manual=*/false);
   const std::vector<uint32_t> a = Tokens(100, 16);
   Compute(a);
-  ASSERT_TRUE(testing::PollUntil([&] { return TierStats().tier.records == 4; }));
+  ASSERT_TRUE(testing::PollUntil([&] { return TierStats().store.records == 4; }));
   EXPECT_EQ(TierStats().offloaded_blocks, 4u);
   Compute(Tokens(500, 32));
   auto opened = Open(a);
@@ -485,7 +487,7 @@ TEST_P(PoolTierTest, TierFiguresArePoolWideInEveryTenantsView) {
     const PoolStatsSnapshot stats = pool_->Stats(tenant);
     ASSERT_TRUE(stats.host_tier.has_value()) << tenant;
     EXPECT_EQ(stats.host_tier->offloaded_blocks, 4u) << tenant;
-    EXPECT_EQ(stats.host_tier->tier.records, 4u) << tenant;
+    EXPECT_EQ(stats.host_tier->store.records, 4u) << tenant;
   }
 }
 
@@ -532,8 +534,8 @@ TEST(PoolTierFaultTest, DeviceFaultWhileLoadingFromTier2FailsTheOpen) {
   EXPECT_THAT((*pool)->Lookup("tenant-a", SequenceSpec{.tokens = a}).status(),
               StatusIs(absl::StatusCode::kUnavailable));
   const PoolStatsSnapshot stats = (*pool)->Stats();
-  EXPECT_EQ(stats.referenced, 0u);               // the failed open holds nothing
-  EXPECT_EQ(stats.host_tier->tier.records, 4u);  // and A's records stay, no verdict on them
+  EXPECT_EQ(stats.referenced, 0u);                // the failed open holds nothing
+  EXPECT_EQ(stats.host_tier->store.records, 4u);  // and A's records stay, no verdict on them
   EXPECT_OK((*pool)->CheckInvariants());
 }
 
@@ -549,16 +551,16 @@ TEST_P(PoolTierTest, EvictedPrefixComesBackFromDiskWithIdenticalBytes) {
   ASSERT_EQ(pool_->demotion_window(), 8u);
   const std::vector<uint32_t> a = Tokens(100, 17);
   ComputeIntoDiskOnly(a);
-  EXPECT_EQ(DiskStats().demoted_blocks, 12u);  // A's 4, then the other prompt's 8
-  EXPECT_EQ(DiskStats().evicted_below, 4u);    // A's tier-2 records left, already on disk
-  EXPECT_EQ(DiskStats().tier.records, 12u);
+  EXPECT_EQ(DiskStats().demoted_blocks, 12u);     // A's 4, then the other prompt's 8
+  EXPECT_EQ(DiskStats().evicted_from_above, 4u);  // A's tier-2 records left, already on disk
+  EXPECT_EQ(DiskStats().store.records, 12u);
 
   auto lookup = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
   ASSERT_OK(lookup);
   EXPECT_EQ(lookup->num_cached_tokens, 16u);
   EXPECT_EQ(lookup->num_host_tier_tokens, 0u);
   EXPECT_EQ(lookup->num_disk_tier_tokens, 16u);
-  EXPECT_EQ(DiskStats().tier.loads, 0u);  // a lookup reads nothing
+  EXPECT_EQ(DiskStats().store.loads, 0u);  // a lookup reads nothing
 
   auto opened = Open(a);
   ASSERT_OK(opened);
@@ -582,7 +584,7 @@ TEST_P(PoolTierTest, EvictedPrefixComesBackFromDiskWithIdenticalBytes) {
   ASSERT_OK(again);
   EXPECT_EQ(again->num_host_tier_tokens, 16u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ReadBack(again->block_ids[i]), BlockBytes(a, i));
-  EXPECT_EQ(TierStats().tier.verify_failures, 0u);
+  EXPECT_EQ(TierStats().store.verify_failures, 0u);
 }
 
 TEST_P(PoolTierTest, DiskRecordsOutliveThePool) {
@@ -592,8 +594,8 @@ TEST_P(PoolTierTest, DiskRecordsOutliveThePool) {
   ASSERT_OK(pool_->CheckInvariants());
   pool_.reset();  // a restart: tier 1 and tier 2 are gone, the file stays
   MakeDiskPool();
-  EXPECT_EQ(DiskStats().tier.restart_records, 12u);
-  EXPECT_EQ(DiskStats().tier.restart_torn, 0u);
+  EXPECT_EQ(DiskStats().store.restart_records, 12u);
+  EXPECT_EQ(DiskStats().store.restart_torn, 0u);
   auto opened = Open(a);
   ASSERT_OK(opened);
   EXPECT_EQ(opened->num_disk_tier_tokens, 16u);
@@ -656,7 +658,7 @@ TEST_P(PoolTierTest, CorruptDiskRecordIsDetectedAndRecomputed) {
   EXPECT_EQ(opened->num_cached_tokens, 4u);  // A0; the rest is computed
   EXPECT_EQ(opened->num_disk_tier_tokens, 4u);
   EXPECT_EQ(ReadBack(opened->block_ids[0]), BlockBytes(a, 0));
-  EXPECT_EQ(DiskStats().tier.load_corrupt, 1u);
+  EXPECT_EQ(DiskStats().store.load_corrupt, 1u);
   EXPECT_EQ(DiskStats().load_failures, 1u);
   EXPECT_FALSE(pool_->disk_tier()->Find(Chain(a)[1]).ok());  // dropped, never served
 }
@@ -725,15 +727,22 @@ TEST_P(PoolTierTest, FullDiskStopsPassingDownAndRequestsGoOn) {
   Compute(a);
   pool_->OffloadForTesting();
   pool_->disk_tier()->Flush();
-  EXPECT_GE(DiskStats().tier.write_errors, 1u);
-  EXPECT_EQ(DiskStats().tier.records, 0u);
+  EXPECT_GE(DiskStats().store.write_errors, 1u);
+  EXPECT_EQ(DiskStats().store.records, 0u);
   for (int round = 0; round < 3; ++round) {
     Compute(Tokens(1000 + 100 * round, 32));
     pool_->OffloadForTesting();  // returns: the stopped disk refuses at once, nothing waits
   }
-  EXPECT_GE(DiskStats().tier.stores_refused_stopped, 1u);
-  EXPECT_EQ(DiskStats().tier.records, 0u);
-  EXPECT_EQ(DiskStats().evicted_below, 0u);
+  EXPECT_GE(DiskStats().store.stores_refused_stopped, 1u);
+  EXPECT_EQ(DiskStats().store.records, 0u);
+  EXPECT_EQ(DiskStats().evicted_from_above, 0u);
+  // The refusals are the disk row's store failures, the figure GetStats and /metrics both report.
+  const PoolStatsSnapshot stats = pool_->Stats();
+  ASSERT_EQ(stats.tiers.size(), 2u);
+  EXPECT_EQ(stats.tiers[1].tier, "disk");
+  EXPECT_EQ(stats.tiers[1].store_failures, stats.disk_tier->store.stores_refused_full +
+                                               stats.disk_tier->store.stores_refused_stopped);
+  EXPECT_GE(stats.tiers[1].write_errors, 1u);
   // Tier 2 kept working: the last round's blocks, evicted from tier 1, come back from it.
   Compute(Tokens(7000, 32));
   auto opened = Open(Tokens(1200, 32));
@@ -750,12 +759,12 @@ TEST_P(PoolTierTest, ReusedAdmissionPassesDownOnlyBlocksHitAtLeastOnce) {
   Compute(a);
   pool_->OffloadForTesting();  // tier 2 takes A's four records; none was hit: none goes on
   pool_->disk_tier()->Flush();
-  EXPECT_EQ(TierStats().tier.records, 4u);
-  EXPECT_EQ(DiskStats().tier.records, 0u);
+  EXPECT_EQ(TierStats().store.records, 4u);
+  EXPECT_EQ(DiskStats().store.records, 0u);
   Compute(a);  // all four hit in tier 1
   pool_->OffloadForTesting();
   pool_->disk_tier()->Flush();
-  EXPECT_EQ(DiskStats().tier.records, 4u);
+  EXPECT_EQ(DiskStats().store.records, 4u);
   EXPECT_EQ(DiskStats().demoted_blocks, 4u);
 }
 

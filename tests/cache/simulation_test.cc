@@ -362,7 +362,7 @@ class Simulation {
         "pool: ", num_blocks_, " blocks of ", block_size_, " tokens, hash bits ",
         hash_bits_ == 0 ? 128 : hash_bits_, ", tier 2 ", options.host_tier_bytes / block_bytes_,
         " blocks, offload window ", pool_->offload_window(),
-        disk_ ? absl::StrCat(", disk ", DiskStats().tier.slots, " records, demotion window ",
+        disk_ ? absl::StrCat(", disk ", DiskStats().store.slots, " records, demotion window ",
                              pool_->demotion_window())
               : ""));
 
@@ -545,7 +545,7 @@ class Simulation {
     dead_seqs_.clear();
     RETURN_IF_ERROR(StartPool());
     const PoolStatsSnapshot stats = pool_->Stats();
-    const DiskTierStats& disk = stats.disk_tier->tier;
+    const DiskTierStats& disk = stats.disk_tier->store;
     totals->restored_records += disk.restart_records;
     if (disk.restart_records != before.size() || disk.restart_torn != 0 ||
         disk.restart_foreign != 0 || disk.restart_old_format != 0 || disk.restart_duplicates != 0) {
@@ -555,7 +555,7 @@ class Simulation {
                                disk.restart_duplicates, "; the disk held ", before.size()));
     }
     if (DiskRecords() != before) return Fail("restart: the disk indexes other records");
-    if (stats.host_tier->tier.records != 0) return Fail("restart: tier 2 is not empty");
+    if (stats.host_tier->store.records != 0) return Fail("restart: tier 2 is not empty");
     RETURN_IF_ERROR(CheckDiskRecords());
     // Tiers 1 and 2 are empty: every recent prompt, in every namespace, is found on disk exactly
     // as far as the records the old pool left there continue its chain.
@@ -719,7 +719,7 @@ class Simulation {
     pool_->disk_tier()->Flush();
     const PoolDiskTierStats disk = DiskStats();
     trace_.back() += absl::StrCat(", passed down ", disk.demoted_blocks, " in all, disk holds ",
-                                  disk.tier.records, " (evicted ", disk.tier.evictions, ")");
+                                  disk.store.records, " (evicted ", disk.store.evictions, ")");
     return CheckDiskRecords();
   }
 
@@ -1210,7 +1210,7 @@ class Simulation {
     }
     if (stats.host_tier.has_value() != tier_) return Fail("tier stats present or missing");
     if (tier_) {
-      const PoolTierStats& tier = *stats.host_tier;
+      const PoolHostTierStats& tier = *stats.host_tier;
       if (tier.hit_blocks != tier_hit_blocks_ || tier.offloaded_blocks != offloaded_blocks_ ||
           tier.load_failures != 0 || tier.deadline_blocks != 0 || tier.request_waits != 0) {
         return Fail(absl::StrCat(
@@ -1223,7 +1223,7 @@ class Simulation {
     if (disk_) {
       // Every disk hit counted, once, by the pool and by the tier; nothing failed or refused.
       const PoolDiskTierStats& disk = *stats.disk_tier;
-      const DiskTierStats& tier = disk.tier;
+      const DiskTierStats& tier = disk.store;
       if (disk.hit_blocks != disk_hit_blocks_ || tier.load_hits != disk_hit_blocks_ ||
           tier.loads != tier.load_hits || disk.load_failures != 0 || disk.deadline_blocks != 0 ||
           tier.write_errors != 0 || tier.stores_refused_full != 0 ||

@@ -1,0 +1,268 @@
+// LowerTiers: everything below a pool's tier 1 — tier 2 (tiers/host_tier.h), tier 3
+// (tiers/disk_tier.h), the cluster tier (tiers/cluster_tier.h), the mover thread that passes
+// blocks down ahead of their eviction, and the probe and load of a prefix's records from below
+// (docs/design.md, "Tiers"). A Pool owns one and asks it two things: what of this prefix lies
+// below (Probe), and bring these up (Load). The mover takes its batches from tier 1 through
+// OffloadSource, which the pool implements: pick and pin under the pool's mutex, copy down
+// outside it, hand back.
+//
+// It lives in cache/, not tiers/: it moves bytes between tier 1's PoolMemory and the stores of
+// tiers/, which sit below cache/.
+//
+// Any failure below is a miss: a load that fails or runs past max_load_ms ends the loaded run and
+// the rest is computed; a store the tier refuses is not retried. A device fault during a copy
+// latches in the pool's DeviceFaultLatch.
+//
+// Thread safety: thread-safe; the stores synchronize themselves and the counters are atomic.
+// Probe runs under the pool's mutex (the walk sees one state); Load and the mover's copies run
+// outside it, into or from blocks that only the caller holds or pins. Lock order: the pool's
+// mutex, then the stores', then the mover's wake mutex.
+#ifndef KVCACHE_CACHE_LOWER_TIERS_H_
+#define KVCACHE_CACHE_LOWER_TIERS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "cache/block_pool.h"
+#include "cache/device_fault_latch.h"
+#include "cache/kv_event_log.h"
+#include "cache/pool_memory.h"
+#include "cache/pool_options.h"
+#include "cache/tier_events.h"
+#include "cache/tier_stats.h"
+#include "common/clock.h"
+#include "common/histogram.h"
+#include "tiers/block_record.h"
+#include "tiers/cluster_tier.h"
+#include "tiers/disk_tier.h"
+#include "tiers/host_tier.h"
+
+namespace kvcache {
+
+// How long opens spent loading their prefix from each lower tier, in seconds: one sample per open
+// that loaded (or tried to load) from the tier — the whole run, verified — so a slow disk or a
+// slow Redis node shows as the latency requests paid.
+struct PoolTierLoadLatency {
+  Histogram host{LatencyBucketsSeconds()};
+  Histogram disk{LatencyBucketsSeconds()};
+  Histogram cluster{LatencyBucketsSeconds()};
+};
+
+// A record below tier 1 that continues a prefix's verified walk, and the tier that holds it.
+struct BelowRecord {
+  enum class Tier : uint8_t { kHost, kDisk };
+  BlockRecordIdentity expected;
+  Tier tier = Tier::kHost;
+};
+
+// What a load brought up, per tier, consecutive from the first record.
+struct TierLoaded {
+  size_t host = 0;
+  size_t disk = 0;
+  size_t cluster = 0;
+  size_t total() const { return host + disk + cluster; }
+};
+
+// A tier-1 block the mover copies down, pinned by the pool until it is handed back.
+struct OffloadCandidate {
+  BlockId block = kNoBlock;
+  BlockRecordIdentity record;
+  std::optional<uint64_t> checksum;  // tier 1's checksum of the bytes, when it has one
+  bool to_cluster = false;           // not in the cluster yet
+  bool reused = false;               // hit at least once (DiskAdmission::kReused)
+  // Set by the copy: the block is below now (in tier 2; without one, sent to the cluster).
+  bool below = false;
+  std::string cluster_copy;  // the bytes the cluster is sent
+};
+
+// Tier 1 as the mover sees it. Implemented by Pool.
+class OffloadSource {
+ public:
+  // Under tier 1's lock: pins up to `max` of the oldest evictable blocks that are not below yet
+  // (LowerTiers::NeedsOffload) and appends them to `batch`. False when the pass is done (nothing
+  // to do until the next wake); true with an empty batch when the scan goes on next round.
+  virtual bool PickOffload(size_t max, std::vector<OffloadCandidate>* batch) = 0;
+  // Unpins a picked batch, each block marked below or not.
+  virtual void FinishOffload(absl::Span<const OffloadCandidate> batch) = 0;
+
+ protected:
+  ~OffloadSource() = default;
+};
+
+class LowerTiers {
+ public:
+  // The tiers `options` asks for (none is fine: an empty stack). INVALID_ARGUMENT for a disk tier
+  // without a host tier, or a tier's bad options; a tier's error when it cannot be made. `memory`
+  // and `faults` must outlive the stack; `events` may be null (no announcements).
+  static absl::StatusOr<std::unique_ptr<LowerTiers>> Create(const PoolOptions& options,
+                                                            uint32_t pool_index, PoolMemory* memory,
+                                                            DeviceFaultLatch* faults,
+                                                            KvEventLog* events, const Clock* clock);
+  ~LowerTiers();
+
+  // Blocks the mover copies per batch, and the most it pins at once.
+  static constexpr size_t kOffloadBatch = 8;
+  // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
+  static constexpr size_t kLoadBatch = 16;
+  // A device pool's loads from the cluster stage at most this many blocks (and bytes) at a time.
+  static constexpr size_t kClusterStageBlocks = 32;
+  static constexpr uint64_t kClusterStageBytes = uint64_t{16} << 20;
+  // The default offload window is this fraction of the pool (docs/benchmarks.md: measured).
+  static constexpr uint32_t kDefaultOffloadWindowDivisor = 8;
+
+  // Tier 2, or null.
+  HostTier* host_tier() const { return host_tier_.get(); }
+  // Tier 3, or null.
+  DiskTier* disk_tier() const { return disk_tier_.get(); }
+  bool has_cluster() const { return cluster_tier_ != nullptr; }
+  // How close to eviction the mover works: while fewer blocks than this are free, it keeps the
+  // oldest this many evictable blocks copied below. PoolOptions::offload_window, or by default
+  // num_blocks / kDefaultOffloadWindowDivisor (at least 8), at most num_blocks.
+  uint32_t offload_window() const { return offload_window_; }
+  // Tier 2 passes records to tier 3 while it has fewer free slots than this: its num_slots /
+  // kDefaultOffloadWindowDivisor, at least 8 (0 without a tier 3).
+  uint32_t demotion_window() const { return demotion_window_; }
+  const PoolTierLoadLatency& load_latency() const { return load_latency_; }
+  // Records below whose identity differed from the walk's (hash collisions caught: misses).
+  uint64_t collisions_caught() const { return collisions_caught_.load(std::memory_order_relaxed); }
+
+  // Starts the mover over `source` — unless there is no tier 2 or cluster tier to move to, or
+  // PoolOptions::testing_manual_offload. REQUIRES: called once, before any other call but the
+  // accessors; `source` outlives the mover (Stop).
+  void Start(OffloadSource* source);
+  // Stops and joins the mover. Idempotent.
+  void Stop();
+  bool has_mover() const { return mover_.joinable(); }
+  // Wakes the mover; cheap when it is awake already.
+  void WakeMover();
+  // What the mover does, synchronously, until nothing is left to do; returns the blocks stored
+  // into tier 2 (tier 3's stores are queued; DiskTier::Flush makes them visible).
+  // For tests and the simulation (PoolOptions::testing_manual_offload).
+  size_t OffloadForTesting();
+
+  // Whether a tier-1 block with this hash has somewhere to go: the cluster when it is not there
+  // yet (`in_cluster`), else tier 2 when it does not hold the hash.
+  bool NeedsOffload(const Hash128& hash, bool in_cluster) const;
+  // A tier-1 hit on a block already offloaded: its tier-2 record counts as reused too (admission).
+  void MarkReused(const Hash128& hash);
+
+  // The records continuing a verified prefix below tier 1: record_at(i) for i in [0, count),
+  // consecutive, each from whichever of tier 2 and tier 3 holds it, up to the first neither
+  // holds. The cluster is not probed (it is asked by Load). Call under the pool's mutex.
+  std::vector<BelowRecord> Probe(absl::FunctionRef<BlockRecordIdentity(size_t)> record_at,
+                                 size_t count) const;
+  // Loads `below` into blocks[0], blocks[1], ... in order — tier-2 runs of kLoadBatch, disk
+  // batches of its read depth — then, if all of them verified, records
+  // [below.size(), cluster_end) from the cluster; stops at the first that fails, and when
+  // `max_load_ms` (from the call) has passed. `blocks` are fresh tier-1 blocks only the caller
+  // holds (at least max(below.size(), cluster_end) of them), and `record_at` is Probe's.
+  TierLoaded Load(absl::Span<const BelowRecord> below,
+                  absl::FunctionRef<BlockRecordIdentity(size_t)> record_at, size_t cluster_end,
+                  absl::Span<const BlockId> blocks, uint32_t max_load_ms);
+  // Counts what an open returned as cached from below (an open that failed returns nothing).
+  void CountHits(const TierLoaded& loaded);
+
+  // Each tier's figures, or nullopt without it. The host tier's tier-1 figures
+  // (evicted_from_above, request_waits) are the pool's to fill in.
+  std::optional<PoolHostTierStats> HostStats() const;
+  std::optional<PoolDiskTierStats> DiskStats() const;
+  std::optional<PoolClusterTierStats> ClusterStats() const;
+  absl::Status CheckInvariants() const;
+
+ private:
+  LowerTiers(const PoolOptions& options, PoolMemory* memory, DeviceFaultLatch* faults,
+             const Clock* clock, std::unique_ptr<HostTier> host_tier,
+             std::unique_ptr<DiskTier> disk_tier, std::unique_ptr<ClusterTier> cluster_tier,
+             std::shared_ptr<TierEvents> tier_events);
+  // The result of a memory operation, a device fault turned into the latched status.
+  absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
+
+  void MoverLoop();
+  // One batch of each of the mover's stages; false when neither had anything to do.
+  bool MoverRound();
+  // The mover's first stage: picks a batch from tier 1 (OffloadSource::PickOffload), copies it
+  // down (CopyDown), hands it back (FinishOffload) and writes it through to the cluster. False
+  // when the pass is done.
+  bool OffloadBatch();
+  // Copies the picked blocks into tier 2 in one batch (a device pool's D2H, one
+  // synchronization), and takes the cluster's copies; sets each candidate's `below`.
+  void CopyDown(std::vector<OffloadCandidate>& batch);
+  // Sends the batch's blocks not in the cluster yet, in one pipelined batch, and announces them.
+  void WriteThroughToCluster(absl::Span<const OffloadCandidate> batch);
+  // The mover's second stage: passes up to kOffloadBatch of tier 2's oldest records to tier 3.
+  // False when there is nothing to pass, or tier 3 refuses (queue full, stopped).
+  bool DemoteBatch();
+
+  // Load's steps, each loading and verifying a prefix of the records from `next` on.
+  // LoadHostRun: tier-2 records while they last, at most kLoadBatch, `past_bound` checked before
+  // each but the first; `failed` when a record failed (not when the bound or the run's end
+  // stopped it). LoadDiskBatch: the disk records [next, end), a device pool's through fresh
+  // tier-2 slots that keep them; returns how many loaded.
+  struct RunLoaded {
+    size_t loaded = 0;
+    bool failed = false;
+  };
+  RunLoaded LoadHostRun(absl::Span<const BelowRecord> below, size_t next,
+                        absl::Span<const BlockId> blocks, absl::FunctionRef<bool()> past_bound);
+  size_t LoadDiskBatch(absl::Span<const BelowRecord> below, size_t next, size_t end,
+                       absl::Span<const BlockId> blocks);
+  // Loads `expected` into `blocks` from the cluster in one batch (a device pool's in chunks of
+  // kClusterStageBlocks, staged on the host), stopping at the first that does not verify or has
+  // not come back by `deadline` (real time); returns how many loaded.
+  size_t LoadFromCluster(absl::Span<const BlockRecordIdentity> expected,
+                         absl::Span<const BlockId> blocks, absl::Time deadline);
+
+  // Constant after construction.
+  const PoolOptions options_;
+  PoolMemory* const memory_;        // the pool's; outlives this
+  DeviceFaultLatch* const faults_;  // the pool's; own synchronization
+  const Clock* const clock_;
+  const bool host_memory_;            // tier 1 is host memory (loads land in it directly)
+  PoolTierLoadLatency load_latency_;  // own synchronization
+  mutable std::atomic<uint64_t> collisions_caught_{0};
+  OffloadSource* source_ = nullptr;  // set by Start
+
+  // Tier 2, or null. Synchronizes itself.
+  const std::unique_ptr<HostTier> host_tier_;
+  const uint32_t offload_window_;
+  std::atomic<uint64_t> host_hit_blocks_{0};
+  std::atomic<uint64_t> offloaded_blocks_{0};
+  std::atomic<uint64_t> host_load_failures_{0};
+  std::atomic<uint64_t> host_deadline_blocks_{0};
+  // Tier 3, or null. Synchronizes itself.
+  const std::unique_ptr<DiskTier> disk_tier_;
+  const uint32_t demotion_window_;
+  std::atomic<uint64_t> disk_hit_blocks_{0};
+  std::atomic<uint64_t> disk_load_failures_{0};
+  std::atomic<uint64_t> disk_deadline_blocks_{0};
+  std::atomic<uint64_t> demoted_blocks_{0};
+  std::atomic<uint64_t> disk_evicted_from_above_{0};
+  // The cluster tier, or null. Synchronizes itself.
+  const std::unique_ptr<ClusterTier> cluster_tier_;
+  std::atomic<uint64_t> cluster_hit_blocks_{0};
+  std::atomic<uint64_t> cluster_stored_blocks_{0};
+  // Announces the lower tiers' records; null without events. Synchronizes itself.
+  const std::shared_ptr<TierEvents> tier_events_;
+
+  // The mover.
+  std::atomic<bool> mover_wanted_{false};
+  absl::Mutex mover_mu_;
+  absl::CondVar mover_cv_;
+  bool mover_stopping_ ABSL_GUARDED_BY(mover_mu_) = false;
+  std::thread mover_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_LOWER_TIERS_H_

@@ -1,0 +1,94 @@
+// The lower tiers' figures, computed once in the core. Each tier has its own detailed figures
+// (PoolHostTierStats, PoolDiskTierStats, PoolClusterTierStats: the store's own counters and what
+// the pool counted of it), and one row of the same shape for every tier (TierStatsRow), which is
+// what GetStats and /metrics report, field for field, so they cannot disagree.
+#ifndef KVCACHE_CACHE_TIER_STATS_H_
+#define KVCACHE_CACHE_TIER_STATS_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "redis/redis_cluster.h"
+#include "tiers/cluster_tier.h"
+#include "tiers/disk_tier.h"
+#include "tiers/host_tier.h"
+
+namespace kvcache {
+
+// A pool's tier 2, pool-wide (tenant stats carry the same figures).
+struct PoolHostTierStats {
+  uint64_t hit_blocks = 0;          // blocks loaded into tier 1 and returned as cached
+  uint64_t offloaded_blocks = 0;    // blocks the mover stored
+  uint64_t load_failures = 0;       // matched records that failed their load (gone, corrupt)
+  uint64_t deadline_blocks = 0;     // matched records left to compute by max_load_ms
+  uint64_t evicted_from_above = 0;  // tier-1 evictions whose victim was already in tier 2
+  uint64_t request_waits = 0;       // requests that waited for a mover batch's pinned blocks
+  HostTierCounters store;           // the store's own counters
+};
+
+// A pool's tier 3, pool-wide.
+struct PoolDiskTierStats {
+  uint64_t hit_blocks = 0;          // blocks loaded into tier 1 and returned as cached
+  uint64_t load_failures = 0;       // matched records that failed their load (gone, corrupt, I/O)
+  uint64_t deadline_blocks = 0;     // matched records left to compute by max_load_ms
+  uint64_t demoted_blocks = 0;      // tier-2 records the mover passed down (stores accepted)
+  uint64_t evicted_from_above = 0;  // tier-2 evictions whose record was already on disk
+  DiskTierStats store;              // the store's own counters
+};
+
+// A pool's cluster tier, pool-wide.
+struct PoolClusterTierStats {
+  uint64_t hit_blocks = 0;     // blocks loaded into tier 1 and returned as cached
+  uint64_t stored_blocks = 0;  // blocks the mover wrote to the cluster
+  ClusterTierCounters store;   // the store's own counters (misses by kind)
+  RedisClusterCounters redis;  // its client's: node failures, redirects, reconnects
+};
+
+// One lower tier's figures in the shape every tier shares; a figure a tier does not have is 0.
+struct TierStatsRow {
+  absl::string_view tier;  // "host", "disk" or "cluster"
+  // Blocks loaded into tier 1, verified, and returned as cached.
+  uint64_t hit_blocks = 0;
+  // Records the tier took: host, stored; disk, written and durable; cluster, acknowledged.
+  uint64_t stored_blocks = 0;
+  // Copies the tier did not take, each a block that is not below: host, every slot being read;
+  // disk, its write queue full or its writer stopped after an error; cluster, a node down, slow
+  // or refusing.
+  uint64_t store_failures = 0;
+  // Records the tier dropped to make room (its back-pressure; the cluster evicts unseen: 0).
+  uint64_t evicted_blocks = 0;
+  // Evictions from the tier above whose block this tier already held (saved from recompute).
+  uint64_t evicted_from_above = 0;
+  // Loads whose bytes failed their checksum (dropped; recomputed).
+  uint64_t verify_failures = 0;
+  // Matched records that did not load: host and disk, runs an open could not finish (verify
+  // failures, records gone, I/O); cluster, corrupt + foreign + mismatched + unavailable values.
+  uint64_t load_failures = 0;
+  // Matched records left to compute because the request's max_load_ms passed.
+  uint64_t deadline_blocks = 0;
+  // Host: requests that waited for blocks the mover was copying down (a pool nearly full).
+  uint64_t request_waits = 0;
+  uint64_t records = 0;         // host, disk: records held now
+  uint64_t bytes_used = 0;      // host, disk: records' bytes (disk: whole slots)
+  uint64_t capacity_bytes = 0;  // host, disk
+  // Disk: what the daemon found in the tier's file when it started (a warm restart) — records
+  // indexed, and slots skipped as torn, foreign, of an older format or superseded; and failed
+  // writes (after one the tier stops storing).
+  uint64_t restored_records = 0;
+  uint64_t restore_skipped = 0;
+  uint64_t write_errors = 0;
+  // Cluster: Redis nodes found down or slow, and MOVED/ASK replies followed.
+  uint64_t node_failures = 0;
+  uint64_t redirects = 0;
+};
+
+// The rows of the tiers a pool has, top down: host, disk, cluster.
+std::vector<TierStatsRow> TierStatsRows(const std::optional<PoolHostTierStats>& host,
+                                        const std::optional<PoolDiskTierStats>& disk,
+                                        const std::optional<PoolClusterTierStats>& cluster);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CACHE_TIER_STATS_H_
