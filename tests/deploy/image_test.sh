@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# image_test.sh WORK_DIR: builds deploy/docker/Dockerfile as the README says, runs the daemon
-# from the image as its non-root user and probes it as kubelet would, and checks the workers,
-# kvcachectl and the Python client are in it.
+# image_test.sh WORK_DIR: builds deploy/docker/Dockerfile as deploy/README.md says, runs the
+# daemon from the image as its non-root user and probes it as kubelet would, and checks the
+# workers, kvcachectl and the Python client are in it.
 #
 # No registry is reachable here, so the base image is a debootstrap'd Debian 12 imported into
 # podman's storage (kept under WORK_DIR, vfs driver), and the build runs with chroot isolation
@@ -24,7 +24,7 @@ echo "image_test: base image from debootstrap in $((SECONDS - start)) s"
 
 cd "$src"
 start=$SECONDS
-# The README's build command, with the imported base.
+# deploy/README.md's build command, with the imported base.
 podman build --pull=never --network host --build-arg BASE_IMAGE=localhost/debian:12 \
   -f deploy/docker/Dockerfile -t kvcache:latest . >"$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; exit 1; }

@@ -1,8 +1,8 @@
 """README "Using the Python client": the example shown is client/python/examples/quickstart.py,
 verbatim, and the section's commands run and print what the README says, against a daemon on
 the default socket: the example from the source tree, and the package installed by pip (when
-Debian's pip is there) running the same example. The Benchmarks section's
-bench/python_client_bench.py runs too (a short smoke run; its figures are not checked).
+Debian's pip is there) running the same example. The bench/python_client_bench.py command of
+docs/benchmarks.md ("Running them") runs too (a short smoke run; its figures are not checked).
 """
 
 import os
@@ -20,8 +20,8 @@ EXPECTED_OUTPUT = "cached tokens: 32\ngot blocks: 2 identical: True\nerror code:
 PIP_OFFLINE = "--no-deps --no-build-isolation --no-index --quiet --target"
 
 
-def readme_section(title: str) -> str:
-    with open(os.path.join(SOURCE_DIR, "README.md")) as file:
+def readme_section(title: str, path: str = "README.md") -> str:
+    with open(os.path.join(SOURCE_DIR, path)) as file:
         text = file.read()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
@@ -88,7 +88,7 @@ class ReadmePythonTest(unittest.TestCase):
 
 class BenchmarkSmokeTest(unittest.TestCase):
     def test_python_client_bench_prints_a_ratio(self):
-        [commands] = code_blocks(readme_section("Benchmarks"), "sh")
+        [commands] = code_blocks(readme_section("Running them", "docs/benchmarks.md"), "sh")
         [line] = [line for line in commands.splitlines() if "python_client_bench" in line]
         script = line.split()[1]
         done = subprocess.run(["/usr/bin/python3", os.path.join(SOURCE_DIR, script), "0.05", "1"],
