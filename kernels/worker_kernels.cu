@@ -4,16 +4,17 @@
 //
 // Precision notes. nvcc contracts a * b + c into an FMA by default; where the CPU result is meant
 // to be reproduced (RMSNorm's scaling, RoPE's rotation, LinearCuda's lanes, the MoE combine) the
-// kernels use __fmul_rn / __fadd_rn / __fsub_rn, which are never contracted. Pool dtype
-// conversions are integer bit manipulation, ports of worker/float_convert.{h,cc}, so the KV write
-// is byte-exact. The expert matvecs and the attention sums run in a different order from the CPU
-// (warp trees, online softmax) and are not bit-exact with it.
+// kernels use __fmul_rn / __fadd_rn / __fsub_rn, which are never contracted. The pool dtype
+// conversions are the CPU's own (common/float_convert.h, integer bit manipulation), so the KV
+// write is byte-exact. The expert matvecs and the attention sums run in a different order from
+// the CPU (warp trees, online softmax) and are not bit-exact with it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "common/float_convert.h"
 #include "kernels/cuda_launch.h"
 #include "kernels/worker_kernels.h"
 #include "kernels/worker_kernels_internal.h"
@@ -40,90 +41,6 @@ __device__ __forceinline__ double WarpSum(double v) {
 #pragma unroll
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
   return v;
-}
-
-// --- Pool dtype codecs: ports of worker/float_convert (round to nearest even, NaN stays NaN). ---
-
-__device__ __forceinline__ uint32_t ShiftRightRoundEven(uint32_t mantissa, int shift) {
-  const uint32_t kept = mantissa >> shift;
-  const uint32_t rest = mantissa & ((1u << shift) - 1);
-  const uint32_t half = 1u << (shift - 1);
-  return (rest > half || (rest == half && (kept & 1u))) ? kept + 1 : kept;
-}
-
-__device__ __forceinline__ uint16_t FloatToBFloat16(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
-  }
-  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
-}
-
-__device__ __forceinline__ float BFloat16ToFloat(uint16_t bits) {
-  return __uint_as_float(uint32_t{bits} << 16);
-}
-
-__device__ __forceinline__ uint16_t FloatToFloat16(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return sign | 0x7e00u;  // NaN
-  const int exponent = static_cast<int>(magnitude >> 23) - 127;
-  const uint32_t mantissa = magnitude & 0x7fffffu;
-  if (exponent > 15) return sign | 0x7c00u;  // overflow or inf
-  if (exponent >= -14) {
-    const uint32_t half = (static_cast<uint32_t>(exponent + 15) << 10) | (mantissa >> 13);
-    return sign |
-           static_cast<uint16_t>(ShiftRightRoundEven((half << 13) | (mantissa & 0x1fffu), 13));
-  }
-  if (exponent < -25) return sign;  // below half the smallest subnormal
-  return sign | static_cast<uint16_t>(ShiftRightRoundEven(mantissa | 0x800000u, -exponent - 1));
-}
-
-__device__ __forceinline__ float Float16ToFloat(uint16_t bits) {
-  const uint32_t sign = uint32_t{bits & 0x8000u} << 16;
-  const uint32_t exponent = (bits >> 10) & 0x1fu;
-  const uint32_t mantissa = bits & 0x3ffu;
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in fp32
-    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
-    return sign ? -magnitude : magnitude;
-  }
-  if (exponent == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
-  return __uint_as_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
-}
-
-__device__ __forceinline__ uint8_t FloatToFp8E4M3(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return sign | 0x7fu;   // NaN
-  if (magnitude >= 0x43e00000u) return sign | 0x7eu;  // >= 448 (and inf): saturate
-  const int exponent = static_cast<int>(magnitude >> 23) - 127;
-  const uint32_t mantissa = magnitude & 0x7fffffu;
-  if (exponent >= -6) {
-    const uint32_t code = (static_cast<uint32_t>(exponent + 7) << 3) | (mantissa >> 20);
-    return sign |
-           static_cast<uint8_t>(ShiftRightRoundEven((code << 20) | (mantissa & 0xfffffu), 20));
-  }
-  if (exponent < -10) return sign;  // below half the smallest subnormal (2^-9)
-  return sign | static_cast<uint8_t>(ShiftRightRoundEven(mantissa | 0x800000u, 14 - exponent));
-}
-
-__device__ __forceinline__ float Fp8E4M3ToFloat(uint8_t bits) {
-  const bool negative = (bits & 0x80u) != 0;
-  const uint32_t exponent = (bits >> 3) & 0xfu;
-  const uint32_t mantissa = bits & 0x7u;
-  float magnitude;
-  if (exponent == 0xf && mantissa == 0x7) {
-    magnitude = __uint_as_float(0x7fc00000u);  // quiet NaN
-  } else if (exponent == 0) {
-    magnitude = static_cast<float>(mantissa) * 0.001953125f;  // mantissa * 2^-9, exact
-  } else {
-    // (8 + mantissa) * 2^(exponent - 10) = (1 + mantissa / 8) * 2^(exponent - 7), exact.
-    magnitude = __uint_as_float(((exponent + 120) << 23) | (mantissa << 20));
-  }
-  return negative ? -magnitude : magnitude;
 }
 
 // Element `i` of a pool row of `kDtype` elements. `row` is aligned to the element size (the
