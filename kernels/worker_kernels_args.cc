@@ -1,6 +1,7 @@
 // The launchers of worker_kernels.h up to the launch: their argument checks and the pool geometry,
 // built in every configuration so that a build without CUDA runs (and tests) the same checks. The
-// launches themselves are worker_kernels.cu's (worker_kernels_stub.cc without CUDA).
+// launches themselves are in worker_kernels_{dense,attention,moe}.cu (worker_kernels_stub.cc
+// without CUDA).
 #include <cmath>
 #include <cstdint>
 #include <limits>

@@ -1,7 +1,8 @@
 // The split of the worker kernels' launchers (worker_kernels.h): worker_kernels_args.cc, built in
 // every configuration, checks the host-visible arguments and computes the pool geometry; the
-// Launch* functions here enqueue the kernels (worker_kernels.cu) or answer "built without CUDA"
-// (worker_kernels_stub.cc). Not part of the public API.
+// Launch* functions here enqueue the kernels (worker_kernels_dense.cu, worker_kernels_attention.cu,
+// worker_kernels_moe.cu) or answer "built without CUDA" (worker_kernels_stub.cc). Not part of the
+// public API.
 #ifndef KVCACHE_KERNELS_WORKER_KERNELS_INTERNAL_H_
 #define KVCACHE_KERNELS_WORKER_KERNELS_INTERNAL_H_
 

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/float_convert.h"
 #include "common/status_macros.h"
-#include "model/float_convert.h"
 
 namespace kvcache::worker {
 

@@ -5,7 +5,7 @@
 // TokenBytes() long; block b starts at pool_base + b * BlockBytes() (see common/pool_layout.h).
 //
 // Writes convert float32 to the pool dtype (fp32 copy; bf16, fp16 and fp8 E4M3 round to nearest
-// even, see model/float_convert.h); reads convert back exactly. So reading what was written gives
+// even, see common/float_convert.h); reads convert back exactly. So reading what was written gives
 // the same floats whichever physical block holds the bytes — the property the prefix cache relies
 // on: a block copied byte-wise into another block, or computed by another sequence, reads back
 // bit-identical.

@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/float_convert.h"
 #include "common/status_macros.h"
-#include "model/float_convert.h"
 
 namespace kvcache::worker {
 namespace {

@@ -331,40 +331,37 @@ absl::Status CheckPeer(const char* op, int peer, int rank, int world_size) {
 
 absl::Status NcclChannel::SendBlocks(const uint8_t* device_pool, uint64_t block_bytes,
                                      absl::Span<const uint32_t> block_ids, int peer) {
-  constexpr char kOp[] = "NcclChannel::SendBlocks";
-  RETURN_IF_ERROR(impl_->CheckUsable(kOp));
-  RETURN_IF_ERROR(CheckPeer(kOp, peer, rank_, world_size_));
-  RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, block_ids));
-  if (block_ids.empty()) return absl::OkStatus();
-  ScopedCudaDevice device;
-  KVCACHE_CUDA_RETURN_IF_ERROR(device.Set(cuda_device_),
-                               absl::StrCat(kOp, ": cudaSetDevice(", cuda_device_, ")"));
-  cudaStream_t stream = impl_->stream;
-  ncclComm_t comm = impl_->comm;
-  return impl_->Grouped(kOp, block_ids.size(), kMaxBlocksPerGroup, absl::InfiniteFuture(),
-                        [&](size_t i) {
-                          return ncclSend(device_pool + uint64_t{block_ids[i]} * block_bytes,
-                                          block_bytes, ncclUint8, peer, comm, stream);
-                        });
+  return PointToPointBlocks("NcclChannel::SendBlocks", Direction::kSend, device_pool, block_bytes,
+                            block_ids, peer);
 }
 
 absl::Status NcclChannel::RecvBlocks(uint8_t* device_pool, uint64_t block_bytes,
                                      absl::Span<const uint32_t> block_ids, int peer) {
-  constexpr char kOp[] = "NcclChannel::RecvBlocks";
-  RETURN_IF_ERROR(impl_->CheckUsable(kOp));
-  RETURN_IF_ERROR(CheckPeer(kOp, peer, rank_, world_size_));
-  RETURN_IF_ERROR(CheckBlocks(kOp, device_pool, block_bytes, block_ids));
-  RETURN_IF_ERROR(CheckUnique(kOp, "destination", block_ids));
+  return PointToPointBlocks("NcclChannel::RecvBlocks", Direction::kRecv, device_pool, block_bytes,
+                            block_ids, peer);
+}
+
+absl::Status NcclChannel::PointToPointBlocks(const char* op, Direction direction,
+                                             const uint8_t* device_pool, uint64_t block_bytes,
+                                             absl::Span<const uint32_t> block_ids, int peer) {
+  RETURN_IF_ERROR(impl_->CheckUsable(op));
+  RETURN_IF_ERROR(CheckPeer(op, peer, rank_, world_size_));
+  RETURN_IF_ERROR(CheckBlocks(op, device_pool, block_bytes, block_ids));
+  if (direction == Direction::kRecv) RETURN_IF_ERROR(CheckUnique(op, "destination", block_ids));
   if (block_ids.empty()) return absl::OkStatus();
   ScopedCudaDevice device;
   KVCACHE_CUDA_RETURN_IF_ERROR(device.Set(cuda_device_),
-                               absl::StrCat(kOp, ": cudaSetDevice(", cuda_device_, ")"));
+                               absl::StrCat(op, ": cudaSetDevice(", cuda_device_, ")"));
   cudaStream_t stream = impl_->stream;
   ncclComm_t comm = impl_->comm;
-  return impl_->Grouped(kOp, block_ids.size(), kMaxBlocksPerGroup, absl::InfiniteFuture(),
+  return impl_->Grouped(op, block_ids.size(), kMaxBlocksPerGroup, absl::InfiniteFuture(),
                         [&](size_t i) {
-                          return ncclRecv(device_pool + uint64_t{block_ids[i]} * block_bytes,
-                                          block_bytes, ncclUint8, peer, comm, stream);
+                          const uint8_t* block = device_pool + uint64_t{block_ids[i]} * block_bytes;
+                          // RecvBlocks' pool is writable: its caller passed it non-const.
+                          return direction == Direction::kSend
+                                     ? ncclSend(block, block_bytes, ncclUint8, peer, comm, stream)
+                                     : ncclRecv(const_cast<uint8_t*>(block), block_bytes, ncclUint8,
+                                                peer, comm, stream);
                         });
 }
 

@@ -139,7 +139,15 @@ class NcclChannel {
 
  private:
   struct Impl;  // NCCL and CUDA handles; defined where the headers are included
+  enum class Direction { kSend, kRecv };
+
   NcclChannel(int rank, int world_size, int cuda_device, std::unique_ptr<Impl> impl);
+
+  // SendBlocks (kSend) and RecvBlocks (kRecv, whose caller's pool is writable): their checks,
+  // then one ncclSend or ncclRecv per block, in groups of kMaxBlocksPerGroup.
+  absl::Status PointToPointBlocks(const char* op, Direction direction, const uint8_t* device_pool,
+                                  uint64_t block_bytes, absl::Span<const uint32_t> block_ids,
+                                  int peer);
 
   const int rank_;
   const int world_size_;

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "model/float_convert.h"
+#include "common/float_convert.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::worker {

@@ -1,11 +1,11 @@
-#include "model/float_convert.h"
+#include "common/float_convert.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-namespace kvcache::worker {
+namespace kvcache {
 namespace {
 
 TEST(BFloat16Test, WideningIsExactAndNarrowingRoundsToNearestEven) {
@@ -102,4 +102,4 @@ TEST(Fp8E4M3Test, EveryValueRoundTrips) {
 }
 
 }  // namespace
-}  // namespace kvcache::worker
+}  // namespace kvcache
