@@ -41,7 +41,7 @@ absl::Status DiskTier::Impl::ErrnoError(absl::string_view what, const std::strin
   return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(error)));
 }
 
-DiskTier::Impl::Impl(DiskTierOptions options, int fd, bool direct_io, uint64_t slots)
+DiskTier::Impl::Impl(DiskTierOptions options, int fd, bool direct_io, uint32_t slots)
     : options_(std::move(options)),
       fd_(fd),
       direct_io_(direct_io),
@@ -51,13 +51,10 @@ DiskTier::Impl::Impl(DiskTierOptions options, int fd, bool direct_io, uint64_t s
       header_bytes_(RecordHeaderSlotBytes(options_.tokens_per_block)),
       slot_bytes_(header_bytes_ + RoundUpToRecordAlignment(options_.pool.block_bytes)),
       slots_(slots),
-      slot_(slots),
-      lru_prev_(slots + 1, kNone),
-      lru_next_(slots + 1, kNone),
+      table_(slots),
+      records_(slots),
       store_buffers_(slot_bytes_ * options_.max_queued_stores),
-      changes_(options_.on_change) {
-  lru_prev_[slots_] = lru_next_[slots_] = slots_;  // the sentinel
-}
+      changes_(options_.on_change) {}
 
 DiskTier::Impl::~Impl() {
   {
@@ -88,8 +85,9 @@ absl::Status DiskTier::Impl::Start() {
 absl::Status DiskTier::Impl::Scan(uint64_t old_size) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
-  const uint64_t whole = std::min(slots_, old_size / slot_bytes_);
+  const uint64_t whole = std::min<uint64_t>(slots_, old_size / slot_bytes_);
   if (whole < slots_ && old_size > whole * slot_bytes_) ++stats_.restart_torn;  // cut slot
+  absl::flat_hash_map<Hash128, uint32_t> found;  // the records kept: hash -> slot
   if (whole > 0) {
     ASSIGN_OR_RETURN(std::unique_ptr<IoRing> ring, IoRing::Create(64, io_backend_));
     AlignedBuffer buffer(header_bytes_ * ring->depth());
@@ -108,38 +106,37 @@ absl::Status DiskTier::Impl::Scan(uint64_t old_size) {
           ++stats_.restart_torn;  // an unreadable header (EIO): the slot is rewritten later
           continue;
         }
-        IndexScannedLocked(first + completion.tag, buffer.data() + completion.tag * header_bytes_);
+        IndexScannedLocked(first + completion.tag, buffer.data() + completion.tag * header_bytes_,
+                           &found);
       }
     }
   }
-  std::vector<std::pair<uint64_t, uint64_t>> by_sequence;  // (sequence, slot) of records
-  for (uint64_t slot = slots_; slot > 0; --slot) {
-    if (slot_[slot - 1].state == SlotState::kFree) {
-      free_slots_.push_back(slot - 1);  // popped from the back: lowest first
-    } else {
-      by_sequence.emplace_back(slot_[slot - 1].sequence, slot - 1);
-    }
-  }
+  std::vector<std::pair<uint64_t, uint32_t>> by_sequence;  // (sequence, slot) of records
+  by_sequence.reserve(found.size());
+  for (const auto& [hash, slot] : found) by_sequence.emplace_back(records_[slot].sequence, slot);
   std::sort(by_sequence.begin(), by_sequence.end());
-  for (const auto& [sequence, slot] : by_sequence) LruPushFrontLocked(slot);  // newest first
+  // Oldest first, each the most recent so far: the newest ends most recently used. The other
+  // slots stay free, taken lowest first.
+  for (const auto& [sequence, slot] : by_sequence)
+    table_.Restore(slot, records_[slot].identity.hash);
   stats_.restart_scan_time = absl::Now() - start;
   return absl::OkStatus();
 }
 
 absl::StatusOr<BlockRecordIdentity> DiskTier::Impl::Find(const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
-  auto it = index_.find(hash);
-  if (it == index_.end()) return absl::NotFoundError("not in the disk tier");
-  return slot_[it->second].identity;
+  const uint32_t slot = table_.Find(hash);
+  if (slot == kNoSlot) return absl::NotFoundError("not in the disk tier");
+  return records_[slot].identity;
 }
 
 absl::Status DiskTier::Impl::Erase(const Hash128& hash) {
   {
     absl::MutexLock lock(&mu_);
-    auto it = index_.find(hash);
-    if (it == index_.end()) return absl::NotFoundError("not in the disk tier");
+    const uint32_t slot = table_.Find(hash);
+    if (slot == kNoSlot) return absl::NotFoundError("not in the disk tier");
     ++stats_.erases;
-    DropLocked(it->second);
+    DropLocked(slot);
   }
   changes_.Deliver();
   return absl::OkStatus();
@@ -148,9 +145,9 @@ absl::Status DiskTier::Impl::Erase(const Hash128& hash) {
 std::vector<BlockRecordIdentity> DiskTier::Impl::Records() const {
   absl::MutexLock lock(&mu_);
   std::vector<BlockRecordIdentity> records;
-  records.reserve(index_.size());
-  for (const Slot& slot : slot_) {
-    if (slot.state == SlotState::kIndexed) records.push_back(slot.identity);
+  records.reserve(table_.records());
+  for (uint32_t slot = 0; slot < slots_; ++slot) {
+    if (table_.state(slot) == SlotTable::State::kStored) records.push_back(records_[slot].identity);
   }
   return records;
 }
@@ -160,12 +157,13 @@ DiskTierStats DiskTier::Impl::stats() const {
   DiskTierStats stats = stats_;
   stats.slots = slots_;
   stats.slot_bytes = slot_bytes_;
-  stats.records = index_.size();
+  stats.records = table_.records();
   stats.queued = outstanding_;
   return stats;
 }
 
-void DiskTier::Impl::IndexScannedLocked(uint64_t slot, const char* header_bytes) {
+void DiskTier::Impl::IndexScannedLocked(uint32_t slot, const char* header_bytes,
+                                        absl::flat_hash_map<Hash128, uint32_t>* found) {
   absl::StatusOr<RecordHeader> header =
       DecodeRecordHeader(absl::string_view(header_bytes, header_bytes_));
   if (absl::IsNotFound(header.status())) {
@@ -186,69 +184,43 @@ void DiskTier::Impl::IndexScannedLocked(uint64_t slot, const char* header_bytes)
     return;
   }
   next_sequence_ = std::max(next_sequence_, header->sequence + 1);
-  auto [it, inserted] = index_.try_emplace(header->block.hash, slot);
+  auto [it, inserted] = found->try_emplace(header->block.hash, slot);
   if (inserted) {
     ++stats_.restart_records;
   } else {
     // Two slots under one hash: a record stored again after its first slot was evicted but not
     // yet overwritten. The newer one stays; the other slot is free.
     ++stats_.restart_duplicates;
-    const uint64_t older = it->second;
-    if (slot_[older].sequence > header->sequence) return;
-    slot_[older] = Slot{};
+    if (records_[it->second].sequence > header->sequence) return;
     it->second = slot;
   }
-  slot_[slot] = Slot{SlotState::kIndexed, 0, header->sequence, std::move(header->block)};
+  records_[slot] = Record{header->sequence, std::move(header->block)};
 }
 
-void DiskTier::Impl::DropLocked(uint64_t slot_index) {
-  Slot& slot = slot_[slot_index];
-  changes_.Add(RecordChange::Kind::kRemoved, slot.identity);
-  index_.erase(slot.identity.hash);
-  if (slot.pins > 0) {
-    slot.state = SlotState::kDropped;
-    return;
-  }
-  LruRemoveLocked(slot_index);
-  FreeSlotLocked(slot_index);
+void DiskTier::Impl::DropLocked(uint32_t slot) {
+  changes_.Add(RecordChange::Kind::kRemoved, records_[slot].identity);
+  table_.Drop(slot);
 }
 
-void DiskTier::Impl::FreeSlotLocked(uint64_t slot_index) {
-  slot_[slot_index] = Slot{};
-  free_slots_.push_back(slot_index);
-}
-
-uint64_t DiskTier::Impl::TakeSlotLocked() {
-  uint64_t slot = kNone;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-  } else if (lru_prev_[slots_] != slots_) {
-    slot = lru_prev_[slots_];
-    LruRemoveLocked(slot);
-    changes_.Add(RecordChange::Kind::kRemoved, slot_[slot].identity);
-    index_.erase(slot_[slot].identity.hash);
+uint32_t DiskTier::Impl::TakeSlotLocked() {
+  const SlotTable::Taken taken = table_.Take();
+  if (taken.evicted) {
+    changes_.Add(RecordChange::Kind::kRemoved, records_[taken.slot].identity);
     ++stats_.evictions;
-  } else {
-    return kNone;
   }
-  slot_[slot] = Slot{};
-  slot_[slot].state = SlotState::kWriting;
-  return slot;
+  return taken.slot;
 }
 
-void DiskTier::Impl::LruRemoveLocked(uint64_t slot) {
-  if (lru_next_[slot] == kNone) return;
-  lru_next_[lru_prev_[slot]] = lru_next_[slot];
-  lru_prev_[lru_next_[slot]] = lru_prev_[slot];
-  lru_prev_[slot] = lru_next_[slot] = kNone;
-}
-
-void DiskTier::Impl::LruPushFrontLocked(uint64_t slot) {
-  lru_next_[slot] = lru_next_[slots_];
-  lru_prev_[slot] = slots_;
-  lru_prev_[lru_next_[slots_]] = slot;
-  lru_next_[slots_] = slot;
+absl::Status DiskTier::Impl::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(table_.CheckInvariants("disk tier"));
+  for (uint32_t slot = 0; slot < slots_; ++slot) {
+    if (table_.state(slot) == SlotTable::State::kStored &&
+        queued_hashes_.contains(records_[slot].identity.hash)) {
+      return absl::InternalError(absl::StrCat("disk tier record in slot ", slot, " is queued too"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options) {
@@ -271,6 +243,11 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options
   if (slots == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("disk tier: ", options.capacity_bytes, " bytes hold no slot of ", slot_bytes));
+  }
+  if (slots >= SlotTable::kNoSlot) {
+    return absl::InvalidArgumentError(absl::StrCat("disk tier: ", options.capacity_bytes,
+                                                   " bytes hold ", slots, " slots; at most ",
+                                                   SlotTable::kNoSlot - 1, " are supported"));
   }
   RETURN_IF_ERROR(MakeParentDirectories(options.path));
   const std::string& path = options.path;
@@ -314,7 +291,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options
     return fail(absl::ResourceExhaustedError(absl::StrCat(
         "disk tier ", path, " needs ", size - allocated, " more bytes; ", available, " are free")));
   }
-  auto impl = std::make_unique<Impl>(std::move(options), fd, direct_io, slots);
+  auto impl =
+      std::make_unique<Impl>(std::move(options), fd, direct_io, static_cast<uint32_t>(slots));
   RETURN_IF_ERROR(impl->Scan(old_size));  // the Impl owns fd now
   if (old_size > size && ::ftruncate(fd, size) != 0)
     return Impl::ErrnoError("ftruncate", path, errno);
@@ -351,5 +329,6 @@ uint32_t DiskTier::read_depth() const { return impl_->read_depth(); }
 IoBackend DiskTier::io_backend() const { return impl_->io_backend(); }
 bool DiskTier::direct_io() const { return impl_->direct_io(); }
 uint64_t DiskTier::slot_bytes() const { return impl_->slot_bytes(); }
+absl::Status DiskTier::CheckInvariants() const { return impl_->CheckInvariants(); }
 
 }  // namespace kvcache

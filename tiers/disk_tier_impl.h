@@ -1,6 +1,6 @@
 // DiskTier::Impl: the disk tier behind DiskTier's pimpl (tiers/disk_tier.h), whose header comment
 // is its contract. Internal to tiers/. Its code is in three files:
-//   disk_tier.cc         the file: Open, the restart scan, the slots (find, erase, evict);
+//   disk_tier.cc         the file: Open, the restart scan, the slot table (find, erase, evict);
 //   disk_tier_writer.cc  the write queue (Store, Flush) and the writer thread;
 //   disk_tier_reader.cc  the reader rings: loads, read and verified.
 #ifndef KVCACHE_TIERS_DISK_TIER_IMPL_H_
@@ -27,18 +27,19 @@
 #include "tiers/disk_tier.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_changes.h"
+#include "tiers/slot_table.h"
 
 namespace kvcache {
 
 class DiskTier::Impl {
  public:
-  Impl(DiskTierOptions options, int fd, bool direct_io, uint64_t slots);
+  Impl(DiskTierOptions options, int fd, bool direct_io, uint32_t slots);
   ~Impl();
 
   // Allocates the buffers and rings and starts the writer.
   absl::Status Start() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Reads every slot header of the file's first `old_size` bytes and indexes the pool's own
-  // records (newest first in the LRU); everything else becomes a free slot.
+  // records (oldest first in the LRU, by sequence); everything else becomes a free slot.
   absl::Status Scan(uint64_t old_size) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status Store(const BlockRecordIdentity& identity, absl::Span<const char> bytes)
@@ -50,6 +51,7 @@ class DiskTier::Impl {
   std::vector<BlockRecordIdentity> Records() const ABSL_LOCKS_EXCLUDED(mu_);
   void Flush() ABSL_LOCKS_EXCLUDED(mu_);
   DiskTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
   bool direct_io() const { return direct_io_; }
   IoBackend io_backend() const { return io_backend_; }
@@ -60,11 +62,9 @@ class DiskTier::Impl {
   static absl::Status ErrnoError(absl::string_view what, const std::string& path, int error);
 
  private:
-  static constexpr uint64_t kNone = ~uint64_t{0};
-  enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDropped };
-  struct Slot {
-    SlotState state = SlotState::kFree;
-    uint32_t pins = 0;  // loads reading it; a pinned slot is out of the LRU
+  static constexpr uint32_t kNoSlot = SlotTable::kNoSlot;
+  // What a stored slot holds, beside the table's bookkeeping; set when it is published.
+  struct Record {
     uint64_t sequence = 0;
     BlockRecordIdentity identity;
   };
@@ -75,7 +75,7 @@ class DiskTier::Impl {
   };
   struct Pinned {
     size_t request;
-    uint64_t slot;
+    uint32_t slot;
     uint64_t sequence;
   };
   // One concurrent loader: a ring and 2 x read_depth slot buffers.
@@ -87,17 +87,17 @@ class DiskTier::Impl {
 
   uint64_t SlotOffset(uint64_t slot) const { return slot * slot_bytes_; }
 
-  // disk_tier.cc: the slots.
-  void IndexScannedLocked(uint64_t slot, const char* header_bytes)
+  // disk_tier.cc: the slot table.
+  // Keeps the record a scanned header describes, if it is this pool's and the newest of its
+  // hash (`found`: hash -> slot of the records kept so far).
+  void IndexScannedLocked(uint32_t slot, const char* header_bytes,
+                          absl::flat_hash_map<Hash128, uint32_t>* found)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the record from the index; its slot is free once no load reads it.
-  void DropLocked(uint64_t slot_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeSlotLocked(uint64_t slot_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A free slot, else the least recently used unpinned record's (evicted); kNone when every
+  // A free slot, else the least recently used unpinned record's (evicted); kNoSlot when every
   // slot is being written or read.
-  uint64_t TakeSlotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LruRemoveLocked(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LruPushFrontLocked(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t TakeSlotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the record from the index; its slot is free once no load reads it.
+  void DropLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // disk_tier_writer.cc.
   void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -133,7 +133,7 @@ class DiskTier::Impl {
   const IoBackend io_backend_;
   const uint64_t header_bytes_;  // the header's share of a slot, 4 KiB-aligned
   const uint64_t slot_bytes_;
-  const uint64_t slots_;
+  const uint32_t slots_;
 
   // Own synchronization: each Reader's mutex. Lock order: a Reader's mu, then mu_ (never both
   // held today: loads pin under mu_, read under the reader's, unpin under mu_).
@@ -145,13 +145,10 @@ class DiskTier::Impl {
   std::thread writer_;
 
   mutable absl::Mutex mu_;
-  std::vector<Slot> slot_ ABSL_GUARDED_BY(mu_);
-  // LRU of unpinned indexed slots, most recent first, as links over slot numbers; index slots_
-  // is the sentinel; kNone links mark a slot outside the list.
-  std::vector<uint64_t> lru_prev_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> lru_next_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> free_slots_ ABSL_GUARDED_BY(mu_);              // popped from the back
-  absl::flat_hash_map<Hash128, uint64_t> index_ ABSL_GUARDED_BY(mu_);  // hash -> slot
+  // Indexed records, a slot being written (filling) and loads' pins (a pinned slot is off the
+  // LRU: neither evicted nor overwritten until its load ends).
+  SlotTable table_ ABSL_GUARDED_BY(mu_);
+  std::vector<Record> records_ ABSL_GUARDED_BY(mu_);  // by slot
   absl::flat_hash_set<Hash128> queued_hashes_ ABSL_GUARDED_BY(mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   AlignedBuffer store_buffers_;  // max_queued_stores slots

@@ -45,24 +45,23 @@ absl::Status DiskTier::Impl::PinLocked(const LoadRequest& request, size_t i,
     return absl::InvalidArgumentError(absl::StrCat(
         "load into ", request.out.size(), " bytes; blocks have ", options_.pool.block_bytes));
   }
-  auto it = index_.find(request.expected->hash);
-  if (it == index_.end()) {
+  const uint32_t slot = table_.Find(request.expected->hash);
+  if (slot == kNoSlot) {
     ++stats_.load_misses;
     return absl::NotFoundError("not in the disk tier");
   }
-  Slot& slot = slot_[it->second];
-  absl::string_view mismatch = RecordMismatch(slot.identity, *request.expected);
+  const Record& record = records_[slot];
+  absl::string_view mismatch = RecordMismatch(record.identity, *request.expected);
   if (!mismatch.empty()) {
     ++stats_.load_mismatches;
     return absl::NotFoundError(absl::StrCat("disk record differs in ", mismatch));
   }
-  if (slot.pins++ == 0) LruRemoveLocked(it->second);
-  pinned->push_back({i, it->second, slot.sequence});
+  table_.Pin(slot);
+  pinned->push_back({i, slot, record.sequence});
   return absl::OkStatus();
 }
 
 void DiskTier::Impl::UnpinLocked(const Pinned& pin, const absl::Status& result) {
-  Slot& slot = slot_[pin.slot];
   if (result.ok()) {
     ++stats_.load_hits;
     stats_.bytes_read += slot_bytes_;
@@ -71,17 +70,10 @@ void DiskTier::Impl::UnpinLocked(const Pinned& pin, const absl::Status& result) 
   } else {
     ++stats_.read_errors;
   }
-  --slot.pins;
-  if (!result.ok() && slot.state == SlotState::kIndexed) {
+  if (!result.ok() && table_.state(pin.slot) == SlotTable::State::kStored) {
     DropLocked(pin.slot);  // never served again; the slot is rewritten later
-    return;
   }
-  if (slot.pins > 0) return;
-  if (slot.state == SlotState::kDropped) {
-    FreeSlotLocked(pin.slot);
-  } else {
-    LruPushFrontLocked(pin.slot);  // a hit makes the record the most recently used
-  }
+  table_.Unpin(pin.slot);  // a hit makes the record the most recently used
 }
 
 void DiskTier::Impl::ReadPinned(absl::Span<const Pinned> pinned,

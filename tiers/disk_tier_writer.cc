@@ -31,7 +31,7 @@ absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
       return absl::UnavailableError(
           absl::StrCat("disk tier stopped storing after: ", write_error_.message()));
     }
-    if (index_.contains(identity.hash) || queued_hashes_.contains(identity.hash)) {
+    if (table_.Contains(identity.hash) || queued_hashes_.contains(identity.hash)) {
       ++stats_.stores_duplicate;
       return absl::AlreadyExistsError("block already stored or queued");
     }
@@ -85,7 +85,7 @@ void DiskTier::Impl::ReleaseStoreLocked(const Hash128& hash, char* buffer) {
 
 void DiskTier::Impl::WriterLoop() {
   std::vector<Queued> batch;
-  std::vector<uint64_t> slots;
+  std::vector<uint32_t> slots;
   std::vector<int> errors;
   std::vector<IoRing::Completion> done;
   const bool dsync = options_.durability == DiskTierOptions::Durability::kDsyncPerWrite;
@@ -99,15 +99,15 @@ void DiskTier::Impl::WriterLoop() {
       mu_.Await(absl::Condition(this, &Impl::HasWorkLocked));
       if (queue_.empty()) return;  // shutting down, everything written
       while (!queue_.empty() && batch.size() < options_.max_queued_stores) {
-        const uint64_t slot = TakeSlotLocked();
+        const uint32_t slot = TakeSlotLocked();
         // Every slot is this batch's or pinned by a load. Once the batch is durable its records
         // can be evicted, so the rest waits for the next batch: dropping it would lose the
         // newest records while older ones stay, and which ones would depend on how batches
         // fall. With no batch at all, every slot is being read: the store is dropped.
-        if (slot == kNone && !batch.empty()) break;
+        if (slot == kNoSlot && !batch.empty()) break;
         Queued queued = std::move(queue_.front());
         queue_.pop_front();
-        if (slot == kNone) {
+        if (slot == kNoSlot) {
           ++stats_.stores_dropped;
           ReleaseStoreLocked(queued.identity.hash, queued.buffer);
           continue;
@@ -147,20 +147,19 @@ void DiskTier::Impl::WriterLoop() {
       absl::Status error = ring_status;
       if (error.ok() && errors[i] != 0) error = ErrnoError("writing", options_.path, errors[i]);
       if (error.ok() && synced) {
-        Slot& slot = slot_[slots[i]];
-        slot = Slot{SlotState::kIndexed, 0, batch[i].sequence, std::move(batch[i].identity)};
-        index_[slot.identity.hash] = slots[i];
-        LruPushFrontLocked(slots[i]);
-        changes_.Add(RecordChange::Kind::kStored, slot.identity);
+        Record& record = records_[slots[i]];
+        record = Record{batch[i].sequence, std::move(batch[i].identity)};
+        table_.Publish(slots[i], record.identity.hash);
+        changes_.Add(RecordChange::Kind::kStored, record.identity);
         ++stats_.stores_durable;
         stats_.bytes_written += slot_bytes_;
-        ReleaseStoreLocked(slot.identity.hash, batch[i].buffer);
+        ReleaseStoreLocked(record.identity.hash, batch[i].buffer);
       } else {
         // The slot's contents are unknown now; a restart would skip or catch what is there.
         ++stats_.write_errors;
         ++stats_.stores_dropped;
         if (write_error_.ok()) write_error_ = error;
-        FreeSlotLocked(slots[i]);
+        table_.Free(slots[i]);
         ReleaseStoreLocked(batch[i].identity.hash, batch[i].buffer);
       }
     }
