@@ -1,7 +1,7 @@
 // IndexList: a doubly linked list threaded through the entries of a table by index — the LRUs
-// whose entries live in fixed arrays (BlockPool's blocks, HostTier's slots). Each entry holds its
-// Links; the list holds its ends and length and reaches an entry's links through a callable
-// `links(id) -> Links&`. Every operation is O(1) and allocates nothing.
+// whose entries live in fixed arrays (BlockPool's blocks, the lower tiers' SlotTable). Each entry
+// holds its Links; the list holds its ends and length and reaches an entry's links through a
+// callable `links(id) -> Links&`. Every operation is O(1) and allocates nothing.
 //
 // Thread safety: none; the owner serializes.
 #ifndef KVCACHE_COMMON_INDEX_LIST_H_

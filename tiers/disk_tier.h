@@ -183,6 +183,8 @@ class DiskTier {
   void Flush();
 
   DiskTierStats stats() const;
+  // Index, LRU, free slots and queue agree. O(slots). For tests.
+  absl::Status CheckInvariants() const;
   // False when the file system refused O_DIRECT (tmpfs before Linux 6.6) and the tier uses
   // buffered I/O.
   bool direct_io() const;

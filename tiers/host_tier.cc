@@ -54,10 +54,8 @@ HostTier::HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, u
       num_slots_(num_slots),
       unregister_memory_(std::move(unregister_memory)),
       changes_(std::move(on_change)),
-      slots_(num_slots) {
-  free_slots_.reserve(num_slots);
-  for (uint32_t i = num_slots; i > 0; --i) free_slots_.push_back(i - 1);
-  index_.reserve(num_slots);
+      table_(num_slots),
+      records_(num_slots) {
   counters_.capacity_bytes = mapped_bytes;
 }
 
@@ -66,34 +64,22 @@ HostTier::~HostTier() {
   munmap(base_, mapped_bytes_);
 }
 
-void HostTier::DropLocked(uint32_t slot) {
-  Slot& s = slots_[slot];
-  changes_.Add(RecordChange::Kind::kRemoved, s.identity);
-  index_.erase(s.identity.hash);
-  LruRemove(slot);
+void HostTier::RemovedLocked(uint32_t slot) {
+  changes_.Add(RecordChange::Kind::kRemoved, records_[slot].identity);
+  UnmarkScannedLocked(slot);
   --counters_.records;
   counters_.bytes_used -= block_bytes_;
-  if (s.pins > 0) {
-    s.state = SlotState::kDropped;  // the last UnpinLocked frees it
-    return;
-  }
-  FreeLocked(slot);
 }
 
-void HostTier::UnpinLocked(uint32_t slot) {
-  Slot& s = slots_[slot];
-  if (--s.pins > 0 || s.state != SlotState::kDropped) return;
-  FreeLocked(slot);
+void HostTier::DropLocked(uint32_t slot) {
+  RemovedLocked(slot);
+  table_.Drop(slot);
 }
 
-void HostTier::FreeLocked(uint32_t slot) {
-  Slot& s = slots_[slot];
-  s.state = SlotState::kFree;
-  s.pins = 0;
-  s.below = false;
-  s.reused = false;
-  s.identity = BlockRecordIdentity{};
-  free_slots_.push_back(slot);
+void HostTier::UnmarkScannedLocked(uint32_t slot) {
+  Record& record = records_[slot];
+  if (record.scan_pass == demotion_pass_ && demotion_scanned_ > 0) --demotion_scanned_;
+  record.scan_pass = 0;
 }
 
 absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity& identity,
@@ -110,27 +96,21 @@ absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const Hash128& hash)
   std::function<void(const Hash128&)> hook;
   {
     absl::MutexLock lock(&mu_);
-    if (index_.contains(hash)) {
+    if (table_.Contains(hash)) {
       return absl::AlreadyExistsError(absl::StrCat("host tier already holds hash ", hash.ToHex()));
     }
-    if (free_slots_.empty()) {
-      // The least recently used record that no load is reading; pins are few (at most a batch per
-      // load in flight), so this stays O(1) in practice.
-      uint32_t victim = lru_.front();
-      while (victim != kNoSlot && slots_[victim].pins > 0) victim = slots_[victim].lru.next;
-      if (victim == kNoSlot) {
-        ++counters_.store_rejections;
-        return absl::ResourceExhaustedError("host tier: every slot is being read or filled");
-      }
-      pending.evicted = slots_[victim].identity;
-      DropLocked(victim);
+    const SlotTable::Taken taken = table_.Take();
+    if (taken.slot == kNoSlot) {
+      ++counters_.store_rejections;
+      return absl::ResourceExhaustedError("host tier: every slot is being read or filled");
+    }
+    if (taken.evicted) {
+      pending.evicted = records_[taken.slot].identity;
+      RemovedLocked(taken.slot);
       ++counters_.evicted;
     }
-    pending.slot = free_slots_.back();
-    free_slots_.pop_back();
-    Slot& s = slots_[pending.slot];
-    s.state = SlotState::kFilling;
-    s.pins = 1;
+    pending.slot = taken.slot;
+    records_[taken.slot] = Record{};
     hook = store_hook_;
   }
   pending.bytes = SlotBytes(pending.slot);
@@ -145,22 +125,19 @@ absl::Status HostTier::FinishStore(const PendingStore& pending, const BlockRecor
     // The slot was private until now: its bytes needed no lock.
     absl::MutexLock lock(&mu_);
     if (!filled) {
-      FreeLocked(pending.slot);
+      table_.Free(pending.slot);
       return absl::OkStatus();
     }
-    if (index_.contains(identity.hash)) {
+    if (table_.Contains(identity.hash)) {
       // A concurrent store of the same hash won.
-      FreeLocked(pending.slot);
+      table_.Free(pending.slot);
       return absl::AlreadyExistsError(
           absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
     }
-    Slot& s = slots_[pending.slot];
-    s.pins = 0;
-    s.state = SlotState::kStored;
-    s.reused = reused;
-    s.identity = identity;
-    index_.emplace(identity.hash, pending.slot);
-    LruPushBack(pending.slot);
+    Record& record = records_[pending.slot];
+    record.reused = reused;
+    record.identity = identity;
+    table_.Publish(pending.slot, identity.hash);
     changes_.Add(RecordChange::Kind::kStored, identity);
     ++counters_.stored;
     ++counters_.records;
@@ -172,22 +149,22 @@ absl::Status HostTier::FinishStore(const PendingStore& pending, const BlockRecor
 
 std::optional<BlockRecordIdentity> HostTier::Find(const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
-  auto it = index_.find(hash);
-  if (it == index_.end()) return std::nullopt;
-  return slots_[it->second].identity;
+  const uint32_t slot = table_.Find(hash);
+  if (slot == kNoSlot) return std::nullopt;
+  return records_[slot].identity;
 }
 
 TierProbe HostTier::Probe(const BlockRecordIdentity& expected) const {
   absl::MutexLock lock(&mu_);
-  auto it = index_.find(expected.hash);
-  if (it == index_.end()) return TierProbe::kAbsent;
-  return RecordMismatch(slots_[it->second].identity, expected).empty() ? TierProbe::kMatch
-                                                                       : TierProbe::kMismatch;
+  const uint32_t slot = table_.Find(expected.hash);
+  if (slot == kNoSlot) return TierProbe::kAbsent;
+  return RecordMismatch(records_[slot].identity, expected).empty() ? TierProbe::kMatch
+                                                                   : TierProbe::kMismatch;
 }
 
 bool HostTier::Contains(const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
-  return index_.contains(hash);
+  return table_.Contains(hash);
 }
 
 absl::Status HostTier::Load(const BlockRecordIdentity& expected, uint8_t* out) {
@@ -203,27 +180,26 @@ absl::StatusOr<HostTier::PinnedRecord> HostTier::PinForLoad(const BlockRecordIde
   std::function<void(const Hash128&)> hook;
   {
     absl::MutexLock lock(&mu_);
-    auto it = index_.find(expected.hash);
-    if (it == index_.end()) {
+    const uint32_t slot = table_.Find(expected.hash);
+    if (slot == kNoSlot) {
       ++counters_.misses;
       return absl::NotFoundError(
           absl::StrCat("host tier holds no record of hash ", expected.hash.ToHex()));
     }
-    Slot& s = slots_[it->second];
-    const absl::string_view mismatch = RecordMismatch(s.identity, expected);
+    const absl::string_view mismatch = RecordMismatch(records_[slot].identity, expected);
     if (!mismatch.empty()) {
       ++counters_.misses;
       ++counters_.mismatches;
       return absl::NotFoundError(absl::StrCat("host tier record of hash ", expected.hash.ToHex(),
                                               " differs in ", mismatch));
     }
-    ++s.pins;
-    pinned = PinnedRecord{.slot = it->second,
-                          .bytes = SlotBytes(it->second),
-                          .checksum = s.identity.checksum,
+    // A hit: the record becomes the most recently used when the load unpins it.
+    UnmarkScannedLocked(slot);
+    table_.Pin(slot);
+    pinned = PinnedRecord{.slot = slot,
+                          .bytes = SlotBytes(slot),
+                          .checksum = records_[slot].identity.checksum,
                           .hash = expected.hash};
-    LruRemove(pinned.slot);
-    LruPushBack(pinned.slot);
     hook = load_hook_;
   }
   if (hook) hook(expected.hash);
@@ -233,81 +209,73 @@ absl::StatusOr<HostTier::PinnedRecord> HostTier::PinForLoad(const BlockRecordIde
 absl::Status HostTier::FinishLoad(const PinnedRecord& pinned, LoadVerdict verdict) {
   {
     absl::MutexLock lock(&mu_);
-    Slot& s = slots_[pinned.slot];
     if (verdict != LoadVerdict::kCorrupt) {
       if (verdict == LoadVerdict::kVerified) {
         ++counters_.loaded;
-        s.reused = true;
+        records_[pinned.slot].reused = true;
       }
-      UnpinLocked(pinned.slot);
+      table_.Unpin(pinned.slot);
       return absl::OkStatus();
     }
     ++counters_.misses;
     ++counters_.verify_failures;
-    if (s.state == SlotState::kStored) DropLocked(pinned.slot);
-    UnpinLocked(pinned.slot);
+    if (table_.state(pinned.slot) == SlotTable::State::kStored) DropLocked(pinned.slot);
+    table_.Unpin(pinned.slot);
   }
   changes_.Deliver();
   return absl::DataLossError(absl::StrCat("host tier record of hash ", pinned.hash.ToHex(),
                                           " failed its checksum; dropped"));
 }
 
-void HostTier::LruRemove(uint32_t slot) {
-  Slot& s = slots_[slot];
-  if (slot == demotion_cursor_) demotion_cursor_ = s.lru.next;
-  if (s.scan_pass == demotion_pass_ && demotion_scanned_ > 0) --demotion_scanned_;
-  s.scan_pass = 0;
-  lru_.Remove(slot, LruLinks());
-}
-
 std::vector<HostTier::Demotion> HostTier::PinForDemotion(uint32_t window, size_t max,
                                                          bool reused_only) {
   std::vector<Demotion> batch;
   absl::MutexLock lock(&mu_);
-  if (free_slots_.size() >= window) {
-    demotion_cursor_ = kNoSlot;
+  if (table_.free_slots() >= window) {
+    demotion_restart_ = true;
     return batch;
   }
-  uint32_t slot = demotion_cursor_;
-  if (slot == kNoSlot) {
-    // A new pass from the front (the first, or the last one reached the LRU's end).
-    slot = lru_.front();
+  uint32_t slot = table_.cursor();
+  if (slot == kNoSlot || demotion_restart_) {
+    // A new pass from the front (the first, the last one reached the LRU's end, or restarted).
+    slot = table_.Oldest();
     demotion_scanned_ = 0;
     ++demotion_pass_;
+    demotion_restart_ = false;
   }
   for (uint32_t steps = 0; slot != kNoSlot && demotion_scanned_ < window && batch.size() < max &&
                            steps < kMaxDemotionScan;
        ++steps) {
-    Slot& s = slots_[slot];
-    const uint32_t next = s.lru.next;
-    // A pinned record is being loaded (it just became the most recent) or already demoted;
-    // either way the next pass looks again.
-    if (!s.below && s.pins == 0 && (!reused_only || s.reused)) {
-      ++s.pins;
-      batch.push_back(Demotion{.slot = slot, .identity = s.identity, .bytes = SlotBytes(slot)});
+    Record& record = records_[slot];
+    const uint32_t next = table_.Newer(slot);
+    if (!record.below && (!reused_only || record.reused)) {
+      // Not a use: unless loaded meanwhile, it goes back where the scan stands, still passed.
+      table_.Pin(slot, /*use=*/false);
+      batch.push_back(
+          Demotion{.slot = slot, .identity = record.identity, .bytes = SlotBytes(slot)});
     }
-    s.scan_pass = demotion_pass_;
+    record.scan_pass = demotion_pass_;
     ++demotion_scanned_;
     ++counters_.demotion_scanned;
     slot = next;
   }
-  demotion_cursor_ = slot;
+  table_.set_cursor(slot);
   return batch;
 }
 
 void HostTier::MarkReused(const Hash128& hash) {
   absl::MutexLock lock(&mu_);
-  auto it = index_.find(hash);
-  if (it != index_.end()) slots_[it->second].reused = true;
+  const uint32_t slot = table_.Find(hash);
+  if (slot != kNoSlot) records_[slot].reused = true;
 }
 
 void HostTier::FinishDemotion(uint32_t slot, const absl::Status& stored) {
   {
     absl::MutexLock lock(&mu_);
-    Slot& s = slots_[slot];
-    if (s.state == SlotState::kStored) {
-      if ((stored.ok() || absl::IsAlreadyExists(stored)) && !s.below) {
-        s.below = true;
+    Record& record = records_[slot];
+    if (table_.state(slot) == SlotTable::State::kStored) {
+      if ((stored.ok() || absl::IsAlreadyExists(stored)) && !record.below) {
+        record.below = true;
         ++counters_.demoted;
       } else if (absl::IsDataLoss(stored)) {
         ++counters_.verify_failures;
@@ -315,10 +283,10 @@ void HostTier::FinishDemotion(uint32_t slot, const absl::Status& stored) {
       } else if (!stored.ok() && !absl::IsAlreadyExists(stored)) {
         // Refused for now (the tier below is full or stopped): the next call starts a new pass,
         // which offers it again.
-        demotion_cursor_ = kNoSlot;
+        demotion_restart_ = true;
       }
     }
-    UnpinLocked(slot);
+    table_.Unpin(slot);
   }
   changes_.Deliver();
 }
@@ -330,83 +298,44 @@ HostTierCounters HostTier::counters() const {
 
 absl::Status HostTier::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(table_.CheckInvariants("host tier"));
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
-  uint64_t stored = 0, free = 0, busy = 0;
-  for (uint32_t slot = 0; slot < num_slots_; ++slot) {
-    const Slot& s = slots_[slot];
-    switch (s.state) {
-      case SlotState::kStored: {
-        ++stored;
-        auto it = index_.find(s.identity.hash);
-        if (it == index_.end() || it->second != slot) {
-          return fail("host tier slot ", slot, " holds hash ", s.identity.hash.ToHex(),
-                      " not indexed to it");
-        }
-        break;
-      }
-      case SlotState::kFree:
-        ++free;
-        if (s.pins != 0) return fail("free host tier slot ", slot, " is pinned");
-        break;
-      case SlotState::kFilling:
-      case SlotState::kDropped:
-        ++busy;
-        if (s.pins == 0) return fail("host tier slot ", slot, " in flight without a pin");
-        break;
-    }
-  }
-  if (index_.size() != stored) {
-    return fail("host tier index holds ", index_.size(), " hashes but ", stored, " slots");
-  }
-  if (free != free_slots_.size()) {
-    return fail("host tier has ", free, " free slots but its free list ", free_slots_.size());
-  }
-  if (stored + free + busy != num_slots_) {
-    return fail("host tier slots ", stored, " + ", free, " + ", busy, " != ", num_slots_);
-  }
-  uint64_t lru_length = 0, scanned = 0;
+  // What the demotion scan has passed lies before its cursor or is pinned by it, and it counts
+  // all of it.
+  uint64_t scanned = 0;
   bool past_cursor = false;
-  uint32_t previous = kNoSlot;
-  for (uint32_t slot = lru_.front(); slot != kNoSlot; slot = slots_[slot].lru.next) {
-    if (++lru_length > num_slots_) return fail("host tier LRU has a cycle");
-    if (slots_[slot].lru.prev != previous) return fail("host tier LRU link broken at ", slot);
-    if (slots_[slot].state != SlotState::kStored) return fail("unstored slot ", slot, " on LRU");
-    past_cursor = past_cursor || slot == demotion_cursor_;
-    // What the scan has passed lies before its cursor, and it counts all of it.
-    if (slots_[slot].scan_pass == demotion_pass_) {
-      if (past_cursor) return fail("host tier slot ", slot, " scanned but past the cursor");
-      ++scanned;
-    }
-    previous = slot;
+  for (uint32_t slot = table_.Oldest(); slot != kNoSlot; slot = table_.Newer(slot)) {
+    past_cursor = past_cursor || slot == table_.cursor();
+    if (records_[slot].scan_pass != demotion_pass_) continue;
+    if (past_cursor) return fail("host tier slot ", slot, " scanned but past the cursor");
+    ++scanned;
   }
-  if (previous != lru_.back() || lru_length != stored) {
-    return fail("host tier LRU holds ", lru_length, " of ", stored, " records");
-  }
-  if (demotion_cursor_ != kNoSlot && !past_cursor) {
-    return fail("host tier demotion cursor ", demotion_cursor_, " is off the LRU");
+  for (uint32_t slot = 0; slot < num_slots_; ++slot) {
+    if (table_.pins(slot) > 0 && records_[slot].scan_pass == demotion_pass_) ++scanned;
   }
   if (scanned != demotion_scanned_) {
     return fail("host tier demotion scan counts ", demotion_scanned_, " records but marked ",
                 scanned);
   }
-  if (counters_.records != stored || counters_.bytes_used != stored * block_bytes_) {
+  if (counters_.records != table_.records() ||
+      counters_.bytes_used != uint64_t{table_.records()} * block_bytes_) {
     return fail("host tier counts ", counters_.records, " records and ", counters_.bytes_used,
-                " bytes but holds ", stored);
+                " bytes but holds ", table_.records());
   }
   return absl::OkStatus();
 }
 
 const uint8_t* HostTier::RecordBytesForTesting(const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
-  auto it = index_.find(hash);
-  return it == index_.end() ? nullptr : SlotBytes(it->second);
+  const uint32_t slot = table_.Find(hash);
+  return slot == kNoSlot ? nullptr : SlotBytes(slot);
 }
 
 bool HostTier::CorruptForTesting(const Hash128& hash, uint64_t offset) {
   absl::MutexLock lock(&mu_);
-  auto it = index_.find(hash);
-  if (it == index_.end() || offset >= block_bytes_) return false;
-  SlotBytes(it->second)[offset] ^= 0x5a;
+  const uint32_t slot = table_.Find(hash);
+  if (slot == kNoSlot || offset >= block_bytes_) return false;
+  SlotBytes(slot)[offset] ^= 0x5a;
   return true;
 }
 

@@ -36,14 +36,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/block_hash.h"
-#include "common/index_list.h"
 #include "tiers/block_record.h"
 #include "tiers/record_changes.h"
+#include "tiers/slot_table.h"
 
 namespace kvcache {
 
@@ -151,9 +150,10 @@ class HostTier {
   };
   // Only while fewer than `window` slots are free: pins up to `max` records not yet below among
   // the `window` least recently used ones (the next victims), oldest first. A pinned record is
-  // neither evicted nor freed, so the caller copies its bytes without the tier's mutex. The scan
-  // resumes where the last call stopped (each record is looked at once per pass over the
-  // window, however large) and looks at most kMaxDemotionScan records per call.
+  // neither evicted nor freed, so the caller copies its bytes without the tier's mutex; the copy
+  // is not a use, so FinishDemotion puts it back where the scan found it. The scan resumes where
+  // the last call stopped (each record is looked at once per pass over the window, however
+  // large) and looks at most kMaxDemotionScan records per call.
   // `reused_only`: only records stored as reused or loaded from here since (an admission filter
   // that keeps one-off blocks off the tier below).
   std::vector<Demotion> PinForDemotion(uint32_t window, size_t max, bool reused_only = false);
@@ -182,40 +182,28 @@ class HostTier {
   void SetStoreHookForTesting(std::function<void(const Hash128&)> hook);
 
  private:
-  static constexpr uint32_t kNoSlot = ~uint32_t{0};
-  using Lru = IndexList<uint32_t, kNoSlot>;
-  enum class SlotState : uint8_t { kFree, kFilling, kStored, kDropped };
-  struct Slot {
-    SlotState state = SlotState::kFree;
-    uint32_t pins = 0;
+  static constexpr uint32_t kNoSlot = SlotTable::kNoSlot;
+  // What a slot holds, beside the table's bookkeeping; set when the slot is taken.
+  struct Record {
     bool below = false;      // the tier below holds the record too
     bool reused = false;     // stored as reused, or loaded from here since
     uint32_t scan_pass = 0;  // the demotion pass whose scan last passed it
     BlockRecordIdentity identity;
-    Lru::Links lru;
   };
 
   HostTier(uint8_t* base, uint64_t mapped_bytes, uint64_t block_bytes, uint32_t num_slots,
            RecordChangeListener on_change, std::function<void(void*)> unregister_memory);
   uint8_t* SlotBytes(uint32_t slot) const { return base_ + uint64_t{slot} * block_bytes_; }
 
-  auto LruLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return [this](uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS -> Lru::Links& {
-      return slots_[slot].lru;  // called only under mu_, from the two below
-    };
-  }
-  void LruPushBack(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    lru_.PushBack(slot, LruLinks());
-  }
-  // Takes `slot` out of the LRU, keeping the demotion scan's place: a cursor on it moves to the
-  // next record, and one the scan has passed no longer counts as scanned.
-  void LruRemove(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stored record leaves (evicted or dropped): announced, uncounted, and no longer one the
+  // demotion scan has passed.
+  void RemovedLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a stored record out of the index and the LRU; its slot is freed now, or by the last
   // unpin when it is pinned.
   void DropLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UnpinLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns an unpinned or filling slot to the free list, cleared.
-  void FreeLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record no longer counts as passed by the demotion scan (it is about to become the most
+  // recent, or to leave).
+  void UnmarkScannedLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   uint8_t* const base_;
   const uint64_t mapped_bytes_;
@@ -225,16 +213,16 @@ class HostTier {
   RecordChanges changes_;                               // added to under mu_, delivered without it
 
   mutable absl::Mutex mu_;
-  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Hash128, uint32_t> index_ ABSL_GUARDED_BY(mu_);
-  Lru lru_ ABSL_GUARDED_BY(mu_);  // stored records, least recently used at the front
+  // The LRU's cursor is PinForDemotion's place: a record the scan pins goes back there.
+  SlotTable table_ ABSL_GUARDED_BY(mu_);
+  std::vector<Record> records_ ABSL_GUARDED_BY(mu_);  // by slot
   HostTierCounters counters_ ABSL_GUARDED_BY(mu_);
-  // PinForDemotion's scan resumes where it stopped: at demotion_cursor_, the first record it has
-  // not looked at, demotion_scanned_ records (of pass demotion_pass_) from the LRU's front.
-  uint32_t demotion_cursor_ ABSL_GUARDED_BY(mu_) = kNoSlot;
+  // PinForDemotion's scan resumes where it stopped: at the table's cursor, the first record it
+  // has not looked at, demotion_scanned_ records (of pass demotion_pass_) from the LRU's front,
+  // counting those it pinned; demotion_restart_: the next call starts a new pass.
   uint32_t demotion_scanned_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t demotion_pass_ ABSL_GUARDED_BY(mu_) = 1;
+  bool demotion_restart_ ABSL_GUARDED_BY(mu_) = true;
   std::function<void(const Hash128&)> load_hook_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Hash128&)> store_hook_ ABSL_GUARDED_BY(mu_);
 };

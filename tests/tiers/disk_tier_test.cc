@@ -220,6 +220,7 @@ TEST_P(DiskTierTest, FullTierEvictsLeastRecentlyUsed) {
   for (uint64_t i : {0, 2, 3, 4}) EXPECT_OK(LoadBlock(*tier, i)) << i;
   EXPECT_EQ(tier->stats().evictions, 1u);
   EXPECT_EQ(tier->stats().records, 4u);
+  EXPECT_OK(tier->CheckInvariants());
 }
 
 // Regression: the writer took a whole queue as one batch and dropped what found no slot, so a
@@ -247,6 +248,7 @@ TEST_P(DiskTierTest, ABatchLargerThanTheFileEvictsTheOldestNotTheNewest) {
   for (uint64_t i : {0, 1})
     EXPECT_THAT(tier->Find(TestHash(i)), StatusIs(absl::StatusCode::kNotFound)) << i;
   for (uint64_t i : {2, 3}) EXPECT_OK(LoadBlock(*tier, i)) << i;
+  EXPECT_OK(tier->CheckInvariants());
 }
 
 TEST_P(DiskTierTest, StoreChecksItsInput) {
@@ -305,6 +307,7 @@ TEST_P(DiskTierTest, EraseForgetsTheRecord) {
   tier->Flush();
   EXPECT_OK(LoadBlock(*tier, 1));
   EXPECT_EQ(tier->stats().erases, 1u);
+  EXPECT_OK(tier->CheckInvariants());
 }
 
 TEST_P(DiskTierTest, ReopenServesThePreviousRecords) {
@@ -327,6 +330,7 @@ TEST_P(DiskTierTest, ReopenServesThePreviousRecords) {
   ASSERT_OK(StoreBlock(*tier, 5));
   tier->Flush();
   EXPECT_EQ(tier->stats().records, 6u);
+  EXPECT_OK(tier->CheckInvariants());
 }
 
 TEST_P(DiskTierTest, FlippedDataByteIsCaughtAtLoad) {
@@ -337,6 +341,7 @@ TEST_P(DiskTierTest, FlippedDataByteIsCaughtAtLoad) {
   EXPECT_EQ(tier->stats().restart_records, 3u);  // the header is intact
   EXPECT_THAT(LoadBlock(*tier, 1), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
   EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));  // dropped
+  EXPECT_OK(tier->CheckInvariants());
   EXPECT_OK(LoadBlock(*tier, 0));
   EXPECT_OK(LoadBlock(*tier, 2));
   EXPECT_EQ(tier->stats().load_corrupt, 1u);
@@ -463,6 +468,7 @@ TEST_P(DiskTierTest, RestartKeepsTheNewestOfTwoRecordsOfOneHash) {
   EXPECT_OK(LoadBlock(*tier, 0));
   EXPECT_OK(LoadBlock(*tier, 2));
   EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(tier->CheckInvariants());
 }
 
 TEST_P(DiskTierTest, OpenRefusesBadSizesAFullDiskAndASecondOwner) {
@@ -527,6 +533,7 @@ TEST_P(DiskTierTest, ConcurrentStoresAndLoadsNeverSeeWrongBytes) {
   EXPECT_EQ(bad.load(), 0u);
   for (uint64_t i = 0; i < 2 * kPerWriter; ++i) EXPECT_OK(LoadBlock(*tier, i)) << i;
   EXPECT_EQ(tier->stats().load_corrupt, 0u);
+  EXPECT_OK(tier->CheckInvariants());
 }
 
 TEST_P(DiskTierTest, PageAlignedBlocksAreReadInPlaceAndVerified) {

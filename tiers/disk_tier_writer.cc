@@ -1,0 +1,171 @@
+// The disk tier's write queue and writer thread (tiers/disk_tier_impl.h): Store only queues a
+// copy; the writer writes queued records in batches, syncs once per batch and only then
+// publishes them.
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/block_checksum.h"
+#include "tiers/disk_tier_impl.h"
+#include "tiers/record_codec.h"
+
+namespace kvcache {
+
+absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
+                                   absl::Span<const char> bytes) {
+  if (bytes.size() != options_.pool.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block of ", bytes.size(), " bytes; the pool's blocks have ", options_.pool.block_bytes));
+  }
+  if (identity.tokens.size() != options_.tokens_per_block) {
+    return absl::InvalidArgumentError(absl::StrCat("block of ", identity.tokens.size(),
+                                                   " tokens; the pool's blocks have ",
+                                                   options_.tokens_per_block));
+  }
+  char* buffer = nullptr;
+  uint64_t sequence = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!write_error_.ok()) {
+      ++stats_.stores_refused_stopped;
+      return absl::UnavailableError(
+          absl::StrCat("disk tier stopped storing after: ", write_error_.message()));
+    }
+    if (table_.Contains(identity.hash) || queued_hashes_.contains(identity.hash)) {
+      ++stats_.stores_duplicate;
+      return absl::AlreadyExistsError("block already stored or queued");
+    }
+    if (free_buffers_.empty()) {
+      ++stats_.stores_refused_full;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "disk tier queue full (", options_.max_queued_stores, " records being written)"));
+    }
+    buffer = free_buffers_.back();
+    free_buffers_.pop_back();
+    queued_hashes_.insert(identity.hash);
+    sequence = next_sequence_++;
+    ++outstanding_;
+  }
+  // Outside the lock: the copy and the checksum are the expensive part of a store.
+  std::memcpy(buffer + header_bytes_, bytes.data(), bytes.size());
+  absl::Status status;
+  if (BlockChecksum(buffer + header_bytes_, bytes.size()) != identity.checksum) {
+    status = absl::DataLossError("block bytes do not match the record's checksum");
+  } else {
+    std::memset(buffer, 0, header_bytes_);
+    status = EncodeRecordHeader({options_.pool, identity, sequence},
+                                absl::MakeSpan(buffer, header_bytes_));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    ReleaseStoreLocked(identity.hash, buffer);
+    return status;
+  }
+  ++stats_.stores_accepted;
+  queue_.push_back({identity, buffer, sequence});
+  return absl::OkStatus();
+}
+
+void DiskTier::Impl::Flush() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](uint64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
+  }
+  // The writer may not have delivered its last batch's changes yet: after this, it has (or
+  // this call did).
+  changes_.Deliver();
+}
+
+void DiskTier::Impl::ReleaseStoreLocked(const Hash128& hash, char* buffer) {
+  queued_hashes_.erase(hash);
+  free_buffers_.push_back(buffer);
+  --outstanding_;
+}
+
+void DiskTier::Impl::WriterLoop() {
+  std::vector<Queued> batch;
+  std::vector<uint32_t> slots;
+  std::vector<int> errors;
+  std::vector<IoRing::Completion> done;
+  const bool dsync = options_.durability == DiskTierOptions::Durability::kDsyncPerWrite;
+  while (true) {
+    // Evictions made for the last batch and its records made visible.
+    changes_.Deliver();
+    batch.clear();
+    slots.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Impl::HasWorkLocked));
+      if (queue_.empty()) return;  // shutting down, everything written
+      while (!queue_.empty() && batch.size() < options_.max_queued_stores) {
+        const uint32_t slot = TakeSlotLocked();
+        // Every slot is this batch's or pinned by a load. Once the batch is durable its records
+        // can be evicted, so the rest waits for the next batch: dropping it would lose the
+        // newest records while older ones stay, and which ones would depend on how batches
+        // fall. With no batch at all, every slot is being read: the store is dropped.
+        if (slot == kNoSlot && !batch.empty()) break;
+        Queued queued = std::move(queue_.front());
+        queue_.pop_front();
+        if (slot == kNoSlot) {
+          ++stats_.stores_dropped;
+          ReleaseStoreLocked(queued.identity.hash, queued.buffer);
+          continue;
+        }
+        batch.push_back(std::move(queued));
+        slots.push_back(slot);
+      }
+    }
+    errors.assign(batch.size(), 0);
+    uint32_t submitted = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (options_.testing_write_errno) errors[i] = options_.testing_write_errno();
+      if (errors[i] != 0) continue;
+      write_ring_->QueueWrite(fd_, batch[i].buffer, slot_bytes_, SlotOffset(slots[i]), i, dsync);
+      ++submitted;
+    }
+    done.clear();
+    absl::Status ring_status = write_ring_->SubmitAndWait(&done);
+    for (const IoRing::Completion& completion : done) {
+      if (completion.result != static_cast<int>(slot_bytes_)) {
+        errors[completion.tag] = completion.result < 0 ? -completion.result : EIO;
+      }
+    }
+    bool synced = dsync;
+    if (ring_status.ok() && !dsync && submitted > 0) {
+      write_ring_->QueueFdatasync(fd_, 0);
+      done.clear();
+      ring_status = write_ring_->SubmitAndWait(&done);
+      synced = ring_status.ok() && !done.empty() && done[0].result == 0;
+      if (ring_status.ok() && !synced) {
+        ring_status = ErrnoError("fdatasync", options_.path, -done[0].result);
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    if (!dsync && submitted > 0) ++stats_.syncs;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      absl::Status error = ring_status;
+      if (error.ok() && errors[i] != 0) error = ErrnoError("writing", options_.path, errors[i]);
+      if (error.ok() && synced) {
+        Record& record = records_[slots[i]];
+        record = Record{batch[i].sequence, std::move(batch[i].identity)};
+        table_.Publish(slots[i], record.identity.hash);
+        changes_.Add(RecordChange::Kind::kStored, record.identity);
+        ++stats_.stores_durable;
+        stats_.bytes_written += slot_bytes_;
+        ReleaseStoreLocked(record.identity.hash, batch[i].buffer);
+      } else {
+        // The slot's contents are unknown now; a restart would skip or catch what is there.
+        ++stats_.write_errors;
+        ++stats_.stores_dropped;
+        if (write_error_.ok()) write_error_ = error;
+        table_.Free(slots[i]);
+        ReleaseStoreLocked(batch[i].identity.hash, batch[i].buffer);
+      }
+    }
+  }
+}
+
+bool DiskTier::Impl::HasWorkLocked() const { return !queue_.empty() || shutting_down_; }
+
+}  // namespace kvcache
