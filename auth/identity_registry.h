@@ -1,6 +1,6 @@
 // IdentityRegistry: turns an authenticated credential into an Identity, by the identity file
 // (auth/identity_file.h) or, when the daemon runs without one, by the default that keeps the
-// README's two commands two commands: every caller the transport admits (a Unix-socket peer, which
+// README's two commands: every caller the transport admits (a Unix-socket peer, which
 // the owner-only socket limits to the daemon's uid; a TLS or --insecure TCP peer) is tenant
 // "default", role worker.
 // Install swaps the file in whole (SIGHUP reload): calls resolved afterwards see the new file;

@@ -4,7 +4,7 @@
 // against a daemon that records no KV events and serves no metrics (the baseline) and against
 // one with KV events recorded and streamed to a WatchEvents watcher and to a ZeroMQ subscriber,
 // and /metrics scraped every 100 ms: both daemons live side by side and are measured in turn, in
-// short phases over many rounds, with the median ratio of their call rates (the issue's bar:
+// short phases over many rounds, with the median ratio of their call rates (the bar:
 // >= 0.9x). Last, the same mix against a small, evicting pool with a host tier (tier 2: its mover
 // and every open's probe) vs without (the bar: >= 0.9x), then with tiers 2 and 3 (the mover
 // passing tier 2's oldest records on to a disk file as fast as the pool evicts). Usage: rpc_bench
@@ -376,7 +376,7 @@ void CompareDaemons(BenchDaemon& off, BenchDaemon& on, double phase, int rounds)
 }
 
 void CompareTiers(int clients, double phase, int rounds) {
-  // Tier 2 (issue 18): the same mix against a pool small enough to evict all the time, with a
+  // Tier 2: the same mix against a pool small enough to evict all the time, with a
   // host tier (its mover offloading ahead of every eviction, every open probing it) and without.
   constexpr uint32_t kTierPoolBlocks = 4096;
   const uint64_t tier_bytes = uint64_t{4 * kTierPoolBlocks} * 512;  // 512-byte blocks

@@ -1,4 +1,4 @@
-// Tiers 2 and 3 (issue 18): loading blocks from them vs the plain copy or read of the same bytes,
+// Tiers 2 and 3: loading blocks from them vs the plain copy or read of the same bytes,
 // measured in one run. Per block size:
 //   HostTier::Load   copy out of the tier's slot + XXH3-64 verify of the copy, vs memcpy of the
 //                    same bytes between the same kind of buffers (target >= 0.8x);

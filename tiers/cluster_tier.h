@@ -1,4 +1,4 @@
-// ClusterTier: the tier below a node's own (DESIGN §10, issue 19): block records in a Redis
+// ClusterTier: the tier below a node's own (DESIGN §10): block records in a Redis
 // Cluster (redis/redis_cluster.h) that every node's daemon reads and writes, so a prefix computed
 // on one node is a hit on every other. The cluster is a cache: a missing, evicted, foreign,
 // truncated or corrupted value is a miss, counted, never an error to a client and never bytes.

@@ -59,7 +59,7 @@ struct DiskTierOptions {
   uint32_t tokens_per_block = 16;
 
   enum class Durability {
-    kBatchFdatasync,  // batch of writes, then one fdatasync (default; see docs/design.md §10)
+    kBatchFdatasync,  // batch of writes, then one fdatasync (default; docs/benchmarks.md)
     kDsyncPerWrite,   // each write with RWF_DSYNC
   };
   Durability durability = Durability::kBatchFdatasync;
