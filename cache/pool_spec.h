@@ -27,7 +27,6 @@ inline constexpr size_t kMaxPoolNameBytes = 64;
 absl::Status ValidatePoolName(absl::string_view name);
 // Every name valid and no two alike: what a daemon checks before it creates any pool's memory.
 absl::Status ValidatePoolNames(absl::Span<const PoolOptions> pools);
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
 }  // namespace kvcache
 

@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/pool_spec.h"
+#include "common/byte_size.h"
 #include "common/command_line.h"
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/malloc_tuning.h"
