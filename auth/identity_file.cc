@@ -12,9 +12,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cache/pool_spec.h"
-#include "cache/session_registry.h"
+#include "common/byte_size.h"
 #include "common/status_macros.h"
+#include "common/tenant_name.h"
 
 namespace kvcache {
 namespace {

@@ -23,7 +23,6 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec);
 
 // Every name valid and no two alike: what a daemon checks before it creates any pool's memory.
 absl::Status ValidatePoolNames(absl::Span<const PoolOptions> pools);
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
 }  // namespace kvcache
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/tenant_name.h"
 
 namespace kvcache {
 namespace {

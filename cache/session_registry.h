@@ -29,10 +29,6 @@
 
 namespace kvcache {
 
-// A tenant name's length, one rule wherever a request names a tenant (OpenSession, Lookup,
-// GetStats, ListSessions, WatchEvents) and in the identity file.
-inline constexpr size_t kMaxTenantBytes = 256;
-
 struct SessionLimits {
   absl::Duration default_ttl = absl::Seconds(10);
   absl::Duration min_ttl = absl::Milliseconds(100);

@@ -286,196 +286,223 @@ absl::Status RedisCluster::RefreshSlots() {
   return last;
 }
 
+// One batch, across its rounds: its commands, what becomes of each, and the caller's deadline.
+struct RedisCluster::Batch {
+  bool bounded() const { return deadline != absl::InfiniteFuture(); }
+
+  std::vector<Command>& commands;
+  const absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply;
+  std::vector<absl::Status>& results;  // by command
+  const absl::Time deadline;
+  const absl::Status past_deadline =
+      absl::DeadlineExceededError("the caller's deadline passed before Redis answered");
+  std::vector<size_t> next = {};  // commands redirected this round, for the next one
+};
+
+namespace {
+
+// Appends `argv` to the context's output buffer, after an ASKING when `asking`.
+void AppendCommand(redisContext* context, const std::vector<std::string>& argv, bool asking) {
+  if (asking) redisAppendCommand(context, "ASKING");
+  std::vector<const char*> args;
+  std::vector<size_t> lengths;
+  for (const std::string& arg : argv) {
+    args.push_back(arg.data());
+    lengths.push_back(arg.size());
+  }
+  redisAppendCommandArgv(context, static_cast<int>(args.size()), args.data(), lengths.data());
+}
+
+// Reads a command's reply into *reply, after its ASKING's (dropped) when it was sent one. False
+// when the connection failed.
+bool ReadReply(redisContext* context, bool asking, redisReply** reply) {
+  if (asking) {
+    const bool lost = redisGetReply(context, reinterpret_cast<void**>(reply)) != REDIS_OK;
+    if (*reply != nullptr) freeReplyObject(*reply);
+    *reply = nullptr;
+    if (lost) return false;
+  }
+  return redisGetReply(context, reinterpret_cast<void**>(reply)) == REDIS_OK;
+}
+
+}  // namespace
+
 void RedisCluster::Run(
     std::vector<Command>& commands,
     absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
     std::vector<absl::Status>& results, absl::Time deadline) {
   results.assign(commands.size(), absl::UnavailableError("not sent"));
-  const bool bounded = deadline != absl::InfiniteFuture();
-  const absl::Status past_deadline =
-      absl::DeadlineExceededError("the caller's deadline passed before Redis answered");
+  Batch batch{.commands = commands, .on_reply = on_reply, .results = results, .deadline = deadline};
   std::vector<size_t> pending(commands.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
-  for (int round = 0; !pending.empty(); ++round) {
-    if (bounded && absl::Now() >= deadline) {
-      for (size_t i : pending) results[i] = past_deadline;  // redirected, with no time left
+  while (!pending.empty()) {
+    if (batch.bounded() && absl::Now() >= deadline) {
+      for (size_t i : pending) results[i] = batch.past_deadline;  // redirected, with no time left
       return;
     }
     MaybeRefreshSlots();
-    // By node index: the order every batch locks nodes in.
-    std::map<int, std::pair<Node*, std::vector<size_t>>> by_node;
-    for (size_t i : pending) {
-      Command& command = commands[i];
-      Node* node = command.target != nullptr ? command.target : SlotOwner(command.slot);
-      if (node == nullptr) {
-        results[i] =
-            absl::UnavailableError(absl::StrCat("no Redis node is known for slot ", command.slot));
-        continue;
-      }
-      auto& group = by_node[node->index];
-      group.first = node;
-      group.second.push_back(i);
-    }
-    std::vector<size_t> next;
-    std::vector<Node*> locked;
-    for (auto it = by_node.begin(); it != by_node.end();) {
-      Node* node = it->second.first;
-      // A node another batch holds (the mover's, on a slow node) is waited for only until the
-      // deadline; its keys are then the caller's misses.
-      bool held = !bounded;
-      if (bounded) {
-        while (!(held = node->mu.TryLock()) && absl::Now() < deadline) {
-          absl::SleepFor(absl::Microseconds(100));
-        }
-      } else {
-        node->mu.Lock();
-      }
-      if (!held) {
-        for (size_t i : it->second.second) results[i] = past_deadline;
-        it = by_node.erase(it);
-        continue;
-      }
-      locked.push_back(node);
-      ++it;
-    }
+    std::vector<NodeBatch> parts = GroupByNode(batch, pending);
+    LockNodes(batch, parts);
     // Pipelines of at most max_pipeline_bytes per node: every node's next chunk is written,
     // then every node's replies to it are read.
-    std::vector<size_t> cursor(by_node.size(), 0);
-    std::vector<bool> usable(by_node.size(), true);
     bool more = true;
     while (more) {
       more = false;
-      std::vector<std::pair<size_t, size_t>> chunk(by_node.size());  // [begin, end) of each group
-      size_t g = 0;
-      for (auto& [index, group] : by_node) {
-        Node* node = group.first;
-        std::vector<size_t>& members = group.second;
-        const size_t begin = cursor[g];
-        size_t end = begin;
-        if (usable[g] && begin < members.size()) {
-          absl::Status connected = EnsureConnected(node);
-          if (!connected.ok()) {
-            for (size_t k = begin; k < members.size(); ++k) results[members[k]] = connected;
-            usable[g] = false;
-          } else {
-            uint64_t bytes = 0;
-            while (end < members.size() && (end == begin || bytes + commands[members[end]].weight <=
-                                                                options_.max_pipeline_bytes)) {
-              const Command& command = commands[members[end]];
-              bytes += command.weight;
-              if (command.asking) redisAppendCommand(node->context, "ASKING");
-              std::vector<const char*> argv;
-              std::vector<size_t> lengths;
-              for (const std::string& arg : command.argv) {
-                argv.push_back(arg.data());
-                lengths.push_back(arg.size());
-              }
-              redisAppendCommandArgv(node->context, static_cast<int>(argv.size()), argv.data(),
-                                     lengths.data());
-              ++end;
-            }
-            commands_.fetch_add(end - begin, std::memory_order_relaxed);
-            int done = 0;
-            while (done == 0 && node->context->err == 0) {
-              if (redisBufferWrite(node->context, &done) != REDIS_OK) break;
-            }
-          }
-        }
-        chunk[g] = {begin, end};
-        cursor[g] = end;
-        if (usable[g] && end < members.size()) more = true;
-        ++g;
+      for (NodeBatch& part : parts) more |= WriteChunk(batch, part);
+      for (NodeBatch& part : parts) ReadReplies(batch, part);
+    }
+    for (NodeBatch& part : parts) part.node->mu.Unlock();
+    pending = std::exchange(batch.next, {});
+  }
+}
+
+std::vector<RedisCluster::NodeBatch> RedisCluster::GroupByNode(Batch& batch,
+                                                               const std::vector<size_t>& pending) {
+  // By node index: the order every batch locks nodes in.
+  std::map<int, NodeBatch> by_node;
+  for (size_t i : pending) {
+    const Command& command = batch.commands[i];
+    Node* node = command.target != nullptr ? command.target : SlotOwner(command.slot);
+    if (node == nullptr) {
+      batch.results[i] =
+          absl::UnavailableError(absl::StrCat("no Redis node is known for slot ", command.slot));
+      continue;
+    }
+    NodeBatch& part = by_node[node->index];
+    part.node = node;
+    part.members.push_back(i);
+  }
+  std::vector<NodeBatch> parts;
+  parts.reserve(by_node.size());
+  for (auto& [index, part] : by_node) parts.push_back(std::move(part));
+  return parts;
+}
+
+void RedisCluster::LockNodes(Batch& batch, std::vector<NodeBatch>& parts) {
+  for (auto it = parts.begin(); it != parts.end();) {
+    Node* node = it->node;
+    // A node another batch holds (the mover's, on a slow node) is waited for only until the
+    // deadline; its keys are then the caller's misses.
+    bool held = !batch.bounded();
+    if (batch.bounded()) {
+      while (!(held = node->mu.TryLock()) && absl::Now() < batch.deadline) {
+        absl::SleepFor(absl::Microseconds(100));
       }
-      g = 0;
-      for (auto& [index, group] : by_node) {
-        Node* node = group.first;
-        std::vector<size_t>& members = group.second;
-        // Within the caller's deadline: a read timeout that ends before io_timeout is the
-        // deadline's, and drops the connection without resting the node.
-        bool deadline_bound = false;
-        if (bounded && usable[g] && chunk[g].first < chunk[g].second) {
-          const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-          deadline_bound = left < options_.io_timeout;
-          if (deadline_bound) redisSetTimeout(node->context, absl::ToTimeval(left));
-        }
-        for (size_t k = chunk[g].first; k < chunk[g].second && usable[g]; ++k) {
-          const size_t i = members[k];
-          Command& command = commands[i];
-          redisReply* reply = nullptr;
-          bool lost = false;
-          if (command.asking) {
-            lost = redisGetReply(node->context, reinterpret_cast<void**>(&reply)) != REDIS_OK;
-            if (reply != nullptr) freeReplyObject(reply);
-            reply = nullptr;
-          }
-          if (!lost) {
-            lost = redisGetReply(node->context, reinterpret_cast<void**>(&reply)) != REDIS_OK;
-          }
-          if ((lost || reply == nullptr) && deadline_bound && absl::Now() >= deadline) {
-            redisFree(node->context);  // replies still owed: the connection is out of step
-            node->context = nullptr;
-            for (size_t rest = k; rest < members.size(); ++rest) {
-              results[members[rest]] = past_deadline;
-            }
-            usable[g] = false;
-            break;
-          }
-          if (lost || reply == nullptr) {
-            const absl::Status failed = absl::UnavailableError(
-                absl::StrCat("Redis node ", node->address, ": ",
-                             node->context->errstr[0] != 0 ? node->context->errstr : "no reply"));
-            MarkFailed(node, std::string(failed.message()));
-            for (size_t rest = k; rest < members.size(); ++rest) results[members[rest]] = failed;
-            usable[g] = false;
-            break;
-          }
-          if (reply->type == REDIS_REPLY_ERROR) {
-            const absl::string_view error(reply->str, reply->len);
-            std::optional<Redirect> redirect = ParseRedirect(error);
-            if (redirect.has_value()) {
-              if (absl::StartsWith(redirect->address, ":")) {
-                redirect->address = node->host + redirect->address;
-              }
-              Node* to = NodeFor(redirect->address);
-              if (redirect->ask) {
-                ask_.fetch_add(1, std::memory_order_relaxed);
-                command.target = to;
-                command.asking = true;
-              } else {
-                moved_.fetch_add(1, std::memory_order_relaxed);
-                command.target = nullptr;
-                command.asking = false;
-                absl::MutexLock lock(&map_mu_);
-                if (to != nullptr) slot_owner_[redirect->slot] = to->index;
-                refresh_wanted_ = true;  // a moved slot rarely moves alone
-              }
-              if (to != nullptr && ++command.redirects <= options_.max_redirects) {
-                next.push_back(i);
-              } else {
-                results[i] = absl::UnavailableError(absl::StrCat("Redis key of slot ", command.slot,
-                                                                 " redirected ", command.redirects,
-                                                                 " times"));
-              }
-            } else if (absl::StartsWith(error, "TRYAGAIN") ||
-                       absl::StartsWith(error, "CLUSTERDOWN") ||
-                       absl::StartsWith(error, "LOADING")) {
-              results[i] = absl::UnavailableError(absl::StrCat("Redis: ", error));
-            } else {
-              results[i] = absl::InternalError(absl::StrCat("Redis: ", error));
-            }
-          } else {
-            results[i] = on_reply(i, *reply);
-          }
-          freeReplyObject(reply);
-        }
-        if (deadline_bound && node->context != nullptr) {
-          redisSetTimeout(node->context, absl::ToTimeval(options_.io_timeout));
-        }
-        ++g;
+    } else {
+      node->mu.Lock();
+    }
+    if (!held) {
+      for (size_t i : it->members) batch.results[i] = batch.past_deadline;
+      it = parts.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+bool RedisCluster::WriteChunk(Batch& batch, NodeBatch& part) {
+  const size_t begin = part.written;
+  part.chunk_begin = begin;
+  if (part.usable && begin < part.members.size()) {
+    absl::Status connected = EnsureConnected(part.node);
+    if (!connected.ok()) {
+      for (size_t k = begin; k < part.members.size(); ++k)
+        batch.results[part.members[k]] = connected;
+      part.usable = false;
+    } else {
+      size_t end = begin;
+      uint64_t bytes = 0;
+      while (end < part.members.size() &&
+             (end == begin ||
+              bytes + batch.commands[part.members[end]].weight <= options_.max_pipeline_bytes)) {
+        const Command& command = batch.commands[part.members[end]];
+        bytes += command.weight;
+        AppendCommand(part.node->context, command.argv, command.asking);
+        ++end;
+      }
+      commands_.fetch_add(end - begin, std::memory_order_relaxed);
+      part.written = end;
+      int done = 0;
+      while (done == 0 && part.node->context->err == 0) {
+        if (redisBufferWrite(part.node->context, &done) != REDIS_OK) break;
       }
     }
-    for (Node* node : locked) node->mu.Unlock();
-    pending = std::move(next);
+  }
+  return part.usable && part.written < part.members.size();
+}
+
+void RedisCluster::ReadReplies(Batch& batch, NodeBatch& part) {
+  // Within the caller's deadline: a read timeout that ends before io_timeout is the
+  // deadline's, and drops the connection without resting the node.
+  bool deadline_bound = false;
+  if (batch.bounded() && part.usable && part.chunk_begin < part.written) {
+    const absl::Duration left = std::max(batch.deadline - absl::Now(), absl::Milliseconds(1));
+    deadline_bound = left < options_.io_timeout;
+    if (deadline_bound) redisSetTimeout(part.node->context, absl::ToTimeval(left));
+  }
+  for (size_t k = part.chunk_begin; k < part.written && part.usable; ++k) {
+    const size_t i = part.members[k];
+    redisReply* reply = nullptr;
+    const bool lost = !ReadReply(part.node->context, batch.commands[i].asking, &reply);
+    if (lost || reply == nullptr) {
+      absl::Status failed = batch.past_deadline;
+      if (deadline_bound && absl::Now() >= batch.deadline) {
+        redisFree(part.node->context);  // replies still owed: the connection is out of step
+        part.node->context = nullptr;
+      } else {
+        const char* why =
+            part.node->context->errstr[0] != 0 ? part.node->context->errstr : "no reply";
+        failed = absl::UnavailableError(absl::StrCat("Redis node ", part.node->address, ": ", why));
+        MarkFailed(part.node, std::string(failed.message()));
+      }
+      for (size_t rest = k; rest < part.members.size(); ++rest) {
+        batch.results[part.members[rest]] = failed;
+      }
+      part.usable = false;
+      break;
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+      OnErrorReply(batch, i, *part.node, absl::string_view(reply->str, reply->len));
+    } else {
+      batch.results[i] = batch.on_reply(i, *reply);
+    }
+    freeReplyObject(reply);
+  }
+  if (deadline_bound && part.node->context != nullptr) {
+    redisSetTimeout(part.node->context, absl::ToTimeval(options_.io_timeout));
+  }
+}
+
+void RedisCluster::OnErrorReply(Batch& batch, size_t i, const Node& from, absl::string_view error) {
+  std::optional<Redirect> redirect = ParseRedirect(error);
+  if (!redirect.has_value()) {
+    const bool transient = absl::StartsWith(error, "TRYAGAIN") ||
+                           absl::StartsWith(error, "CLUSTERDOWN") ||
+                           absl::StartsWith(error, "LOADING");
+    batch.results[i] = transient ? absl::UnavailableError(absl::StrCat("Redis: ", error))
+                                 : absl::InternalError(absl::StrCat("Redis: ", error));
+    return;
+  }
+  if (absl::StartsWith(redirect->address, ":")) redirect->address = from.host + redirect->address;
+  Command& command = batch.commands[i];
+  Node* to = NodeFor(redirect->address);
+  if (redirect->ask) {
+    ask_.fetch_add(1, std::memory_order_relaxed);
+    command.target = to;
+    command.asking = true;
+  } else {
+    moved_.fetch_add(1, std::memory_order_relaxed);
+    command.target = nullptr;
+    command.asking = false;
+    absl::MutexLock lock(&map_mu_);
+    if (to != nullptr) slot_owner_[redirect->slot] = to->index;
+    refresh_wanted_ = true;  // a moved slot rarely moves alone
+  }
+  if (to != nullptr && ++command.redirects <= options_.max_redirects) {
+    batch.next.push_back(i);
+  } else {
+    batch.results[i] = absl::UnavailableError(absl::StrCat(
+        "Redis key of slot ", command.slot, " redirected ", command.redirects, " times"));
   }
 }
 

@@ -120,6 +120,17 @@ class RedisCluster {
   };
   // One command of a batch: argv, which key it is for, and where it goes.
   struct Command;
+  // One batch, across its rounds: its commands, what becomes of each, and the caller's deadline.
+  struct Batch;
+  // One node's part of a round: its commands in order, how far they have been written, and the
+  // chunk (members[chunk_begin, written)) whose replies are read next.
+  struct NodeBatch {
+    Node* node = nullptr;
+    std::vector<size_t> members;  // indices into the batch's commands
+    size_t chunk_begin = 0;
+    size_t written = 0;
+    bool usable = true;  // false once the node failed or the deadline passed; the rest have results
+  };
 
   explicit RedisCluster(RedisClusterOptions options);
 
@@ -130,6 +141,23 @@ class RedisCluster {
            absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
            std::vector<absl::Status>& results,
            absl::Time deadline = absl::InfiniteFuture()) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Run's steps, each round. The pending commands by the node they go to, in node index order (a
+  // command whose slot has no node fails here).
+  std::vector<NodeBatch> GroupByNode(Batch& batch, const std::vector<size_t>& pending)
+      ABSL_LOCKS_EXCLUDED(map_mu_);
+  // Locks each part's node, in order; with a deadline, a node still held by another batch when it
+  // passes fails its commands and leaves `parts`.
+  void LockNodes(Batch& batch, std::vector<NodeBatch>& parts) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Writes the part's next chunk, at most max_pipeline_bytes of SET values (at least one command);
+  // a node that cannot be reached fails the rest. True while commands remain to be written.
+  bool WriteChunk(Batch& batch, NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
+  // Reads the replies to the chunk just written: each to `on_reply`, an error to OnErrorReply. A
+  // lost connection fails the part's rest (the node rests, unless the deadline ran out).
+  void ReadReplies(Batch& batch, NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
+  // A MOVED or ASK is followed (the command goes to the next round, max_redirects times at most);
+  // any other error from `from` is the command's result.
+  void OnErrorReply(Batch& batch, size_t i, const Node& from, absl::string_view error)
+      ABSL_LOCKS_EXCLUDED(map_mu_);
   Node* NodeFor(const std::string& address) ABSL_LOCKS_EXCLUDED(map_mu_);
   Node* SlotOwner(uint16_t slot) ABSL_LOCKS_EXCLUDED(map_mu_);
   // Connects `node` if it has no connection and is not resting after a failure.

@@ -7,7 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "cache/session_registry.h"
+#include "common/tenant_name.h"
 
 namespace kvcache {
 namespace {

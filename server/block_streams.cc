@@ -13,28 +13,6 @@
 namespace kvcache {
 namespace {
 
-// A stream's two sessions: the caller's (its lease, which the stream must not outlive) and the
-// transfer's own, in the caller's tenant (so hashes match its namespace) with id 0, which holds
-// the stream's blocks and which no lease expiry touches.
-struct StreamSessions {
-  std::shared_ptr<Session> lease;
-  std::unique_ptr<Session> transfer;
-};
-
-absl::StatusOr<StreamSessions> TransferSession(CacheManager* manager, uint64_t session_id,
-                                               uint64_t epoch, absl::string_view principal) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                   manager->SessionFor(session_id, epoch, principal));
-  auto transfer = std::make_unique<Session>(kTransferSessionId, session->principal, session->tenant,
-                                            "transfer", session->ttl);
-  return StreamSessions{std::move(session), std::move(transfer)};
-}
-
-absl::Status LeaseEnded(const Session& lease, absl::string_view stream) {
-  return absl::AbortedError(absl::StrCat("session ", lease.id, "'s lease ended during the ", stream,
-                                         "; its blocks are released"));
-}
-
 absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
   grpc::Slice flat;
   if (!buffer.DumpToSingleSlice(&flat).ok() ||
@@ -54,15 +32,43 @@ grpc::Slice DataFraming(uint64_t epoch, uint64_t data_size) {
   return grpc::Slice(framing);
 }
 
-// Releases a stream's own sequence. It belongs to the stream's private transfer session, which
-// nothing else closes and no lease ends, so a failure here means the pool's bookkeeping is broken
-// (an invariant breach, not anything a client can cause): checked in debug builds only.
-void ReleaseTransferSequence(Pool* pool, const Session& session, uint64_t sequence_id) {
-  [[maybe_unused]] const absl::Status released = pool->Release(session, sequence_id);
-  assert(released.ok() && "a transfer stream's own sequence could not be released");
+}  // namespace
+
+absl::Status StreamHold::Attach(CacheManager* manager, StreamLeases* leases, uint64_t session_id,
+                                uint64_t epoch, absl::string_view principal,
+                                std::function<void()> on_lease_end) {
+  ASSIGN_OR_RETURN(lease, manager->SessionFor(session_id, epoch, principal));
+  transfer_session = std::make_unique<Session>(kTransferSessionId, lease->principal, lease->tenant,
+                                               "transfer", lease->ttl);
+  ASSIGN_OR_RETURN(lease_binding, leases->Bind(*lease, std::move(on_lease_end)));
+  return absl::OkStatus();
 }
 
-}  // namespace
+absl::StatusOr<uint32_t> StreamHold::OpenSequence(const SequenceSpec& spec, OpenMode mode) {
+  ASSIGN_OR_RETURN(OpenedSequence opened, pool->Open(*transfer_session, spec, mode));
+  sequence_id = opened.sequence_id;
+  block_ids = std::move(opened.block_ids);
+  return opened.num_cached_tokens;
+}
+
+absl::Status StreamHold::LeaseEnded(absl::string_view stream) const {
+  return absl::AbortedError(absl::StrCat("session ", lease->id, "'s lease ended during the ",
+                                         stream, "; its blocks are released"));
+}
+
+// The sequence belongs to the stream's private transfer session, which nothing else closes and no
+// lease ends, so a failure here means the pool's bookkeeping is broken (an invariant breach, not
+// anything a client can cause): checked in debug builds only.
+void StreamHold::ReleaseSequence() {
+  if (sequence_id == 0) return;
+  [[maybe_unused]] const absl::Status released = pool->Release(*transfer_session, sequence_id);
+  assert(released.ok() && "a transfer stream's own sequence could not be released");
+  sequence_id = 0;
+}
+
+void StreamHold::Unbind(StreamLeases* leases) {
+  if (lease_binding != nullptr) leases->Unbind(*lease_binding);
+}
 
 PutBlocksReactor::PutBlocksReactor(CacheManager* manager, StreamLeases* leases, CallLimits* limits,
                                    grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
@@ -79,16 +85,13 @@ PutBlocksReactor::PutBlocksReactor(CacheManager* manager, StreamLeases* leases, 
 }
 
 absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
-  ASSIGN_OR_RETURN(StreamSessions sessions,
-                   TransferSession(manager_, header.session_id(), header.epoch(), principal_));
-  lease_ = std::move(sessions.lease);
-  transfer_session_ = std::move(sessions.transfer);
   // From the notifier thread: the status goes out now; OnDone, soon after, releases the blocks.
-  ASSIGN_OR_RETURN(lease_binding_, leases_->Bind(*lease_, [this] {
-    if (TakeFinish()) Finish(ToGrpcStatus(LeaseEnded(*lease_, "put")));
-  }));
-  ASSIGN_OR_RETURN(pool_, manager_->FindPool(header.pool()));
-  const uint32_t block_size = pool_->options().layout.block_size;
+  RETURN_IF_ERROR(
+      hold_.Attach(manager_, leases_, header.session_id(), header.epoch(), principal_, [this] {
+        if (TakeFinish()) Finish(ToGrpcStatus(hold_.LeaseEnded("put")));
+      }));
+  ASSIGN_OR_RETURN(hold_.pool, manager_->FindPool(header.pool()));
+  const uint32_t block_size = hold_.pool->options().layout.block_size;
   const size_t full_blocks = header.tokens_size() / block_size;
   if (header.first_block() > full_blocks) {
     return absl::InvalidArgumentError(absl::StrCat("put starts at block ", header.first_block(),
@@ -101,27 +104,26 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
                      full_blocks - first_block_, " blocks sent of ", full_blocks,
                      " full blocks of ", header.tokens_size(), " tokens"));
   }
-  const uint64_t put_bytes = (full_blocks - first_block_) * pool_->options().layout.BlockBytes();
+  const uint64_t put_bytes =
+      (full_blocks - first_block_) * hold_.pool->options().layout.BlockBytes();
   ASSIGN_OR_RETURN(put_bytes_ticket_, limits_->AdmitPutBytes(context_->peer(), put_bytes));
-  RETURN_IF_ERROR(manager_->quotas().TryAcquire(transfer_session_->tenant,
+  RETURN_IF_ERROR(manager_->quotas().TryAcquire(hold_.transfer_session->tenant,
                                                 QuotaResource::kPutBytesInFlight, put_bytes));
   put_bytes_reserved_ = put_bytes;
   ASSIGN_OR_RETURN(
-      OpenedSequence opened,
-      pool_->Open(*transfer_session_,
-                  SequenceSpec{absl::MakeConstSpan(header.tokens().data(), header.tokens_size()),
-                               header.cache_salt(), ToExtraKeys(header.extra_keys())},
-                  OpenMode::kPut));
-  sequence_id_ = opened.sequence_id;
-  block_ids_ = std::move(opened.block_ids);
-  cached_blocks_ = opened.num_cached_tokens / block_size;
+      const uint32_t cached_tokens,
+      hold_.OpenSequence(
+          SequenceSpec{absl::MakeConstSpan(header.tokens().data(), header.tokens_size()),
+                       header.cache_salt(), ToExtraKeys(header.extra_keys())},
+          OpenMode::kPut));
+  cached_blocks_ = cached_tokens / block_size;
   if (cached_blocks_ < first_block_) {
     return absl::FailedPreconditionError(
         absl::StrCat("the put skips the first ", first_block_, " blocks but only ", cached_blocks_,
                      " of them are cached here; send from block ", cached_blocks_));
   }
   verifier_.emplace(
-      pool_->options().layout.BlockBytes(),
+      hold_.pool->options().layout.BlockBytes(),
       std::vector<uint64_t>(header.block_checksums().begin(), header.block_checksums().end()),
       first_block_);
   return absl::OkStatus();
@@ -132,25 +134,27 @@ absl::Status PutBlocksReactor::Consume(absl::string_view data) {
   const absl::Status status =
       verifier_->Feed(data, [this](uint32_t block, uint64_t offset, absl::string_view piece) {
         if (block < cached_blocks_) return absl::OkStatus();
-        return pool_->WriteBlock(block_ids_[block], offset, piece);
+        return hold_.pool->WriteBlock(hold_.block_ids[block], offset, piece);
       });
   if (absl::IsDataLoss(status)) return absl::DataLossError(absl::StrCat("put: ", status.message()));
   return status;
 }
 
 absl::Status PutBlocksReactor::Complete() {
-  if (pool_ == nullptr) return absl::InvalidArgumentError("put stream carried no header");
+  if (hold_.pool == nullptr) return absl::InvalidArgumentError("put stream carried no header");
   if (verifier_->received_bytes() != verifier_->expected_bytes()) {
     return absl::DataLossError(absl::StrCat("put stream ended after ", verifier_->received_bytes(),
                                             " of ", verifier_->expected_bytes(), " bytes"));
   }
   // Nothing is published under a lease that has ended, even before its streams are told.
-  if (lease_->closed.load(std::memory_order_acquire)) return LeaseEnded(*lease_, "put");
-  ASSIGN_OR_RETURN(CommitResult committed,
-                   pool_->Commit(*transfer_session_, sequence_id_,
-                                 block_ids_.size() * pool_->options().layout.block_size));
-  pool_->transfers().put_bytes.fetch_add(verifier_->received_bytes(), std::memory_order_relaxed);
-  reply_.set_num_blocks(block_ids_.size());
+  if (hold_.lease->closed.load(std::memory_order_acquire)) return hold_.LeaseEnded("put");
+  ASSIGN_OR_RETURN(
+      CommitResult committed,
+      hold_.pool->Commit(*hold_.transfer_session, hold_.sequence_id,
+                         hold_.block_ids.size() * hold_.pool->options().layout.block_size));
+  hold_.pool->transfers().put_bytes.fetch_add(verifier_->received_bytes(),
+                                              std::memory_order_relaxed);
+  reply_.set_num_blocks(hold_.block_ids.size());
   reply_.set_num_already_cached(cached_blocks_);
   reply_.set_num_stored(committed.num_published_blocks);
   return absl::OkStatus();
@@ -202,16 +206,16 @@ absl::Status PutBlocksReactor::OnMessage() {
   if (request.has_header() && split->has_field) {
     return absl::InvalidArgumentError("a put message carries a header or data, not both");
   }
-  if (pool_ == nullptr) {
+  if (hold_.pool == nullptr) {
     return request.has_header()
                ? Begin(request.header())
                : absl::InvalidArgumentError("the first message of a put must be its header");
   }
   if (request.has_header()) return absl::InvalidArgumentError("a put carries one header, first");
   if (split->field_size > verifier_->expected_bytes() - verifier_->received_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("put carries more than the ",
-                                                   verifier_->expected_bytes(), " bytes of its ",
-                                                   block_ids_.size() - first_block_, " blocks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("put carries more than the ", verifier_->expected_bytes(), " bytes of its ",
+                     hold_.block_ids.size() - first_block_, " blocks"));
   }
   for (absl::string_view piece : split->pieces) RETURN_IF_ERROR(Consume(piece));
   return absl::OkStatus();
@@ -219,8 +223,8 @@ absl::Status PutBlocksReactor::OnMessage() {
 
 void PutBlocksReactor::FinishWith(const absl::Status& status) {
   if (!TakeFinish()) return;  // the lease ended first, and its status went out
-  if (!status.ok() && pool_ != nullptr) {
-    pool_->transfers().put_failures.fetch_add(1, std::memory_order_relaxed);
+  if (!status.ok() && hold_.pool != nullptr) {
+    hold_.pool->transfers().put_failures.fetch_add(1, std::memory_order_relaxed);
   }
   ReleaseSequence();
   if (status.ok()) {
@@ -234,17 +238,15 @@ void PutBlocksReactor::FinishWith(const absl::Status& status) {
 void PutBlocksReactor::ReleaseSequence() {
   put_bytes_ticket_.Release();
   if (put_bytes_reserved_ != 0) {
-    manager_->quotas().Release(transfer_session_->tenant, QuotaResource::kPutBytesInFlight,
+    manager_->quotas().Release(hold_.transfer_session->tenant, QuotaResource::kPutBytesInFlight,
                                put_bytes_reserved_);
     put_bytes_reserved_ = 0;
   }
-  if (sequence_id_ == 0) return;
-  ReleaseTransferSequence(pool_, *transfer_session_, sequence_id_);
-  sequence_id_ = 0;
+  hold_.ReleaseSequence();
 }
 
 void PutBlocksReactor::OnDone() {
-  if (lease_binding_ != nullptr) leases_->Unbind(*lease_binding_);
+  hold_.Unbind(leases_);
   ReleaseSequence();
   delete this;
 }
@@ -270,34 +272,29 @@ GetBlocksReactor::GetBlocksReactor(CacheManager* manager, StreamLeases* leases,
 
 absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request,
                                      absl::string_view principal) {
-  ASSIGN_OR_RETURN(StreamSessions sessions,
-                   TransferSession(manager_, request.session_id(), request.epoch(), principal));
-  lease_ = std::move(sessions.lease);
-  transfer_session_ = std::move(sessions.transfer);
   // A write may wait on a reader that stalls: only a cancellation ends it (the reader sees
   // CANCELLED); OnWriteDone then finishes, and OnDone releases the blocks.
-  ASSIGN_OR_RETURN(lease_binding_, leases_->Bind(*lease_, [this] { context_->TryCancel(); }));
-  ASSIGN_OR_RETURN(pool_, manager_->FindPool(request.pool()));
+  RETURN_IF_ERROR(hold_.Attach(manager_, leases_, request.session_id(), request.epoch(), principal,
+                               [this] { context_->TryCancel(); }));
+  ASSIGN_OR_RETURN(hold_.pool, manager_->FindPool(request.pool()));
   const uint32_t requested = request.max_chunk_bytes();
   chunk_bytes_ = std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested,
                                       kMinChunkBytes, max_chunk_bytes_);
   ASSIGN_OR_RETURN(
-      OpenedSequence opened,
-      pool_->Open(*transfer_session_,
-                  SequenceSpec{absl::MakeConstSpan(request.tokens().data(), request.tokens_size()),
-                               request.cache_salt(), ToExtraKeys(request.extra_keys())},
-                  OpenMode::kPinCached));
-  sequence_id_ = opened.sequence_id;
-  block_ids_ = std::move(opened.block_ids);
-  block_bytes_ = pool_->options().layout.BlockBytes();
+      const uint32_t cached_tokens,
+      hold_.OpenSequence(
+          SequenceSpec{absl::MakeConstSpan(request.tokens().data(), request.tokens_size()),
+                       request.cache_salt(), ToExtraKeys(request.extra_keys())},
+          OpenMode::kPinCached));
+  block_bytes_ = hold_.pool->options().layout.BlockBytes();
   v1::GetBlocksResponse response;
   response.set_epoch(manager_->epoch());
   v1::GetBlocksHeader* header = response.mutable_header();
-  header->set_num_blocks(block_ids_.size());
-  header->set_num_cached_tokens(opened.num_cached_tokens);
+  header->set_num_blocks(hold_.block_ids.size());
+  header->set_num_cached_tokens(cached_tokens);
   header->set_block_bytes(block_bytes_);
-  for (BlockId block : block_ids_) {
-    ASSIGN_OR_RETURN(uint64_t checksum, pool_->BlockChecksum(block));
+  for (BlockId block : hold_.block_ids) {
+    ASSIGN_OR_RETURN(uint64_t checksum, hold_.pool->BlockChecksum(block));
     header->add_block_checksums(checksum);
   }
   const std::string serialized = response.SerializeAsString();
@@ -307,7 +304,7 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request,
 }
 
 absl::Status GetBlocksReactor::WriteNextChunk() {
-  const uint64_t total = block_bytes_ * block_ids_.size();
+  const uint64_t total = block_bytes_ * hold_.block_ids.size();
   const uint64_t size = std::min<uint64_t>(chunk_bytes_, total - sent_);
   std::vector<grpc::Slice> slices;
   slices.push_back(DataFraming(manager_->epoch(), size));
@@ -315,14 +312,15 @@ absl::Status GetBlocksReactor::WriteNextChunk() {
     const size_t index = (sent_ + filled) / block_bytes_;
     const uint64_t offset = (sent_ + filled) % block_bytes_;
     const uint64_t piece = std::min(size - filled, block_bytes_ - offset);
-    const uint8_t* host = pool_->memory().HostBlock(block_ids_[index]);
+    const uint8_t* host = hold_.pool->memory().HostBlock(hold_.block_ids[index]);
     if (host != nullptr) {
       // Static: gRPC neither frees nor copies it. The block stays pinned until OnDone.
       slices.emplace_back(host + offset, piece, grpc::Slice::STATIC_SLICE);
     } else {
       grpc_slice staged = grpc_slice_malloc(piece);
-      const absl::Status read = pool_->ReadBlock(
-          block_ids_[index], offset, piece, reinterpret_cast<char*>(GRPC_SLICE_START_PTR(staged)));
+      const absl::Status read =
+          hold_.pool->ReadBlock(hold_.block_ids[index], offset, piece,
+                                reinterpret_cast<char*>(GRPC_SLICE_START_PTR(staged)));
       // Owned before the check, so a failed read frees the buffer. Not before the read: a small
       // slice keeps its bytes inline, in this very struct, and a copy in `slices` would not see
       // them.
@@ -339,15 +337,15 @@ absl::Status GetBlocksReactor::WriteNextChunk() {
 }
 
 void GetBlocksReactor::OnWriteDone(bool ok) {
-  if (lease_->closed.load(std::memory_order_acquire)) {
-    Finish(ToGrpcStatus(LeaseEnded(*lease_, "get")));
+  if (hold_.lease->closed.load(std::memory_order_acquire)) {
+    Finish(ToGrpcStatus(hold_.LeaseEnded("get")));
     return;
   }
   if (!ok) {
     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "get stream broken"));
     return;
   }
-  if (sent_ == block_bytes_ * block_ids_.size()) {
+  if (sent_ == block_bytes_ * hold_.block_ids.size()) {
     completed_ = true;
     Finish(grpc::Status::OK);
     return;
@@ -356,12 +354,12 @@ void GetBlocksReactor::OnWriteDone(bool ok) {
 }
 
 void GetBlocksReactor::OnDone() {
-  if (lease_binding_ != nullptr) leases_->Unbind(*lease_binding_);
-  if (pool_ != nullptr) {
-    pool_->transfers().got_bytes.fetch_add(sent_, std::memory_order_relaxed);
-    if (!completed_) pool_->transfers().get_failures.fetch_add(1, std::memory_order_relaxed);
+  hold_.Unbind(leases_);
+  if (hold_.pool != nullptr) {
+    hold_.pool->transfers().got_bytes.fetch_add(sent_, std::memory_order_relaxed);
+    if (!completed_) hold_.pool->transfers().get_failures.fetch_add(1, std::memory_order_relaxed);
   }
-  if (sequence_id_ != 0) ReleaseTransferSequence(pool_, *transfer_session_, sequence_id_);
+  hold_.ReleaseSequence();
   delete this;
 }
 

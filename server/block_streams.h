@@ -22,6 +22,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -43,6 +44,40 @@ inline constexpr uint64_t kTransferSessionId = 0;
 struct StreamCaller {
   Identity identity;
   CallLimits::Ticket stream;
+};
+
+// What a stream holds from its Begin until its OnDone, the same for a put and a get: its two
+// sessions, its binding to the lease, and its own sequence.
+//   - lease: the caller's session, which the stream must not outlive;
+//   - lease_binding: the stream's place under that lease (server/stream_leases.h);
+//   - transfer_session: the transfer's own session, id 0, in the caller's tenant (so hashes match
+//     its namespace), which holds the stream's blocks and which no lease expiry touches;
+//   - sequence_id, block_ids: the stream's own sequence in `pool` under it (0: none).
+//
+// Thread safety: thread-compatible; a reactor's callbacks are serialized. The lease notice reads
+// only `lease`, which is set before the binding is made.
+struct StreamHold {
+  // Takes session `session_id` as the lease, makes the transfer session, and binds the stream to
+  // the lease: `on_lease_end` runs on `leases`' thread when the lease ends.
+  absl::Status Attach(CacheManager* manager, StreamLeases* leases, uint64_t session_id,
+                      uint64_t epoch, absl::string_view principal,
+                      std::function<void()> on_lease_end);
+  // Opens the stream's own sequence in `pool` (set) under the transfer session. Returns its
+  // num_cached_tokens.
+  absl::StatusOr<uint32_t> OpenSequence(const SequenceSpec& spec, OpenMode mode);
+  // ABORTED: the lease ended during the `stream` ("put", "get"); its blocks are released.
+  absl::Status LeaseEnded(absl::string_view stream) const;
+  // Releases the stream's own sequence, if it has one. Idempotent.
+  void ReleaseSequence();
+  // Ends the binding, if there is one: its notice is not running and never will.
+  void Unbind(StreamLeases* leases);
+
+  Pool* pool = nullptr;
+  std::shared_ptr<Session> lease;
+  std::shared_ptr<StreamLeases::Binding> lease_binding;
+  std::unique_ptr<Session> transfer_session;
+  uint64_t sequence_id = 0;
+  std::vector<BlockId> block_ids;
 };
 
 // Reads PutBlocksRequest messages raw: the data field's bytes go from the received slices
@@ -83,12 +118,7 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
 
   // Set by Begin.
-  Pool* pool_ = nullptr;
-  std::shared_ptr<Session> lease_;
-  std::shared_ptr<StreamLeases::Binding> lease_binding_;
-  std::unique_ptr<Session> transfer_session_;
-  uint64_t sequence_id_ = 0;
-  std::vector<BlockId> block_ids_;
+  StreamHold hold_;
   uint32_t cached_blocks_ = 0;
   uint32_t first_block_ = 0;             // blocks before it are not sent (already cached here)
   uint64_t put_bytes_reserved_ = 0;      // of the tenant's max_put_bytes_in_flight
@@ -119,12 +149,7 @@ class GetBlocksReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   grpc::ByteBuffer message_;
   CallLimits::Ticket stream_ticket_;
 
-  Pool* pool_ = nullptr;
-  std::shared_ptr<Session> lease_;
-  std::shared_ptr<StreamLeases::Binding> lease_binding_;
-  std::unique_ptr<Session> transfer_session_;
-  uint64_t sequence_id_ = 0;
-  std::vector<BlockId> block_ids_;
+  StreamHold hold_;  // set by Begin
   uint64_t block_bytes_ = 0;
   uint32_t chunk_bytes_ = 0;
   uint64_t sent_ = 0;

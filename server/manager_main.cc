@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -16,9 +17,11 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/pool_spec.h"
+#include "common/byte_size.h"
 #include "common/command_line.h"
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/malloc_tuning.h"
+#include "common/status_macros.h"
 #include "server/daemon.h"
 
 ABSL_FLAG(std::string, listen, "",
@@ -116,27 +119,87 @@ ABSL_FLAG(std::string, device, "host",
 namespace kvcache {
 namespace {
 
-// "redis://HOST:PORT[,HOST:PORT...]" (the scheme optional on each) and a password file.
-absl::StatusOr<RedisClusterOptions> ClusterTierFromFlags(const std::string& seeds,
-                                                         const std::string& password_file) {
+// --socket_mode: an octal permission mode.
+absl::StatusOr<mode_t> SocketModeFromFlag() {
+  unsigned socket_mode = 0;
+  if (std::sscanf(absl::GetFlag(FLAGS_socket_mode).c_str(), "%o", &socket_mode) != 1 ||
+      socket_mode > 0777) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket_mode ", absl::GetFlag(FLAGS_socket_mode), " is not an octal mode"));
+  }
+  return static_cast<mode_t>(socket_mode);
+}
+
+// --max_put_bytes_per_connection and --max_put_bytes: byte sizes.
+absl::Status PutByteLimitsFromFlags(CallLimitOptions* limits) {
+  for (const auto& [flag, name, out] :
+       {std::tuple{&FLAGS_max_put_bytes_per_connection, "max_put_bytes_per_connection",
+                   &limits->max_put_bytes_per_connection},
+        std::tuple{&FLAGS_max_put_bytes, "max_put_bytes", &limits->max_put_bytes}}) {
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(absl::GetFlag(*flag));
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " ", absl::GetFlag(*flag), ": ", bytes.status().message()));
+    }
+    *out = *bytes;
+  }
+  return absl::OkStatus();
+}
+
+// --pool: each spec parsed; the default pool when there is none.
+absl::StatusOr<std::vector<PoolOptions>> PoolsFromFlags() {
+  std::vector<PoolOptions> pools;
+  for (const std::string& spec : absl::GetFlag(FLAGS_pool)) {
+    absl::StatusOr<PoolOptions> pool = ParsePoolSpec(spec);
+    if (!pool.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pool ", spec, ": ", pool.status().message()));
+    }
+    pools.push_back(*std::move(pool));
+  }
+  if (pools.empty()) pools.push_back(DefaultPoolOptions());
+  return pools;
+}
+
+// --cluster_tier "redis://HOST:PORT[,HOST:PORT...]" (the scheme optional on each), its password
+// file, timeout and rest period.
+absl::StatusOr<RedisClusterOptions> ClusterTierFromFlags() {
   RedisClusterOptions options;
-  for (absl::string_view seed : absl::StrSplit(seeds, ',', absl::SkipEmpty())) {
+  for (absl::string_view seed :
+       absl::StrSplit(absl::GetFlag(FLAGS_cluster_tier), ',', absl::SkipEmpty())) {
     absl::ConsumePrefix(&seed, "redis://");
     options.seeds.emplace_back(seed);
   }
-  if (options.seeds.empty()) return absl::InvalidArgumentError("no HOST:PORT given");
+  if (options.seeds.empty())
+    return absl::InvalidArgumentError("--cluster_tier: no HOST:PORT given");
+  const std::string password_file = absl::GetFlag(FLAGS_cluster_tier_password_file);
   if (!password_file.empty()) {
     std::ifstream in(password_file);
     std::getline(in, options.password);
     if (!in && options.password.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot read the password file ", password_file));
+          absl::StrCat("--cluster_tier: cannot read the password file ", password_file));
     }
+  }
+  options.io_timeout = absl::GetFlag(FLAGS_cluster_tier_timeout);
+  options.retry_down_after = absl::GetFlag(FLAGS_cluster_tier_retry_after);
+  if (options.io_timeout <= absl::ZeroDuration() ||
+      options.retry_down_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--cluster_tier_timeout must be > 0 and --cluster_tier_retry_after >= 0");
   }
   return options;
 }
 
-int Run() {
+// kv@<hostname>@<model of the first pool, or its name>.
+std::string DefaultKvEventsTopic(const PoolOptions& first) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat("kv@", host, "@", first.model_id.empty() ? first.name : first.model_id);
+}
+
+// The daemon's options as the flags give them. INVALID_ARGUMENT naming the flag at fault.
+absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   if (options.listen.empty()) options.listen = DefaultListenAddress();
@@ -148,14 +211,7 @@ int Run() {
                                  .key_file = absl::GetFlag(FLAGS_tls_key),
                                  .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
   options.identities_path = absl::GetFlag(FLAGS_identities);
-  unsigned socket_mode = 0;
-  if (std::sscanf(absl::GetFlag(FLAGS_socket_mode).c_str(), "%o", &socket_mode) != 1 ||
-      socket_mode > 0777) {
-    std::fprintf(stderr, "kvcache-manager: --socket_mode %s is not an octal mode\n",
-                 absl::GetFlag(FLAGS_socket_mode).c_str());
-    return 2;
-  }
-  options.socket_mode = static_cast<mode_t>(socket_mode);
+  ASSIGN_OR_RETURN(options.socket_mode, SocketModeFromFlag());
   options.device = absl::GetFlag(FLAGS_device);
   options.kv_events_buffer = absl::GetFlag(FLAGS_kv_events_buffer);
   options.kv_events.endpoint = absl::GetFlag(FLAGS_kv_events_endpoint);
@@ -168,75 +224,70 @@ int Run() {
   options.call_limits.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
   options.call_limits.max_streams = absl::GetFlag(FLAGS_max_streams);
   options.max_calls_per_connection = absl::GetFlag(FLAGS_max_calls_per_connection);
-  for (const auto& [flag, name, out] :
-       {std::tuple{&FLAGS_max_put_bytes_per_connection, "max_put_bytes_per_connection",
-                   &options.call_limits.max_put_bytes_per_connection},
-        std::tuple{&FLAGS_max_put_bytes, "max_put_bytes", &options.call_limits.max_put_bytes}}) {
-    absl::StatusOr<uint64_t> bytes = ParseByteSize(absl::GetFlag(*flag));
-    if (!bytes.ok()) {
-      std::fprintf(stderr, "kvcache-manager: --%s %s: %s\n", name, absl::GetFlag(*flag).c_str(),
-                   std::string(bytes.status().message()).c_str());
-      return 2;
-    }
-    *out = *bytes;
-  }
-  for (const std::string& spec : absl::GetFlag(FLAGS_pool)) {
-    absl::StatusOr<PoolOptions> pool = ParsePoolSpec(spec);
-    if (!pool.ok()) {
-      std::fprintf(stderr, "kvcache-manager: --pool %s: %s\n", spec.c_str(),
-                   std::string(pool.status().message()).c_str());
-      return 2;
-    }
-    options.pools.push_back(*std::move(pool));
-  }
-  if (options.pools.empty()) options.pools.push_back(DefaultPoolOptions());
+  RETURN_IF_ERROR(PutByteLimitsFromFlags(&options.call_limits));
+  ASSIGN_OR_RETURN(options.pools, PoolsFromFlags());
   if (!absl::GetFlag(FLAGS_cluster_tier).empty()) {
-    absl::StatusOr<RedisClusterOptions> cluster = ClusterTierFromFlags(
-        absl::GetFlag(FLAGS_cluster_tier), absl::GetFlag(FLAGS_cluster_tier_password_file));
-    if (!cluster.ok()) {
-      std::fprintf(stderr, "kvcache-manager: --cluster_tier: %s\n",
-                   std::string(cluster.status().message()).c_str());
-      return 2;
-    }
-    cluster->io_timeout = absl::GetFlag(FLAGS_cluster_tier_timeout);
-    cluster->retry_down_after = absl::GetFlag(FLAGS_cluster_tier_retry_after);
-    if (cluster->io_timeout <= absl::ZeroDuration() ||
-        cluster->retry_down_after < absl::ZeroDuration()) {
-      std::fprintf(stderr,
-                   "kvcache-manager: --cluster_tier_timeout must be > 0 and "
-                   "--cluster_tier_retry_after >= 0\n");
-      return 2;
-    }
-    for (PoolOptions& pool : options.pools) pool.cluster_tier = *cluster;
+    ASSIGN_OR_RETURN(const RedisClusterOptions cluster, ClusterTierFromFlags());
+    for (PoolOptions& pool : options.pools) pool.cluster_tier = cluster;
   }
   if (options.kv_events.topic.empty()) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    const PoolOptions& first = options.pools.front();
-    options.kv_events.topic =
-        absl::StrCat("kv@", host, "@", first.model_id.empty() ? first.name : first.model_id);
+    options.kv_events.topic = DefaultKvEventsTopic(options.pools.front());
   }
+  return options;
+}
 
-  // Block the stop signals before any server thread exists, so only sigwait below sees them.
+// Blocks the stop signals (and SIGHUP, which reloads the identity file) and returns them. Called
+// before any server thread exists, so that only ServeUntilStopSignal's sigwait sees them.
+sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGHUP);  // reloads the identity file
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  // A peer that closed its end of a socket (a Redis node restarting under the cluster tier) must
-  // fail that write with EPIPE, never end the daemon.
-  ::signal(SIGPIPE, SIG_IGN);
+  return stop_signals;
+}
 
-  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
-  if (!daemon.ok()) {
-    std::fprintf(stderr, "kvcache-manager: %s\n", std::string(daemon.status().message()).c_str());
-    return 1;
+// One pool's lines of the startup report, with its tiers'.
+void PrintPool(Pool& pool) {
+  const PoolOptions& pool_options = pool.options();
+  std::printf("  pool '%s' model=%s %s blocks=%u block_bytes=%llu hash=%s memory=%s\n",
+              pool_options.name.c_str(), pool_options.model_id.c_str(),
+              pool_options.layout.DebugString().c_str(), pool_options.num_blocks,
+              static_cast<unsigned long long>(pool_options.layout.BlockBytes()),
+              std::string(HashAlgorithmName(pool_options.hash_algorithm)).c_str(),
+              pool.memory().kind().c_str());
+  if (pool_options.host_tier_bytes != 0) {
+    std::printf("    host tier: %u blocks (%llu bytes%s), offload window %u blocks\n",
+                pool.host_tier()->num_slots(),
+                static_cast<unsigned long long>(pool_options.host_tier_bytes),
+                pool.memory().HostBlock(0) == nullptr ? ", page-locked" : "",
+                pool.offload_window());
   }
-  std::printf("kvcache-manager: listening on %s, epoch %llu\n", (*daemon)->address().c_str(),
-              static_cast<unsigned long long>((*daemon)->manager().epoch()));
-  if (!(*daemon)->tcp_address().empty()) {
-    std::printf("  also on TCP %s\n", (*daemon)->tcp_address().c_str());
+  if (DiskTier* disk = pool.disk_tier()) {
+    const DiskTierStats stats = disk->stats();
+    std::printf(
+        "    disk tier: %s, %llu slots of %llu bytes%s, %s; found %llu records (%llu slots "
+        "skipped) in %.1f ms\n",
+        pool_options.disk_tier_path.c_str(), static_cast<unsigned long long>(stats.slots),
+        static_cast<unsigned long long>(stats.slot_bytes),
+        disk->direct_io() ? ", O_DIRECT" : ", buffered (no O_DIRECT here)",
+        disk->io_backend() == IoBackend::kIoUring
+            ? "io_uring"
+            : "system calls (the kernel refused io_uring: seccomp or io_uring_disabled)",
+        static_cast<unsigned long long>(stats.restart_records),
+        static_cast<unsigned long long>(stats.restart_torn + stats.restart_foreign +
+                                        stats.restart_old_format + stats.restart_duplicates),
+        absl::ToDoubleMilliseconds(stats.restart_scan_time));
+  }
+}
+
+// What the daemon serves, where: its addresses, event sockets, pools and warnings.
+void PrintStartup(Daemon& daemon, const DaemonOptions& options) {
+  std::printf("kvcache-manager: listening on %s, epoch %llu\n", daemon.address().c_str(),
+              static_cast<unsigned long long>(daemon.manager().epoch()));
+  if (!daemon.tcp_address().empty()) {
+    std::printf("  also on TCP %s\n", daemon.tcp_address().c_str());
   }
   if (!options.kv_events.endpoint.empty()) {
     std::printf("  kv events: PUB %s, replay %s, topic %s\n", options.kv_events.endpoint.c_str(),
@@ -245,45 +296,14 @@ int Run() {
                     : options.kv_events.replay_endpoint.c_str(),
                 options.kv_events.topic.c_str());
   }
-  if (!(*daemon)->metrics_address().empty()) {
-    std::printf("  metrics on http://%s/metrics\n", (*daemon)->metrics_address().c_str());
+  if (!daemon.metrics_address().empty()) {
+    std::printf("  metrics on http://%s/metrics\n", daemon.metrics_address().c_str());
   }
-  if (!(*daemon)->health_address().empty()) {
+  if (!daemon.health_address().empty()) {
     std::printf("  health on %s (grpc.health.v1 only, plaintext)\n",
-                (*daemon)->health_address().c_str());
+                daemon.health_address().c_str());
   }
-  for (Pool* pool : (*daemon)->manager().pools()) {
-    const PoolOptions& pool_options = pool->options();
-    std::printf("  pool '%s' model=%s %s blocks=%u block_bytes=%llu hash=%s memory=%s\n",
-                pool_options.name.c_str(), pool_options.model_id.c_str(),
-                pool_options.layout.DebugString().c_str(), pool_options.num_blocks,
-                static_cast<unsigned long long>(pool_options.layout.BlockBytes()),
-                std::string(HashAlgorithmName(pool_options.hash_algorithm)).c_str(),
-                pool->memory().kind().c_str());
-    if (pool_options.host_tier_bytes != 0) {
-      std::printf("    host tier: %u blocks (%llu bytes%s), offload window %u blocks\n",
-                  pool->host_tier()->num_slots(),
-                  static_cast<unsigned long long>(pool_options.host_tier_bytes),
-                  pool->memory().HostBlock(0) == nullptr ? ", page-locked" : "",
-                  pool->offload_window());
-    }
-    if (DiskTier* disk = pool->disk_tier()) {
-      const DiskTierStats stats = disk->stats();
-      std::printf(
-          "    disk tier: %s, %llu slots of %llu bytes%s, %s; found %llu records (%llu slots "
-          "skipped) in %.1f ms\n",
-          pool_options.disk_tier_path.c_str(), static_cast<unsigned long long>(stats.slots),
-          static_cast<unsigned long long>(stats.slot_bytes),
-          disk->direct_io() ? ", O_DIRECT" : ", buffered (no O_DIRECT here)",
-          disk->io_backend() == IoBackend::kIoUring
-              ? "io_uring"
-              : "system calls (the kernel refused io_uring: seccomp or io_uring_disabled)",
-          static_cast<unsigned long long>(stats.restart_records),
-          static_cast<unsigned long long>(stats.restart_torn + stats.restart_foreign +
-                                          stats.restart_old_format + stats.restart_duplicates),
-          absl::ToDoubleMilliseconds(stats.restart_scan_time));
-    }
-  }
+  for (Pool* pool : daemon.manager().pools()) PrintPool(*pool);
   if (options.identities_path.empty()) {
     std::printf("  no --identities: every caller is tenant 'default', role worker\n");
   }
@@ -291,26 +311,36 @@ int Run() {
     std::printf(
         "  WARNING: plaintext TCP (--insecure): anyone who reaches %s can read and write "
         "this cache's prompts' KV\n",
-        (*daemon)->address().c_str());
+        daemon.address().c_str());
   }
   std::fflush(stdout);
+}
 
+// Reloads the identity file on each SIGHUP until SIGTERM or SIGINT, which it returns.
+int ServeUntilStopSignal(Daemon& daemon, const sigset_t& stop_signals,
+                         const std::string& identities_path) {
   int signal_number = 0;
   while (sigwait(&stop_signals, &signal_number) == 0 && signal_number == SIGHUP) {
-    const absl::Status reloaded = (*daemon)->ReloadIdentities();
+    const absl::Status reloaded = daemon.ReloadIdentities();
     if (reloaded.ok()) {
-      std::printf("kvcache-manager: reloaded %s\n", options.identities_path.c_str());
+      std::printf("kvcache-manager: reloaded %s\n", identities_path.c_str());
     } else {
       std::printf("kvcache-manager: SIGHUP: %s; the previous identities stay\n",
                   std::string(reloaded.message()).c_str());
     }
     std::fflush(stdout);
   }
+  return signal_number;
+}
+
+// Refuses new sessions for --drain_period while the open ones are served, then gives the calls in
+// flight --drain_timeout to finish and stops the daemon.
+void DrainAndShutDown(Daemon& daemon, int signal_number) {
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_period);
   const absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   // Draining before saying so: whoever reads the line (an operator, a test) must find new
   // sessions refused already.
-  (*daemon)->Drain();
+  daemon.Drain();
   std::printf("kvcache-manager: signal %d, draining for %s\n", signal_number,
               absl::FormatDuration(drain).c_str());
   std::fflush(stdout);
@@ -318,15 +348,19 @@ int Run() {
   std::printf("kvcache-manager: shutting down; calls in flight have %s to finish\n",
               absl::FormatDuration(drain_timeout).c_str());
   std::fflush(stdout);
-  (*daemon)->Shutdown(drain_timeout);
+  daemon.Shutdown(drain_timeout);
   std::printf("kvcache-manager: stopped\n");
   std::fflush(stdout);
-  // Every pool's bookkeeping must still be whole (free + evictable + referenced = capacity, no
-  // block both free and referenced, every hash one block and back, every reference held by a
-  // sequence of its tenant): a daemon that ends otherwise says so and exits 3, so that every
-  // test that stops one (and an operator's restart) notices corruption nothing else shows.
+}
+
+// The daemon's exit code: 0, or 3 if a pool's bookkeeping is no longer whole. Every pool's must
+// still be (free + evictable + referenced = capacity, no block both free and referenced, every
+// hash one block and back, every reference held by a sequence of its tenant): a daemon that ends
+// otherwise says so and exits 3, so that every test that stops one (and an operator's restart)
+// notices corruption nothing else shows.
+int CheckPoolsWhole(Daemon& daemon) {
   int exit_code = 0;
-  for (const kvcache::Pool* pool : (*daemon)->manager().pools()) {
+  for (const Pool* pool : daemon.manager().pools()) {
     const absl::Status whole = pool->CheckInvariants();
     if (!whole.ok()) {
       std::fprintf(stderr, "kvcache-manager: pool %s: invariant broken: %s\n",
@@ -335,6 +369,28 @@ int Run() {
     }
   }
   return exit_code;
+}
+
+int Run() {
+  const absl::StatusOr<DaemonOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "kvcache-manager: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  const sigset_t stop_signals = BlockStopSignals();
+  // A peer that closed its end of a socket (a Redis node restarting under the cluster tier) must
+  // fail that write with EPIPE, never end the daemon.
+  ::signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(*options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "kvcache-manager: %s\n", std::string(daemon.status().message()).c_str());
+    return 1;
+  }
+  PrintStartup(**daemon, *options);
+  const int signal_number = ServeUntilStopSignal(**daemon, stop_signals, options->identities_path);
+  DrainAndShutDown(**daemon, signal_number);
+  return CheckPoolsWhole(**daemon);
 }
 
 }  // namespace

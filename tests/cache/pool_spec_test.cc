@@ -109,13 +109,5 @@ TEST(PoolSpecTest, PoolNamesAreCheckedAndUnique) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad\\n")));
 }
 
-TEST(PoolSpecTest, ByteSizes) {
-  EXPECT_EQ(*ParseByteSize("64"), 64);
-  EXPECT_EQ(*ParseByteSize("2k"), 2048);
-  EXPECT_EQ(*ParseByteSize("3MiB"), 3u << 20);
-  EXPECT_EQ(*ParseByteSize("1G"), 1u << 30);
-  EXPECT_THAT(ParseByteSize("lots"), StatusIs(absl::StatusCode::kInvalidArgument));
-}
-
 }  // namespace
 }  // namespace kvcache

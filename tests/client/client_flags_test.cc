@@ -17,8 +17,8 @@
 namespace kvcache {
 namespace {
 
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
-using ::kvcache::worker::testing::ScopedTempDir;
 using ::kvcache::worker::testing::WriteFile;
 using ::testing::AllOf;
 using ::testing::HasSubstr;

@@ -6,9 +6,7 @@
 // unreachable starts and serves, all misses.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +20,7 @@
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::testing {
@@ -33,7 +32,7 @@ constexpr uint32_t kPromptBlocks = 4;
 
 // One daemon ("node") with a pool "tiered" whose cluster tier is `seeds`.
 struct Node {
-  std::string dir;
+  ScopedTempDir dir{"kvcache-node"};  // for the socket; outlives the daemon
   std::unique_ptr<Daemon> daemon;
   std::unique_ptr<KvCacheClient> client;
 };
@@ -42,18 +41,15 @@ class ClusterTierClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache-cluster-nodes-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    redis_dir_ = new std::string(dir);
+    redis_dir_ = new ScopedTempDir("kvcache-cluster-nodes");
     absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
-        RedisClusterProcess::Start(*redis_dir_);
+        RedisClusterProcess::Start(redis_dir_->path());
     ASSERT_OK(redis);
     redis_ = redis->release();
   }
   static void TearDownTestSuite() {
     delete redis_;
     redis_ = nullptr;
-    if (redis_dir_ != nullptr) std::filesystem::remove_all(*redis_dir_);
     delete redis_dir_;
   }
 
@@ -64,16 +60,12 @@ class ClusterTierClientTest : public ::testing::Test {
         for (Pool* pool : node->daemon->manager().pools()) EXPECT_OK(pool->CheckInvariants());
         node->daemon.reset();
       }
-      if (!node->dir.empty()) std::filesystem::remove_all(node->dir);
     }
   }
 
   void StartNode(Node& node, std::vector<std::string> seeds) {
-    char dir[] = "/tmp/kvcache-node-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    node.dir = dir;
     DaemonOptions options;
-    options.listen = "unix://" + node.dir + "/kv.sock";
+    options.listen = "unix://" + node.dir.File("kv.sock");
     PoolOptions pool = DefaultPoolOptions();
     pool.name = "tiered";
     pool.num_blocks = kPoolBlocks;
@@ -124,14 +116,14 @@ class ClusterTierClientTest : public ::testing::Test {
         << "node A's mover wrote " << ClusterStats(a_).stored_blocks << " of " << stored;
   }
 
-  static std::string* redis_dir_;
+  static ScopedTempDir* redis_dir_;  // the Redis nodes' files; outlives redis_
   static RedisClusterProcess* redis_;
   uint64_t block_bytes_ = 0;
   Node a_;
   Node b_;
 };
 
-std::string* ClusterTierClientTest::redis_dir_ = nullptr;
+ScopedTempDir* ClusterTierClientTest::redis_dir_ = nullptr;
 RedisClusterProcess* ClusterTierClientTest::redis_ = nullptr;
 
 TEST_F(ClusterTierClientTest, APrefixPutOnOneNodeIsAHitOnAnother) {

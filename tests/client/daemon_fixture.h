@@ -9,11 +9,9 @@
 #define KVCACHE_TESTS_CLIENT_DAEMON_FIXTURE_H_
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -29,6 +27,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::testing {
@@ -56,10 +55,7 @@ class DaemonFixture : public ::testing::Test {
 
   void SetUp() override {
     ::kvcache::testing::KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache_client_test.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    address_ = "unix://" + dir_ + "/kv.sock";
+    address_ = "unix://" + dir_.File("kv.sock");
     ASSERT_NO_FATAL_FAILURE(StartDaemon());
     client_ = Connect();
     ASSERT_NE(client_, nullptr);
@@ -71,7 +67,6 @@ class DaemonFixture : public ::testing::Test {
       for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
       daemon_.reset();
     }
-    std::filesystem::remove_all(dir_);
   }
 
   void StartDaemon() {
@@ -86,7 +81,7 @@ class DaemonFixture : public ::testing::Test {
           absl::StrAppend(&hex, absl::Hex(byte, absl::kZeroPad2));
         return hex;
       };
-      options.identities_path = dir_ + "/identities";
+      options.identities_path = dir_.File("identities");
       std::ofstream(options.identities_path)
           << "uid " << getuid() << " default worker\n"
           << "token globex sha256:" << digest(kOtherTenantToken) << " globex worker\n"
@@ -150,7 +145,7 @@ class DaemonFixture : public ::testing::Test {
   std::vector<PoolOptions> extra_pools_;
   static constexpr char kOtherTenantToken[] = "globex-token-for-tests";
   static constexpr char kAdminToken[] = "ops-admin-token-for-tests";
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache_client_test"};  // the socket and the identity file
   std::string address_;
   FakeClock clock_;  // the daemon's: declared first, so it outlives the daemon
   std::unique_ptr<Daemon> daemon_;

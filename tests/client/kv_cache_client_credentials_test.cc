@@ -31,10 +31,10 @@ namespace {
 
 using ::kvcache::testing::kTestClientAName;
 using ::kvcache::testing::PollUntil;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::kvcache::testing::TestPki;
 using ::kvcache::worker::testing::ReadFile;
-using ::kvcache::worker::testing::ScopedTempDir;
 using ::kvcache::worker::testing::WriteFile;
 using ::testing::AllOf;
 using ::testing::Each;
@@ -58,7 +58,8 @@ class RecordingDaemon final : public kvcache::testing::FakeSessionService {
   static constexpr PoolLayout kLayout{
       .num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 4, .dtype = DType::kFloat16};
 
-  RecordingDaemon() : FakeSessionService(kEpoch) {}
+  RecordingDaemon()
+      : FakeSessionService(kEpoch, ::kvcache::testing::FakePool(kLayout, /*num_blocks=*/4)) {}
 
   struct Call {
     std::string method;
@@ -105,18 +106,7 @@ class RecordingDaemon final : public kvcache::testing::FakeSessionService {
   grpc::Status DescribePool(grpc::ServerContext* context, const v1::DescribePoolRequest* request,
                             v1::DescribePoolResponse* response) override {
     Record("DescribePool", *context);
-    response->set_epoch(kEpoch);
-    v1::PoolInfo* pool = response->mutable_pool();
-    pool->set_name(request->pool());
-    v1::PoolLayout* layout = pool->mutable_layout();
-    layout->set_num_layers(kLayout.num_layers);
-    layout->set_num_kv_heads(kLayout.num_kv_heads);
-    layout->set_head_dim(kLayout.head_dim);
-    layout->set_block_size(kLayout.block_size);
-    layout->set_dtype(v1::DTYPE_FLOAT16);
-    layout->set_block_bytes(kLayout.BlockBytes());
-    pool->set_num_blocks(4);
-    return grpc::Status::OK;
+    return FakeSessionService::DescribePool(context, request, response);
   }
   // Nothing cached: a header for no blocks.
   grpc::Status GetBlocks(grpc::ServerContext* context, const v1::GetBlocksRequest*,

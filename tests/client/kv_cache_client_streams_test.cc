@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/fake_session_service.h"
 #include "tests/testing/grpc_kept_alive.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -30,6 +30,7 @@ namespace {
 
 using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::RetryWhileUnavailable;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::testing::Each;
 using ::testing::HasSubstr;
@@ -394,7 +395,8 @@ TEST_F(KvCacheClientStreamsTest, RestartedDaemonFencesTheStreams) {
 class FakeKvCache final : public kvcache::testing::FakeSessionService {
  public:
   static constexpr uint64_t kEpoch = 77;
-  FakeKvCache() : FakeSessionService(kEpoch) {}
+  FakeKvCache()
+      : FakeSessionService(kEpoch, ::kvcache::testing::FakePool(kLayout, /*num_blocks=*/16)) {}
   static constexpr PoolLayout kLayout{.num_layers = 1,
                                       .num_kv_heads = 2,
                                       .head_dim = 32,
@@ -417,22 +419,6 @@ class FakeKvCache final : public kvcache::testing::FakeSessionService {
   Put last_put() {
     absl::MutexLock lock(&mu_);
     return last_put_;
-  }
-
-  grpc::Status DescribePool(grpc::ServerContext*, const v1::DescribePoolRequest* request,
-                            v1::DescribePoolResponse* response) override {
-    response->set_epoch(kEpoch);
-    v1::PoolInfo* pool = response->mutable_pool();
-    pool->set_name(request->pool());
-    v1::PoolLayout* layout = pool->mutable_layout();
-    layout->set_num_layers(kLayout.num_layers);
-    layout->set_num_kv_heads(kLayout.num_kv_heads);
-    layout->set_head_dim(kLayout.head_dim);
-    layout->set_block_size(kLayout.block_size);
-    layout->set_dtype(v1::DTYPE_FLOAT16);
-    layout->set_block_bytes(kLayout.BlockBytes());
-    pool->set_num_blocks(16);
-    return grpc::Status::OK;
   }
 
   grpc::Status GetBlocks(grpc::ServerContext*, const v1::GetBlocksRequest* request,
@@ -509,10 +495,7 @@ class FakeDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ::kvcache::testing::KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache_fake_daemon.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    const std::string address = "unix://" + dir_ + "/fake.sock";
+    const std::string address = "unix://" + dir_.File("fake.sock");
     grpc::ServerBuilder builder;
     builder.AddListeningPort(address, grpc::InsecureServerCredentials());
     builder.RegisterService(&service_);
@@ -527,14 +510,13 @@ class FakeDaemonTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     if (server_ != nullptr) server_->Shutdown();
-    std::filesystem::remove_all(dir_);
   }
 
   static std::vector<uint32_t> Tokens(size_t count) { return std::vector<uint32_t>(count, 5); }
 
   const uint64_t block_bytes_ = FakeKvCache::kLayout.BlockBytes();
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache_fake_daemon"};  // for the socket
   FakeKvCache service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<KvCacheClient> client_;

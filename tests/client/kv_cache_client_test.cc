@@ -37,7 +37,7 @@ class KvCacheClientTest : public kvcache::testing::DaemonFixture {
 TEST_F(KvCacheClientTest, ConnectToNothingIsUnavailable) {
   ClientOptions options;
   options.connect_timeout = absl::Milliseconds(200);
-  EXPECT_THAT(KvCacheClient::Connect("unix://" + dir_ + "/nobody.sock", options),
+  EXPECT_THAT(KvCacheClient::Connect("unix://" + dir_.File("nobody.sock"), options),
               StatusIs(absl::StatusCode::kUnavailable));
 }
 

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -30,6 +29,7 @@
 #include "tests/integration/worker_runner.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tiers/record_codec.h"
 
@@ -73,11 +73,9 @@ class ClusterTierProcessTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
     ASSERT_NE(bin_dir, nullptr) << "KVCACHE_BIN_DIR must name the folder of kvcache-manager";
-    char dir[] = "/tmp/kvcache-cluster-redis-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    redis_dir_ = new std::string(dir);
+    redis_dir_ = new ScopedTempDir("kvcache-cluster-redis");
     absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
-        RedisClusterProcess::Start(*redis_dir_);
+        RedisClusterProcess::Start(redis_dir_->path());
     ASSERT_OK(redis);
     redis_ = redis->release();
     absl::StatusOr<WorkerRunner> runner =
@@ -90,7 +88,6 @@ class ClusterTierProcessTest : public ::testing::Test {
     runner_ = nullptr;
     delete redis_;
     redis_ = nullptr;
-    if (redis_dir_ != nullptr) std::filesystem::remove_all(*redis_dir_);
     delete redis_dir_;
     redis_dir_ = nullptr;
   }
@@ -98,17 +95,14 @@ class ClusterTierProcessTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_NE(redis_, nullptr);
     ASSERT_NE(runner_, nullptr);
-    char dir[] = "/tmp/kvcache-cluster-nodes-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
     {
-      std::ofstream out(dir_ + "/identities");
+      std::ofstream out(dir_.File("identities"));
       out << "tenant tenant-x\ntenant tenant-y\n"
           << "uid " << getuid() << " tenant-x admin\n"
           << TokenLine("x-worker", kTokenX, "tenant-x")
           << TokenLine("y-worker", kTokenY, "tenant-y");
-      std::ofstream(dir_ + "/token-x") << kTokenX << "\n";
-      std::ofstream(dir_ + "/token-y") << kTokenY << "\n";
+      std::ofstream(dir_.File("token-x")) << kTokenX << "\n";
+      std::ofstream(dir_.File("token-y")) << kTokenY << "\n";
     }
     ASSERT_NO_FATAL_FAILURE(StartNode(a_, "a"));
     ASSERT_NO_FATAL_FAILURE(StartNode(b_, "b"));
@@ -121,15 +115,14 @@ class ClusterTierProcessTest : public ::testing::Test {
         EXPECT_OK(StopManager(*node->daemon, kBound));
       }
     }
-    std::filesystem::remove_all(dir_);
   }
 
   void StartNode(Node& node, const std::string& name) {
-    node.target = "unix://" + dir_ + "/" + name + ".sock";
+    node.target = "unix://" + dir_.File(name + ".sock");
     absl::StatusOr<Subprocess> daemon =
         StartManager(std::getenv("KVCACHE_BIN_DIR"),
                      {"--listen=" + node.target, std::string("--pool=") + kPool,
-                      "--identities=" + dir_ + "/identities",
+                      "--identities=" + dir_.File("identities"),
                       "--cluster_tier=redis://" + absl::StrJoin(redis_->addresses(), ",redis://")},
                      kBound);
     ASSERT_OK(daemon);
@@ -143,7 +136,7 @@ class ClusterTierProcessTest : public ::testing::Test {
   ClientResult RunWorker(Node& node, const std::vector<uint32_t>& prompt,
                          const std::string& token_file = "") {
     std::vector<std::string> argv = runner_->Argv(node.target, "qwen", prompt);
-    if (!token_file.empty()) argv.push_back("--token_file=" + dir_ + "/" + token_file);
+    if (!token_file.empty()) argv.push_back("--token_file=" + dir_.File(token_file));
     return runner_->Run(argv, kBound);
   }
 
@@ -198,15 +191,15 @@ class ClusterTierProcessTest : public ::testing::Test {
     return owners;
   }
 
-  static std::string* redis_dir_;
+  static ScopedTempDir* redis_dir_;  // the Redis nodes' files; outlives redis_
   static RedisClusterProcess* redis_;
   static WorkerRunner* runner_;
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache-cluster-nodes"};  // sockets, identities, tokens
   Node a_;
   Node b_;
 };
 
-std::string* ClusterTierProcessTest::redis_dir_ = nullptr;
+ScopedTempDir* ClusterTierProcessTest::redis_dir_ = nullptr;
 RedisClusterProcess* ClusterTierProcessTest::redis_ = nullptr;
 WorkerRunner* ClusterTierProcessTest::runner_ = nullptr;
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -80,17 +79,13 @@ void DaemonProcessTest::SetUp() {
   const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
   ASSERT_NE(bin_dir, nullptr) << "KVCACHE_BIN_DIR must name the folder of kvcache-manager";
   bin_dir_ = bin_dir;
-  char dir[] = "/tmp/kvcache_integration.XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  dir_ = dir;
-  socket_path_ = dir_ + "/kv.sock";
+  socket_path_ = dir_.File("kv.sock");
   target_ = "unix://" + socket_path_;
 }
 
 void DaemonProcessTest::TearDown() {
   observer_.reset();
   if (daemon_.has_value()) StopDaemon();
-  std::filesystem::remove_all(dir_);
 }
 
 void DaemonProcessTest::StartDaemon() {

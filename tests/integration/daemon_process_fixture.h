@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/kv_cache_client.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace kvcache::testing {
@@ -90,7 +91,7 @@ class DaemonProcessTest : public ::testing::Test {
   // More kvcache-manager flags, set before StartDaemon.
   std::vector<std::string> extra_daemon_flags_;
   std::string bin_dir_;
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache_integration"};  // the socket, and the files a test makes
   std::string socket_path_;
   std::string target_;
   std::optional<Subprocess> daemon_;

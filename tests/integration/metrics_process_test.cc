@@ -68,7 +68,7 @@ class MetricsProcessTest : public DaemonProcessTest {
     extra_daemon_flags_ = {"--metrics_listen=127.0.0.1:0"};
     // A second pool with a host tier and a disk tier, so the tier families are exposed and
     // checked too.
-    pool_flag_ += ",tiered:blocks=8:host_tier=1MiB:disk_tier=" + dir_ + "/tiered.tier:1MiB";
+    pool_flag_ += ",tiered:blocks=8:host_tier=1MiB:disk_tier=" + dir_.File("tiered.tier") + ":1MiB";
   }
 
   void StartWithMetrics() {
@@ -150,12 +150,12 @@ TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExpos
   EXPECT_EQ(Now(R"(kvcache_rpc_requests_total{method="OpenSequence",code="NOT_FOUND"})"), 1);
 
   // The exposition as Prometheus' own checker reads it.
-  const std::string path = dir_ + "/scrape.txt";
+  const std::string path = dir_.File("scrape.txt");
   std::ofstream(path) << Scrape(metrics_address_);
   const std::string command =
-      "promtool check metrics < " + path + " > " + dir_ + "/promtool.txt 2>&1";
+      "promtool check metrics < " + path + " > " + dir_.File("promtool.txt") + " 2>&1";
   const int status = std::system(command.c_str());
-  std::ifstream report(dir_ + "/promtool.txt");
+  std::ifstream report(dir_.File("promtool.txt"));
   const std::string findings((std::istreambuf_iterator<char>(report)),
                              std::istreambuf_iterator<char>());
   EXPECT_EQ(status, 0) << findings;

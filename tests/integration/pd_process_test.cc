@@ -36,7 +36,7 @@ class PdProcessTest : public DaemonProcessTest, public ::testing::WithParamInter
   void SetUp() override {
     DaemonProcessTest::SetUp();
     StartDaemon();  // daemon A: the prefill node
-    decode_target_ = "unix://" + dir_ + "/decode.sock";
+    decode_target_ = "unix://" + dir_.File("decode.sock");
     absl::StatusOr<Subprocess> decode_daemon = StartManager(
         bin_dir_,
         {"--listen=" + decode_target_, std::string("--pool=") + kPool, "--session_ttl=2s"},

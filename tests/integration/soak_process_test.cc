@@ -80,13 +80,13 @@ class SoakProcessTest : public DaemonProcessTest {
   static bool Writes(int client) { return client % 4 != 3; }
 
   void WriteIdentities() {
-    std::ofstream out(dir_ + "/identities");
+    std::ofstream out(dir_.File("identities"));
     out << "tenant tenant-a\n"
         << "tenant tenant-b max_referenced_blocks=200\n"
         << "uid " << getuid() << " tenant-a admin\n"
         << TokenLine("soak-a", kTokenA, "tenant-a") << TokenLine("soak-b", kTokenB, "tenant-b");
     for (const auto& [file, token] : {std::pair{"token-a", kTokenA}, {"token-b", kTokenB}}) {
-      std::ofstream(dir_ + "/" + file) << token << "\n";
+      std::ofstream(dir_.File(file)) << token << "\n";
     }
   }
 
@@ -100,7 +100,7 @@ class SoakProcessTest : public DaemonProcessTest {
         absl::StrCat("--seconds=", seconds_ + 120),  // an orphan ends by itself
         absl::StrCat("--seed=", seed),
         absl::StrCat("--pattern_key=", client % 2 == 0 ? 0 : 0x10000),
-        "--token_file=" + dir_ + (client % 2 == 0 ? "/token-a" : "/token-b"),
+        "--token_file=" + dir_.File(client % 2 == 0 ? "token-a" : "token-b"),
         absl::StrCat("--mapped_writes=", Writes(client) ? "true" : "false")};
     absl::StatusOr<Subprocess> process = Subprocess::Start(argv);
     ASSERT_OK(process);
@@ -263,7 +263,7 @@ TEST_F(SoakProcessTest, KilledStoppedAndRestartedClientsLeakNothingAndReadOnlyTh
   pool_name_ = "soak";
   pool_flag_ =
       absl::StrCat("soak:layers=2:kv_heads=2:head_dim=16:block_size=16:blocks=", kSoakPoolBlocks);
-  extra_daemon_flags_ = {"--identities=" + dir_ + "/identities",
+  extra_daemon_flags_ = {"--identities=" + dir_.File("identities"),
                          "--session_ttl=" + absl::FormatDuration(kSessionTtl)};
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
   // Under AddressSanitizer each client would keep up to 256 MiB of freed memory in quarantine:

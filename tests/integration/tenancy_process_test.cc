@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -24,6 +23,7 @@
 #include "common/rpc/grpc_status.h"
 #include "tests/integration/raw_channel.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_pki.h"
@@ -55,12 +55,9 @@ class TenancyProcessTest : public ::testing::Test {
     const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
     ASSERT_NE(bin_dir, nullptr) << "KVCACHE_BIN_DIR must name the folder of kvcache-manager";
     bin_dir_ = bin_dir;
-    char dir[] = "/tmp/kvcache_tenancy.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    chmod(dir_.c_str(), 0711);  // another uid reaches the socket, lists nothing
-    ASSERT_EQ(mkdir((dir_ + "/pki").c_str(), 0700), 0);
-    absl::StatusOr<TestPki> pki = MakeTestPki(dir_ + "/pki");
+    chmod(dir_.path().c_str(), 0711);  // another uid reaches the socket, lists nothing
+    ASSERT_EQ(mkdir(dir_.File("pki").c_str(), 0700), 0);
+    absl::StatusOr<TestPki> pki = MakeTestPki(dir_.File("pki"));
     ASSERT_OK(pki);
     pki_ = *pki;
     WriteIdentities(/*with_tenant_b_token=*/true);
@@ -72,11 +69,10 @@ class TenancyProcessTest : public ::testing::Test {
       absl::StatusOr<int> status = daemon_->Wait(kBound);
       EXPECT_OK(status);
     }
-    std::filesystem::remove_all(dir_);
   }
 
   void WriteIdentities(bool with_tenant_b_token) {
-    std::ofstream out(dir_ + "/identities");
+    std::ofstream out(dir_.File("identities"));
     out << "# tenants and their quotas\n"
         << "tenant tenant-a max_sessions=8\n"
         << "tenant tenant-b max_sessions=2 max_open_sequences=3 max_referenced_blocks=8 "
@@ -95,8 +91,8 @@ class TenancyProcessTest : public ::testing::Test {
   // Starts kvcache-manager with the identity file and `flags`; target_ is where it listens.
   void StartDaemon(const std::vector<std::string>& flags) {
     std::vector<std::string> argv = {bin_dir_ + "/kvcache-manager",
-                                     "--identities=" + dir_ + "/identities", "--pool=p:blocks=32",
-                                     "--session_ttl=30s"};
+                                     "--identities=" + dir_.File("identities"),
+                                     "--pool=p:blocks=32", "--session_ttl=30s"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     absl::StatusOr<Subprocess> daemon = Subprocess::Start(argv);
     ASSERT_OK(daemon);
@@ -110,7 +106,7 @@ class TenancyProcessTest : public ::testing::Test {
     if (!target_.empty() && target_.back() == ',') target_.pop_back();
   }
   void StartUnixDaemon() {
-    StartDaemon({"--listen=unix://" + dir_ + "/kv.sock", "--socket_mode=0666"});
+    StartDaemon({"--listen=unix://" + dir_.File("kv.sock"), "--socket_mode=0666"});
   }
   void StartTlsDaemon(bool mutual) {
     std::vector<std::string> flags = {"--listen=127.0.0.1:0", "--tls_cert=" + pki_.server_cert,
@@ -249,7 +245,7 @@ class TenancyProcessTest : public ::testing::Test {
   }
 
   std::string bin_dir_;
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache_tenancy"};  // socket, PKI, identities
   std::string target_;
   TestPki pki_;
   std::optional<Subprocess> daemon_;
@@ -500,7 +496,7 @@ TEST_F(TenancyProcessTest, SighupReloadRefusesARemovedTokenAndKeepsLiveSessions)
   EXPECT_OK(StatusOf(stub->ForkSequence(RawContext(a).get(), fork, &forked)));
 
   // A broken file keeps the previous identities.
-  std::ofstream(dir_ + "/identities") << "token b-worker not-a-digest tenant-b worker\n";
+  std::ofstream(dir_.File("identities")) << "token b-worker not-a-digest tenant-b worker\n";
   ASSERT_OK(daemon_->Signal(SIGHUP));
   absl::StatusOr<std::string> line =
       daemon_->ReadLineStartingWith("kvcache-manager: SIGHUP", kBound);

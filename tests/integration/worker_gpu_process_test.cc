@@ -26,8 +26,8 @@
 #include "model/cuda/qwen3_moe_cuda.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
-#include "tests/testing/test_files.h"
 #include "worker/generation.h"
 
 namespace kvcache::testing {
@@ -211,7 +211,7 @@ class WorkerGpuTierProcessTest : public WorkerGpuProcessTest {
         disk_dir_.path() + "/qwen.tier:4MiB";
   }
 
-  worker::testing::ScopedTempDir disk_dir_;
+  ScopedTempDir disk_dir_;
 };
 
 TEST_F(WorkerGpuTierProcessTest, PrefixFromTier2AndFromDiskAfterKill9IsIdenticalToAColdGpuRun) {
@@ -256,7 +256,7 @@ class PdGpuProcessTest : public WorkerGpuProcessTest {
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(WorkerGpuProcessTest::SetUp());
     if (IsSkipped()) return;
-    decode_target_ = "unix://" + dir_ + "/decode.sock";
+    decode_target_ = "unix://" + dir_.File("decode.sock");
     absl::StatusOr<Subprocess> decode_daemon =
         Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + decode_target_,
                            std::string("--pool=") + kPool, "--device=cuda:0", "--session_ttl=2s"});

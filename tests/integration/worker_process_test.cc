@@ -15,8 +15,8 @@
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/integration/worker_runner.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
-#include "tests/testing/test_files.h"
 
 namespace kvcache::testing {
 namespace {
@@ -235,7 +235,7 @@ class WorkerDiskTierProcessTest : public WorkerProcessTest {
     ::close(fd);
   }
 
-  worker::testing::ScopedTempDir disk_dir_;
+  ScopedTempDir disk_dir_;
 };
 
 // Issue 18's warm restart and cold check over tier 3: a prompt's blocks reach the disk tier, the

@@ -5,9 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -17,12 +15,14 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
 using ::kvcache::testing::RedisClusterProcess;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -67,11 +67,8 @@ TEST(RedisClusterCreateTest, RefusesBadSeedsAndServesMissesWhenNothingAnswers) {
 class RedisClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/kvcache-redis-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
     absl::StatusOr<std::unique_ptr<RedisClusterProcess>> cluster =
-        RedisClusterProcess::Start(dir_, 3, ExtraConfig());
+        RedisClusterProcess::Start(dir_.path(), 3, ExtraConfig());
     ASSERT_OK(cluster);
     redis_ = *std::move(cluster);
     RedisClusterOptions options;
@@ -85,7 +82,6 @@ class RedisClusterTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     redis_.reset();
-    std::filesystem::remove_all(dir_);
   }
   virtual std::vector<std::string> ExtraConfig() { return {}; }
   virtual std::string Password() { return ""; }
@@ -107,7 +103,7 @@ class RedisClusterTest : public ::testing::Test {
     return keys;
   }
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache-redis"};  // the nodes' files
   std::unique_ptr<RedisClusterProcess> redis_;
   std::unique_ptr<RedisCluster> client_;
 };

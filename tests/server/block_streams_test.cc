@@ -8,7 +8,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/sync_stream.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,12 +23,14 @@
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
 using ::kvcache::testing::PollUntil;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -44,10 +45,8 @@ class BlockStreamsTest : public ::testing::Test {
 
   void SetUp() override {
     ::kvcache::testing::KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache-streams-XXXXXX";
-    dir_ = mkdtemp(dir);
     DaemonOptions options;
-    options.listen = "unix://" + dir_ + "/kv.sock";
+    options.listen = "unix://" + dir_.File("kv.sock");
     options.max_message_bytes = 256 << 10;
     PoolOptions pool;
     pool.name = "p";
@@ -82,7 +81,6 @@ class BlockStreamsTest : public ::testing::Test {
     EXPECT_EQ(FirstPool().Stats().referenced, 0);
     EXPECT_OK(FirstPool().CheckInvariants());
     daemon_.reset();
-    rmdir(dir_.c_str());
   }
 
   Pool& FirstPool() { return *daemon_->manager().pools()[0]; }
@@ -166,7 +164,7 @@ class BlockStreamsTest : public ::testing::Test {
     return {stats.free, stats.evictable, stats.referenced};
   }
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache-streams"};  // for the socket
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   uint64_t session_ = 0;
@@ -593,7 +591,7 @@ TEST_F(BlockStreamsTest, PoolLivesInOwnerOnlySharedMemory) {
   EXPECT_EQ(info.st_mode & 0777, 0600);
   EXPECT_EQ(static_cast<uint64_t>(info.st_size), mapping.size_bytes());
   struct stat socket_info;
-  ASSERT_EQ(stat((dir_ + "/kv.sock").c_str(), &socket_info), 0);
+  ASSERT_EQ(stat(dir_.File("kv.sock").c_str(), &socket_info), 0);
   EXPECT_EQ(socket_info.st_mode & 0777, 0600);
 }
 

@@ -8,11 +8,9 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +28,7 @@
 #include "tests/testing/fault_injection_pool_memory.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -37,6 +36,7 @@ namespace {
 
 using ::kvcache::testing::FaultInjectionPoolMemory;
 using ::kvcache::testing::PollUntil;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -90,24 +90,15 @@ absl::StatusOr<int> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
   return response[1];
 }
 
-// A fresh directory for a daemon's socket (gRPC kept initialized across daemons); empty when it
-// cannot be made.
-std::string MakeSocketDirectory() {
-  ::kvcache::testing::KeepGrpcInitialized();
-  char dir[] = "/tmp/kvcache-daemon-XXXXXX";
-  return mkdtemp(dir) == nullptr ? std::string() : std::string(dir);
-}
-
 class DaemonTest : public ::testing::Test {
  protected:
   // What a derived fixture changes in the daemon's options.
   virtual void Customize(DaemonOptions& options) {}
 
   void SetUp() override {
-    dir_ = MakeSocketDirectory();
-    ASSERT_FALSE(dir_.empty());
+    ::kvcache::testing::KeepGrpcInitialized();
     DaemonOptions options;
-    options.listen = "unix://" + dir_ + "/kv.sock";
+    options.listen = "unix://" + dir_.File("kv.sock");
     options.health_listen = "127.0.0.1:0";
     options.pools.push_back(DefaultPoolOptions());
     options.pools.back().num_blocks = 16;
@@ -133,7 +124,6 @@ class DaemonTest : public ::testing::Test {
       for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
       daemon_.reset();
     }
-    std::filesystem::remove_all(dir_);
   }
 
   template <typename Request, typename Response>
@@ -204,7 +194,7 @@ class DaemonTest : public ::testing::Test {
     }
   }
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache-daemon"};         // for the socket
   ::kvcache::testing::FakeClock clock_;         // declared before daemon_, so it outlives it
   FaultInjectionPoolMemory* memory_ = nullptr;  // the "default" pool's, owned by it
   std::unique_ptr<Daemon> daemon_;
@@ -349,10 +339,9 @@ TEST_F(DaemonTest, LeasesRunOnTheInjectedClock) {
 // argument", "File exists") rather than naming the pool.
 TEST(DaemonStartTest, BadOrDuplicatePoolNamesAreRefusedBeforeAnyMemoryIsMade) {
   ::kvcache::testing::KeepGrpcInitialized();
-  char dir[] = "/tmp/kvcache-names-XXXXXX";
-  const std::string path = mkdtemp(dir);
+  ScopedTempDir dir("kvcache-names");
   DaemonOptions options;
-  options.listen = "unix://" + path + "/kv.sock";
+  options.listen = "unix://" + dir.File("kv.sock");
   options.pools = {DefaultPoolOptions()};
   options.pools[0].name = "a/b";
   EXPECT_THAT(Daemon::Start(options),
@@ -364,7 +353,6 @@ TEST(DaemonStartTest, BadOrDuplicatePoolNamesAreRefusedBeforeAnyMemoryIsMade) {
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
   EXPECT_OK(daemon);
   if (daemon.ok()) daemon->reset();
-  std::filesystem::remove_all(path);
 }
 
 // One daemon per node: the pods on the node on its Unix socket, clients elsewhere on TCP, one
@@ -372,16 +360,14 @@ TEST(DaemonStartTest, BadOrDuplicatePoolNamesAreRefusedBeforeAnyMemoryIsMade) {
 class DaemonTcpListenTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = MakeSocketDirectory();
-    ASSERT_FALSE(dir_.empty());
-    options_.listen = "unix://" + dir_ + "/kv.sock";
+    ::kvcache::testing::KeepGrpcInitialized();
+    options_.listen = "unix://" + dir_.File("kv.sock");
     options_.tcp_listen = "127.0.0.1:0";
     options_.pools.push_back(DefaultPoolOptions());
     options_.pools.back().num_blocks = 16;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache-daemon"};  // for the socket
   DaemonOptions options_;
 };
 

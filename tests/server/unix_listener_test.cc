@@ -11,31 +11,26 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
 namespace {
 
 using ::kvcache::testing::PollUntil;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 
 class UnixListenerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ::kvcache::testing::KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache_unix_listener.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void SetUp() override { ::kvcache::testing::KeepGrpcInitialized(); }
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache_unix_listener"};
 };
 
 // The largest SO_SNDBUF among this process's sockets (the kernel reports twice what was set).
@@ -65,7 +60,7 @@ TEST_F(UnixListenerTest, AcceptedConnectionsGetTheLargerSendBuffer) {
   const int wmem_default = ReadSysctl("/proc/sys/net/core/wmem_default");
   const int wmem_max = ReadSysctl("/proc/sys/net/core/wmem_max");
   if (wmem_max <= wmem_default) GTEST_SKIP() << "net.core.wmem_max allows no larger buffer";
-  const std::string path = dir_ + "/kv.sock";
+  const std::string path = dir_.File("kv.sock");
   absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(path);
   ASSERT_OK(listener);
   grpc::ServerBuilder builder;
@@ -91,18 +86,18 @@ TEST_F(UnixListenerTest, AcceptedConnectionsGetTheLargerSendBuffer) {
 }
 
 TEST_F(UnixListenerTest, BindFailuresAreStatuses) {
-  EXPECT_THAT(UnixListener::Bind(dir_ + "/" + std::string(200, 'x')),
+  EXPECT_THAT(UnixListener::Bind(dir_.File(std::string(200, 'x'))),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("longer than")));
-  EXPECT_THAT(UnixListener::Bind(dir_ + "/missing/kv.sock"),
+  EXPECT_THAT(UnixListener::Bind(dir_.File("missing/kv.sock")),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("cannot listen")));
-  absl::StatusOr<std::unique_ptr<UnixListener>> first = UnixListener::Bind(dir_ + "/kv.sock");
+  absl::StatusOr<std::unique_ptr<UnixListener>> first = UnixListener::Bind(dir_.File("kv.sock"));
   ASSERT_OK(first);
-  EXPECT_THAT(UnixListener::Bind(dir_ + "/kv.sock"),
+  EXPECT_THAT(UnixListener::Bind(dir_.File("kv.sock")),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("in use")));
 }
 
 TEST_F(UnixListenerTest, StopWithoutServeAndTwiceIsFine) {
-  absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(dir_ + "/kv.sock");
+  absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(dir_.File("kv.sock"));
   ASSERT_OK(listener);
   (*listener)->Stop();
   (*listener)->Stop();

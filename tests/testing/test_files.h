@@ -1,5 +1,6 @@
-// Helpers for worker tests: a fresh temporary directory per test, whole-file writes and reads,
-// and a minimal safetensors writer (header text given verbatim, so tests can make broken files).
+// Helpers for worker tests: whole-file writes and reads, and a minimal safetensors writer (header
+// text given verbatim, so tests can make broken files). ScopedTempDir, once here, is
+// tests/testing/scoped_temp_dir.h.
 // Thread-safety: not thread-safe; for single-threaded tests.
 #ifndef KVCACHE_TESTS_TESTING_TEST_FILES_H_
 #define KVCACHE_TESTS_TESTING_TEST_FILES_H_
@@ -7,35 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 
+#include "tests/testing/scoped_temp_dir.h"
+
 namespace kvcache::worker::testing {
 
-// A new empty directory under the test temp dir, removed when the object dies.
-class ScopedTempDir {
- public:
-  ScopedTempDir() {
-    std::string pattern = ::testing::TempDir() + "kvcache_worker_XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed for " << pattern;
-    path_ = pattern;
-  }
-  ~ScopedTempDir() {
-    std::error_code error;
-    std::filesystem::remove_all(path_, error);
-  }
-  ScopedTempDir(const ScopedTempDir&) = delete;
-  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+// The general helper (tests/testing/scoped_temp_dir.h), under the name worker tests know.
+using ::kvcache::testing::ScopedTempDir;
 
 inline void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -9,13 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
-#include "tests/testing/test_files.h"
 
 namespace kvcache::testing {
 namespace {
 
-using ::kvcache::worker::testing::ScopedTempDir;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 

@@ -5,9 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
 #include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/tiers/test_blocks.h"
 #include "tiers/record_codec.h"
@@ -23,6 +22,7 @@ namespace kvcache {
 namespace {
 
 using ::kvcache::testing::RedisClusterProcess;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 
 constexpr uint32_t kTokensPerBlock = 16;
@@ -78,17 +78,15 @@ Chain MakeChain(int blocks, uint64_t ns, uint64_t seed = 1) {
 class ClusterTierTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char dir[] = "/tmp/kvcache-cluster-tier-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = new std::string(dir);
-    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis = RedisClusterProcess::Start(*dir_);
+    dir_ = new ScopedTempDir("kvcache-cluster-tier");
+    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
+        RedisClusterProcess::Start(dir_->path());
     ASSERT_OK(redis);
     redis_ = redis->release();
   }
   static void TearDownTestSuite() {
     delete redis_;
     redis_ = nullptr;
-    if (dir_ != nullptr) std::filesystem::remove_all(*dir_);
     delete dir_;
     dir_ = nullptr;
   }
@@ -130,12 +128,12 @@ class ClusterTierTest : public ::testing::Test {
     return loaded;
   }
 
-  static std::string* dir_;
+  static ScopedTempDir* dir_;  // the Redis nodes' files; outlives redis_
   static RedisClusterProcess* redis_;
   std::unique_ptr<ClusterTier> tier_;
 };
 
-std::string* ClusterTierTest::dir_ = nullptr;
+ScopedTempDir* ClusterTierTest::dir_ = nullptr;
 RedisClusterProcess* ClusterTierTest::redis_ = nullptr;
 
 TEST_F(ClusterTierTest, StoresAndLoadsAChainVerified) {

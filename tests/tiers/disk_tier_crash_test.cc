@@ -14,9 +14,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/subprocess.h"
-#include "tests/testing/test_files.h"
 #include "tests/tiers/test_blocks.h"
 #include "tiers/disk_tier.h"
 
@@ -28,7 +28,7 @@ constexpr uint64_t kSlots = 2048;
 TEST(DiskTierCrashTest, KillNineLeavesNoWrongBytes) {
   const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
   ASSERT_NE(bin_dir, nullptr) << "KVCACHE_BIN_DIR must name the folder of disk_tier_crash_child";
-  worker::testing::ScopedTempDir dir;
+  testing::ScopedTempDir dir;
   const std::string path = dir.File("pool.kvt");
   const unsigned seed = std::random_device{}();
   std::mt19937 rng(seed);

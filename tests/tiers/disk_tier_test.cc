@@ -16,8 +16,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/block_checksum.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
-#include "tests/testing/test_files.h"
 #include "tests/tiers/test_blocks.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_codec.h"
@@ -26,6 +26,7 @@ namespace kvcache {
 namespace {
 
 using ::kvcache::testing::IsOk;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::kvcache::testing::TestBytes;
 using ::kvcache::testing::TestHash;
@@ -84,7 +85,7 @@ class DiskTierTest : public ::testing::TestWithParam<DiskTierOptions::Io> {
     ::close(fd);
   }
 
-  worker::testing::ScopedTempDir dir_;
+  ScopedTempDir dir_;
 };
 
 TEST_P(DiskTierTest, StoredBlocksComeBackVerified) {
@@ -567,12 +568,10 @@ TEST_P(DiskTierTest, PageAlignedBlocksAreReadInPlaceAndVerified) {
 
 TEST_P(DiskTierTest, TmpfsFallsBackToBufferedIo) {
   if (::access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no writable /dev/shm";
-  char pattern[] = "/dev/shm/kvcache_disk_tier_XXXXXX";
-  ASSERT_NE(::mkdtemp(pattern), nullptr);
-  const std::string file = std::string(pattern) + "/pool.kvt";
+  const ScopedTempDir dir("kvcache_disk_tier", "/dev/shm");
+  const std::string file = dir.File("pool.kvt");
   // What the file system says about O_DIRECT (tmpfs has it since Linux 6.6).
-  const int probe =
-      ::open((std::string(pattern) + "/probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  const int probe = ::open(dir.File("probe").c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
   const bool expect_direct = probe >= 0;
   if (probe >= 0) ::close(probe);
   {
@@ -585,7 +584,6 @@ TEST_P(DiskTierTest, TmpfsFallsBackToBufferedIo) {
     tier->Flush();
     EXPECT_OK(LoadBlock(*tier, 1));
   }
-  std::filesystem::remove_all(pattern);
 }
 
 INSTANTIATE_TEST_SUITE_P(Io, DiskTierTest,

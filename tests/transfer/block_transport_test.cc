@@ -8,10 +8,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,12 +18,14 @@
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::worker {
 namespace {
 
 using ::kvcache::testing::PollUntil;
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -42,9 +42,6 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ::kvcache::testing::KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache_block_transport_test.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
     ASSERT_NO_FATAL_FAILURE(StartNode("sender", &sender_));
     ASSERT_NO_FATAL_FAILURE(StartNode("receiver", &receiver_));
     absl::StatusOr<KvCacheClient::PoolDescription> described = sender_.client->DescribePool("p");
@@ -64,12 +61,11 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
       }
       node->daemon.reset();
     }
-    std::filesystem::remove_all(dir_);
   }
 
   void StartNode(const std::string& name, Node* node) {
     DaemonOptions options;
-    options.listen = "unix://" + dir_ + "/" + name + ".sock";
+    options.listen = "unix://" + dir_.File(name + ".sock");
     PoolOptions pool = DefaultPoolOptions();
     pool.name = "p";
     pool.num_blocks = kBlocks;
@@ -154,7 +150,7 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
     ASSERT_OK(receiver_.client->ReleaseSequence(hit->sequence_id));
   }
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache_block_transport_test"};  // the daemons' sockets
   Node sender_;
   Node receiver_;
   std::unique_ptr<MappedPool> source_;
@@ -245,10 +241,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, BlockTransportTest, ::testing::Values("shm"
 // The shm transport's mapping belongs to the receiver's epoch: after a restart it refuses to
 // write through the old mapping.
 TEST(ShmTransportRestartTest, ReceiverRestartedSinceMappingIsFailedPrecondition) {
-  char dir[] = "/tmp/kvcache_block_transport_test.XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  ScopedTempDir dir("kvcache_block_transport_test");
   DaemonOptions options;
-  options.listen = std::string("unix://") + dir + "/receiver.sock";
+  options.listen = "unix://" + dir.File("receiver.sock");
   PoolOptions pool = DefaultPoolOptions();
   pool.name = "p";
   pool.num_blocks = kBlocks;
@@ -287,7 +282,6 @@ TEST(ShmTransportRestartTest, ReceiverRestartedSinceMappingIsFailedPrecondition)
   source->reset();
   client->reset();
   daemon->reset();
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

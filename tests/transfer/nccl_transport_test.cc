@@ -109,7 +109,7 @@ class NcclTransportGpuTest : public kvcache::testing::DaemonProcessTest {
     if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
     device_flag_ = "cuda:0";
     ASSERT_NO_FATAL_FAILURE(StartDaemon());  // the sender's daemon (prefill node)
-    receiver_target_ = "unix://" + dir_ + "/receiver.sock";
+    receiver_target_ = "unix://" + dir_.File("receiver.sock");
     absl::StatusOr<Subprocess> receiver_daemon =
         Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + receiver_target_,
                            "--pool=" + pool_flag_, "--device=cuda:0", "--session_ttl=2s"});
@@ -330,7 +330,7 @@ TEST_F(NcclTransportGpuTest, HostTransportsRefuseDevicePoolsAndNcclAHostSource) 
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("nccl")));
 
   // A host pool of a third daemon as the source.
-  const std::string host_target = "unix://" + dir_ + "/host.sock";
+  const std::string host_target = "unix://" + dir_.File("host.sock");
   absl::StatusOr<Subprocess> host_daemon =
       Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + host_target,
                          "--pool=" + pool_flag_, "--device=host", "--session_ttl=2s"});

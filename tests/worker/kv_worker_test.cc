@@ -17,9 +17,7 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +27,7 @@
 #include "server/daemon.h"
 #include "tests/testing/fake_session_service.h"
 #include "tests/testing/grpc_kept_alive.h"
+#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/generation.h"
@@ -36,6 +35,7 @@
 namespace kvcache::worker {
 namespace {
 
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -55,11 +55,8 @@ class KvWorkerHostPoolTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ::kvcache::testing::KeepGrpcInitialized();
-    char dir[] = "/tmp/kvcache_kv_worker_test.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
     DaemonOptions options;
-    options.listen = "unix://" + dir_ + "/kv.sock";
+    options.listen = "unix://" + dir_.File("kv.sock");
     absl::StatusOr<PoolOptions> qwen = ParsePoolSpec(
         "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=16:dtype=bf16:blocks=32");
     ASSERT_OK(qwen);
@@ -80,10 +77,9 @@ class KvWorkerHostPoolTest : public ::testing::Test {
       for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
       daemon_.reset();
     }
-    std::filesystem::remove_all(dir_);
   }
 
-  std::string dir_;
+  ScopedTempDir dir_{"kvcache_kv_worker_test"};  // for the socket
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<KvCacheClient> client_;
 };
@@ -146,42 +142,30 @@ TEST_F(KvWorkerHostPoolTest, PoolOfAnotherModelIsFailedPrecondition) {
 // Describes one pool, "gpu": the tiny model's layout in device memory (CUDA IPC) on cuda:4096.
 class FakeDevicePoolDaemon final : public kvcache::testing::FakeSessionService {
  public:
-  FakeDevicePoolDaemon() : FakeSessionService(/*epoch=*/5) {}
+  FakeDevicePoolDaemon() : FakeSessionService(/*epoch=*/5, GpuPool()) {}
 
   static constexpr int kDevice = 4096;
   static constexpr uint32_t kBlocks = 8;
 
-  grpc::Status DescribePool(grpc::ServerContext*, const v1::DescribePoolRequest* request,
-                            v1::DescribePoolResponse* response) override {
-    if (request->pool() != "gpu") return grpc::Status(grpc::StatusCode::NOT_FOUND, "no pool");
+ private:
+  static v1::PoolInfo GpuPool() {
     const PoolLayout layout = TinyModel().KvLayout(kBlockSize, DType::kBFloat16);
-    response->set_epoch(epoch());
-    v1::PoolInfo* pool = response->mutable_pool();
-    pool->set_name("gpu");
-    pool->set_model_id("tiny");
-    v1::PoolLayout* proto_layout = pool->mutable_layout();
-    proto_layout->set_num_layers(layout.num_layers);
-    proto_layout->set_num_kv_heads(layout.num_kv_heads);
-    proto_layout->set_head_dim(layout.head_dim);
-    proto_layout->set_block_size(layout.block_size);
-    proto_layout->set_dtype(v1::DTYPE_BFLOAT16);
-    proto_layout->set_block_bytes(layout.BlockBytes());
-    proto_layout->set_fingerprint(layout.Fingerprint());
-    pool->set_num_blocks(kBlocks);
-    pool->set_memory_kind("cuda");
-    v1::PoolMapping* mapping = pool->mutable_mapping();
+    v1::PoolInfo pool = ::kvcache::testing::FakePool(layout, kBlocks);
+    pool.set_name("gpu");
+    pool.set_model_id("tiny");
+    pool.set_memory_kind("cuda");
+    v1::PoolMapping* mapping = pool.mutable_mapping();
     mapping->set_kind(v1::PoolMapping::KIND_CUDA_IPC);
     mapping->set_size_bytes(uint64_t{kBlocks} * layout.BlockBytes());
     mapping->set_cuda_ipc_handle(std::string(64, '\x5a'));  // never opened: no such device
     mapping->set_cuda_device(kDevice);
-    return grpc::Status::OK;
+    return pool;
   }
 };
 
 TEST(KvWorkerDevicePoolTest, DevicePoolThisProcessCannotUseIsFailedPrecondition) {
-  char dir[] = "/tmp/kvcache_kv_worker_fake.XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string address = std::string("unix://") + dir + "/fake.sock";
+  ScopedTempDir dir("kvcache_kv_worker_fake");
+  const std::string address = "unix://" + dir.File("fake.sock");
   FakeDevicePoolDaemon service;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials());
@@ -206,7 +190,6 @@ TEST(KvWorkerDevicePoolTest, DevicePoolThisProcessCannotUseIsFailedPrecondition)
     }
   }
   server->Shutdown();
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
