@@ -14,7 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "common/status_macros.h"
-#include "common/tenant_name.h"
+#include "common/tenant.h"
 
 namespace kvcache {
 namespace {

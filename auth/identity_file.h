@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "auth/identity.h"
-#include "cache/tenant_quotas.h"
+#include "common/tenant.h"
 
 namespace kvcache {
 

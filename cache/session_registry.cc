@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "common/tenant_name.h"
+#include "common/tenant.h"
 
 namespace kvcache {
 namespace {

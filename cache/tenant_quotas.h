@@ -15,7 +15,6 @@
 #define KVCACHE_CACHE_TENANT_QUOTAS_H_
 
 #include <cstdint>
-#include <limits>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -23,19 +22,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tenant.h"
 
 namespace kvcache {
-
-inline constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
-
-struct TenantLimits {
-  uint64_t max_referenced_blocks = kUnlimited;  // per pool
-  uint64_t max_sessions = kUnlimited;
-  uint64_t max_open_sequences = kUnlimited;  // across pools
-  uint64_t max_put_bytes_in_flight = kUnlimited;
-
-  bool operator==(const TenantLimits&) const = default;
-};
 
 // The resources TenantQuotas counts itself.
 enum class QuotaResource { kSessions, kOpenSequences, kPutBytesInFlight };

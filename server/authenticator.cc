@@ -7,7 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/tenant_name.h"
+#include "common/tenant.h"
 
 namespace kvcache {
 namespace {

@@ -59,7 +59,7 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     return bytes;
   }
 
-  worker::testing::ScopedTempDir dir_;
+  ::kvcache::testing::ScopedTempDir dir_;
   std::unique_ptr<testing::RedisClusterProcess> cluster_;
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
 };

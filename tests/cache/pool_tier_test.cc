@@ -210,7 +210,7 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   testing::FakeClock clock_;
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
   uint64_t block_bytes_ = 0;
-  worker::testing::ScopedTempDir disk_dir_;
+  ::kvcache::testing::ScopedTempDir disk_dir_;
   uint32_t disk_read_depth_ = 0;
   std::function<void()> disk_before_read_;
   std::function<int()> disk_write_errno_;

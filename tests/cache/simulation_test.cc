@@ -1272,7 +1272,7 @@ class Simulation {
   const int num_ops_;
   PoolOptions options_;
   // The disk tier's file, kept across restarts.
-  std::optional<worker::testing::ScopedTempDir> disk_dir_;
+  std::optional<::kvcache::testing::ScopedTempDir> disk_dir_;
   uint32_t block_size_ = 0;
   uint64_t block_bytes_ = 0;
   uint32_t num_blocks_ = 0;

@@ -158,7 +158,7 @@ TEST(ModelConfigTest, UnsupportedArchitectureOptionsAreRefused) {
 }
 
 TEST(ModelConfigTest, LoadFromFile) {
-  testing::ScopedTempDir dir;
+  ::kvcache::testing::ScopedTempDir dir;
   EXPECT_THAT(LoadModelConfig(dir.File("config.json")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
   testing::WriteFile(dir.File("config.json"), ValidConfig().dump(2));

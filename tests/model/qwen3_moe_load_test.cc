@@ -16,9 +16,9 @@
 namespace kvcache::worker {
 namespace {
 
+using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::kvcache::worker::testing::ReadFile;
-using ::kvcache::worker::testing::ScopedTempDir;
 using ::kvcache::worker::testing::WriteFile;
 using ::testing::AllOf;
 using ::testing::HasSubstr;

@@ -316,7 +316,7 @@ TEST(Qwen3MoeModelTest, BadRequestsGetExactCodesAndWriteNothing) {
 // formulation) and returns its logits.
 std::vector<double> ReferenceLogits(const std::string& checkpoint,
                                     const std::vector<uint32_t>& prompt) {
-  testing::ScopedTempDir dir;
+  ::kvcache::testing::ScopedTempDir dir;
   const std::string out = dir.File("logits.json");
   const std::string command =
       absl::StrCat(KVCACHE_WORKER_PYTHON, " ", KVCACHE_QWEN3_REFERENCE_SCRIPT, " ", checkpoint, " ",

@@ -1,5 +1,5 @@
 // Helpers for worker tests: whole-file writes and reads, and a minimal safetensors writer (header
-// text given verbatim, so tests can make broken files). ScopedTempDir, once here, is
+// text given verbatim, so tests can make broken files). Temporary directories:
 // tests/testing/scoped_temp_dir.h.
 // Thread-safety: not thread-safe; for single-threaded tests.
 #ifndef KVCACHE_TESTS_TESTING_TEST_FILES_H_
@@ -15,9 +15,6 @@
 #include "tests/testing/scoped_temp_dir.h"
 
 namespace kvcache::worker::testing {
-
-// The general helper (tests/testing/scoped_temp_dir.h), under the name worker tests know.
-using ::kvcache::testing::ScopedTempDir;
 
 inline void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
