@@ -44,7 +44,7 @@ ABSL_FLAG(std::string, health_listen, "",
           "grpc probes, which reach neither a Unix socket nor TLS); default: none");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT: serve Prometheus /metrics over plain HTTP on its own port (e.g. "
-          "0.0.0.0:9400); default: off");
+          "0.0.0.0:8082); default: off");
 ABSL_FLAG(absl::Duration, drain_period, absl::Seconds(1),
           "on SIGTERM/SIGINT, how long health reports NOT_SERVING and new sessions are refused "
           "(UNAVAILABLE) while the open ones are still served, so load balancers, kubelet and "

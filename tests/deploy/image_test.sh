@@ -26,13 +26,13 @@ cd "$src"
 start=$SECONDS
 # deploy/README.md's build command, with the imported base.
 podman build --pull=never --network host --build-arg BASE_IMAGE=localhost/debian:12 \
-  -f deploy/docker/Dockerfile -t kvcache:latest . >"$work/build.log" 2>&1 ||
+  -f deploy/docker/Dockerfile -t kvcache:0.1.0 . >"$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; exit 1; }
 echo "image_test: podman build in $((SECONDS - start)) s"
-podman image inspect kvcache:latest --format 'user={{.Config.User}} cmd={{.Config.Cmd}}'
-[ "$(podman image inspect kvcache:latest --format '{{.Config.User}}')" = 65532:65532 ]
+podman image inspect kvcache:0.1.0 --format 'user={{.Config.User}} cmd={{.Config.Cmd}}'
+[ "$(podman image inspect kvcache:0.1.0 --format '{{.Config.User}}')" = 65532:65532 ]
 
-container=$(buildah from --pull-never kvcache:latest)
+container=$(buildah from --pull-never kvcache:0.1.0)
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; buildah rm "$container" >/dev/null' EXIT
 in_image() { buildah run --network host "$container" -- "$@"; }
 # --help exits 1 (Abseil's flags); a binary runs when it prints its usage line.

@@ -2,19 +2,28 @@
 """Renders every deploy/k8s overlay with `kubectl kustomize` and checks what the manifests promise:
 the native sidecar (restartPolicy: Always, startup probe), the socket on a shared emptyDir at
 /run/kvcache, /dev/shm as a sized Memory emptyDir, gRPC probes on the health port, requests and
-limits, non-root / read-only root / no privilege escalation / no capabilities, named and
-annotated metrics port, ServiceMonitor, PodDisruptionBudget; the GPU in exactly one container with
-a shared PID namespace; the node daemon's DaemonSet with a host-path socket, hostIPC, mutual TLS
-Service, certificate and identity file from Secrets.
+limits, non-root / read-only root / no privilege escalation / no capabilities, annotated metrics
+port that a Service targets by number (not 9400, dcgm-exporter's), the optional ServiceMonitor, a
+NetworkPolicy that admits only the daemon's ports, PodDisruptionBudget, the app.kubernetes.io
+labels and a versioned image; the GPU in exactly one container with a shared PID namespace; the
+node daemon's DaemonSet with a host-path socket, hostIPC, mutual TLS Service, certificate and
+identity file from Secrets that its uid can read.
 
 Env: KUBECTL (default kubectl). Needs Debian's python3-yaml.
 """
+import os
 import re
+import tempfile
 import unittest
 
-from k8s_render import OVERLAYS, daemon_containers, find, flags, render, render_overlay
+from k8s_render import K8S_DIR, OVERLAYS, daemon_containers, find, flags, render, render_overlay
 
-IMAGE = "kvcache:latest"
+# The project's version (client/python/pyproject.toml): the image tag and the version label.
+VERSION = "0.1.0"
+IMAGE = f"kvcache:{VERSION}"
+LABELS = ("name", "instance", "component", "version", "part-of", "managed-by")
+# dcgm-exporter's default metrics port, on the same GPU nodes.
+DCGM_EXPORTER_PORT = 9400
 UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "KiB": 1 << 10, "MiB": 1 << 20,
          "GiB": 1 << 30}
 
@@ -110,18 +119,114 @@ class ManifestsTest(unittest.TestCase):
                 self.assertEqual(template["annotations"]["prometheus.io/scrape"], "true")
                 self.assertEqual(template["annotations"]["prometheus.io/port"],
                                  str(ports["metrics"]))
-                # Metrics Service -> the daemon's pods, ServiceMonitor -> the Service.
+                # Metrics Service -> the daemon's pods by port number: a named port of a native
+                # sidecar resolves only from Kubernetes 1.32 (kubernetes#127958).
                 service = find(resources, "Service", "kvcache-metrics")
                 self.assertTrue(selects(service["spec"]["selector"], template["labels"]))
-                self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]], ["metrics"])
-                monitor = find(resources, "ServiceMonitor", "kvcache")
-                self.assertEqual(monitor["apiVersion"], "monitoring.coreos.com/v1")
-                self.assertTrue(selects(monitor["spec"]["selector"]["matchLabels"],
-                                        service["metadata"]["labels"]))
-                self.assertEqual([e["port"] for e in monitor["spec"]["endpoints"]], ["metrics"])
+                self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]],
+                                 [ports["metrics"]])
+                self.assertNotEqual(ports["metrics"], DCGM_EXPORTER_PORT)
                 # The pool fits in the daemon's memory limit.
                 pool_bytes = to_bytes(re.search(r"bytes=(\w+)", args["pool"]).group(1))
                 self.assertLess(pool_bytes, to_bytes(daemon["resources"]["limits"]["memory"]))
+
+    def test_every_port_is_a_number_and_none_is_dcgm_exporters(self):
+        for overlay, resources in self.renders.items():
+            for resource in resources:
+                where = f"{overlay}/{resource['kind']}/{resource['metadata']['name']}"
+                with self.subTest(where):
+                    if resource["kind"] == "Service":
+                        for port in resource["spec"]["ports"]:
+                            self.assertIsInstance(port["targetPort"], int)
+                            self.assertNotEqual(port["port"], DCGM_EXPORTER_PORT)
+                            self.assertNotEqual(port["targetPort"], DCGM_EXPORTER_PORT)
+                    if resource["kind"] in ("Deployment", "DaemonSet"):
+                        for container in all_containers(resource["spec"]["template"]["spec"]):
+                            for port in container.get("ports", []):
+                                self.assertNotEqual(port["containerPort"], DCGM_EXPORTER_PORT)
+                            for arg in container.get("args", []):
+                                self.assertNotRegex(arg, f":{DCGM_EXPORTER_PORT}$")
+
+    def test_every_resource_has_the_recommended_labels(self):
+        for overlay, resources in self.renders.items():
+            for resource in resources:
+                where = f"{overlay}/{resource['kind']}/{resource['metadata']['name']}"
+                with self.subTest(where):
+                    places = [resource["metadata"]]
+                    if resource["kind"] in ("Deployment", "DaemonSet"):
+                        places.append(resource["spec"]["template"]["metadata"])
+                    for metadata in places:
+                        labels = metadata.get("labels", {})
+                        for label in LABELS:
+                            self.assertIn(f"app.kubernetes.io/{label}", labels)
+                        self.assertEqual(labels["app.kubernetes.io/part-of"], "kvcache")
+                        self.assertEqual(labels["app.kubernetes.io/version"], VERSION)
+                        self.assertEqual(labels["app.kubernetes.io/managed-by"], "kustomize")
+                    if resource["kind"] in ("Deployment", "DaemonSet"):
+                        # A selector is immutable: the version may not be in it.
+                        self.assertNotIn("app.kubernetes.io/version",
+                                         resource["spec"]["selector"]["matchLabels"])
+
+    def test_images_carry_a_version(self):
+        for overlay, resources in self.renders.items():
+            for workload in workloads(resources):
+                for container in all_containers(workload["spec"]["template"]["spec"]):
+                    with self.subTest(f"{overlay}/{container['name']}"):
+                        name, _, tag = container["image"].rpartition(":")
+                        self.assertTrue(name and tag, container["image"])
+                        self.assertNotEqual(tag, "latest")
+                        self.assertEqual(container["image"], IMAGE)
+
+    def test_a_network_policy_admits_only_the_daemons_ports(self):
+        for overlay, resources in self.renders.items():
+            with self.subTest(overlay):
+                policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+                self.assertEqual(len(policies), 1)
+                policy = policies[0]
+                self.assertEqual(policy["apiVersion"], "networking.k8s.io/v1")
+                self.assertEqual(policy["spec"]["policyTypes"], ["Ingress"])
+                pod, daemon = daemon_containers(resources)[0]
+                workload = next(w for w in workloads(resources)
+                                if w["spec"]["template"]["spec"] is pod)
+                self.assertTrue(selects(policy["spec"]["podSelector"]["matchLabels"],
+                                        workload["spec"]["template"]["metadata"]["labels"]))
+                admitted = set()
+                for rule in policy["spec"]["ingress"]:
+                    for port in rule["ports"]:
+                        self.assertIsInstance(port["port"], int)
+                        admitted.add(port["port"])
+                    # Health and metrics have no authentication: never from outside the
+                    # cluster (an empty namespaceSelector is every pod of the cluster).
+                    plaintext = {port["port"] for port in rule["ports"]} & {
+                        port_of(flags(daemon)["health_listen"]),
+                        port_of(flags(daemon)["metrics_listen"])}
+                    if plaintext:
+                        self.assertTrue(rule.get("from"), rule)
+                        for peer in rule["from"]:
+                            self.assertNotIn("ipBlock", peer)
+                self.assertEqual(admitted, {p["containerPort"] for p in daemon["ports"]})
+
+    def test_the_service_monitor_is_optional(self):
+        monitor_dir = os.path.join(K8S_DIR, "optional", "servicemonitor")
+        for overlay, resources in self.renders.items():
+            with self.subTest(overlay):
+                # Not in the overlays: without the Prometheus Operator's CRD, applying one fails.
+                self.assertEqual([r for r in resources if r["kind"] == "ServiceMonitor"], [])
+                # Added next to an overlay, it scrapes the metrics Service.
+                with tempfile.TemporaryDirectory() as directory:
+                    with open(os.path.join(directory, "kustomization.yaml"), "w") as f:
+                        f.write("bases:\n")
+                        for base in (os.path.join(K8S_DIR, "overlays", overlay), monitor_dir):
+                            f.write(f"- {os.path.relpath(base, directory)}\n")
+                    with_monitor = render(directory)  # an absolute path stays one
+                self.assertEqual(len(with_monitor), len(resources) + 1)
+                monitor = find(with_monitor, "ServiceMonitor", "kvcache")
+                self.assertEqual(monitor["apiVersion"], "monitoring.coreos.com/v1")
+                service = find(with_monitor, "Service", "kvcache-metrics")
+                self.assertTrue(selects(monitor["spec"]["selector"]["matchLabels"],
+                                        service["metadata"]["labels"]))
+                self.assertEqual([e["port"] for e in monitor["spec"]["endpoints"]],
+                                 [p["name"] for p in service["spec"]["ports"]])
 
     def test_workers_have_a_disruption_budget(self):
         for overlay, resources in self.renders.items():
@@ -198,7 +303,7 @@ class ManifestsTest(unittest.TestCase):
         service = find(resources, "Service", "kvcache")
         self.assertTrue(selects(service["spec"]["selector"],
                                 daemonset["spec"]["template"]["metadata"]["labels"]))
-        self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]], ["grpc-tls"])
+        self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]], [ports["grpc-tls"]])
         # The workers: no sidecar, the node's socket and /dev/shm.
         worker_pod = find(resources, "Deployment", "kvcache-worker")["spec"]["template"]["spec"]
         self.assertNotIn("initContainers", worker_pod)
