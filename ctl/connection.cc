@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/rpc/grpc_status.h"
@@ -57,8 +58,12 @@ absl::Status WaitUntilConnected(grpc::Channel& channel, const std::string& targe
       const grpc::Status status = grpc::health::v1::Health::NewStub(channel.shared_from_this())
                                       ->Check(&context, request, &response);
       if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-        return absl::UnavailableError(absl::StrCat("cannot connect to the kvcache daemon at ",
-                                                   target, ": ", status.error_message()));
+        return absl::UnavailableError(absl::StrCat(
+            "cannot connect to the kvcache daemon at ", target, ": ", status.error_message(),
+            options.tls.enabled && !absl::StrContains(status.error_message(), "Connection refused")
+                ? " (over TLS: is the daemon's certificate trusted and named as "
+                  "the target, and is the client certificate one it accepts?)"
+                : ""));
       }
       return absl::OkStatus();  // it connected meanwhile; the call's own answer comes later
     }
