@@ -17,22 +17,26 @@
 #include "client/read_file.h"
 #include "ctl/connection.h"
 #include "ctl/format.h"
+#include "ctl/yaml.h"
 
 namespace kvcache::ctl {
 namespace {
 
 const std::vector<CommandSpec>& CommandList() {
   static const auto* const commands = new std::vector<CommandSpec>{
-      {"pools", "", "every pool: layout, memory, block counts, hash algorithm", {}},
+      {"pools",
+       "[--watch [SECONDS]] [--count N]",
+       "every pool: layout, memory, block counts, hash algorithm",
+       {"watch", "count"}},
       {"stats",
-       "[--pool P] [--tenant T]",
+       "[--pool P] [--tenant T] [--watch [SECONDS]] [--count N]",
        "per pool: prompt and hit tokens, hit ratio, block counts, evictions, resurrections, "
        "published and duplicate blocks, open sequences; open sessions",
-       {"pool", "tenant"}},
+       {"pool", "tenant", "watch", "count"}},
       {"sessions",
-       "[--tenant T]",
+       "[--tenant T] [--watch [SECONDS]] [--count N]",
        "open sessions: id (\"-\" when hidden), tenant, principal, client, TTL, expiry, sequences",
-       {"tenant"}},
+       {"tenant", "watch", "count"}},
       {"lookup",
        "--pool P [--salt S] [--tenant T] [--tokens_file F]",
        "cached blocks and tokens of a prompt, read as decimal token ids (whitespace or comma "
@@ -52,6 +56,10 @@ const std::vector<CommandSpec>& CommandList() {
        "grpc.health.v1 Check: prints SERVING, NOT_SERVING or SERVICE_UNKNOWN (exit 0 only for "
        "SERVING)",
        {"service"}},
+      {"version",
+       "",
+       "this kvcachectl's version and source revision (the daemon reports none over kvcache.v1)",
+       {}},
   };
   return *commands;
 }
@@ -69,13 +77,23 @@ int Usage(std::ostream& err, absl::string_view command, absl::string_view messag
   return kExitUsage;
 }
 
-void PrintJson(std::ostream& out, const Json& document) { out << document.dump(2) << "\n"; }
+// A command's document as -o json or -o yaml asks.
+void PrintDocument(std::ostream& out, const GlobalOptions& global, const Json& document) {
+  if (global.output == OutputFormat::kYaml) {
+    out << ToYaml(document);
+  } else {
+    out << document.dump(2) << "\n";
+  }
+}
+
+bool Tabular(const GlobalOptions& global) { return global.output == OutputFormat::kTable; }
 
 absl::StatusOr<std::unique_ptr<Connection>> Connect(const GlobalOptions& global) {
   return Connection::Open(global.target, global.client);
 }
 
-int RunPools(Connection& connection, const GlobalOptions& global, Streams streams) {
+int RunPools(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
+             Streams streams) {
   absl::StatusOr<std::vector<KvCacheClient::PoolInfo>> pools = connection.client().ListPools();
   if (!pools.ok()) return Fail(streams.err, "pools", pools.status());
   std::vector<KvCacheClient::PoolDescription> described;
@@ -85,10 +103,10 @@ int RunPools(Connection& connection, const GlobalOptions& global, Streams stream
     if (!description.ok()) return Fail(streams.err, "pools", description.status());
     described.push_back(*std::move(description));
   }
-  if (global.json) {
-    PrintJson(streams.out, PoolsJson(described));
+  if (Tabular(global)) {
+    streams.out << PoolsTable(described).Render(!global.no_headers);
   } else {
-    streams.out << PoolsTable(described).Render();
+    PrintDocument(streams.out, global, PoolsJson(described));
   }
   return kExitOk;
 }
@@ -97,8 +115,10 @@ int RunStats(Connection& connection, const GlobalOptions& global, const CommandO
              Streams streams) {
   absl::StatusOr<v1::GetStatsResponse> stats = connection.GetStats(options.pool, options.tenant);
   if (!stats.ok()) return Fail(streams.err, "stats", stats.status());
-  if (global.json) {
-    PrintJson(streams.out, StatsJson(*stats));
+  if (!Tabular(global)) {
+    PrintDocument(streams.out, global, StatsJson(*stats));
+  } else if (global.no_headers) {
+    streams.out << StatsTable(*stats).Render(/*headers=*/false);
   } else {
     streams.out << StatsTable(*stats).Render() << "\nopen sessions: " << stats->open_sessions()
                 << "\n";
@@ -111,10 +131,10 @@ int RunSessions(Connection& connection, const GlobalOptions& global, const Comma
   absl::StatusOr<std::vector<KvCacheClient::ListedSession>> sessions =
       connection.client().ListSessions(options.tenant);
   if (!sessions.ok()) return Fail(streams.err, "sessions", sessions.status());
-  if (global.json) {
-    PrintJson(streams.out, SessionsJson(*sessions));
+  if (Tabular(global)) {
+    streams.out << SessionsTable(*sessions).Render(!global.no_headers);
   } else {
-    streams.out << SessionsTable(*sessions).Render();
+    PrintDocument(streams.out, global, SessionsJson(*sessions));
   }
   return kExitOk;
 }
@@ -140,10 +160,10 @@ int RunLookup(Connection& connection, const GlobalOptions& global, const Command
       connection.client().Lookup(options.pool, options.tenant, tokens, options.salt);
   if (!result.ok()) return Fail(streams.err, "lookup", result.status());
   const LookupReport report{.pool = options.pool, .num_tokens = tokens.size(), .result = *result};
-  if (global.json) {
-    PrintJson(streams.out, LookupJson(report));
+  if (Tabular(global)) {
+    streams.out << LookupTable(report).Render(!global.no_headers);
   } else {
-    streams.out << LookupTable(report).Render();
+    PrintDocument(streams.out, global, LookupJson(report));
   }
   return kExitOk;
 }
@@ -153,10 +173,10 @@ int RunHealth(Connection& connection, const GlobalOptions& global, const Command
   absl::StatusOr<HealthStatus> health = connection.CheckHealth(options.service);
   if (!health.ok()) return Fail(streams.err, "health", health.status());
   const absl::string_view name = HealthStatusName(*health);
-  if (global.json) {
-    PrintJson(streams.out, HealthJson(options.service, name));
-  } else {
+  if (Tabular(global)) {
     streams.out << name << "\n";
+  } else {
+    PrintDocument(streams.out, global, HealthJson(options.service, name));
   }
   return *health == HealthStatus::kServing ? kExitOk : kExitNotServing;
 }
@@ -289,7 +309,7 @@ int RunEvents(Connection& connection, const GlobalOptions& global, const Command
     return code;
   };
   StreamTable table = EventsTable();
-  if (!global.json) streams.out << table.Header() << std::flush;
+  if (Tabular(global) && !global.no_headers) streams.out << table.Header() << std::flush;
 
   uint64_t printed = 0;
   absl::Duration backoff = options.min_backoff;
@@ -336,8 +356,10 @@ int RunEvents(Connection& connection, const GlobalOptions& global, const Command
                                                            .epoch = response.epoch()};
       for (int i = 0; i < response.events_size(); ++i) {
         const v1::KvEvent& event = response.events(i);
-        if (global.json) {
+        if (global.output == OutputFormat::kJson) {
           streams.out << EventJson(event).dump() << "\n";
+        } else if (global.output == OutputFormat::kYaml) {
+          streams.out << "---\n" << ToYaml(EventJson(event));  // one document per event
         } else {
           streams.out << table.Row(EventCells(event));
         }
@@ -361,6 +383,27 @@ int RunEvents(Connection& connection, const GlobalOptions& global, const Command
   }
 }
 
+using ReadCommand = int (*)(Connection&, const GlobalOptions&, const CommandOptions&, Streams);
+
+// Runs a read command once, or with --watch every options.watch until interrupted or
+// options.count runs: a blank line between tables, YAML documents each opened by "---", JSON
+// documents one after another (a stream `jq` reads). Stops at the first failing run, with its
+// exit code.
+int RunWatched(ReadCommand run, Connection& connection, const GlobalOptions& global,
+               const CommandOptions& options, Streams streams) {
+  const bool watching = options.watch > absl::ZeroDuration();
+  for (uint64_t runs = 1;; ++runs) {
+    if (watching && global.output == OutputFormat::kYaml) streams.out << "---\n";
+    const int code = run(connection, global, options, streams);
+    streams.out.flush();
+    if (code != kExitOk || !watching || (options.count != 0 && runs >= options.count)) {
+      return code;
+    }
+    if (!SleepUnlessInterrupted(options.watch, options)) return kExitOk;
+    if (Tabular(global)) streams.out << "\n";
+  }
+}
+
 }  // namespace
 
 absl::Span<const CommandSpec> Commands() { return CommandList(); }
@@ -378,6 +421,9 @@ int ExitCodeFor(const absl::Status& status, bool connecting) {
     switch (status.code()) {
       case absl::StatusCode::kUnavailable:
       case absl::StatusCode::kDeadlineExceeded:
+      case absl::StatusCode::kNotFound:            // no such socket
+      case absl::StatusCode::kPermissionDenied:    // the socket is not ours to open
+      case absl::StatusCode::kFailedPrecondition:  // the path is not a socket
         return kExitUnreachable;
       case absl::StatusCode::kInvalidArgument:
         return kExitUsage;
@@ -393,6 +439,17 @@ int RunCommand(absl::string_view command, const GlobalOptions& global,
   if (FindCommand(command) == nullptr) {
     return Usage(streams.err, command, "unknown command");
   }
+  if (command == "version") {
+    if (Tabular(global)) {
+      streams.out << VersionText();
+    } else {
+      PrintDocument(streams.out, global, VersionJson());
+    }
+    return kExitOk;
+  }
+  if (options.count != 0 && options.watch <= absl::ZeroDuration()) {
+    return Usage(streams.err, command, "--count needs --watch");
+  }
   // Input is checked before connecting: a usage error never waits for a daemon.
   std::vector<uint32_t> tokens;
   if (command == "lookup") {
@@ -405,9 +462,11 @@ int RunCommand(absl::string_view command, const GlobalOptions& global,
   if (!connection.ok()) {
     return Fail(streams.err, command, connection.status(), /*connecting=*/true);
   }
-  if (command == "pools") return RunPools(**connection, global, streams);
-  if (command == "stats") return RunStats(**connection, global, options, streams);
-  if (command == "sessions") return RunSessions(**connection, global, options, streams);
+  if (command == "pools") return RunWatched(&RunPools, **connection, global, options, streams);
+  if (command == "stats") return RunWatched(&RunStats, **connection, global, options, streams);
+  if (command == "sessions") {
+    return RunWatched(&RunSessions, **connection, global, options, streams);
+  }
   if (command == "lookup") return RunLookup(**connection, global, options, tokens, streams);
   if (command == "events") return RunEvents(**connection, global, options, streams);
   return RunHealth(**connection, global, options, streams);

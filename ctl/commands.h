@@ -42,11 +42,15 @@ absl::Span<const CommandSpec> Commands();
 // nullptr for an unknown command.
 const CommandSpec* FindCommand(absl::string_view name);
 
+// -o: a table for people, or the same document as JSON or YAML (ctl/yaml.h) for scripts.
+enum class OutputFormat { kTable, kJson, kYaml };
+
 struct GlobalOptions {
   std::string target;
   // Credentials and TLS (client/client_flags.h), connect_timeout and rpc_timeout (--timeout).
   ClientOptions client;
-  bool json = false;
+  OutputFormat output = OutputFormat::kTable;
+  bool no_headers = false;  // tables without their header row (and stats without its footer)
 };
 
 // The command-specific flags; each command reads its own (CommandSpec::flags).
@@ -60,13 +64,17 @@ struct CommandOptions {
   uint64_t epoch = 0;
   uint64_t limit = 0;  // events: stop after this many; 0: no limit
   bool follow = false;
+  // pools, stats, sessions: when positive, run again every `watch` until interrupted, or until
+  // `count` runs (0: no limit).
+  absl::Duration watch = absl::ZeroDuration();
+  uint64_t count = 0;
   // events without --follow: exit once nothing arrives for this long (see RunEvents).
   absl::Duration idle = absl::Milliseconds(300);
   // events with --follow: first and longest pause before resuming a broken stream.
   absl::Duration min_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
   // When set and true (a signal handler's flag), `events` stops as if done: it prints the
-  // resume point and exits 0.
+  // resume point and exits 0; a --watch stops before its next run, exit 0.
   const std::atomic<bool>* interrupted = nullptr;
 };
 
@@ -80,9 +88,10 @@ struct Streams {
 int RunCommand(absl::string_view command, const GlobalOptions& global,
                const CommandOptions& options, Streams streams);
 
-// The exit code for `status` from a call (kExitOk for OK): a daemon's error is kExitDaemonError,
-// a failure to connect (`connecting`) with UNAVAILABLE or DEADLINE_EXCEEDED is kExitUnreachable,
-// INVALID_ARGUMENT while connecting (unusable TLS files or token) is kExitUsage.
+// The exit code for `status` from a call (kExitOk for OK): a daemon's error is kExitDaemonError;
+// a failure to connect (`connecting`) is kExitUnreachable for UNAVAILABLE or DEADLINE_EXCEEDED,
+// and for a unix socket's NOT_FOUND, PERMISSION_DENIED or FAILED_PRECONDITION (ProbeUnixSocket),
+// and kExitUsage for INVALID_ARGUMENT (unusable TLS files or token).
 int ExitCodeFor(const absl::Status& status, bool connecting);
 
 }  // namespace kvcache::ctl

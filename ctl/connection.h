@@ -9,9 +9,11 @@
 // carries the bearer token.
 //
 // Error codes: Open answers INVALID_ARGUMENT for unusable options (TLS for a unix:// target, an
-// unreadable or non-PEM TLS file, a certificate without its key, a token a header cannot carry)
-// and UNAVAILABLE when the daemon cannot be reached within options.connect_timeout. The calls
-// pass the daemon's codes on unchanged, DEADLINE_EXCEEDED after options.rpc_timeout.
+// unreadable or non-PEM TLS file, a certificate without its key, a token a header cannot carry);
+// for a unix:// target whose socket cannot be connected to, at once, ProbeUnixSocket's code; and
+// UNAVAILABLE when the daemon cannot be reached: at once when the connection fails (refused,
+// unresolvable, TLS rejected), else after options.connect_timeout. The calls pass the daemon's
+// codes on unchanged, DEADLINE_EXCEEDED after options.rpc_timeout.
 //
 // Thread safety: thread-safe, as KvCacheClient is.
 #ifndef KVCACHE_CTL_CONNECTION_H_
@@ -38,6 +40,14 @@ enum class HealthStatus {
   kUnknown,         // the daemon said UNKNOWN
 };
 absl::string_view HealthStatusName(HealthStatus status);
+
+// For a "unix:PATH" or "unix://ABSOLUTE_PATH" target, tries connect(2) on the socket once and
+// says precisely why it fails, where gRPC would retry until its deadline and then name no cause:
+// NOT_FOUND "no such socket: PATH" (nothing at the path, or a folder on it missing), UNAVAILABLE
+// "connection refused: PATH" (a socket file no daemon listens on: a stale one), PERMISSION_DENIED
+// (the caller may not open the socket or search a folder above it), FAILED_PRECONDITION for a
+// path that is not a socket. OK when the connection is accepted, and for any other target.
+absl::Status ProbeUnixSocket(absl::string_view target);
 
 class Connection {
  public:

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/block_hash.h"
 #include "common/pool_layout.h"
+#include "common/version.h"
 
 namespace kvcache::ctl {
 namespace {
@@ -411,6 +412,17 @@ Json HealthJson(absl::string_view service, absl::string_view status) {
   Json document = Json::object();
   document["service"] = std::string(service);
   document["status"] = std::string(status);
+  return document;
+}
+
+std::string VersionText() { return VersionLine("kvcachectl") + "\n"; }
+
+Json VersionJson() {
+  Json client = Json::object();
+  client["version"] = std::string(Version());
+  client["revision"] = Revision().empty() ? Json(nullptr) : Json(std::string(Revision()));
+  Json document = Json::object();
+  document["client"] = std::move(client);
   return document;
 }
 

@@ -76,6 +76,11 @@ Json EventJson(const v1::KvEvent& event);
 // or "Unknown" for an event this build does not know.
 absl::string_view EventKind(const v1::KvEvent& event);
 
+// `kvcachectl version`: this kvcachectl's version and revision (common/version.h). The daemon
+// reports none over kvcache.v1, so there is no daemon's to print.
+std::string VersionText();
+Json VersionJson();
+
 // `kvcachectl health`: the health service's answer ("SERVING", "NOT_SERVING", "SERVICE_UNKNOWN").
 Json HealthJson(absl::string_view service, absl::string_view status);
 

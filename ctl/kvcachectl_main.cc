@@ -1,7 +1,9 @@
 // kvcachectl: the operator's command line for a running kvcache daemon (pools, stats, sessions,
-// lookup, events, health). Commands and output are in ctl/commands.h and ctl/format.h; this file
-// defines the flags, the help text, and turns flag mistakes into exit code 2 (Abseil's parser
-// exits 1, which kvcachectl reserves for the daemon's errors).
+// lookup, events, health, version). Commands and output are in ctl/commands.h and ctl/format.h;
+// this file defines the flags, the help text, and turns flag mistakes into exit code 2 (Abseil's
+// parser exits 1, which kvcachectl reserves for the daemon's errors). It also reads kubectl's
+// short forms, which Abseil's flags do not have: "-o yaml" for --output, and "--watch" with an
+// optional number of seconds after it.
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -13,13 +15,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/client_flags.h"
 #include "common/command_line.h"
 #include "common/rpc/listen_address.h"
+#include "common/version.h"
 #include "ctl/commands.h"
 
 // Global flags.
@@ -27,9 +32,13 @@ ABSL_FLAG(
     std::string, target, "",
     "daemon address: unix:///path/kv.sock or HOST:PORT; default: the daemon's default "
     "socket (unix://$XDG_RUNTIME_DIR/kvcache/kv.sock, else unix:///tmp/kvcache-$UID/kv.sock)");
-ABSL_FLAG(bool, json, false,
-          "print JSON instead of a table: one document per command, and for events one object "
-          "per line (JSON Lines)");
+ABSL_FLAG(bool, json, false, "the same as -o json");
+ABSL_FLAG(std::string, output, "table",
+          "-o: table, json or yaml. json: one document per command, and for events one object "
+          "per line (JSON Lines); yaml: the same document as YAML, each event a \"---\" "
+          "document (default: table)");
+ABSL_FLAG(bool, no_headers, false,
+          "tables without their header row (stats: without the open sessions line too)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
           "how long to wait for the daemon: to connect, and for each call");
 // Command flags (each command reads its own; see Commands()).
@@ -51,6 +60,10 @@ ABSL_FLAG(bool, follow, false,
           "events: keep streaming; resume a broken stream (daemon restart, network) where it "
           "left off");
 ABSL_FLAG(uint64_t, limit, 0, "events: stop after this many events; 0: no limit");
+ABSL_FLAG(absl::Duration, watch, absl::ZeroDuration(),
+          "run again every interval until ^C: --watch (2 s), --watch 5, --watch=500ms; empty: "
+          "run once");
+ABSL_FLAG(uint64_t, count, 0, "with --watch: stop after this many runs; 0: no limit");
 ABSL_FLAG(std::string, service, "",
           "health: the service to check; \"\" is the whole daemon, \"kvcache.v1.KvCache\" its API");
 
@@ -64,9 +77,54 @@ constexpr size_t kHelpWidth = 100;
 std::atomic<bool> interrupted{false};
 void OnSignal(int) { interrupted.store(true, std::memory_order_relaxed); }
 
-constexpr const char* kGlobalFlags[] = {"target",    "json",     "timeout", "tls",
-                                        "tls_ca",    "tls_cert", "tls_key", "tls_server_name",
-                                        "token_file"};
+constexpr const char* kGlobalFlags[] = {"target",          "output",  "no_headers", "json",
+                                        "timeout",         "tls",     "tls_ca",     "tls_cert",
+                                        "tls_server_name", "tls_key", "token_file"};
+constexpr char kDefaultWatch[] = "2s";
+
+// argv with kubectl's short forms spelled as Abseil's flags: "-o X" and "-o=X" become
+// "--output=X"; "--watch" becomes "--watch=2s", or "--watch=Ns" when a number N follows it
+// (taken with it) or is its value; a flag's name may use '-' for '_' (--no-headers). Arguments
+// after "--" are left alone.
+std::vector<std::string> NormalizeArgs(int argc, char** argv) {
+  std::vector<std::string> out;
+  bool flags_done = false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    absl::string_view value = arg;
+    double seconds = 0;
+    if (i == 0 || flags_done) {
+      out.push_back(arg);
+    } else if (arg == "--") {
+      flags_done = true;
+      out.push_back(arg);
+    } else if (arg == "-o" && i + 1 < argc) {
+      out.push_back(absl::StrCat("--output=", argv[++i]));
+    } else if (absl::ConsumePrefix(&value, "-o=")) {
+      out.push_back(absl::StrCat("--output=", value));
+    } else if (arg == "--watch" || arg == "-watch") {
+      if (i + 1 < argc && absl::SimpleAtod(argv[i + 1], &seconds)) {
+        out.push_back(absl::StrCat("--watch=", argv[++i], "s"));
+      } else {
+        out.push_back(absl::StrCat("--watch=", kDefaultWatch));
+      }
+    } else if ((absl::ConsumePrefix(&value, "--watch=") ||
+                absl::ConsumePrefix(&value, "-watch=")) &&
+               absl::SimpleAtod(value, &seconds)) {
+      out.push_back(absl::StrCat("--watch=", value, "s"));
+    } else if (absl::StartsWith(arg, "-") && arg.size() > 1) {
+      // kubectl spells flags with '-' (--no-headers), Abseil with '_' (--no_headers).
+      const size_t dashes = absl::StartsWith(arg, "--") ? 2 : 1;
+      const size_t name_end = std::min(arg.find('='), arg.size());
+      std::string spelled = arg;
+      std::replace(spelled.begin() + dashes, spelled.begin() + name_end, '-', '_');
+      out.push_back(spelled);
+    } else {
+      out.push_back(arg);
+    }
+  }
+  return out;
+}
 
 std::string Wrap(absl::string_view text, size_t indent) {
   std::string out;
@@ -117,7 +175,10 @@ std::string HelpText() {
       "  1  the daemon answered an error: one line \"kvcachectl: COMMAND: CODE: message\" on "
       "stderr\n"
       "  2  usage error: unknown command or flag, bad flag value, unreadable tokens\n"
-      "  3  cannot reach the daemon: UNAVAILABLE or DEADLINE_EXCEEDED while connecting\n"
+      "  3  cannot reach the daemon, said at once where it can be told: no such socket "
+      "(NOT_FOUND),\n     connection refused (UNAVAILABLE: a stale socket, a closed port), "
+      "permission denied\n     (PERMISSION_DENIED), not a socket; else UNAVAILABLE or "
+      "DEADLINE_EXCEEDED after --timeout\n"
       "  4  health: the service is NOT_SERVING, or the daemon does not know it\n",
       "\n--json output:\n",
       Wrap("Field names are snake_case and stable; every key is always present, null where it "
@@ -153,9 +214,10 @@ int UsageError(absl::string_view message) {
 }
 
 // Checks every flag on the command line as Abseil's parser will see it, so that a mistake exits
-// kExitUsage instead of Abseil's 1. Sets *help for a plain --help or --helpshort, which
-// kvcachectl answers itself (exit 0); Abseil's other help flags are left to it.
-absl::Status CheckFlags(int argc, char** argv, bool* help) {
+// kExitUsage instead of Abseil's 1. Sets *help for a plain --help or --helpshort, and *version
+// for --version, which kvcachectl answers itself (exit 0); Abseil's other help flags are left to
+// it.
+absl::Status CheckFlags(int argc, char** argv, bool* help, bool* version) {
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
@@ -166,6 +228,10 @@ absl::Status CheckFlags(int argc, char** argv, bool* help) {
     const bool has_value = equals != absl::string_view::npos;
     if ((name == "help" || name == "helpshort") && !has_value) {
       *help = true;
+      continue;
+    }
+    if (name == "version" && !has_value) {
+      *version = true;
       continue;
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
@@ -197,13 +263,25 @@ absl::Status CheckFlags(int argc, char** argv, bool* help) {
   return absl::OkStatus();
 }
 
-int Main(int argc, char** argv) {
+int Main(int raw_argc, char** raw_argv) {
+  std::vector<std::string> args = NormalizeArgs(raw_argc, raw_argv);
+  std::vector<char*> argv_storage;
+  for (std::string& arg : args) argv_storage.push_back(arg.data());
+  argv_storage.push_back(nullptr);
+  const int argc = static_cast<int>(args.size());
+  char** argv = argv_storage.data();
+
   bool help = false;
-  if (absl::Status flags = CheckFlags(argc, argv, &help); !flags.ok()) {
+  bool version = false;
+  if (absl::Status flags = CheckFlags(argc, argv, &help, &version); !flags.ok()) {
     return UsageError(flags.message());
   }
   if (help) {
     std::cout << HelpText();
+    return kExitOk;
+  }
+  if (version) {
+    std::cout << VersionLine(kProgram) << "\n";
     return kExitOk;
   }
   std::vector<char*> positional =
@@ -231,9 +309,24 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ClientOptions> client =
       ClientOptionsFromFlags(ClientOptions{.connect_timeout = timeout, .rpc_timeout = timeout});
   if (!client.ok()) return UsageError(client.status().message());
+  const std::string output = absl::GetFlag(FLAGS_output);
+  OutputFormat format = OutputFormat::kTable;
+  if (output == "json") {
+    format = OutputFormat::kJson;
+  } else if (output == "yaml") {
+    format = OutputFormat::kYaml;
+  } else if (output != "table") {
+    return UsageError(
+        absl::StrCat("-o: unknown output format '", output, "' (table, json or yaml)"));
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    if (format == OutputFormat::kYaml) return UsageError("--json and -o yaml exclude each other");
+    format = OutputFormat::kJson;
+  }
   GlobalOptions global{.target = absl::GetFlag(FLAGS_target),
                        .client = *std::move(client),
-                       .json = absl::GetFlag(FLAGS_json)};
+                       .output = format,
+                       .no_headers = absl::GetFlag(FLAGS_no_headers)};
   if (global.target.empty()) global.target = DefaultListenAddress();
 
   CommandOptions options{.pool = absl::GetFlag(FLAGS_pool),
@@ -244,9 +337,12 @@ int Main(int argc, char** argv) {
                          .from = absl::GetFlag(FLAGS_from),
                          .epoch = absl::GetFlag(FLAGS_epoch),
                          .limit = absl::GetFlag(FLAGS_limit),
-                         .follow = absl::GetFlag(FLAGS_follow)};
-  if (command == "events") {
-    // Only `events` runs until stopped; it prints where to resume before it exits.
+                         .follow = absl::GetFlag(FLAGS_follow),
+                         .watch = absl::GetFlag(FLAGS_watch),
+                         .count = absl::GetFlag(FLAGS_count)};
+  if (options.watch < absl::ZeroDuration()) return UsageError("--watch must not be negative");
+  if (command == "events" || options.watch > absl::ZeroDuration()) {
+    // `events` and a --watch run until stopped; events prints where to resume before it exits.
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     options.interrupted = &interrupted;

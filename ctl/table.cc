@@ -47,14 +47,14 @@ void Table::AddRow(std::vector<std::string> cells) {
   rows_.push_back(std::move(cells));
 }
 
-std::string Table::Render() const {
+std::string Table::Render(bool headers) const {
   std::vector<size_t> widths;
   widths.reserve(columns_.size());
   for (const Column& column : columns_) widths.push_back(column.header.size());
   for (const std::vector<std::string>& row : rows_) {
     for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
   }
-  std::string text = Line(columns_, widths, Headers(columns_));
+  std::string text = headers ? Line(columns_, widths, Headers(columns_)) : "";
   for (const std::vector<std::string>& row : rows_) text += Line(columns_, widths, row);
   return text;
 }

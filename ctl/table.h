@@ -33,8 +33,8 @@ class Table {
   void AddRow(std::vector<std::string> cells);
   size_t num_rows() const { return rows_.size(); }
 
-  // The header row and every row, each ending in '\n'.
-  std::string Render() const;
+  // The header row (unless `headers` is false: --no-headers) and every row, each ending in '\n'.
+  std::string Render(bool headers = true) const;
 
  private:
   std::vector<Column> columns_;

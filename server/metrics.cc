@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "server/process_metrics.h"
+
 namespace kvcache {
 namespace {
 
@@ -341,7 +343,9 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Family("kvcache_device_fault",
                  "1 once a pool-memory fault has latched (the daemon must be restarted).", gauge),
       {}, manager_->device_faults().status().ok() ? 0 : 1);
-  return out.Take();
+  std::vector<MetricFamily> families = out.Take();
+  for (MetricFamily& family : ProcessFamilies()) families.push_back(std::move(family));
+  return families;
 }
 
 }  // namespace kvcache

@@ -1,14 +1,19 @@
-// Every binary's --help lists its own flags with their defaults: a new user's first contact.
+// Every binary's --help lists its own flags with their defaults: a new user's first contact. And
+// every binary's --version says which release it is (project(VERSION) in CMakeLists.txt), where
+// Abseil's default printed only "Debug build (NDEBUG not #defined)".
 // (Abseil's default lists only flags of a file named after the program; ours are in *_main.cc,
 // so --help used to print "No flags matched"; common/command_line.h.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -23,13 +28,12 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Everything `binary --help` prints on stdout, and checks it exits as Abseil's --help does.
-std::string HelpOf(const std::string& binary) {
+// Everything `binary FLAG` prints on stdout, and checks it exits as Abseil's --help does.
+std::string HelpOf(const std::string& binary, const std::string& flag = "--help") {
   const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
   EXPECT_NE(bin_dir, nullptr);
   if (bin_dir == nullptr) return "";
-  absl::StatusOr<Subprocess> child =
-      Subprocess::Start({std::string(bin_dir) + "/" + binary, "--help"});
+  absl::StatusOr<Subprocess> child = Subprocess::Start({std::string(bin_dir) + "/" + binary, flag});
   EXPECT_OK(child);
   if (!child.ok()) return "";
   std::string text;
@@ -127,6 +131,18 @@ TEST(HelpTest, ClientToolsListTheCredentialFlags) {
                     HasSubstr("-tls_cert"), HasSubstr("-tls_key"), HasSubstr("-tls_server_name"),
                     HasSubstr("-tenant"), HasSubstr("empty: the tenant of this caller's identity")))
         << binary;
+  }
+}
+
+TEST(VersionTest, EveryBinaryPrintsItsNameAndTheProjectVersion) {
+  for (const char* binary :
+       {"kvcache-manager", "kvcache-worker", "kvcache-pd", "kvcache-demo", "kvcachectl"}) {
+    const std::string version = HelpOf(binary, "--version");
+    // "NAME 0.1.0", then " (REVISION)" when built in a git checkout.
+    EXPECT_TRUE(absl::StartsWith(version, absl::StrCat(binary, " ", KVCACHE_PROJECT_VERSION)))
+        << binary << ": " << version;
+    EXPECT_EQ(std::count(version.begin(), version.end(), '\n'), 1) << version;
+    EXPECT_THAT(version, Not(HasSubstr("build"))) << binary;
   }
 }
 

@@ -1,8 +1,10 @@
-"""kvcachectl against a real kvcache-manager: every command as a table and as JSON, the values
+"""kvcachectl against a real kvcache-manager: every command as a table, JSON and YAML, the values
 checked against a workload driven by kvcache-test-client, the events stream's resume points, and
-the exit codes scripts branch on.
+the exit codes scripts branch on, failing at once with the reason when no daemon answers, --watch,
+--no-headers and version.
 
-Needs KVCACHE_BIN_DIR (kvcache-manager, kvcache-test-client, kvcachectl). Standard library only.
+Needs KVCACHE_BIN_DIR (kvcache-manager, kvcache-test-client, kvcachectl). Standard library only,
+and PyYAML where present.
 Every wait is bounded; the bounds are generous so a loaded machine does not fail the test.
 """
 
@@ -11,12 +13,18 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
+
+try:
+    import yaml  # Debian's python3-yaml; the YAML cases skip without it
+except ImportError:
+    yaml = None
 
 BIN_DIR = os.environ.get("KVCACHE_BIN_DIR", "")
 POOL_BLOCKS = 64
@@ -389,17 +397,142 @@ class KvcachectlTest(unittest.TestCase):
                             (["lookup", "--pool", "default"], "1 2 x"),
                             (["lookup", "--pool", "default", "--tokens_file",
                               os.path.join(self.directory.name, "missing")], None),
-                            (["lookup"], "1 2 3")]:
+                            (["lookup"], "1 2 3"),
+                            (["health", "--watch"], None),  # not a read command that repeats
+                            (["pools", "--count", "2"], None),  # --count without --watch
+                            (["-o", "xml", "pools"], None),
+                            (["--json", "-o", "yaml", "pools"], None)]:
             done = ctl(self.target, *args, stdin=stdin)
             self.assertEqual(done.returncode, 2, "%s: %s" % (args, done.stderr))
             self.assertTrue(done.stderr.startswith("kvcachectl: "), done.stderr)
 
-    def test_no_daemon_exits_3(self):
+    def test_no_daemon_exits_3_at_once_with_the_reason(self):
+        """The three commonest mistakes (no socket, a stale one, another uid's) and a closed TCP
+        port each fail in well under the 5 s --timeout, naming the cause."""
         missing = "unix://" + os.path.join(self.directory.name, "nobody.sock")
-        for command in ["pools", "stats", "health", "events"]:
-            done = ctl(missing, "--timeout", "1s", command)
-            self.assertEqual(done.returncode, 3, "%s: %s" % (command, done.stderr))
-            self.assertIn("UNAVAILABLE", done.stderr)
+        stale_path = os.path.join(self.directory.name, "stale.sock")
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(stale_path)  # bound, never listening: what a killed daemon leaves behind
+        not_socket = os.path.join(self.directory.name, "not-a-socket")
+        with open(not_socket, "w") as file:
+            file.write("x")
+        tcp = socket.socket()
+        tcp.bind(("127.0.0.1", 0))
+        closed_port = "127.0.0.1:%d" % tcp.getsockname()[1]
+        tcp.close()
+        cases = [(missing, "NOT_FOUND: no such socket: " + missing[len("unix://"):]),
+                 ("unix://" + stale_path, "UNAVAILABLE: connection refused: " + stale_path),
+                 ("unix://" + not_socket, "FAILED_PRECONDITION: not a socket"),
+                 (closed_port, "UNAVAILABLE: cannot connect to the kvcache daemon at " +
+                  closed_port)]
+        try:
+            for target, reason in cases:
+                for command in ["pools", "stats", "health", "events"]:
+                    started = time.monotonic()
+                    done = ctl(target, command)
+                    elapsed = time.monotonic() - started
+                    self.assertEqual(done.returncode, 3, "%s: %s" % (command, done.stderr))
+                    self.assertIn(reason, done.stderr)
+                    self.assertLess(elapsed, 2.5, "%s %s took %.1fs" % (target, command, elapsed))
+        finally:
+            stale.close()
+
+    def test_permission_denied_exits_3_at_once(self):
+        """A socket the caller may not open: as root, kvcachectl runs as nobody."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run kvcachectl as another uid")
+        private = tempfile.mkdtemp(prefix="private.", dir=self.directory.name)
+        os.chmod(private, 0o700)
+        path = os.path.join(private, "kv.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        try:
+            def as_nobody():
+                os.setgid(65534)
+                os.setuid(65534)
+            started = time.monotonic()
+            done = subprocess.run([binary("kvcachectl"), "--target", "unix://" + path, "pools"],
+                                  capture_output=True, text=True, timeout=COMMAND_BOUND,
+                                  preexec_fn=as_nobody)
+            if "Permission denied" in done.stderr and "exec" in done.stderr:
+                self.skipTest("nobody cannot run the build's binaries")
+            self.assertEqual(done.returncode, 3, done.stderr)
+            self.assertIn("PERMISSION_DENIED: permission denied: " + path, done.stderr)
+            self.assertLess(time.monotonic() - started, 2.5)
+        finally:
+            listener.close()
+
+    def test_version(self):
+        """No daemon needed: the client's version, as text, JSON and YAML."""
+        nowhere = "unix://" + os.path.join(self.directory.name, "nobody.sock")
+        version_re = r"^kvcachectl \d+\.\d+\.\d+( \(\S+\))?\n$"
+        self.assertRegex(ctl(nowhere, "version").stdout, version_re)
+        flag = ctl(nowhere, "--version")
+        self.assertEqual(flag.returncode, 0, flag.stderr)
+        self.assertRegex(flag.stdout, version_re)
+        document = json.loads(ctl(nowhere, "-o", "json", "version").stdout)
+        self.assertEqual(list(document), ["client"])
+        self.assertRegex(document["client"]["version"], r"^\d+\.\d+\.\d+$")
+        if yaml is not None:
+            self.assertEqual(yaml.safe_load(ctl(nowhere, "-o", "yaml", "version").stdout),
+                             document)
+
+    def test_yaml_is_the_json_document(self):
+        if yaml is None:
+            self.skipTest("no PyYAML")
+        for args in [["pools"], ["stats"], ["stats", "--pool", "tiered"], ["health"],
+                     ["lookup", "--pool", "default"]]:
+            stdin = " ".join(map(str, tokens(PROMPT_A_FIRST, PROMPT_A_TOKENS)))
+            as_json = json.loads(self.run_ok("-o", "json", *args, stdin=stdin).stdout)
+            as_yaml = self.run_ok("-o=yaml", *args, stdin=stdin).stdout
+            sys.stderr.write("\n$ kvcachectl -o yaml %s\n%s" % (" ".join(args), as_yaml))
+            self.assertEqual(yaml.safe_load(as_yaml), as_json, args)
+        events = self.run_ok("-o", "yaml", "events", "--limit", "2").stdout
+        self.assertEqual(list(yaml.safe_load_all(events)),
+                         json_lines(self.run_ok("--json", "events", "--limit", "2").stdout))
+
+    def test_no_headers(self):
+        for command in ["pools", "sessions"]:
+            with_headers = self.table(command)
+            self.assertEqual(self.table("--no-headers", command)[0], with_headers[1])
+        stats = self.table("--no-headers", "stats")
+        self.assertEqual(stats[0][0], "default")
+        self.assertNotIn("sessions:", [row[0] for row in stats if row] + sum(stats, []))
+        events = self.table("--no-headers", "events", "--limit", "1")
+        self.assertEqual(events[0][:3], ["0", events[0][1], "AllBlocksCleared"])
+
+    def test_watch_runs_again_every_interval(self):
+        started = time.monotonic()
+        out = self.run_ok("stats", "--watch", "0.3", "--count", "3").stdout
+        self.assertGreaterEqual(time.monotonic() - started, 0.6)
+        self.assertEqual(out.count("POOL "), 3, out)
+        self.assertEqual(out.count("\n\nPOOL "), 2, out)  # a blank line between runs
+
+        decoder = json.JSONDecoder()
+        text = self.run_ok("-o", "json", "pools", "--watch=0.1", "--count", "2").stdout
+        first, end = decoder.raw_decode(text)
+        second, _ = decoder.raw_decode(text[end:].lstrip())
+        self.assertEqual([p["name"] for p in second["pools"]], [p["name"] for p in first["pools"]])
+        if yaml is not None:
+            documents = list(yaml.safe_load_all(self.run_ok(
+                "-o", "yaml", "sessions", "--watch", "0.1", "--count", "2").stdout))
+            self.assertEqual(len(documents), 2)
+
+        # Until ^C, which ends it at once with exit 0.
+        process = subprocess.Popen([binary("kvcachectl"), "--target", self.target, "pools",
+                                    "--watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        try:
+            self.assertTrue(process.stdout.readline().startswith("NAME"))
+            process.send_signal(signal.SIGINT)
+            self.assertEqual(process.wait(timeout=COMMAND_BOUND), 0)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+            process.stderr.close()
 
 
 class KvcachectlRestartTest(unittest.TestCase):

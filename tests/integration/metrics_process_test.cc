@@ -1,7 +1,8 @@
 // Prometheus /metrics of a real kvcache-manager process, scraped over HTTP while client processes
 // work against it: prefix-cache hits and queries, resurrections, evictions and their residency,
 // bytes put and got, sessions closed and expired (a client killed), RPCs by method and code; and
-// the exposition passes `promtool check metrics`.
+// kvcache_build_info and the process_* families; and the exposition passes `promtool check
+// metrics`.
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -101,6 +102,16 @@ TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExpos
   EXPECT_EQ(Sample(before, R"(kvcache_disk_tier_restored_records{pool="tiered"})"), 0);
   EXPECT_EQ(Sample(before, R"(kvcache_disk_tier_write_errors_total{pool="tiered"})"), 0);
   EXPECT_EQ(Sample(before, R"(kvcache_tier_load_seconds_count{pool="tiered",tier="disk"})"), 0);
+  // The version, and the process families every Prometheus client library exports.
+  EXPECT_TRUE(absl::StrContains(
+      before, "kvcache_build_info{version=\"" KVCACHE_PROJECT_VERSION "\",revision=\""))
+      << before;
+  EXPECT_GT(Sample(before, "process_start_time_seconds"), 1.7e9);
+  EXPECT_GT(Sample(before, "process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GE(Sample(before, "process_virtual_memory_bytes"), 1 << 20);
+  EXPECT_GE(Sample(before, "process_cpu_seconds_total"), 0);
+  EXPECT_GE(Sample(before, "process_open_fds"), 3);
+  EXPECT_GE(Sample(before, "process_max_fds"), 3);
 
   // Two full blocks computed, then hit: 32 of the second prompt's 40 tokens, both resurrected.
   RunClient({"compute-and-commit", "default", "40", "1000"});
