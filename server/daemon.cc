@@ -273,6 +273,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   } else {
     daemon->address_ = bound_tcp_address;
   }
+  if (!tcp_address.empty() && options.tls.cert_file.empty()) {
+    daemon->plaintext_tcp_address_ = bound_tcp_address;
+  }
   // Installed after serving started: a fault latched before this runs the listener right here.
   Daemon* raw = daemon.get();
   daemon->manager_->device_faults().SetListener(

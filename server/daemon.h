@@ -112,6 +112,9 @@ class Daemon {
   const std::string& address() const { return address_; }
   // "HOST:PORT" of tcp_listen next to a Unix socket; empty without one.
   const std::string& tcp_address() const { return tcp_address_; }
+  // "HOST:PORT" of the TCP listener, --listen's or tcp_listen's, when it serves without TLS
+  // (allow_insecure_tcp); empty when there is none or it is TLS.
+  const std::string& plaintext_tcp_address() const { return plaintext_tcp_address_; }
   // "HOST:PORT" of the health-only port; empty without one.
   const std::string& health_address() const { return health_address_; }
   // "HOST:PORT" of /metrics; empty without it.
@@ -140,6 +143,7 @@ class Daemon {
 
   std::string address_;
   std::string tcp_address_;
+  std::string plaintext_tcp_address_;
   std::string health_address_;
   std::string metrics_address_;
   std::string socket_path_;  // empty for TCP
