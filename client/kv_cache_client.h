@@ -251,7 +251,7 @@ class KvCacheClient {
     uint64_t prompt_tokens = 0;  // tokens asked for by OpenSequence
     uint64_t hit_tokens = 0;     // of those, served from the cache
     uint64_t hit_blocks = 0;
-    uint64_t resurrected_blocks = 0;  // hits on evictable blocks
+    uint64_t resurrected_blocks = 0;  // of OpenSequence's hit blocks, those soft-freed (evictable)
     uint64_t miss_blocks = 0;         // freshly allocated blocks
     uint64_t evictions = 0;
     uint64_t published_blocks = 0;
