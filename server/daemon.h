@@ -22,7 +22,6 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
-#include <prometheus/exposer.h>
 
 #include <functional>
 #include <memory>
@@ -41,6 +40,7 @@
 #include "server/call_limits.h"
 #include "server/kv_cache_service.h"
 #include "server/metrics.h"
+#include "server/metrics_http_server.h"
 #include "server/rpc_metrics.h"
 #include "server/stream_leases.h"
 #include "server/unix_listener.h"
@@ -168,7 +168,7 @@ class Daemon {
   // With metrics_listen: the per-call accounting (an interceptor of server_) and the exposition.
   std::unique_ptr<RpcMetrics> rpc_metrics_;
   std::shared_ptr<DaemonMetrics> metrics_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> metrics_server_;
   std::unique_ptr<ZmqEventPublisher> zmq_publisher_;
   std::unique_ptr<grpc::Server> server_;
   // Answers every call but health's on the health-only port UNIMPLEMENTED; gRPC also needs a
