@@ -45,13 +45,13 @@ BlockId BlockPool::FindVerified(const BlockIdentity& expected,
   return block;
 }
 
-void BlockPool::Acquire(BlockId block) {
+void BlockPool::Acquire(BlockId block, bool prefix_hit) {
   BlockMeta& meta = blocks_[block];
   assert(meta.state != State::kFree);
   if (meta.state == State::kEvictable) {
     LruRemove(block);
     meta.state = State::kReferenced;
-    ++counters_.resurrections;
+    if (prefix_hit) ++counters_.resurrections;
   }
   if (meta.offload_pinned) meta.used_while_pinned = true;
   ++meta.ref_count;

@@ -56,6 +56,7 @@ struct BlockPoolCounters {
   // tier below (BlockPool::PinForOffload): nothing was lost. Descendants unpublished with a
   // victim are not counted here.
   uint64_t evicted_offloaded = 0;
+  // Prefix hits of prompts to compute on evictable blocks (a subset of the pool's hit blocks).
   uint64_t resurrections = 0;
   uint64_t published = 0;
   uint64_t duplicates = 0;
@@ -102,9 +103,11 @@ class BlockPool {
     meta.has_checksum = true;
   }
 
-  // ref+1; an evictable block is resurrected (taken off the LRU in O(1)).
+  // ref+1; an evictable block is resurrected (taken off the LRU in O(1)). `prefix_hit`: the pin
+  // is a hit of a prompt to compute, and resurrecting counts in counters().resurrections (reads
+  // and puts that pin soft-freed blocks are no hits, so their pins count nowhere).
   // REQUIRES: `block` is referenced or evictable.
-  void Acquire(BlockId block);
+  void Acquire(BlockId block, bool prefix_hit);
   // A block with ref 1 and no hash: the free list's, else the LRU front's after dropping its hash
   // and its descendants' (then *removed, when given, gets every hash that left the index, the
   // evicted block's first). Returns kNoBlock when every block is referenced; callers check

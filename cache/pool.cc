@@ -124,7 +124,7 @@ absl::Status Pool::ReserveLocked(uint32_t tenant, size_t new_blocks, uint32_t ne
   return quotas_->TryAcquire(usage.name, QuotaResource::kOpenSequences, new_sequences);
 }
 
-void Pool::AcquireLocked(BlockId block, uint32_t tenant) {
+void Pool::AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit) {
   const absl::Time now = clock_->Now();
   residency_.reuse_gap.Observe(absl::ToDoubleSeconds(now - last_access_[block]));
   last_access_[block] = now;
@@ -132,9 +132,9 @@ void Pool::AcquireLocked(BlockId block, uint32_t tenant) {
   if (pool_.RefCount(block) == (pool_.IsOffloadPinned(block) ? 1u : 0u)) {
     block_tenant_[block] = tenant;
     ++tenants_[tenant].referenced;
-    if (pool_.IsEvictable(block)) ++tenants_[tenant].counters.resurrections;
+    if (prefix_hit && pool_.IsEvictable(block)) ++tenants_[tenant].counters.resurrections;
   }
-  pool_.Acquire(block);
+  pool_.Acquire(block, prefix_hit);
 }
 
 BlockId Pool::AllocateLocked(uint32_t tenant) {
@@ -449,7 +449,8 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     // Hits on evictable blocks become the tenant's referenced blocks too.
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - num_hits + evictable_hits, 1));
     for (BlockId block : hits) {
-      AcquireLocked(block, sequence->tenant);
+      // Only a compute open's hits count as hits (FinishOpenLocked), and so as resurrections.
+      AcquireLocked(block, sequence->tenant, /*prefix_hit=*/mode == OpenMode::kCompute);
       // A hit after the block went down to tier 2: its record there is reused too (once).
       if (!pool_.IsReused(block) && pool_.IsOffloaded(block)) {
         tiers_->MarkReused(pool_.IdentityOf(block).hash);
@@ -681,15 +682,15 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
     RETURN_IF_ERROR(ReserveLocked(parent->tenant, has_partial ? 1 : 0, 1));
     auto child = std::make_unique<Sequence>(*parent);
     child->blocks.resize(full_blocks);
-    for (BlockId block : child->blocks) AcquireLocked(block, child->tenant);
+    for (BlockId block : child->blocks) AcquireLocked(block, child->tenant, /*prefix_hit=*/false);
     if (has_partial) {
       // The source stays pinned until its bytes are copied, even if the parent is released.
       forked.copied_from_block = parent->blocks.back();
-      AcquireLocked(forked.copied_from_block, child->tenant);
+      AcquireLocked(forked.copied_from_block, child->tenant, /*prefix_hit=*/false);
       copy_dst = AllocateLocked(child->tenant);
       // And the destination until its bytes land: if the session ends during the copy, the
       // child's release must not free it for another sequence to be handed mid-copy (issue 17).
-      pool_.Acquire(copy_dst);
+      pool_.Acquire(copy_dst, /*prefix_hit=*/false);
       child->blocks.push_back(copy_dst);
       ReportEvictionsLocked();
     }

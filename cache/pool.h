@@ -336,8 +336,10 @@ class Pool final : private OffloadSource {
   // max_referenced_blocks; then the open-sequence quota for `new_sequences` is taken.
   absl::Status ReserveLocked(uint32_t tenant, size_t new_blocks, uint32_t new_sequences)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // BlockPool's Acquire / AllocateFresh / Release, keeping each tenant's referenced count.
-  void AcquireLocked(BlockId block, uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BlockPool's Acquire / AllocateFresh / Release, keeping each tenant's referenced count (and
+  // with `prefix_hit`, its resurrections).
+  void AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockId AllocateLocked(uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseBlockLocked(BlockId block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports the hashes evicted since the last call as one BlocksRemoved batch.

@@ -22,6 +22,9 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM file of --tls_cert's private key");
 ABSL_FLAG(std::string, tls_server_name, "",
           "the name the daemon's certificate must carry, when it differs from the target's host");
+ABSL_FLAG(bool, allow_plaintext_token, false,
+          "send the bearer token over plaintext TCP to a host other than loopback (a trusted "
+          "network only: anyone on the path can read it); without it such a target needs --tls");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the bearer token sent with every call (trailing whitespace trimmed); "
           "empty: $KVCACHE_TOKEN if set. The token itself never goes on the command line");
@@ -56,6 +59,8 @@ absl::StatusOr<ClientOptions> ClientOptionsFromFlags(ClientOptions base) {
     ASSIGN_OR_RETURN(base.bearer_token,
                      TokenFrom(token, absl::StrCat("$", kTokenEnvironmentVariable)));
   }
+
+  if (absl::GetFlag(FLAGS_allow_plaintext_token)) base.allow_plaintext_token = true;
 
   ClientTlsOptions tls{.enabled = absl::GetFlag(FLAGS_tls),
                        .ca_file = absl::GetFlag(FLAGS_tls_ca),

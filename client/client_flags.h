@@ -1,6 +1,7 @@
 // The command-line flags every kvcache tool (kvcache-demo, kvcache-worker, kvcache-pd) shares to
 // say how it reaches a daemon with an identity: TLS (--tls, --tls_ca, --tls_cert, --tls_key,
-// --tls_server_name) and a bearer token (--token_file, or $KVCACHE_TOKEN). The token itself never
+// --tls_server_name) and a bearer token (--token_file, or $KVCACHE_TOKEN; over plaintext TCP to
+// a host other than loopback only with --allow_plaintext_token). The token itself never
 // goes on the command line, where `ps` would show it to every user of the machine.
 //
 // A binary gets these flags by calling ClientOptionsFromFlags (the linker keeps this file's
@@ -23,6 +24,7 @@ ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, tls_server_name);
 ABSL_DECLARE_FLAG(std::string, token_file);
+ABSL_DECLARE_FLAG(bool, allow_plaintext_token);
 
 namespace kvcache {
 
@@ -33,6 +35,7 @@ inline constexpr char kTokenEnvironmentVariable[] = "KVCACHE_TOKEN";
 // - TLS is on with --tls or any other --tls_* flag; the files are PEM paths, read by Connect.
 // - The token is --token_file's contents, else $KVCACHE_TOKEN's value when set and not empty,
 //   trailing whitespace (a final newline) trimmed in both cases.
+// - --allow_plaintext_token sets allow_plaintext_token (Connect checks the target).
 // Settings the flags leave unset keep `base`'s. INVALID_ARGUMENT, naming the file or variable
 // but never the token, when the token file cannot be read, the token is empty, or it holds
 // characters a header cannot carry (only visible ASCII, no spaces); also for --tls_cert

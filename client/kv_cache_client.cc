@@ -1,9 +1,11 @@
 #include "client/kv_cache_client.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/channel.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <utility>
@@ -11,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "client/proto_convert.h"
 #include "client/read_file.h"
 #include "common/rpc/grpc_status.h"
@@ -92,7 +95,55 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
   return credentials;
 }
 
+// The host of a gRPC TCP target ("dns:///h:p", "dns:h:p", "ipv4:h:p", "ipv6:[h]:p", "[h]:p",
+// "h:p", "h"), brackets removed.
+absl::string_view TargetHost(absl::string_view target) {
+  for (absl::string_view scheme : {"dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&target, scheme)) break;
+  }
+  if (absl::ConsumePrefix(&target, "//")) {  // an authority ("dns://8.8.8.8/host:port")
+    const size_t slash = target.find('/');
+    target = slash == absl::string_view::npos ? "" : target.substr(slash + 1);
+  }
+  if (absl::ConsumePrefix(&target, "[")) return target.substr(0, target.find(']'));
+  // One colon: host:port; more: a bare IPv6 address, kept whole.
+  const size_t colon = target.find(':');
+  if (colon != absl::string_view::npos && target.find(':', colon + 1) == absl::string_view::npos) {
+    return target.substr(0, colon);
+  }
+  return target;
+}
+
+// A plaintext TCP channel shows the token to everyone on the path; loopback never leaves the
+// machine. INVALID_ARGUMENT (naming the target and the option, never the token) otherwise.
+absl::Status CheckTokenTransport(const std::string& target, const ClientOptions& options) {
+  if (options.bearer_token.empty() || options.tls.enabled || options.allow_plaintext_token ||
+      IsUnixTarget(target) || IsLoopbackTarget(target)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "refusing to send the bearer token over plaintext TCP to ", target,
+      ", which is not a loopback address: use TLS (--tls), or allow it on a trusted network "
+      "with --allow_plaintext_token (ClientOptions::allow_plaintext_token)"));
+}
+
 }  // namespace
+
+bool IsLoopbackTarget(absl::string_view target) {
+  if (IsUnixTarget(target)) return false;
+  const std::string host(TargetHost(target));
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  in_addr ipv4{};
+  if (inet_pton(AF_INET, host.c_str(), &ipv4) == 1) {
+    return (ntohl(ipv4.s_addr) >> 24) == 127;
+  }
+  in6_addr ipv6{};
+  if (inet_pton(AF_INET6, host.c_str(), &ipv6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&ipv6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&ipv6) && ipv6.s6_addr[12] == 127;
+  }
+  return false;
+}
 
 absl::Status CheckBearerToken(absl::string_view token) {
   // gRPC sends a header value only if it is printable ASCII, and aborts the process on another.
@@ -110,6 +161,7 @@ absl::Status CheckBearerToken(absl::string_view token) {
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateDaemonChannel(const std::string& target,
                                                                    const ClientOptions& options) {
   RETURN_IF_ERROR(CheckBearerToken(options.bearer_token));
+  RETURN_IF_ERROR(CheckTokenTransport(target, options));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);

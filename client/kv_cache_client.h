@@ -20,7 +20,8 @@
 //
 // Error codes are the daemon's, unchanged (see proto/kvcache/v1/kvcache.proto); the client adds
 // INVALID_ARGUMENT when Connect is given unusable options (an unreadable TLS file, TLS for a
-// unix:// target, a token that cannot go in a header), UNAVAILABLE when Connect cannot reach the
+// unix:// target, a token that cannot go in a header or would go over plaintext TCP to a host
+// other than loopback), UNAVAILABLE when Connect cannot reach the
 // daemon (a failed TLS handshake included), DEADLINE_EXCEEDED when a call outlives
 // rpc_timeout, ALREADY_EXISTS when OpenSession is called while a healthy session is open, and
 // for the block data calls FAILED_PRECONDITION without an open session, INVALID_ARGUMENT for a
@@ -93,7 +94,11 @@ struct ClientOptions {
   // When not empty, every call carries `authorization: Bearer <bearer_token>`, which the daemon
   // maps to this caller's identity. Visible ASCII only (no spaces): Connect refuses anything else
   // with INVALID_ARGUMENT. The client never puts the token in an error or a log.
+  // Over plaintext TCP (no tls) anyone on the path can read the token, so Connect refuses to
+  // send it to a host other than loopback (127.0.0.0/8, ::1, localhost) with INVALID_ARGUMENT
+  // unless allow_plaintext_token is set. Unix sockets and TLS channels are unaffected.
   std::string bearer_token;
+  bool allow_plaintext_token = false;
   ClientTlsOptions tls;
   // Runs once per detected restart. `new_epoch` is 0 when the daemon only said FAILED_PRECONDITION
   // (an error carries no response body, so its epoch is unknown).
@@ -105,6 +110,11 @@ struct ClientOptions {
 // OK when `token` can go in ClientOptions::bearer_token: visible ASCII, no spaces (what a gRPC
 // header value and RFC 6750 allow). INVALID_ARGUMENT otherwise, quoting nothing of the token.
 absl::Status CheckBearerToken(absl::string_view token);
+
+// Whether `target` is a gRPC target whose host is a loopback address: 127.0.0.0/8, ::1 (or
+// ::ffff:127.x.x.x) or "localhost", with or without a dns:, ipv4: or ipv6: scheme and a port.
+// False for Unix sockets and for anything it cannot parse.
+bool IsLoopbackTarget(absl::string_view target);
 
 // One WatchEvents stream (see the proto): Next blocks for the next response. Resume a broken
 // watch with a new one from the last response's next_sequence and epoch.
@@ -241,7 +251,7 @@ class KvCacheClient {
     uint64_t prompt_tokens = 0;  // tokens asked for by OpenSequence
     uint64_t hit_tokens = 0;     // of those, served from the cache
     uint64_t hit_blocks = 0;
-    uint64_t resurrected_blocks = 0;  // hits on evictable blocks
+    uint64_t resurrected_blocks = 0;  // of OpenSequence's hit blocks, those soft-freed (evictable)
     uint64_t miss_blocks = 0;         // freshly allocated blocks
     uint64_t evictions = 0;
     uint64_t published_blocks = 0;

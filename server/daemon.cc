@@ -227,19 +227,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         [raw]() -> uint64_t {
           return raw->zmq_publisher_ == nullptr ? 0 : raw->zmq_publisher_->published();
         });
-    try {
-      daemon->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
-    } catch (const std::exception& error) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", error.what()));
-    }
-    daemon->exposer_->RegisterCollectable(daemon->metrics_);
-    const std::vector<int> ports = daemon->exposer_->GetListeningPorts();
-    const size_t colon = options.metrics_listen.rfind(':');
-    daemon->metrics_address_ =
-        ports.empty() || colon == std::string::npos
-            ? options.metrics_listen
-            : absl::StrCat(options.metrics_listen.substr(0, colon + 1), ports[0]);
+    ASSIGN_OR_RETURN(daemon->metrics_server_,
+                     MetricsHttpServer::Start(options.metrics_listen, daemon->metrics_));
+    daemon->metrics_address_ = daemon->metrics_server_->address();
   }
   if (options.testing_interceptors) {
     for (auto& interceptor : options.testing_interceptors()) {
@@ -272,6 +262,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     daemon->unix_listener_->Serve(daemon->server_.get());
   } else {
     daemon->address_ = bound_tcp_address;
+  }
+  if (!tcp_address.empty() && options.tls.cert_file.empty()) {
+    daemon->plaintext_tcp_address_ = bound_tcp_address;
   }
   // Installed after serving started: a fault latched before this runs the listener right here.
   Daemon* raw = daemon.get();
@@ -310,7 +303,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     absl::MutexLock lock(&health_mu_);
     health_ = nullptr;
   }
-  exposer_.reset();
+  metrics_server_.reset();
   if (zmq_publisher_ != nullptr) zmq_publisher_->Stop();
   service_->StopWatchers();
   if (unix_listener_ != nullptr) unix_listener_->Stop();

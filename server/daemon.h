@@ -22,7 +22,6 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
-#include <prometheus/exposer.h>
 
 #include <functional>
 #include <memory>
@@ -41,6 +40,7 @@
 #include "server/call_limits.h"
 #include "server/kv_cache_service.h"
 #include "server/metrics.h"
+#include "server/metrics_http_server.h"
 #include "server/rpc_metrics.h"
 #include "server/stream_leases.h"
 #include "server/unix_listener.h"
@@ -112,6 +112,9 @@ class Daemon {
   const std::string& address() const { return address_; }
   // "HOST:PORT" of tcp_listen next to a Unix socket; empty without one.
   const std::string& tcp_address() const { return tcp_address_; }
+  // "HOST:PORT" of the TCP listener, --listen's or tcp_listen's, when it serves without TLS
+  // (allow_insecure_tcp); empty when there is none or it is TLS.
+  const std::string& plaintext_tcp_address() const { return plaintext_tcp_address_; }
   // "HOST:PORT" of the health-only port; empty without one.
   const std::string& health_address() const { return health_address_; }
   // "HOST:PORT" of /metrics; empty without it.
@@ -140,6 +143,7 @@ class Daemon {
 
   std::string address_;
   std::string tcp_address_;
+  std::string plaintext_tcp_address_;
   std::string health_address_;
   std::string metrics_address_;
   std::string socket_path_;  // empty for TCP
@@ -164,7 +168,7 @@ class Daemon {
   // With metrics_listen: the per-call accounting (an interceptor of server_) and the exposition.
   std::unique_ptr<RpcMetrics> rpc_metrics_;
   std::shared_ptr<DaemonMetrics> metrics_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> metrics_server_;
   std::unique_ptr<ZmqEventPublisher> zmq_publisher_;
   std::unique_ptr<grpc::Server> server_;
   // Answers every call but health's on the health-only port UNIMPLEMENTED; gRPC also needs a

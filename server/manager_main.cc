@@ -307,11 +307,11 @@ void PrintStartup(Daemon& daemon, const DaemonOptions& options) {
   if (options.identities_path.empty()) {
     std::printf("  no --identities: every caller is tenant 'default', role worker\n");
   }
-  if (!absl::StartsWith(options.listen, "unix://") && options.tls.cert_file.empty()) {
+  if (!daemon.plaintext_tcp_address().empty()) {
     std::printf(
         "  WARNING: plaintext TCP (--insecure): anyone who reaches %s can read and write "
         "this cache's prompts' KV\n",
-        daemon.address().c_str());
+        daemon.plaintext_tcp_address().c_str());
   }
   std::fflush(stdout);
 }

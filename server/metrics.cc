@@ -102,7 +102,9 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       counter);
   const size_t resurrected = out.Family(
       "kvcache_resurrected_blocks_total",
-      "Hits on evictable blocks: soft-freed KV brought back before it was reused.", counter);
+      "Of the hit blocks, those found soft-freed (evictable): KV brought back before it was "
+      "reused.",
+      counter);
   const size_t published =
       out.Family("kvcache_published_blocks_total", "Blocks added to the prefix index.", counter);
   const size_t duplicates = out.Family(

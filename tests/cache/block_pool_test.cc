@@ -49,7 +49,7 @@ TEST_F(BlockPoolTest, AcquireResurrectsFromTheMiddleOfTheLru) {
     ASSERT_TRUE(pool_.Publish(blocks.back(), Identity(i), tokens_));
   }
   for (BlockId block : blocks) pool_.Release(block);
-  pool_.Acquire(blocks[1]);
+  pool_.Acquire(blocks[1], /*prefix_hit=*/true);
   EXPECT_EQ(pool_.num_evictable(), 2);
   EXPECT_EQ(pool_.RefCount(blocks[1]), 1);
   EXPECT_EQ(pool_.counters().resurrections, 1);
@@ -70,7 +70,7 @@ TEST_F(BlockPoolTest, UnpublishedBlockGoesStraightToTheFreeList) {
 TEST_F(BlockPoolTest, SharedBlockStaysReferencedUntilTheLastRelease) {
   const BlockId block = pool_.AllocateFresh();
   ASSERT_TRUE(pool_.Publish(block, Identity(1), tokens_));
-  pool_.Acquire(block);
+  pool_.Acquire(block, /*prefix_hit=*/true);
   pool_.Release(block);
   EXPECT_EQ(pool_.num_referenced(), 1);
   pool_.Release(block);
@@ -176,7 +176,7 @@ TEST_F(OffloadPinTest, PinnedBlockIsNotEvictedAndReturnsToItsPlace) {
 
 TEST_F(OffloadPinTest, BlockUsedDuringThePinGoesToTheBackWhenReleased) {
   pool_.PinForOffload(blocks_[0]);
-  pool_.Acquire(blocks_[0]);  // a hit while the mover copies it
+  pool_.Acquire(blocks_[0], /*prefix_hit=*/true);  // a hit while the mover copies it
   pool_.Release(blocks_[0]);
   EXPECT_FALSE(pool_.IsEvictable(blocks_[0]));  // still pinned
   pool_.UnpinOffloaded(blocks_[0], /*offloaded=*/true);

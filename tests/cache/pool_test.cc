@@ -128,6 +128,28 @@ TEST_F(PoolTest, ReleasedBlocksAreResurrectedByALaterHit) {
   EXPECT_EQ(cache_->Stats().hit_tokens, 12);
 }
 
+// Regression (issue 29, item 9): a GetBlocks read (or a put) of soft-freed blocks counted them as
+// resurrected though not as hit, so resurrections, documented as hits on evictable blocks,
+// outgrew the hits. Only a compute open's hits count, in both figures.
+TEST_F(PoolTest, ReadsAndPutsOfSoftFreedBlocksAreNeitherHitsNorResurrections) {
+  Compute(Tokens(100, 13));  // 3 full blocks, soft-freed
+  for (const OpenMode mode : {OpenMode::kPinCached, OpenMode::kPut}) {
+    auto pinned = cache_->Open(session_, SequenceSpec{Tokens(100, 12)}, mode);
+    ASSERT_OK(pinned);
+    EXPECT_EQ(pinned->num_cached_tokens, 12);
+    EXPECT_OK(cache_->Release(session_, pinned->sequence_id));
+  }
+  for (const PoolStatsSnapshot& stats : {cache_->Stats(), cache_->Stats("tenant-a")}) {
+    EXPECT_EQ(stats.hit_blocks, 0);
+    EXPECT_EQ(stats.pool.resurrections, 0);
+  }
+  Open(Tokens(100, 13));  // a compute open: 3 hits, all on soft-freed blocks
+  for (const PoolStatsSnapshot& stats : {cache_->Stats(), cache_->Stats("tenant-a")}) {
+    EXPECT_EQ(stats.hit_blocks, 3);
+    EXPECT_EQ(stats.pool.resurrections, 3);
+  }
+}
+
 TEST_F(PoolTest, EvictionIsTailFirstWithinASequence) {
   Compute(Tokens(100, 13));  // blocks 0..2 evictable, released tail first
   const OpenedSequence filler = Open(Tokens(500, 4 * 6));  // 5 free + 1 eviction

@@ -164,11 +164,12 @@ class Model {
     return hits;
   }
 
-  void Acquire(BlockId block, const std::string& tenant) {
+  // `prefix_hit`: a compute open's hit, the only pin that counts as a resurrection.
+  void Acquire(BlockId block, const std::string& tenant, bool prefix_hit) {
     MBlock& meta = blocks_[block];
     if (meta.ref == 0) {
       LruRemove(block);
-      ++counters_.resurrections;
+      if (prefix_hit) ++counters_.resurrections;
       meta.tenant = tenant;
     }
     ++meta.ref;
@@ -873,7 +874,9 @@ class Simulation {
             absl::StrJoin(opened->block_ids.begin(), opened->block_ids.begin() + tier1_hits, ","),
             " (and ", loaded, " from below), model says ", absl::StrJoin(model_hits, ",")));
       }
-      for (BlockId block : model_hits) model_->Acquire(block, session.tenant);
+      for (BlockId block : model_hits) {
+        model_->Acquire(block, session.tenant, mode == OpenMode::kCompute);
+      }
       for (size_t i = tier1_hits; i < total_blocks; ++i) {
         RETURN_IF_ERROR(model_->Allocate(opened->block_ids[i], session.tenant));
       }
@@ -1068,7 +1071,7 @@ class Simulation {
       return Fail("fork: wrong copy source");
     }
     if (model_) {
-      for (size_t i = 0; i < full; ++i) model_->Acquire(child.blocks[i], child.tenant);
+      for (size_t i = 0; i < full; ++i) model_->Acquire(child.blocks[i], child.tenant, false);
       if (has_partial) RETURN_IF_ERROR(model_->Allocate(forked->block_ids.back(), child.tenant));
     }
     if (has_partial) shadow_[forked->block_ids.back()].reset();

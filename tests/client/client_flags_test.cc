@@ -50,6 +50,14 @@ TEST_F(ClientFlagsTest, NoFlagsKeepTheBaseOptions) {
   ASSERT_OK(options);
   EXPECT_THAT(options->bearer_token, IsEmpty());
   EXPECT_FALSE(options->tls.enabled);
+  EXPECT_FALSE(options->allow_plaintext_token);
+}
+
+TEST_F(ClientFlagsTest, AllowPlaintextTokenSetsTheOption) {
+  absl::SetFlag(&FLAGS_allow_plaintext_token, true);
+  absl::StatusOr<ClientOptions> options = ClientOptionsFromFlags();
+  ASSERT_OK(options);
+  EXPECT_TRUE(options->allow_plaintext_token);
 }
 
 TEST_F(ClientFlagsTest, TokenFileIsReadWithItsTrailingWhitespaceTrimmed) {

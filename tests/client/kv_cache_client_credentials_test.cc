@@ -260,6 +260,50 @@ TEST_F(BearerTokenTest, ConnectRefusesTlsForAUnixTarget) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(IsLoopbackTargetTest, LoopbackHostsInEveryTargetForm) {
+  for (const char* target :
+       {"127.0.0.1:5000", "127.8.9.10:5000", "localhost:5000", "LOCALHOST", "[::1]:5000", "::1",
+        "dns:///localhost:5000", "dns:localhost:5000", "dns://8.8.8.8/127.0.0.1:5000",
+        "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "[::ffff:127.0.0.1]:5000"}) {
+    EXPECT_TRUE(IsLoopbackTarget(target)) << target;
+  }
+  for (const char* target :
+       {"192.0.2.1:5000", "10.0.0.1:5000", "128.0.0.1:5000", "example.com:5000",
+        "localhost.example.com:5000", "dns:///kvcache.local:5000", "[2001:db8::1]:5000",
+        "ipv4:192.0.2.1:5000", "unix:///tmp/kv.sock", "unix-abstract:kvcache", ""}) {
+    EXPECT_FALSE(IsLoopbackTarget(target)) << target;
+  }
+}
+
+// Regression (issue 29, item 6): the token went over plaintext TCP to any host.
+TEST(PlaintextTokenTest, ConnectRefusesATokenOverPlaintextTcpToANonLoopbackHost) {
+  // 192.0.2.0/24 is TEST-NET-1: nothing answers there.
+  for (const char* target : {"192.0.2.1:5000", "dns:///kvcache.example:5000"}) {
+    absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(
+        target, ClientOptions{.connect_timeout = absl::Milliseconds(100), .bearer_token = kToken});
+    EXPECT_THAT(client,
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(target), HasSubstr("plaintext"),
+                               HasSubstr("allow_plaintext_token"), Not(HasSubstr(kToken)))));
+  }
+}
+
+TEST(PlaintextTokenTest, TheRefusalCoversOnlyTokensOverPlaintextTcpToNonLoopbackHosts) {
+  const absl::Duration timeout = absl::Milliseconds(100);
+  // Allowed explicitly, or without a token: Connect gets as far as connecting.
+  ClientOptions allowed{.connect_timeout = timeout, .bearer_token = kToken};
+  allowed.allow_plaintext_token = true;
+  const ClientOptions anonymous{.connect_timeout = timeout};
+  for (const ClientOptions& options : {allowed, anonymous}) {
+    EXPECT_THAT(KvCacheClient::Connect("192.0.2.1:5000", options),
+                StatusIs(absl::StatusCode::kUnavailable));
+  }
+  // Loopback: nothing listens on port 1, but the token may go there.
+  EXPECT_THAT(KvCacheClient::Connect(
+                  "127.0.0.1:1", ClientOptions{.connect_timeout = timeout, .bearer_token = kToken}),
+              StatusIs(absl::StatusCode::kUnavailable));
+}
+
 // A TLS daemon on 127.0.0.1, with a test PKI made once for the suite.
 class TlsTest : public ::testing::Test {
  protected:

@@ -28,7 +28,10 @@ using ::kvcache::testing::DaemonProcessTest;
 using ::kvcache::testing::Prefix;
 using ::kvcache::testing::StatusIs;
 using ::kvcache::testing::Subprocess;
+using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
 
 TEST_F(DaemonProcessTest, CommittedPrefixIsSharedAcrossProcessesOnTheSameBlocks) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
@@ -117,6 +120,26 @@ TEST_F(DaemonProcessTest, SigtermExitsZeroAndRemovesTheSocket) {
   ASSERT_NO_FATAL_FAILURE(StopDaemon());
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(socket_path_)))
       << socket_path_ << " was left behind";
+}
+
+// Regression (issue 29, item 6): --tcp_listen with --insecure served plaintext TCP beside the
+// socket without the warning --listen HOST:PORT --insecure prints.
+TEST_F(DaemonProcessTest, PlaintextTcpListenPrintsTheWarning) {
+  extra_daemon_flags_ = {"--tcp_listen=127.0.0.1:0", "--insecure"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  absl::StatusOr<std::string> tcp = daemon_->ReadLineStartingWith("  also on TCP ", kStartBound);
+  ASSERT_OK(tcp);
+  const std::string tcp_address = tcp->substr(std::string("  also on TCP ").size());
+  observer_.reset();
+  ASSERT_OK(testing::StopManager(*daemon_, kStartBound));
+  // Everything the daemon printed after that line, up to its exit.
+  std::vector<std::string> lines;
+  for (absl::StatusOr<std::string> line = daemon_->ReadLine(kStartBound); line.ok();
+       line = daemon_->ReadLine(kStartBound)) {
+    lines.push_back(*line);
+  }
+  daemon_.reset();
+  EXPECT_THAT(lines, Contains(AllOf(HasSubstr("WARNING: plaintext TCP"), HasSubstr(tcp_address))));
 }
 
 // Graceful drain (issue 17): on SIGTERM health goes NOT_SERVING and new sessions are refused

@@ -12,6 +12,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -23,8 +25,8 @@
 namespace kvcache::testing {
 namespace {
 
-// GET http://127.0.0.1:PORT/metrics; the body, or "" on any failure.
-std::string Scrape(const std::string& host_port) {
+// GET http://127.0.0.1:PORT/metrics; the whole response, headers included, or "" on any failure.
+std::string ScrapeResponse(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port)) {
@@ -45,6 +47,12 @@ std::string Scrape(const std::string& host_port) {
     }
   }
   close(fd);
+  return response;
+}
+
+// GET http://127.0.0.1:PORT/metrics; the body, or "" on any failure.
+std::string Scrape(const std::string& host_port) {
+  const std::string response = ScrapeResponse(host_port);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
@@ -86,6 +94,19 @@ class MetricsProcessTest : public DaemonProcessTest {
 
   std::string metrics_address_;
 };
+
+// Regression (issue 29, item 9): the Content-Type left out the text format's version.
+TEST_F(MetricsProcessTest, TheContentTypeNamesTheTextFormatVersion) {
+  StartWithMetrics();
+  const std::string response = ScrapeResponse(metrics_address_);
+  const std::string head = response.substr(0, response.find("\r\n\r\n"));
+  EXPECT_TRUE(absl::StartsWith(head, "HTTP/1.1 200 OK\r\n")) << head;
+  const std::vector<std::string> headers = absl::StrSplit(head, "\r\n");
+  EXPECT_THAT(headers,
+              ::testing::Contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"))
+      << head;
+  EXPECT_THAT(response, ::testing::HasSubstr("kvcache_blocks_capacity{pool=\"default\"} "));
+}
 
 TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExposition) {
   StartWithMetrics();

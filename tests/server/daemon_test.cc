@@ -387,6 +387,7 @@ TEST_F(DaemonTcpListenTest, UnixSocketAndTcpServeOneDaemon) {
   EXPECT_EQ((*daemon)->address(), options_.listen);
   EXPECT_TRUE(absl::StartsWith((*daemon)->tcp_address(), "127.0.0.1:"));
   EXPECT_FALSE(absl::EndsWith((*daemon)->tcp_address(), ":0"));
+  EXPECT_EQ((*daemon)->plaintext_tcp_address(), (*daemon)->tcp_address());
   absl::StatusOr<uint64_t> unix_epoch = PingEpoch(options_.listen);
   absl::StatusOr<uint64_t> tcp_epoch = PingEpoch((*daemon)->tcp_address());
   ASSERT_OK(unix_epoch);

@@ -20,6 +20,7 @@ Thread safety: thread-safe; calls may come from any number of threads at once (g
 are). Sessions are independent of each other.
 """
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, Tuple
@@ -82,6 +83,53 @@ def _is_unix_target(target: str) -> bool:
     return target.startswith("unix:") or target.startswith("unix-abstract:")
 
 
+def _target_host(target: str) -> str:
+    """The host of a gRPC TCP target ("dns:///h:p", "dns:h:p", "ipv4:h:p", "ipv6:[h]:p",
+    "[h]:p", "h:p", "h"), brackets removed (as the C++ client's TargetHost)."""
+    for scheme in ("dns:", "ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            target = target[len(scheme):]
+            break
+    if target.startswith("//"):  # an authority ("dns://8.8.8.8/host:port")
+        _, slash, rest = target[2:].partition("/")
+        target = rest if slash else ""
+    if target.startswith("["):
+        return target[1:].partition("]")[0]
+    if target.count(":") == 1:
+        return target.partition(":")[0]
+    return target  # no port, or a bare IPv6 address
+
+
+def is_loopback_target(target: str) -> bool:
+    """Whether `target`'s host is loopback: 127.0.0.0/8, ::1 (or ::ffff:127.x.x.x) or
+    "localhost". False for Unix sockets and anything it cannot parse."""
+    if _is_unix_target(target):
+        return False
+    host = _target_host(target)
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _check_token_transport(target: str, tls: Optional[TlsOptions],
+                           allow_plaintext_token: bool) -> None:
+    """INVALID_ARGUMENT for a token over plaintext TCP to a host other than loopback, where
+    anyone on the path could read it; names the target and the option, never the token."""
+    if tls is not None or allow_plaintext_token or _is_unix_target(target):
+        return
+    if not is_loopback_target(target):
+        raise invalid_argument(
+            f"refusing to send the bearer token over plaintext TCP to {target}, which is not a "
+            "loopback address: use TLS (tls=TlsOptions(...)), or allow it on a trusted network "
+            "with allow_plaintext_token=True")
+
+
 def _read_pem(what: str, path: str) -> bytes:
     """A PEM file's bytes; INVALID_ARGUMENT naming the file, never its contents (a key)."""
     try:
@@ -112,7 +160,8 @@ class Client:
     """A channel to one daemon. Close it (or use it as a context manager) when done."""
 
     def __init__(self, target: Optional[str] = None, *, tls: Optional[TlsOptions] = None,
-                 bearer_token: Optional[str] = None, connect_timeout: float = 5.0,
+                 bearer_token: Optional[str] = None, allow_plaintext_token: bool = False,
+                 connect_timeout: float = 5.0,
                  rpc_timeout: float = 5.0, wait_for_ready: bool = False,
                  max_message_bytes: int = 16 << 20) -> None:
         """Connects to `target` ("unix:///path/kv.sock" or "host:port"; default: the daemon's
@@ -123,9 +172,13 @@ class Client:
         wait_for_ready: a call made while the daemon is unreachable waits (up to rpc_timeout)
         for it to come back instead of failing UNAVAILABLE at once (across a sidecar restart).
 
+        bearer_token: sent with every call. Over plaintext TCP (no `tls`) anyone on the path
+        can read it, so it goes only to a loopback host (127.0.0.0/8, ::1, localhost) unless
+        allow_plaintext_token is True; Unix sockets and TLS are unaffected.
+
         Raises KvCacheError: INVALID_ARGUMENT for TLS with a unix:// target, unreadable TLS files,
-        a certificate without its key (or the reverse), a bearer token that is not visible ASCII,
-        non-positive timeouts; UNAVAILABLE when the daemon is not ready in time (not there, or
+        a certificate without its key (or the reverse), a bearer token that is not visible ASCII
+        or that would go over plaintext TCP to a host other than loopback, non-positive timeouts; UNAVAILABLE when the daemon is not ready in time (not there, or
         a failed TLS handshake).
         """
         self.target = target or default_target()
@@ -139,6 +192,7 @@ class Client:
         self._metadata: Tuple[Tuple[str, str], ...] = ()
         if bearer_token is not None:
             check_bearer_token(bearer_token)
+            _check_token_transport(self.target, tls, allow_plaintext_token)
             self._metadata = (("authorization", "Bearer " + bearer_token),)
         options = _RECONNECT_BACKOFF_OPTIONS + [
             ("grpc.max_receive_message_length", max_message_bytes),

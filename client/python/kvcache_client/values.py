@@ -136,7 +136,7 @@ class PoolStats:
     prompt_tokens: int  # tokens asked for by open_sequence
     hit_tokens: int  # of those, served from the cache
     hit_blocks: int
-    resurrected_blocks: int  # hits on evictable blocks
+    resurrected_blocks: int  # of open_sequence's hit blocks, those soft-freed (evictable)
     miss_blocks: int  # freshly allocated blocks
     evictions: int
     published_blocks: int

@@ -414,5 +414,44 @@ class IdentityTest(unittest.TestCase):
                                     tls=TlsOptions(ca_file=self.other_ca)), Code.UNAVAILABLE)
 
 
+class PlaintextTokenTest(unittest.TestCase):
+    """Regression (issue 29, item 6): the token went over plaintext TCP to any host. No daemon:
+    the refusal comes before the channel; the other cases get as far as connecting."""
+
+    TOKEN = "kvc-secret-token-1234"
+
+    def test_refuses_a_token_over_plaintext_tcp_to_a_non_loopback_host(self):
+        for target in ("192.0.2.1:5000", "dns:///kvcache.example:5000", "[2001:db8::1]:5000"):
+            with self.assertRaises(KvCacheError) as raised:
+                Client(target, bearer_token=self.TOKEN, connect_timeout=0.1)
+            self.assertEqual(raised.exception.code, Code.INVALID_ARGUMENT)
+            self.assertIn(target, raised.exception.message)
+            self.assertIn("allow_plaintext_token", raised.exception.message)
+            self.assertNotIn(self.TOKEN, str(raised.exception))
+
+    def test_loopback_an_explicit_allowance_or_no_token_may_connect(self):
+        cases = [("127.0.0.1:1", {"bearer_token": self.TOKEN}),
+                 ("localhost:1", {"bearer_token": self.TOKEN}),
+                 ("[::1]:1", {"bearer_token": self.TOKEN}),
+                 ("192.0.2.1:5000", {"bearer_token": self.TOKEN, "allow_plaintext_token": True}),
+                 ("192.0.2.1:5000", {})]
+        for target, kwargs in cases:
+            self.assertEqual(error_code(Client, target, connect_timeout=0.1, **kwargs),
+                             Code.UNAVAILABLE, (target, kwargs))
+
+    def test_loopback_targets(self):
+        from kvcache_client.client import is_loopback_target
+        for target in ("127.0.0.1:5000", "127.8.9.10:5000", "localhost:5000", "LOCALHOST",
+                       "[::1]:5000", "::1", "dns:///localhost:5000", "dns:localhost:5000",
+                       "dns://8.8.8.8/127.0.0.1:5000", "ipv4:127.0.0.1:5000",
+                       "ipv6:[::1]:5000", "[::ffff:127.0.0.1]:5000"):
+            self.assertTrue(is_loopback_target(target), target)
+        for target in ("192.0.2.1:5000", "10.0.0.1:5000", "128.0.0.1:5000", "example.com:5000",
+                       "localhost.example.com:5000", "dns:///kvcache.local:5000",
+                       "[2001:db8::1]:5000", "ipv4:192.0.2.1:5000", "unix:///tmp/kv.sock",
+                       "unix-abstract:kvcache", ""):
+            self.assertFalse(is_loopback_target(target), target)
+
+
 if __name__ == "__main__":
     unittest.main()
