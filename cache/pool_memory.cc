@@ -131,8 +131,26 @@ absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::CreateShared(std
   if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
     return fail(absl::StrCat("sizing ", shm_name, " to ", total, " bytes"));
   }
+  // Pre-faulting: tmpfs charges a page to the cgroup of the process that allocates it, and
+  // ftruncate allocates none, so without this the first worker to write a page would pay for it
+  // (and a /dev/shm too small for the pool would be a SIGBUS there instead of an error here).
+  // fallocate allocates every page in this process; the mapping's page tables then fill as pages
+  // are first touched, which allocates nothing (MAP_POPULATE would fill them now, at several times
+  // fallocate's cost: docs/benchmarks.md). Where fallocate is unsupported, writing one byte per
+  // page allocates them instead.
+  const absl::Time start = absl::Now();
+  const bool allocated = fallocate(fd, 0, 0, static_cast<off_t>(total)) == 0;
+  if (!allocated && errno != EOPNOTSUPP) {
+    return fail(absl::StrCat("allocating ", total, " bytes for ", shm_name));
+  }
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return fail(absl::StrCat("mapping ", shm_name));
+  if (!allocated) {
+    const uint64_t page = sysconf(_SC_PAGESIZE);
+    auto* bytes = static_cast<volatile uint8_t*>(base);
+    for (uint64_t offset = 0; offset < total; offset += page) bytes[offset] = 0;
+  }
+  setup.prefault_time = absl::Now() - start;
   return std::unique_ptr<HostPoolMemory>(new HostPoolMemory(
       static_cast<uint8_t*>(base), block_bytes, num_blocks, std::move(shm_name), fd, setup));
 }

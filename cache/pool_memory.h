@@ -82,6 +82,7 @@ class PoolMemory {
 
   // How the memory was set up, for the daemon's start-up report.
   struct Setup {
+    absl::Duration prefault_time;  // allocating every page up front (shared host memory)
     bool reclaimed_stale = false;  // a dead owner's object of the same name was unlinked first
   };
   virtual Setup setup() const { return {}; }
@@ -105,7 +106,9 @@ class HostPoolMemory final : public PoolMemory {
   // holds an exclusive flock(2) on the object until it is destroyed, then unlinks it. An object
   // of that name whose lock nobody holds was left by an owner that died (SIGKILL, OOM kill): it is
   // unlinked (a process still mapping it keeps its pages until it unmaps) and created afresh.
-  // ALREADY_EXISTS while a live owner holds the name.
+  // Every page is allocated here (pre-faulted), so this process's cgroup pays for the pool, not
+  // the first worker that writes a page. ALREADY_EXISTS while a live owner holds the name;
+  // RESOURCE_EXHAUSTED when /dev/shm or memory has no room for the pool.
   static absl::StatusOr<std::unique_ptr<HostPoolMemory>> CreateShared(std::string shm_name,
                                                                       uint64_t block_bytes,
                                                                       uint32_t num_blocks);

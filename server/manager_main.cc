@@ -260,8 +260,10 @@ void PrintPool(Pool& pool) {
   const PoolMemory::Setup setup = pool.memory().setup();
   const MappingInfo mapping = pool.memory().mapping();
   if (mapping.kind == MappingInfo::Kind::kShm) {
-    std::printf("  pool '%s': shared memory %s%s\n", pool_options.name.c_str(),
-                mapping.shm_name.c_str(),
+    std::printf("  pool '%s': %llu MiB pre-faulted in %.0f ms, shared memory %s%s\n",
+                pool_options.name.c_str(),
+                static_cast<unsigned long long>(mapping.size_bytes >> 20),
+                absl::ToDoubleMilliseconds(setup.prefault_time), mapping.shm_name.c_str(),
                 setup.reclaimed_stale ? " (reclaimed from a daemon that died)" : "");
   }
   if (pool_options.host_tier_bytes != 0) {

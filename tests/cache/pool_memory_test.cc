@@ -78,5 +78,17 @@ TEST(HostPoolMemoryTest, ADeadOwnersObjectIsUnlinkedAndCreatedAfresh) {
   close(fd);
 }
 
+TEST(HostPoolMemoryTest, EveryPageIsAllocatedBeforeAnyoneTouchesIt) {
+  const std::string name = TestShmName("prefault");
+  auto memory = HostPoolMemory::CreateShared(name, kBlockBytes, kBlocks);
+  ASSERT_OK(memory);
+  EXPECT_FALSE((*memory)->setup().reclaimed_stale);
+  // Untouched, yet every page is allocated (tmpfs counts them in st_blocks, as du does).
+  const uint64_t bytes = kBlockBytes * kBlocks;
+  struct stat info;
+  ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &info), 0);
+  EXPECT_EQ(static_cast<uint64_t>(info.st_blocks) * 512, bytes);
+}
+
 }  // namespace
 }  // namespace kvcache

@@ -15,6 +15,9 @@ import unittest
 from k8s_render import OVERLAYS, daemon_containers, find, flags, render, render_overlay
 
 IMAGE = "kvcache:latest"
+# The daemon's own memory beside its pools and tiers, as its containers' limits budget it
+# (docs/benchmarks.md, "Pool pre-faulting": ~5 MiB idle, ~30 MiB anonymous with a 4 GiB pool).
+DAEMON_OVERHEAD_BYTES = 100 << 20
 UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "KiB": 1 << 10, "MiB": 1 << 20,
          "GiB": 1 << 30}
 
@@ -119,9 +122,11 @@ class ManifestsTest(unittest.TestCase):
                 self.assertTrue(selects(monitor["spec"]["selector"]["matchLabels"],
                                         service["metadata"]["labels"]))
                 self.assertEqual([e["port"] for e in monitor["spec"]["endpoints"]], ["metrics"])
-                # The pool fits in the daemon's memory limit.
+                # The pool (pre-faulted, so charged to the daemon) and the daemon's own memory fit
+                # in its memory limit.
                 pool_bytes = to_bytes(re.search(r"bytes=(\w+)", args["pool"]).group(1))
-                self.assertLess(pool_bytes, to_bytes(daemon["resources"]["limits"]["memory"]))
+                self.assertLessEqual(pool_bytes + DAEMON_OVERHEAD_BYTES,
+                                     to_bytes(daemon["resources"]["limits"]["memory"]))
 
     def test_workers_have_a_disruption_budget(self):
         for overlay, resources in self.renders.items():
@@ -214,8 +219,8 @@ class ManifestsTest(unittest.TestCase):
         self.assertIn("hostPath", volume(pod, mount_of(daemon, disk_path)))
         pool_bytes = to_bytes(re.search(r"bytes=(\w+)", args["pool"]).group(1))
         host_tier_bytes = to_bytes(re.search(r"host_tier=(\w+)", args["pool"]).group(1))
-        self.assertLess(pool_bytes + host_tier_bytes,
-                        to_bytes(daemon["resources"]["limits"]["memory"]))
+        self.assertLessEqual(pool_bytes + host_tier_bytes + DAEMON_OVERHEAD_BYTES,
+                             to_bytes(daemon["resources"]["limits"]["memory"]))
 
 
 if __name__ == "__main__":

@@ -105,5 +105,22 @@ TEST_F(ShmPoolProcessTest, SecondDaemonOnTheSameAddressRefusesAndLeavesTheFirstA
   EXPECT_OK(observer_->Ping());
 }
 
+// The daemon allocates every page of its pool at start (issue 29, item 2): a worker that writes
+// the pool then pays for none of it, and the daemon's memory budget is the one that must hold it.
+TEST_F(ShmPoolProcessTest, DaemonHoldsItsWholePoolRightAfterStart) {
+  pool_flag_ = "default:blocks=1024";  // 32 MiB with the default layout
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  absl::StatusOr<KvCacheClient::PoolDescription> description = observer_->DescribePool(pool_name_);
+  ASSERT_OK(description);
+  const uint64_t pool_bytes = description->pool.mapping.size_bytes;
+  ASSERT_GE(pool_bytes, 16u << 20);
+  // Every page is allocated in the object (tmpfs counts them in st_blocks, as du does), though
+  // no process but the daemon has touched it: the daemon allocated them, and tmpfs charged them
+  // to its cgroup.
+  struct stat info;
+  ASSERT_EQ(stat(("/dev/shm" + description->pool.mapping.shm_name).c_str(), &info), 0);
+  EXPECT_EQ(static_cast<uint64_t>(info.st_blocks) * 512, pool_bytes);
+}
+
 }  // namespace
 }  // namespace kvcache
