@@ -1,9 +1,11 @@
 #include "cache/pool_memory.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
@@ -24,6 +26,48 @@ absl::Status ErrnoStatus(absl::string_view what) {
   if (error == EEXIST) return absl::AlreadyExistsError(message);
   if (error == ENOMEM || error == ENOSPC) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
+}
+
+// Whether the name `shm_name` still refers to the object open as `fd`.
+bool NameRefersTo(const std::string& shm_name, int fd) {
+  const int named = shm_open(shm_name.c_str(), O_RDONLY, 0);
+  if (named < 0) return false;
+  struct stat by_name, by_fd;
+  const bool same = fstat(named, &by_name) == 0 && fstat(fd, &by_fd) == 0 &&
+                    by_name.st_dev == by_fd.st_dev && by_name.st_ino == by_fd.st_ino;
+  close(named);
+  return same;
+}
+
+// Opens `shm_name` with an exclusive flock held until the descriptor is closed, creating it, or
+// first unlinking one whose lock nobody holds and that has a size (a dead owner's pool). Returns an
+// empty object: a lone empty one is one that its creator, dead or us, never sized. Every step that
+// another claimant can overtake (it unlinks or replaces the object between our open and our lock)
+// is detected by NameRefersTo and retried.
+absl::StatusOr<int> ClaimSharedMemory(const std::string& shm_name, bool* reclaimed_stale) {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const int fd = shm_open(shm_name.c_str(), O_CREAT | O_RDWR, 0600);
+    if (fd < 0) return ErrnoStatus(absl::StrCat("creating shared memory ", shm_name));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const absl::Status status = ErrnoStatus(absl::StrCat("locking shared memory ", shm_name));
+      const bool held = errno == EWOULDBLOCK;
+      close(fd);
+      if (!held) return status;
+      return absl::AlreadyExistsError(absl::StrCat(
+          "shared memory ", shm_name,
+          " belongs to a live daemon (another kvcache-manager with the same listen address and "
+          "pool); it is left alone"));
+    }
+    struct stat info;
+    if (NameRefersTo(shm_name, fd) && fstat(fd, &info) == 0) {
+      if (info.st_size == 0) return fd;
+      shm_unlink(shm_name.c_str());
+      *reclaimed_stale = true;
+    }
+    close(fd);
+  }
+  return absl::AbortedError(absl::StrCat("shared memory ", shm_name,
+                                         " kept changing hands; is another daemon starting?"));
 }
 
 }  // namespace
@@ -54,8 +98,8 @@ absl::Status PoolMemory::CopyFromHost(absl::Span<const HostCopy> copies,
   return absl::OkStatus();
 }
 
-std::string ShmNameFor(absl::string_view pool_name, uint64_t epoch) {
-  return absl::StrFormat("/kvcache.%d.%016x.%s", getpid(), epoch, pool_name);
+std::string ShmNameFor(absl::string_view owner, absl::string_view pool_name) {
+  return absl::StrFormat("/kvcache.%016x.%s", XXH3_64bits(owner.data(), owner.size()), pool_name);
 }
 
 absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::Create(uint64_t block_bytes,
@@ -66,7 +110,7 @@ absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::Create(uint64_t 
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) return ErrnoStatus(absl::StrCat("mapping ", total, " bytes"));
   return std::unique_ptr<HostPoolMemory>(
-      new HostPoolMemory(static_cast<uint8_t*>(base), block_bytes, num_blocks, ""));
+      new HostPoolMemory(static_cast<uint8_t*>(base), block_bytes, num_blocks, "", -1, {}));
 }
 
 absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::CreateShared(std::string shm_name,
@@ -74,30 +118,50 @@ absl::StatusOr<std::unique_ptr<HostPoolMemory>> HostPoolMemory::CreateShared(std
                                                                              uint32_t num_blocks) {
   const uint64_t total = block_bytes * num_blocks;
   if (total == 0) return absl::InvalidArgumentError("pool memory of 0 bytes");
-  const int fd = shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("creating shared memory ", shm_name));
+  Setup setup;
+  ASSIGN_OR_RETURN(const int fd, ClaimSharedMemory(shm_name, &setup.reclaimed_stale));
   // The umask may have narrowed the mode further; never let it widen.
   fchmod(fd, 0600);
-  if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
-    const absl::Status status = ErrnoStatus(absl::StrCat("sizing ", shm_name, " to ", total));
-    close(fd);
+  const auto fail = [&](absl::string_view what) {
+    const absl::Status status = ErrnoStatus(what);
     shm_unlink(shm_name.c_str());
+    close(fd);
     return status;
+  };
+  if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    return fail(absl::StrCat("sizing ", shm_name, " to ", total, " bytes"));
+  }
+  // Pre-faulting: tmpfs charges a page to the cgroup of the process that allocates it, and
+  // ftruncate allocates none, so without this the first worker to write a page would pay for it
+  // (and a /dev/shm too small for the pool would be a SIGBUS there instead of an error here).
+  // fallocate allocates every page in this process; the mapping's page tables then fill as pages
+  // are first touched, which allocates nothing (MAP_POPULATE would fill them now, at several times
+  // fallocate's cost: docs/benchmarks.md). Where fallocate is unsupported, writing one byte per
+  // page allocates them instead.
+  const absl::Time start = absl::Now();
+  const bool allocated = fallocate(fd, 0, 0, static_cast<off_t>(total)) == 0;
+  if (!allocated && errno != EOPNOTSUPP) {
+    return fail(absl::StrCat("allocating ", total, " bytes for ", shm_name));
   }
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    const absl::Status status = ErrnoStatus(absl::StrCat("mapping ", shm_name));
-    shm_unlink(shm_name.c_str());
-    return status;
+  if (base == MAP_FAILED) return fail(absl::StrCat("mapping ", shm_name));
+  if (!allocated) {
+    const uint64_t page = sysconf(_SC_PAGESIZE);
+    auto* bytes = static_cast<volatile uint8_t*>(base);
+    for (uint64_t offset = 0; offset < total; offset += page) bytes[offset] = 0;
   }
+  setup.prefault_time = absl::Now() - start;
   return std::unique_ptr<HostPoolMemory>(new HostPoolMemory(
-      static_cast<uint8_t*>(base), block_bytes, num_blocks, std::move(shm_name)));
+      static_cast<uint8_t*>(base), block_bytes, num_blocks, std::move(shm_name), fd, setup));
 }
 
 HostPoolMemory::~HostPoolMemory() {
   munmap(base_, block_bytes() * num_blocks());
-  if (!shm_name_.empty()) shm_unlink(shm_name_.c_str());
+  if (shm_fd_ < 0) return;
+  // Unlinked before the lock goes with the descriptor: a successor that then
+  // takes the lock finds the name free or its own.
+  shm_unlink(shm_name_.c_str());
+  close(shm_fd_);
 }
 
 MappingInfo HostPoolMemory::mapping() const {

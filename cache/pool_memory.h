@@ -20,6 +20,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace kvcache {
@@ -79,6 +80,13 @@ class PoolMemory {
   virtual absl::Status RegisterHostMemory(void* base, uint64_t size) { return absl::OkStatus(); }
   virtual void UnregisterHostMemory(void* base) {}
 
+  // How the memory was set up, for the daemon's start-up report.
+  struct Setup {
+    absl::Duration prefault_time;  // allocating every page up front (shared host memory)
+    bool reclaimed_stale = false;  // a dead owner's object of the same name was unlinked first
+  };
+  virtual Setup setup() const { return {}; }
+
  protected:
   PoolMemory(uint64_t block_bytes, uint32_t num_blocks)
       : block_bytes_(block_bytes), num_blocks_(num_blocks) {}
@@ -94,8 +102,13 @@ class HostPoolMemory final : public PoolMemory {
   // Private anonymous memory. RESOURCE_EXHAUSTED when the mapping fails.
   static absl::StatusOr<std::unique_ptr<HostPoolMemory>> Create(uint64_t block_bytes,
                                                                 uint32_t num_blocks);
-  // A POSIX shared-memory object `shm_name` ("/name"), created exclusively with mode 0600 and
-  // unlinked when this object is destroyed. ALREADY_EXISTS if the name is taken.
+  // A POSIX shared-memory object `shm_name` ("/name") of mode 0600, owned by this object: it
+  // holds an exclusive flock(2) on the object until it is destroyed, then unlinks it. An object
+  // of that name whose lock nobody holds was left by an owner that died (SIGKILL, OOM kill): it is
+  // unlinked (a process still mapping it keeps its pages until it unmaps) and created afresh.
+  // Every page is allocated here (pre-faulted), so this process's cgroup pays for the pool, not
+  // the first worker that writes a page. ALREADY_EXISTS while a live owner holds the name;
+  // RESOURCE_EXHAUSTED when /dev/shm or memory has no room for the pool.
   static absl::StatusOr<std::unique_ptr<HostPoolMemory>> CreateShared(std::string shm_name,
                                                                       uint64_t block_bytes,
                                                                       uint32_t num_blocks);
@@ -110,18 +123,30 @@ class HostPoolMemory final : public PoolMemory {
   const uint8_t* HostBlock(uint32_t block) const override { return Block(block); }
   uint8_t* MutableHostBlock(uint32_t block) override { return Block(block); }
 
+  Setup setup() const override { return setup_; }
+
   uint8_t* Block(uint32_t block) const { return base_ + uint64_t{block} * block_bytes(); }
 
  private:
-  HostPoolMemory(uint8_t* base, uint64_t block_bytes, uint32_t num_blocks, std::string shm_name)
-      : PoolMemory(block_bytes, num_blocks), base_(base), shm_name_(std::move(shm_name)) {}
+  HostPoolMemory(uint8_t* base, uint64_t block_bytes, uint32_t num_blocks, std::string shm_name,
+                 int shm_fd, Setup setup)
+      : PoolMemory(block_bytes, num_blocks),
+        base_(base),
+        shm_name_(std::move(shm_name)),
+        shm_fd_(shm_fd),
+        setup_(setup) {}
 
   uint8_t* const base_;
   const std::string shm_name_;  // empty for private memory
+  const int shm_fd_;            // the object, flock()ed while we live; -1 for private memory
+  const Setup setup_;
 };
 
-// A shared-memory name unique to this daemon start: "/kvcache.<pid>.<epoch>.<pool>".
-std::string ShmNameFor(absl::string_view pool_name, uint64_t epoch);
+// The shared-memory name of pool `pool_name` of the daemon `owner` (its listen address):
+// "/kvcache.<XXH3-64 of owner, 16 hex digits>.<pool>". The same at every start of that daemon, so
+// a restart finds what a killed predecessor left (CreateShared), and different for daemons on
+// other addresses. Within NAME_MAX for every valid pool name.
+std::string ShmNameFor(absl::string_view owner, absl::string_view pool_name);
 
 }  // namespace kvcache
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -55,12 +56,28 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_vi
   return text.str();
 }
 
+// Who owns this daemon's shared-memory names (ShmNameFor): its listen address, the same at each
+// start, so that a restart reclaims what a killed predecessor left. A Unix socket's path is made
+// absolute. Port 0 is another address at each start: there is no predecessor to find, and two
+// such daemons on one node must not share names, so the process and the epoch tell them apart.
+std::string ShmOwner(const std::string& listen, const std::string& socket_path, uint64_t epoch) {
+  if (!socket_path.empty()) {
+    if (socket_path.front() == '/') return absl::StrCat(kUnixScheme, socket_path);
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr)
+      return absl::StrCat(kUnixScheme, cwd, "/", socket_path);
+    return listen;
+  }
+  if (absl::EndsWith(listen, ":0")) return absl::StrCat(listen, "#", getpid(), ".", epoch);
+  return listen;
+}
+
 // Memory that workers on this node map in place: shared host memory or a CUDA IPC export.
 absl::StatusOr<std::unique_ptr<PoolMemory>> CreatePoolMemory(const std::string& device,
                                                              const PoolOptions& pool,
-                                                             uint64_t epoch) {
+                                                             const std::string& shm_owner) {
   if (device == "host") {
-    return HostPoolMemory::CreateShared(ShmNameFor(pool.name, epoch), pool.layout.BlockBytes(),
+    return HostPoolMemory::CreateShared(ShmNameFor(shm_owner, pool.name), pool.layout.BlockBytes(),
                                         pool.num_blocks);
   }
   ASSIGN_OR_RETURN(int index, ParseCudaDevice(device));
@@ -168,7 +185,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
           "them apart");
     }
     daemon->socket_path_ = options.listen.substr(kUnixScheme.size());
-    RETURN_IF_ERROR(PrepareSocketPath(daemon->socket_path_, options.socket_mode));
   }
   if (options.pools.empty()) return absl::InvalidArgumentError("no pools configured");
   RETURN_IF_ERROR(ValidateCallLimits(options));
@@ -186,12 +202,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         leases->SessionEnded(session_id);
       });
   if (!options.identities_path.empty()) RETURN_IF_ERROR(daemon->ReloadIdentities());
+  const std::string shm_owner = ShmOwner(options.listen, daemon->socket_path_, epoch);
   for (const PoolOptions& pool : options.pools) {
     ASSIGN_OR_RETURN(std::unique_ptr<PoolMemory> memory,
-                     CreatePoolMemory(options.device, pool, epoch));
+                     CreatePoolMemory(options.device, pool, shm_owner));
     if (options.wrap_pool_memory) memory = options.wrap_pool_memory(pool, std::move(memory));
     RETURN_IF_ERROR(daemon->manager_->AddPool(pool, std::move(memory)));
   }
+  // After the pools: a daemon that found its names held by a live one (ALREADY_EXISTS) has
+  // stopped without removing that one's socket.
+  if (unix_socket) RETURN_IF_ERROR(PrepareSocketPath(daemon->socket_path_, options.socket_mode));
 
   if (!options.kv_events.endpoint.empty()) {
     ASSIGN_OR_RETURN(daemon->zmq_publisher_,

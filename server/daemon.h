@@ -105,7 +105,8 @@ struct DaemonOptions {
 class Daemon {
  public:
   // INVALID_ARGUMENT for bad options or identity file; UNAVAILABLE when the address cannot be
-  // bound.
+  // bound; ALREADY_EXISTS when a live daemon with the same listen address holds a pool's shared
+  // memory (HostPoolMemory::CreateShared; what a dead one left is reclaimed).
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();
 

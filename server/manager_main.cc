@@ -257,6 +257,15 @@ void PrintPool(Pool& pool) {
               static_cast<unsigned long long>(pool_options.layout.BlockBytes()),
               std::string(HashAlgorithmName(pool_options.hash_algorithm)).c_str(),
               pool.memory().kind().c_str());
+  const PoolMemory::Setup setup = pool.memory().setup();
+  const MappingInfo mapping = pool.memory().mapping();
+  if (mapping.kind == MappingInfo::Kind::kShm) {
+    std::printf("  pool '%s': %llu MiB pre-faulted in %.0f ms, shared memory %s%s\n",
+                pool_options.name.c_str(),
+                static_cast<unsigned long long>(mapping.size_bytes >> 20),
+                absl::ToDoubleMilliseconds(setup.prefault_time), mapping.shm_name.c_str(),
+                setup.reclaimed_stale ? " (reclaimed from a daemon that died)" : "");
+  }
   if (pool_options.host_tier_bytes != 0) {
     std::printf("    host tier: %u blocks (%llu bytes%s), offload window %u blocks\n",
                 pool.host_tier()->num_slots(),

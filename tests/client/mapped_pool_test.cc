@@ -258,13 +258,14 @@ TEST_F(MappedPoolTest, GoneShmIsNotFound) {
   EXPECT_THAT(MappedPool::Map(described), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(mapped->Block(0)), 10), "still here");
 
-  // The restarted daemon's pool is another object of another epoch.
+  // The restarted daemon's pool is another object of another epoch, under the same name (the
+  // name is the listen address's and the pool's).
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
   client_ = Connect();
   ASSERT_NE(client_, nullptr);
   const KvCacheClient::PoolDescription restarted = Describe();
   EXPECT_NE(restarted.epoch, old_epoch);
-  EXPECT_NE(restarted.pool.mapping.shm_name, described.pool.mapping.shm_name);
+  EXPECT_EQ(restarted.pool.mapping.shm_name, described.pool.mapping.shm_name);
   std::unique_ptr<MappedPool> remapped = MapOrDie(restarted);
   ASSERT_NE(remapped, nullptr);
   EXPECT_EQ(remapped->epoch(), restarted.epoch);

@@ -408,6 +408,26 @@ TEST_F(DaemonTcpListenTest, GoesOnlyWithAUnixSocket) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tcp_listen")));
 }
 
+// Issue 29: pool shared memory is named after the listen address, so a second daemon on the same
+// address would find the first's names; it refuses while the first lives, and touches neither its
+// pool nor its socket.
+TEST_F(DaemonTcpListenTest, SecondDaemonOnTheSameAddressRefusesWhileTheFirstLives) {
+  options_.allow_insecure_tcp = true;
+  absl::StatusOr<std::unique_ptr<Daemon>> first = Daemon::Start(options_);
+  ASSERT_OK(first);
+  const std::string shm_name = (*first)->manager().pools()[0]->memory().mapping().shm_name;
+  options_.tcp_listen = "";
+  EXPECT_THAT(Daemon::Start(options_),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("belongs to a live daemon")));
+  EXPECT_OK(PingEpoch(options_.listen));
+  EXPECT_EQ((*first)->manager().pools()[0]->memory().mapping().shm_name, shm_name);
+
+  first->reset();
+  absl::StatusOr<std::unique_ptr<Daemon>> next = Daemon::Start(options_);
+  ASSERT_OK(next);
+  EXPECT_EQ((*next)->manager().pools()[0]->memory().mapping().shm_name, shm_name);
+}
+
 // ---- Call limits and deadlines (issue 17, item 6) ----
 
 constexpr char kHoldBackKey[] = "x-kvcache-test-hold-back-ms";
