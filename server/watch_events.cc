@@ -127,6 +127,7 @@ std::optional<uint64_t> WatchEventsReactor::SendSnapshot(uint64_t resume_sequenc
   }
   response.set_epoch(epoch_);
   response.set_next_sequence(snapshot.next_sequence);
+  response.set_snapshot_end(true);
   if (!WriteAndWait(response)) return std::nullopt;
   return snapshot.next_sequence;
 }
