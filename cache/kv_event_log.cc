@@ -201,6 +201,18 @@ bool KvEventLog::WaitFor(uint64_t start, absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
 }
 
+absl::Time KvEventLog::FlushDeadline(uint64_t start) const {
+  absl::MutexLock lock(&mu_);
+  if (buffer_.empty() || start < buffer_.front()->sequence || start >= next_sequence_) {
+    return clock_->Now();
+  }
+  return buffer_[start - buffer_.front()->sequence]->time + kKvEventFlushDelay;
+}
+
+void KvEventLog::WaitForFlush(uint64_t start) const {
+  absl::SleepFor(FlushDeadline(start) - clock_->Now());
+}
+
 KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const {
   Snapshot snapshot;
   absl::MutexLock lock(&mu_);

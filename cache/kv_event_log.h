@@ -93,6 +93,14 @@ enum class KvEventRetention : uint8_t {
 
 // Who reads the log, for the counters the metrics export.
 enum class KvEventSink : uint8_t { kGrpc = 0, kZmq = 1 };
+
+// Consumers (WatchEvents, ZeroMQ) send events in bursts, each event at most kKvEventMaxDelay
+// after it was recorded (docs/operations.md). A burst is read at the flush deadline of its first
+// event, kKvEventFlushDelay after that event was recorded (not after the consumer woke up for
+// it), which leaves kKvEventSendAllowance of the bound to read, encode and send it.
+inline constexpr absl::Duration kKvEventMaxDelay = absl::Milliseconds(25);
+inline constexpr absl::Duration kKvEventSendAllowance = absl::Milliseconds(5);
+inline constexpr absl::Duration kKvEventFlushDelay = absl::Milliseconds(20);  // max less allowance
 inline constexpr size_t kNumKvEventSinks = 2;
 
 class KvEventLog {
@@ -146,6 +154,11 @@ class KvEventLog {
 
   // Waits up to `timeout` until an event with sequence >= start exists; true if one does.
   bool WaitFor(uint64_t start, absl::Duration timeout) const;
+  // When a consumer should read the burst that begins at `start`: kKvEventFlushDelay after event
+  // `start` was recorded; now when the log does not hold it (not yet, or no longer).
+  absl::Time FlushDeadline(uint64_t start) const;
+  // Sleeps until FlushDeadline(start) on the log's clock (returns at once when it has passed).
+  void WaitForFlush(uint64_t start) const;
 
   struct Snapshot {
     uint64_t next_sequence = 0;  // the snapshot holds every event below it, none from it

@@ -258,13 +258,14 @@ bool Retryable(const absl::Status& status) {
 }
 
 // Whether the watcher can resume from `response` (its next_sequence and epoch): after any live
-// response, and after the last message of a snapshot. A snapshot's events all carry its sequence
-// S, and only its last message moves next_sequence to S + 1; the others repeat the sequence the
-// watch stood at before it (`before`). When that is S + 1 itself (a restarted daemon that has
-// counted to the same number) the two cannot be told apart, and the message counts as not the
-// last: resuming from before it costs a repeated snapshot, never a missed block.
+// response, and after the last message of a snapshot, which the daemon marks snapshot_end.
+// Daemons from before the marker: a snapshot's events all carry its sequence S, and only its last
+// message moves next_sequence to S + 1; the others repeat the sequence the watch stood at before
+// it (`before`). When that is S + 1 itself (a restarted daemon that has counted to the same
+// number) the two cannot be told apart, and the message counts as not the last: resuming from
+// before it costs a repeated snapshot, never a missed block.
 bool Resumable(const v1::WatchEventsResponse& response, const ResumePoint& before) {
-  if (!response.snapshot()) return true;
+  if (!response.snapshot() || response.snapshot_end()) return true;
   if (response.events().empty()) return false;
   const uint64_t after_snapshot = response.events(0).sequence() + 1;
   return response.next_sequence() == after_snapshot && after_snapshot != before.sequence;

@@ -6,18 +6,40 @@
 
 namespace kvcache {
 
-std::string EncodeVllmBatch(const KvEvent& event) {
+namespace {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+// A tagged struct's header: its tag and `fields` more values, positional or named.
+void PackHeader(Packer& packer, VllmEventEncoding encoding, const char* tag, uint32_t fields) {
+  if (encoding == VllmEventEncoding::kArray) {
+    packer.pack_array(1 + fields);
+  } else {
+    packer.pack_map(1 + fields);
+    packer.pack(std::string("type"));
+  }
+  packer.pack(std::string(tag));
+}
+
+void PackName(Packer& packer, VllmEventEncoding encoding, const char* name) {
+  if (encoding == VllmEventEncoding::kMap) packer.pack(std::string(name));
+}
+
+}  // namespace
+
+std::string EncodeVllmBatch(const KvEvent& event, VllmEventEncoding encoding) {
   msgpack::sbuffer buffer;
-  msgpack::packer<msgpack::sbuffer> packer(buffer);
+  Packer packer(buffer);
   packer.pack_array(3);
   packer.pack_double(absl::ToDoubleSeconds(event.time - absl::UnixEpoch()));
   packer.pack_array(1);
   switch (event.kind) {
     case KvEventKind::kBlocksStored: {
-      packer.pack_array(8);
-      packer.pack(std::string("BlockStored"));
+      PackHeader(packer, encoding, "BlockStored", 7);
+      PackName(packer, encoding, "block_hashes");
       packer.pack_array(static_cast<uint32_t>(event.blocks.size()));
       for (const StoredBlock& block : event.blocks) packer.pack_uint64(block.hash.lo);
+      PackName(packer, encoding, "parent_block_hash");
       if (event.parent_hash.has_value()) {
         packer.pack_uint64(event.parent_hash->lo);
       } else {
@@ -25,26 +47,31 @@ std::string EncodeVllmBatch(const KvEvent& event) {
       }
       size_t num_tokens = 0;
       for (const StoredBlock& block : event.blocks) num_tokens += block.token_ids.size();
+      PackName(packer, encoding, "token_ids");
       packer.pack_array(static_cast<uint32_t>(num_tokens));
       for (const StoredBlock& block : event.blocks) {
         for (uint32_t token : block.token_ids) packer.pack_uint32(token);
       }
+      PackName(packer, encoding, "block_size");
       packer.pack_uint32(event.block_size);
-      packer.pack_nil();  // lora_id
+      PackName(packer, encoding, "lora_id");
+      packer.pack_nil();
+      PackName(packer, encoding, "medium");
       packer.pack(event.medium);
-      packer.pack_nil();  // lora_name
+      PackName(packer, encoding, "lora_name");
+      packer.pack_nil();
       break;
     }
     case KvEventKind::kBlocksRemoved:
-      packer.pack_array(3);
-      packer.pack(std::string("BlockRemoved"));
+      PackHeader(packer, encoding, "BlockRemoved", 2);
+      PackName(packer, encoding, "block_hashes");
       packer.pack_array(static_cast<uint32_t>(event.removed.size()));
       for (const Hash128& hash : event.removed) packer.pack_uint64(hash.lo);
+      PackName(packer, encoding, "medium");
       packer.pack(event.medium);
       break;
     case KvEventKind::kAllBlocksCleared:
-      packer.pack_array(1);
-      packer.pack(std::string("AllBlocksCleared"));
+      PackHeader(packer, encoding, "AllBlocksCleared", 0);
       break;
   }
   packer.pack_int(0);  // data-parallel rank: the daemon is one publisher

@@ -1,10 +1,18 @@
 // vLLM's KV-event wire format (vllm/distributed/kv_events.py), which llm-d's and Dynamo's
 // indexers decode unchanged: one KvEvent (cache/kv_event_log.h) as one msgpack batch
 //   [ts float64 (unix seconds), [event], dp_rank 0]
-// with each event a positional array tagged by its class name:
-//   ["BlockStored", [hash...], parent|nil, [token ids...], block_size, nil, medium, nil]
-//   ["BlockRemoved", [hash...], medium]
-//   ["AllBlocksCleared"]
+// with each event in one of vLLM's two encodings (msgspec structs tagged by class name):
+// - kArray, positional arrays (array_like=True: vLLM until its events became tagged maps, and
+//   what llm-d's decoder reads, pkg/kvevents/engineadapter/vllm_adapter.go):
+//     ["BlockStored", [hash...], parent|nil, [token ids...], block_size, nil, medium, nil]
+//     ["BlockRemoved", [hash...], medium]
+//     ["AllBlocksCleared"]
+// - kMap, tagged maps (current vLLM's KVCacheEvent, tag=True without array_like; fields that
+//   equal their default are omitted, as msgspec's omit_defaults does):
+//     {"type": "BlockStored", "block_hashes": [...], "parent_block_hash": parent|nil,
+//      "token_ids": [...], "block_size": n, "lora_id": nil, "medium": m, "lora_name": nil}
+//     {"type": "BlockRemoved", "block_hashes": [...], "medium": m}
+//     {"type": "AllBlocksCleared"}
 // A hash is the low 64 bits of our 128-bit block hash, always a msgpack uint64 (vLLM's
 // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 form), and a BlockStored carries the token ids of all its
 // blocks, block_size per hash. The two nils are vLLM's lora_id and lora_name.
@@ -18,7 +26,10 @@
 
 namespace kvcache {
 
-std::string EncodeVllmBatch(const KvEvent& event);
+enum class VllmEventEncoding : uint8_t { kArray, kMap };
+
+std::string EncodeVllmBatch(const KvEvent& event,
+                            VllmEventEncoding encoding = VllmEventEncoding::kArray);
 
 // The 8-byte big-endian sequence frame of a ZeroMQ message.
 std::string EncodeSequenceFrame(uint64_t sequence);

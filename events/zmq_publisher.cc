@@ -13,16 +13,12 @@ namespace {
 
 // How long the thread waits for new events before it looks at the replay socket again.
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(20);
-// Once an event arrives, how long to let more gather: the messages of a burst then go out in one
-// turn of the thread (one wake-up of ZeroMQ's I/O thread) instead of one turn each. Routers act
-// on tens of milliseconds (vLLM publishes once per engine step); 25 ms as WatchEvents, for the
-// same measured reason (server/watch_events.cc).
-constexpr absl::Duration kCoalescePeriod = absl::Milliseconds(25);
 constexpr size_t kEventsPerRead = 256;
 
-absl::Status Attach(zmq::socket_t& socket, const std::string& endpoint, const char* what) {
+absl::Status Attach(zmq::socket_t& socket, const std::string& endpoint, bool bind,
+                    const char* what) {
   try {
-    if (ZmqEventPublisher::Binds(endpoint)) {
+    if (bind) {
       socket.bind(endpoint);
     } else {
       socket.connect(endpoint);
@@ -54,12 +50,17 @@ absl::StatusOr<std::unique_ptr<ZmqEventPublisher>> ZmqEventPublisher::Start(
   auto sockets = std::make_unique<Sockets>();
   sockets->pub.set(zmq::sockopt::linger, 0);
   sockets->pub.set(zmq::sockopt::sndhwm, options.send_hwm);
-  if (absl::Status attached = Attach(sockets->pub, options.endpoint, "PUB"); !attached.ok()) {
+  if (absl::Status attached =
+          Attach(sockets->pub, options.endpoint, Binds(options.endpoint), "PUB");
+      !attached.ok()) {
     return attached;
   }
   if (!options.replay_endpoint.empty()) {
     sockets->router.set(zmq::sockopt::linger, 0);
-    if (absl::Status attached = Attach(sockets->router, options.replay_endpoint, "replay");
+    // Always bound, whatever the endpoint looks like: vLLM binds its ROUTER and subscribers
+    // connect to it (a connecting ROUTER would answer no one).
+    if (absl::Status attached =
+            Attach(sockets->router, options.replay_endpoint, /*bind=*/true, "replay");
         !attached.ok()) {
       return attached;
     }
@@ -87,7 +88,11 @@ void ZmqEventPublisher::Run() {
   while (!stopping_.load()) {
     ServeReplays();
     if (!log_->WaitFor(cursor_, kPollPeriod)) continue;
-    absl::SleepFor(kCoalescePeriod);
+    // Let more gather until the first one's flush deadline: the messages of a burst then go out
+    // in one turn of the thread (one wake-up of ZeroMQ's I/O thread) instead of one turn each,
+    // and none later than kKvEventMaxDelay after it happened (as WatchEvents,
+    // server/watch_events.cc).
+    log_->WaitForFlush(cursor_);
     KvEventLog::ReadResult read = log_->Read(cursor_, kEventsPerRead);
     if (read.lost) {
       // Fell behind the buffer: the gap shows in the sequence numbers.
@@ -103,7 +108,7 @@ void ZmqEventPublisher::Run() {
 
 void ZmqEventPublisher::Publish(const KvEvent& event) {
   const std::string sequence = EncodeSequenceFrame(event.sequence);
-  const std::string payload = EncodeVllmBatch(event);
+  const std::string payload = EncodeVllmBatch(event, options_.encoding);
   zmq::socket_t& pub = sockets_->pub;
   // PUB never blocks: past the high-water mark ZeroMQ drops, and subscribers see the gap.
   pub.send(zmq::buffer(options_.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
@@ -132,11 +137,12 @@ void ZmqEventPublisher::ServeReplays() {
     for (int i = 0; i < 8; ++i) start = (start << 8) | bytes[i];
     log_->CountReplay(KvEventSink::kZmq);
     const std::string identity = request[0].to_string();
+    const bool with_topic = options_.replay_layout == ZmqReplayLayout::kTopicSeqPayload;
     const auto send = [&](const std::string& topic, const std::string& sequence,
                           const std::string& payload) {
       router.send(zmq::buffer(identity), zmq::send_flags::sndmore);
       router.send(zmq::str_buffer(""), zmq::send_flags::sndmore);
-      router.send(zmq::buffer(topic), zmq::send_flags::sndmore);
+      if (with_topic) router.send(zmq::buffer(topic), zmq::send_flags::sndmore);
       router.send(zmq::buffer(sequence), zmq::send_flags::sndmore);
       router.send(zmq::buffer(payload), zmq::send_flags::none);
     };
@@ -152,7 +158,8 @@ void ZmqEventPublisher::ServeReplays() {
       if (read.events.empty()) break;
       for (const auto& event : read.events) {
         if (event->sequence >= end) break;
-        send(options_.topic, EncodeSequenceFrame(event->sequence), EncodeVllmBatch(*event));
+        send(options_.topic, EncodeSequenceFrame(event->sequence),
+             EncodeVllmBatch(*event, options_.encoding));
       }
       next = read.next_sequence;
     }

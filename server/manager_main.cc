@@ -22,6 +22,7 @@
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/malloc_tuning.h"
 #include "common/status_macros.h"
+#include "events/zmq_publisher.h"
 #include "server/daemon.h"
 
 ABSL_FLAG(std::string, listen, "",
@@ -74,7 +75,15 @@ ABSL_FLAG(std::string, kv_events_endpoint, "",
           "as vLLM does); default: off");
 ABSL_FLAG(std::string, kv_events_replay_endpoint, "",
           "ZeroMQ ROUTER endpoint where subscribers that saw a gap ask for the buffered events "
-          "(e.g. tcp://*:5558); default: none");
+          "(e.g. tcp://*:5558 or tcp://127.0.0.1:5558; always bound, as vLLM does); default: "
+          "none");
+ABSL_FLAG(std::string, kv_events_encoding, "array",
+          "msgpack encoding of each ZeroMQ KV event: 'array' (vLLM's positional arrays, "
+          "[\"BlockStored\", ...], what llm-d's decoder reads) or 'map' (current vLLM's tagged "
+          "maps, {\"type\": \"BlockStored\", ...})");
+ABSL_FLAG(std::string, kv_events_replay_layout, "topic_seq_payload",
+          "frames of a ZeroMQ replay reply after the DEALER's empty frame: 'topic_seq_payload' "
+          "(current vLLM) or 'seq_payload' (older vLLM, SGLang)");
 ABSL_FLAG(std::string, kv_events_topic, "",
           "topic frame of every KV-event message; default kv@<hostname>@<model of the first "
           "pool>, llm-d's kv@<pod-id>@<model> (llm-d splits it on '@' into three parts, so "
@@ -142,6 +151,28 @@ absl::Status PutByteLimitsFromFlags(CallLimitOptions* limits) {
           absl::StrCat("--", name, " ", absl::GetFlag(*flag), ": ", bytes.status().message()));
     }
     *out = *bytes;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvEventsWireFromFlags(ZmqPublisherOptions* options) {
+  const std::string encoding = absl::GetFlag(FLAGS_kv_events_encoding);
+  if (encoding == "array") {
+    options->encoding = VllmEventEncoding::kArray;
+  } else if (encoding == "map") {
+    options->encoding = VllmEventEncoding::kMap;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_events_encoding ", encoding, ": not 'array' or 'map'"));
+  }
+  const std::string layout = absl::GetFlag(FLAGS_kv_events_replay_layout);
+  if (layout == "topic_seq_payload") {
+    options->replay_layout = ZmqReplayLayout::kTopicSeqPayload;
+  } else if (layout == "seq_payload") {
+    options->replay_layout = ZmqReplayLayout::kSeqPayload;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_events_replay_layout ", layout,
+                                                   ": not 'topic_seq_payload' or 'seq_payload'"));
   }
   return absl::OkStatus();
 }
@@ -217,6 +248,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   options.kv_events.endpoint = absl::GetFlag(FLAGS_kv_events_endpoint);
   options.kv_events.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay_endpoint);
   options.kv_events.topic = absl::GetFlag(FLAGS_kv_events_topic);
+  RETURN_IF_ERROR(KvEventsWireFromFlags(&options.kv_events));
   options.session_limits.default_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.session_limits.max_ttl = absl::GetFlag(FLAGS_max_session_ttl);
   options.session_limits.min_ttl =
@@ -299,11 +331,13 @@ void PrintStartup(Daemon& daemon, const DaemonOptions& options) {
     std::printf("  also on TCP %s\n", daemon.tcp_address().c_str());
   }
   if (!options.kv_events.endpoint.empty()) {
-    std::printf("  kv events: PUB %s, replay %s, topic %s\n", options.kv_events.endpoint.c_str(),
+    std::printf("  kv events: PUB %s, replay %s, topic %s, encoding %s, replay layout %s\n",
+                options.kv_events.endpoint.c_str(),
                 options.kv_events.replay_endpoint.empty()
                     ? "off"
                     : options.kv_events.replay_endpoint.c_str(),
-                options.kv_events.topic.c_str());
+                options.kv_events.topic.c_str(), absl::GetFlag(FLAGS_kv_events_encoding).c_str(),
+                absl::GetFlag(FLAGS_kv_events_replay_layout).c_str());
   }
   if (!daemon.metrics_address().empty()) {
     std::printf("  metrics on http://%s/metrics\n", daemon.metrics_address().c_str());

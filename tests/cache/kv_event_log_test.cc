@@ -89,6 +89,32 @@ TEST(KvEventLogTest, WaitForWakesOnAppend) {
   appender.join();
 }
 
+// The documented bound ("at most 25 ms after they happen") holds by construction: a burst is read
+// at a deadline counted from its first event's own time, not from when a consumer woke up for it
+// (a 25 ms sleep after the wake-up sent a lone event 25.2-25.9 ms late), with room left to send.
+TEST(KvEventLogTest, ABurstIsReadWithinTheBoundOfItsFirstEvent) {
+  EXPECT_LE(kKvEventFlushDelay + kKvEventSendAllowance, kKvEventMaxDelay);
+  EXPECT_GT(kKvEventSendAllowance, absl::ZeroDuration());
+  EXPECT_EQ(kKvEventMaxDelay, absl::Milliseconds(25));  // docs/operations.md
+  testing::FakeClock clock;
+  KvEventLog log(/*capacity=*/3, &clock);
+  log.AddPool(0, "p", "CPU", 2);
+  clock.Advance(absl::Seconds(5));
+  const absl::Time recorded = clock.Now();
+  log.BlocksStored(0, "a", std::nullopt, {Block(1)});
+  clock.Advance(absl::Milliseconds(7));  // the consumer wakes up late
+  EXPECT_EQ(log.FlushDeadline(1), recorded + kKvEventFlushDelay);
+  log.BlocksStored(0, "a", std::nullopt, {Block(2)});
+  EXPECT_EQ(log.FlushDeadline(1), recorded + kKvEventFlushDelay);  // later events change nothing
+  // Nothing held at `start` (not yet, or no longer): read now.
+  EXPECT_EQ(log.FlushDeadline(3), clock.Now());
+  log.BlocksStored(0, "a", std::nullopt, {Block(3)});
+  log.BlocksStored(0, "a", std::nullopt, {Block(4)});
+  EXPECT_EQ(log.FlushDeadline(0), clock.Now());
+  clock.Advance(absl::Seconds(1));
+  log.WaitForFlush(1);  // long past: returns at once
+}
+
 TEST(KvEventLogTest, SnapshotPutsParentsFirstAndFilters) {
   KvEventLog log;
   log.AddPool(0, "p", "CPU", 2);

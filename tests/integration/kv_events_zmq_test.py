@@ -5,13 +5,18 @@ payload a 3-element array [ts, events, dp_rank], events positional arrays tagged
 uint64 hashes. A workload with evictions runs through the gRPC API (Debian python3-grpcio, stubs
 from our proto); the index built from the events answers every prompt as the daemon's Lookup
 does; a subscriber that misses messages detects the gap by sequence number and fills it through
-the ROUTER replay socket.
+the ROUTER replay socket. Run twice: with the defaults (positional events, replies
+[topic, seq, payload], replay over ipc://), and with the other shapes the daemon serves
+(--kv_events_encoding=map: current vLLM's tagged maps; --kv_events_replay_layout=seq_payload:
+older vLLM's and SGLang's replies [seq, payload]) with the replay socket on
+tcp://127.0.0.1:PORT, which the daemon must bind (as vLLM does), not connect.
 
 Env: KVCACHE_BIN_DIR, PYTHONPATH with the generated stubs.
 """
 import os
 import random
 import re
+import socket as pysocket
 import struct
 import subprocess
 import tempfile
@@ -72,7 +77,24 @@ class Index:
         return count
 
 
-def decode(payload, problems):
+MAP_FIELDS = {
+    "BlockStored": ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                    "medium", "lora_name"],
+    "BlockRemoved": ["block_hashes", "medium"],
+    "AllBlocksCleared": [],
+}
+
+
+def positional(event, problems):
+    """A tagged map (vLLM's msgspec struct, tag=True, no array_like) as the positional array."""
+    tag = event.get("type")
+    if tag not in MAP_FIELDS or list(event) != ["type"] + MAP_FIELDS[tag]:
+        problems.append(f"not one of vLLM's tagged maps: {event!r}")
+        return [tag]
+    return [tag] + [event[field] for field in MAP_FIELDS[tag]]
+
+
+def decode(payload, problems, encoding="array"):
     """vLLM's EventBatch, exactly: a 3-element array [float ts, [events], int dp_rank]."""
     batch = msgpack.unpackb(payload, raw=False)
     if not (isinstance(batch, list) and len(batch) == 3):
@@ -81,6 +103,8 @@ def decode(payload, problems):
     ts, events, dp_rank = batch
     if not isinstance(ts, float) or not isinstance(dp_rank, int) or not isinstance(events, list):
         problems.append(f"envelope types: {batch!r}")
+    if encoding == "map":
+        events = [positional(e, problems) if isinstance(e, dict) else e for e in events]
     for event in events:
         if not isinstance(event, list) or not isinstance(event[0], str):
             problems.append(f"event is not a tagged positional array: {event!r}")
@@ -98,7 +122,10 @@ def decode(payload, problems):
 class Subscriber:
     """A SUB socket plus the replay DEALER; applies every sequence number once, in order."""
 
-    def __init__(self, context, endpoint, replay_endpoint, skip=None):
+    def __init__(self, context, endpoint, replay_endpoint, skip=None, encoding="array",
+                 layout="topic_seq_payload"):
+        self.encoding = encoding
+        self.layout = layout
         self.sub = context.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
         self.sub.connect(endpoint)
@@ -118,7 +145,11 @@ class Subscriber:
                 raise AssertionError("replay: no end marker within 10 s")
             frames = dealer.recv_multipart()
             assert frames[0] == b"", frames
-            topic, seq, payload = frames[1:]  # vLLM >= 0.26 layout: exactly 3 frames
+            if self.layout == "topic_seq_payload":
+                topic, seq, payload = frames[1:]  # current vLLM: exactly 3 frames
+            else:
+                seq, payload = frames[1:]  # older vLLM, SGLang: exactly 2 frames
+                topic = b"" if seq == END_SEQUENCE else TOPIC
             if seq == END_SEQUENCE:
                 assert topic == b"" and payload == b""
                 break
@@ -130,7 +161,7 @@ class Subscriber:
         if seq <= self.last:
             return  # already applied (a replay overlapping live messages)
         assert seq == self.last + 1, f"sequence {seq} after {self.last}"
-        for event in decode(payload, self.index.problems):
+        for event in decode(payload, self.index.problems, self.encoding):
             self.index.apply(event)
         self.last = seq
 
@@ -151,17 +182,35 @@ class Subscriber:
             self.on_message(self.sub.recv_multipart())
 
 
+def free_loopback_port():
+    with pysocket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class KvEventsZmqTest(unittest.TestCase):
+    ENCODING = "array"
+    LAYOUT = "topic_seq_payload"
+
+    def replay_endpoint_for(self, directory):
+        return "ipc://" + os.path.join(directory, "replay.sock")
+
+    def subscriber(self, **kwargs):
+        return Subscriber(self.context, self.endpoint, self.replay_endpoint,
+                          encoding=self.ENCODING, layout=self.LAYOUT, **kwargs)
+
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
         socket = os.path.join(self.dir.name, "kv.sock")
         self.endpoint = "ipc://" + os.path.join(self.dir.name, "events.sock")
-        self.replay_endpoint = "ipc://" + os.path.join(self.dir.name, "replay.sock")
+        self.replay_endpoint = self.replay_endpoint_for(self.dir.name)
         self.daemon = subprocess.Popen(
             [os.path.join(BIN_DIR, "kvcache-manager"), "--listen=unix://" + socket,
              "--pool=small:blocks=32:block_size=4", "--drain_period=0s",
              "--kv_events_endpoint=" + self.endpoint,
              "--kv_events_replay_endpoint=" + self.replay_endpoint,
+             "--kv_events_encoding=" + self.ENCODING,
+             "--kv_events_replay_layout=" + self.LAYOUT,
              "--kv_events_topic=" + TOPIC.decode()],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []
@@ -226,9 +275,9 @@ class KvEventsZmqTest(unittest.TestCase):
     def test_a_router_index_built_from_the_events_answers_like_lookup(self):
         # Every message after the 20th is dropped for a while by `lossy`: it must notice.
         lossy_window = set(range(20, 45))
-        reference = Subscriber(self.context, self.endpoint, self.replay_endpoint)
-        lossy = Subscriber(self.context, self.endpoint, self.replay_endpoint,
-                           skip=lambda seq: seq in lossy_window and lossy_window.discard(seq) is None)
+        reference = self.subscriber()
+        lossy = self.subscriber(
+            skip=lambda seq: seq in lossy_window and lossy_window.discard(seq) is None)
         time.sleep(0.3)  # ZeroMQ's slow joiner: let the SUB sockets connect
         # As llm-d does on connect: replay from 0 (AllBlocksCleared is event 0).
         reference.replay(0)
@@ -261,10 +310,24 @@ class KvEventsZmqTest(unittest.TestCase):
         dealer.send_multipart([b"", struct.pack(">Q", 0)])
         self.assertTrue(dealer.poll(10000))
         frames = dealer.recv_multipart()
-        self.assertEqual(frames[1], TOPIC)
-        self.assertEqual(struct.unpack(">Q", frames[2])[0], 0)
-        self.assertEqual(msgpack.unpackb(frames[3])[1], [["AllBlocksCleared"]])
+        if self.LAYOUT == "topic_seq_payload":
+            self.assertEqual(frames[1], TOPIC)
+            frames = frames[:1] + frames[2:]
+        self.assertEqual(len(frames), 3, frames)
+        self.assertEqual(struct.unpack(">Q", frames[1])[0], 0)
+        cleared = {"array": ["AllBlocksCleared"], "map": {"type": "AllBlocksCleared"}}
+        self.assertEqual(msgpack.unpackb(frames[2])[1], [cleared[self.ENCODING]])
         dealer.close(0)
+
+
+class KvEventsZmqOtherShapesTest(KvEventsZmqTest):
+    """Tagged-map events, [seq, payload] replies, and a replay endpoint that names a host and
+    port (no '*'): the PUB rule would connect it, and no subscriber would ever be answered."""
+    ENCODING = "map"
+    LAYOUT = "seq_payload"
+
+    def replay_endpoint_for(self, directory):
+        return "tcp://127.0.0.1:%d" % free_loopback_port()
 
 
 if __name__ == "__main__":

@@ -561,6 +561,30 @@ class KvcachectlRestartTest(unittest.TestCase):
             finally:
                 daemon.stop()
 
+    def test_a_snapshot_ends_at_the_new_epochs_resume_point(self):
+        # A watcher from another epoch whose resume sequence the daemon has counted to exactly
+        # (2: AllBlocksCleared, one commit) gets a snapshot whose last message also says 2. Only
+        # the snapshot_end marker tells it from the snapshot's other messages, which repeat the
+        # old epoch's 2: without it the resume point kept the old epoch.
+        with tempfile.TemporaryDirectory(prefix="kvcachectl_snapshot.") as directory:
+            daemon = Daemon(directory)
+            try:
+                client(daemon.target, "compute-and-commit", 100, 2 * BLOCK_SIZE)
+                done = ctl(daemon.target, "--json", "events")
+                self.assertEqual(done.returncode, 0, done.stderr)
+                next_sequence, epoch = resume_point(done.stderr)
+                self.assertEqual(next_sequence, 2)
+                old_epoch = epoch ^ 1
+                done = ctl(daemon.target, "--json", "events", "--from", "2", "--epoch",
+                           str(old_epoch))
+                self.assertEqual(done.returncode, 0, done.stderr)
+                events = json_lines(done.stdout)
+                self.assertEqual([e["kind"] for e in events],
+                                 ["AllBlocksCleared", "BlocksStored", "BlocksStored"])
+                self.assertEqual(resume_point(done.stderr), (2, epoch))
+            finally:
+                daemon.stop()
+
     def test_follow_resumes_after_a_restart(self):
         with tempfile.TemporaryDirectory(prefix="kvcachectl_restart.") as directory:
             daemon = Daemon(directory)

@@ -222,7 +222,8 @@ class KvCacheServicer(object):
         doubled. A start the daemon no longer holds (older than its buffer, from another epoch, or
         ahead of it) gets a snapshot instead: AllBlocksCleared, then every cached block as
         BlocksStored (a parent before its children), then live events; a stream cut during the
-        snapshot resumes with a new snapshot (its next_sequence only advances at the snapshot's end).
+        snapshot resumes with a new snapshot (its next_sequence only advances at the snapshot's end,
+        the message marked snapshot_end).
         BlocksRemoved is sent only when a hash is truly gone from the pool's index.
         Scope: the caller's tenant's blocks (an admin: every tenant's, or the one named); pool: one
         pool or all. Readers may watch. RESOURCE_EXHAUSTED when the daemon has its maximum of watchers.
