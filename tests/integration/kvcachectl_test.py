@@ -493,9 +493,14 @@ class KvcachectlTest(unittest.TestCase):
                          json_lines(self.run_ok("--json", "events", "--limit", "2").stdout))
 
     def test_no_headers(self):
+        # A session's lease runs down between the two calls: its remaining time is left out.
+        def steady(row):
+            return [cell for cell in row if not re.fullmatch(r"[0-9.]+(ms|s|m|h)", cell)]
+
         for command in ["pools", "sessions"]:
             with_headers = self.table(command)
-            self.assertEqual(self.table("--no-headers", command)[0], with_headers[1])
+            self.assertEqual(steady(self.table("--no-headers", command)[0]),
+                             steady(with_headers[1]))
         stats = self.table("--no-headers", "stats")
         self.assertEqual(stats[0][0], "default")
         self.assertNotIn("sessions:", [row[0] for row in stats if row] + sum(stats, []))
