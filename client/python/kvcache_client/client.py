@@ -33,7 +33,7 @@ import grpc.experimental
 from . import _calls, hashing
 from ._calls import RetryPolicy, UnaryCall
 from ._proto import kvcache_pb2, kvcache_pb2_grpc
-from .block_stream import GetMessage, split_get_message
+from .block_stream import split_get_message
 from .errors import KvCacheError, invalid_argument
 from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
 from .values import ListedSession, LookupResult, PoolDescription, PoolInfo, Stats
@@ -330,8 +330,8 @@ class Client:
                            ) -> kvcache_pb2.PutBlocksResponse:
         return self._start("PutBlocks", self._put_blocks, messages, timeout)
 
-    def _get_blocks_stream(self, request: kvcache_pb2.GetBlocksRequest, timeout: float
-                           ) -> Iterator[GetMessage]:
+    def _get_blocks_stream(self, request: kvcache_pb2.GetBlocksRequest, timeout: float) -> Any:
+        """The call: an iterator of GetMessage that can be cancelled."""
         return self._start("GetBlocks", self._get_blocks, request, timeout)
 
     def _unary(self, call: UnaryCall[T]) -> T:

@@ -94,7 +94,7 @@ def _token_error(call: str, tokens: Any) -> KvCacheError:
         if not isinstance(token, numbers.Integral):
             return invalid_argument(f"{call}: token {index} is a {type(token).__name__}; token "
                                     "ids are uint32")
-        if not 0 <= token <= _MAX_TOKEN:
+        if not 0 <= int(token) <= _MAX_TOKEN:
             return invalid_argument(f"{call}: token {index} is {token}; token ids are uint32")
     return invalid_argument(f"{call}: tokens must be a sequence of integers")
 
