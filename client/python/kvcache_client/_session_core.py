@@ -6,6 +6,7 @@ Thread safety: the state is guarded by a lock held only briefly, never across a 
 asyncio session may use it from its event loop as well.
 """
 
+import contextlib
 import threading
 import weakref
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence,
@@ -372,6 +373,18 @@ class SessionCore:
         reader = GetBlocksReader(pool, max_blocks, block_size, block_bytes,
                                  on_header)
         return reader, self._stream_timeout(max_blocks * block_bytes)
+
+    @contextlib.contextmanager
+    def _reading(self, stream: Any, session: SessionKey) -> Iterator[None]:
+        """Around the reading of a GetBlocks stream: its gRPC error fenced on the session's epoch;
+        the stream cancelled when the client gives up on it (KvCacheError)."""
+        try:
+            yield
+        except grpc.RpcError as error:
+            raise self._fenced_error("GetBlocks", error, session) from None
+        except KvCacheError:
+            stream.cancel()
+            raise
 
     def _read_message(self, reader: GetBlocksReader, message: GetMessage,
                       session: SessionKey) -> None:

@@ -16,7 +16,6 @@ Thread safety: use a Client and its sessions from the event loop that made them.
 """
 
 import asyncio
-import time
 from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, List, Optional, Sequence,
                     Tuple, TypeVar)
 
@@ -25,12 +24,10 @@ import grpc.aio
 
 from . import _calls, hashing
 from ._calls import RetryPolicy, UnaryCall
-from ._proto import kvcache_pb2, kvcache_pb2_grpc
+from ._proto import kvcache_pb2
 from ._session_core import (CLOSE_ON_EXIT_TIMEOUT, SessionCore, as_bytes_view, destination_of,
                             new_buffer_into)
-from .block_stream import split_get_message
-from .client import (GET_BLOCKS_METHOD, PUT_BLOCKS_METHOD, ChannelSettings, TlsOptions,
-                     retry_budget, retry_failure)
+from .client import ClientBase, TlsOptions, retry_budget, retry_failure
 from .errors import KvCacheError, token_ids
 from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
 from .values import (Commit, Extension, Fork, GetInfo, ListedSession, LookupResult,
@@ -44,7 +41,7 @@ T = TypeVar("T")
 __all__ = ["Client", "Session"]
 
 
-class Client:
+class Client(ClientBase):
     """A grpc.aio channel to one daemon; the blocking Client's options and calls. Use it as an
     async context manager (which waits for the daemon), or call connect() and close()."""
 
@@ -54,29 +51,8 @@ class Client:
                  wait_for_ready: bool = False, max_message_bytes: int = 16 << 20,
                  retry: RetryPolicy = RetryPolicy()) -> None:
         """As kvcache_client.Client, without the wait: connect() (or `async with`) waits."""
-        settings = ChannelSettings(target, tls, bearer_token, allow_plaintext_token,
-                                   connect_timeout, rpc_timeout, max_message_bytes)
-        self._settings = settings
-        self.target = settings.target
-        self.connect_timeout = connect_timeout
-        self.rpc_timeout = rpc_timeout
-        self.max_message_bytes = max_message_bytes
-        self._retry = retry
-        self._wait_for_ready = wait_for_ready
-        self._closed = False
-        self._metadata = settings.metadata
-        if settings.credentials is not None:
-            self._channel = grpc.aio.secure_channel(self.target, settings.credentials,
-                                                    settings.options)
-        else:
-            self._channel = grpc.aio.insecure_channel(self.target, settings.options)
-        self.stub = kvcache_pb2_grpc.KvCacheStub(self._channel)
-        self._put_blocks = self._channel.stream_unary(
-            PUT_BLOCKS_METHOD, request_serializer=bytes,
-            response_deserializer=kvcache_pb2.PutBlocksResponse.FromString)
-        self._get_blocks = self._channel.unary_stream(
-            GET_BLOCKS_METHOD, request_serializer=kvcache_pb2.GetBlocksRequest.SerializeToString,
-            response_deserializer=split_get_message)
+        super().__init__(grpc.aio, target, tls, bearer_token, allow_plaintext_token,
+                         connect_timeout, rpc_timeout, wait_for_ready, max_message_bytes, retry)
 
     async def connect(self) -> "Client":
         """Waits up to connect_timeout for the daemon; UNAVAILABLE when it is not ready."""
@@ -103,24 +79,11 @@ class Client:
 
     # --- plumbing shared with Session -----------------------------------------------------------
 
-    def _start(self, name: str, method: Callable[..., Any], request: Any,
-               timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
-        """method(request) with the client's credentials (an awaitable call); CANCELLED once
-        the client is closed."""
-        if self._closed:
-            raise KvCacheError(grpc.StatusCode.CANCELLED, f"{name}: the client is closed")
-        return method(request, timeout=timeout, metadata=self._metadata,
-                      wait_for_ready=(self._wait_for_ready if wait_for_ready is None
-                                      else wait_for_ready))
-
     async def _invoke(self, call: UnaryCall, request: Any = None,
                       timeout: Optional[float] = None) -> Any:
         """As Client._invoke: the reply, retried per the RetryPolicy; grpc.RpcError left to the
         caller."""
-        method = getattr(self.stub, call.name)
-        request = call.request if request is None else request
-        timeout = self.rpc_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        method, request, timeout, deadline = self._call_arguments(call, request, timeout)
         try:
             return await self._start(call.name, method, request, timeout)
         except grpc.RpcError as error:
@@ -174,23 +137,16 @@ class Client:
         cursor = WatchCursor(start, pool, tenant)
         while True:
             stream = self._start("WatchEvents", self.stub.WatchEvents, cursor.request(), None)
-            failure: Optional[grpc.RpcError] = None  # None: the daemon ended the stream (drain)
-            try:
+            with cursor.reading(stream, resume):
                 async for response in stream:
                     yield cursor.advance(response)
-            except grpc.RpcError as error:
-                if not cursor.resumable(resume, error):
-                    raise KvCacheError.from_rpc_error("WatchEvents", error) from None
-                failure = error
-            finally:
-                stream.cancel()
             if not resume:
                 return
             await asyncio.sleep(RESUME_PAUSE)
             try:
                 await asyncio.wait_for(self._channel.channel_ready(), reconnect_timeout)
             except asyncio.TimeoutError:
-                raise cursor.gone(failure, reconnect_timeout) from None
+                raise cursor.gone(reconnect_timeout) from None
 
     # --- sessions -------------------------------------------------------------------------------
 
@@ -326,14 +282,9 @@ class Session(SessionCore):
         stream = self._client._start(
             "GetBlocks", self._client._get_blocks,
             self._get_request(pool, tokens, cache_salt, extra_keys, max_chunk_bytes), timeout)
-        try:
+        with self._reading(stream, session):
             async for message in stream:
                 self._read_message(reader, message, session)
-        except grpc.RpcError as error:
-            raise self._fenced_error("GetBlocks", error, session) from None
-        except KvCacheError:
-            stream.cancel()
-            raise
         return reader.finish()
 
     async def _stop_keep_alive(self) -> None:

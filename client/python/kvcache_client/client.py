@@ -28,6 +28,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, Opti
                     Tuple, TypeVar)
 
 import grpc
+import grpc.aio
 import grpc.experimental
 
 from . import _calls, hashing
@@ -212,7 +213,64 @@ def retry_failure(first: grpc.RpcError, second: grpc.RpcError) -> grpc.RpcError:
     return first if second.code() == grpc.StatusCode.DEADLINE_EXCEEDED else second
 
 
-class Client:
+class ClientBase:
+    """The channel, stubs and settings of a client; `channels` is grpc (Client) or grpc.aio
+    (aio.Client), whose channels take the same arguments and make the same stubs."""
+
+    def __init__(self, channels: Any, target: Optional[str], tls: Optional[TlsOptions],
+                 bearer_token: Optional[str], allow_plaintext_token: bool,
+                 connect_timeout: float, rpc_timeout: float, wait_for_ready: bool,
+                 max_message_bytes: int, retry: RetryPolicy) -> None:
+        settings = ChannelSettings(target, tls, bearer_token, allow_plaintext_token,
+                                   connect_timeout, rpc_timeout, max_message_bytes)
+        self._settings = settings
+        self.target = settings.target
+        self.connect_timeout = connect_timeout
+        self.rpc_timeout = rpc_timeout
+        self.max_message_bytes = max_message_bytes
+        self._retry = retry
+        self._wait_for_ready = wait_for_ready
+        self._closed = False
+        self._metadata = settings.metadata
+        if settings.credentials is not None:
+            self._channel = channels.secure_channel(self.target, settings.credentials,
+                                                    settings.options)
+        else:
+            self._channel = channels.insecure_channel(self.target, settings.options)
+        self.stub = kvcache_pb2_grpc.KvCacheStub(self._channel)
+        # The data RPCs move raw bytes (block_stream.py): PutBlocks takes serialized requests as
+        # they are, GetBlocks' replies are split, not parsed.
+        self._put_blocks = self._channel.stream_unary(
+            PUT_BLOCKS_METHOD, request_serializer=bytes,
+            response_deserializer=kvcache_pb2.PutBlocksResponse.FromString)
+        self._get_blocks = self._channel.unary_stream(
+            GET_BLOCKS_METHOD, request_serializer=kvcache_pb2.GetBlocksRequest.SerializeToString,
+            response_deserializer=split_get_message)
+
+    def _start(self, name: str, method: Callable[..., Any], request: Any,
+               timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
+        """method(request) with the client's credentials; CANCELLED once the client is closed
+        (gRPC raises ValueError, grpc.aio UsageError, for a call on a closed channel)."""
+        try:
+            if not self._closed:
+                return method(request, timeout=timeout, metadata=self._metadata,
+                              wait_for_ready=(self._wait_for_ready if wait_for_ready is None
+                                              else wait_for_ready))
+        except (ValueError, grpc.aio.UsageError):
+            if not self._closed:
+                raise
+        raise KvCacheError(grpc.StatusCode.CANCELLED, f"{name}: the client is closed")
+
+    def _call_arguments(self, call: UnaryCall, request: Any, timeout: Optional[float]
+                        ) -> Tuple[Callable[..., Any], Any, float, float]:
+        """The stub method, request (`call`'s unless a stamped one is given), timeout (the
+        client's unless given) and deadline (time.monotonic) of one call."""
+        timeout = self.rpc_timeout if timeout is None else timeout
+        return (getattr(self.stub, call.name), call.request if request is None else request,
+                timeout, time.monotonic() + timeout)
+
+
+class Client(ClientBase):
     """A channel to one daemon. Close it (or use it as a context manager) when done."""
 
     def __init__(self, target: Optional[str] = None, *, tls: Optional[TlsOptions] = None,
@@ -244,34 +302,13 @@ class Client:
         timeouts; UNAVAILABLE when the daemon is not ready in time (not there, or a failed TLS
         handshake).
         """
-        settings = ChannelSettings(target, tls, bearer_token, allow_plaintext_token,
-                                   connect_timeout, rpc_timeout, max_message_bytes)
-        self.target = settings.target
-        self.rpc_timeout = rpc_timeout
-        self.max_message_bytes = max_message_bytes
-        self._retry = retry
-        self._wait_for_ready = wait_for_ready
-        self._closed = False
-        self._metadata = settings.metadata
-        if settings.credentials is not None:
-            self._channel = grpc.secure_channel(self.target, settings.credentials,
-                                                settings.options)
-        else:
-            self._channel = grpc.insecure_channel(self.target, settings.options)
+        super().__init__(grpc, target, tls, bearer_token, allow_plaintext_token,
+                         connect_timeout, rpc_timeout, wait_for_ready, max_message_bytes, retry)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
             self._channel.close()
-            raise settings.unreachable(connect_timeout) from None
-        self.stub = kvcache_pb2_grpc.KvCacheStub(self._channel)
-        # The data RPCs move raw bytes (block_stream.py): PutBlocks takes serialized requests as
-        # they are, GetBlocks' replies are split, not parsed.
-        self._put_blocks = self._channel.stream_unary(
-            PUT_BLOCKS_METHOD, request_serializer=bytes,
-            response_deserializer=kvcache_pb2.PutBlocksResponse.FromString)
-        self._get_blocks = self._channel.unary_stream(
-            GET_BLOCKS_METHOD, request_serializer=kvcache_pb2.GetBlocksRequest.SerializeToString,
-            response_deserializer=split_get_message)
+            raise self._settings.unreachable(connect_timeout) from None
 
     def close(self) -> None:
         """Closes the channel; calls in flight and later calls fail CANCELLED. Sessions are not
@@ -287,29 +324,12 @@ class Client:
 
     # --- plumbing shared with Session -----------------------------------------------------------
 
-    def _start(self, name: str, method: Callable[..., Any], request: Any,
-               timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
-        """method(request) with the client's credentials; CANCELLED once the client is closed
-        (gRPC raises ValueError for a call on a closed channel)."""
-        try:
-            return method(request, timeout=timeout, metadata=self._metadata,
-                          wait_for_ready=(self._wait_for_ready if wait_for_ready is None
-                                          else wait_for_ready))
-        except ValueError:
-            if not self._closed:
-                raise
-            raise KvCacheError(grpc.StatusCode.CANCELLED,
-                               f"{name}: the client is closed") from None
-
     def _invoke(self, call: UnaryCall, request: Any = None, timeout: Optional[float] = None
                 ) -> Any:
         """The reply to `call` (its request, or `request` when given: a stamped one), with the
         client's deadline (or `timeout`), retried per the RetryPolicy. grpc.RpcError is left to
         the caller (Session needs its trailers)."""
-        method = getattr(self.stub, call.name)
-        request = call.request if request is None else request
-        timeout = self.rpc_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        method, request, timeout, deadline = self._call_arguments(call, request, timeout)
         try:
             return self._start(call.name, method, request, timeout)
         except grpc.RpcError as error:
@@ -388,23 +408,16 @@ class Client:
         cursor = WatchCursor(start, pool, tenant)
         while True:
             stream = self._start("WatchEvents", self.stub.WatchEvents, cursor.request(), None)
-            try:
+            with cursor.reading(stream, resume):
                 for response in stream:
                     yield cursor.advance(response)
-                failure: Optional[grpc.RpcError] = None  # the daemon ended the stream (drain)
-            except grpc.RpcError as error:
-                if not cursor.resumable(resume, error):
-                    raise KvCacheError.from_rpc_error("WatchEvents", error) from None
-                failure = error
-            finally:
-                stream.cancel()
             if not resume:
                 return
             time.sleep(RESUME_PAUSE)
             try:
                 grpc.channel_ready_future(self._channel).result(timeout=reconnect_timeout)
             except grpc.FutureTimeoutError:
-                raise cursor.gone(failure, reconnect_timeout) from None
+                raise cursor.gone(reconnect_timeout) from None
 
     # --- sessions -------------------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ snapshot starts a new snapshot. The events themselves are the generated kvcache_
 messages (one of blocks_stored, blocks_removed, all_blocks_cleared).
 """
 
+import contextlib
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Iterator, List, Optional
 
 import grpc
 
@@ -47,6 +48,7 @@ class WatchCursor:
 
     def __init__(self, start: ResumePoint, pool: str, tenant: str) -> None:
         self.resume_point = start
+        self.failure: Optional[grpc.RpcError] = None  # what broke the last stream, if anything
         self._pool = pool
         self._tenant = tenant
         self.request()  # bad arguments fail before the first call
@@ -65,13 +67,25 @@ class WatchCursor:
                           head_sequence=response.head_sequence, snapshot=response.snapshot,
                           snapshot_end=response.snapshot_end, resume_point=self.resume_point)
 
-    @staticmethod
-    def resumable(resume: bool, error: grpc.RpcError) -> bool:
-        return resume and error.code() in _RESUMABLE
+    @contextlib.contextmanager
+    def reading(self, stream: Any, resume: bool) -> Iterator[None]:
+        """Around the reading of one WatchEvents stream: a gRPC error that ends the watch is
+        raised as KvCacheError, one it may resume from (the daemon went away or is draining)
+        is kept in `failure`; the stream is cancelled whatever happens (the caller stopped
+        iterating, too)."""
+        self.failure = None
+        try:
+            yield
+        except grpc.RpcError as error:
+            if not (resume and error.code() in _RESUMABLE):
+                raise KvCacheError.from_rpc_error("WatchEvents", error) from None
+            self.failure = error
+        finally:
+            stream.cancel()
 
-    def gone(self, failure: Optional[grpc.RpcError], waited: float) -> KvCacheError:
+    def gone(self, waited: float) -> KvCacheError:
         """The error of a watch whose daemon did not come back within `waited` seconds."""
-        why = f" ({failure.details()})" if failure is not None else ""
+        why = f" ({self.failure.details()})" if self.failure is not None else ""
         return KvCacheError(grpc.StatusCode.UNAVAILABLE,
                             f"WatchEvents: the stream broke{why} and no daemon came back within "
                             f"{waited:g}s; resume later from {self.resume_point}")

@@ -204,14 +204,9 @@ class Session(SessionCore):
                                            on_header)
         stream = self._client._get_blocks_stream(
             self._get_request(pool, tokens, cache_salt, extra_keys, max_chunk_bytes), timeout)
-        try:
+        with self._reading(stream, session):
             for message in stream:
                 self._read_message(reader, message, session)
-        except grpc.RpcError as error:
-            raise self._fenced_error("GetBlocks", error, session) from None
-        except KvCacheError:
-            stream.cancel()
-            raise
         return reader.finish()
 
     def _stop_keep_alive(self) -> None:
