@@ -66,7 +66,8 @@ def token_ids(call: str, tokens: Any) -> TokenIds:
     """`tokens` as protobuf takes them for a repeated uint32 field, without a Python loop: a
     list or other sized sequence of ints as it is (protobuf range-checks each one in C as it
     copies them into the request, and make_request names the first bad one), a numpy integer
-    array checked with one vectorized min/max, an iterator as a list. INVALID_ARGUMENT for a numpy
+    array checked with one vectorized min/max and passed as a uint32 memoryview, an iterator as
+    a list. INVALID_ARGUMENT for a numpy
     array that is not 1-D integers or holds a value outside [0, 2**32)."""
     numpy = sys.modules.get("numpy")  # only an array needs it, and an array brought it in
     if numpy is not None and isinstance(tokens, numpy.ndarray):
@@ -77,7 +78,9 @@ def token_ids(call: str, tokens: Any) -> TokenIds:
                 int(tokens.min()) < 0 or int(tokens.max()) > _MAX_TOKEN):
             bad = int(numpy.flatnonzero((tokens < 0) | (tokens > _MAX_TOKEN))[0])
             raise invalid_argument(f"{call}: token {bad} is {tokens[bad]}; token ids are uint32")
-        return tokens.tolist()  # protobuf copies a list of ints 5x faster than numpy scalars
+        # As a view of native uint32 (no copy when it already is one): protobuf reads its
+        # items as Python ints, several times faster than numpy scalars, without a list.
+        return memoryview(numpy.ascontiguousarray(tokens, dtype=numpy.uint32))
     if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
         try:
             return list(tokens)  # an iterator or generator: read once
