@@ -48,6 +48,8 @@ T = TypeVar("T")
 # backoff (1 s, growing to 120 s) would keep a client away much longer (as the C++ client).
 _RECONNECT_BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                               ("grpc.max_reconnect_backoff_ms", 2000)]
+HTTP2_FRAME_BYTES = (1 << 24) - 1  # the largest frame HTTP/2 allows
+HTTP2_WINDOW_BYTES = 8 << 20  # per stream
 GET_BLOCKS_METHOD = "/kvcache.v1.KvCache/GetBlocks"
 PUT_BLOCKS_METHOD = "/kvcache.v1.KvCache/PutBlocks"
 
@@ -181,6 +183,11 @@ class ChannelSettings:
         self.options: List[Tuple[str, Any]] = _RECONNECT_BACKOFF_OPTIONS + [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # As the C++ client (common/rpc/http2_tuning.h): block bytes come in MiB-sized
+            # messages, which 16 KiB frames and a 64 KiB window would cut up and pace with
+            # flow-control round trips.
+            ("grpc.http2.max_frame_size", HTTP2_FRAME_BYTES),
+            ("grpc.http2.lookahead_bytes", HTTP2_WINDOW_BYTES),
             # GetBlocks' messages are read on the calling thread instead of being handed over
             # from gRPC's channel thread one by one (~1.5x the bandwidth: bench/).
             (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]

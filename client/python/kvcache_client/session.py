@@ -158,7 +158,7 @@ class Session(SessionCore):
         a stream that ends early). The bytes are copied once, from what gRPC received into the
         destination. OUT_OF_RANGE, and the stream is cancelled, when the daemon has more cached
         blocks than `destination` holds; its contents are unspecified after an error.
-        `max_chunk_bytes` of 0 takes the daemon's default chunk size. Read-only."""
+        `max_chunk_bytes` of 0 asks for 256 KiB messages (GET_CHUNK_BYTES). Read-only."""
         view = as_bytes_view("get_blocks_into", destination, writable=True)
         return self._read_blocks(pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
                                  destination_of(view))
