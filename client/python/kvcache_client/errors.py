@@ -111,7 +111,6 @@ def make_request(call: str, message_type: Callable[..., M], **fields: Any) -> M:
         return message_type(**fields)
     except (TypeError, ValueError):
         pass  # find which field, field by field
-    message = message_type()
     for name, value in fields.items():
         try:
             message_type(**{name: value})
@@ -120,4 +119,5 @@ def make_request(call: str, message_type: Callable[..., M], **fields: Any) -> M:
                 raise _token_error(call, value) from None
             problem = "is out of range" if isinstance(error, ValueError) else "has the wrong type"
             raise invalid_argument(f"{call}: {name} ({type(value).__name__}) {problem}") from None
-    return message  # unreachable unless protobuf refuses the fields only together
+    # Each field alone is fine: protobuf refused them together (no such message today).
+    raise invalid_argument(f"{call}: the request's fields do not fit together")
