@@ -201,21 +201,27 @@ class Session(SessionCore):
                                                              extra_keys, max_load_ms))
 
     async def extend(self, sequence_id: int, tokens: Sequence[int]) -> Extension:
+        """As kvcache_client.Session.extend."""
         return await self._session_call(_calls.extend(sequence_id, tokens))
 
     async def commit(self, sequence_id: int, num_written_tokens: int) -> Commit:
+        """As kvcache_client.Session.commit."""
         return await self._session_call(_calls.commit(sequence_id, num_written_tokens))
 
     async def release(self, sequence_id: int) -> None:
+        """As kvcache_client.Session.release."""
         await self._session_call(_calls.release(sequence_id))
 
     async def fork(self, sequence_id: int) -> Fork:
+        """As kvcache_client.Session.fork."""
         return await self._session_call(_calls.fork(sequence_id))
 
     async def publish_rendezvous(self, key: str, value: bytes) -> None:
+        """As kvcache_client.Session.publish_rendezvous."""
         await self._session_call(_calls.publish_rendezvous(key, value))
 
     async def await_rendezvous(self, key: str, timeout: float) -> bytes:
+        """As kvcache_client.Session.await_rendezvous."""
         return await self._session_call(_calls.await_rendezvous(key, timeout), timeout)
 
     async def put_blocks(self, pool: str, tokens: Sequence[int], data: Any, *,
