@@ -8,6 +8,7 @@
 - aio (aio.py): the same Client and Session for asyncio, on grpc.aio.
 - events (events.py): watch_events() batches and resume points.
 - KvCacheError (errors.py): every failure, with its gRPC code.
+- tuning (tuning.py): process-wide settings for processes that stream many blocks.
 - hashing (hashing.py): the block hash chain (docs/hash_spec.md), needing only xxhash.
 
 Runtime: grpcio, protobuf and xxhash (Debian: python3-grpcio, python3-protobuf, python3-xxhash),

@@ -1,18 +1,21 @@
 """Requests as the client builds them, before any call: token ids checked without a Python loop
 (lists by protobuf as it copies them, numpy arrays by one min/max) yet every bad token named
-exactly; and the element types of mapped pools, with ml_dtypes and (against a real daemon with
-bf16 and fp8 pools) without it.
+exactly; the element types of mapped pools, with ml_dtypes and (against a real daemon with
+bf16 and fp8 pools) without it; and tuning.tune_for_block_streams, seen from gRPC's own log.
 """
 
 import array
 import importlib.util
+import os
+import subprocess
+import sys
 import types
 import unittest
 
 import grpc
 import numpy
 
-from daemon import Daemon
+from daemon import BOUND, SOURCE_DIR, Daemon
 
 from kvcache_client import DType, KvCacheError, _calls
 from kvcache_client.mapped_pool import element_type
@@ -98,6 +101,53 @@ class ElementTypeTest(unittest.TestCase):
                     self.assertEqual(mapped.element_type.name, expected)
                     self.assertEqual(mapped.keys(0, 0).dtype, mapped.element_type)
                     self.assertEqual(mapped.kv(0).nbytes, mapped.block_bytes)
+
+
+# Tunes, then makes a channel (gRPC starts and logs its settings) and gets a block through it.
+TUNED_PROCESS = """
+import sys
+import grpc
+from kvcache_client import Client
+from kvcache_client.tuning import tune_for_block_streams
+print("tuned", tune_for_block_streams(), flush=True)
+with Client(sys.argv[1]) as client, client.open_session("tuned") as session:
+    session.put_blocks("default", list(range(16)), bytes(client.describe_pool(
+        "default").pool.layout.block_bytes))
+    print("got", session.get_blocks("default", list(range(16)))[0].num_blocks, flush=True)
+"""
+
+
+class TuningTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.cleanup()
+
+    def run_tuned(self, **env) -> str:
+        environment = {name: value for name, value in os.environ.items()
+                       if not name.startswith("GRPC_")}
+        environment.update(env, GRPC_VERBOSITY="DEBUG",
+                           PYTHONPATH=os.path.join(SOURCE_DIR, "client", "python"))
+        done = subprocess.run([sys.executable, "-c", TUNED_PROCESS, self.daemon.target],
+                              env=environment, capture_output=True, text=True, timeout=BOUND)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("got 1", done.stdout)
+        return done.stdout + done.stderr
+
+    def test_grpc_starts_with_the_settings(self):
+        log = self.run_tuned()
+        self.assertIn("tuned True", log)
+        self.assertIn("Using polling engine: poll", log)
+        self.assertRegex(log, r"EXPERIMENT tcp_read_chunks +OFF")
+
+    def test_the_operators_choice_wins(self):
+        log = self.run_tuned(GRPC_POLL_STRATEGY="epoll1")
+        self.assertIn("tuned False", log)
+        self.assertIn("Using polling engine: epoll1", log)
+        self.assertRegex(log, r"EXPERIMENT tcp_read_chunks +OFF")
 
 
 if __name__ == "__main__":
