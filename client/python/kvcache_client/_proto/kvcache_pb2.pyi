@@ -395,10 +395,14 @@ class PingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PingResponse(_message.Message):
-    __slots__ = ["epoch"]
+    __slots__ = ["epoch", "server_revision", "server_version"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SERVER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     epoch: int
-    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+    server_revision: str
+    server_version: str
+    def __init__(self, epoch: _Optional[int] = ..., server_version: _Optional[str] = ..., server_revision: _Optional[str] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
     __slots__ = ["hash_algorithm", "layout", "mapping", "memory_kind", "model_id", "name", "num_blocks"]
