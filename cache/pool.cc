@@ -284,12 +284,17 @@ void Pool::EraseLocked(uint64_t sequence_id) {
   sequences_.erase(it);
 }
 
-void Pool::SetRoot(absl::string_view tenant, absl::string_view cache_salt,
-                   Sequence* sequence) const {
+absl::Status Pool::SetRoot(absl::string_view tenant, absl::string_view cache_salt,
+                           const CompatibilityManifest* manifest, Sequence* sequence) const {
+  HashNamespace ns{options_.model_id, layout_fingerprint_, tenant, cache_salt};
+  if (manifest != nullptr) {
+    RETURN_IF_ERROR(manifest->CheckFits(options_.layout, options_.name));
+    ns.manifest_digest = manifest->Digest(options_.hash_algorithm);
+  }
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
-  const HashNamespace ns{options_.model_id, layout_fingerprint_, tenant, cache_salt};
   sequence->root = hasher.Root(ns);
   sequence->namespace_digest = hasher.NamespaceDigest(ns);
+  return absl::OkStatus();
 }
 
 void Pool::HashNewBlocks(Sequence* sequence) const {
@@ -426,7 +431,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
 
   auto sequence = std::make_unique<Sequence>();
   sequence->session_id = session.id;
-  SetRoot(session.tenant, spec.cache_salt, sequence.get());
+  RETURN_IF_ERROR(SetRoot(session.tenant, spec.cache_salt, session.manifest.get(), sequence.get()));
   sequence->extras = spec.extra_keys;
   const size_t kept_tokens =
       mode == OpenMode::kCompute ? spec.tokens.size() : total_blocks * block_size;
@@ -744,12 +749,13 @@ uint32_t Pool::SequencesOfSession(uint64_t session_id) const {
   return it == by_session_.end() ? 0 : static_cast<uint32_t>(it->second.size());
 }
 
-absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const SequenceSpec& spec) {
+absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const SequenceSpec& spec,
+                                          const CompatibilityManifest* manifest) {
   // A hit promises bytes this daemon can no longer vouch for or serve.
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
   Sequence probe;
-  SetRoot(tenant, spec.cache_salt, &probe);
+  RETURN_IF_ERROR(SetRoot(tenant, spec.cache_salt, manifest, &probe));
   probe.extras = spec.extra_keys;
   probe.tokens.assign(spec.tokens.begin(), spec.tokens.end());
   HashNewBlocks(&probe);

@@ -8,8 +8,9 @@
 // Error codes: INVALID_ARGUMENT for malformed input, NOT_FOUND for a sequence that is unknown or
 // belongs to another session, ABORTED when the session has ended, RESOURCE_EXHAUSTED when the
 // pool has too few blocks or the session's tenant would pass a quota (max_referenced_blocks of
-// this pool, max_open_sequences; nothing changes then), UNAVAILABLE once a device fault has
-// latched.
+// this pool, max_open_sequences; nothing changes then), FAILED_PRECONDITION when the session's
+// (or a Lookup's) compatibility manifest contradicts the pool's layout (nothing opens),
+// UNAVAILABLE once a device fault has latched.
 //
 // Tenants: every block a sequence holds belongs to the sequence's tenant (blocks are never shared
 // across tenants: the tenant is part of every hash root), so a tenant's referenced blocks are the
@@ -73,6 +74,7 @@
 #include "cache/tier_stats.h"
 #include "common/block_hash.h"
 #include "common/clock.h"
+#include "common/compatibility_manifest.h"
 #include "common/histogram.h"
 
 namespace kvcache {
@@ -224,7 +226,9 @@ class Pool final : private OffloadSource {
                                       uint32_t num_written_tokens);
   absl::Status Release(const Session& session, uint64_t sequence_id);
   absl::StatusOr<ForkedSequence> Fork(const Session& session, uint64_t sequence_id);
-  absl::StatusOr<LookupResult> Lookup(absl::string_view tenant, const SequenceSpec& spec);
+  // `manifest`: the one the looked-up blocks' sessions were bound to (null: none).
+  absl::StatusOr<LookupResult> Lookup(absl::string_view tenant, const SequenceSpec& spec,
+                                      const CompatibilityManifest* manifest = nullptr);
 
   // How many sequences `session_id` holds in this pool.
   uint32_t SequencesOfSession(uint64_t session_id) const;
@@ -313,8 +317,10 @@ class Pool final : private OffloadSource {
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
-  // Sets the sequence's root and namespace digest.
-  void SetRoot(absl::string_view tenant, absl::string_view cache_salt, Sequence* sequence) const;
+  // Sets the sequence's root and namespace digest, `manifest`'s digest among them (null: none).
+  // FAILED_PRECONDITION when the manifest contradicts the pool's layout; nothing is set then.
+  absl::Status SetRoot(absl::string_view tenant, absl::string_view cache_salt,
+                       const CompatibilityManifest* manifest, Sequence* sequence) const;
   // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain.
   std::vector<BlockId> WalkLocked(const Sequence& sequence, size_t max_blocks) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

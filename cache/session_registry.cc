@@ -68,10 +68,9 @@ uint64_t SessionRegistry::CounterOf(uint64_t session_id) const {
   return (static_cast<uint64_t>(left) << 32) | right;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(std::string principal,
-                                                               std::string tenant,
-                                                               std::string client_name,
-                                                               absl::Duration ttl) {
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
+    std::string principal, std::string tenant, std::string client_name, absl::Duration ttl,
+    std::shared_ptr<const CompatibilityManifest> manifest) {
   if (stopped_opening_.load(std::memory_order_acquire)) {
     return absl::UnavailableError(
         "the daemon is draining (shutting down): open the session on another daemon");
@@ -93,7 +92,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(std::string princ
   uint64_t id = IdOf(next_counter_++);
   if (id == 0) id = IdOf(next_counter_++);  // 0 means "no session" on the wire
   auto session = std::make_shared<Session>(id, std::move(principal), std::move(tenant),
-                                           std::move(client_name), ttl);
+                                           std::move(client_name), ttl, std::move(manifest));
   sessions_.emplace(session->id, Entry{session, clock_->Now() + ttl, next_opened_++});
   ++counters_[session->tenant].opened;
   return session;

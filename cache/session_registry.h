@@ -50,11 +50,13 @@ class SessionRegistry {
   SessionRegistry(const SessionLimits& limits, const Clock* clock, TenantQuotas* quotas);
 
   // A session of `tenant` owned by `principal`. `ttl` of zero means the default; others are
-  // clamped to [min_ttl, max_ttl]. INVALID_ARGUMENT for an empty or oversize tenant or an oversize
-  // client name; RESOURCE_EXHAUSTED past max_sessions or the tenant's quota; UNAVAILABLE once
-  // the daemon drains (StopOpening).
-  absl::StatusOr<std::shared_ptr<Session>> Open(std::string principal, std::string tenant,
-                                                std::string client_name, absl::Duration ttl);
+  // clamped to [min_ttl, max_ttl]; `manifest` (validated by its Create; null: none) binds the
+  // session's roots. INVALID_ARGUMENT for an empty or oversize tenant or an oversize client name;
+  // RESOURCE_EXHAUSTED past max_sessions or the tenant's quota; UNAVAILABLE once the daemon
+  // drains (StopOpening).
+  absl::StatusOr<std::shared_ptr<Session>> Open(
+      std::string principal, std::string tenant, std::string client_name, absl::Duration ttl,
+      std::shared_ptr<const CompatibilityManifest> manifest = nullptr);
   // NOT_FOUND for an id never issued; ABORTED for one that has ended.
   absl::StatusOr<std::shared_ptr<Session>> Get(uint64_t session_id) const;
   // Pushes the deadline to now + ttl. Errors as Get.

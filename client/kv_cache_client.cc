@@ -18,6 +18,7 @@
 #include "client/read_file.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/http2_tuning.h"
+#include "common/rpc/manifest_proto.h"
 #include "common/status_macros.h"
 
 namespace kvcache {
@@ -352,17 +353,24 @@ absl::StatusOr<KvCacheClient::PoolDescription> KvCacheClient::DescribePool(absl:
   v1::DescribePoolResponse response;
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::DescribePool, "DescribePool", request,
                        &response, CurrentSession(), false));
-  return PoolDescription{.pool = ToPoolInfo(response.pool()),
-                         .counts = ToBlockCounts(response.counts()),
-                         .epoch = response.epoch()};
+  PoolDescription description{.pool = ToPoolInfo(response.pool()),
+                              .counts = ToBlockCounts(response.counts()),
+                              .epoch = response.epoch()};
+  for (const v1::ManifestInUse& use : response.manifests()) {
+    description.manifests.push_back(ManifestInUse{.digest = use.digest(),
+                                                  .tenant = use.tenant(),
+                                                  .manifest = ToManifestFields(use.manifest()),
+                                                  .sessions = use.sessions()});
+  }
+  return description;
 }
 
-absl::StatusOr<KvCacheClient::LookupResult> KvCacheClient::Lookup(absl::string_view pool,
-                                                                  absl::string_view tenant,
-                                                                  absl::Span<const uint32_t> tokens,
-                                                                  absl::string_view cache_salt,
-                                                                  const ExtraKeys& extra_keys) {
+absl::StatusOr<KvCacheClient::LookupResult> KvCacheClient::Lookup(
+    absl::string_view pool, absl::string_view tenant, absl::Span<const uint32_t> tokens,
+    absl::string_view cache_salt, const ExtraKeys& extra_keys,
+    const std::optional<ManifestFields>& manifest) {
   v1::LookupRequest request;
+  if (manifest.has_value()) ToProto(*manifest, request.mutable_manifest());
   request.set_pool(std::string(pool));
   request.set_tenant(std::string(tenant));
   request.mutable_tokens()->Add(tokens.begin(), tokens.end());
@@ -444,9 +452,9 @@ EventWatch::~EventWatch() {
   }
 }
 
-absl::StatusOr<KvCacheClient::SessionInfo> KvCacheClient::OpenSession(std::string tenant,
-                                                                      std::string client_name,
-                                                                      absl::Duration ttl) {
+absl::StatusOr<KvCacheClient::SessionInfo> KvCacheClient::OpenSession(
+    std::string tenant, std::string client_name, absl::Duration ttl,
+    const std::optional<ManifestFields>& manifest) {
   absl::MutexLock lifecycle(&lifecycle_mu_);
   {
     absl::MutexLock lock(&mu_);
@@ -461,6 +469,7 @@ absl::StatusOr<KvCacheClient::SessionInfo> KvCacheClient::OpenSession(std::strin
   request.set_tenant(std::move(tenant));
   request.set_client_name(std::move(client_name));
   request.set_ttl_ms(static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(ttl))));
+  if (manifest.has_value()) ToProto(*manifest, request.mutable_manifest());
   v1::OpenSessionResponse response;
   // No epoch to check against: this call is what sets it.
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::OpenSession, "OpenSession", request, &response,

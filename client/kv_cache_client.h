@@ -61,6 +61,7 @@
 #include "absl/types/span.h"
 #include "common/block_checksum.h"
 #include "common/block_hash.h"
+#include "common/compatibility_manifest.h"
 #include "common/pool_layout.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
@@ -183,9 +184,18 @@ class KvCacheClient {
     uint32_t evictable = 0;   // ref 0, still hashed and findable
     uint32_t referenced = 0;  // ref > 0
   };
+  // A manifest open sessions are bound to that fits the pool (v1.ManifestInUse).
+  struct ManifestInUse {
+    std::string digest;  // 32 hex digits, under the pool's hash algorithm
+    std::string tenant;
+    ManifestFields manifest;
+    uint32_t sessions = 0;
+  };
   struct PoolDescription {
     PoolInfo pool;
     BlockCounts counts;
+    // The caller's tenant's (an admin's: every tenant's), by tenant then digest.
+    std::vector<ManifestInUse> manifests;
     // The daemon's epoch when it answered. The mapping (shm name, IPC handle) belongs to that
     // daemon start only.
     uint64_t epoch = 0;
@@ -324,10 +334,12 @@ class KvCacheClient {
   absl::StatusOr<ServerVersion> GetServerVersion();
   absl::StatusOr<std::vector<PoolInfo>> ListPools();
   absl::StatusOr<PoolDescription> DescribePool(absl::string_view pool);
+  // `manifest`: the one the looked-up blocks' sessions are bound to (none: sessions without).
   absl::StatusOr<LookupResult> Lookup(absl::string_view pool, absl::string_view tenant,
                                       absl::Span<const uint32_t> tokens,
                                       absl::string_view cache_salt = "",
-                                      const ExtraKeys& extra_keys = {});
+                                      const ExtraKeys& extra_keys = {},
+                                      const std::optional<ManifestFields>& manifest = std::nullopt);
   // Every pool when `pool` is empty.
   absl::StatusOr<Stats> GetStats(absl::string_view pool = "");
   // The caller's tenant's open sessions (an admin's: every tenant's, or `tenant`'s).
@@ -338,8 +350,12 @@ class KvCacheClient {
   // Opens this client's session; `ttl` of zero asks for the daemon's default. Replaces a session
   // that was lost or fenced by a restart; ALREADY_EXISTS while a healthy one is open. Not
   // idempotent: each successful call makes a new session on the daemon.
-  absl::StatusOr<SessionInfo> OpenSession(std::string tenant, std::string client_name,
-                                          absl::Duration ttl = absl::ZeroDuration());
+  // `manifest` binds the session to the engine's compatibility manifest (DESIGN §3; the daemon
+  // answers INVALID_ARGUMENT naming a bad field, and FAILED_PRECONDITION at each call on a pool
+  // whose layout it contradicts); none: blocks are hashed as by sessions before manifests.
+  absl::StatusOr<SessionInfo> OpenSession(
+      std::string tenant, std::string client_name, absl::Duration ttl = absl::ZeroDuration(),
+      const std::optional<ManifestFields>& manifest = std::nullopt);
   // Closes the session and releases its sequences; returns how many. Later session calls are
   // answered ABORTED by the daemon.
   absl::StatusOr<uint32_t> CloseSession();

@@ -11,6 +11,9 @@ namespace kvcache {
 namespace {
 
 constexpr absl::string_view kRootTag = "kvcache.root.v1";
+// The root of a session bound to a compatibility manifest: v1's fields, then the manifest's
+// digest. Its own tag keeps the encoding of a root without one exactly v1's.
+constexpr absl::string_view kManifestRootTag = "kvcache.root.v2";
 constexpr absl::string_view kBlockTag = "kvcache.block.v1";
 // The prefix digest hashes the chain's block encoding with the parent hash's 16 bytes replaced
 // by the parent digest and 8 zero bytes, so it can reuse that encoding. Its own seed (the chain's
@@ -66,24 +69,29 @@ Hash128 BlockHasher::Weaken(Hash128 hash) const {
   return hash;
 }
 
-Hash128 BlockHasher::Finish() const {
-  if (algorithm_ == HashAlgorithm::kSha256) {
+Hash128 HashBytes(HashAlgorithm algorithm, absl::string_view bytes) {
+  if (algorithm == HashAlgorithm::kSha256) {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int digest_size = 0;
-    EVP_Digest(scratch_.data(), scratch_.size(), digest, &digest_size, EVP_sha256(), nullptr);
-    return Weaken(Hash128{LoadBigEndian64(digest), LoadBigEndian64(digest + 8)});
+    EVP_Digest(bytes.data(), bytes.size(), digest, &digest_size, EVP_sha256(), nullptr);
+    return Hash128{LoadBigEndian64(digest), LoadBigEndian64(digest + 8)};
   }
-  const XXH128_hash_t hash = XXH3_128bits_withSeed(scratch_.data(), scratch_.size(), 0);
-  return Weaken(Hash128{hash.high64, hash.low64});
+  const XXH128_hash_t hash = XXH3_128bits_withSeed(bytes.data(), bytes.size(), 0);
+  return Hash128{hash.high64, hash.low64};
+}
+
+Hash128 BlockHasher::Finish() const {
+  return Weaken(HashBytes(algorithm_, absl::string_view(scratch_.data(), scratch_.size())));
 }
 
 void BlockHasher::WriteRoot(const HashNamespace& ns) {
   scratch_.Clear();
-  scratch_.Raw(kRootTag);
+  scratch_.Raw(ns.manifest_digest.has_value() ? kManifestRootTag : kRootTag);
   scratch_.String(ns.model_id);
   scratch_.U64(ns.layout_fingerprint);
   scratch_.String(ns.tenant);
   scratch_.String(ns.cache_salt);
+  if (ns.manifest_digest.has_value()) WriteHash(*ns.manifest_digest, &scratch_);
 }
 
 Hash128 BlockHasher::Root(const HashNamespace& ns) {

@@ -1,5 +1,6 @@
 // Block hash chains: h_i = H(h_{i-1}, tokens of full block i, extra keys of block i), with h_{-1}
-// a root derived from the pool's namespace (model id, layout fingerprint, tenant, cache salt).
+// a root derived from the pool's namespace (model id, layout fingerprint, tenant, cache salt, and
+// the session's compatibility manifest when it has one).
 // The canonical byte encoding and test vectors are in docs/hash_spec.md; any client language must
 // reproduce them. H is XXH3-128 with seed 0 by default or SHA-256 truncated to 128 bits; never a
 // process-random seed, so hashes agree across processes and restarts.
@@ -10,6 +11,7 @@
 #define KVCACHE_COMMON_BLOCK_HASH_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,11 +59,17 @@ struct ExtraKeys {
   std::vector<MultimodalItem> multimodal_items;
 };
 
+// H of `bytes` at full width (no testing_hash_bits), in canonical form.
+Hash128 HashBytes(HashAlgorithm algorithm, absl::string_view bytes);
+
 struct HashNamespace {
   absl::string_view model_id;
   uint64_t layout_fingerprint = 0;
   absl::string_view tenant;
   absl::string_view cache_salt;
+  // The session's CompatibilityManifest::Digest under the pool's algorithm; absent for a session
+  // opened without a manifest, whose roots are exactly what they were before manifests existed.
+  std::optional<Hash128> manifest_digest;
 };
 
 class BlockHasher {

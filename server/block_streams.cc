@@ -39,7 +39,7 @@ absl::Status StreamHold::Attach(CacheManager* manager, StreamLeases* leases, uin
                                 std::function<void()> on_lease_end) {
   ASSIGN_OR_RETURN(lease, manager->SessionFor(session_id, epoch, principal));
   transfer_session = std::make_unique<Session>(kTransferSessionId, lease->principal, lease->tenant,
-                                               "transfer", lease->ttl);
+                                               "transfer", lease->ttl, lease->manifest);
   ASSIGN_OR_RETURN(lease_binding, leases->Bind(*lease, std::move(on_lease_end)));
   return absl::OkStatus();
 }

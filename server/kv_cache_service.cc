@@ -1,5 +1,8 @@
 #include "server/kv_cache_service.h"
 
+#include <map>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/grpc_status.h"
@@ -116,6 +119,39 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     tier->set_capacity_bytes(row.capacity_bytes);
     tier->set_restored_records(row.restored_records);
     tier->set_restore_skipped(row.restore_skipped);
+  }
+}
+
+// The manifests of `tenant`'s open sessions (empty: every tenant's) that fit the pool's layout,
+// one entry per tenant and digest with its session count. O(sessions): DescribePool is an
+// operator's call, not a request path.
+void FillManifestsInUse(const Pool& pool, const SessionRegistry& sessions, absl::string_view tenant,
+                        v1::DescribePoolResponse* response) {
+  const PoolOptions& options = pool.options();
+  struct Use {
+    const CompatibilityManifest* manifest;
+    uint32_t sessions = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Use> uses;  // (tenant, digest hex): ordered
+  // Held until the end: the entries point into these sessions' manifests.
+  const std::vector<SessionRegistry::Listed> open_sessions = sessions.List(tenant);
+  for (const SessionRegistry::Listed& listed : open_sessions) {
+    const Session& session = *listed.session;
+    if (session.manifest == nullptr ||
+        !session.manifest->CheckFits(options.layout, options.name).ok()) {
+      continue;
+    }
+    const std::string digest = session.manifest->Digest(options.hash_algorithm).ToHex();
+    Use& use =
+        uses.try_emplace({session.tenant, digest}, Use{session.manifest.get()}).first->second;
+    ++use.sessions;
+  }
+  for (const auto& [key, use] : uses) {
+    v1::ManifestInUse* out = response->add_manifests();
+    out->set_tenant(key.first);
+    out->set_digest(key.second);
+    ToProto(use.manifest->fields(), out->mutable_manifest());
+    out->set_sessions(use.sessions);
   }
 }
 
@@ -238,6 +274,8 @@ grpc::ServerUnaryReactor* KvCacheService::DescribePool(grpc::CallbackServerConte
                   FillCounts(
                       caller.role == Role::kAdmin ? pool->Stats() : pool->Stats(caller.tenant),
                       response->mutable_counts());
+                  FillManifestsInUse(*pool, manager_->sessions(),
+                                     caller.role == Role::kAdmin ? "" : caller.tenant, response);
                   return absl::OkStatus();
                 });
 }
@@ -249,10 +287,11 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSession(grpc::CallbackServerContex
       *this, context, response, manager_->epoch(), "OpenSession", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
         ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
+        ASSIGN_OR_RETURN(auto manifest, ManifestOf(*request));
         ASSIGN_OR_RETURN(
             auto session,
             manager_->sessions().Open(caller.principal, std::move(tenant), request->client_name(),
-                                      absl::Milliseconds(request->ttl_ms())));
+                                      absl::Milliseconds(request->ttl_ms()), std::move(manifest)));
         response->set_session_id(session->id);
         response->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(session->ttl)));
         return absl::OkStatus();
@@ -387,10 +426,13 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* co
                 [&](const Identity& caller) -> absl::Status {
                   ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
                   ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+                  ASSIGN_OR_RETURN(auto manifest, ManifestOf(*request));
                   ASSIGN_OR_RETURN(
                       LookupResult result,
-                      pool->Lookup(tenant, ToSequenceSpec(request->tokens(), request->cache_salt(),
-                                                          request->extra_keys())));
+                      pool->Lookup(tenant,
+                                   ToSequenceSpec(request->tokens(), request->cache_salt(),
+                                                  request->extra_keys()),
+                                   manifest.get()));
                   response->set_num_cached_tokens(result.num_cached_tokens);
                   response->set_num_cached_blocks(result.num_cached_blocks);
                   v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();

@@ -1,8 +1,14 @@
-// Request keys from their protos, shared by the unary handlers and the block streams.
+// Request keys and manifests from their protos, shared by the unary handlers and the block
+// streams.
 #ifndef KVCACHE_SERVER_PROTO_KEYS_H_
 #define KVCACHE_SERVER_PROTO_KEYS_H_
 
+#include <memory>
+
+#include "absl/status/statusor.h"
 #include "common/block_hash.h"
+#include "common/compatibility_manifest.h"
+#include "common/rpc/manifest_proto.h"
 #include "kvcache/v1/kvcache.pb.h"
 
 namespace kvcache {
@@ -14,6 +20,13 @@ inline ExtraKeys ToExtraKeys(const v1::ExtraKeys& proto) {
     extras.multimodal_items.push_back({item.content_hash(), item.offset(), item.length()});
   }
   return extras;
+}
+
+// The request's manifest, validated (INVALID_ARGUMENT naming the field); null when it has none.
+template <typename Request>
+absl::StatusOr<std::shared_ptr<const CompatibilityManifest>> ManifestOf(const Request& request) {
+  if (!request.has_manifest()) return nullptr;
+  return CompatibilityManifest::Create(ToManifestFields(request.manifest()));
 }
 
 }  // namespace kvcache
