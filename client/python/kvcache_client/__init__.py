@@ -21,12 +21,14 @@ from .client import Client, TlsOptions, default_target
 from .errors import KvCacheError
 from .events import EventBatch, ResumePoint
 from .session import Session
-from .values import (BlockCounts, Commit, DType, Extension, Fork, GetInfo, ListedSession,
-                     LookupResult, MappingKind, PoolDescription, PoolInfo, PoolLayout,
-                     PoolMapping, PoolStats, PutResult, Sequence, Stats, TierTokens)
+from .values import (BlockCounts, Commit, CompatibilityManifest, DType, Extension, Fork, GetInfo,
+                     ListedSession, LookupResult, ManifestInUse, MappingKind, PagePart,
+                     ParallelGeometry, PoolDescription, PoolInfo, PoolLayout, PoolMapping,
+                     PoolStats, PutResult, Sequence, Stats, TierTokens)
 
-__all__ = ["BlockCounts", "Client", "Commit", "DType", "EventBatch", "Extension", "Fork",
-           "GetInfo", "KvCacheError", "ListedSession", "LookupResult", "MappingKind",
+__all__ = ["BlockCounts", "Client", "Commit", "CompatibilityManifest", "DType", "EventBatch",
+           "Extension", "Fork", "GetInfo", "KvCacheError", "ListedSession", "LookupResult",
+           "ManifestInUse", "MappingKind", "PagePart", "ParallelGeometry",
            "PoolDescription", "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult",
            "ResumePoint", "RetryPolicy", "Sequence", "Session", "Stats", "TierTokens",
            "TlsOptions", "default_target"]

@@ -15,8 +15,8 @@ from typing import Any, Callable, Generic, List, Optional, Sequence, TypeVar
 from . import hashing
 from ._proto import kvcache_pb2
 from .errors import invalid_argument, make_request, token_ids
-from .values import (Commit, Extension, Fork, ListedSession, LookupResult, PoolDescription,
-                     PoolInfo, Sequence as SequenceTable, Stats, block_counts_from_proto,
+from .values import (Commit, CompatibilityManifest, Extension, Fork, ListedSession, LookupResult,
+                     ManifestInUse, PoolDescription, PoolInfo, Sequence as SequenceTable, Stats, block_counts_from_proto,
                      fill_extra_keys, pool_info_from_proto, pool_stats_from_proto,
                      tier_tokens_from_proto)
 
@@ -58,17 +58,23 @@ def describe_pool(pool: str) -> UnaryCall[PoolDescription]:
     return UnaryCall(
         "DescribePool",
         make_request("describe_pool", kvcache_pb2.DescribePoolRequest, pool=pool),
-        lambda response: PoolDescription(pool=pool_info_from_proto(response.pool),
-                                         counts=block_counts_from_proto(response.counts),
-                                         epoch=response.epoch),
+        lambda response: PoolDescription(
+            pool=pool_info_from_proto(response.pool),
+            counts=block_counts_from_proto(response.counts), epoch=response.epoch,
+            manifests=[ManifestInUse(digest=use.digest, tenant=use.tenant,
+                                     manifest=CompatibilityManifest.from_proto(use.manifest),
+                                     sessions=use.sessions) for use in response.manifests]),
         True)
 
 
 def lookup(pool: str, tokens: Sequence[int], cache_salt: bytes,
-           extra_keys: Optional[hashing.ExtraKeys], tenant: str) -> UnaryCall[LookupResult]:
+           extra_keys: Optional[hashing.ExtraKeys], tenant: str,
+           manifest: Optional[CompatibilityManifest] = None) -> UnaryCall[LookupResult]:
     request = make_request("lookup", kvcache_pb2.LookupRequest, pool=pool, tenant=tenant,
                            tokens=token_ids("lookup", tokens), cache_salt=cache_salt)
     fill_extra_keys(extra_keys, request.extra_keys)
+    if manifest is not None:
+        request.manifest.CopyFrom(manifest.to_proto())
     return UnaryCall("Lookup", request,
                      lambda response: LookupResult(
                          num_cached_tokens=response.num_cached_tokens,
@@ -99,12 +105,15 @@ def list_sessions(tenant: str) -> UnaryCall[List[ListedSession]]:
         True)
 
 
-def open_session(client_name: str, ttl: float) -> UnaryCall[Any]:
+def open_session(client_name: str, ttl: float,
+                 manifest: Optional[CompatibilityManifest] = None) -> UnaryCall[Any]:
     if ttl < 0:
         raise invalid_argument(f"open_session: ttl {ttl} is negative")
-    return UnaryCall("OpenSession", make_request(
-        "open_session", kvcache_pb2.OpenSessionRequest, client_name=client_name,
-        ttl_ms=int(ttl * 1000)), _reply, False)
+    request = make_request("open_session", kvcache_pb2.OpenSessionRequest,
+                           client_name=client_name, ttl_ms=int(ttl * 1000))
+    if manifest is not None:
+        request.manifest.CopyFrom(manifest.to_proto())
+    return UnaryCall("OpenSession", request, _reply, False)
 
 
 # --- session calls (stamped by the session) -------------------------------------------------------

@@ -30,8 +30,9 @@ from ._session_core import (CLOSE_ON_EXIT_TIMEOUT, SessionCore, as_bytes_view, d
 from .client import ClientBase, TlsOptions, retry_budget, retry_failure
 from .errors import KvCacheError, token_ids
 from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
-from .values import (Commit, Extension, Fork, GetInfo, ListedSession, LookupResult,
-                     PoolDescription, PoolInfo, PutResult, Sequence as SequenceTable, Stats)
+from .values import (Commit, CompatibilityManifest, Extension, Fork, GetInfo, ListedSession,
+                     LookupResult, PoolDescription, PoolInfo, PutResult,
+                     Sequence as SequenceTable, Stats)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
@@ -118,9 +119,11 @@ class Client(ClientBase):
 
     async def lookup(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                      extra_keys: Optional[hashing.ExtraKeys] = None,
-                     tenant: str = "") -> LookupResult:
+                     tenant: str = "",
+                     manifest: Optional[CompatibilityManifest] = None) -> LookupResult:
         """As kvcache_client.Client.lookup."""
-        return await self._unary(_calls.lookup(pool, tokens, cache_salt, extra_keys, tenant))
+        return await self._unary(
+            _calls.lookup(pool, tokens, cache_salt, extra_keys, tenant, manifest))
 
     async def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
         """As kvcache_client.Client.stats."""
@@ -152,11 +155,11 @@ class Client(ClientBase):
 
     async def open_session(self, client_name: str = "python", *, ttl: float = 0.0,
                            on_epoch_change: Optional[Callable[[int, int], None]] = None,
-                           on_session_lost: Optional[Callable[[KvCacheError], None]] = None
-                           ) -> "Session":
+                           on_session_lost: Optional[Callable[[KvCacheError], None]] = None,
+                           manifest: Optional[CompatibilityManifest] = None) -> "Session":
         """As kvcache_client.Client.open_session; the keep-alive is a task on the running loop
         and the callbacks run on it."""
-        response = await self._unary(_calls.open_session(client_name, ttl))
+        response = await self._unary(_calls.open_session(client_name, ttl, manifest))
         return Session(self, response, on_epoch_change, on_session_lost)
 
 

@@ -37,7 +37,8 @@ from ._proto import kvcache_pb2, kvcache_pb2_grpc
 from .block_stream import split_get_message
 from .errors import KvCacheError, invalid_argument
 from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
-from .values import ListedSession, LookupResult, PoolDescription, PoolInfo, Stats
+from .values import (CompatibilityManifest, ListedSession, LookupResult, PoolDescription,
+                     PoolInfo, Stats)
 
 if TYPE_CHECKING:
     from .session import Session
@@ -384,11 +385,13 @@ class Client(ClientBase):
         return self._unary(_calls.describe_pool(pool))
 
     def lookup(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
-               extra_keys: Optional[hashing.ExtraKeys] = None, tenant: str = "") -> LookupResult:
+               extra_keys: Optional[hashing.ExtraKeys] = None, tenant: str = "",
+               manifest: Optional[CompatibilityManifest] = None) -> LookupResult:
         """Longest cached prefix of `tokens`, acquiring nothing (for routers). `tokens`: a list
         of ints or a 1-D numpy integer array (checked without a Python loop). `tenant`: empty
-        for the caller's own (another: PERMISSION_DENIED unless an admin)."""
-        return self._unary(_calls.lookup(pool, tokens, cache_salt, extra_keys, tenant))
+        for the caller's own (another: PERMISSION_DENIED unless an admin). `manifest`: the one
+        the looked-up blocks' sessions are bound to (None: sessions without one)."""
+        return self._unary(_calls.lookup(pool, tokens, cache_salt, extra_keys, tenant, manifest))
 
     def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
         """Every pool's statistics when `pool` is empty; NOT_FOUND for an unknown pool."""
@@ -430,8 +433,8 @@ class Client(ClientBase):
 
     def open_session(self, client_name: str = "python", *, ttl: float = 0.0,
                      on_epoch_change: Optional[Callable[[int, int], None]] = None,
-                     on_session_lost: Optional[Callable[[KvCacheError], None]] = None
-                     ) -> "Session":
+                     on_session_lost: Optional[Callable[[KvCacheError], None]] = None,
+                     manifest: Optional[CompatibilityManifest] = None) -> "Session":
         """Opens a session (a lease) of the caller's tenant and starts keeping it alive every
         ttl/3 in a background thread. `ttl` in seconds; 0 asks for the daemon's default, which
         clamps it to its limits (Session.ttl is what was granted). Not idempotent: each call
@@ -441,7 +444,11 @@ class Client(ClientBase):
         restarted (new_epoch 0 when only an error said so); on_session_lost(error) once when the
         lease is found ended without close(). They run on the thread that noticed (a caller's or
         the keep-alive thread) and must not call close() on this session.
+
+        manifest binds the session to the engine's CompatibilityManifest: its blocks are shared
+        only with sessions of an equal manifest (INVALID_ARGUMENT naming a bad field; each call
+        on a pool whose layout it contradicts is FAILED_PRECONDITION). None: as before manifests.
         """
         from .session import Session  # session.py imports this module
-        response = self._unary(_calls.open_session(client_name, ttl))
+        response = self._unary(_calls.open_session(client_name, ttl, manifest))
         return Session(self, response, on_epoch_change, on_session_lost)

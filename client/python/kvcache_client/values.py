@@ -5,8 +5,8 @@ hashing.ExtraKeys for extra keys: the object that computes a block's hash names 
 """
 
 import enum
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 from . import hashing
 from ._proto import kvcache_pb2
@@ -73,10 +73,77 @@ class BlockCounts:
 
 
 @dataclass(frozen=True)
+class PagePart:
+    """A named byte range of a page, in page order (kvcache.v1.PagePart)."""
+    name: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ParallelGeometry:
+    """The engine process's place in its parallel groups; a size of 0 means 1."""
+    tp_size: int = 1
+    tp_rank: int = 0
+    pp_size: int = 1
+    pp_rank: int = 0
+    cp_size: int = 1
+    cp_rank: int = 0
+
+
+@dataclass(frozen=True)
+class CompatibilityManifest:
+    """What an engine process declares about the KV it stores (kvcache.v1.CompatibilityManifest,
+    whose comments give each field's rule). A session opened with one never shares a block with
+    a session of another manifest, in any tier, across restarts."""
+    model_id: str
+    model_config_digest: bytes  # the engine's digest of whatever in its config changes the KV
+    kv_dtype: str  # "fp16", "bf16", "fp32" or "fp8_e4m3": the pool's dtype
+    page_tokens: int  # the pool's block_size
+    parts: Tuple[PagePart, ...]  # their bytes sum to the pool's block_bytes
+    parallel: ParallelGeometry = ParallelGeometry()
+    kv_codec: str = ""  # "" for raw KV
+    key_hash_algorithm: str = ""
+
+    def to_proto(self) -> kvcache_pb2.CompatibilityManifest:
+        return kvcache_pb2.CompatibilityManifest(
+            model_id=self.model_id, model_config_digest=bytes(self.model_config_digest),
+            kv_dtype=self.kv_dtype, kv_codec=self.kv_codec, page_tokens=self.page_tokens,
+            parts=[kvcache_pb2.PagePart(name=part.name, bytes=part.bytes) for part in self.parts],
+            parallel=kvcache_pb2.ParallelGeometry(
+                tp_size=self.parallel.tp_size, tp_rank=self.parallel.tp_rank,
+                pp_size=self.parallel.pp_size, pp_rank=self.parallel.pp_rank,
+                cp_size=self.parallel.cp_size, cp_rank=self.parallel.cp_rank),
+            key_hash_algorithm=self.key_hash_algorithm)
+
+    @staticmethod
+    def from_proto(proto: kvcache_pb2.CompatibilityManifest) -> "CompatibilityManifest":
+        parallel = proto.parallel
+        return CompatibilityManifest(
+            model_id=proto.model_id, model_config_digest=bytes(proto.model_config_digest),
+            kv_dtype=proto.kv_dtype, page_tokens=proto.page_tokens,
+            parts=tuple(PagePart(name=part.name, bytes=part.bytes) for part in proto.parts),
+            parallel=ParallelGeometry(tp_size=parallel.tp_size, tp_rank=parallel.tp_rank,
+                                      pp_size=parallel.pp_size, pp_rank=parallel.pp_rank,
+                                      cp_size=parallel.cp_size, cp_rank=parallel.cp_rank),
+            kv_codec=proto.kv_codec, key_hash_algorithm=proto.key_hash_algorithm)
+
+
+@dataclass(frozen=True)
+class ManifestInUse:
+    """A manifest open sessions are bound to that fits the pool (kvcache.v1.ManifestInUse)."""
+    digest: str  # 32 hex digits, under the pool's hash algorithm
+    tenant: str
+    manifest: CompatibilityManifest  # as the daemon validated it
+    sessions: int
+
+
+@dataclass(frozen=True)
 class PoolDescription:
     pool: PoolInfo
     counts: BlockCounts
     epoch: int  # the mapping belongs to this daemon start only
+    # The caller's tenant's manifests in use (an admin's: every tenant's), by tenant then digest.
+    manifests: List[ManifestInUse] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy
 
 from daemon import BOUND, Daemon, error_code, tokens
 
-from kvcache_client import KvCacheError, aio
+from kvcache_client import CompatibilityManifest, KvCacheError, PagePart, ParallelGeometry, aio
 
 Code = grpc.StatusCode
 
@@ -55,6 +55,30 @@ class AioTest(unittest.TestCase):
             self.assertEqual(await code_of(client.describe_pool("nope")), Code.NOT_FOUND)
             self.assertEqual(await code_of(client.lookup("default", [-1])),
                              Code.INVALID_ARGUMENT)
+        self.run_async(scenario)
+
+    def test_a_manifest_binds_the_session(self):
+        async def scenario(client):
+            layout = (await client.describe_pool("default")).pool.layout
+            manifest = CompatibilityManifest(
+                model_id="m", model_config_digest=b"aio", kv_dtype="fp16",
+                page_tokens=layout.block_size, parts=(PagePart("kv", layout.block_bytes),),
+                parallel=ParallelGeometry(tp_size=4, tp_rank=3))
+            prompt = tokens(8000, 40)
+            async with await client.open_session("aio-manifest", manifest=manifest) as session:
+                sequence = await session.open_sequence("default", prompt)
+                await session.commit(sequence.sequence_id, 32)
+                await session.release(sequence.sequence_id)
+                uses = (await client.describe_pool("default")).manifests
+                self.assertEqual([(use.manifest, use.sessions) for use in uses],
+                                 [(manifest, 1)])
+            self.assertEqual((await client.lookup("default", prompt, manifest=manifest))
+                             .num_cached_tokens, 32)
+            self.assertEqual((await client.lookup("default", prompt)).num_cached_tokens, 0)
+            self.assertEqual(await code_of(client.open_session(
+                "bad", manifest=CompatibilityManifest(
+                    model_id="", model_config_digest=b"x", kv_dtype="fp16", page_tokens=16,
+                    parts=(PagePart("kv", 1),)))), Code.INVALID_ARGUMENT)
         self.run_async(scenario)
 
     def test_sequences_and_block_bytes(self):

@@ -19,6 +19,7 @@ from daemon import BOUND, POOL_BLOCKS, Daemon, error_code, tokens, wait_until
 import grpc
 from kvcache_client import Client, DType, KvCacheError, MappingKind, TlsOptions
 from kvcache_client import PoolInfo, PoolLayout, PoolMapping, TierTokens
+from kvcache_client import CompatibilityManifest, PagePart, ParallelGeometry
 from kvcache_client import block_stream, hashing
 from kvcache_client.mapped_pool import MappedPool
 from kvcache_client._proto import kvcache_pb2
@@ -99,6 +100,64 @@ class CallsTest(unittest.TestCase):
         for sequence_id in (sequence.sequence_id, fork.sequence_id, hit.sequence_id):
             session.release(sequence_id)
         self.assertEqual(session.close(), 0)
+
+    def manifest(self, **changes):
+        """Rank 0 of a 2-way tensor-parallel engine on the default pool's layout."""
+        fields = dict(model_id="m", model_config_digest=b"rope=8", kv_dtype="fp16",
+                      page_tokens=self.layout.block_size,
+                      parts=(PagePart("kv", self.layout.block_bytes),),
+                      parallel=ParallelGeometry(tp_size=2, tp_rank=0))
+        fields.update(changes)
+        return CompatibilityManifest(**fields)
+
+    def test_sessions_of_other_manifests_never_hit(self):
+        rank_zero = self.manifest()
+        rank_one = self.manifest(parallel=ParallelGeometry(tp_size=2, tp_rank=1))
+        writer = self.client.open_session("rank0", manifest=rank_zero)
+        self.addCleanup(writer.__exit__, None, None, None)
+        prompt = tokens(7000, 2 * BLOCK_SIZE + 1)
+        sequence = writer.open_sequence("default", prompt)
+        writer.commit(sequence.sequence_id, 2 * BLOCK_SIZE)
+        writer.release(sequence.sequence_id)
+        self.assertEqual(self.client.lookup("default", prompt, manifest=rank_zero)
+                         .num_cached_tokens, 32)
+        self.assertEqual(self.client.lookup("default", prompt, manifest=rank_one)
+                         .num_cached_tokens, 0)
+        self.assertEqual(self.client.lookup("default", prompt).num_cached_tokens, 0)
+        other = self.client.open_session("rank1", manifest=rank_one)
+        self.addCleanup(other.__exit__, None, None, None)
+        miss = other.open_sequence("default", prompt)
+        self.assertEqual(miss.num_cached_tokens, 0)
+        other.release(miss.sequence_id)
+        again = self.client.open_session("rank0-again", manifest=rank_zero)
+        self.addCleanup(again.__exit__, None, None, None)
+        hit = again.open_sequence("default", prompt)
+        self.assertEqual(hit.num_cached_tokens, 32)
+        again.release(hit.sequence_id)
+
+        uses = {use.manifest.parallel.tp_rank: use
+                for use in self.client.describe_pool("default").manifests}
+        self.assertEqual(sorted(uses), [0, 1])
+        self.assertEqual((uses[0].sessions, uses[1].sessions), (2, 1))
+        self.assertEqual(uses[0].manifest, rank_zero)
+        self.assertEqual(uses[0].tenant, "default")
+        self.assertEqual(len(uses[0].digest), 32)
+        self.assertNotEqual(uses[0].digest, uses[1].digest)
+
+    def test_bad_manifests(self):
+        self.assertEqual(error_code(self.client.open_session, "bad", manifest=self.manifest(
+            model_id="")), Code.INVALID_ARGUMENT)
+        self.assertEqual(error_code(self.client.open_session, "bad", manifest=self.manifest(
+            parallel=ParallelGeometry(tp_size=2, tp_rank=2))), Code.INVALID_ARGUMENT)
+        self.assertEqual(error_code(self.client.open_session, "bad", manifest=self.manifest(
+            model_config_digest=b"x" * 65)), Code.INVALID_ARGUMENT)
+        misfit = self.client.open_session("misfit", manifest=self.manifest(kv_dtype="bf16"))
+        self.addCleanup(misfit.__exit__, None, None, None)
+        self.assertEqual(error_code(misfit.open_sequence, "default", tokens(1, 40)),
+                         Code.FAILED_PRECONDITION)
+        self.assertEqual(error_code(self.client.lookup, "default", tokens(1, 40),
+                                    manifest=self.manifest(page_tokens=32)),
+                         Code.FAILED_PRECONDITION)
 
     def test_close_reports_released_sequences(self):
         session = self.client.open_session("closing", ttl=2.0)

@@ -122,6 +122,26 @@ class CommitSequenceResponse(_message.Message):
     num_published_blocks: int
     def __init__(self, epoch: _Optional[int] = ..., num_committed_blocks: _Optional[int] = ..., num_published_blocks: _Optional[int] = ...) -> None: ...
 
+class CompatibilityManifest(_message.Message):
+    __slots__ = ["key_hash_algorithm", "kv_codec", "kv_dtype", "model_config_digest", "model_id", "page_tokens", "parallel", "parts"]
+    KEY_HASH_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    KV_CODEC_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CONFIG_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    key_hash_algorithm: str
+    kv_codec: str
+    kv_dtype: str
+    model_config_digest: bytes
+    model_id: str
+    page_tokens: int
+    parallel: ParallelGeometry
+    parts: _containers.RepeatedCompositeFieldContainer[PagePart]
+    def __init__(self, model_id: _Optional[str] = ..., model_config_digest: _Optional[bytes] = ..., kv_dtype: _Optional[str] = ..., kv_codec: _Optional[str] = ..., page_tokens: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[PagePart, _Mapping]]] = ..., parallel: _Optional[_Union[ParallelGeometry, _Mapping]] = ..., key_hash_algorithm: _Optional[str] = ...) -> None: ...
+
 class DescribePoolRequest(_message.Message):
     __slots__ = ["pool"]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -129,14 +149,16 @@ class DescribePoolRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class DescribePoolResponse(_message.Message):
-    __slots__ = ["counts", "epoch", "pool"]
+    __slots__ = ["counts", "epoch", "manifests", "pool"]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     counts: BlockCounts
     epoch: int
+    manifests: _containers.RepeatedCompositeFieldContainer[ManifestInUse]
     pool: PoolInfo
-    def __init__(self, epoch: _Optional[int] = ..., pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., counts: _Optional[_Union[BlockCounts, _Mapping]] = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., counts: _Optional[_Union[BlockCounts, _Mapping]] = ..., manifests: _Optional[_Iterable[_Union[ManifestInUse, _Mapping]]] = ...) -> None: ...
 
 class ExtendSequenceRequest(_message.Message):
     __slots__ = ["epoch", "sequence_id", "session_id", "tokens"]
@@ -303,18 +325,20 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ["cache_salt", "extra_keys", "pool", "tenant", "tokens"]
+    __slots__ = ["cache_salt", "extra_keys", "manifest", "pool", "tenant", "tokens"]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     EXTRA_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     cache_salt: bytes
     extra_keys: ExtraKeys
+    manifest: CompatibilityManifest
     pool: str
     tenant: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ...) -> None: ...
+    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., manifest: _Optional[_Union[CompatibilityManifest, _Mapping]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ["cached_tokens_by_tier", "epoch", "num_cached_blocks", "num_cached_tokens"]
@@ -327,6 +351,18 @@ class LookupResponse(_message.Message):
     num_cached_blocks: int
     num_cached_tokens: int
     def __init__(self, epoch: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Union[TierTokens, _Mapping]] = ...) -> None: ...
+
+class ManifestInUse(_message.Message):
+    __slots__ = ["digest", "manifest", "sessions", "tenant"]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    manifest: CompatibilityManifest
+    sessions: int
+    tenant: str
+    def __init__(self, digest: _Optional[str] = ..., tenant: _Optional[str] = ..., manifest: _Optional[_Union[CompatibilityManifest, _Mapping]] = ..., sessions: _Optional[int] = ...) -> None: ...
 
 class MultimodalItem(_message.Message):
     __slots__ = ["content_hash", "length", "offset"]
@@ -371,14 +407,16 @@ class OpenSequenceResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Union[TierTokens, _Mapping]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ["client_name", "tenant", "ttl_ms"]
+    __slots__ = ["client_name", "manifest", "tenant", "ttl_ms"]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     client_name: str
+    manifest: CompatibilityManifest
     tenant: str
     ttl_ms: int
-    def __init__(self, tenant: _Optional[str] = ..., client_name: _Optional[str] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, tenant: _Optional[str] = ..., client_name: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., manifest: _Optional[_Union[CompatibilityManifest, _Mapping]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ["epoch", "session_id", "ttl_ms"]
@@ -389,6 +427,30 @@ class OpenSessionResponse(_message.Message):
     session_id: int
     ttl_ms: int
     def __init__(self, epoch: _Optional[int] = ..., session_id: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class PagePart(_message.Message):
+    __slots__ = ["bytes", "name"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    name: str
+    def __init__(self, name: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class ParallelGeometry(_message.Message):
+    __slots__ = ["cp_rank", "cp_size", "pp_rank", "pp_size", "tp_rank", "tp_size"]
+    CP_RANK_FIELD_NUMBER: _ClassVar[int]
+    CP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    cp_rank: int
+    cp_size: int
+    pp_rank: int
+    pp_size: int
+    tp_rank: int
+    tp_size: int
+    def __init__(self, tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., cp_size: _Optional[int] = ..., cp_rank: _Optional[int] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = []
