@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -172,6 +173,44 @@ Table PoolsTable(absl::Span<const KvCacheClient::PoolDescription> pools) {
   return table;
 }
 
+// The compatibility manifests in use on a pool (DescribePool's), what an operator checks when
+// two engines that should share KV do not: which field differs.
+Json ManifestsJson(absl::Span<const KvCacheClient::ManifestInUse> uses) {
+  Json list = Json::array();
+  for (const KvCacheClient::ManifestInUse& use : uses) {
+    const ManifestFields& manifest = use.manifest;
+    Json parallel = Json::object();
+    parallel["tp_size"] = manifest.parallel.tp_size;
+    parallel["tp_rank"] = manifest.parallel.tp_rank;
+    parallel["pp_size"] = manifest.parallel.pp_size;
+    parallel["pp_rank"] = manifest.parallel.pp_rank;
+    parallel["cp_size"] = manifest.parallel.cp_size;
+    parallel["cp_rank"] = manifest.parallel.cp_rank;
+    Json parts = Json::array();
+    for (const PagePart& part : manifest.parts) {
+      Json item = Json::object();
+      item["name"] = part.name;
+      item["bytes"] = part.bytes;
+      parts.push_back(std::move(item));
+    }
+    Json item = Json::object();
+    item["digest"] = use.digest;
+    item["tenant"] = use.tenant;
+    item["sessions"] = use.sessions;
+    item["model_id"] = manifest.model_id;
+    // Opaque bytes: hex, so any engine's digest prints.
+    item["model_config_digest"] = absl::BytesToHexString(manifest.model_config_digest);
+    item["kv_dtype"] = manifest.kv_dtype;
+    item["kv_codec"] = manifest.kv_codec;
+    item["page_tokens"] = manifest.page_tokens;
+    item["parts"] = std::move(parts);
+    item["parallel"] = std::move(parallel);
+    item["key_hash_algorithm"] = manifest.key_hash_algorithm;
+    list.push_back(std::move(item));
+  }
+  return list;
+}
+
 Json PoolsJson(absl::Span<const KvCacheClient::PoolDescription> pools) {
   Json list = Json::array();
   for (const KvCacheClient::PoolDescription& pool : pools) {
@@ -203,6 +242,7 @@ Json PoolsJson(absl::Span<const KvCacheClient::PoolDescription> pools) {
     item["hash_algorithm"] = std::string(HashAlgorithmName(info.hash_algorithm));
     item["counts"] = CountsJson(pool.counts.free, pool.counts.evictable, pool.counts.referenced);
     item["mapping"] = std::move(mapping);
+    item["manifests"] = ManifestsJson(pool.manifests);
     list.push_back(std::move(item));
   }
   Json document = Json::object();

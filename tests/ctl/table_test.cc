@@ -116,6 +116,16 @@ KvCacheClient::PoolDescription SamplePool() {
   pool.pool.mapping.shm_name = "/kvcache.1.default";
   pool.pool.mapping.size_bytes = 64 * pool.pool.block_bytes;
   pool.counts = {.free = 60, .evictable = 2, .referenced = 2};
+  pool.manifests.push_back(KvCacheClient::ManifestInUse{
+      .digest = "00112233445566778899aabbccddeeff",
+      .tenant = "default",
+      .manifest = ManifestFields{.model_id = "llama",
+                                 .model_config_digest = "\x01\xff",
+                                 .kv_dtype = "fp16",
+                                 .page_tokens = 16,
+                                 .parts = {{"kv", 32768}},
+                                 .parallel = {.tp_size = 2, .tp_rank = 1}},
+      .sessions = 3});
   return pool;
 }
 
@@ -133,7 +143,7 @@ TEST(PoolsFormatTest, TableRowAndJsonShape) {
   const Json& pool = document["pools"][0];
   EXPECT_THAT(Keys(pool),
               ElementsAre("name", "model_id", "num_blocks", "block_size", "block_bytes", "layout",
-                          "memory_kind", "hash_algorithm", "counts", "mapping"));
+                          "memory_kind", "hash_algorithm", "counts", "mapping", "manifests"));
   EXPECT_EQ(pool["name"], "default");
   EXPECT_TRUE(pool["num_blocks"].is_number_unsigned());
   EXPECT_EQ(pool["num_blocks"], 64);
@@ -147,6 +157,14 @@ TEST(PoolsFormatTest, TableRowAndJsonShape) {
   EXPECT_EQ(pool["mapping"]["kind"], "shm");
   EXPECT_EQ(pool["mapping"]["shm_name"], "/kvcache.1.default");
   EXPECT_TRUE(pool["mapping"]["cuda_device"].is_null());
+  ASSERT_EQ(pool["manifests"].size(), 1);
+  const Json& manifest = pool["manifests"][0];
+  EXPECT_EQ(manifest["digest"], "00112233445566778899aabbccddeeff");
+  EXPECT_EQ(manifest["sessions"], 3);
+  EXPECT_EQ(manifest["model_config_digest"], "01ff");
+  EXPECT_EQ(manifest["page_tokens"], 16);
+  EXPECT_EQ(manifest["parts"][0]["bytes"], 32768);
+  EXPECT_EQ(manifest["parallel"]["tp_rank"], 1);
 }
 
 TEST(StatsFormatTest, HitRatioIsComputedFromTheCounters) {
