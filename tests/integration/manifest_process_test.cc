@@ -109,6 +109,27 @@ class ManifestProcessTest : public DaemonProcessTest {
     return lookup.ok() ? *lookup : KvCacheClient::LookupResult{};
   }
 
+  // Sessions of every other namespace: rank 1's, another RoPE digest's and no manifest's.
+  std::vector<std::unique_ptr<KvCacheClient>> Strangers() {
+    std::vector<std::unique_ptr<KvCacheClient>> strangers;
+    for (const std::optional<ManifestFields>& manifest :
+         {std::optional(RankOne()), std::optional(OtherRope()), std::optional<ManifestFields>()}) {
+      strangers.push_back(Engine(manifest));
+    }
+    return strangers;
+  }
+
+  // Every other namespace misses `prompt`, by Lookup and by OpenSequence.
+  void ExpectStrangersMiss(const std::vector<uint32_t>& prompt,
+                           const std::vector<std::unique_ptr<KvCacheClient>>& strangers) {
+    EXPECT_EQ(Lookup(prompt, RankOne()).num_cached_tokens, 0u);
+    EXPECT_EQ(Lookup(prompt, OtherRope()).num_cached_tokens, 0u);
+    EXPECT_EQ(Lookup(prompt, std::nullopt).num_cached_tokens, 0u);
+    for (const std::unique_ptr<KvCacheClient>& stranger : strangers) {
+      EXPECT_EQ(OpenCached(*stranger, prompt), 0u);
+    }
+  }
+
   ScopedTempDir disk_dir_{"kvcache_manifest_disk"};
 };
 
@@ -116,19 +137,12 @@ TEST_F(ManifestProcessTest, ADifferentManifestNeverHitsInAnyTierAlsoAfterARestar
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
   const std::vector<uint32_t> prompt = Prompt(1, 3 * kBlockSize + 1);  // 3 full blocks
   auto rank_zero = Engine(RankZero());
-  auto rank_one = Engine(RankOne());
-  auto other_rope = Engine(OtherRope());
-  auto no_manifest = Engine(std::nullopt);
+  auto strangers = Strangers();
   ASSERT_NO_FATAL_FAILURE(Store(*rank_zero, prompt));
 
   // Tier 1.
   EXPECT_EQ(Lookup(prompt, RankZero()).cached_tokens_by_tier.pool, 48u);
-  EXPECT_EQ(Lookup(prompt, RankOne()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, OtherRope()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, std::nullopt).num_cached_tokens, 0u);
-  EXPECT_EQ(OpenCached(*rank_one, prompt), 0u);
-  EXPECT_EQ(OpenCached(*other_rope, prompt), 0u);
-  EXPECT_EQ(OpenCached(*no_manifest, prompt), 0u);
+  ExpectStrangersMiss(prompt, strangers);
   EXPECT_EQ(OpenCached(*rank_zero, prompt), 48u);
   auto rank_zero_again = Engine(RankZero());  // an equal manifest shares the blocks
   EXPECT_EQ(OpenCached(*rank_zero_again, prompt), 48u);
@@ -138,12 +152,7 @@ TEST_F(ManifestProcessTest, ADifferentManifestNeverHitsInAnyTierAlsoAfterARestar
   const KvCacheClient::LookupResult in_host = Lookup(prompt, RankZero());
   EXPECT_EQ(in_host.cached_tokens_by_tier.pool, 0u);
   EXPECT_EQ(in_host.cached_tokens_by_tier.host, 48u);
-  EXPECT_EQ(Lookup(prompt, RankOne()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, OtherRope()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, std::nullopt).num_cached_tokens, 0u);
-  EXPECT_EQ(OpenCached(*rank_one, prompt), 0u);
-  EXPECT_EQ(OpenCached(*other_rope, prompt), 0u);
-  EXPECT_EQ(OpenCached(*no_manifest, prompt), 0u);
+  ExpectStrangersMiss(prompt, strangers);
   EXPECT_EQ(PoolTier("host").hit_blocks, 0u);
   EXPECT_EQ(OpenCached(*rank_zero, prompt), 48u);
   EXPECT_EQ(PoolTier("host").hit_blocks, 3u);
@@ -156,32 +165,18 @@ TEST_F(ManifestProcessTest, ADifferentManifestNeverHitsInAnyTierAlsoAfterARestar
   // business); the restart below leaves the disk alone to serve it.
   EXPECT_EQ(on_disk.cached_tokens_by_tier.pool, 0u);
   EXPECT_EQ(on_disk.cached_tokens_by_tier.host + on_disk.cached_tokens_by_tier.disk, 48u);
-  EXPECT_EQ(Lookup(prompt, RankOne()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, OtherRope()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, std::nullopt).num_cached_tokens, 0u);
-  EXPECT_EQ(OpenCached(*rank_one, prompt), 0u);
-  EXPECT_EQ(OpenCached(*other_rope, prompt), 0u);
-  EXPECT_EQ(OpenCached(*no_manifest, prompt), 0u);
+  ExpectStrangersMiss(prompt, strangers);
   EXPECT_EQ(PoolTier("disk").hit_blocks + PoolTier("host").hit_blocks, 0u);
 
   // A restart from disk: only the disk tier holds the prompt.
   rank_zero.reset();
   rank_zero_again.reset();
-  rank_one.reset();
-  other_rope.reset();
-  no_manifest.reset();
+  strangers.clear();
   ASSERT_NO_FATAL_FAILURE(KillAndRestartDaemon());
   ASSERT_GE(PoolTier("disk").restored_records, 3u);
   EXPECT_EQ(Lookup(prompt, RankZero()).cached_tokens_by_tier.disk, 48u);
-  EXPECT_EQ(Lookup(prompt, RankOne()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, OtherRope()).num_cached_tokens, 0u);
-  EXPECT_EQ(Lookup(prompt, std::nullopt).num_cached_tokens, 0u);
-  rank_one = Engine(RankOne());
-  other_rope = Engine(OtherRope());
-  no_manifest = Engine(std::nullopt);
-  EXPECT_EQ(OpenCached(*rank_one, prompt), 0u);
-  EXPECT_EQ(OpenCached(*other_rope, prompt), 0u);
-  EXPECT_EQ(OpenCached(*no_manifest, prompt), 0u);
+  strangers = Strangers();
+  ExpectStrangersMiss(prompt, strangers);
   EXPECT_EQ(PoolTier("disk").hit_blocks, 0u);
   rank_zero = Engine(RankZero());
   EXPECT_EQ(OpenCached(*rank_zero, prompt), 48u);
