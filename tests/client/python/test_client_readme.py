@@ -83,6 +83,30 @@ class ReadmePythonTest(unittest.TestCase):
             self.assertEqual(self.run_shell(f"{python} {example}", "/"), EXPECTED_OUTPUT)
 
 
+class ReadmeManifestTest(unittest.TestCase):
+    """README "Engine plug-ins: the compatibility manifest": the example shown is
+    client/python/examples/engine_manifest.py, verbatim, and run against a daemon it prints what
+    the README says."""
+
+    def test_example_runs_and_prints_what_the_readme_says(self):
+        section = readme_section("Engine plug-ins: the compatibility manifest")
+        [example] = code_blocks(section, "python")
+        path = os.path.join(SOURCE_DIR, "client/python/examples/engine_manifest.py")
+        with open(path) as file:
+            self.assertEqual(example, file.read())
+        daemon = Daemon()
+        self.addCleanup(daemon.cleanup)
+        done = subprocess.run(["/usr/bin/python3", path, daemon.target],
+                              env=dict(os.environ,
+                                       PYTHONPATH=os.path.join(SOURCE_DIR, "client/python")),
+                              capture_output=True, text=True, timeout=BOUND * 4)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        printed = "same manifest: 32\nchanged config: 0\nbad manifest: INVALID_ARGUMENT\n"
+        self.assertEqual(done.stdout, printed)
+        for line in printed.splitlines():
+            self.assertIn(f"`{line}`", section)
+
+
 class BenchmarkSmokeTest(unittest.TestCase):
     def test_python_client_bench_prints_a_ratio(self):
         [commands] = code_blocks(readme_section("Running them", "docs/benchmarks.md"), "sh")
