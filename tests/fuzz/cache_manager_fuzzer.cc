@@ -106,9 +106,16 @@ class Harness {
   void Step(Op op) {
     switch (op) {
       case Op::kOpenSession: {
-        auto session =
-            manager_.sessions().Open(in_.PickValueInArray(kPrincipals), PickTenant(), "fuzz",
-                                     absl::Milliseconds(in_.ConsumeIntegral<uint16_t>()));
+        // Half the sessions are bound to a manifest, which may not fit the pool they use.
+        std::shared_ptr<const CompatibilityManifest> manifest;
+        if (in_.ConsumeBool()) {
+          manifest = CompatibilityManifest::Create(
+                         ConsumeManifest(in_, pools_[PickPool()]->options().layout))
+                         .value_or(nullptr);
+        }
+        auto session = manager_.sessions().Open(
+            in_.PickValueInArray(kPrincipals), PickTenant(), "fuzz",
+            absl::Milliseconds(in_.ConsumeIntegral<uint16_t>()), std::move(manifest));
         if (session.ok()) sessions_.push_back(*session);
         break;
       }

@@ -1,7 +1,8 @@
 // Prompts decoded from a fuzz input, shared by the fuzz targets. Tokens come from a small
 // alphabet and later prompts often reuse an earlier prompt's prefix, so that prefix hits,
 // resurrections and forks of shared blocks are a few input bytes away rather than a 2^-32 guess;
-// now and then the salt, the LoRA id or a multimodal item is malformed or out of range.
+// now and then the salt, the LoRA id or a multimodal item is malformed or out of range. Sessions'
+// compatibility manifests likewise mostly fit a pool, sometimes not.
 //
 // Thread safety: functions of their arguments only.
 #ifndef KVCACHE_TESTS_FUZZ_FUZZ_INPUTS_H_
@@ -16,6 +17,8 @@
 
 #include "cache/pool.h"
 #include "common/block_hash.h"
+#include "common/compatibility_manifest.h"
+#include "common/pool_layout.h"
 
 namespace kvcache {
 
@@ -84,5 +87,45 @@ inline PromptInput ConsumePrompt(FuzzedDataProvider& in,
 }
 
 }  // namespace kvcache
+
+// A compatibility manifest for a pool of `layout`: mostly one that fits it, of one of two config
+// digests and two TP ranks (so sessions share blocks or keep apart), now and then with one field
+// that contradicts the layout or does not validate at all.
+inline ManifestFields ConsumeManifest(FuzzedDataProvider& in, const PoolLayout& layout) {
+  ManifestFields fields{.model_id = "fuzz-model",
+                        .model_config_digest = in.ConsumeBool() ? "rope-b" : "rope-a",
+                        .kv_dtype = std::string(DTypeName(layout.dtype)),
+                        .page_tokens = layout.block_size,
+                        .parts = {{"kv", layout.BlockBytes()}},
+                        .parallel = {.tp_size = 2, .tp_rank = in.ConsumeIntegralInRange(0u, 1u)}};
+  if (!Rarely(in, 4)) return fields;
+  switch (in.ConsumeIntegralInRange(0, 7)) {
+    case 0:
+      fields.page_tokens = in.ConsumeIntegral<uint32_t>();
+      break;
+    case 1:
+      fields.kv_dtype = in.ConsumeBool() ? "fp32" : in.ConsumeRandomLengthString(8);
+      break;
+    case 2:
+      fields.kv_codec = in.ConsumeRandomLengthString(70);
+      break;
+    case 3:
+      fields.parts = {{"k", layout.BlockBytes() / 2}, {"v", layout.BlockBytes() / 2}};
+      break;
+    case 4:
+      fields.parts.push_back({in.ConsumeBool() ? "kv" : "state", in.ConsumeIntegral<uint64_t>()});
+      break;
+    case 5:
+      fields.parallel.tp_rank = in.ConsumeIntegral<uint32_t>();
+      break;
+    case 6:
+      fields.model_config_digest = in.ConsumeRandomLengthString(80);
+      break;
+    default:
+      fields.model_id = in.ConsumeRandomLengthString(300);
+      break;
+  }
+  return fields;
+}
 
 #endif  // KVCACHE_TESTS_FUZZ_FUZZ_INPUTS_H_

@@ -47,6 +47,7 @@
 #include "auth/identity_file.h"
 #include "client/block_stream.h"
 #include "common/block_checksum.h"
+#include "common/rpc/manifest_proto.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/daemon.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -170,7 +171,9 @@ class Harness {
     // the input says otherwise: without it nearly every call would stop at NOT_FOUND.
     Call open;
     open.method = server_.service->FindMethodByName("OpenSession");
-    open.messages.push_back(v1::OpenSessionRequest().SerializeAsString());
+    v1::OpenSessionRequest request;
+    if (in_.ConsumeBool()) FillManifest(request.mutable_manifest());
+    open.messages.push_back(request.SerializeAsString());
     open.max_reads = 2;
     Send(open);
     for (int i = 0; i < kMaxCalls && in_.remaining_bytes() > 0; ++i) {
@@ -343,7 +346,11 @@ class Harness {
         break;
       }
       case FieldDescriptor::CPPTYPE_MESSAGE:
-        if (depth < kMaxFieldDepth) {
+        // A manifest is mostly one that fits (or nearly fits) a pool, else anything.
+        if (field->message_type() == v1::CompatibilityManifest::descriptor() && !Rarely(in_, 4)) {
+          FillManifest(
+              static_cast<v1::CompatibilityManifest*>(reflection->MutableMessage(&message, field)));
+        } else if (depth < kMaxFieldDepth) {
           Fill(repeated ? *reflection->AddMessage(&message, field)
                         : *reflection->MutableMessage(&message, field),
                depth + 1);
@@ -352,6 +359,13 @@ class Harness {
       default:  // double, float: no request has one
         break;
     }
+  }
+
+  // A manifest for one of the pools (ConsumeManifest).
+  void FillManifest(v1::CompatibilityManifest* manifest) {
+    const std::vector<Pool*> pools = server_.daemon->manager().pools();
+    const Pool* pool = pools[in_.ConsumeIntegralInRange<size_t>(0, pools.size() - 1)];
+    ToProto(ConsumeManifest(in_, pool->options().layout), manifest);
   }
 
   // A PutBlocks stream: a header, then the bytes of the blocks it names in chunks. Mostly
