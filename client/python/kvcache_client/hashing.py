@@ -8,7 +8,7 @@ default algorithm; sha256 needs only the standard library.
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import xxhash
 
@@ -61,10 +61,36 @@ def layout_fingerprint(layers: int, kv_heads: int, head_dim: int, block_size: in
     return xxhash.xxh3_64_intdigest(data, seed=0)
 
 
+# Other names the daemon accepts for a dtype (common/pool_layout.cc ParseDType).
+_DTYPE_ALIASES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "fp8": "fp8_e4m3"}
+
+
+def manifest_digest(algorithm: str, manifest) -> bytes:
+    """H of a kvcache_client.CompatibilityManifest's canonical encoding ("Root with a compatibility
+    manifest"): the digest DescribePool shows in hex, and what root_hash takes for a session
+    bound to that manifest."""
+    dtype = manifest.kv_dtype.lower()
+    parallel = manifest.parallel
+    data = (b"kvcache.manifest.v1" + _str(manifest.model_id.encode())
+            + _str(bytes(manifest.model_config_digest))
+            + _u32(DTYPES[_DTYPE_ALIASES.get(dtype, dtype)]) + _str(manifest.kv_codec.encode())
+            + _u32(manifest.page_tokens) + _u32(len(manifest.parts))
+            + b"".join(_str(part.name.encode()) + _u64(part.bytes) for part in manifest.parts)
+            + b"".join(_u32(value) for value in (
+                parallel.tp_size or 1, parallel.tp_rank, parallel.pp_size or 1, parallel.pp_rank,
+                parallel.cp_size or 1, parallel.cp_rank))
+            + _str(manifest.key_hash_algorithm.encode()))
+    return _hash(algorithm, data)
+
+
 def root_hash(algorithm: str, model_id: bytes, fingerprint: int, tenant: bytes,
-              cache_salt: bytes) -> bytes:
-    return _hash(algorithm, b"kvcache.root.v1" + _str(model_id) + _u64(fingerprint)
-                 + _str(tenant) + _str(cache_salt))
+              cache_salt: bytes, manifest_digest: Optional[bytes] = None) -> bytes:
+    """h_-1; with `manifest_digest` (manifest_digest()), the root of a session bound to it."""
+    if manifest_digest is None:
+        return _hash(algorithm, b"kvcache.root.v1" + _str(model_id) + _u64(fingerprint)
+                     + _str(tenant) + _str(cache_salt))
+    return _hash(algorithm, b"kvcache.root.v2" + _str(model_id) + _u64(fingerprint)
+                 + _str(tenant) + _str(cache_salt) + manifest_digest)
 
 
 def _block_extras(extras: ExtraKeys, start: int, end: int) -> bytes:

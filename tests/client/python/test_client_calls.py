@@ -141,8 +141,28 @@ class CallsTest(unittest.TestCase):
         self.assertEqual((uses[0].sessions, uses[1].sessions), (2, 1))
         self.assertEqual(uses[0].manifest, rank_zero)
         self.assertEqual(uses[0].tenant, "default")
-        self.assertEqual(len(uses[0].digest), 32)
-        self.assertNotEqual(uses[0].digest, uses[1].digest)
+        # The Python reference computes the blocks' hashes the daemon announces (root v2).
+        pool = self.client.describe_pool("default").pool
+        root = hashing.root_hash("xxh3_128", pool.model_id.encode(), pool.layout.fingerprint,
+                                 b"default", b"",
+                                 manifest_digest=hashing.manifest_digest("xxh3_128", rank_zero))
+        expected = hashing.chain_hashes("xxh3_128", root, prompt, BLOCK_SIZE)
+        stored = set()
+        watch = self.client.watch_events("default", resume=False)
+        for batch in watch:
+            for event in batch.events:
+                if event.WhichOneof("kind") == "blocks_stored":
+                    stored.update(block.hash.hi.to_bytes(8, "big") + block.hash.lo.to_bytes(8, "big")
+                                  for block in event.blocks_stored.blocks)
+            if batch.next_sequence >= batch.head_sequence and (batch.snapshot_end
+                                                                or not batch.snapshot):
+                break
+        watch.close()
+        self.assertEqual(len(expected), 2)
+        self.assertLessEqual(set(expected), stored)
+        # The Python reference computes the digest the daemon shows.
+        self.assertEqual(uses[0].digest, hashing.manifest_digest("xxh3_128", rank_zero).hex())
+        self.assertEqual(uses[1].digest, hashing.manifest_digest("xxh3_128", rank_one).hex())
 
     def test_bad_manifests(self):
         self.assertEqual(error_code(self.client.open_session, "bad", manifest=self.manifest(
