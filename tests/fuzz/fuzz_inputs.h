@@ -86,8 +86,6 @@ inline PromptInput ConsumePrompt(FuzzedDataProvider& in,
   return prompt;
 }
 
-}  // namespace kvcache
-
 // A compatibility manifest for a pool of `layout`: mostly one that fits it, of one of two config
 // digests and two TP ranks (so sessions share blocks or keep apart), now and then with one field
 // that contradicts the layout or does not validate at all.
@@ -127,5 +125,7 @@ inline ManifestFields ConsumeManifest(FuzzedDataProvider& in, const PoolLayout& 
   }
   return fields;
 }
+
+}  // namespace kvcache
 
 #endif  // KVCACHE_TESTS_FUZZ_FUZZ_INPUTS_H_
