@@ -395,6 +395,76 @@ TEST_F(TenancyProcessTest, ReaderLooksAdminCrossesTenants) {
               StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
+// Issue 31's compatibility manifests are per tenant too: an equal manifest in another tenant
+// never meets A's blocks, and DescribePool shows a tenant only its own manifests (an admin all).
+TEST_F(TenancyProcessTest, EqualManifestsInTwoTenantsNeverMeet) {
+  ASSERT_NO_FATAL_FAILURE(StartUnixDaemon());
+  const RawCredentials a;
+  const RawCredentials b{.token = kTokenB};
+  const RawCredentials reader{.token = kReaderToken};
+  const RawCredentials admin{.token = kAdminToken};
+  std::unique_ptr<v1::KvCache::Stub> stub = RawStub(target_, a);
+  v1::CompatibilityManifest manifest;  // the default pool layout: 16 tokens of 2 KiB, fp16
+  manifest.set_model_id("m");
+  manifest.set_model_config_digest("rope");
+  manifest.set_kv_dtype("fp16");
+  manifest.set_page_tokens(kBlockSize);
+  v1::PagePart* part = manifest.add_parts();
+  part->set_name("kv");
+  part->set_bytes(32768);
+  const std::vector<uint32_t> prompt = Prompt();
+
+  // Opens a session of `who` bound to the manifest; an OpenSequence of the prompt in it, whose
+  // blocks are committed and released; returns its cached tokens.
+  const auto open_prompt = [&](const RawCredentials& who) -> uint32_t {
+    v1::OpenSessionRequest open;
+    *open.mutable_manifest() = manifest;
+    v1::OpenSessionResponse session;
+    EXPECT_OK(StatusOf(stub->OpenSession(RawContext(who).get(), open, &session)));
+    v1::OpenSequenceRequest request;
+    request.set_session_id(session.session_id());
+    request.set_pool("p");
+    request.mutable_tokens()->Add(prompt.begin(), prompt.end());
+    v1::OpenSequenceResponse sequence;
+    EXPECT_OK(StatusOf(stub->OpenSequence(RawContext(who).get(), request, &sequence)));
+    v1::CommitSequenceRequest commit;
+    commit.set_session_id(session.session_id());
+    commit.set_sequence_id(sequence.sequence_id());
+    commit.set_num_written_tokens(kPromptTokens);
+    v1::CommitSequenceResponse committed;
+    EXPECT_OK(StatusOf(stub->CommitSequence(RawContext(who).get(), commit, &committed)));
+    v1::ReleaseSequenceRequest release;
+    release.set_session_id(session.session_id());
+    release.set_sequence_id(sequence.sequence_id());
+    v1::ReleaseSequenceResponse released;
+    EXPECT_OK(StatusOf(stub->ReleaseSequence(RawContext(who).get(), release, &released)));
+    return sequence.num_cached_tokens();
+  };
+  EXPECT_EQ(open_prompt(a), 0u);
+  EXPECT_EQ(open_prompt(b), 0u);              // B's equal manifest does not find A's blocks
+  EXPECT_EQ(open_prompt(a), 3 * kBlockSize);  // A's second session does
+
+  // DescribePool: {tenant: sessions} of the manifests each caller sees, all of one digest.
+  const auto manifests_seen = [&](const RawCredentials& who) {
+    v1::DescribePoolRequest describe;
+    describe.set_pool("p");
+    v1::DescribePoolResponse described;
+    EXPECT_OK(StatusOf(stub->DescribePool(RawContext(who).get(), describe, &described)));
+    std::map<std::string, uint32_t> seen;
+    for (const v1::ManifestInUse& use : described.manifests()) {
+      EXPECT_EQ(use.digest(), described.manifests(0).digest());
+      EXPECT_EQ(use.manifest().model_config_digest(), "rope");
+      seen[use.tenant()] = use.sessions();
+    }
+    return seen;
+  };
+  using Seen = std::map<std::string, uint32_t>;
+  EXPECT_EQ(manifests_seen(a), (Seen{{"tenant-a", 2}}));
+  EXPECT_EQ(manifests_seen(reader), (Seen{{"tenant-a", 2}}));
+  EXPECT_EQ(manifests_seen(b), (Seen{{"tenant-b", 1}}));
+  EXPECT_EQ(manifests_seen(admin), (Seen{{"tenant-a", 2}, {"tenant-b", 1}}));
+}
+
 TEST_F(TenancyProcessTest, QuotasBoundOneTenantAndSpareTheOther) {
   ASSERT_NO_FATAL_FAILURE(StartUnixDaemon());
   const RawCredentials a;
