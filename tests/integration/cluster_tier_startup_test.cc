@@ -1,0 +1,176 @@
+// kvcache-manager's start against a real 3-master Redis Cluster that wants a password: the
+// start-up line says how many masters were reached and how many of the 16384 slots they cover
+// (a warning when short); a wrong or missing password stops the start with a message naming the
+// node and the error's class, never the password; a password file others can read is refused.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "tests/integration/daemon_process_fixture.h"
+#include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/scoped_temp_dir.h"
+#include "tests/testing/spawn_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvcache::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+constexpr char kPassword[] = "cluster-startup-right-password";
+constexpr char kWrongPassword[] = "cluster-startup-wrong-password";
+constexpr char kPool[] =
+    "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=16:dtype=bf16:blocks=8";
+constexpr absl::Duration kBound = absl::Seconds(20);
+
+// How a daemon that was meant not to start ended: its exit code and all it wrote.
+struct Ended {
+  int exit_code = -1;  // -1: still running at the bound (killed), or killed by a signal
+  std::string output;  // stdout and stderr
+};
+
+class ClusterTierStartupTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    redis_dir_ = new ScopedTempDir("kvcache-cluster-startup");
+    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis = RedisClusterProcess::Start(
+        redis_dir_->path(), 3, {"--requirepass", kPassword, "--masterauth", kPassword});
+    ASSERT_OK(redis);
+    redis_ = redis->release();
+  }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+    delete redis_dir_;
+    redis_dir_ = nullptr;
+  }
+
+  // A password file holding `password`, with `mode`.
+  std::string PasswordFile(const std::string& password, mode_t mode) {
+    const std::string path = dir_.File("redis-password");
+    std::ofstream(path) << password << "\n";
+    EXPECT_EQ(chmod(path.c_str(), mode), 0);
+    return path;
+  }
+
+  std::vector<std::string> Flags(const std::string& password_file) {
+    std::vector<std::string> flags = {
+        "--listen=unix://" + dir_.File("kv.sock"), std::string("--pool=") + kPool,
+        "--cluster_tier=redis://" + absl::StrJoin(redis_->addresses(), ",redis://")};
+    if (!password_file.empty()) flags.push_back("--cluster_tier_password_file=" + password_file);
+    return flags;
+  }
+
+  // Runs kvcache-manager with `flags` to its exit, within the bound (killed past it).
+  Ended RunToExit(const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {std::string(std::getenv("KVCACHE_BIN_DIR")) +
+                                     "/kvcache-manager"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::string log = dir_.File("manager.log");
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    EXPECT_GE(fd, 0);
+    absl::StatusOr<pid_t> pid =
+        SpawnTiedProcess(argv, SpawnOptions{.stdout_fd = fd, .stderr_fd = fd});
+    close(fd);
+    EXPECT_OK(pid);
+    Ended ended;
+    if (!pid.ok()) return ended;
+    int status = 0;
+    const absl::Time deadline = absl::Now() + kBound;
+    while (waitpid(*pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(*pid, SIGKILL);
+        waitpid(*pid, &status, 0);
+        ADD_FAILURE() << "kvcache-manager still running after " << kBound;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (WIFEXITED(status)) ended.exit_code = WEXITSTATUS(status);
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    ended.output = text.str();
+    return ended;
+  }
+
+  static ScopedTempDir* redis_dir_;  // the Redis nodes' files; outlives redis_
+  static RedisClusterProcess* redis_;
+  ScopedTempDir dir_{"kvcache-cluster-startup-daemon"};
+};
+
+ScopedTempDir* ClusterTierStartupTest::redis_dir_ = nullptr;
+RedisClusterProcess* ClusterTierStartupTest::redis_ = nullptr;
+
+TEST_F(ClusterTierStartupTest, SaysEveryMasterReachedAndEverySlotCovered) {
+  absl::StatusOr<Subprocess> daemon =
+      StartManager(std::getenv("KVCACHE_BIN_DIR"), Flags(PasswordFile(kPassword, 0600)), kBound);
+  ASSERT_OK(daemon);
+  absl::StatusOr<std::string> line = daemon->ReadLineStartingWith("  cluster tier:", kBound);
+  ASSERT_OK(line);
+  EXPECT_EQ(*line, "  cluster tier: 3 of 3 masters reached, 16384 of 16384 slots covered");
+  EXPECT_OK(StopManager(*daemon, kBound));
+}
+
+// A master down is no reason not to start (its slots are misses), but the line says so.
+TEST_F(ClusterTierStartupTest, AMasterDownIsAWarningWithTheSlotsCovered) {
+  ASSERT_OK(redis_->Kill(1));
+  absl::StatusOr<Subprocess> daemon =
+      StartManager(std::getenv("KVCACHE_BIN_DIR"), Flags(PasswordFile(kPassword, 0400)), kBound);
+  ASSERT_OK(daemon);
+  absl::StatusOr<std::string> line =
+      daemon->ReadLineStartingWith("  WARNING: cluster tier:", kBound);
+  ASSERT_OK(line);
+  EXPECT_THAT(*line, AllOf(StartsWith("  WARNING: cluster tier: 2 of 3 masters reached, "),
+                           Not(HasSubstr("16384 of 16384")), HasSubstr(redis_->address(1)),
+                           HasSubstr("misses")));
+  EXPECT_OK(StopManager(*daemon, kBound));
+  ASSERT_OK(redis_->Restart(1));
+}
+
+TEST_F(ClusterTierStartupTest, AWrongPasswordStopsTheStartNamingTheNodeNeverThePassword) {
+  const Ended ended = RunToExit(Flags(PasswordFile(kWrongPassword, 0600)));
+  EXPECT_EQ(ended.exit_code, 1) << ended.output;
+  EXPECT_THAT(ended.output,
+              AllOf(HasSubstr("kvcache-manager: --cluster_tier: Redis refused the credentials"),
+                    HasSubstr(absl::StrCat("Redis node ", redis_->address(0),
+                                           ": refused the configured credentials (WRONGPASS)")),
+                    HasSubstr("check --cluster_tier_password_file"), Not(HasSubstr(kWrongPassword)),
+                    Not(HasSubstr(kPassword)), Not(HasSubstr("listening on"))));
+}
+
+TEST_F(ClusterTierStartupTest, NoPasswordWhereOneIsWantedStopsTheStart) {
+  const Ended ended = RunToExit(Flags(""));
+  EXPECT_EQ(ended.exit_code, 1) << ended.output;
+  EXPECT_THAT(ended.output, AllOf(HasSubstr("wants a password and none is configured (NOAUTH)"),
+                                  Not(HasSubstr("listening on"))));
+}
+
+TEST_F(ClusterTierStartupTest, APasswordFileOthersCanReadIsRefused) {
+  const std::string path = PasswordFile(kPassword, 0644);
+  const Ended ended = RunToExit(Flags(path));
+  EXPECT_EQ(ended.exit_code, 2) << ended.output;
+  EXPECT_THAT(ended.output,
+              AllOf(HasSubstr(absl::StrCat("kvcache-manager: --cluster_tier_password_file: ", path,
+                                           " is open to others (mode 0644)")),
+                    Not(HasSubstr(kPassword))));
+}
+
+}  // namespace
+}  // namespace kvcache::testing
