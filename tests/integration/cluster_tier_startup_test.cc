@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/redis_cluster_process.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/spawn_process.h"
@@ -170,6 +172,65 @@ TEST_F(ClusterTierStartupTest, APasswordFileOthersCanReadIsRefused) {
               AllOf(HasSubstr(absl::StrCat("kvcache-manager: --cluster_tier_password_file: ", path,
                                            " is open to others (mode 0644)")),
                     Not(HasSubstr(kPassword))));
+}
+
+// The password changed in Redis after the daemon started (rotated there first): the first
+// request that reaches the cluster is refused on every node, and each node's refusal is logged
+// once on stderr, naming the node, however often the daemon tries again (here at every request:
+// no rest), and never the password.
+TEST_F(ClusterTierStartupTest, APasswordRefusedLaterIsLoggedOncePerNode) {
+  std::vector<std::string> flags = Flags(PasswordFile(kPassword, 0600));
+  flags.push_back("--cluster_tier_retry_after=0s");
+  std::vector<std::string> argv = {std::string(std::getenv("KVCACHE_BIN_DIR")) +
+                                   "/kvcache-manager"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const std::string log = dir_.File("manager.log");
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  absl::StatusOr<pid_t> pid =
+      SpawnTiedProcess(argv, SpawnOptions{.stdout_fd = fd, .stderr_fd = fd});
+  close(fd);
+  ASSERT_OK(pid);
+  const auto logged = [&] {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  ASSERT_TRUE(PollUntil([&] { return absl::StrContains(logged(), "listening on"); })) << logged();
+  for (int node = 0; node < redis_->size(); ++node) {
+    ASSERT_OK(redis_->Cli(node, {"CONFIG", "SET", "requirepass", kWrongPassword}));
+  }
+  for (int request = 0; request < 3; ++request) {
+    absl::StatusOr<std::string> report =
+        RunCommand({std::string(std::getenv("KVCACHE_BIN_DIR")) + "/kvcache-test-client",
+                    "unix://" + dir_.File("kv.sock"), "open-and-report", "qwen", "40",
+                    absl::StrCat(1000 * (request + 1))});
+    EXPECT_OK(report);
+    EXPECT_THAT(report.value_or(""), HasSubstr("cached=0"));
+  }
+  kill(*pid, SIGTERM);
+  int status = 0;
+  waitpid(*pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status);
+  for (int node = 0; node < redis_->size(); ++node) {
+    ASSERT_OK(RunCommand({"/usr/bin/redis-cli", "-p", absl::StrCat(redis_->port(node)),
+                          "--no-auth-warning", "-a", kWrongPassword, "CONFIG", "SET", "requirepass",
+                          kPassword}));
+  }
+  const std::string output = logged();
+  for (int node = 0; node < redis_->size(); ++node) {
+    const std::string line =
+        absl::StrCat("kvcache-manager: cluster tier: Redis node ", redis_->address(node),
+                     " refused the configured credentials (WRONGPASS); check "
+                     "--cluster_tier_password_file\n");
+    size_t count = 0;
+    for (size_t at = output.find(line); at != std::string::npos; at = output.find(line, at + 1)) {
+      ++count;
+    }
+    EXPECT_EQ(count, 1u) << output;
+  }
+  EXPECT_THAT(output, AllOf(Not(HasSubstr(kPassword)), Not(HasSubstr(kWrongPassword))));
 }
 
 }  // namespace
