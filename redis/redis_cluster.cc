@@ -338,7 +338,8 @@ absl::StatusOr<redisReply*> RedisCluster::NodeCommand(Node* node, const char* co
     const std::string why = absl::StrCat(
         node->context->errstr[0] != 0 ? node->context->errstr : "no reply", " to ", command);
     result = absl::UnavailableError(absl::StrCat("Redis node ", node->address, ": ", why));
-    if (NoReplyTrips(deadline_bound, false, absl::Now() - sent)) {
+    const bool cut = deadline_bound && absl::Now() >= deadline;
+    if (NoReplyTrips(cut, false, absl::Now() - sent)) {
       MarkFailed(node, why);
     } else {
       redisFree(node->context);  // the reply is still owed: the connection is out of step
