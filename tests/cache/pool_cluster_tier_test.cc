@@ -137,7 +137,7 @@ TEST_P(PoolClusterTierTest, APrefixOffloadedByOnePoolIsAVerifiedHitInAnother) {
 // cluster hit again.
 TEST_P(PoolClusterTierTest, AHungClusterCostsOneOpenItsBudgetThenIsSkippedUntilItAnswers) {
   std::unique_ptr<Pool> a = MakePool("node-a", false);
-  std::unique_ptr<Pool> b = MakePool("node-b", false, absl::Seconds(3));
+  std::unique_ptr<Pool> b = MakePool("node-b", false, absl::Seconds(5));
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   const std::vector<uint32_t> prompt = Tokens(400, 17);  // four full blocks

@@ -304,7 +304,7 @@ TEST_F(RedisClusterTest, AHungMasterIsRestedAfterOneDeadlineAndProbedBackAfterIt
   RedisClusterOptions options;
   options.seeds = {redis_->address(0)};
   options.io_timeout = absl::Seconds(30);
-  options.retry_down_after = absl::Seconds(3);
+  options.retry_down_after = absl::Seconds(5);
   absl::StatusOr<std::unique_ptr<RedisCluster>> client = RedisCluster::Create(options);
   ASSERT_OK(client);
   const auto entries = Entries(60, "hung:");
