@@ -79,17 +79,29 @@ class ClusterTierStartupTest : public ::testing::Test {
     return flags;
   }
 
-  // Runs kvcache-manager with `flags` to its exit, within the bound (killed past it).
-  Ended RunToExit(const std::vector<std::string>& flags) {
+  // kvcache-manager with `flags`, its stdout and stderr both into Logged().
+  absl::StatusOr<pid_t> SpawnManager(const std::vector<std::string>& flags) {
     std::vector<std::string> argv = {std::string(std::getenv("KVCACHE_BIN_DIR")) +
                                      "/kvcache-manager"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    const std::string log = dir_.File("manager.log");
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    EXPECT_GE(fd, 0);
+    const int fd = open(Log().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return absl::InternalError("cannot create " + Log());
     absl::StatusOr<pid_t> pid =
         SpawnTiedProcess(argv, SpawnOptions{.stdout_fd = fd, .stderr_fd = fd});
     close(fd);
+    return pid;
+  }
+  std::string Log() const { return dir_.File("manager.log"); }
+  std::string Logged() const {
+    std::ifstream in(Log());
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  // Runs kvcache-manager with `flags` to its exit, within the bound (killed past it).
+  Ended RunToExit(const std::vector<std::string>& flags) {
+    absl::StatusOr<pid_t> pid = SpawnManager(flags);
     EXPECT_OK(pid);
     Ended ended;
     if (!pid.ok()) return ended;
@@ -105,10 +117,7 @@ class ClusterTierStartupTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(20));
     }
     if (WIFEXITED(status)) ended.exit_code = WEXITSTATUS(status);
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    ended.output = text.str();
+    ended.output = Logged();
     return ended;
   }
 
@@ -181,23 +190,9 @@ TEST_F(ClusterTierStartupTest, APasswordFileOthersCanReadIsRefused) {
 TEST_F(ClusterTierStartupTest, APasswordRefusedLaterIsLoggedOncePerNode) {
   std::vector<std::string> flags = Flags(PasswordFile(kPassword, 0600));
   flags.push_back("--cluster_tier_retry_after=0s");
-  std::vector<std::string> argv = {std::string(std::getenv("KVCACHE_BIN_DIR")) +
-                                   "/kvcache-manager"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  const std::string log = dir_.File("manager.log");
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  absl::StatusOr<pid_t> pid =
-      SpawnTiedProcess(argv, SpawnOptions{.stdout_fd = fd, .stderr_fd = fd});
-  close(fd);
+  absl::StatusOr<pid_t> pid = SpawnManager(flags);
   ASSERT_OK(pid);
-  const auto logged = [&] {
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  };
-  ASSERT_TRUE(PollUntil([&] { return absl::StrContains(logged(), "listening on"); })) << logged();
+  ASSERT_TRUE(PollUntil([&] { return absl::StrContains(Logged(), "listening on"); })) << Logged();
   for (int node = 0; node < redis_->size(); ++node) {
     ASSERT_OK(redis_->Cli(node, {"CONFIG", "SET", "requirepass", kWrongPassword}));
   }
@@ -218,7 +213,7 @@ TEST_F(ClusterTierStartupTest, APasswordRefusedLaterIsLoggedOncePerNode) {
                           "--no-auth-warning", "-a", kWrongPassword, "CONFIG", "SET", "requirepass",
                           kPassword}));
   }
-  const std::string output = logged();
+  const std::string output = Logged();
   for (int node = 0; node < redis_->size(); ++node) {
     const std::string line =
         absl::StrCat("kvcache-manager: cluster tier: Redis node ", redis_->address(node),
