@@ -144,7 +144,7 @@ TEST_P(PoolClusterTierTest, AHungClusterCostsOneOpenItsBudgetThenIsSkippedUntilI
   ASSERT_NO_FATAL_FAILURE(OffloadPrompt(*a, prompt));
   const auto open = [&] {
     auto opened =
-        b->Open(session_, SequenceSpec{.tokens = prompt, .max_load_ms = 200}, OpenMode::kCompute);
+        b->Open(session_, SequenceSpec{.tokens = prompt, .max_load_ms = 1000}, OpenMode::kCompute);
     EXPECT_OK(opened);
     if (!opened.ok()) return uint32_t{0};
     EXPECT_OK(b->Release(session_, opened->sequence_id));

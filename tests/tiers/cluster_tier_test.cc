@@ -313,7 +313,7 @@ TEST_F(ClusterTierTest, AHungMasterCostsOneDeadlineThenIsSkippedUntilItServesAga
   std::vector<uint8_t*> pointers;
   for (std::string& block : out) pointers.push_back(reinterpret_cast<uint8_t*>(block.data()));
   const auto open = [&] {
-    return (*tier)->LoadPrefix(chain.identities, pointers, absl::Now() + absl::Milliseconds(200));
+    return (*tier)->LoadPrefix(chain.identities, pointers, absl::Now() + absl::Seconds(1));
   };
   // What a failure shows, so that it says which step went another way.
   const auto counts = [&] {
