@@ -8,7 +8,7 @@
 // >= 0.9x). Last, the same mix against a small, evicting pool with a host tier (tier 2: its mover
 // and every open's probe) vs without (the bar: >= 0.9x), then with tiers 2 and 3 (the mover
 // passing tier 2's oldest records on to a disk file as fast as the pool evicts). Usage: rpc_bench
-// [seconds] [clients] [rounds] [tier: only the tier comparisons]
+// [seconds] [clients] [rounds] [tier: only the tier comparisons | observed: only events+metrics]
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
@@ -375,6 +375,24 @@ void CompareDaemons(BenchDaemon& off, BenchDaemon& on, double phase, int rounds)
               Median(ratios), Median(cpu_ratios));
 }
 
+// Watched vs not: two daemons side by side for the whole run, measured in turn in short phases
+// (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
+// from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
+// phase cannot move. Both daemons are warm and live through the same pool states.
+void CompareObserved(int clients, double phase, int rounds) {
+  std::printf(
+      "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
+      "phases, two live daemons\n",
+      rounds, phase);
+  BenchDaemon off(clients, false);
+  BenchDaemon on(clients, true);
+  CompareDaemons(off, on, phase, rounds);
+  std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
+              static_cast<unsigned long long>(on.events_watched()),
+              static_cast<unsigned long long>(on.zmq_messages()),
+              static_cast<unsigned long long>(on.scrapes()));
+}
+
 void CompareTiers(int clients, double phase, int rounds) {
   // Tier 2: the same mix against a pool small enough to evict all the time, with a
   // host tier (its mover offloading ahead of every eviction, every open probing it) and without.
@@ -401,10 +419,14 @@ void CompareTiers(int clients, double phase, int rounds) {
   disk_pool.PrintTier();
 }
 
-int Main(double seconds, int clients, int rounds, bool only_tier) {
+int Main(double seconds, int clients, int rounds, absl::string_view only) {
   const double phase = std::max(0.25, seconds / 4);
-  if (only_tier) {
+  if (only == "tier") {
     CompareTiers(clients, phase, rounds);
+    return 0;
+  }
+  if (only == "observed") {
+    CompareObserved(clients, phase, rounds);
     return 0;
   }
   std::vector<Result> results;
@@ -444,24 +466,7 @@ int Main(double seconds, int clients, int rounds, bool only_tier) {
   std::printf("%-24s %12.0f %12s %10s %10s %7.2fx\n", "open+commit+release mix", mix_rate, "", "",
               "", mix_rate / ping.rate);
 
-  // Watched vs not: two daemons side by side for the whole run, measured in turn in short phases
-  // (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
-  // from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
-  // phase cannot move. Both daemons are warm and live through the same pool states.
-  std::printf(
-      "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
-      "phases, two live daemons\n",
-      rounds, phase);
-  {
-    BenchDaemon off(clients, false);
-    BenchDaemon on(clients, true);
-    CompareDaemons(off, on, phase, rounds);
-    std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
-                static_cast<unsigned long long>(on.events_watched()),
-                static_cast<unsigned long long>(on.zmq_messages()),
-                static_cast<unsigned long long>(on.scrapes()));
-  }
-
+  CompareObserved(clients, phase, rounds);
   CompareTiers(clients, phase, rounds);
   return 0;
 }
@@ -476,6 +481,5 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   const int clients = argc > 2 ? std::atoi(argv[2]) : 4;
   const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 21;
-  const bool only_tier = argc > 4 && std::string(argv[4]) == "tier";
-  return kvcache::Main(seconds, clients, rounds, only_tier);
+  return kvcache::Main(seconds, clients, rounds, argc > 4 ? argv[4] : "");
 }
