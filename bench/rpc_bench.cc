@@ -445,6 +445,8 @@ int Main(double seconds, int clients, int rounds, absl::string_view only) {
   double mix_rate = 0;
   std::vector<double> mix_over_ping;  // per round
   const int ping_rounds = rounds;
+  // Each call type gets `seconds` in all, as when Ping and the mix ran one after the other.
+  const double turn = seconds / ping_rounds;
   {
     BenchDaemon plain(clients, false);
     auto ping_call = [&](int, Samples* samples) {
@@ -462,16 +464,16 @@ int Main(double seconds, int clients, int rounds, absl::string_view only) {
     for (int round = 0; round < ping_rounds; ++round) {
       double ping_rate = 0, round_mix_rate = 0;
       auto run_ping = [&] {
-        std::vector<Samples> samples = RunClients(clients, phase, ping_call);
+        std::vector<Samples> samples = RunClients(clients, turn, ping_call);
         uint64_t calls = 0;
         for (const Samples& thread : samples) calls += thread.latencies_us.size();
-        ping_rate = calls / phase;
+        ping_rate = calls / turn;
         Append(&ping, std::move(samples));
       };
       auto run_mix = [&] {
         std::vector<Samples> round_open, round_commit, round_release;
         round_mix_rate =
-            plain.RunMix(phase, &round_open, &round_commit, &round_release).calls_per_second;
+            plain.RunMix(turn, &round_open, &round_commit, &round_release).calls_per_second;
         Append(&open, std::move(round_open));
         Append(&commit, std::move(round_commit));
         Append(&release, std::move(round_release));
@@ -485,7 +487,7 @@ int Main(double seconds, int clients, int rounds, absl::string_view only) {
       }
       mix_over_ping.push_back(round_mix_rate / ping_rate);
     }
-    const double measured = ping_rounds * phase;
+    const double measured = ping_rounds * turn;
     results.push_back(Summarize("Ping (empty)", std::move(ping), measured));
     results.push_back(Summarize("OpenSequence (256 tok)", std::move(open), measured));
     results.push_back(Summarize("CommitSequence", std::move(commit), measured));
@@ -497,7 +499,7 @@ int Main(double seconds, int clients, int rounds, absl::string_view only) {
   std::printf(
       "control plane over gRPC: %d clients, one channel, unix socket, %d rounds of a %.2f s Ping "
       "phase and a %.2f s mix phase\n",
-      clients, ping_rounds, phase, phase);
+      clients, ping_rounds, turn, turn);
   // With `clients` closed-loop callers, a call type's sustainable rate is clients / mean latency
   // (Little's law); for Ping that matches its measured rate.
   std::printf("%-24s %12s %12s %10s %10s %8s %7s\n", "call", "measured/s", "capacity/s", "p50 us",
