@@ -3,7 +3,9 @@
 // here), and a copy out of the shared-memory pool — all measured in one run.
 // Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS PATH [unix|tcp] [layers]
 // runs one path alone on blocks of `layers` layers (1, 4, 16, 32: 64 KiB to 2 MiB), for perf; PATH
-// is client, visit, stub, put, redis (GET), redis-into or redis-set.
+// is client, visit, stub, put, redis (GET), redis-into or redis-set. Exits 1 at the first failed
+// operation or wrong byte (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 runs the smallest block size
+// only.
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
@@ -27,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "bench/bench_run.h"
 #include "bench/child_process.h"
 #include "bench/redis_peer.h"
 #include "client/kv_cache_client.h"
@@ -62,7 +65,7 @@ double Bandwidth(double seconds, const std::function<uint64_t()>& op) {
   const auto stop = start + std::chrono::duration<double>(seconds);
   while (Clock::now() < stop) {
     const uint64_t moved = op();
-    if (moved == 0) return 0;
+    if (moved == 0) bench::Fail("an operation failed (moved no bytes)");
     bytes += moved;
   }
   return bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
@@ -246,6 +249,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   if (!redis.ok()) std::printf("(redis skipped: %s)\n", redis.status().ToString().c_str());
   std::mt19937 rng(1);
   for (uint32_t layers : kLayerCounts) {
+    if (bench::SmokeRun() && layers != kLayerCounts[0]) break;
     const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
     const size_t blocks = kBytesPerOp / block_bytes;
     const std::string pool = "l" + std::to_string(layers);
@@ -266,16 +270,16 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     daemon.Put(pool, cached, bytes);
     std::string received;
     daemon.Get(pool, cached, &received);
-    if (received != bytes) std::printf("!! GetBlocks returned different bytes\n");
+    if (received != bytes) bench::Fail("GetBlocks returned different bytes");
     // The same-node path: map the pool and copy the cached blocks out of it.
     const std::vector<uint32_t> hit_blocks = daemon.HitBlocks(pool, cached);
-    if (hit_blocks.size() != blocks)
-      std::printf("!! only %zu of %zu blocks hit\n", hit_blocks.size(), blocks);
+    if (hit_blocks.size() != blocks) bench::Fail("not every block put was hit");
     const int fd = shm_open(daemon.ShmName(pool).c_str(), O_RDONLY, 0);
     const size_t pool_bytes = kPoolBytes / block_bytes * block_bytes;
     const auto* base = static_cast<const char*>(
         mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
     close(fd);
+    if (base == MAP_FAILED) bench::Fail("cannot map the pool " + daemon.ShmName(pool));
     // Page-aligned, as the pool's blocks are: with malloc's 16-byte offset, destination and
     // source sit 16 bytes apart modulo 4 KiB, and every store aliases the next loads (4K
     // aliasing), which had the first table row's copies at a third of memcpy's rate.
@@ -288,7 +292,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     std::string redis_buffer(bytes.size(), '\0');
     if (redis.ok() && (*redis)->SetAll(keys, values).ok() &&
         (*redis)->GetAllInto(keys, absl::MakeSpan(redis_buffer)).ok() && redis_buffer != bytes) {
-      std::printf("!! Redis returned different bytes\n");
+      bench::Fail("Redis returned different bytes");
     }
     auto unavailable = [] { return uint64_t{1}; };  // keeps a missing Redis from stalling the loop
     // In the order of the ops below.
@@ -333,7 +337,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
             },
         });
     if (std::memcmp(copy.data(), bytes.data(), bytes.size()) != 0) {
-      std::printf("!! shared-memory blocks differ from what was put\n");
+      bench::Fail("shared-memory blocks differ from what was put");
     }
     munmap(const_cast<char*>(base), pool_bytes);
     const bool with_redis = redis.ok();

@@ -10,7 +10,8 @@
 // and every open's probe) vs without (the bar: >= 0.9x), then with tiers 2 and 3 (the mover
 // passing tier 2's oldest records on to a disk file as fast as the pool evicts). Usage: rpc_bench
 // [seconds] [clients] [rounds] [mix: only the mix vs Ping | observed: only events+metrics on vs
-// off | tier: only the tier comparisons]
+// off | tier: only the tier comparisons]. Exits 1 when any call failed (bench/bench_run.h);
+// KVCACHE_BENCH_SMOKE=1 lets phases be shorter than 0.25 s.
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
@@ -35,6 +36,7 @@
 
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/bench_run.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/daemon.h"
 
@@ -89,13 +91,21 @@ std::vector<Samples> RunClients(int clients, double seconds, Body body) {
   return samples;
 }
 
+// Every failed call of the run, for the exit status: a rate of failed calls is no figure.
+std::atomic<uint64_t> failed_calls{0};
+
 template <typename Call>
 void Timed(Samples* samples, Call call) {
   const auto start = Clock::now();
   const grpc::Status status = call();
   samples->latencies_us.push_back(
       std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-  if (!status.ok()) ++samples->errors;
+  if (status.ok()) return;
+  ++samples->errors;
+  if (failed_calls++ == 0) {
+    std::fprintf(stderr, "first failed call: %d %s\n", static_cast<int>(status.error_code()),
+                 status.error_message().c_str());
+  }
 }
 
 // One GET of http://HOST:PORT/metrics; the bytes read.
@@ -184,7 +194,8 @@ class BenchDaemon {
       v1::OpenSessionRequest request;
       request.set_ttl_ms(600000);
       v1::OpenSessionResponse response;
-      if (!stub_->OpenSession(&context, request, &response).ok()) std::exit(1);
+      const grpc::Status opened = stub_->OpenSession(&context, request, &response);
+      if (!opened.ok()) bench::Fail("OpenSession: " + opened.error_message());
       sessions_.push_back(response.session_id());
     }
     counters_.assign(clients, 0);
@@ -432,7 +443,7 @@ void CompareTiers(int clients, double phase, int rounds) {
 }
 
 int Main(double seconds, int clients, int rounds, absl::string_view only) {
-  const double phase = std::max(0.25, seconds / 4);
+  const double phase = std::max(bench::FullOrSmoke(0.25, 0.02), seconds / 4);
   if (only == "tier") {
     CompareTiers(clients, phase, rounds);
     return 0;
@@ -531,5 +542,9 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   const int clients = argc > 2 ? std::atoi(argv[2]) : 4;
   const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 21;
-  return kvcache::Main(seconds, clients, rounds, argc > 4 ? argv[4] : "");
+  const int status = kvcache::Main(seconds, clients, rounds, argc > 4 ? argv[4] : "");
+  if (kvcache::failed_calls > 0) {
+    kvcache::bench::Fail(std::to_string(kvcache::failed_calls) + " calls failed");
+  }
+  return status;
 }
