@@ -16,8 +16,9 @@
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
 // No timing asserted. Exits 1 at the first error, a short load included (bench/bench_run.h);
 // KVCACHE_BENCH_SMOKE=1 runs every part at small sizes.
-// Usage: tier_bench [seconds per measurement] [load|open|device|disk|sweep|admission] [DIR]; DIR
-// (default $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
+// Usage: tier_bench [seconds per measurement] [all|load|open|device|disk|sweep|admission] [DIR];
+// DIR (default $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not
+// tmpfs).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -653,8 +654,8 @@ int main(int argc, char** argv) {
   // acquisition against a global lock graph, a cost the daemon does not pay.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  // Optional: only "load", "open" or "sweep".
-  const std::string only = argc > 2 ? argv[2] : "";
+  // Optional: one part only ("all" or none: every part).
+  const std::string only = argc > 2 && std::string(argv[2]) != "all" ? argv[2] : "";
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = argc > 3 ? argv[3] : std::string(tmp != nullptr ? tmp : "/tmp");
   const auto runs = [&](const char* part) { return only.empty() || only == part; };
