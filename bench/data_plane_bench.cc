@@ -1,8 +1,11 @@
 // Block byte bandwidth: PutBlocks / GetBlocks over a Unix socket and TCP loopback, next to a plain
 // memcpy of the same bytes, Redis SET / GET of the same values (redis-server on loopback, started
 // here), and a copy out of the shared-memory pool — all measured in one run.
-// Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS client|visit|stub|put|redis
-// [unix|tcp] runs one path alone, for perf.
+// Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS PATH [unix|tcp] [layers]
+// runs one path alone on blocks of `layers` layers (1, 4, 16, 32: 64 KiB to 2 MiB), for perf; PATH
+// is client, visit, stub, put, redis (GET), redis-into or redis-set. Exits 1 at the first failed
+// operation or wrong byte (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 runs the smallest block size
+// only.
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
@@ -26,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "bench/bench_run.h"
 #include "bench/child_process.h"
 #include "bench/redis_peer.h"
 #include "client/kv_cache_client.h"
@@ -61,7 +65,7 @@ double Bandwidth(double seconds, const std::function<uint64_t()>& op) {
   const auto stop = start + std::chrono::duration<double>(seconds);
   while (Clock::now() < stop) {
     const uint64_t moved = op();
-    if (moved == 0) return 0;
+    if (moved == 0) bench::Fail("an operation failed (moved no bytes)");
     bytes += moved;
   }
   return bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
@@ -245,6 +249,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   if (!redis.ok()) std::printf("(redis skipped: %s)\n", redis.status().ToString().c_str());
   std::mt19937 rng(1);
   for (uint32_t layers : kLayerCounts) {
+    if (bench::SmokeRun() && layers != kLayerCounts[0]) break;
     const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
     const size_t blocks = kBytesPerOp / block_bytes;
     const std::string pool = "l" + std::to_string(layers);
@@ -265,16 +270,16 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     daemon.Put(pool, cached, bytes);
     std::string received;
     daemon.Get(pool, cached, &received);
-    if (received != bytes) std::printf("!! GetBlocks returned different bytes\n");
+    if (received != bytes) bench::Fail("GetBlocks returned different bytes");
     // The same-node path: map the pool and copy the cached blocks out of it.
     const std::vector<uint32_t> hit_blocks = daemon.HitBlocks(pool, cached);
-    if (hit_blocks.size() != blocks)
-      std::printf("!! only %zu of %zu blocks hit\n", hit_blocks.size(), blocks);
+    if (hit_blocks.size() != blocks) bench::Fail("not every block put was hit");
     const int fd = shm_open(daemon.ShmName(pool).c_str(), O_RDONLY, 0);
     const size_t pool_bytes = kPoolBytes / block_bytes * block_bytes;
     const auto* base = static_cast<const char*>(
         mmap(nullptr, pool_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
     close(fd);
+    if (base == MAP_FAILED) bench::Fail("cannot map the pool " + daemon.ShmName(pool));
     // Page-aligned, as the pool's blocks are: with malloc's 16-byte offset, destination and
     // source sit 16 bytes apart modulo 4 KiB, and every store aliases the next loads (4K
     // aliasing), which had the first table row's copies at a third of memcpy's rate.
@@ -287,7 +292,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
     std::string redis_buffer(bytes.size(), '\0');
     if (redis.ok() && (*redis)->SetAll(keys, values).ok() &&
         (*redis)->GetAllInto(keys, absl::MakeSpan(redis_buffer)).ok() && redis_buffer != bytes) {
-      std::printf("!! Redis returned different bytes\n");
+      bench::Fail("Redis returned different bytes");
     }
     auto unavailable = [] { return uint64_t{1}; };  // keeps a missing Redis from stalling the loop
     // In the order of the ops below.
@@ -332,7 +337,7 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
             },
         });
     if (std::memcmp(copy.data(), bytes.data(), bytes.size()) != 0) {
-      std::printf("!! shared-memory blocks differ from what was put\n");
+      bench::Fail("shared-memory blocks differ from what was put");
     }
     munmap(const_cast<char*>(base), pool_bytes);
     const bool with_redis = redis.ok();
@@ -349,12 +354,12 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   }
 }
 
-// Runs one path (a get, the put, or Redis GET) on 2 MiB blocks over the Unix socket (or TCP
-// loopback) for `seconds`, for perf record and perf stat.
-bool ProfileGet(const std::string& path, bool unix_socket, const std::string& dir, double seconds) {
+// Runs one path (a get, the put, or a Redis GET or SET) on blocks of `layers` layers (64 KiB
+// each) over the Unix socket (or TCP loopback) for `seconds`, for perf record and perf stat.
+bool ProfileGet(const std::string& path, bool unix_socket, uint32_t layers, const std::string& dir,
+                double seconds) {
   const std::string listen = unix_socket ? "unix://" + dir + "/kv.sock" : "127.0.0.1:46380";
   DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
-  const uint32_t layers = kLayerCounts[3];
   const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
   const size_t blocks = kBytesPerOp / block_bytes;
   const std::string pool = "l" + std::to_string(layers);
@@ -364,8 +369,9 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
   daemon.Put(pool, tokens, bytes);
   std::string buffer(bytes.size(), '\0');
   std::unique_ptr<bench::RedisPeer> redis;
-  std::vector<std::string> keys;
-  if (path == "redis") {
+  std::vector<std::string> keys, values;
+  const bool with_redis = absl::StartsWith(path, "redis");
+  if (with_redis) {
     absl::StatusOr<std::unique_ptr<bench::RedisPeer>> started =
         bench::RedisPeer::Start(dir, 46379, unix_socket);
     if (!started.ok()) {
@@ -373,7 +379,6 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
       return false;
     }
     redis = *std::move(started);
-    std::vector<std::string> values;
     for (size_t i = 0; i < blocks; ++i) {
       keys.push_back("block:" + std::to_string(i));
       values.push_back(bytes.substr(i * block_bytes, block_bytes));
@@ -382,6 +387,8 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
   }
   const double rate = Bandwidth(seconds, [&] {
     if (path == "redis") return redis->GetAll(keys, &buffer).value_or(0);
+    if (path == "redis-into") return redis->GetAllInto(keys, absl::MakeSpan(buffer)).value_or(0);
+    if (path == "redis-set") return redis->SetAll(keys, values).ok() ? bytes.size() : 0;
     if (path == "client") return daemon.ClientGet(pool, tokens, &buffer);
     if (path == "visit") return daemon.ClientVisit(pool, tokens);
     if (path == "put") {
@@ -390,7 +397,7 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
     }
     return daemon.Get(pool, tokens);
   });
-  std::printf("%s get: %.2f GB/s\n", path.c_str(), rate);
+  std::printf("%s: %.2f GB/s\n", path.c_str(), rate);
   return true;
 }
 
@@ -403,9 +410,16 @@ int main(int argc, char** argv) {
   kvcache::TuneMallocForBlockStreams();
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  if (argc > 2) {  // one path alone, for a profiler: data_plane_bench SECONDS PATH [unix|tcp]
-    const bool ran =
-        kvcache::ProfileGet(argv[2], argc < 4 || std::string(argv[3]) != "tcp", dir, seconds);
+  if (argc >
+      2) {  // one path alone, for a profiler: data_plane_bench SECONDS PATH [unix|tcp] [layers]
+    const uint32_t layers = argc > 4 ? std::atoi(argv[4]) : kvcache::kLayerCounts[3];
+    if (std::find(std::begin(kvcache::kLayerCounts), std::end(kvcache::kLayerCounts), layers) ==
+        std::end(kvcache::kLayerCounts)) {
+      std::fprintf(stderr, "layers: one of 1, 4, 16, 32 (64 KiB to 2 MiB blocks)\n");
+      return 2;
+    }
+    const bool ran = kvcache::ProfileGet(argv[2], argc < 4 || std::string(argv[3]) != "tcp", layers,
+                                         dir, seconds);
     std::string cleanup = "rm -rf " + dir;
     return system(cleanup.c_str()) == 0 && ran ? 0 : 1;
   }

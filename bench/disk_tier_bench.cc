@@ -8,7 +8,8 @@
 //   and one fdatasync;
 // - warm restart: the time Open takes to scan a file's slot headers.
 // Usage: disk_tier_bench [DIR] [BLOCK_KIB] [BLOCKS]; DIR defaults to $TMPDIR or /tmp and must be
-// on the disk to measure (not tmpfs). No timing is asserted.
+// on the disk to measure (not tmpfs). No timing is asserted. Exits 1 at the first error
+// (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 scans 1024 slots at restart, not 65536.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_run.h"
 #include "bench/raw_direct_reads.h"
 #include "common/block_checksum.h"
 #include "tiers/disk_tier.h"
@@ -66,7 +68,11 @@ double StoreAll(DiskTier& tier, const std::vector<BlockRecordIdentity>& identiti
                 const std::string& bytes) {
   const auto start = std::chrono::steady_clock::now();
   for (const BlockRecordIdentity& identity : identities) {
-    while (absl::IsResourceExhausted(tier.Store(identity, bytes))) std::this_thread::yield();
+    absl::Status stored;
+    while (absl::IsResourceExhausted(stored = tier.Store(identity, bytes))) {
+      std::this_thread::yield();  // the write queue is full
+    }
+    bench::CheckOk(stored, "DiskTier::Store");
   }
   tier.Flush();
   return Seconds(start);
@@ -82,11 +88,11 @@ double RawWrites(int fd, uint64_t slot_bytes, uint64_t blocks, IoRing& ring, con
       ring.QueueWrite(fd, data, slot_bytes, (first + i) * slot_bytes, i, false);
     }
     done.clear();
-    if (!ring.SubmitAndWait(&done).ok()) std::abort();
+    bench::CheckOk(ring.SubmitAndWait(&done), "raw writes");
   }
   ring.QueueFdatasync(fd, 0);
   done.clear();
-  if (!ring.SubmitAndWait(&done).ok()) std::abort();
+  bench::CheckOk(ring.SubmitAndWait(&done), "fdatasync");
   return Seconds(start);
 }
 
@@ -101,10 +107,7 @@ double TierLoads(DiskTier& tier, const std::vector<BlockRecordIdentity>& identit
   }
   const auto start = std::chrono::steady_clock::now();
   for (const absl::Status& status : tier.LoadMany(requests)) {
-    if (!status.ok()) {
-      std::fprintf(stderr, "load: %s\n", status.ToString().c_str());
-      std::abort();
-    }
+    bench::CheckOk(status, "DiskTier::LoadMany");
   }
   return Seconds(start);
 }
@@ -126,7 +129,7 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
   double store_batch = 1e9, store_dsync = 1e9, raw_write = 1e9;
   uint64_t slot_bytes = 0, syncs = 0;
   auto ring = IoRing::Create(kDepth + 1);
-  if (!ring.ok()) return 1;
+  bench::CheckOk(ring.status(), "IoRing::Create");
   for (int round = 0; round < 2; ++round) {
     for (auto durability : {DiskTierOptions::Durability::kBatchFdatasync,
                             DiskTierOptions::Durability::kDsyncPerWrite}) {
@@ -134,10 +137,7 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
       DiskTierOptions options = Options(path, block_bytes, blocks);
       options.durability = durability;
       auto tier = DiskTier::Open(options);
-      if (!tier.ok()) {
-        std::fprintf(stderr, "open: %s\n", tier.status().ToString().c_str());
-        return 1;
-      }
+      bench::CheckOk(tier.status(), "DiskTier::Open");
       if (!(*tier)->direct_io()) std::printf("  (the file system refused O_DIRECT)\n");
       slot_bytes = (*tier)->slot_bytes();
       const double seconds = StoreAll(**tier, identities, bytes);
@@ -151,7 +151,9 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
     // Raw writes of the same slots into a fresh preallocated file, as the tier's first stores.
     const std::string raw_path = path + ".raw";
     const int fd = ::open(raw_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
-    if (fd < 0 || ::fallocate(fd, 0, 0, slot_bytes * blocks) != 0) return 1;
+    if (fd < 0 || ::fallocate(fd, 0, 0, slot_bytes * blocks) != 0) {
+      bench::Fail("cannot create and preallocate " + raw_path + " with O_DIRECT");
+    }
     AlignedBuffer slot(slot_bytes);
     raw_write = std::min(raw_write, RawWrites(fd, slot_bytes, blocks, **ring, slot.data()));
     ::close(fd);
@@ -168,13 +170,14 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
   double scan_seconds = 0;
   {
     auto tier = DiskTier::Open(Options(path, block_bytes, blocks));
-    if (!tier.ok()) return 1;
+    bench::CheckOk(tier.status(), "DiskTier::Open");
     StoreAll(**tier, identities, bytes);
   }
   auto tier = DiskTier::Open(Options(path, block_bytes, blocks));
-  if (!tier.ok()) return 1;
+  bench::CheckOk(tier.status(), "DiskTier::Open");
   scan_seconds = absl::ToDoubleSeconds((*tier)->stats().restart_scan_time);
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) bench::Fail("cannot open " + path + " with O_DIRECT");
   AlignedBuffer raw_buffers(slot_bytes * kDepth);
   // Page-aligned destinations, as a pool's blocks: the tier reads straight into them.
   std::vector<AlignedBuffer> out;
@@ -209,17 +212,17 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
 
   // Warm restart at a realistic slot count: 65536 slots is a 128 GiB file of 2 MiB blocks; the
   // scan reads one 4 KiB header a slot, so 4 KiB blocks give the same scan at 1/256 of the disk.
-  constexpr uint64_t kScanSlots = 65536;
+  const uint64_t kScanSlots = bench::FullOrSmoke(65536, 1024);
   std::vector<BlockRecordIdentity> small_ids;
   const std::string small(4096, 's');
   for (uint64_t i = 0; i < kScanSlots; ++i) small_ids.push_back(Identity(i, small));
   {
     auto filler = DiskTier::Open(Options(path, small.size(), kScanSlots));
-    if (!filler.ok()) return 1;
+    bench::CheckOk(filler.status(), "DiskTier::Open");
     StoreAll(**filler, small_ids, small);
   }
   auto reopened = DiskTier::Open(Options(path, small.size(), kScanSlots));
-  if (!reopened.ok()) return 1;
+  bench::CheckOk(reopened.status(), "DiskTier::Open");
   const DiskTierStats stats = (*reopened)->stats();
   std::printf("restart scan of %llu slots (%llu records) %7.1f ms\n",
               static_cast<unsigned long long>(kScanSlots),

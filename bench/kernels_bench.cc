@@ -1,7 +1,8 @@
 // Block gather/scatter/copy kernel bandwidth against one cudaMemcpyAsync device-to-device of the
 // same bytes, for block sizes 64 KiB..2 MiB with random block ids. GB/s counts bytes copied (each
 // read once and written once), 1 GB = 1e9 B. Prints figures and ratios from one run; asserts
-// nothing. Exits 0 with a message when there is no CUDA device.
+// nothing. Exits 1 on a CUDA error; without a CUDA device it says so and exits 77, skipped
+// (bench/bench_run.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_run.h"
 #include "common/cuda/cuda_device.h"
 #include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
@@ -142,8 +144,8 @@ absl::Status RunOne(uint64_t block_bytes, cudaStream_t stream) {
 
 int Main() {
   if (!CudaDeviceAvailable()) {
-    std::printf("kernels_bench: no CUDA device; nothing to measure\n");
-    return 0;
+    std::printf("kernels_bench: skipped: no CUDA device\n");
+    return bench::kSkipped;
   }
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::printf("device: %s\n", prop.name);

@@ -8,6 +8,10 @@ after (from another thread), and meanwhile calls Client.lookup every 50 ms. It p
 from the new daemon's start to the caller's first answer from it, and the errors the caller saw.
 RETRY=0 in the environment turns the client's retries off (RetryPolicy(enabled=False)).
 
+A caller still without an answer BOUND seconds after the outage ends (the new daemon did not
+start, or the client never reconnects) is an error: the bench exits 1. CI's smoke run
+(bench_smoke) passes one outage of 0.1 s.
+
 Usage: bench/python_restart_bench.py [OUTAGE_SECONDS...]
 """
 
@@ -45,8 +49,12 @@ def one_restart(outage: float, retry: RetryPolicy) -> None:
     thread = threading.Thread(target=restart)
     thread.start()
     errors = 0
+    give_up = time.monotonic() + outage + BOUND
     try:
         while True:
+            if time.monotonic() > give_up:
+                raise SystemExit(f"ERROR: no answer from the restarted daemon {BOUND} s after a "
+                                 f"{outage:g} s outage ({errors} errors)")
             try:
                 client.lookup("default", prompt)
                 if "daemon" in restarted and client.ping() == restarted["daemon"].epoch:

@@ -7,6 +7,8 @@
 // against one pipelined SET batch of the same values per batch.
 //
 //   redis_cluster_bench [BLOCK_BYTES] [BLOCKS] [ROUNDS]   (defaults 262144 400 9)
+//
+// Exits 1 at the first failed store, load or reply (bench/bench_run.h).
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
 
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/bench_run.h"
 #include "common/block_checksum.h"
 #include "redis/redis_cluster.h"
 #include "tests/testing/redis_cluster_process.h"
@@ -31,6 +34,10 @@ namespace kvcache {
 namespace {
 
 using ::kvcache::testing::RedisClusterProcess;
+
+void CheckAllOk(const std::vector<absl::Status>& statuses, absl::string_view what) {
+  for (const absl::Status& status : statuses) bench::CheckOk(status, what);
+}
 
 uint64_t UsedMemory(const RedisClusterProcess& redis) {
   uint64_t total = 0;
@@ -63,7 +70,10 @@ double RawPipelinedGets(const std::map<int, std::vector<std::string>>& keys_by_n
   for (const auto& [node, keys] : keys_by_node) {
     for (size_t i = 0; i < keys.size(); ++i) {
       redisReply* reply = nullptr;
-      if (redisGetReply(contexts[node], reinterpret_cast<void**>(&reply)) != REDIS_OK) std::abort();
+      if (redisGetReply(contexts[node], reinterpret_cast<void**>(&reply)) != REDIS_OK) {
+        bench::Fail(absl::StrCat("GET from node ", node, ": ", contexts[node]->errstr));
+      }
+      if (reply->type != REDIS_REPLY_STRING) bench::Fail(absl::StrCat("GET ", keys[i]));
       *bytes += reply->len;
       freeReplyObject(reply);
     }
@@ -85,9 +95,7 @@ std::unique_ptr<ClusterTier> MakeTier(const RedisClusterProcess& redis, uint64_t
                               .hash_algorithm = HashAlgorithm::kXxh3_128,
                               .block_bytes = block_bytes};
   options.fit_size_classes = fit_size_classes;
-  absl::StatusOr<std::unique_ptr<ClusterTier>> tier = ClusterTier::Create(options);
-  if (!tier.ok()) std::abort();
-  return *std::move(tier);
+  return bench::ValueOrFail(ClusterTier::Create(options), "ClusterTier::Create");
 }
 
 // A chain of `blocks` records of `block_bytes`: identities (namespace `space`) and bytes.
@@ -122,9 +130,7 @@ double StoreInBatches(ClusterTier& tier, const Chain& chain, size_t batch) {
     for (size_t i = first; i < std::min(chain.identities.size(), first + batch); ++i) {
       records.push_back(ClusterTier::Record{chain.identities[i], chain.bytes[i]});
     }
-    for (const absl::Status& status : tier.Store(records)) {
-      if (!status.ok()) std::fprintf(stderr, "store: %s\n", status.ToString().c_str());
-    }
+    CheckAllOk(tier.Store(records), "ClusterTier::Store");
   }
   return absl::ToDoubleSeconds(absl::Now() - start);
 }
@@ -165,7 +171,7 @@ void MeasureStores(const RedisClusterProcess& redis, RedisCluster& cluster, uint
     double stored = 0, floor = 0;
     const auto run_floor = [&] {
       const absl::Time start = absl::Now();
-      for (const auto& batch : floor_batches) cluster.Set(batch);
+      for (const auto& batch : floor_batches) CheckAllOk(cluster.Set(batch), "RedisCluster::Set");
       floor = absl::ToDoubleSeconds(absl::Now() - start);
     };
     if (round % 2 == 0) {
@@ -206,7 +212,7 @@ int Main(int argc, char** argv) {
   options.seeds = (*redis)->addresses();
   options.io_timeout = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<RedisCluster>> cluster = RedisCluster::Create(options);
-  if (!cluster.ok()) return 1;
+  bench::CheckOk(cluster.status(), "RedisCluster::Create");
 
   // Memory per byte stored, raw values: just under a size class, and on one.
   for (const uint64_t size : {uint64_t{262080}, uint64_t{262144}}) {
@@ -216,7 +222,7 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < blocks; ++i) {
       entries.emplace_back(absl::StrCat("mem", size, ":", i), std::string(size, 'k'));
     }
-    (*cluster)->Set(entries);
+    CheckAllOk((*cluster)->Set(entries), "RedisCluster::Set");
     std::printf(
         "memory: %d raw values of %llu bytes: %.3f bytes of used_memory per byte\n", blocks,
         static_cast<unsigned long long>(size),
@@ -246,13 +252,16 @@ int Main(int argc, char** argv) {
     if (tier->HeadDataBytes() < block_bytes) keys.push_back(keys[0] + ":t");
     for (const std::string& key : keys) {
       absl::StatusOr<int> node = (*redis)->NodeOfSlot(RedisCluster::KeySlot(key));
-      if (!node.ok()) return 1;
+      bench::CheckOk(node.status(), "NodeOfSlot");
       keys_by_node[*node].push_back(key);
     }
   }
   std::map<int, redisContext*> contexts;
   for (const auto& [node, node_keys] : keys_by_node) {
     contexts[node] = redisConnect("127.0.0.1", (*redis)->port(node));
+    if (contexts[node] == nullptr || contexts[node]->err != 0) {
+      bench::Fail(absl::StrCat("cannot connect to node ", node));
+    }
   }
   std::vector<std::string> out(identities.size(), std::string(block_bytes, '\0'));
   std::vector<uint8_t*> pointers;
@@ -265,7 +274,9 @@ int Main(int argc, char** argv) {
     double raw = 0, loaded = 0;
     const auto run_tier = [&] {
       const absl::Time start = absl::Now();
-      if (tier->LoadPrefix(identities, pointers) != identities.size()) std::abort();
+      if (tier->LoadPrefix(identities, pointers) != identities.size()) {
+        bench::Fail("ClusterTier::LoadPrefix loaded a short prefix");
+      }
       loaded = absl::ToDoubleSeconds(absl::Now() - start);
     };
     if (round % 2 == 0) {

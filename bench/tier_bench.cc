@@ -14,9 +14,11 @@
 //                    a walk that loads one LoadMany batch at a time can reach at best).
 // Working sets exceed the last-level cache (both sides stream from memory). Then the offload
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
-// No timing asserted.
-// Usage: tier_bench [seconds per measurement] [load|open|device|disk|sweep|admission] [DIR]; DIR
-// (default $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not tmpfs).
+// No timing asserted. Exits 1 at the first error, a short load included (bench/bench_run.h);
+// KVCACHE_BENCH_SMOKE=1 runs every part at small sizes.
+// Usage: tier_bench [seconds per measurement] [all|load|open|device|disk|sweep|admission] [DIR];
+// DIR (default $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not
+// tmpfs).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -35,6 +37,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/bench_run.h"
 #include "bench/raw_direct_reads.h"
 #include "cache/cuda_pool_memory.h"
 #include "cache/pool.h"
@@ -129,10 +132,7 @@ BlockRecordIdentity RecordFor(uint64_t i, const uint8_t* bytes, uint64_t size) {
 // HostTier::Load of `blocks` records, round robin, vs memcpy between buffers of the same size.
 void LoadVsMemcpy(uint64_t block_bytes, uint32_t blocks, double seconds) {
   auto tier = HostTier::Create(block_bytes * blocks, block_bytes);
-  if (!tier.ok()) {
-    std::fprintf(stderr, "tier: %s\n", tier.status().ToString().c_str());
-    return;
-  }
+  bench::CheckOk(tier.status(), "HostTier::Create");
   std::vector<uint8_t> source(block_bytes * blocks), out(block_bytes * blocks);
   for (size_t i = 0; i < source.size(); ++i)
     source[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
@@ -140,7 +140,7 @@ void LoadVsMemcpy(uint64_t block_bytes, uint32_t blocks, double seconds) {
   for (uint32_t i = 0; i < blocks; ++i) {
     const uint8_t* bytes = source.data() + i * block_bytes;
     records.push_back(RecordFor(i, bytes, block_bytes));
-    if (!(*tier)->Store(records.back(), bytes).ok()) return;
+    bench::CheckOk((*tier)->Store(records.back(), bytes).status(), "HostTier::Store");
   }
   // The baseline copies the very same bytes from the very same addresses: memcpy's speed depends
   // on where source and destination lie relative to each other.
@@ -164,6 +164,7 @@ void LoadVsMemcpy(uint64_t block_bytes, uint32_t blocks, double seconds) {
   std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n", "HostTier::Load",
               static_cast<unsigned long long>(block_bytes >> 10), blocks, c.a_rate / 1e9,
               c.b_rate / 1e9, c.median_ratio, failures == 0 ? "" : "LOAD FAILURES");
+  if (failures != 0) bench::Fail("HostTier::Load failed");
 }
 
 // A pool of `num_blocks` with a tier 2 of `tier_blocks`, whose mover runs only when the bench
@@ -241,24 +242,23 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
   absl::StatusOr<std::unique_ptr<PoolMemory>> memory = create_memory(options.num_blocks);
   // The device baseline's destination: blocks of their own, on the same device.
   absl::StatusOr<std::unique_ptr<PoolMemory>> destination = create_memory(prefix_blocks);
-  if (!memory.ok() || !destination.ok()) {
+  if (on_device && (!memory.ok() || !destination.ok())) {
     std::printf("%-22s %9llu KiB: skipped (%s)\n", "Pool::Open from tier 2",
                 static_cast<unsigned long long>(block_bytes >> 10),
                 (memory.ok() ? destination.status() : memory.status()).ToString().c_str());
     return;
   }
+  bench::CheckOk(memory.status(), "pool memory");
+  bench::CheckOk(destination.status(), "pool memory");
   auto pool = Pool::Create(options, 0, *std::move(memory));
-  if (!pool.ok()) {
-    std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());
-    return;
-  }
+  bench::CheckOk(pool.status(), "Pool::Create");
   Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
   const uint32_t tokens = prefix_blocks * layout.block_size;
   std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1);
   std::iota(prompt.begin(), prompt.end(), 0);
   std::iota(other.begin(), other.end(), 1u << 30);
   for (const std::vector<uint32_t>* which : {&prompt, &other}) {
-    if (!ComputeOnce(**pool, session, *which)) return;
+    if (!ComputeOnce(**pool, session, *which)) bench::Fail("a prompt could not be computed");
     (*pool)->OffloadForTesting();
   }
   uint64_t short_loads = 0;
@@ -268,7 +268,7 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
     const std::vector<Hash128> chain = ChainOf(**pool, session, *which);
     for (uint32_t i = 0; i < prefix_blocks; ++i) {
       slots.push_back((*pool)->host_tier()->RecordBytesForTesting(chain[i]));
-      if (slots.back() == nullptr) return;
+      if (slots.back() == nullptr) bench::Fail("a prefix block is not in tier 2");
     }
   }
   AlignedBuffer out(block_bytes * prefix_blocks);
@@ -306,6 +306,7 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
               static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
               c.b_rate / 1e9, c.median_ratio,
               short_loads + copy_failures == 0 ? "" : "SHORT LOADS OR FAILED COPIES");
+  if (short_loads + copy_failures != 0) bench::Fail("short loads or failed copies");
 }
 
 // The slots of a disk tier's file (`path`, `slots` of `slot_bytes`) that hold `hashes`, in that
@@ -359,10 +360,7 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   std::filesystem::remove(options.disk_tier_path);
   auto memory = HostPoolMemory::Create(block_bytes, options.num_blocks);
   auto pool = Pool::Create(options, 0, *std::move(memory));
-  if (!pool.ok()) {
-    std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());
-    return;
-  }
+  bench::CheckOk(pool.status(), "Pool::Create");
   DiskTier& disk = *(*pool)->disk_tier();
   Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
   const uint32_t tokens = prefix_blocks * layout.block_size;
@@ -372,17 +370,15 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   std::iota(other.begin(), other.end(), 1u << 30);
   std::iota(tier2_filler.begin(), tier2_filler.end(), 2u << 30);
   for (const std::vector<uint32_t>* which : {&prompt, &other, &tier2_filler}) {
-    if (!ComputeOnce(**pool, session, *which)) return;
+    if (!ComputeOnce(**pool, session, *which)) bench::Fail("a prompt could not be computed");
     (*pool)->OffloadForTesting();
     disk.Flush();
   }
   const uint32_t depth = disk.read_depth();
   const int fd = ::open(options.disk_tier_path.c_str(), O_RDONLY | O_DIRECT);
   auto ring = IoRing::Create(depth);
-  if (fd < 0 || !ring.ok()) {
-    std::fprintf(stderr, "cannot open the tier file or an io_uring\n");
-    return;
-  }
+  if (fd < 0) bench::Fail("cannot open the tier file with O_DIRECT (on tmpfs?)");
+  bench::CheckOk(ring.status(), "IoRing::Create");
   AlignedBuffer buffers(2 * slot_bytes * depth);
   // The same slots in the order the walk reads them (each prompt's blocks in order), and, for
   // comparison, the same number of slots in the file's order. The walk's order is backwards: the
@@ -425,7 +421,7 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   std::vector<BlockRecordIdentity> records;
   for (const Hash128& hash : hashes) {
     absl::StatusOr<BlockRecordIdentity> record = disk.Find(hash);
-    if (!record.ok()) return;
+    bench::CheckOk(record.status(), "DiskTier::Find");
     records.push_back(*std::move(record));
   }
   AlignedBuffer out(block_bytes * prefix_blocks);
@@ -521,7 +517,7 @@ struct TierTokenCounts {
 // The sweeps' workload: `requests` prompts, each one of `documents` shared `prefix_blocks`-block
 // prefixes drawn Zipf 1.0 (a fixed seed) plus a unique `suffix_blocks`-block suffix, each opened,
 // committed (KV is whatever the pool holds: the sweeps count blocks, not bytes) and released;
-// `after_request(r)` runs after request r. False if an open fails.
+// `after_request(r)` runs after request r. False if a call fails.
 bool ReplaySharedDocuments(Pool& pool, uint32_t documents, uint32_t prefix_blocks,
                            uint32_t suffix_blocks, uint32_t requests,
                            absl::FunctionRef<void(uint32_t)> after_request,
@@ -542,9 +538,10 @@ bool ReplaySharedDocuments(Pool& pool, uint32_t documents, uint32_t prefix_block
       prompt[t] = (1u << 30) + r * 1000 + t;
     }
     auto opened = pool.Open(session, SequenceSpec{prompt});
-    if (!opened.ok()) return false;
-    (void)pool.Commit(session, opened->sequence_id, prompt.size());
-    (void)pool.Release(session, opened->sequence_id);
+    if (!opened.ok() || !pool.Commit(session, opened->sequence_id, prompt.size()).ok() ||
+        !pool.Release(session, opened->sequence_id).ok()) {
+      return false;
+    }
     counts->tier1 +=
         opened->num_cached_tokens - opened->num_host_tier_tokens - opened->num_disk_tier_tokens;
     counts->tier2 += opened->num_host_tier_tokens;
@@ -561,7 +558,8 @@ bool ReplaySharedDocuments(Pool& pool, uint32_t documents, uint32_t prefix_block
 // that falls behind by that much). Deterministic: counts, not times.
 void WindowSweep(uint32_t lag) {
   constexpr uint32_t kPoolBlocks = 1024, kTierBlocks = 8192, kDocuments = 200;
-  constexpr uint32_t kPrefixBlocks = 32, kSuffixBlocks = 2, kRequests = 20000;
+  constexpr uint32_t kPrefixBlocks = 32, kSuffixBlocks = 2;
+  const uint32_t kRequests = bench::FullOrSmoke(20000, 1000);
   const PoolLayout layout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
   std::printf(
       "\nmover lag %u requests (pool %u blocks, tier 2 %u, %u documents of %u blocks, "
@@ -574,7 +572,7 @@ void WindowSweep(uint32_t lag) {
     options.offload_window = window;
     auto memory = HostPoolMemory::Create(layout.BlockBytes(), kPoolBlocks);
     auto pool = Pool::Create(options, 0, *std::move(memory));
-    if (!pool.ok()) return;
+    bench::CheckOk(pool.status(), "Pool::Create");
     TierTokenCounts counts;
     if (!ReplaySharedDocuments(
             **pool, kDocuments, kPrefixBlocks, kSuffixBlocks, kRequests,
@@ -582,7 +580,7 @@ void WindowSweep(uint32_t lag) {
               if ((r + 1) % lag == 0) (*pool)->OffloadForTesting();
             },
             &counts)) {
-      return;
+      bench::Fail("the window sweep's replay failed");
     }
     const PoolStatsSnapshot stats = (*pool)->Stats();
     const double evictions = stats.pool.evictions;
@@ -600,7 +598,8 @@ void WindowSweep(uint32_t lag) {
 // where prompt tokens came from, and disk writes per request (what wears an SSD).
 void AdmissionSweep(const std::string& dir) {
   constexpr uint32_t kPoolBlocks = 512, kTierBlocks = 1024, kDiskBlocks = 16384;
-  constexpr uint32_t kDocuments = 400, kPrefixBlocks = 32, kSuffixBlocks = 2, kRequests = 20000;
+  constexpr uint32_t kDocuments = 400, kPrefixBlocks = 32, kSuffixBlocks = 2;
+  const uint32_t kRequests = bench::FullOrSmoke(20000, 1000);
   constexpr uint32_t kLag = 8;
   const PoolLayout layout{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16};
   std::printf(
@@ -633,7 +632,7 @@ void AdmissionSweep(const std::string& dir) {
           (*pool)->disk_tier()->Flush();
         },
         &counts);
-    if (!replayed) return;
+    if (!replayed) bench::Fail("the admission sweep's replay failed");
     const PoolStatsSnapshot stats = (*pool)->Stats();
     const double writes = stats.disk_tier->store.stores_durable;
     std::printf("%-10s %9.1f%% %9.1f%% %9.1f%% %9.1f%% %14.2f %16.2f\n",
@@ -655,8 +654,8 @@ int main(int argc, char** argv) {
   // acquisition against a global lock graph, a cost the daemon does not pay.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  // Optional: only "load", "open" or "sweep".
-  const std::string only = argc > 2 ? argv[2] : "";
+  // Optional: one part only ("all" or none: every part).
+  const std::string only = argc > 2 && std::string(argv[2]) != "all" ? argv[2] : "";
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = argc > 3 ? argv[3] : std::string(tmp != nullptr ? tmp : "/tmp");
   const auto runs = [&](const char* part) { return only.empty() || only == part; };
@@ -666,8 +665,8 @@ int main(int argc, char** argv) {
   // 32 KiB: the default pool's block; 256 KiB and 2 MiB: larger models' blocks.
   for (uint64_t block_bytes : {32ull << 10, 256ull << 10, 2ull << 20}) {
     if (!runs("load")) break;
-    kvcache::LoadVsMemcpy(block_bytes, static_cast<uint32_t>((256ull << 20) / block_bytes),
-                          seconds);
+    const uint64_t bytes = kvcache::bench::FullOrSmoke(256ull << 20, 8ull << 20);
+    kvcache::LoadVsMemcpy(block_bytes, static_cast<uint32_t>(bytes / block_bytes), seconds);
   }
   // Pool blocks of 32 KiB (the default layout) and 256 KiB (48 layers, 4 heads, 128 dims, fp16,
   // 16 tokens would be 1.5 MiB; 8 layers keeps the bench's memory small).
@@ -681,16 +680,19 @@ int main(int argc, char** argv) {
                                   .head_dim = 128,
                                   .block_size = 16,
                                   .dtype = kvcache::DType::kFloat16};
+  // Prefixes of 64 MiB and 32 MiB (a smoke run's: 2 MiB and 1 MiB).
+  const uint32_t small_prefix = kvcache::bench::FullOrSmoke(2048, 64);
+  const uint32_t large_prefix = kvcache::bench::FullOrSmoke(128, 4);
   if (runs("open")) {
-    kvcache::OpenFromTierVsCopy(small, 2048, seconds, false);  // 64 MiB prefix
-    kvcache::OpenFromTierVsCopy(large, 128, seconds, false);   // 64 MiB prefix
+    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, false);
+    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, false);
   }
   if (runs("device")) {
     std::printf(
         "\ntier 2 loads into a CUDA pool vs cudaMemcpyAsync H2D of the same page-locked "
         "slots\n");
-    kvcache::OpenFromTierVsCopy(small, 2048, seconds, true);
-    kvcache::OpenFromTierVsCopy(large, 128, seconds, true);
+    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, true);
+    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, true);
   }
   if (runs("disk")) {
     // 64 MiB prefixes of 32 KiB and 256 KiB blocks.
@@ -701,8 +703,8 @@ int main(int argc, char** argv) {
     std::printf(
         "(ratio: the median of 9 alternating rounds; cpu: the measuring thread's time on a "
         "CPU per second, wait: its time runnable but waiting for one)\n");
-    kvcache::OpenFromDiskVsRawReads(small, 2048, seconds, dir + "/kvcache_tier_bench");
-    kvcache::OpenFromDiskVsRawReads(large, 256, seconds, dir + "/kvcache_tier_bench");
+    kvcache::OpenFromDiskVsRawReads(small, small_prefix, seconds, dir + "/kvcache_tier_bench");
+    kvcache::OpenFromDiskVsRawReads(large, 2 * large_prefix, seconds, dir + "/kvcache_tier_bench");
   }
   if (runs("sweep")) {
     for (uint32_t lag : {1u, 8u}) kvcache::WindowSweep(lag);

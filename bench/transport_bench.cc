@@ -5,18 +5,23 @@
 // sender's pool into the receiver's), next to cudaMemcpyAsync device-to-device of the same blocks
 // on the same stream; skipped with a message without a GPU or in a build without NCCL. (The
 // whole nccl Ship needs daemons in other processes, since a process cannot map its own CUDA IPC
-// handles; the block copy is what moves the bytes.) Usage: transport_bench [seconds per case]
+// handles; the block copy is what moves the bytes.) The receiving daemon's clients authenticate
+// as every client on a Unix socket does (the caller's own tenant, from its uid). Exits 1 at the
+// first failed call (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 runs one small block size.
+// Usage: transport_bench [seconds per case]
 #include <stdlib.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_run.h"
 #include "bench/child_process.h"
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/malloc_tuning.h"
@@ -40,6 +45,11 @@ constexpr uint32_t kBlockSize = 16;
 constexpr uint64_t kBytesPerShipment = 32 << 20;
 // Device copies run at ~1.5 TB/s, so a 32 MiB copy mostly measures launch and sync latency.
 constexpr uint64_t kBytesPerDeviceCopy = uint64_t{512} << 20;
+
+// 64 KiB, 256 KiB, 1 MiB and 2 MiB blocks; a smoke run, the smallest only.
+std::vector<uint32_t> LayerCounts() {
+  return bench::FullOrSmoke<std::vector<uint32_t>>({1, 4, 16, 32}, {1});
+}
 
 PoolOptions Pool(uint32_t layers) {
   PoolOptions pool;
@@ -84,43 +94,41 @@ Node StartNode(const std::string& dir, const std::string& name, uint32_t layers)
         return true;
       },
       dir + "/" + name + ".log");
-  if (!daemon.ok()) {
-    std::fprintf(stderr, "kvcache-manager: %s\n", daemon.status().ToString().c_str());
-    std::exit(1);
-  }
-  node.daemon.emplace(*std::move(daemon));
+  node.daemon.emplace(bench::ValueOrFail(std::move(daemon), "kvcache-manager"));
   return node;
 }
 
 void RunCase(const std::string& dir, uint32_t layers, double seconds) {
   Node sender = StartNode(dir, "a" + std::to_string(layers), layers);
   Node receiver = StartNode(dir, "b" + std::to_string(layers), layers);
-  auto source = *MappedPool::Map(*sender.client->DescribePool("p"));
+  auto source = bench::ValueOrFail(
+      MappedPool::Map(bench::ValueOrFail(sender.client->DescribePool("p"), "DescribePool")),
+      "MappedPool::Map");
   const uint64_t block_bytes = source->block_bytes();
   const uint32_t blocks = kBytesPerShipment / block_bytes;
   // The sender's sequence: blocks + 1 tokens' worth, its bytes random.
   std::vector<uint32_t> tokens(blocks * kBlockSize + 1);
   for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = i;
-  auto held = *sender.client->OpenSequence("p", tokens);
+  auto held = bench::ValueOrFail(sender.client->OpenSequence("p", tokens), "OpenSequence");
   std::mt19937 rng(layers);
   for (uint32_t i = 0; i < blocks; ++i) {
     uint8_t* block = source->Block(held.block_ids[i]);
     for (uint64_t b = 0; b < block_bytes; b += 64) block[b] = static_cast<uint8_t>(rng());
   }
-  auto shm = *MakeShmTransport(receiver.client.get(), "p");
-  auto stream = MakeStreamTransport(receiver.client.get(), "bench", "p");
+  auto shm = bench::ValueOrFail(MakeShmTransport(receiver.client.get(), "p"), "MakeShmTransport");
+  // "": the receiver's session's own tenant, as kvcache-worker's default --tenant; naming another
+  // tenant is refused (PERMISSION_DENIED) to all but an admin.
+  auto stream = MakeStreamTransport(receiver.client.get(), "", "p");
   uint32_t round = 0;
   // Fresh tokens each time (a new first token changes every hash), so every block is sent.
   auto ship = [&](BlockTransport& transport) -> uint64_t {
     std::vector<uint32_t> shipment_tokens = tokens;
     shipment_tokens[0] = 1000000 + ++round;
-    auto stats = transport.Ship(Shipment{
-        .tokens = shipment_tokens, .source = source.get(), .source_blocks = held.block_ids});
-    if (!stats.ok()) {
-      std::fprintf(stderr, "%s\n", stats.status().ToString().c_str());
-      return 0;
-    }
-    return stats->bytes_sent;
+    return bench::ValueOrFail(transport.Ship(Shipment{.tokens = shipment_tokens,
+                                                      .source = source.get(),
+                                                      .source_blocks = held.block_ids}),
+                              "Ship")
+        .bytes_sent;
   };
   // The baseline copies the same bytes into destinations that rotate through a pool-sized buffer,
   // as shipments' blocks rotate through the receiver's pool: into one fixed 32 MiB buffer, source
@@ -139,14 +147,12 @@ void RunCase(const std::string& dir, uint32_t layers, double seconds) {
   std::printf("%6llu KiB %6u %10.2f %10.2f %7.2fx %10.2f %7.2fx\n",
               static_cast<unsigned long long>(block_bytes >> 10), blocks, memcpy_rate, shm_rate,
               shm_rate / memcpy_rate, stream_rate, stream_rate / memcpy_rate);
-  (void)sender.client->ReleaseSequence(held.sequence_id);
+  bench::CheckOk(sender.client->ReleaseSequence(held.sequence_id), "ReleaseSequence");
 }
 
 #if KVCACHE_TRANSPORT_BENCH_NCCL
-bool CudaOk(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return true;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
-  return false;
+void CheckCuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) bench::Fail(what, absl::InternalError(cudaGetErrorString(error)));
 }
 
 // One block size: 512 MiB of blocks copied block by block, NCCL self-send vs cudaMemcpyAsync.
@@ -156,33 +162,24 @@ void RunNcclCase(NcclChannel& channel, uint32_t layers, double seconds) {
   const uint64_t bytes = uint64_t{blocks} * block_bytes;
   uint8_t* from = nullptr;
   uint8_t* to = nullptr;
-  if (!CudaOk(cudaMalloc(reinterpret_cast<void**>(&from), bytes), "cudaMalloc") ||
-      !CudaOk(cudaMalloc(reinterpret_cast<void**>(&to), bytes), "cudaMalloc") ||
-      !CudaOk(cudaMemset(from, 1, bytes), "cudaMemset")) {
-    cudaFree(from);
-    cudaFree(to);
-    return;
-  }
+  CheckCuda(cudaMalloc(reinterpret_cast<void**>(&from), bytes), "cudaMalloc");
+  CheckCuda(cudaMalloc(reinterpret_cast<void**>(&to), bytes), "cudaMalloc");
+  CheckCuda(cudaMemset(from, 1, bytes), "cudaMemset");
   std::vector<uint32_t> ids(blocks);
   std::iota(ids.begin(), ids.end(), 0u);
   cudaStream_t stream = static_cast<cudaStream_t>(channel.stream());
   const double d2d_rate = GBps(seconds, [&]() -> uint64_t {
     for (uint32_t i = 0; i < blocks; ++i) {
-      if (!CudaOk(cudaMemcpyAsync(to + uint64_t{i} * block_bytes, from + uint64_t{i} * block_bytes,
-                                  block_bytes, cudaMemcpyDeviceToDevice, stream),
-                  "cudaMemcpyAsync")) {
-        return 0;
-      }
+      CheckCuda(cudaMemcpyAsync(to + uint64_t{i} * block_bytes, from + uint64_t{i} * block_bytes,
+                                block_bytes, cudaMemcpyDeviceToDevice, stream),
+                "cudaMemcpyAsync");
     }
-    return CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize") ? bytes : 0;
+    CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return bytes;
   });
   const double nccl_rate = GBps(seconds, [&]() -> uint64_t {
-    absl::Status status = channel.SelfCopyBlocks(from, to, block_bytes, ids, ids);
-    if (status.ok()) status = channel.Synchronize(absl::Seconds(60));
-    if (!status.ok()) {
-      std::fprintf(stderr, "%s\n", status.ToString().c_str());
-      return 0;
-    }
+    bench::CheckOk(channel.SelfCopyBlocks(from, to, block_bytes, ids, ids), "SelfCopyBlocks");
+    bench::CheckOk(channel.Synchronize(absl::Seconds(60)), "NcclChannel::Synchronize");
     return bytes;
   });
   std::printf("%6llu KiB %6u %10.2f %10.2f %7.2fx\n",
@@ -208,13 +205,11 @@ void RunNccl(const std::string& dir, double seconds) {
   Node node = StartNode(dir, "nccl", 1);
   absl::StatusOr<std::unique_ptr<NcclChannel>> channel = NcclChannel::Connect(
       node.client.get(), FreshRendezvousKey("transport_bench"), 0, 1, 0, absl::Seconds(60));
-  absl::Status warmed = channel.ok() ? (*channel)->Warm(0, absl::Seconds(60)) : channel.status();
-  if (!warmed.ok()) {
-    std::printf("nccl: skipped (%s)\n", warmed.ToString().c_str());
-    return;
-  }
+  // A GPU is here: a channel that cannot start is an error, not a skip.
+  bench::CheckOk(channel.status(), "NcclChannel::Connect");
+  bench::CheckOk((*channel)->Warm(0, absl::Seconds(60)), "NcclChannel::Warm");
   std::printf("%10s %6s %10s %10s %8s\n", "block", "blocks", "d2d", "nccl", "nccl/d2d");
-  for (uint32_t layers : {1u, 4u, 16u, 32u}) RunNcclCase(**channel, layers, seconds);
+  for (uint32_t layers : LayerCounts()) RunNcclCase(**channel, layers, seconds);
 #else
   std::printf("nccl: skipped (built without CUDA or NCCL)\n");
 #endif
@@ -233,7 +228,10 @@ int main(int argc, char** argv) {
       "32 MiB of blocks per shipment between two kvcache-manager processes on this node; GB/s\n");
   std::printf("%10s %6s %10s %10s %8s %10s %8s\n", "block", "blocks", "memcpy", "shm", "shm/mc",
               "stream", "str/mc");
-  for (uint32_t layers : {1u, 4u, 16u, 32u}) kvcache::worker::RunCase(run_dir, layers, seconds);
+  for (uint32_t layers : kvcache::worker::LayerCounts()) {
+    kvcache::worker::RunCase(run_dir, layers, seconds);
+  }
   kvcache::worker::RunNccl(run_dir, seconds);
+  std::filesystem::remove_all(run_dir);  // the daemons' sockets and logs
   return 0;
 }

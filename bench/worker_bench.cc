@@ -2,6 +2,8 @@
 // pool, next to a cold in-process run of the same length; then the same 90% prefix served from
 // each tier (tier 1, the pool; tier 2, host memory; tier 3, disk) next to recomputing it; plus
 // decode tokens/s — all ratios measured in one run, on the CPU path.
+// Exits 1 at the first failed call or a prefix not served from its tier; KVCACHE_BENCH_SMOKE=1
+// runs one 128-token prompt (bench/bench_run.h).
 // Usage: worker_bench CHECKPOINT_DIR [reps]
 // The tests' tiny model (hidden 64) spends most of a long prefill in attention, which a cached
 // prefix saves least; a wider one (scripts/make_tiny_checkpoint.py OUT --hidden 512
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "bench/bench_run.h"
 #include "common/status_macros.h"
 #include "server/daemon.h"
 #include "tiers/record_codec.h"
@@ -51,7 +54,10 @@ int PrefillTable(const Qwen3MoeModel& model, KvWorker& worker, uint32_t prompt_t
     absl::StatusOr<GenerationResult> reference =
         GenerateCold(model, Tokens(prompt_tokens * 100000 + rep, prompt_tokens), 1, cold_sampler,
                      kBlockSize, DType::kBFloat16);
-    if (!reference.ok()) return 1;
+    if (!reference.ok()) {
+      std::fprintf(stderr, "cold run: %s\n", reference.status().ToString().c_str());
+      return 1;
+    }
     if (rep > 0) cold.push_back(reference->prefill_time);
     for (size_t f = 0; f < fractions.size(); ++f) {
       const size_t shared = static_cast<size_t>(prompt_tokens * fractions[f]);
@@ -282,15 +288,21 @@ int Main(const std::string& checkpoint, int reps) {
   auto worker = KvWorker::Create(client->get(), "qwen", &*model);
   auto tier_worker = KvWorker::Create(client->get(), "qwen_tiers", &*model);
   auto tier_pool = (*daemon)->manager().FindPool("qwen_tiers");
-  if (!worker.ok() || !tier_worker.ok() || !tier_pool.ok()) return 1;
+  if (!worker.ok() || !tier_worker.ok() || !tier_pool.ok()) {
+    std::fprintf(stderr, "cannot create the workers or find the tier pool\n");
+    return 1;
+  }
 
   // Attention grows with the context, so the longer the prompt, the less a cached prefix saves:
   // both lengths are shown.
-  for (uint32_t prompt_tokens : {512u, 1024u}) {
+  // A smoke run (bench/bench_run.h): one short prompt.
+  const std::vector<uint32_t> prompt_lengths =
+      bench::FullOrSmoke<std::vector<uint32_t>>({512, 1024}, {128});
+  for (uint32_t prompt_tokens : prompt_lengths) {
     if (PrefillTable(*model, **worker, prompt_tokens, reps) != 0) return 1;
   }
   TierPlacer placer(**client, **tier_pool);
-  for (uint32_t prompt_tokens : {512u, 1024u}) {
+  for (uint32_t prompt_tokens : prompt_lengths) {
     if (TierTable(**tier_worker, placer, **tier_pool, prompt_tokens, reps) != 0) return 1;
   }
   Sampler sampler = Sampler::Greedy();
@@ -298,14 +310,17 @@ int Main(const std::string& checkpoint, int reps) {
   Sampler cold_sampler = Sampler::Greedy();
   absl::StatusOr<GenerationResult> cold_decode =
       GenerateCold(*model, Tokens(3, 256), 129, cold_sampler, kBlockSize, DType::kBFloat16);
-  if (decode.ok() && cold_decode.ok()) {
-    const double rate = 128 / absl::ToDoubleSeconds(decode->decode_time);
-    const double cold_rate = 128 / absl::ToDoubleSeconds(cold_decode->decode_time);
-    std::printf(
-        "decode after a 256-token prompt: %.0f tokens/s through the daemon, %.0f cold "
-        "in-process (%.2fx)\n",
-        rate, cold_rate, rate / cold_rate);
+  if (!decode.ok() || !cold_decode.ok()) {
+    std::fprintf(stderr, "decode: %s\n",
+                 (decode.ok() ? cold_decode.status() : decode.status()).ToString().c_str());
+    return 1;
   }
+  const double rate = 128 / absl::ToDoubleSeconds(decode->decode_time);
+  const double cold_rate = 128 / absl::ToDoubleSeconds(cold_decode->decode_time);
+  std::printf(
+      "decode after a 256-token prompt: %.0f tokens/s through the daemon, %.0f cold "
+      "in-process (%.2fx)\n",
+      rate, cold_rate, rate / cold_rate);
   (*client)->CloseSession().IgnoreError();
   return 0;
 }

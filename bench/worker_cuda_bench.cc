@@ -2,7 +2,8 @@
 // 512-token prefill time and greedy decode tokens/s, each as a ratio GPU vs CPU, with the KV in
 // a bf16 paged pool (device memory for the GPU, host memory for the CPU).
 // Usage: worker_cuda_bench CHECKPOINT_DIR [reps]
-// Without a CUDA device it says so and exits 0: benchmarks never gate CI. The tests' tiny model is
+// Exits 1 on an error; without a CUDA device it says so and exits 77, skipped
+// (bench/bench_run.h). The tests' tiny model is
 // launch-bound on a GPU; a wider one (scripts/make_tiny_checkpoint.py OUT --hidden 512
 // --moe_intermediate 512 --layers 2) is closer to real MoE proportions.
 #include <cuda_runtime.h>
@@ -16,6 +17,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_run.h"
 #include "common/cuda/cuda_device.h"
 #include "model/cuda/qwen3_moe_cuda.h"
 #include "model/qwen3_moe.h"
@@ -145,7 +147,7 @@ int Main(const std::string& checkpoint, int reps) {
   }
   if (!BuiltWithCuda() || !CudaDeviceAvailable()) {
     std::printf("worker_cuda_bench: skipped: no CUDA device\n");
-    return 0;
+    return bench::kSkipped;
   }
   absl::StatusOr<CudaQwen3MoeModel> gpu = CudaQwen3MoeModel::Create(*model, 0);
   if (!gpu.ok()) {

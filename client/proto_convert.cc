@@ -88,7 +88,10 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .request_waits = tier.request_waits(),
                                                    .store_failures = tier.store_failures(),
                                                    .restored_records = tier.restored_records(),
-                                                   .restore_skipped = tier.restore_skipped()});
+                                                   .restore_skipped = tier.restore_skipped(),
+                                                   .node_failures = tier.node_failures(),
+                                                   .skipped_commands = tier.skipped_commands(),
+                                                   .redirects = tier.redirects()});
   }
   return stats;
 }

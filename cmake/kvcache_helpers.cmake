@@ -1,9 +1,13 @@
-# kvcache_library(NAME <name> SRCS ... DEPS ...): one library per folder, aliased kvcache::<name>.
+# kvcache_library(NAME <name> SRCS ... DEPS ...): one library per folder, aliased kvcache::<name>,
+# the name it is also exported under where it is installed (cmake/kvcache_install.cmake). Headers
+# are included from the source root ("client/kv_cache_client.h"), installed or not.
 function(kvcache_library)
   cmake_parse_arguments(KV "" "NAME" "SRCS;DEPS" ${ARGN})
   add_library(kvcache_${KV_NAME} STATIC ${KV_SRCS})
   add_library(kvcache::${KV_NAME} ALIAS kvcache_${KV_NAME})
-  target_include_directories(kvcache_${KV_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
+  set_target_properties(kvcache_${KV_NAME} PROPERTIES EXPORT_NAME ${KV_NAME})
+  target_include_directories(kvcache_${KV_NAME} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:${KVCACHE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(kvcache_${KV_NAME} PUBLIC ${KV_DEPS})
 endfunction()
 

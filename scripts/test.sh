@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test: unit, integration (daemon and clients as processes) and
-# the Python hash vectors. Then the checks that keep the code honest:
+# Builds everything and runs every test: unit, integration (daemon and clients as processes), the
+# Python hash vectors and every bench's smoke run (label bench_smoke: figures ignored, errors not;
+# only here, the other builds have no benches). Then the checks that keep the code honest:
 # - every C++/CUDA file is formatted as .clang-format says;
 # - clang builds every CPU target but the benchmarks with -Werror=thread-safety (the
 #   ABSL_GUARDED_BY annotations),
