@@ -225,6 +225,40 @@ TEST_F(ManifestProcessTest, BadManifestsGetTheirExactCodes) {
   EXPECT_EQ(PoolStats().counts.referenced, 0u);  // nothing held
 }
 
+// PutBlocks and GetBlocks run under a transfer session of their own, which must carry the
+// lease's manifest: bytes put by rank 0 are got by rank 0 only.
+TEST_F(ManifestProcessTest, DataStreamsKeepTheSessionsManifest) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  const std::vector<uint32_t> prompt = Prompt(4, 2 * kBlockSize);
+  std::string bytes(2 * kBlockBytes, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 3);
+  auto rank_zero = Engine(RankZero());
+  absl::StatusOr<KvCacheClient::PutResult> put = rank_zero->PutBlocks(pool_name_, prompt, bytes);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_stored, 2u);
+
+  EXPECT_EQ(Lookup(prompt, RankZero()).num_cached_tokens, 32u);
+  auto strangers = Strangers();
+  for (const std::unique_ptr<KvCacheClient>& stranger : strangers) {
+    absl::StatusOr<KvCacheClient::GetResult> got = stranger->GetBlocks(pool_name_, prompt);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->num_blocks, 0u);
+  }
+  auto rank_zero_again = Engine(RankZero());
+  absl::StatusOr<KvCacheClient::GetResult> got = rank_zero_again->GetBlocks(pool_name_, prompt);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->num_blocks, 2u);
+  EXPECT_EQ(got->bytes, bytes);
+
+  ManifestFields long_pages = RankZero();
+  long_pages.page_tokens = 32;
+  auto misfit = Engine(long_pages);
+  EXPECT_THAT(misfit->PutBlocks(pool_name_, prompt, bytes),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("page_tokens")));
+  EXPECT_THAT(misfit->GetBlocks(pool_name_, prompt),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("page_tokens")));
+}
+
 TEST_F(ManifestProcessTest, DescribePoolShowsTheManifestsInUse) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
   auto first = Engine(RankZero());
