@@ -8,9 +8,12 @@ default algorithm; sha256 needs only the standard library.
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import xxhash
+
+if TYPE_CHECKING:
+    from .values import CompatibilityManifest  # values imports this module
 
 # Any python-xxhash with XXH3 (2.0 and later). Not a version check: Debian's python3-xxhash
 # declares version 0.0.0 whatever it ships.
@@ -65,7 +68,7 @@ def layout_fingerprint(layers: int, kv_heads: int, head_dim: int, block_size: in
 _DTYPE_ALIASES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "fp8": "fp8_e4m3"}
 
 
-def manifest_digest(algorithm: str, manifest) -> bytes:
+def manifest_digest(algorithm: str, manifest: "CompatibilityManifest") -> bytes:
     """H of a kvcache_client.CompatibilityManifest's canonical encoding ("Root with a compatibility
     manifest"): the digest DescribePool shows in hex, and what root_hash takes for a session
     bound to that manifest."""
