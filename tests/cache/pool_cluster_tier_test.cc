@@ -130,6 +130,60 @@ TEST_P(PoolClusterTierTest, APrefixOffloadedByOnePoolIsAVerifiedHitInAnother) {
   }
 }
 
+// Issue 31: what one node passed down for a session bound to a compatibility manifest is a hit on
+// another node for sessions of an equal manifest only, never for another TP rank's or for a
+// session without one.
+TEST_P(PoolClusterTierTest, ARecordInTheClusterIsAHitForItsOwnManifestOnly) {
+  std::unique_ptr<Pool> a = MakePool("node-a", false);
+  std::unique_ptr<Pool> b = MakePool("node-b", false);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const PoolLayout& layout = a->options().layout;
+  ManifestFields fields{.model_id = "m",
+                        .model_config_digest = "rope",
+                        .kv_dtype = std::string(DTypeName(layout.dtype)),
+                        .page_tokens = layout.block_size,
+                        .parts = {{"kv", layout.BlockBytes()}},
+                        .parallel = {.tp_size = 2, .tp_rank = 0}};
+  auto rank_zero = CompatibilityManifest::Create(fields);
+  fields.parallel.tp_rank = 1;
+  auto rank_one = CompatibilityManifest::Create(fields);
+  ASSERT_OK(rank_zero);
+  ASSERT_OK(rank_one);
+  const Session writer{2, "uid:1", "tenant-a", "test", absl::Seconds(10), *rank_zero};
+  const Session same{3, "uid:1", "tenant-a", "test", absl::Seconds(10), *rank_zero};
+  const Session other{4, "uid:1", "tenant-a", "test", absl::Seconds(10), *rank_one};
+
+  const std::vector<uint32_t> prompt = Tokens(500, 17);  // four full blocks
+  auto opened = a->Open(writer, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+  ASSERT_OK(opened);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_OK(a->WriteBlock(opened->block_ids[i], 0, BlockBytes(*a, prompt, i)));
+  }
+  ASSERT_OK(a->Commit(writer, opened->sequence_id, prompt.size()));
+  ASSERT_OK(a->Release(writer, opened->sequence_id));
+  a->OffloadForTesting();
+  ASSERT_EQ(a->Stats().cluster_tier->stored_blocks, 4u);
+
+  for (const Session* stranger : {&other, static_cast<const Session*>(&session_)}) {
+    auto miss = b->Open(*stranger, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+    ASSERT_OK(miss);
+    EXPECT_EQ(miss->num_cached_tokens, 0u);
+    ASSERT_OK(b->Release(*stranger, miss->sequence_id));
+  }
+  EXPECT_EQ(ClusterRow(*b).hit_blocks, 0u);
+  auto hit = b->Open(same, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->num_cluster_tier_tokens, 16u);
+  for (size_t i = 0; i < 4; ++i) {
+    std::string bytes(b->options().layout.BlockBytes(), '\0');
+    ASSERT_OK(b->ReadBlock(hit->block_ids[i], 0, bytes.size(), bytes.data()));
+    EXPECT_EQ(bytes, BlockBytes(*b, prompt, i)) << "block " << i;
+  }
+  ASSERT_OK(b->Release(same, hit->sequence_id));
+  EXPECT_OK(b->CheckInvariants());
+}
+
 // The whole cluster hangs (every master SIGSTOPped) under opens with a max_load_ms: the first open
 // pays its budget (the load is cut by its deadline: deadline_blocks) and rests the nodes it
 // waited on; the opens that follow within the rest skip them — misses, counted in the cluster
