@@ -128,7 +128,9 @@ class KvCacheServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def DescribePool(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A pool, its block counts and the compatibility manifests in use on it (the caller's tenant's;
+        an admin's: every tenant's). Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -136,7 +138,8 @@ class KvCacheServicer(object):
     def OpenSession(self, request, context):
         """Sessions are leases: a session that is not kept alive within its TTL is closed and every
         sequence it holds is released. OpenSession is not idempotent (each call makes a new session);
-        KeepAlive and CloseSession are. OpenSession: RESOURCE_EXHAUSTED at the daemon's session limit.
+        KeepAlive and CloseSession are. OpenSession: RESOURCE_EXHAUSTED at the daemon's session limit,
+        INVALID_ARGUMENT for a compatibility manifest that does not validate (nothing opens).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
