@@ -202,16 +202,20 @@ void LowerTiers::PassDown(std::vector<OffloadCandidate>& batch,
   // what is durable, hence found, does not depend on the writer's timing: so here.
   if (options_.testing_manual_offload && disk_tier_ != nullptr) disk_tier_->Flush();
   if (cluster_tier_ == nullptr) return;
-  uint64_t queued = 0;
-  absl::MutexLock lock(&cluster_backlog_mu_);
-  for (const OffloadCandidate& queued_before : cluster_backlog_) {
-    queued += queued_before.cluster_copy.size();
-  }
-  for (OffloadCandidate& candidate : batch) {
-    if (!candidate.to_cluster || candidate.cluster_copy.empty()) continue;
-    queued += candidate.cluster_copy.size();
-    if (queued > kClusterBacklogBytes) break;
-    cluster_backlog_.push_back(std::move(candidate));
+  {
+    absl::MutexLock lock(&cluster_backlog_mu_);
+    for (OffloadCandidate& candidate : batch) {
+      if (!candidate.to_cluster || candidate.cluster_copy.empty()) continue;
+      if (cluster_backlog_bytes_ + candidate.cluster_copy.size() > kClusterBacklogBytes) {
+        cluster_backlog_dropped_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      cluster_backlog_bytes_ += candidate.cluster_copy.size();
+      cluster_backlog_.push_back(
+          OffloadCandidate{.record = candidate.record,
+                           .to_cluster = true,
+                           .cluster_copy = std::move(candidate.cluster_copy)});
+    }
   }
   WakeMover();
 }
@@ -221,6 +225,7 @@ bool LowerTiers::DrainClusterBacklog() {
   {
     absl::MutexLock lock(&cluster_backlog_mu_);
     backlog.swap(cluster_backlog_);
+    cluster_backlog_bytes_ = 0;
   }
   if (backlog.empty()) return false;
   WriteThroughToCluster(backlog);
@@ -614,6 +619,7 @@ std::optional<PoolClusterTierStats> LowerTiers::ClusterStats() const {
   return PoolClusterTierStats{
       .hit_blocks = cluster_hit_blocks_.load(std::memory_order_relaxed),
       .stored_blocks = cluster_stored_blocks_.load(std::memory_order_relaxed),
+      .backlog_dropped = cluster_backlog_dropped_.load(std::memory_order_relaxed),
       .store = cluster_tier_->counters(),
       .redis = cluster_tier_->redis().counters()};
 }

@@ -270,10 +270,13 @@ class LowerTiers {
   std::atomic<uint64_t> cluster_hit_blocks_{0};
   std::atomic<uint64_t> cluster_stored_blocks_{0};
   // Requests' pass-downs not sent to the cluster yet (their `cluster_copy` holds the bytes), at
-  // most kClusterBacklogBytes of them: past that a pass-down's copies are not sent (a cache).
+  // most kClusterBacklogBytes of them: past that a pass-down's copies are not sent (a cache),
+  // only counted.
   static constexpr uint64_t kClusterBacklogBytes = uint64_t{64} << 20;
+  std::atomic<uint64_t> cluster_backlog_dropped_{0};
   absl::Mutex cluster_backlog_mu_;
   std::vector<OffloadCandidate> cluster_backlog_ ABSL_GUARDED_BY(cluster_backlog_mu_);
+  uint64_t cluster_backlog_bytes_ ABSL_GUARDED_BY(cluster_backlog_mu_) = 0;
   // Announces the lower tiers' records; null without events. Synchronizes itself.
   const std::shared_ptr<TierEvents> tier_events_;
 

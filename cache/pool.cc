@@ -466,7 +466,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   size_t num_hits = 0;
   size_t cluster_end = 0;  // records the cluster is asked for, after `below`'s (none: 0)
   const size_t requested_blocks = total_blocks;
-  for (int round = 1;; ++round) {
+  for (int pass_downs = 0;;) {
     absl::MutexLock lock(&mu_);
     total_blocks = requested_blocks;
     WaitOutOffloadLocked(total_blocks);
@@ -490,7 +490,8 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
                             absl::StrCat("a ", spec.tokens.size(), "-token prompt with ",
                                          num_hits * block_size, " cached tokens")));
     // What this open evicts goes down first; the copies release mu_, so look again.
-    if (round < kMaxPassDownRounds && PassDownVictimsLocked(total_blocks - num_hits, hits, below)) {
+    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(total_blocks - num_hits, hits, below)) {
+      ++pass_downs;
       continue;
     }
     sequence->tenant = TenantSlotLocked(session.tenant);

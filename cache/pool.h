@@ -316,9 +316,9 @@ class Pool final : private OffloadSource {
   bool PassDownVictimsLocked(size_t allocations, absl::Span<const BlockId> hits,
                              absl::Span<const BelowRecord> loading = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Opens ask this many times at most (each time after mu_ was released for a pass-down);
-  // then they evict what is not below (counted: PoolHostTierStats::evicted_unsaved).
-  static constexpr int kMaxPassDownRounds = 4;
+  // An open passes its victims down this many times at most (it looks at the pool again after
+  // each); then it evicts what is still not below (counted: PoolHostTierStats::evicted_unsaved).
+  static constexpr int kMaxPassDowns = 3;
   // An evictable block not marked below: pinned for offload and appended to `batch` if a lower
   // tier could take it, else marked below (it is there already).
   void TakeForOffloadLocked(BlockId block, std::vector<OffloadCandidate>* batch)
