@@ -52,6 +52,9 @@ struct PoolDiskTierStats {
 struct PoolClusterTierStats {
   uint64_t hit_blocks = 0;     // blocks loaded into tier 1 and returned as cached
   uint64_t stored_blocks = 0;  // blocks the mover wrote to the cluster
+  // Blocks requests passed down on evicting them whose copies the mover could not send: its
+  // backlog was full (LowerTiers::kClusterBacklogBytes).
+  uint64_t backlog_dropped = 0;
   ClusterTierCounters store;   // the store's own counters (misses by kind)
   RedisClusterCounters redis;  // its client's: node failures, redirects, reconnects
 };
@@ -71,6 +74,11 @@ struct TierStatsRow {
   uint64_t evicted_blocks = 0;
   // Evictions from the tier above whose block this tier already held (saved from recompute).
   uint64_t evicted_from_above = 0;
+  // Evictions from the tier above whose block never reached this tier: lost on the way down
+  // because this tier refused it (host, every slot being read or a device fault; disk, its queue
+  // full or its writer stopped; cluster, the mover's backlog full). Never because a batch was
+  // large: the evicting request passes its victims down.
+  uint64_t lost_from_above = 0;
   // Loads whose bytes failed their checksum (dropped; recomputed).
   uint64_t verify_failures = 0;
   // Matched records that did not load: host and disk, runs an open could not finish (verify

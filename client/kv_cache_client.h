@@ -244,6 +244,7 @@ class KvCacheClient {
     uint64_t store_failures = 0;  // copies the tier did not take (v1.TierStats)
     uint64_t restored_records = 0;
     uint64_t restore_skipped = 0;
+    uint64_t lost_from_above = 0;  // evictions above whose block the tier refused (v1.TierStats)
   };
   struct PoolStats {
     std::string pool;

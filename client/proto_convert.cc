@@ -88,7 +88,8 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .request_waits = tier.request_waits(),
                                                    .store_failures = tier.store_failures(),
                                                    .restored_records = tier.restored_records(),
-                                                   .restore_skipped = tier.restore_skipped()});
+                                                   .restore_skipped = tier.restore_skipped(),
+                                                   .lost_from_above = tier.lost_from_above()});
   }
   return stats;
 }
