@@ -572,8 +572,8 @@ void WindowSweep(uint32_t lag) {
       "\nmover lag %u requests (pool %u blocks, tier 2 %u, %u documents of %u blocks, "
       "Zipf 1.0, %u requests)\n",
       lag, kPoolBlocks, kTierBlocks, kDocuments, kPrefixBlocks, kRequests);
-  std::printf("%-10s %10s %10s %10s %12s %14s\n", "window", "tier1 hit", "tier2 hit", "computed",
-              "copies/req", "evictions saved");
+  std::printf("%-10s %10s %10s %10s %12s %14s %16s\n", "window", "tier1 hit", "tier2 hit",
+              "computed", "copies/req", "evictions saved", "of copies, by requests");
   for (uint32_t window : {16u, 64u, 128u, 256u, 512u, 1024u}) {
     PoolOptions options = ManualTierOptions("sweep", layout, kPoolBlocks, kTierBlocks);
     options.offload_window = window;
@@ -591,11 +591,14 @@ void WindowSweep(uint32_t lag) {
     }
     const PoolStatsSnapshot stats = (*pool)->Stats();
     const double evictions = stats.pool.evictions;
-    std::printf("%-10u %9.1f%% %9.1f%% %9.1f%% %12.2f %13.1f%%\n", window,
+    // Copies by the mover and by requests that evicted blocks it had not reached.
+    const double copies =
+        stats.host_tier->offloaded_blocks + stats.host_tier->passed_down_on_eviction;
+    std::printf("%-10u %9.1f%% %9.1f%% %9.1f%% %12.2f %13.1f%% %15.1f%%\n", window,
                 100.0 * counts.tier1 / counts.prompt, 100.0 * counts.tier2 / counts.prompt,
-                100.0 * counts.computed() / counts.prompt,
-                static_cast<double>(stats.host_tier->offloaded_blocks) / kRequests,
-                evictions == 0 ? 0 : 100.0 * stats.pool.evicted_offloaded / evictions);
+                100.0 * counts.computed() / counts.prompt, copies / kRequests,
+                evictions == 0 ? 0 : 100.0 * stats.pool.evicted_offloaded / evictions,
+                copies == 0 ? 0 : 100.0 * stats.host_tier->passed_down_on_eviction / copies);
   }
 }
 
@@ -732,6 +735,9 @@ void LargePuts(double seconds, const std::string& dir) {
   const double saved = stats.pool.evicted_offloaded - warm.pool.evicted_offloaded;
   const double tier2_evictions = stats.host_tier->store.evicted - warm.host_tier->store.evicted;
   const double on_disk = stats.disk_tier->evicted_from_above - warm.disk_tier->evicted_from_above;
+  const double demoted = stats.disk_tier->demoted_blocks - warm.disk_tier->demoted_blocks;
+  const double refused =
+      stats.disk_tier->store.stores_refused_full - warm.disk_tier->store.stores_refused_full;
   std::printf(
       "\n%u-block puts of %llu KiB blocks into a %u-block pool (offload window %u), tiers 2+3 and "
       "the mover vs no tiers, %u rounds of two %.2f s phases\n",
@@ -744,6 +750,8 @@ void LargePuts(double seconds, const std::string& dir) {
       "on disk: %.1f%% of %.0f\n",
       evictions == 0 ? 0 : 100.0 * saved / evictions, evictions,
       tier2_evictions == 0 ? 0 : 100.0 * on_disk / tier2_evictions, tier2_evictions);
+  std::printf("tier-2 records passed to disk: %.0f taken, %.0f refused (queue full)\n", demoted,
+              refused);
   tiered.reset();
   std::filesystem::remove_all(dir);
 }
