@@ -492,6 +492,8 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     // What this open evicts goes down first; the copies release mu_, so look again.
     if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(total_blocks - num_hits, hits, below)) {
       ++pass_downs;
+      // A copy down that hit a device fault latched it: this open fails like every call after.
+      RETURN_IF_ERROR(faults_->status());
       continue;
     }
     sequence->tenant = TenantSlotLocked(session.tenant);
@@ -610,7 +612,10 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
   // At most this many new blocks (one more than the sequence may need: it is not looked at yet).
   const size_t most_blocks = tokens.size() / options_.layout.block_size + 1;
   WaitOutOffloadLocked(most_blocks);
-  if (PassDownVictimsLocked(most_blocks, {})) WaitOutOffloadLocked(most_blocks);
+  if (PassDownVictimsLocked(most_blocks, {})) {
+    RETURN_IF_ERROR(faults_->status());
+    WaitOutOffloadLocked(most_blocks);
+  }
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
   const size_t new_length = sequence->tokens.size() + tokens.size();
   const size_t total_blocks = BlocksFor(new_length, options_.layout.block_size);
@@ -728,7 +733,10 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   {
     absl::MutexLock lock(&mu_);
     WaitOutOffloadLocked(1);
-    if (PassDownVictimsLocked(1, {})) WaitOutOffloadLocked(1);
+    if (PassDownVictimsLocked(1, {})) {
+      RETURN_IF_ERROR(faults_->status());
+      WaitOutOffloadLocked(1);
+    }
     ASSIGN_OR_RETURN(Sequence * parent, FindLocked(session, sequence_id));
     const size_t full_blocks = parent->tokens.size() / options_.layout.block_size;
     const bool has_partial = full_blocks < parent->blocks.size();

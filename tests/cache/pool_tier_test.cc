@@ -557,6 +557,37 @@ TEST(PoolTierFaultTest, DeviceFaultWhileLoadingFromTier2FailsTheOpen) {
   EXPECT_OK((*pool)->CheckInvariants());
 }
 
+// A device fault while an open copies its victims down fails that open UNAVAILABLE, as any call
+// that touches a faulted pool's memory; it holds nothing afterwards.
+TEST(PoolTierFaultTest, DeviceFaultWhilePassingVictimsDownFailsTheOpen) {
+  PoolOptions options = TierPoolOptions(8, 16);
+  auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
+  ASSERT_OK(base);
+  auto owned = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
+  testing::FaultInjectionPoolMemory* memory = owned.get();
+  auto pool = Pool::Create(options, 0, std::move(owned));
+  ASSERT_OK(pool);
+  const Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  const std::vector<uint32_t> a = Tokens(100, 32);  // the whole pool, never offloaded
+  auto opened = (*pool)->Open(session, SequenceSpec{.tokens = a}, OpenMode::kPut);
+  ASSERT_OK(opened);
+  for (BlockId block : opened->block_ids) {
+    ASSERT_OK((*pool)->WriteBlock(block, 0, std::string(options.layout.BlockBytes(), 'k')));
+  }
+  ASSERT_OK((*pool)->Commit(session, opened->sequence_id, a.size()));
+  ASSERT_OK((*pool)->Release(session, opened->sequence_id));
+  memory->FailNth(testing::FaultInjectionPoolMemory::Op::kRead, 1,
+                  testing::FaultInjectionPoolMemory::StickyCudaError());
+  EXPECT_THAT((*pool)->Open(session, SequenceSpec{.tokens = Tokens(500, 16)}, OpenMode::kCompute),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("illegal memory access")));
+  EXPECT_TRUE(memory->tripped());
+  const PoolStatsSnapshot stats = (*pool)->Stats();
+  EXPECT_EQ(stats.referenced, 0u);
+  EXPECT_EQ(stats.evictable, 8u);  // nothing was evicted, nothing marked below
+  EXPECT_EQ(stats.host_tier->passed_down_on_eviction, 0u);
+  EXPECT_OK((*pool)->CheckInvariants());
+}
+
 }  // namespace
 }  // namespace kvcache
 
