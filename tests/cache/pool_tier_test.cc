@@ -516,76 +516,74 @@ TEST(PoolTierSpecTest, HostTierOfLessThanOneBlockIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool 'tiered': host_tier=")));
 }
 
-// A device fault in the middle of a copy from tier 2 (a sticky CUDA error, here injected into
-// the staged memory's writes) latches: the open that hit it fails like every call after it, and
-// hands out nothing.
-TEST(PoolTierFaultTest, DeviceFaultWhileLoadingFromTier2FailsTheOpen) {
-  PoolOptions options = TierPoolOptions(8, 16);
-  auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
-  ASSERT_OK(base);
-  auto owned = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
-  testing::FaultInjectionPoolMemory* memory = owned.get();
-  auto pool = Pool::Create(options, 0, std::move(owned));
-  ASSERT_OK(pool);
-  const Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
-  const auto compute = [&](const std::vector<uint32_t>& tokens) {
-    auto opened = (*pool)->Open(session, SequenceSpec{.tokens = tokens}, OpenMode::kCompute);
+// An 8-block pool over a 16-slot tier 2 whose memory fails when told to (a sticky CUDA error,
+// here injected into host memory's reads or writes).
+class PoolTierFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto base = HostPoolMemory::Create(options_.layout.BlockBytes(), 8);
+    ASSERT_OK(base);
+    auto memory = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
+    memory_ = memory.get();
+    auto pool = Pool::Create(options_, 0, std::move(memory));
+    ASSERT_OK(pool);
+    pool_ = *std::move(pool);
+  }
+
+  // Opens, writes every full block, commits and releases.
+  void Compute(const std::vector<uint32_t>& tokens) {
+    auto opened = pool_->Open(session_, SequenceSpec{.tokens = tokens}, OpenMode::kCompute);
     ASSERT_OK(opened);
-    const std::string bytes(options.layout.BlockBytes(), 'k');
+    const std::string bytes(options_.layout.BlockBytes(), 'k');
     for (size_t i = 0; i < tokens.size() / kBlockSize; ++i) {
-      ASSERT_OK((*pool)->WriteBlock(opened->block_ids[i], 0, bytes));
+      ASSERT_OK(pool_->WriteBlock(opened->block_ids[i], 0, bytes));
     }
-    ASSERT_OK((*pool)->Commit(session, opened->sequence_id, tokens.size()));
-    ASSERT_OK((*pool)->Release(session, opened->sequence_id));
-  };
+    ASSERT_OK(pool_->Commit(session_, opened->sequence_id, tokens.size()));
+    ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  }
+
+  const PoolOptions options_ = TierPoolOptions(8, 16);
+  const Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  testing::FaultInjectionPoolMemory* memory_ = nullptr;  // pool_'s
+  std::unique_ptr<Pool> pool_;
+};
+
+// A device fault in the middle of a copy from tier 2 latches: the open that hit it fails like
+// every call after it, and hands out nothing.
+TEST_F(PoolTierFaultTest, DeviceFaultWhileLoadingFromTier2FailsTheOpen) {
   const std::vector<uint32_t> a = Tokens(100, 16);
-  compute(a);
-  EXPECT_EQ((*pool)->OffloadForTesting(), 4u);
-  compute(Tokens(500, 32));  // A's four leave tier 1
-  memory->FailNth(testing::FaultInjectionPoolMemory::Op::kWrite, 2,
-                  testing::FaultInjectionPoolMemory::StickyCudaError());
-  EXPECT_THAT((*pool)->Open(session, SequenceSpec{.tokens = a}, OpenMode::kCompute),
+  Compute(a);
+  EXPECT_EQ(pool_->OffloadForTesting(), 4u);
+  Compute(Tokens(500, 32));  // A's four leave tier 1
+  memory_->FailNth(testing::FaultInjectionPoolMemory::Op::kWrite, 2,
+                   testing::FaultInjectionPoolMemory::StickyCudaError());
+  EXPECT_THAT(pool_->Open(session_, SequenceSpec{.tokens = a}, OpenMode::kCompute),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("illegal memory access")));
-  EXPECT_TRUE(memory->tripped());
-  EXPECT_THAT((*pool)->Lookup("tenant-a", SequenceSpec{.tokens = a}).status(),
+  EXPECT_TRUE(memory_->tripped());
+  EXPECT_THAT(pool_->Lookup("tenant-a", SequenceSpec{.tokens = a}).status(),
               StatusIs(absl::StatusCode::kUnavailable));
-  const PoolStatsSnapshot stats = (*pool)->Stats();
+  const PoolStatsSnapshot stats = pool_->Stats();
   EXPECT_EQ(stats.referenced, 0u);  // the failed open holds nothing
   // A's records stay, no verdict on them, beside the four the open passed down on evicting them.
   EXPECT_EQ(stats.host_tier->store.records, 8u);
   EXPECT_EQ(stats.host_tier->passed_down_on_eviction, 4u);
-  EXPECT_OK((*pool)->CheckInvariants());
+  EXPECT_OK(pool_->CheckInvariants());
 }
 
-// A device fault while an open copies its victims down fails that open UNAVAILABLE, as any call
-// that touches a faulted pool's memory; it holds nothing afterwards.
-TEST(PoolTierFaultTest, DeviceFaultWhilePassingVictimsDownFailsTheOpen) {
-  PoolOptions options = TierPoolOptions(8, 16);
-  auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
-  ASSERT_OK(base);
-  auto owned = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
-  testing::FaultInjectionPoolMemory* memory = owned.get();
-  auto pool = Pool::Create(options, 0, std::move(owned));
-  ASSERT_OK(pool);
-  const Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
-  const std::vector<uint32_t> a = Tokens(100, 32);  // the whole pool, never offloaded
-  auto opened = (*pool)->Open(session, SequenceSpec{.tokens = a}, OpenMode::kPut);
-  ASSERT_OK(opened);
-  for (BlockId block : opened->block_ids) {
-    ASSERT_OK((*pool)->WriteBlock(block, 0, std::string(options.layout.BlockBytes(), 'k')));
-  }
-  ASSERT_OK((*pool)->Commit(session, opened->sequence_id, a.size()));
-  ASSERT_OK((*pool)->Release(session, opened->sequence_id));
-  memory->FailNth(testing::FaultInjectionPoolMemory::Op::kRead, 1,
-                  testing::FaultInjectionPoolMemory::StickyCudaError());
-  EXPECT_THAT((*pool)->Open(session, SequenceSpec{.tokens = Tokens(500, 16)}, OpenMode::kCompute),
+// A device fault while an open copies its victims down (reading them) fails that open
+// UNAVAILABLE as well; it holds nothing, and nothing was marked below.
+TEST_F(PoolTierFaultTest, DeviceFaultWhilePassingVictimsDownFailsTheOpen) {
+  Compute(Tokens(100, 32));  // the whole pool, never offloaded
+  memory_->FailNth(testing::FaultInjectionPoolMemory::Op::kRead, 1,
+                   testing::FaultInjectionPoolMemory::StickyCudaError());
+  EXPECT_THAT(pool_->Open(session_, SequenceSpec{.tokens = Tokens(500, 16)}, OpenMode::kCompute),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("illegal memory access")));
-  EXPECT_TRUE(memory->tripped());
-  const PoolStatsSnapshot stats = (*pool)->Stats();
+  EXPECT_TRUE(memory_->tripped());
+  const PoolStatsSnapshot stats = pool_->Stats();
   EXPECT_EQ(stats.referenced, 0u);
-  EXPECT_EQ(stats.evictable, 8u);  // nothing was evicted, nothing marked below
+  EXPECT_EQ(stats.evictable, 8u);  // nothing was evicted
   EXPECT_EQ(stats.host_tier->passed_down_on_eviction, 0u);
-  EXPECT_OK((*pool)->CheckInvariants());
+  EXPECT_OK(pool_->CheckInvariants());
 }
 
 }  // namespace
