@@ -294,9 +294,7 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
           // As the pool loads: one batch (kLoadBatch records) per synchronization.
           for (size_t i = 0; i < copies.size(); i += LowerTiers::kLoadBatch) {
             const size_t n = std::min(LowerTiers::kLoadBatch, copies.size() - i);
-            if (!(*destination)
-                     ->CopyFromHost(absl::MakeConstSpan(copies).subspan(i, n), [] {})
-                     .ok()) {
+            if (!(*destination)->CopyFromHost(absl::MakeConstSpan(copies).subspan(i, n), {}).ok()) {
               ++copy_failures;
             }
           }

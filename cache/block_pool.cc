@@ -139,42 +139,57 @@ bool BlockPool::Publish(BlockId block, const BlockIdentity& identity,
   }
   meta.published = true;
   meta.identity = identity;
-  if (identity.parent_block != kNoBlock) children_[identity.parent_block].push_back(block);
+  meta.prev_sibling = kNoBlock;
+  meta.next_sibling = kNoBlock;
+  if (identity.parent_block != kNoBlock) {
+    BlockMeta& parent = blocks_[identity.parent_block];
+    meta.next_sibling = parent.first_child;
+    if (parent.first_child != kNoBlock) blocks_[parent.first_child].prev_sibling = block;
+    parent.first_child = block;
+  }
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
   ++counters_.published;
   return true;
 }
 
-void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
-  BlockMeta& meta = blocks_[block];
-  index_.erase(meta.identity.hash);
-  if (removed != nullptr) removed->push_back(meta.identity.hash);
-  ++counters_.evictions;
-  if (meta.identity.parent_block != kNoBlock) {
-    auto siblings = children_.find(meta.identity.parent_block);
-    if (siblings != children_.end()) {
-      std::vector<BlockId>& list = siblings->second;
-      list.erase(std::remove(list.begin(), list.end(), block), list.end());
-      if (list.empty()) children_.erase(siblings);
-    }
+void BlockPool::UnlinkFromParent(BlockId block) {
+  const BlockMeta& meta = blocks_[block];
+  if (meta.identity.parent_block == kNoBlock) return;
+  if (meta.prev_sibling != kNoBlock) {
+    blocks_[meta.prev_sibling].next_sibling = meta.next_sibling;
+  } else {
+    blocks_[meta.identity.parent_block].first_child = meta.next_sibling;
   }
-  meta.published = false;
-  meta.offloaded = false;
-  meta.in_cluster = false;
-  meta.reused = false;
-  meta.identity = BlockIdentity{};
-  auto orphans = children_.extract(block);
-  if (orphans.empty()) return;
-  for (BlockId child : orphans.mapped()) {
-    // Its parent link points here; Unpublish must not look for it among this block's children.
-    blocks_[child].identity.parent_block = kNoBlock;
-    Unpublish(child, removed);
-    BlockMeta& orphan = blocks_[child];
-    if (orphan.state == State::kEvictable) {
-      LruRemove(child);
-      orphan.state = State::kFree;
-      free_list_.push_back(child);
+  if (meta.next_sibling != kNoBlock) blocks_[meta.next_sibling].prev_sibling = meta.prev_sibling;
+}
+
+void BlockPool::Unpublish(BlockId block, std::vector<Hash128>* removed) {
+  UnlinkFromParent(block);
+  // A work list, not recursion: a block's descendants can be as many as a prompt's blocks.
+  unpublishing_.clear();
+  unpublishing_.push_back(block);
+  while (!unpublishing_.empty()) {
+    const BlockId next = unpublishing_.back();
+    unpublishing_.pop_back();
+    BlockMeta& meta = blocks_[next];
+    // Its children hang off a block that is gone, so no walk could reach them: they go too.
+    for (BlockId child = meta.first_child; child != kNoBlock; child = blocks_[child].next_sibling) {
+      unpublishing_.push_back(child);
+    }
+    index_.erase(meta.identity.hash);
+    if (removed != nullptr) removed->push_back(meta.identity.hash);
+    ++counters_.evictions;
+    meta.published = false;
+    meta.offloaded = false;
+    meta.in_cluster = false;
+    meta.reused = false;
+    meta.identity = BlockIdentity{};
+    meta.first_child = kNoBlock;
+    if (next != block && meta.state == State::kEvictable) {
+      LruRemove(next);
+      meta.state = State::kFree;
+      free_list_.push_back(next);
     }
   }
 }
@@ -241,12 +256,6 @@ absl::Status BlockPool::CheckInvariants() const {
           return fail("block ", block, " hangs off block ", parent,
                       ", which no longer holds its parent hash");
         }
-        auto siblings = children_.find(parent);
-        if (siblings == children_.end() ||
-            std::find(siblings->second.begin(), siblings->second.end(), block) ==
-                siblings->second.end()) {
-          return fail("block ", block, " is missing from its parent's children");
-        }
       }
     }
   }
@@ -259,8 +268,22 @@ absl::Status BlockPool::CheckInvariants() const {
   if (published != index_.size()) {
     return fail(published, " published blocks but the index holds ", index_.size(), " hashes");
   }
+  // Each listed child hangs off its list's block, so with the counts equal, every published
+  // block with a parent block is listed exactly once.
   size_t child_links = 0;
-  for (const auto& [parent, children] : children_) child_links += children.size();
+  for (BlockId parent = 0; parent < blocks_.size(); ++parent) {
+    BlockId previous_child = kNoBlock;
+    for (BlockId child = blocks_[parent].first_child; child != kNoBlock;
+         child = blocks_[child].next_sibling) {
+      if (++child_links > blocks_.size()) return fail("children of ", parent, " form a cycle");
+      if (blocks_[child].identity.parent_block != parent ||
+          blocks_[child].prev_sibling != previous_child) {
+        return fail("block ", child, " is linked among the children of ", parent,
+                    " but does not hang off it");
+      }
+      previous_child = child;
+    }
+  }
   if (child_links != linked) {
     return fail(child_links, " child links but ", linked, " published blocks have a parent block");
   }

@@ -168,6 +168,11 @@ class BlockPool {
     bool offload_pinned = false;     // see PinForOffload
     bool used_while_pinned = false;  // acquired by a sequence during the offload pin
     BlockId pinned_next = kNoBlock;  // its LRU successor when pinned for offload
+    // The blocks published under this one (identity.parent_block == this), as a list threaded
+    // through them: unpublishing a block unlinks it in O(1) with no allocation.
+    BlockId first_child = kNoBlock;
+    BlockId next_sibling = kNoBlock;
+    BlockId prev_sibling = kNoBlock;
     uint64_t checksum = 0;
     BlockIdentity identity;
     // Doubly linked LRU of evictable blocks, by block id.
@@ -184,6 +189,8 @@ class BlockPool {
   // Drops `block`'s hash and its descendants' from the index; descendants that are evictable go
   // to the free list. Appends the hashes to `removed` when given.
   void Unpublish(BlockId block, std::vector<Hash128>* removed);
+  // Takes a published block out of its parent block's list of children.
+  void UnlinkFromParent(BlockId block);
 
   const uint32_t block_size_;
   std::vector<BlockMeta> blocks_;
@@ -191,8 +198,8 @@ class BlockPool {
   std::vector<BlockId> free_list_;
   Lru lru_;  // evictable blocks, least recently released at the front: evicted first
   absl::flat_hash_map<Hash128, BlockId> index_;
-  // Published blocks by their parent block (blocks whose parent is the chain root are not here).
-  absl::flat_hash_map<BlockId, std::vector<BlockId>> children_;
+  // Unpublish's work list, kept to spare an allocation per eviction.
+  std::vector<BlockId> unpublishing_;
   BlockPoolCounters counters_;
 };
 

@@ -71,8 +71,12 @@ class CudaPoolMemory final : public PoolMemory {
   }
 
   absl::Status CopyFromHost(absl::Span<const HostCopy> copies,
-                            absl::FunctionRef<void()> while_copying) override {
-    return CopyBatch(copies, cudaMemcpyHostToDevice, "copying blocks from the host", while_copying);
+                            absl::Span<uint64_t> host_checksums) override {
+    return CopyBatch(copies, cudaMemcpyHostToDevice, "copying blocks from the host", [&] {
+      for (size_t i = 0; i < host_checksums.size(); ++i) {
+        host_checksums[i] = BlockChecksum(copies[i].host, block_bytes());
+      }
+    });
   }
 
   absl::Status RegisterHostMemory(void* base, uint64_t size) override {

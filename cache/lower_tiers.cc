@@ -485,14 +485,12 @@ LowerTiers::RunLoaded LowerTiers::LoadHostRun(absl::Span<const BelowRecord> belo
         PoolMemory::HostCopy{.block = blocks[i], .host = const_cast<uint8_t*>(record->bytes)});
     pinned.push_back(*std::move(record));
   }
-  const uint64_t block_bytes = host_tier_->block_bytes();
-  std::vector<bool> verified(pinned.size(), false);
-  const absl::Status copied = CheckMemory(memory_->CopyFromHost(copies, [&] {
-    for (size_t i = 0; i < pinned.size(); ++i) {
-      verified[i] = ::kvcache::BlockChecksum(pinned[i].bytes, block_bytes) == pinned[i].checksum;
-    }
-  }));
-  while (run.loaded < pinned.size() && copied.ok() && verified[run.loaded]) ++run.loaded;
+  std::vector<uint64_t> checksums(pinned.size());
+  const absl::Status copied = CheckMemory(memory_->CopyFromHost(copies, absl::MakeSpan(checksums)));
+  while (run.loaded < pinned.size() && copied.ok() &&
+         checksums[run.loaded] == pinned[run.loaded].checksum) {
+    ++run.loaded;
+  }
   run.failed = run.failed || run.loaded < pinned.size();
   for (size_t i = 0; i < pinned.size(); ++i) {
     // Past the verified prefix nothing is used: the first failure is dropped if it is the
@@ -539,7 +537,7 @@ size_t LowerTiers::LoadDiskBatch(absl::Span<const BelowRecord> below, size_t nex
   for (size_t i = 0; i < verified; ++i) {
     copies.push_back(PoolMemory::HostCopy{.block = blocks[next + i], .host = slots[i].bytes});
   }
-  if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) verified = 0;
+  if (!CheckMemory(memory_->CopyFromHost(copies, {})).ok()) verified = 0;
   // The copied records stay in tier 2 (they are hot again), under the checksum the disk tier
   // verified their bytes against; the rest of the slots go back.
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -577,7 +575,7 @@ size_t LowerTiers::LoadFromCluster(absl::Span<const BlockRecordIdentity> expecte
     }
     const size_t verified = cluster_tier_->LoadPrefix(expected.subspan(loaded, n), out, deadline);
     copies.resize(verified);
-    if (!CheckMemory(memory_->CopyFromHost(copies, [] {})).ok()) break;
+    if (!CheckMemory(memory_->CopyFromHost(copies, {})).ok()) break;
     loaded += verified;
     if (verified < n) break;
   }

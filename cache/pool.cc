@@ -94,6 +94,7 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
       quotas_(quotas == nullptr ? own_quotas_.get() : quotas),
       events_(events),
       clock_(clock),
+      created_at_(clock->Now()),
       pool_(options.num_blocks, options.layout.block_size),
       block_tenant_(options.num_blocks, 0),
       allocated_at_(options.num_blocks),
@@ -124,9 +125,19 @@ absl::Status Pool::ReserveLocked(uint32_t tenant, size_t new_blocks, uint32_t ne
   return quotas_->TryAcquire(usage.name, QuotaResource::kOpenSequences, new_sequences);
 }
 
-void Pool::AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit) {
-  const absl::Time now = clock_->Now();
-  residency_.reuse_gap.Observe(absl::ToDoubleSeconds(now - last_access_[block]));
+PoolTicks Pool::NowTicks() const {
+  return static_cast<PoolTicks>(absl::ToInt64Milliseconds(clock_->Now() - created_at_));
+}
+
+PoolResidency Pool::Residency() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return PoolResidency{.lifetime = lifetime_.Snapshot(),
+                       .idle_before_evict = idle_before_evict_.Snapshot(),
+                       .reuse_gap = reuse_gap_.Snapshot()};
+}
+
+void Pool::AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit, PoolTicks now) {
+  reuse_gap_.Observe(now - last_access_[block]);
   last_access_[block] = now;
   // The mover's offload pin is no tenant's reference.
   if (pool_.RefCount(block) == (pool_.IsOffloadPinned(block) ? 1u : 0u)) {
@@ -137,25 +148,24 @@ void Pool::AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit) {
   pool_.Acquire(block, prefix_hit);
 }
 
-BlockId Pool::AllocateLocked(uint32_t tenant) {
+BlockId Pool::AllocateLocked(uint32_t tenant, PoolTicks now) {
   // A victim no tier holds is lost on the way down (PassDownVictimsLocked passes them down).
   const BlockId victim = pool_.num_free() == 0 ? pool_.LruFront() : kNoBlock;
   if (victim != kNoBlock && !pool_.IsOffloaded(victim) &&
       tiers_->NeedsOffload(pool_.IdentityOf(victim).hash, pool_.IsInCluster(victim))) {
     ++evicted_unsaved_;
   }
-  std::vector<Hash128> removed;
-  const BlockId block = pool_.AllocateFresh(&removed);
-  const absl::Time now = clock_->Now();
-  if (!removed.empty()) {
+  removed_.clear();
+  const BlockId block = pool_.AllocateFresh(&removed_);
+  if (!removed_.empty()) {
     // The mover's cursor is one block closer to the LRU's front.
     if (offload_scanned_ > 0) --offload_scanned_;
     // block_tenant_ still names the owner of the evicted block's hash; the descendants that went
     // with it hang off the same chain root, so they are the same tenant's.
-    tenants_[block_tenant_[block]].counters.evictions += removed.size();
-    residency_.lifetime.Observe(absl::ToDoubleSeconds(now - allocated_at_[block]));
-    residency_.idle_before_evict.Observe(absl::ToDoubleSeconds(now - released_at_[block]));
-    if (events_ != nullptr) evicted_.insert(evicted_.end(), removed.begin(), removed.end());
+    tenants_[block_tenant_[block]].counters.evictions += removed_.size();
+    lifetime_.Observe(now - allocated_at_[block]);
+    idle_before_evict_.Observe(now - released_at_[block]);
+    if (events_ != nullptr) evicted_.insert(evicted_.end(), removed_.begin(), removed_.end());
   }
   allocated_at_[block] = now;
   last_access_[block] = now;
@@ -165,11 +175,11 @@ BlockId Pool::AllocateLocked(uint32_t tenant) {
   return block;
 }
 
-void Pool::ReleaseBlockLocked(BlockId block) {
+void Pool::ReleaseBlockLocked(BlockId block, PoolTicks now) {
   pool_.Release(block);
   if (pool_.RefCount(block) == (pool_.IsOffloadPinned(block) ? 1u : 0u)) {
     --tenants_[block_tenant_[block]].referenced;
-    released_at_[block] = clock_->Now();
+    released_at_[block] = now;
     if (pool_.IsEvictable(block)) MaybeWakeMoverLocked();
   }
 }
@@ -304,7 +314,7 @@ void Pool::EraseLocked(uint64_t sequence_id) {
   auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return;
   const Sequence& sequence = *it->second;
-  ReleaseLocked(sequence);
+  ReleaseLocked(sequence, NowTicks());
   auto owner = by_session_.find(sequence.session_id);
   if (owner != by_session_.end()) {
     owner->second.erase(sequence_id);
@@ -330,10 +340,16 @@ void Pool::HashNewBlocks(Sequence* sequence) const {
   const size_t first_new = sequence->chain.size();
   hasher.ExtendChain(sequence->root, sequence->namespace_digest, sequence->tokens, block_size,
                      sequence->extras, &sequence->chain, &sequence->prefix_digests);
+  // With no multimodal items a block's extras are the LoRA id alone, the same for every block:
+  // one digest serves them all.
+  const bool same_for_every_block = sequence->extras.multimodal_items.empty();
+  const uint64_t shared_digest =
+      same_for_every_block ? hasher.ExtrasDigest(sequence->extras, 0, 0) : 0;
   for (size_t i = first_new; i < sequence->chain.size(); ++i) {
     const uint32_t start = static_cast<uint32_t>(i * block_size);
     sequence->extras_digests.push_back(
-        hasher.ExtrasDigest(sequence->extras, start, start + block_size));
+        same_for_every_block ? shared_digest
+                             : hasher.ExtrasDigest(sequence->extras, start, start + block_size));
   }
 }
 
@@ -419,10 +435,10 @@ uint64_t Pool::AddLocked(std::unique_ptr<Sequence> sequence) {
   return id;
 }
 
-void Pool::ReleaseLocked(const Sequence& sequence) {
+void Pool::ReleaseLocked(const Sequence& sequence, PoolTicks now) {
   // Tail first, so a chain's tail is evicted before its prefix.
   for (auto it = sequence.blocks.rbegin(); it != sequence.blocks.rend(); ++it) {
-    ReleaseBlockLocked(*it);
+    ReleaseBlockLocked(*it, now);
   }
 }
 
@@ -473,6 +489,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     if (session.closed.load(std::memory_order_acquire)) {
       return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
     }
+    const PoolTicks now = NowTicks();
     std::vector<BlockId> hits = WalkLocked(*sequence, max_hit_blocks);
     num_hits = hits.size();
     size_t evictable_hits = 0;
@@ -501,7 +518,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - num_hits + evictable_hits, 1));
     for (BlockId block : hits) {
       // Only a compute open's hits count as hits (FinishOpenLocked), and so as resurrections.
-      AcquireLocked(block, sequence->tenant, /*prefix_hit=*/mode == OpenMode::kCompute);
+      AcquireLocked(block, sequence->tenant, /*prefix_hit=*/mode == OpenMode::kCompute, now);
       // A hit after the block went down to tier 2: its record there is reused too (once).
       if (!pool_.IsReused(block) && pool_.IsOffloaded(block)) {
         tiers_->MarkReused(pool_.IdentityOf(block).hash);
@@ -511,7 +528,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     sequence->blocks = std::move(hits);
     sequence->committed_blocks = static_cast<uint32_t>(num_hits);
     while (sequence->blocks.size() < total_blocks) {
-      sequence->blocks.push_back(AllocateLocked(sequence->tenant));
+      sequence->blocks.push_back(AllocateLocked(sequence->tenant, now));
     }
     ReportEvictionsLocked();
     // The cluster is asked only by a compute open whose walk may go on past what the node has:
@@ -536,7 +553,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   if (session.closed.load(std::memory_order_acquire) || !device.ok()) {
     // Undone here: the session's sweep ran during the load and could not see this sequence, or a
     // copy from below hit a device fault, and this open fails like every call after it.
-    ReleaseLocked(*sequence);
+    ReleaseLocked(*sequence, NowTicks());
     quotas_->Release(tenants_[sequence->tenant].name, QuotaResource::kOpenSequences, 1);
     if (!device.ok()) return device;
     return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the open"));
@@ -550,8 +567,9 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
   const size_t cached = num_hits + loaded.total();
   if (mode == OpenMode::kPinCached) {
     // A read returns the cached prefix only: blocks whose load did not happen go back.
+    const PoolTicks now = NowTicks();
     while (sequence->blocks.size() > cached) {
-      ReleaseBlockLocked(sequence->blocks.back());
+      ReleaseBlockLocked(sequence->blocks.back(), now);
       sequence->blocks.pop_back();
     }
     sequence->tokens.resize(cached * block_size);
@@ -629,8 +647,9 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
       CheckCapacityLocked(needed, 0, absl::StrCat("extending by ", tokens.size(), " tokens")));
   RETURN_IF_ERROR(ReserveLocked(sequence->tenant, needed, 0));
   ExtendedSequence extended;
+  const PoolTicks now = NowTicks();
   for (size_t i = 0; i < needed; ++i) {
-    extended.new_block_ids.push_back(AllocateLocked(sequence->tenant));
+    extended.new_block_ids.push_back(AllocateLocked(sequence->tenant, now));
     sequence->blocks.push_back(extended.new_block_ids.back());
   }
   ReportEvictionsLocked();
@@ -703,7 +722,9 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     }
     if (published && !was_published && pool_.IsPublished(block)) {
       ++result->num_published_blocks;
+      if (events_ == nullptr) continue;  // the run is only for the events
       if (run.empty()) {
+        run.reserve(written_blocks - i);
         run_parent = i == 0 ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
       }
       run.push_back(StoredBlock{.hash = identity.hash,
@@ -744,12 +765,15 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
     RETURN_IF_ERROR(ReserveLocked(parent->tenant, has_partial ? 1 : 0, 1));
     auto child = std::make_unique<Sequence>(*parent);
     child->blocks.resize(full_blocks);
-    for (BlockId block : child->blocks) AcquireLocked(block, child->tenant, /*prefix_hit=*/false);
+    const PoolTicks now = NowTicks();
+    for (BlockId block : child->blocks) {
+      AcquireLocked(block, child->tenant, /*prefix_hit=*/false, now);
+    }
     if (has_partial) {
       // The source stays pinned until its bytes are copied, even if the parent is released.
       forked.copied_from_block = parent->blocks.back();
-      AcquireLocked(forked.copied_from_block, child->tenant, /*prefix_hit=*/false);
-      copy_dst = AllocateLocked(child->tenant);
+      AcquireLocked(forked.copied_from_block, child->tenant, /*prefix_hit=*/false, now);
+      copy_dst = AllocateLocked(child->tenant, now);
       // And the destination until its bytes land: if the session ends during the copy, the
       // child's release must not free it for another sequence to be handed mid-copy (issue 17).
       pool_.Acquire(copy_dst, /*prefix_hit=*/false);
@@ -762,8 +786,9 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   if (copy_dst == kNoBlock) return forked;
   const absl::Status copied = CheckMemory(memory_->CopyBlock(forked.copied_from_block, copy_dst));
   absl::MutexLock lock(&mu_);
-  ReleaseBlockLocked(forked.copied_from_block);
-  ReleaseBlockLocked(copy_dst);
+  const PoolTicks now = NowTicks();
+  ReleaseBlockLocked(forked.copied_from_block, now);
+  ReleaseBlockLocked(copy_dst, now);
   if (!copied.ok()) {
     EraseLocked(forked.sequence_id);
     return copied;

@@ -128,11 +128,14 @@ struct ForkedSequence {
   BlockId copied_from_block = kNoBlock;  // kNoBlock: the parent ended on a block boundary
 };
 
+// Milliseconds on a pool's clock since its creation (Pool::NowTicks).
+using PoolTicks = uint32_t;
+
 // Residency of the pool's blocks, in seconds (see the class comment).
 struct PoolResidency {
-  Histogram lifetime{ResidencyBucketsSeconds()};
-  Histogram idle_before_evict{ResidencyBucketsSeconds()};
-  Histogram reuse_gap{ResidencyBucketsSeconds()};
+  HistogramSnapshot lifetime;
+  HistogramSnapshot idle_before_evict;
+  HistogramSnapshot reuse_gap;
 };
 
 // Block bytes moved by the data streams (PutBlocks, GetBlocks), counted by the server.
@@ -198,7 +201,7 @@ class Pool final : private OffloadSource {
 
   const PoolOptions& options() const { return options_; }
   uint32_t pool_index() const { return pool_index_; }
-  const PoolResidency& residency() const { return residency_; }
+  PoolResidency Residency() const;
   const PoolTierLoadLatency& tier_load_latency() const { return tiers_->load_latency(); }
   PoolTransferCounters& transfers() { return transfers_; }
   const PoolTransferCounters& transfers() const { return transfers_; }
@@ -348,7 +351,7 @@ class Pool final : private OffloadSource {
   absl::StatusOr<Sequence*> FindLocked(const Session& session, uint64_t sequence_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t AddLocked(std::unique_ptr<Sequence> sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseLocked(const Sequence& sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(const Sequence& sequence, PoolTicks now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the sequence's blocks, its quota and its entry.
   void EraseLocked(uint64_t sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -358,12 +361,17 @@ class Pool final : private OffloadSource {
   // max_referenced_blocks; then the open-sequence quota for `new_sequences` is taken.
   absl::Status ReserveLocked(uint32_t tenant, size_t new_blocks, uint32_t new_sequences)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The residency histograms' clock: milliseconds since the pool's creation, read once per call
+  // and passed down (a clock read per block cost more than the block's bookkeeping). Ages are
+  // differences modulo 2^32, so only an age over 49.7 days reads wrong, in the +Inf bucket's
+  // place.
+  PoolTicks NowTicks() const;
   // BlockPool's Acquire / AllocateFresh / Release, keeping each tenant's referenced count (and
-  // with `prefix_hit`, its resurrections).
-  void AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit)
+  // with `prefix_hit`, its resurrections) and the residency times.
+  void AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit, PoolTicks now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  BlockId AllocateLocked(uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseBlockLocked(BlockId block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BlockId AllocateLocked(uint32_t tenant, PoolTicks now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseBlockLocked(BlockId block, PoolTicks now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports the hashes evicted since the last call as one BlocksRemoved batch.
   void ReportEvictionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -377,7 +385,7 @@ class Pool final : private OffloadSource {
   TenantQuotas* const quotas_;                      // own synchronization
   KvEventLog* const events_;                        // own synchronization; may be null
   const Clock* const clock_;
-  PoolResidency residency_;         // own synchronization
+  const absl::Time created_at_;     // PoolTicks count from here
   PoolTransferCounters transfers_;  // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
@@ -394,10 +402,15 @@ class Pool final : private OffloadSource {
   absl::flat_hash_map<std::string, uint32_t> tenant_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> block_tenant_ ABSL_GUARDED_BY(mu_);  // slot of each referenced block
   // Per block, for the residency histograms.
-  std::vector<absl::Time> allocated_at_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> last_access_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> released_at_ ABSL_GUARDED_BY(mu_);
+  std::vector<PoolTicks> allocated_at_ ABSL_GUARDED_BY(mu_);
+  std::vector<PoolTicks> last_access_ ABSL_GUARDED_BY(mu_);
+  std::vector<PoolTicks> released_at_ ABSL_GUARDED_BY(mu_);
+  MillisecondHistogram lifetime_ ABSL_GUARDED_BY(mu_){ResidencyBucketsSeconds()};
+  MillisecondHistogram idle_before_evict_ ABSL_GUARDED_BY(mu_){ResidencyBucketsSeconds()};
+  MillisecondHistogram reuse_gap_ ABSL_GUARDED_BY(mu_){ResidencyBucketsSeconds()};
   std::vector<Hash128> evicted_ ABSL_GUARDED_BY(mu_);  // not yet reported
+  // AllocateFresh's hashes leaving the index, kept to spare an allocation per eviction.
+  std::vector<Hash128> removed_ ABSL_GUARDED_BY(mu_);
   // Sequences being opened whose blocks are loading from tier 2 (not in sequences_ yet).
   absl::flat_hash_set<const Sequence*> loading_ ABSL_GUARDED_BY(mu_);
   // Blocks pinned for a copy down: the mover's batch and requests' pass-downs in flight.

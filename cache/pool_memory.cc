@@ -89,12 +89,26 @@ absl::Status PoolMemory::CopyToHost(absl::Span<const HostCopy> copies) const {
 }
 
 absl::Status PoolMemory::CopyFromHost(absl::Span<const HostCopy> copies,
-                                      absl::FunctionRef<void()> while_copying) {
-  for (const HostCopy& copy : copies) {
-    RETURN_IF_ERROR(Write(
-        copy.block, 0, absl::string_view(reinterpret_cast<const char*>(copy.host), block_bytes_)));
+                                      absl::Span<uint64_t> host_checksums) {
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const HostCopy& copy = copies[i];
+    if (host_checksums.empty()) {
+      RETURN_IF_ERROR(
+          Write(copy.block, 0,
+                absl::string_view(reinterpret_cast<const char*>(copy.host), block_bytes_)));
+      continue;
+    }
+    RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes_));
+    absl::Status written;
+    host_checksums[i] =
+        ChecksumWhileCopying(copy.host, block_bytes_, [&](uint64_t offset, uint64_t length) {
+          if (!written.ok()) return;
+          written =
+              Write(copy.block, offset,
+                    absl::string_view(reinterpret_cast<const char*>(copy.host) + offset, length));
+        });
+    RETURN_IF_ERROR(written);
   }
-  while_copying();
   return absl::OkStatus();
 }
 

@@ -69,11 +69,13 @@ class PoolMemory {
   };
   // Copies each block into its host memory. REQUIRES: the blocks are pinned and published.
   virtual absl::Status CopyToHost(absl::Span<const HostCopy> copies) const;
-  // Copies each host memory into its block, running `while_copying` (e.g. verifying the
-  // sources) once the copies are queued and before waiting for them; the sources must not change
-  // until this returns. REQUIRES: the caller holds the blocks' only references.
+  // Copies each host memory into its block. With `host_checksums` (one per copy; empty: none
+  // wanted), also each source's BlockChecksum, to verify what was loaded: the defaults compute it
+  // a piece at a time as they copy (ChecksumWhileCopying: the source is read from memory once), a
+  // device pool on the host while its copy engine runs. The sources must not change until this
+  // returns. REQUIRES: the caller holds the blocks' only references.
   virtual absl::Status CopyFromHost(absl::Span<const HostCopy> copies,
-                                    absl::FunctionRef<void()> while_copying);
+                                    absl::Span<uint64_t> host_checksums);
   // Makes [base, base + size) fast for the copies above (page-locked, cudaHostRegister, for a
   // device pool; nothing for host memory) until UnregisterHostMemory(base), which must come before
   // the memory is unmapped. RESOURCE_EXHAUSTED when it cannot be locked.

@@ -329,6 +329,14 @@ absl::StatusOr<uint64_t> KvCacheClient::Ping() {
   return response.epoch();
 }
 
+absl::StatusOr<KvCacheClient::ServerVersion> KvCacheClient::GetServerVersion() {
+  v1::PingResponse response;
+  RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::Ping, "Ping", v1::PingRequest(), &response,
+                       CurrentSession(), false));
+  return ServerVersion{.version = response.server_version(),
+                       .revision = response.server_revision()};
+}
+
 absl::StatusOr<std::vector<KvCacheClient::PoolInfo>> KvCacheClient::ListPools() {
   v1::ListPoolsResponse response;
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::ListPools, "ListPools", v1::ListPoolsRequest(),

@@ -317,6 +317,12 @@ class KvCacheClient {
   // Returns the daemon's epoch. Read-only calls (Ping, ListPools, DescribePool, Lookup, GetStats)
   // are idempotent; NOT_FOUND for an unknown pool.
   absl::StatusOr<uint64_t> Ping();
+  // The daemon's release and source revision (Ping's server_version and server_revision).
+  struct ServerVersion {
+    std::string version;
+    std::string revision;  // empty when the daemon was built outside a git checkout
+  };
+  absl::StatusOr<ServerVersion> GetServerVersion();
   absl::StatusOr<std::vector<PoolInfo>> ListPools();
   absl::StatusOr<PoolDescription> DescribePool(absl::string_view pool);
   absl::StatusOr<LookupResult> Lookup(absl::string_view pool, absl::string_view tenant,

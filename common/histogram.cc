@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 
 namespace kvcache {
 
@@ -35,6 +36,31 @@ HistogramSnapshot Histogram::Snapshot() const {
       std::max(running + buckets_[upper_bounds_.size()].load(std::memory_order_relaxed),
                count_.load(std::memory_order_relaxed));
   snapshot.sum = sum_.load(std::memory_order_relaxed);
+  return snapshot;
+}
+
+MillisecondHistogram::MillisecondHistogram(const std::vector<double>& upper_bounds_seconds)
+    : buckets_(upper_bounds_seconds.size() + 1, 0) {
+  assert(!upper_bounds_seconds.empty() &&
+         std::is_sorted(upper_bounds_seconds.begin(), upper_bounds_seconds.end()));
+  upper_bounds_ms_.reserve(upper_bounds_seconds.size());
+  for (double bound : upper_bounds_seconds) {
+    upper_bounds_ms_.push_back(static_cast<uint32_t>(std::llround(bound * 1000)));
+  }
+}
+
+HistogramSnapshot MillisecondHistogram::Snapshot() const {
+  HistogramSnapshot snapshot;
+  snapshot.upper_bounds.reserve(upper_bounds_ms_.size());
+  snapshot.cumulative_counts.reserve(upper_bounds_ms_.size());
+  uint64_t running = 0;
+  for (size_t i = 0; i < upper_bounds_ms_.size(); ++i) {
+    snapshot.upper_bounds.push_back(upper_bounds_ms_[i] / 1000.0);
+    running += buckets_[i];
+    snapshot.cumulative_counts.push_back(running);
+  }
+  snapshot.count = running + buckets_.back();
+  snapshot.sum = sum_ms_ / 1000.0;
   return snapshot;
 }
 

@@ -41,6 +41,31 @@ class Histogram {
   std::atomic<double> sum_{0};
 };
 
+// A histogram of whole milliseconds for a caller that already holds a lock: Observe is a short
+// scan of integer bounds and two adds, no atomics and no floating point, so the core can take a
+// sample per block (Pool's residency histograms) at no measurable cost. Snapshot reports seconds,
+// as Histogram does.
+//
+// Thread safety: none; the owner serializes Observe and Snapshot.
+class MillisecondHistogram {
+ public:
+  // REQUIRES: `upper_bounds_seconds` ascending, not empty, each a whole number of milliseconds.
+  explicit MillisecondHistogram(const std::vector<double>& upper_bounds_seconds);
+
+  void Observe(uint32_t milliseconds) {
+    size_t bucket = 0;
+    while (bucket < upper_bounds_ms_.size() && milliseconds > upper_bounds_ms_[bucket]) ++bucket;
+    ++buckets_[bucket];
+    sum_ms_ += milliseconds;
+  }
+  HistogramSnapshot Snapshot() const;
+
+ private:
+  std::vector<uint32_t> upper_bounds_ms_;
+  std::vector<uint64_t> buckets_;  // one per bound plus the +Inf overflow, not cumulative
+  uint64_t sum_ms_ = 0;
+};
+
 // vLLM's buckets for its KV-block residency histograms (vllm:kv_block_lifetime_seconds and
 // friends), 1 ms to 30 min, so dashboards compare the two directly.
 const std::vector<double>& ResidencyBucketsSeconds();

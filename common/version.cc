@@ -10,8 +10,13 @@ absl::string_view Version() { return KVCACHE_VERSION_STRING; }
 absl::string_view Revision() { return KVCACHE_REVISION_STRING; }
 
 std::string VersionLine(absl::string_view program) {
-  if (Revision().empty()) return absl::StrCat(program, " ", Version());
-  return absl::StrCat(program, " ", Version(), " (", Revision(), ")");
+  return VersionLine(program, Version(), Revision());
+}
+
+std::string VersionLine(absl::string_view program, absl::string_view version,
+                        absl::string_view revision) {
+  if (revision.empty()) return absl::StrCat(program, " ", version);
+  return absl::StrCat(program, " ", version, " (", revision, ")");
 }
 
 }  // namespace kvcache

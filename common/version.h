@@ -18,6 +18,9 @@ absl::string_view Version();
 absl::string_view Revision();
 // "kvcache-manager 0.1.0 (a3b2f13)", or "kvcache-manager 0.1.0" without a revision.
 std::string VersionLine(absl::string_view program);
+// The same line for another build's version and revision (a daemon's, as it reports them).
+std::string VersionLine(absl::string_view program, absl::string_view version,
+                        absl::string_view revision);
 
 }  // namespace kvcache
 

@@ -58,7 +58,7 @@ const std::vector<CommandSpec>& CommandList() {
        {"service"}},
       {"version",
        "",
-       "this kvcachectl's version and source revision (the daemon reports none over kvcache.v1)",
+       "this kvcachectl's version and source revision, and the daemon's when one answers",
        {}},
   };
   return *commands;
@@ -441,10 +441,23 @@ int RunCommand(absl::string_view command, const GlobalOptions& global,
     return Usage(streams.err, command, "unknown command");
   }
   if (command == "version") {
-    if (Tabular(global)) {
-      streams.out << VersionText();
+    // The client's version needs no daemon: one that does not answer is said on stderr, and the
+    // command still succeeds.
+    std::optional<KvCacheClient::ServerVersion> server;
+    absl::StatusOr<std::unique_ptr<Connection>> connection = Connect(global);
+    absl::StatusOr<KvCacheClient::ServerVersion> asked =
+        connection.ok() ? (*connection)->client().GetServerVersion()
+                        : absl::StatusOr<KvCacheClient::ServerVersion>(connection.status());
+    if (asked.ok()) {
+      server = *std::move(asked);
     } else {
-      PrintDocument(streams.out, global, VersionJson());
+      streams.err << "kvcachectl version: no daemon's version from " << global.target << ": "
+                  << asked.status() << "\n";
+    }
+    if (Tabular(global)) {
+      streams.out << VersionText(server, global.target);
+    } else {
+      PrintDocument(streams.out, global, VersionJson(server, global.target));
     }
     return kExitOk;
   }

@@ -416,14 +416,30 @@ Json HealthJson(absl::string_view service, absl::string_view status) {
   return document;
 }
 
-std::string VersionText() { return VersionLine("kvcachectl") + "\n"; }
+std::string VersionText(const std::optional<KvCacheClient::ServerVersion>& server,
+                        absl::string_view target) {
+  std::string text = VersionLine("kvcachectl") + "\n";
+  if (server.has_value()) {
+    absl::StrAppend(&text, VersionLine("kvcache-manager", server->version, server->revision),
+                    " at ", target, "\n");
+  }
+  return text;
+}
 
-Json VersionJson() {
-  Json client = Json::object();
-  client["version"] = std::string(Version());
-  client["revision"] = Revision().empty() ? Json(nullptr) : Json(std::string(Revision()));
+Json VersionJson(const std::optional<KvCacheClient::ServerVersion>& server,
+                 absl::string_view target) {
+  const auto build = [](absl::string_view version, absl::string_view revision) {
+    Json document = Json::object();
+    document["version"] = std::string(version);
+    document["revision"] = revision.empty() ? Json(nullptr) : Json(std::string(revision));
+    return document;
+  };
   Json document = Json::object();
-  document["client"] = std::move(client);
+  document["client"] = build(Version(), Revision());
+  if (server.has_value()) {
+    document["server"] = build(server->version, server->revision);
+    document["server"]["target"] = std::string(target);
+  }
   return document;
 }
 

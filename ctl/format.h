@@ -76,10 +76,12 @@ Json EventJson(const v1::KvEvent& event);
 // or "Unknown" for an event this build does not know.
 absl::string_view EventKind(const v1::KvEvent& event);
 
-// `kvcachectl version`: this kvcachectl's version and revision (common/version.h). The daemon
-// reports none over kvcache.v1, so there is no daemon's to print.
-std::string VersionText();
-Json VersionJson();
+// `kvcachectl version`: this kvcachectl's version and revision (common/version.h), and the
+// daemon's at `target` when one answered (its Ping).
+std::string VersionText(const std::optional<KvCacheClient::ServerVersion>& server,
+                        absl::string_view target);
+Json VersionJson(const std::optional<KvCacheClient::ServerVersion>& server,
+                 absl::string_view target);
 
 // `kvcachectl health`: the health service's answer ("SERVING", "NOT_SERVING", "SERVICE_UNKNOWN").
 Json HealthJson(absl::string_view service, absl::string_view status);

@@ -4,6 +4,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 #include "server/block_streams.h"
 #include "server/proto_keys.h"
 #include "server/watch_events.h"
@@ -210,7 +211,11 @@ grpc::ServerUnaryReactor* KvCacheService::Ping(grpc::CallbackServerContext* cont
                                                const v1::PingRequest* request,
                                                v1::PingResponse* response) {
   return Handle(*this, context, response, manager_->epoch(), "Ping", Role::kReader,
-                [](const Identity&) { return absl::OkStatus(); });
+                [&](const Identity&) {
+                  response->set_server_version(std::string(Version()));
+                  response->set_server_revision(std::string(Revision()));
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ListPools(grpc::CallbackServerContext* context,

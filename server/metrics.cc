@@ -249,9 +249,10 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
     if (whole.cluster_tier.has_value()) {
       out.Histogram(tier_load, {{"pool", name}, {"tier", "cluster"}}, loads.cluster.Snapshot());
     }
-    out.Histogram(lifetime, {{"pool", name}}, pool->residency().lifetime.Snapshot());
-    out.Histogram(idle, {{"pool", name}}, pool->residency().idle_before_evict.Snapshot());
-    out.Histogram(reuse, {{"pool", name}}, pool->residency().reuse_gap.Snapshot());
+    const PoolResidency residency = pool->Residency();
+    out.Histogram(lifetime, {{"pool", name}}, residency.lifetime);
+    out.Histogram(idle, {{"pool", name}}, residency.idle_before_evict);
+    out.Histogram(reuse, {{"pool", name}}, residency.reuse_gap);
     const PoolTransferCounters& transfers = pool->transfers();
     out.Counter(bytes, {{"pool", name}, {"direction", "put"}}, transfers.put_bytes.load());
     out.Counter(bytes, {{"pool", name}, {"direction", "get"}}, transfers.got_bytes.load());

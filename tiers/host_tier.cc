@@ -171,10 +171,12 @@ bool HostTier::Contains(const Hash128& hash) const {
 
 absl::Status HostTier::Load(const BlockRecordIdentity& expected, uint8_t* out) {
   ASSIGN_OR_RETURN(const PinnedRecord pinned, PinForLoad(expected));
-  std::memcpy(out, pinned.bytes, block_bytes_);
-  return FinishLoad(pinned, BlockChecksum(out, block_bytes_) == pinned.checksum
-                                ? LoadVerdict::kVerified
-                                : LoadVerdict::kCorrupt);
+  const uint64_t checksum =
+      ChecksumWhileCopying(pinned.bytes, block_bytes_, [&](uint64_t offset, uint64_t length) {
+        std::memcpy(out + offset, pinned.bytes + offset, length);
+      });
+  return FinishLoad(pinned,
+                    checksum == pinned.checksum ? LoadVerdict::kVerified : LoadVerdict::kCorrupt);
 }
 
 absl::StatusOr<HostTier::PinnedRecord> HostTier::PinForLoad(const BlockRecordIdentity& expected) {

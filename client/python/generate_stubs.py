@@ -6,6 +6,10 @@ The stubs are committed so that the package imports from the source tree and ins
 (`python_client_stubs`) and the test `python_client_stubs_current` fails when the committed copy
 differs, so they are never stale.
 
+protoc also writes the messages' type stubs (kvcache_pb2.pyi, `--pyi_out`) so that type checkers
+read the generated classes; with the package's py.typed marker (PEP 561) users' mypy checks
+their calls into kvcache_client.
+
 protoc names the message module after the proto's path (`kvcache.v1.kvcache_pb2`) and the gRPC
 module imports it by that absolute name; inside our package it is a sibling, so that one import
 is rewritten to a relative one. The proto is compiled as `kvcache/v1/kvcache.proto`, its
@@ -31,7 +35,7 @@ from typing import Dict, List
 PROTO = "kvcache/v1/kvcache.proto"
 ABSOLUTE_IMPORT = "from kvcache.v1 import kvcache_pb2 as"
 RELATIVE_IMPORT = "from . import kvcache_pb2 as"
-GENERATED = ("kvcache_pb2.py", "kvcache_pb2_grpc.py")
+GENERATED = ("kvcache_pb2.py", "kvcache_pb2.pyi", "kvcache_pb2_grpc.py")
 PACKAGE_FILES = ("__init__.py",) + GENERATED
 PACKAGE_INIT = ('"""Generated kvcache.v1 messages and gRPC stubs (client/python/generate_stubs.py);'
                 ' do not edit."""\n')
@@ -40,7 +44,8 @@ PACKAGE_INIT = ('"""Generated kvcache.v1 messages and gRPC stubs (client/python/
 def generate(protoc: str, plugin: str, proto_dir: str) -> Dict[str, str]:
     """Runs protoc; returns the package's files (name -> text), imports rewritten."""
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([protoc, "-I" + proto_dir, "--python_out=" + out, "--grpc_out=" + out,
+        subprocess.run([protoc, "-I" + proto_dir, "--python_out=" + out, "--pyi_out=" + out,
+                        "--grpc_out=" + out,
                         "--plugin=protoc-gen-grpc=" + plugin, os.path.join(proto_dir, PROTO)],
                        check=True)
         files = {"__init__.py": PACKAGE_INIT}

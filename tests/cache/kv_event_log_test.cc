@@ -311,12 +311,12 @@ TEST_F(PoolEventsTest, EvictionsAreRemovalsAndResidencyIsTimed) {
   EXPECT_EQ(index_.size(), kNumBlocks - 1);
   const PoolStatsSnapshot stats = pool_->Stats();
   EXPECT_EQ(stats.pool.evictions, kNumBlocks);
-  const HistogramSnapshot lifetime = pool_->residency().lifetime.Snapshot();
+  const HistogramSnapshot lifetime = pool_->Residency().lifetime;
   EXPECT_EQ(lifetime.count, kNumBlocks);
   // Allocated 10 to 15 simulated seconds before their eviction.
   EXPECT_GE(lifetime.sum, kNumBlocks * 10.0);
   EXPECT_LE(lifetime.sum, kNumBlocks * 16.0);
-  EXPECT_EQ(pool_->residency().idle_before_evict.Snapshot().count, kNumBlocks);
+  EXPECT_EQ(pool_->Residency().idle_before_evict.count, kNumBlocks);
 }
 
 TEST_F(PoolEventsTest, AChildPublishedUnderAnotherSequencesParentLeavesWithIt) {

@@ -478,6 +478,19 @@ class KvcachectlTest(unittest.TestCase):
             self.assertEqual(yaml.safe_load(ctl(nowhere, "-o", "yaml", "version").stdout),
                              document)
 
+    def test_version_names_the_daemon(self):
+        """With a daemon at the target, its version and revision too, as it reports them."""
+        text = self.run_ok("version").stdout
+        lines = text.splitlines()
+        self.assertEqual(len(lines), 2, text)
+        self.assertRegex(lines[0], r"^kvcachectl \d+\.\d+\.\d+( \(\S+\))?$")
+        self.assertRegex(lines[1], r"^kvcache-manager \d+\.\d+\.\d+( \(\S+\))? at \S+$")
+        document = json.loads(self.run_ok("-o", "json", "version").stdout)
+        self.assertEqual(sorted(document), ["client", "server"])
+        # One build made both binaries: the daemon reports the version kvcachectl was built as.
+        self.assertEqual(document["server"]["version"], document["client"]["version"])
+        self.assertEqual(document["server"]["revision"], document["client"]["revision"])
+
     def test_yaml_is_the_json_document(self):
         if yaml is None:
             self.skipTest("no PyYAML")

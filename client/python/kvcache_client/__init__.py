@@ -5,7 +5,10 @@
 - Session (session.py): a lease kept alive in the background; sequences, rendezvous, block bytes
   (put_blocks, get_blocks_into) and map_pool.
 - MappedPool (mapped_pool.py, needs numpy): a host pool's shared memory with numpy views.
+- aio (aio.py): the same Client and Session for asyncio, on grpc.aio.
+- events (events.py): watch_events() batches and resume points.
 - KvCacheError (errors.py): every failure, with its gRPC code.
+- tuning (tuning.py): process-wide settings for processes that stream many blocks.
 - hashing (hashing.py): the block hash chain (docs/hash_spec.md), needing only xxhash.
 
 Runtime: grpcio, protobuf and xxhash (Debian: python3-grpcio, python3-protobuf, python3-xxhash),
@@ -13,14 +16,17 @@ numpy (python3-numpy) for MappedPool. The gRPC stubs are generated from the prot
 (generate_stubs.py) into _proto/.
 """
 
+from ._calls import RetryPolicy
 from .client import Client, TlsOptions, default_target
 from .errors import KvCacheError
+from .events import EventBatch, ResumePoint
 from .session import Session
 from .values import (BlockCounts, Commit, DType, Extension, Fork, GetInfo, ListedSession,
                      LookupResult, MappingKind, PoolDescription, PoolInfo, PoolLayout,
                      PoolMapping, PoolStats, PutResult, Sequence, Stats, TierTokens)
 
-__all__ = ["BlockCounts", "Client", "Commit", "DType", "Extension", "Fork", "GetInfo",
-           "KvCacheError", "ListedSession", "LookupResult", "MappingKind", "PoolDescription",
-           "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult", "Sequence",
-           "Session", "Stats", "TierTokens", "TlsOptions", "default_target"]
+__all__ = ["BlockCounts", "Client", "Commit", "DType", "EventBatch", "Extension", "Fork",
+           "GetInfo", "KvCacheError", "ListedSession", "LookupResult", "MappingKind",
+           "PoolDescription", "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult",
+           "ResumePoint", "RetryPolicy", "Sequence", "Session", "Stats", "TierTokens",
+           "TlsOptions", "default_target"]

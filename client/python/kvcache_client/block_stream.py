@@ -17,10 +17,10 @@ Thread safety: a BlockVerifier belongs to one stream; the functions are pure.
 from typing import Callable, Optional, Sequence, Tuple
 
 import grpc
-import xxhash
 
 from ._proto import kvcache_pb2
 from .errors import KvCacheError
+from .hashing import xxhash  # checked there for XXH3
 
 PUT_DATA_FIELD = kvcache_pb2.PutBlocksRequest.DATA_FIELD_NUMBER
 GET_HEADER_FIELD = kvcache_pb2.GetBlocksResponse.HEADER_FIELD_NUMBER

@@ -22,29 +22,36 @@ are). Sessions are independent of each other.
 
 import ipaddress
 import os
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, Optional, Sequence,
+                    Tuple, TypeVar)
 
 import grpc
+import grpc.aio
 import grpc.experimental
 
-from . import hashing
+from . import _calls, hashing
+from ._calls import RetryPolicy, UnaryCall
 from ._proto import kvcache_pb2, kvcache_pb2_grpc
 from .block_stream import split_get_message
-from .errors import KvCacheError, check_tokens, invalid_argument, make_request
-from .values import (ListedSession, LookupResult, PoolDescription, PoolInfo, Stats,
-                     block_counts_from_proto, fill_extra_keys, pool_info_from_proto,
-                     pool_stats_from_proto, tier_tokens_from_proto)
+from .errors import KvCacheError, invalid_argument
+from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
+from .values import ListedSession, LookupResult, PoolDescription, PoolInfo, Stats
 
 if TYPE_CHECKING:
     from .session import Session
+
+T = TypeVar("T")
 
 # A daemon on the same machine restarts in well under a second; gRPC's default first reconnect
 # backoff (1 s, growing to 120 s) would keep a client away much longer (as the C++ client).
 _RECONNECT_BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                               ("grpc.max_reconnect_backoff_ms", 2000)]
-_GET_BLOCKS_METHOD = "/kvcache.v1.KvCache/GetBlocks"
-_PUT_BLOCKS_METHOD = "/kvcache.v1.KvCache/PutBlocks"
+HTTP2_FRAME_BYTES = (1 << 24) - 1  # the largest frame HTTP/2 allows
+HTTP2_WINDOW_BYTES = 8 << 20  # per stream
+GET_BLOCKS_METHOD = "/kvcache.v1.KvCache/GetBlocks"
+PUT_BLOCKS_METHOD = "/kvcache.v1.KvCache/PutBlocks"
 
 
 def default_target() -> str:
@@ -156,21 +163,141 @@ def _channel_credentials(target: str, tls: TlsOptions) -> grpc.ChannelCredential
         certificate_chain=_read_pem("certificate", tls.cert_file) if tls.cert_file else None)
 
 
-class Client:
+class ChannelSettings:
+    """A client's options checked and turned into what a gRPC channel takes; the same for the
+    blocking Client and aio.Client. Raises KvCacheError INVALID_ARGUMENT as Client documents."""
+
+    def __init__(self, target: Optional[str], tls: Optional[TlsOptions],
+                 bearer_token: Optional[str], allow_plaintext_token: bool,
+                 connect_timeout: float, rpc_timeout: float, max_message_bytes: int) -> None:
+        self.target = target or default_target()
+        if connect_timeout <= 0 or rpc_timeout <= 0 or max_message_bytes <= 0:
+            raise invalid_argument("connect_timeout, rpc_timeout and max_message_bytes must be "
+                                   "positive")
+        self.tls = tls
+        self.metadata: Tuple[Tuple[str, str], ...] = ()
+        if bearer_token is not None:
+            check_bearer_token(bearer_token)
+            _check_token_transport(self.target, tls, allow_plaintext_token)
+            self.metadata = (("authorization", "Bearer " + bearer_token),)
+        self.options: List[Tuple[str, Any]] = _RECONNECT_BACKOFF_OPTIONS + [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            # As the C++ client (common/rpc/http2_tuning.h): block bytes come in MiB-sized
+            # messages, which 16 KiB frames and a 64 KiB window would cut up and pace with
+            # flow-control round trips.
+            ("grpc.http2.max_frame_size", HTTP2_FRAME_BYTES),
+            ("grpc.http2.lookahead_bytes", HTTP2_WINDOW_BYTES),
+            # GetBlocks' messages are read on the calling thread instead of being handed over
+            # from gRPC's channel thread one by one (~1.5x the bandwidth: bench/).
+            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+        self.credentials: Optional[grpc.ChannelCredentials] = None
+        if tls is not None:
+            self.credentials = _channel_credentials(self.target, tls)
+            if tls.server_name:
+                self.options.append(("grpc.ssl_target_name_override", tls.server_name))
+
+    def unreachable(self, connect_timeout: float) -> KvCacheError:
+        hint = (" (over TLS: is the daemon's certificate trusted and named as the target, and "
+                "is the client certificate one it accepts?)" if self.tls is not None else "")
+        return KvCacheError(grpc.StatusCode.UNAVAILABLE,
+                            f"cannot connect to the kvcache daemon at {self.target} within "
+                            f"{connect_timeout:g}s{hint}")
+
+
+def retry_budget(retry: RetryPolicy, call: UnaryCall, error: grpc.RpcError,
+                 deadline: float) -> Optional[float]:
+    """Seconds left for a second try of `call` after `error` (RetryPolicy), None for none."""
+    if not (retry.enabled and call.idempotent and error.code() == grpc.StatusCode.UNAVAILABLE):
+        return None
+    remaining = deadline - time.monotonic()
+    return remaining if remaining > 0 else None
+
+
+def retry_failure(first: grpc.RpcError, second: grpc.RpcError) -> grpc.RpcError:
+    """What a retried call raises: the first UNAVAILABLE when the retry only ran out of time
+    waiting for the daemon, else what the retry got."""
+    return first if second.code() == grpc.StatusCode.DEADLINE_EXCEEDED else second
+
+
+class ClientBase:
+    """The channel, stubs and settings of a client; `channels` is grpc (Client) or grpc.aio
+    (aio.Client), whose channels take the same arguments and make the same stubs."""
+
+    def __init__(self, channels: Any, target: Optional[str], tls: Optional[TlsOptions],
+                 bearer_token: Optional[str], allow_plaintext_token: bool,
+                 connect_timeout: float, rpc_timeout: float, wait_for_ready: bool,
+                 max_message_bytes: int, retry: RetryPolicy) -> None:
+        settings = ChannelSettings(target, tls, bearer_token, allow_plaintext_token,
+                                   connect_timeout, rpc_timeout, max_message_bytes)
+        self._settings = settings
+        self.target = settings.target
+        self.connect_timeout = connect_timeout
+        self.rpc_timeout = rpc_timeout
+        self.max_message_bytes = max_message_bytes
+        self._retry = retry
+        self._wait_for_ready = wait_for_ready
+        self._closed = False
+        self._metadata = settings.metadata
+        if settings.credentials is not None:
+            self._channel = channels.secure_channel(self.target, settings.credentials,
+                                                    settings.options)
+        else:
+            self._channel = channels.insecure_channel(self.target, settings.options)
+        self.stub = kvcache_pb2_grpc.KvCacheStub(self._channel)
+        # The data RPCs move raw bytes (block_stream.py): PutBlocks takes serialized requests as
+        # they are, GetBlocks' replies are split, not parsed.
+        self._put_blocks = self._channel.stream_unary(
+            PUT_BLOCKS_METHOD, request_serializer=bytes,
+            response_deserializer=kvcache_pb2.PutBlocksResponse.FromString)
+        self._get_blocks = self._channel.unary_stream(
+            GET_BLOCKS_METHOD, request_serializer=kvcache_pb2.GetBlocksRequest.SerializeToString,
+            response_deserializer=split_get_message)
+
+    def _start(self, name: str, method: Callable[..., Any], request: Any,
+               timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
+        """method(request) with the client's credentials; CANCELLED once the client is closed
+        (gRPC raises ValueError, grpc.aio UsageError, for a call on a closed channel)."""
+        try:
+            if not self._closed:
+                return method(request, timeout=timeout, metadata=self._metadata,
+                              wait_for_ready=(self._wait_for_ready if wait_for_ready is None
+                                              else wait_for_ready))
+        except (ValueError, grpc.aio.UsageError):
+            if not self._closed:
+                raise
+        raise KvCacheError(grpc.StatusCode.CANCELLED, f"{name}: the client is closed")
+
+    def _call_arguments(self, call: UnaryCall, request: Any, timeout: Optional[float]
+                        ) -> Tuple[Callable[..., Any], Any, float, float]:
+        """The stub method, request (`call`'s unless a stamped one is given), timeout (the
+        client's unless given) and deadline (time.monotonic) of one call."""
+        timeout = self.rpc_timeout if timeout is None else timeout
+        return (getattr(self.stub, call.name), call.request if request is None else request,
+                timeout, time.monotonic() + timeout)
+
+
+class Client(ClientBase):
     """A channel to one daemon. Close it (or use it as a context manager) when done."""
 
     def __init__(self, target: Optional[str] = None, *, tls: Optional[TlsOptions] = None,
                  bearer_token: Optional[str] = None, allow_plaintext_token: bool = False,
                  connect_timeout: float = 5.0,
                  rpc_timeout: float = 5.0, wait_for_ready: bool = False,
-                 max_message_bytes: int = 16 << 20) -> None:
+                 max_message_bytes: int = 16 << 20,
+                 retry: RetryPolicy = RetryPolicy()) -> None:
         """Connects to `target` ("unix:///path/kv.sock" or "host:port"; default: the daemon's
         default socket) and waits up to `connect_timeout` seconds for the channel to be ready.
 
         rpc_timeout: the deadline of every call in seconds, keep-alives included (block streams
         get 1 s more per 64 MiB they move).
-        wait_for_ready: a call made while the daemon is unreachable waits (up to rpc_timeout)
-        for it to come back instead of failing UNAVAILABLE at once (across a sidecar restart).
+        retry: idempotent calls (reads, keep-alives, commit, close, rendezvous) that fail
+        UNAVAILABLE are sent again once the daemon is back, within rpc_timeout, so a daemon
+        restart is a slower call rather than an error (RetryPolicy). Calls that change state
+        and are not idempotent (open_session, open_sequence, extend, release, fork) and the
+        block streams fail UNAVAILABLE at once.
+        wait_for_ready: every call made while the daemon is unreachable waits (up to
+        rpc_timeout) for it to come back instead of failing UNAVAILABLE at once.
 
         bearer_token: sent with every call. Over plaintext TCP (no `tls`) anyone on the path
         can read it, so it goes only to a loopback host (127.0.0.0/8, ::1, localhost) unless
@@ -178,53 +305,17 @@ class Client:
 
         Raises KvCacheError: INVALID_ARGUMENT for TLS with a unix:// target, unreadable TLS files,
         a certificate without its key (or the reverse), a bearer token that is not visible ASCII
-        or that would go over plaintext TCP to a host other than loopback, non-positive timeouts; UNAVAILABLE when the daemon is not ready in time (not there, or
-        a failed TLS handshake).
+        or that would go over plaintext TCP to a host other than loopback, non-positive
+        timeouts; UNAVAILABLE when the daemon is not ready in time (not there, or a failed TLS
+        handshake).
         """
-        self.target = target or default_target()
-        if connect_timeout <= 0 or rpc_timeout <= 0 or max_message_bytes <= 0:
-            raise invalid_argument("connect_timeout, rpc_timeout and max_message_bytes must be "
-                                   "positive")
-        self.rpc_timeout = rpc_timeout
-        self.max_message_bytes = max_message_bytes
-        self._wait_for_ready = wait_for_ready
-        self._closed = False
-        self._metadata: Tuple[Tuple[str, str], ...] = ()
-        if bearer_token is not None:
-            check_bearer_token(bearer_token)
-            _check_token_transport(self.target, tls, allow_plaintext_token)
-            self._metadata = (("authorization", "Bearer " + bearer_token),)
-        options = _RECONNECT_BACKOFF_OPTIONS + [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            # GetBlocks' messages are read on the calling thread instead of being handed over
-            # from gRPC's channel thread one by one (~1.5x the bandwidth: bench/).
-            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
-        if tls is not None:
-            credentials = _channel_credentials(self.target, tls)
-            if tls.server_name:
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
-            self._channel = grpc.secure_channel(self.target, credentials, options)
-        else:
-            self._channel = grpc.insecure_channel(self.target, options)
+        super().__init__(grpc, target, tls, bearer_token, allow_plaintext_token,
+                         connect_timeout, rpc_timeout, wait_for_ready, max_message_bytes, retry)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
             self._channel.close()
-            hint = (" (over TLS: is the daemon's certificate trusted and named as the target, and "
-                    "is the client certificate one it accepts?)" if tls is not None else "")
-            raise KvCacheError(grpc.StatusCode.UNAVAILABLE,
-                               f"cannot connect to the kvcache daemon at {self.target} within "
-                               f"{connect_timeout:g}s{hint}") from None
-        self.stub = kvcache_pb2_grpc.KvCacheStub(self._channel)
-        # The data RPCs move raw bytes (block_stream.py): PutBlocks takes serialized requests as
-        # they are, GetBlocks' replies are split, not parsed.
-        self._put_blocks = self._channel.stream_unary(
-            _PUT_BLOCKS_METHOD, request_serializer=bytes,
-            response_deserializer=kvcache_pb2.PutBlocksResponse.FromString)
-        self._get_blocks = self._channel.unary_stream(
-            _GET_BLOCKS_METHOD, request_serializer=kvcache_pb2.GetBlocksRequest.SerializeToString,
-            response_deserializer=split_get_message)
+            raise self._settings.unreachable(connect_timeout) from None
 
     def close(self) -> None:
         """Closes the channel; calls in flight and later calls fail CANCELLED. Sessions are not
@@ -240,90 +331,100 @@ class Client:
 
     # --- plumbing shared with Session -----------------------------------------------------------
 
-    def _start(self, name: str, method: Callable, request: object, timeout: float) -> object:
-        """method(request) with the client's credentials; CANCELLED once the client is closed
-        (gRPC raises ValueError for a call on a closed channel)."""
+    def _invoke(self, call: UnaryCall, request: Any = None, timeout: Optional[float] = None
+                ) -> Any:
+        """The reply to `call` (its request, or `request` when given: a stamped one), with the
+        client's deadline (or `timeout`), retried per the RetryPolicy. grpc.RpcError is left to
+        the caller (Session needs its trailers)."""
+        method, request, timeout, deadline = self._call_arguments(call, request, timeout)
         try:
-            return method(request, timeout=timeout, metadata=self._metadata,
-                          wait_for_ready=self._wait_for_ready)
-        except ValueError:
-            if not self._closed:
+            return self._start(call.name, method, request, timeout)
+        except grpc.RpcError as error:
+            remaining = retry_budget(self._retry, call, error, deadline)
+            if remaining is None:
                 raise
-            raise KvCacheError(grpc.StatusCode.CANCELLED,
-                               f"{name}: the client is closed") from None
+            first = error
+        try:
+            return self._start(call.name, method, request, remaining, wait_for_ready=True)
+        except grpc.RpcError as error:
+            raise retry_failure(first, error) from None
 
-    def call(self, name: str, request: object, timeout: Optional[float] = None) -> object:
-        """Unary call `name` of the stub with the client's deadline (or `timeout`) and
-        credentials; returns the reply. grpc.RpcError is left to the caller (Session needs its
-        trailers)."""
-        return self._start(name, getattr(self.stub, name), request,
-                           self.rpc_timeout if timeout is None else timeout)
+    def _future(self, call: UnaryCall, request: Any, timeout: float) -> grpc.Future:
+        """`call` started asynchronously (so it can be cancelled); not retried."""
+        return self._start(call.name, getattr(self.stub, call.name).future, request, timeout)
 
-    def future(self, name: str, request: object, timeout: float) -> grpc.Future:
-        """Same, started asynchronously (so it can be cancelled)."""
-        return self._start(name, getattr(self.stub, name).future, request, timeout)
-
-    def put_blocks_stream(self, messages: Iterable[bytes], timeout: float
-                          ) -> kvcache_pb2.PutBlocksResponse:
+    def _put_blocks_stream(self, messages: Iterable[bytes], timeout: float
+                           ) -> kvcache_pb2.PutBlocksResponse:
         return self._start("PutBlocks", self._put_blocks, messages, timeout)
 
-    def get_blocks_stream(self, request: kvcache_pb2.GetBlocksRequest, timeout: float):
+    def _get_blocks_stream(self, request: kvcache_pb2.GetBlocksRequest, timeout: float) -> Any:
+        """The call: an iterator of GetMessage that can be cancelled."""
         return self._start("GetBlocks", self._get_blocks, request, timeout)
 
-    def _unary(self, name: str, request: object) -> object:
+    def _unary(self, call: UnaryCall[T]) -> T:
         try:
-            return self.call(name, request)
+            return call.parse(self._invoke(call))
         except grpc.RpcError as error:
-            raise KvCacheError.from_rpc_error(name, error) from None
+            raise KvCacheError.from_rpc_error(call.name, error) from None
 
     # --- read-only calls: idempotent, need no session -------------------------------------------
 
     def ping(self) -> int:
         """The daemon's epoch (it changes with every daemon start)."""
-        return self._unary("Ping", kvcache_pb2.PingRequest()).epoch
+        return self._unary(_calls.ping())
 
     def list_pools(self) -> List[PoolInfo]:
-        response = self._unary("ListPools", kvcache_pb2.ListPoolsRequest())
-        return [pool_info_from_proto(pool) for pool in response.pools]
+        """Every pool of the daemon, with its layout (and mapping, for worker and admin
+        callers)."""
+        return self._unary(_calls.list_pools())
 
     def describe_pool(self, pool: str) -> PoolDescription:
         """The pool, its block counts and the daemon's epoch. NOT_FOUND for an unknown pool. The
         mapping is filled only for worker and admin callers."""
-        response = self._unary("DescribePool", make_request(
-            "describe_pool", kvcache_pb2.DescribePoolRequest, pool=pool))
-        return PoolDescription(pool=pool_info_from_proto(response.pool),
-                               counts=block_counts_from_proto(response.counts),
-                               epoch=response.epoch)
+        return self._unary(_calls.describe_pool(pool))
 
     def lookup(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                extra_keys: Optional[hashing.ExtraKeys] = None, tenant: str = "") -> LookupResult:
-        """Longest cached prefix of `tokens`, acquiring nothing (for routers). `tenant`: empty for
-        the caller's own (another: PERMISSION_DENIED unless an admin)."""
-        request = make_request("lookup", kvcache_pb2.LookupRequest, pool=pool, tenant=tenant,
-                               tokens=check_tokens("lookup", tokens), cache_salt=cache_salt)
-        fill_extra_keys(extra_keys, request.extra_keys)
-        response = self._unary("Lookup", request)
-        return LookupResult(num_cached_tokens=response.num_cached_tokens,
-                            num_cached_blocks=response.num_cached_blocks,
-                            cached_tokens_by_tier=tier_tokens_from_proto(
-                                response.cached_tokens_by_tier))
+        """Longest cached prefix of `tokens`, acquiring nothing (for routers). `tokens`: a list
+        of ints or a 1-D numpy integer array (checked without a Python loop). `tenant`: empty
+        for the caller's own (another: PERMISSION_DENIED unless an admin)."""
+        return self._unary(_calls.lookup(pool, tokens, cache_salt, extra_keys, tenant))
 
     def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
         """Every pool's statistics when `pool` is empty; NOT_FOUND for an unknown pool."""
-        response = self._unary("GetStats", make_request("stats", kvcache_pb2.GetStatsRequest,
-                                                          pool=pool, tenant=tenant))
-        return Stats(pools=[pool_stats_from_proto(stats) for stats in response.pools],
-                     open_sessions=response.open_sessions)
+        return self._unary(_calls.stats(pool, tenant))
 
     def list_sessions(self, tenant: str = "") -> List[ListedSession]:
         """The caller's tenant's open sessions (an admin's: every tenant's, or `tenant`'s)."""
-        response = self._unary("ListSessions", make_request(
-            "list_sessions", kvcache_pb2.ListSessionsRequest, tenant=tenant))
-        return [ListedSession(session_id=info.session_id, tenant=info.tenant,
-                              principal=info.principal, client_name=info.client_name,
-                              ttl=info.ttl_ms / 1000, expires_in=info.expires_in_ms / 1000,
-                              open_sequences=info.open_sequences)
-                for info in response.sessions]
+        return self._unary(_calls.list_sessions(tenant))
+
+    def watch_events(self, pool: str = "", *, tenant: str = "",
+                     start: ResumePoint = ResumePoint(), resume: bool = True,
+                     reconnect_timeout: float = 30.0) -> Iterator[EventBatch]:
+        """The daemon's KV events (WatchEvents) as batches, from `start` (default: everything the
+        daemon holds, as a snapshot if it no longer holds the beginning) and then live, for as
+        long as the caller iterates. Each batch's `resume_point` is where to start again later.
+
+        resume: when the stream breaks (the daemon restarted or is draining), wait up to
+        `reconnect_timeout` seconds for a daemon on the same target and go on from the last
+        resume point; a restarted daemon answers with a snapshot (AllBlocksCleared, then its
+        blocks, `snapshot_end` on the last batch). Without it, or when no daemon comes back in
+        time, the iterator raises KvCacheError (UNAVAILABLE). NOT_FOUND for an unknown pool,
+        PERMISSION_DENIED for another tenant (non-admin), RESOURCE_EXHAUSTED at the daemon's
+        watcher limit. Stop iterating (or close the generator) to end the watch."""
+        cursor = WatchCursor(start, pool, tenant)
+        while True:
+            stream = self._start("WatchEvents", self.stub.WatchEvents, cursor.request(), None)
+            with cursor.reading(stream, resume):
+                for response in stream:
+                    yield cursor.advance(response)
+            if not resume:
+                return
+            time.sleep(RESUME_PAUSE)
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=reconnect_timeout)
+            except grpc.FutureTimeoutError:
+                raise cursor.gone(reconnect_timeout) from None
 
     # --- sessions -------------------------------------------------------------------------------
 
@@ -334,7 +435,7 @@ class Client:
         """Opens a session (a lease) of the caller's tenant and starts keeping it alive every
         ttl/3 in a background thread. `ttl` in seconds; 0 asks for the daemon's default, which
         clamps it to its limits (Session.ttl is what was granted). Not idempotent: each call
-        makes a new session. RESOURCE_EXHAUSTED at the daemon's session limit.
+        makes a new session (never retried). RESOURCE_EXHAUSTED at the daemon's session limit.
 
         on_epoch_change(old_epoch, new_epoch) runs once when the session finds the daemon
         restarted (new_epoch 0 when only an error said so); on_session_lost(error) once when the
@@ -342,4 +443,5 @@ class Client:
         the keep-alive thread) and must not call close() on this session.
         """
         from .session import Session  # session.py imports this module
-        return Session(self, client_name, ttl, on_epoch_change, on_session_lost)
+        response = self._unary(_calls.open_session(client_name, ttl))
+        return Session(self, response, on_epoch_change, on_session_lost)

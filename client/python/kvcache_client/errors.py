@@ -9,7 +9,16 @@ mapped pool, DATA_LOSS for received bytes that fail their checksum. Messages nev
 token or key material.
 """
 
+import numbers
+import sys
+from typing import Any, Callable, List, Sequence, TypeVar, Union
+
 import grpc
+
+M = TypeVar("M")
+# What token_ids returns and requests take: a sequence of ints, checked by protobuf as it copies.
+TokenIds = Union[List[int], Sequence[int]]
+_MAX_TOKEN = (1 << 32) - 1
 
 EPOCH_METADATA_KEY = "kvcache-epoch"  # common/rpc/grpc_status.h: the epoch on an error's trailers
 
@@ -53,31 +62,62 @@ def invalid_argument(message: str) -> KvCacheError:
     return KvCacheError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def check_tokens(call: str, tokens: object) -> list:
-    """`tokens` as a list of ints in [0, 2**32); INVALID_ARGUMENT naming the first bad one."""
+def token_ids(call: str, tokens: Any) -> TokenIds:
+    """`tokens` as protobuf takes them for a repeated uint32 field, without a Python loop: a
+    list or other sized sequence of ints as it is (protobuf range-checks each one in C as it
+    copies them into the request, and make_request names the first bad one), a numpy integer
+    array checked with one vectorized min/max and passed as a uint32 memoryview, an iterator as
+    a list. INVALID_ARGUMENT for a numpy
+    array that is not 1-D integers or holds a value outside [0, 2**32)."""
+    numpy = sys.modules.get("numpy")  # only an array needs it, and an array brought it in
+    if numpy is not None and isinstance(tokens, numpy.ndarray):
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise invalid_argument(f"{call}: tokens must be a 1-D integer array, not "
+                                   f"{tokens.ndim}-D {tokens.dtype}")
+        if tokens.size and tokens.dtype != numpy.uint32 and (
+                int(tokens.min()) < 0 or int(tokens.max()) > _MAX_TOKEN):
+            bad = int(numpy.flatnonzero((tokens < 0) | (tokens > _MAX_TOKEN))[0])
+            raise invalid_argument(f"{call}: token {bad} is {tokens[bad]}; token ids are uint32")
+        # As a view of native uint32 (no copy when it already is one): protobuf reads its
+        # items as Python ints, several times faster than numpy scalars, without a list.
+        return memoryview(numpy.ascontiguousarray(tokens, dtype=numpy.uint32))
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
+        try:
+            return list(tokens)  # an iterator or generator: read once
+        except TypeError:
+            raise invalid_argument(f"{call}: tokens must be a sequence of integers, not "
+                                   f"{type(tokens).__name__}") from None
+    return tokens
+
+
+def _token_error(call: str, tokens: Any) -> KvCacheError:
+    """The precise error for tokens protobuf refused: the first that is not an integer in
+    [0, 2**32). Runs only once a request has failed, so it may loop in Python."""
+    for index, token in enumerate(tokens):
+        if not isinstance(token, numbers.Integral):
+            return invalid_argument(f"{call}: token {index} is a {type(token).__name__}; token "
+                                    "ids are uint32")
+        if not 0 <= int(token) <= _MAX_TOKEN:
+            return invalid_argument(f"{call}: token {index} is {token}; token ids are uint32")
+    return invalid_argument(f"{call}: tokens must be a sequence of integers")
+
+
+def make_request(call: str, message_type: Callable[..., M], **fields: Any) -> M:
+    """message_type(**fields), built in one call (protobuf checks every field, a long token list
+    included, in C). A field of the wrong type or range (a str salt, a negative id) is answered
+    INVALID_ARGUMENT naming the field and the type given, never its value (a salt narrows sharing
+    and need not be shown); bad tokens name the first bad one."""
     try:
-        values = [int(token) for token in tokens]  # type: ignore[union-attr]
-    except (TypeError, ValueError) as error:
-        raise invalid_argument(f"{call}: tokens must be a sequence of integers ({error})") from None
-    for index, value in enumerate(values):
-        if not 0 <= value < 1 << 32:
-            raise invalid_argument(f"{call}: token {index} is {value}; token ids are uint32")
-    return values
-
-
-
-def make_request(call: str, message_type: type, **fields: object) -> object:
-    """message_type(**fields), with a field of the wrong type or range (a str salt, a negative
-    id) answered INVALID_ARGUMENT naming the field and the type given, never its value (a salt
-    narrows sharing and need not be shown)."""
-    message = message_type()
+        return message_type(**fields)
+    except (TypeError, ValueError):
+        pass  # find which field, field by field
     for name, value in fields.items():
         try:
-            if isinstance(value, (list, tuple)):
-                getattr(message, name).extend(value)
-            else:
-                setattr(message, name, value)
+            message_type(**{name: value})
         except (TypeError, ValueError) as error:
+            if name == "tokens":
+                raise _token_error(call, value) from None
             problem = "is out of range" if isinstance(error, ValueError) else "has the wrong type"
             raise invalid_argument(f"{call}: {name} ({type(value).__name__}) {problem}") from None
-    return message
+    # Each field alone is fine: protobuf refused them together (no such message today).
+    raise invalid_argument(f"{call}: the request's fields do not fit together")

@@ -12,6 +12,12 @@ from typing import List, Sequence
 
 import xxhash
 
+# Any python-xxhash with XXH3 (2.0 and later). Not a version check: Debian's python3-xxhash
+# declares version 0.0.0 whatever it ships.
+if not hasattr(xxhash, "xxh3_64_intdigest") or not hasattr(xxhash, "xxh3_128"):
+    raise ImportError("kvcache_client needs the xxhash module with XXH3 (python-xxhash 2.0 or "
+                      f"later); the one at {getattr(xxhash, '__file__', '?')} has none")
+
 DTYPES = {"fp16": 1, "bf16": 2, "fp32": 3, "fp8_e4m3": 4}
 
 

@@ -7,8 +7,10 @@ id: block i starts at byte i * block_bytes and holds [layer][K,V][token][kv_head
 elements. Views are numpy arrays over the shared memory itself, not copies: a write through one
 is seen by every process that maps the pool.
 
-Element types: fp16 as numpy.float16, fp32 as numpy.float32; bf16 as numpy.uint16 and fp8 as
-numpy.uint8 (their bits: numpy has no such types).
+Element types: fp16 as numpy.float16, fp32 as numpy.float32; bf16 and fp8 (e4m3) as
+ml_dtypes.bfloat16 and ml_dtypes.float8_e4m3fn when the ml_dtypes package is installed (the
+`dtypes` extra; JAX's and TensorFlow's numpy types), else as numpy.uint16 and numpy.uint8, their
+raw bits (numpy has no such types). `element_type` says which a pool got.
 
 Epochs: a mapping belongs to the daemon start that described the pool. After a restart the old
 shm object is unlinked and the new daemon's pool is other memory, so the session that mapped the
@@ -28,10 +30,12 @@ Thread safety: thread-compatible. Accessors may run concurrently; close() must n
 The bytes are shared memory, synchronized by the caller and the commit protocol.
 """
 
+import importlib
 import mmap
 import os
 import threading
-from typing import Optional
+from types import ModuleType
+from typing import Any, Optional
 
 import grpc
 import numpy
@@ -39,8 +43,27 @@ import numpy
 from .errors import KvCacheError, invalid_argument
 from .values import DType, MappingKind, PoolInfo
 
-_NUMPY_TYPES = {DType.FLOAT16: numpy.float16, DType.BFLOAT16: numpy.uint16,
-                DType.FLOAT32: numpy.float32, DType.FP8_E4M3: numpy.uint8}
+_NUMPY_TYPES = {DType.FLOAT16: numpy.float16, DType.FLOAT32: numpy.float32}
+_RAW_BITS = {DType.BFLOAT16: numpy.uint16, DType.FP8_E4M3: numpy.uint8}
+_ML_DTYPES_NAMES = {DType.BFLOAT16: "bfloat16", DType.FP8_E4M3: "float8_e4m3fn"}
+
+
+def _import_ml_dtypes() -> Optional[ModuleType]:
+    try:
+        return importlib.import_module("ml_dtypes")
+    except ImportError:
+        return None
+
+
+def element_type(dtype: DType, ml_dtypes: Optional[ModuleType]) -> "numpy.dtype[Any]":
+    """The numpy element type of a pool's `dtype`: numpy's own for fp16/fp32; ml_dtypes' for
+    bf16/fp8 when given (and it has the type), else an unsigned integer of the same width."""
+    if dtype in _NUMPY_TYPES:
+        return numpy.dtype(_NUMPY_TYPES[dtype])
+    named = getattr(ml_dtypes, _ML_DTYPES_NAMES[dtype], None) if ml_dtypes else None
+    if named is not None and numpy.dtype(named).itemsize == dtype.element_bytes:
+        return numpy.dtype(named)
+    return numpy.dtype(_RAW_BITS[dtype])
 _SHM_DIR = "/dev/shm"  # where glibc's shm_open keeps POSIX shared memory objects
 
 
@@ -108,10 +131,10 @@ class MappedPool:
             raise _os_error(error, f"mapping shared memory {mapping.shm_name}") from None
         finally:
             os.close(fd)  # the mapping keeps the object alive
-        self._dtype = _NUMPY_TYPES[layout.dtype]
+        self.element_type = element_type(layout.dtype, _import_ml_dtypes())
         # Every view is a slice of this one array: [block][layer][K,V][token][kv_head][head_dim].
         self._blocks: Optional[numpy.ndarray] = numpy.frombuffer(
-            self._mmap, dtype=self._dtype,
+            self._mmap, dtype=self.element_type,
             count=pool.num_blocks * layout.block_bytes // layout.dtype.element_bytes).reshape(
                 pool.num_blocks, layout.num_layers, 2, layout.block_size, layout.num_kv_heads,
                 layout.head_dim)

@@ -89,7 +89,7 @@ class TierTokens:
     cluster: int = 0
 
 
-def tier_tokens_from_proto(proto) -> TierTokens:
+def tier_tokens_from_proto(proto: kvcache_pb2.TierTokens) -> TierTokens:
     return TierTokens(pool=proto.pool, host=proto.host, disk=proto.disk, cluster=proto.cluster)
 
 

@@ -208,7 +208,7 @@ class CallsTest(unittest.TestCase):
                          Code.FAILED_PRECONDITION)
         self.assertFalse(session.epoch_changed)
         # Checksums that do not match the bytes: the daemon's DATA_LOSS, nothing stored.
-        with mock.patch("kvcache_client.session.block_checksums", lambda view, size: [1, 2]):
+        with mock.patch("kvcache_client._session_core.block_checksums", lambda view, size: [1, 2]):
             self.assertEqual(error_code(session.put_blocks, "default", tokens(800, 32),
                                         bytes(2 * self.layout.block_bytes)), Code.DATA_LOSS)
         self.assertEqual(self.client.lookup("default", tokens(800, 32)).num_cached_blocks, 0)
