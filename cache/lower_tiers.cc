@@ -110,7 +110,7 @@ LowerTiers::~LowerTiers() { Stop(); }
 
 void LowerTiers::Start(OffloadSource* source) {
   source_ = source;
-  if ((host_tier_ != nullptr || cluster_tier_ != nullptr) && !options_.testing_manual_offload) {
+  if (takes_blocks() && !options_.testing_manual_offload) {
     mover_ = std::thread([this] { MoverLoop(); });
   }
 }
@@ -172,7 +172,7 @@ void LowerTiers::MarkReused(const Hash128& hash) {
 }
 
 bool LowerTiers::OffloadBatch() {
-  if (host_tier_ == nullptr && cluster_tier_ == nullptr) return false;
+  if (!takes_blocks()) return false;
   std::vector<OffloadCandidate> batch;
   if (!source_->PickOffload(kOffloadBatch, &batch)) return false;
   if (batch.empty()) return true;  // the scan continues after letting requests in

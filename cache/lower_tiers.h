@@ -127,6 +127,8 @@ class LowerTiers {
   // Tier 3, or null.
   DiskTier* disk_tier() const { return disk_tier_.get(); }
   bool has_cluster() const { return cluster_tier_ != nullptr; }
+  // Whether tier 1's blocks have somewhere to go: a tier 2 or a cluster tier.
+  bool takes_blocks() const { return host_tier_ != nullptr || cluster_tier_ != nullptr; }
   // How close to eviction the mover works: while fewer blocks than this are free, it keeps the
   // oldest this many evictable blocks copied below. PoolOptions::offload_window, or by default
   // num_blocks / kDefaultOffloadWindowDivisor (at least 8), at most num_blocks.

@@ -150,7 +150,8 @@ void Pool::AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit, PoolTi
 
 BlockId Pool::AllocateLocked(uint32_t tenant, PoolTicks now) {
   // A victim no tier holds is lost on the way down (PassDownVictimsLocked passes them down).
-  const BlockId victim = pool_.num_free() == 0 ? pool_.LruFront() : kNoBlock;
+  const BlockId victim =
+      pool_.num_free() == 0 && tiers_->takes_blocks() ? pool_.LruFront() : kNoBlock;
   if (victim != kNoBlock && !pool_.IsOffloaded(victim) &&
       tiers_->NeedsOffload(pool_.IdentityOf(victim).hash, pool_.IsInCluster(victim))) {
     ++evicted_unsaved_;
@@ -196,7 +197,7 @@ void Pool::WaitOutOffloadLocked(size_t needed) {
 
 bool Pool::PassDownVictimsLocked(size_t allocations, absl::Span<const BlockId> hits,
                                  absl::Span<const BelowRecord> loading) {
-  if (allocations <= pool_.num_free()) return false;
+  if (!tiers_->takes_blocks() || allocations <= pool_.num_free()) return false;
   size_t evictions = allocations - pool_.num_free();
   // The request's evictable hits leave the LRU before it allocates: they are no victims.
   std::vector<BlockId> resurrected;
