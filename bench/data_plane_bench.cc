@@ -1,8 +1,9 @@
 // Block byte bandwidth: PutBlocks / GetBlocks over a Unix socket and TCP loopback, next to a plain
 // memcpy of the same bytes, Redis SET / GET of the same values (redis-server on loopback, started
 // here), and a copy out of the shared-memory pool — all measured in one run.
-// Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS client|visit|stub|put|redis
-// [unix|tcp] runs one path alone, for perf.
+// Usage: data_plane_bench [seconds per case]; data_plane_bench SECONDS PATH [unix|tcp] [layers]
+// runs one path alone on blocks of `layers` layers (1, 4, 16, 32: 64 KiB to 2 MiB), for perf; PATH
+// is client, visit, stub, put, redis (GET), redis-into or redis-set.
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
@@ -349,12 +350,12 @@ void RunTransport(const std::string& name, const std::string& listen, bool unix_
   }
 }
 
-// Runs one path (a get, the put, or Redis GET) on 2 MiB blocks over the Unix socket (or TCP
-// loopback) for `seconds`, for perf record and perf stat.
-bool ProfileGet(const std::string& path, bool unix_socket, const std::string& dir, double seconds) {
+// Runs one path (a get, the put, or a Redis GET or SET) on blocks of `layers` layers (64 KiB
+// each) over the Unix socket (or TCP loopback) for `seconds`, for perf record and perf stat.
+bool ProfileGet(const std::string& path, bool unix_socket, uint32_t layers, const std::string& dir,
+                double seconds) {
   const std::string listen = unix_socket ? "unix://" + dir + "/kv.sock" : "127.0.0.1:46380";
   DaemonPeer daemon(listen, dir + "/kvcache-manager.log");
-  const uint32_t layers = kLayerCounts[3];
   const uint64_t block_bytes = LayoutFor(layers).BlockBytes();
   const size_t blocks = kBytesPerOp / block_bytes;
   const std::string pool = "l" + std::to_string(layers);
@@ -364,8 +365,9 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
   daemon.Put(pool, tokens, bytes);
   std::string buffer(bytes.size(), '\0');
   std::unique_ptr<bench::RedisPeer> redis;
-  std::vector<std::string> keys;
-  if (path == "redis") {
+  std::vector<std::string> keys, values;
+  const bool with_redis = absl::StartsWith(path, "redis");
+  if (with_redis) {
     absl::StatusOr<std::unique_ptr<bench::RedisPeer>> started =
         bench::RedisPeer::Start(dir, 46379, unix_socket);
     if (!started.ok()) {
@@ -373,7 +375,6 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
       return false;
     }
     redis = *std::move(started);
-    std::vector<std::string> values;
     for (size_t i = 0; i < blocks; ++i) {
       keys.push_back("block:" + std::to_string(i));
       values.push_back(bytes.substr(i * block_bytes, block_bytes));
@@ -382,6 +383,8 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
   }
   const double rate = Bandwidth(seconds, [&] {
     if (path == "redis") return redis->GetAll(keys, &buffer).value_or(0);
+    if (path == "redis-into") return redis->GetAllInto(keys, absl::MakeSpan(buffer)).value_or(0);
+    if (path == "redis-set") return redis->SetAll(keys, values).ok() ? bytes.size() : 0;
     if (path == "client") return daemon.ClientGet(pool, tokens, &buffer);
     if (path == "visit") return daemon.ClientVisit(pool, tokens);
     if (path == "put") {
@@ -390,7 +393,7 @@ bool ProfileGet(const std::string& path, bool unix_socket, const std::string& di
     }
     return daemon.Get(pool, tokens);
   });
-  std::printf("%s get: %.2f GB/s\n", path.c_str(), rate);
+  std::printf("%s: %.2f GB/s\n", path.c_str(), rate);
   return true;
 }
 
@@ -403,9 +406,16 @@ int main(int argc, char** argv) {
   kvcache::TuneMallocForBlockStreams();
   char dir_template[] = "/tmp/kvcache-dataplane-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  if (argc > 2) {  // one path alone, for a profiler: data_plane_bench SECONDS PATH [unix|tcp]
-    const bool ran =
-        kvcache::ProfileGet(argv[2], argc < 4 || std::string(argv[3]) != "tcp", dir, seconds);
+  if (argc >
+      2) {  // one path alone, for a profiler: data_plane_bench SECONDS PATH [unix|tcp] [layers]
+    const uint32_t layers = argc > 4 ? std::atoi(argv[4]) : kvcache::kLayerCounts[3];
+    if (std::find(std::begin(kvcache::kLayerCounts), std::end(kvcache::kLayerCounts), layers) ==
+        std::end(kvcache::kLayerCounts)) {
+      std::fprintf(stderr, "layers: one of 1, 4, 16, 32 (64 KiB to 2 MiB blocks)\n");
+      return 2;
+    }
+    const bool ran = kvcache::ProfileGet(argv[2], argc < 4 || std::string(argv[3]) != "tcp", layers,
+                                         dir, seconds);
     std::string cleanup = "rm -rf " + dir;
     return system(cleanup.c_str()) == 0 && ran ? 0 : 1;
   }

@@ -1,6 +1,7 @@
 // Control-plane rate and latency over gRPC: several concurrent clients on one channel to a real
-// daemon on a Unix socket, measuring an empty RPC (Ping) and the sequence calls in the same run.
-// Prints the ratio of each call's rate to Ping's. Then the cost of being watched: the same calls
+// daemon on a Unix socket, measuring an empty RPC (Ping) and the sequence calls in the same run,
+// in turns of short phases. Prints the ratio of each call's rate to Ping's, and the median of the
+// rounds' mix/Ping ratios (the bar: >= 0.9x). Then the cost of being watched: the same calls
 // against a daemon that records no KV events and serves no metrics (the baseline) and against
 // one with KV events recorded and streamed to a WatchEvents watcher and to a ZeroMQ subscriber,
 // and /metrics scraped every 100 ms: both daemons live side by side and are measured in turn, in
@@ -8,7 +9,8 @@
 // >= 0.9x). Last, the same mix against a small, evicting pool with a host tier (tier 2: its mover
 // and every open's probe) vs without (the bar: >= 0.9x), then with tiers 2 and 3 (the mover
 // passing tier 2's oldest records on to a disk file as fast as the pool evicts). Usage: rpc_bench
-// [seconds] [clients] [rounds] [tier: only the tier comparisons]
+// [seconds] [clients] [rounds] [mix: only the mix vs Ping | observed: only events+metrics on vs
+// off | tier: only the tier comparisons]
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <netinet/in.h>
@@ -337,6 +339,16 @@ class BenchDaemon {
   std::atomic<uint64_t> events_watched_{0}, zmq_messages_{0}, scrapes_{0};
 };
 
+// Adds each thread's samples in `from` to the same thread's in `into`.
+void Append(std::vector<Samples>* into, std::vector<Samples> from) {
+  for (size_t i = 0; i < from.size(); ++i) {
+    Samples& thread = (*into)[i];
+    thread.latencies_us.insert(thread.latencies_us.end(), from[i].latencies_us.begin(),
+                               from[i].latencies_us.end());
+    thread.errors += from[i].errors;
+  }
+}
+
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
@@ -375,6 +387,24 @@ void CompareDaemons(BenchDaemon& off, BenchDaemon& on, double phase, int rounds)
               Median(ratios), Median(cpu_ratios));
 }
 
+// Watched vs not: two daemons side by side for the whole run, measured in turn in short phases
+// (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
+// from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
+// phase cannot move. Both daemons are warm and live through the same pool states.
+void CompareObserved(int clients, double phase, int rounds) {
+  std::printf(
+      "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
+      "phases, two live daemons\n",
+      rounds, phase);
+  BenchDaemon off(clients, false);
+  BenchDaemon on(clients, true);
+  CompareDaemons(off, on, phase, rounds);
+  std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
+              static_cast<unsigned long long>(on.events_watched()),
+              static_cast<unsigned long long>(on.zmq_messages()),
+              static_cast<unsigned long long>(on.scrapes()));
+}
+
 void CompareTiers(int clients, double phase, int rounds) {
   // Tier 2: the same mix against a pool small enough to evict all the time, with a
   // host tier (its mover offloading ahead of every eviction, every open probing it) and without.
@@ -401,14 +431,22 @@ void CompareTiers(int clients, double phase, int rounds) {
   disk_pool.PrintTier();
 }
 
-int Main(double seconds, int clients, int rounds, bool only_tier) {
+int Main(double seconds, int clients, int rounds, absl::string_view only) {
   const double phase = std::max(0.25, seconds / 4);
-  if (only_tier) {
+  if (only == "tier") {
     CompareTiers(clients, phase, rounds);
+    return 0;
+  }
+  if (only == "observed") {
+    CompareObserved(clients, phase, rounds);
     return 0;
   }
   std::vector<Result> results;
   double mix_rate = 0;
+  std::vector<double> mix_over_ping;  // per round
+  const int ping_rounds = rounds;
+  // Each call type gets `seconds` in all, as when Ping and the mix ran one after the other.
+  const double turn = seconds / ping_rounds;
   {
     BenchDaemon plain(clients, false);
     auto ping_call = [&](int, Samples* samples) {
@@ -419,17 +457,49 @@ int Main(double seconds, int clients, int rounds, bool only_tier) {
       });
     };
     RunClients(clients, 0.2, ping_call);  // warm the channel: connection setup is not measured
-    results.push_back(Summarize("Ping (empty)", RunClients(clients, seconds, ping_call), seconds));
-    std::vector<Samples> open, commit, release;
-    mix_rate = plain.RunMix(seconds, &open, &commit, &release).calls_per_second;
-    results.push_back(Summarize("OpenSequence (256 tok)", std::move(open), seconds));
-    results.push_back(Summarize("CommitSequence", std::move(commit), seconds));
-    results.push_back(Summarize("ReleaseSequence", std::move(release), seconds));
+    plain.RunMix(0.2);
+    // Ping and the mix take turns in short phases (Ping first, then the mix first), so the
+    // machine's drift hits both alike; the verdict is the median of neighbouring phases' ratios.
+    std::vector<Samples> ping(clients), open(clients), commit(clients), release(clients);
+    for (int round = 0; round < ping_rounds; ++round) {
+      double ping_rate = 0, round_mix_rate = 0;
+      auto run_ping = [&] {
+        std::vector<Samples> samples = RunClients(clients, turn, ping_call);
+        uint64_t calls = 0;
+        for (const Samples& thread : samples) calls += thread.latencies_us.size();
+        ping_rate = calls / turn;
+        Append(&ping, std::move(samples));
+      };
+      auto run_mix = [&] {
+        std::vector<Samples> round_open, round_commit, round_release;
+        round_mix_rate =
+            plain.RunMix(turn, &round_open, &round_commit, &round_release).calls_per_second;
+        Append(&open, std::move(round_open));
+        Append(&commit, std::move(round_commit));
+        Append(&release, std::move(round_release));
+      };
+      if (round % 2 == 0) {
+        run_ping();
+        run_mix();
+      } else {
+        run_mix();
+        run_ping();
+      }
+      mix_over_ping.push_back(round_mix_rate / ping_rate);
+    }
+    const double measured = ping_rounds * turn;
+    results.push_back(Summarize("Ping (empty)", std::move(ping), measured));
+    results.push_back(Summarize("OpenSequence (256 tok)", std::move(open), measured));
+    results.push_back(Summarize("CommitSequence", std::move(commit), measured));
+    results.push_back(Summarize("ReleaseSequence", std::move(release), measured));
+    mix_rate = results[1].rate + results[2].rate + results[3].rate;
   }
   const Result& ping = results[0];
 
-  std::printf("control plane over gRPC: %d clients, one channel, unix socket, %.1f s per phase\n",
-              clients, seconds);
+  std::printf(
+      "control plane over gRPC: %d clients, one channel, unix socket, %d rounds of a %.2f s Ping "
+      "phase and a %.2f s mix phase\n",
+      clients, ping_rounds, turn, turn);
   // With `clients` closed-loop callers, a call type's sustainable rate is clients / mean latency
   // (Little's law); for Ping that matches its measured rate.
   std::printf("%-24s %12s %12s %10s %10s %8s %7s\n", "call", "measured/s", "capacity/s", "p50 us",
@@ -443,25 +513,10 @@ int Main(double seconds, int clients, int rounds, bool only_tier) {
   }
   std::printf("%-24s %12.0f %12s %10s %10s %7.2fx\n", "open+commit+release mix", mix_rate, "", "",
               "", mix_rate / ping.rate);
+  std::printf("median of the rounds' mix/Ping ratios: %.2fx\n", Median(mix_over_ping));
+  if (only == "mix") return 0;
 
-  // Watched vs not: two daemons side by side for the whole run, measured in turn in short phases
-  // (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
-  // from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
-  // phase cannot move. Both daemons are warm and live through the same pool states.
-  std::printf(
-      "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
-      "phases, two live daemons\n",
-      rounds, phase);
-  {
-    BenchDaemon off(clients, false);
-    BenchDaemon on(clients, true);
-    CompareDaemons(off, on, phase, rounds);
-    std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
-                static_cast<unsigned long long>(on.events_watched()),
-                static_cast<unsigned long long>(on.zmq_messages()),
-                static_cast<unsigned long long>(on.scrapes()));
-  }
-
+  CompareObserved(clients, phase, rounds);
   CompareTiers(clients, phase, rounds);
   return 0;
 }
@@ -476,6 +531,5 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   const int clients = argc > 2 ? std::atoi(argv[2]) : 4;
   const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 21;
-  const bool only_tier = argc > 4 && std::string(argv[4]) == "tier";
-  return kvcache::Main(seconds, clients, rounds, only_tier);
+  return kvcache::Main(seconds, clients, rounds, argc > 4 ? argv[4] : "");
 }

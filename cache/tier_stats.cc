@@ -56,6 +56,7 @@ std::vector<TierStatsRow> TierStatsRows(const std::optional<PoolHostTierStats>& 
         .load_failures = store.corrupt + store.foreign + store.mismatched + store.unavailable,
         .deadline_blocks = store.past_deadline,
         .node_failures = cluster->redis.node_failures,
+        .skipped_commands = cluster->redis.skipped,
         .redirects = cluster->redis.moved + cluster->redis.ask});
   }
   return rows;

@@ -97,8 +97,11 @@ struct TierStatsRow {
   uint64_t restored_records = 0;
   uint64_t restore_skipped = 0;
   uint64_t write_errors = 0;
-  // Cluster: Redis nodes found down or slow, and MOVED/ASK replies followed.
+  // Cluster: Redis nodes found down, slow or hung and rested (each opens the node's breaker),
+  // commands skipped because their node was resting (its blocks misses, its copies not taken),
+  // and MOVED/ASK replies followed.
   uint64_t node_failures = 0;
+  uint64_t skipped_commands = 0;
   uint64_t redirects = 0;
 };
 

@@ -244,7 +244,10 @@ class KvCacheClient {
     uint64_t store_failures = 0;  // copies the tier did not take (v1.TierStats)
     uint64_t restored_records = 0;
     uint64_t restore_skipped = 0;
-    uint64_t lost_from_above = 0;  // evictions above whose block the tier refused (v1.TierStats)
+    uint64_t node_failures = 0;     // cluster: nodes rested (v1.TierStats)
+    uint64_t skipped_commands = 0;  // cluster: commands skipped while their node rested
+    uint64_t redirects = 0;         // cluster: MOVED and ASK followed
+    uint64_t lost_from_above = 0;   // evictions above whose block the tier refused (v1.TierStats)
   };
   struct PoolStats {
     std::string pool;

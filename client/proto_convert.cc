@@ -89,6 +89,9 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .store_failures = tier.store_failures(),
                                                    .restored_records = tier.restored_records(),
                                                    .restore_skipped = tier.restore_skipped(),
+                                                   .node_failures = tier.node_failures(),
+                                                   .skipped_commands = tier.skipped_commands(),
+                                                   .redirects = tier.redirects(),
                                                    .lost_from_above = tier.lost_from_above()});
   }
   return stats;

@@ -278,6 +278,11 @@ Json StatsJson(const v1::GetStatsResponse& stats) {
         entry["restored_records"] = tier.restored_records();
         entry["restore_skipped"] = tier.restore_skipped();
       }
+      if (tier.tier() == "cluster") {
+        entry["node_failures"] = tier.node_failures();
+        entry["skipped_commands"] = tier.skipped_commands();
+        entry["redirects"] = tier.redirects();
+      }
       tiers.push_back(std::move(entry));
     }
     item["tiers"] = std::move(tiers);

@@ -22,6 +22,27 @@ namespace {
 // batch.
 constexpr absl::Duration kMinRefreshInterval = absl::Milliseconds(100);
 
+// A node that sent nothing at all for this long when a caller's deadline cut the wait is taken
+// for hung (a Redis node on a network answers in well under a millisecond) and rested; a shorter
+// cut says nothing of the node, only that the caller had little time left.
+constexpr absl::Duration kSilenceThatTrips = absl::Milliseconds(5);
+
+// The class of a Redis error, its first word ("WRONGPASS", "NOAUTH", "ERR"): what a message may
+// repeat of a reply to AUTH, whose text could hold more than the class.
+absl::string_view ErrorClass(absl::string_view error) {
+  const absl::string_view word = error.substr(0, error.find(' '));
+  const bool upper = !word.empty() && std::all_of(word.begin(), word.end(),
+                                                  [](char c) { return c >= 'A' && c <= 'Z'; });
+  return upper ? word : "error";
+}
+
+// Whether a wait that got no reply rests the node: always when it timed out on the client's own
+// io_timeout, or lost its connection; when the caller's deadline cut it, only if the node had
+// sent nothing for at least kSilenceThatTrips.
+bool NoReplyTrips(bool cut_by_deadline, bool answered, absl::Duration waited) {
+  return !cut_by_deadline || (!answered && waited >= kSilenceThatTrips);
+}
+
 absl::StatusOr<std::pair<std::string, int>> SplitAddress(absl::string_view address) {
   const size_t colon = address.rfind(':');
   int port = 0;
@@ -150,7 +171,54 @@ int RedisCluster::MappedSlots() const {
       std::count_if(slot_owner_.begin(), slot_owner_.end(), [](int32_t o) { return o >= 0; }));
 }
 
-absl::Status RedisCluster::EnsureConnected(Node* node) {
+bool RedisCluster::Resting(const Node& node) {
+  const int64_t until = node.resting_until_ns.load(std::memory_order_acquire);
+  if (until == kNotResting) return false;
+  return absl::ToUnixNanos(absl::Now()) < until || node.probing.load(std::memory_order_acquire);
+}
+
+RedisCluster::Admission RedisCluster::Admit(Node* node) {
+  const int64_t until = node->resting_until_ns.load(std::memory_order_acquire);
+  if (until == kNotResting) return Admission::kUse;
+  if (absl::ToUnixNanos(absl::Now()) < until) return Admission::kSkip;
+  // Claimed under the node's lock, so one batch probes; Release ends an unresolved claim.
+  return node->probing.exchange(true) ? Admission::kSkip : Admission::kProbe;
+}
+
+void RedisCluster::Release(Node* node) {
+  node->probing.store(false, std::memory_order_release);
+  node->mu.Unlock();
+}
+
+void RedisCluster::MarkAnswered(Node* node) {
+  absl::MutexLock lock(&node->failure_mu);
+  node->last_failure.clear();
+  node->resting_until_ns.store(kNotResting, std::memory_order_release);
+  node->probing.store(false, std::memory_order_release);
+}
+
+absl::Status RedisCluster::SkippedStatus(Node* node) {
+  skipped_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&node->failure_mu);
+  return absl::UnavailableError(absl::StrCat("Redis node ", node->address, " failed recently (",
+                                             node->last_failure, "); skipped while it rests"));
+}
+
+absl::Status RedisCluster::CredentialsRefused(Node* node, absl::string_view error_class) {
+  const std::string line =
+      error_class == "NOAUTH"
+          ? absl::StrCat("Redis node ", node->address,
+                         " wants a password and none is configured (NOAUTH)")
+          : absl::StrCat("Redis node ", node->address, " refused the configured credentials (",
+                         error_class, ")");
+  if (!node->credentials_refused && options_.on_credentials_refused) {
+    options_.on_credentials_refused(line);
+  }
+  node->credentials_refused = true;
+  return absl::UnavailableError(line);
+}
+
+absl::Status RedisCluster::EnsureConnected(Node* node, absl::Time deadline) {
   if (node->context != nullptr && node->context->err == 0) {
     // Between batches nothing is owed on a connection, so anything to read is the node's end of
     // it: a restarted node closed it. Reconnect now rather than lose the batch and rest a node
@@ -161,13 +229,16 @@ absl::Status RedisCluster::EnsureConnected(Node* node) {
     node->context = nullptr;
     stale_reconnects_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (node->context != nullptr) MarkFailed(node, "connection broken");
-  if (absl::Now() < node->resting_until) {
-    return absl::UnavailableError(absl::StrCat("Redis node ", node->address, " failed recently (",
-                                               node->last_failure, "); not retried yet"));
+  if (node->context != nullptr) {
+    MarkFailed(node, "connection broken");
+    return absl::UnavailableError(
+        absl::StrCat("Redis node ", node->address, ": connection broken"));
   }
-  redisContext* context = redisConnectWithTimeout(node->host.c_str(), node->port,
-                                                  absl::ToTimeval(options_.connect_timeout));
+  // Within the caller's deadline too: connecting to or authenticating with a hung node must not
+  // cost a request more than its budget.
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  redisContext* context = redisConnectWithTimeout(
+      node->host.c_str(), node->port, absl::ToTimeval(std::min(options_.connect_timeout, left)));
   if (context == nullptr || context->err != 0) {
     const std::string why = context == nullptr ? "out of memory" : context->errstr;
     if (context != nullptr) redisFree(context);
@@ -175,10 +246,10 @@ absl::Status RedisCluster::EnsureConnected(Node* node) {
     return absl::UnavailableError(
         absl::StrCat("cannot connect to Redis node ", node->address, ": ", why));
   }
-  redisSetTimeout(context, absl::ToTimeval(options_.io_timeout));
   connects_.fetch_add(1, std::memory_order_relaxed);
   node->context = context;
   if (!options_.password.empty()) {
+    redisSetTimeout(context, absl::ToTimeval(std::min(options_.io_timeout, left)));
     std::vector<const char*> argv = {"AUTH"};
     std::vector<size_t> lengths = {4};
     if (!options_.username.empty()) {
@@ -189,38 +260,107 @@ absl::Status RedisCluster::EnsureConnected(Node* node) {
     lengths.push_back(options_.password.size());
     auto* reply = static_cast<redisReply*>(
         redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()));
-    const bool accepted = reply != nullptr && reply->type == REDIS_REPLY_STATUS;
-    if (reply != nullptr) freeReplyObject(reply);
-    if (!accepted) {
-      MarkFailed(node, "it refused the configured credentials");
-      // Never the password, nor Redis' reply (which could echo it).
-      return absl::UnavailableError(
-          absl::StrCat("Redis node ", node->address, " refused the configured credentials"));
+    if (reply == nullptr) {
+      const std::string why = absl::StrCat("no reply to AUTH: ", context->errstr);
+      MarkFailed(node, why);
+      return absl::UnavailableError(absl::StrCat("Redis node ", node->address, ": ", why));
     }
+    // Never the password, nor Redis' text (which could echo it): the error's class only.
+    const std::string error_class =
+        reply->type == REDIS_REPLY_STATUS
+            ? ""
+            : std::string(reply->type == REDIS_REPLY_ERROR
+                              ? ErrorClass(absl::string_view(reply->str, reply->len))
+                              : "error");
+    freeReplyObject(reply);
+    if (!error_class.empty()) {
+      absl::Status refused = CredentialsRefused(node, error_class);
+      MarkFailed(node, absl::StrCat("refused the configured credentials (", error_class, ")"));
+      return refused;
+    }
+    node->credentials_refused = false;
   }
+  redisSetTimeout(context, absl::ToTimeval(options_.io_timeout));
   return absl::OkStatus();
 }
 
 void RedisCluster::MarkFailed(Node* node, std::string why) {
-  node->last_failure = std::move(why);
+  {
+    absl::MutexLock lock(&node->failure_mu);
+    node->last_failure = std::move(why);
+  }
   if (node->context != nullptr) redisFree(node->context);
   node->context = nullptr;
-  node->resting_until = absl::Now() + options_.retry_down_after;
+  node->resting_until_ns.store(absl::ToUnixNanos(absl::Now() + options_.retry_down_after),
+                               std::memory_order_release);
+  node->probing.store(false, std::memory_order_release);
   node_failures_.fetch_add(1, std::memory_order_relaxed);
   absl::MutexLock lock(&map_mu_);
   refresh_wanted_ = true;
 }
 
-void RedisCluster::MaybeRefreshSlots() {
+void RedisCluster::MaybeRefreshSlots(absl::Time deadline) {
   {
     absl::MutexLock lock(&map_mu_);
     if (!refresh_wanted_ || absl::Now() - last_refresh_ < kMinRefreshInterval) return;
     last_refresh_ = absl::Now();
   }
-  RefreshSlots().IgnoreError();  // a failure leaves the old map; keys without a node fail alone
+  // A failure leaves the old map; keys without a node fail alone.
+  RefreshSlots(deadline).IgnoreError();
 }
 
-absl::Status RedisCluster::RefreshSlots() {
+absl::StatusOr<redisReply*> RedisCluster::NodeCommand(Node* node, const char* command,
+                                                      absl::Time deadline) {
+  if (Resting(*node)) return SkippedStatus(node);
+  if (deadline == absl::InfiniteFuture()) {
+    node->mu.Lock();
+  } else if (!node->mu.TryLock()) {
+    return absl::UnavailableError(
+        absl::StrCat("Redis node ", node->address, " is busy with another batch"));
+  }
+  if (Admit(node) == Admission::kSkip) {
+    Release(node);
+    return SkippedStatus(node);
+  }
+  if (absl::Status connected = EnsureConnected(node, deadline); !connected.ok()) {
+    Release(node);
+    return connected;
+  }
+  const absl::Duration left = deadline - absl::Now();
+  const bool deadline_bound = left < options_.io_timeout;
+  if (deadline_bound) {
+    redisSetTimeout(node->context, absl::ToTimeval(std::max(left, absl::Milliseconds(1))));
+  }
+  const absl::Time sent = absl::Now();
+  auto* reply = static_cast<redisReply*>(redisCommand(node->context, command));
+  absl::StatusOr<redisReply*> result;
+  if (reply == nullptr) {
+    const std::string why = absl::StrCat(
+        node->context->errstr[0] != 0 ? node->context->errstr : "no reply", " to ", command);
+    result = absl::UnavailableError(absl::StrCat("Redis node ", node->address, ": ", why));
+    const bool cut = deadline_bound && absl::Now() >= deadline;
+    if (NoReplyTrips(cut, false, absl::Now() - sent)) {
+      MarkFailed(node, why);
+    } else {
+      redisFree(node->context);  // the reply is still owed: the connection is out of step
+      node->context = nullptr;
+    }
+  } else {
+    MarkAnswered(node);
+    if (deadline_bound) redisSetTimeout(node->context, absl::ToTimeval(options_.io_timeout));
+    if (reply->type == REDIS_REPLY_ERROR &&
+        ErrorClass(absl::string_view(reply->str, reply->len)) == "NOAUTH") {
+      freeReplyObject(reply);
+      result = CredentialsRefused(node, "NOAUTH");
+    } else {
+      result = reply;
+    }
+  }
+  Release(node);
+  return result;
+}
+
+absl::Status RedisCluster::RefreshSlots(absl::Time deadline) {
   std::vector<Node*> candidates;
   {
     absl::MutexLock lock(&map_mu_);
@@ -234,38 +374,29 @@ absl::Status RedisCluster::RefreshSlots() {
       std::string address;
     };
     std::vector<Range> ranges;
-    {
-      absl::MutexLock lock(&node->mu);
-      if (absl::Status connected = EnsureConnected(node); !connected.ok()) {
-        last = connected;
-        continue;
-      }
-      auto* reply = static_cast<redisReply*>(redisCommand(node->context, "CLUSTER SLOTS"));
-      if (reply == nullptr) {
-        last = absl::UnavailableError(
-            absl::StrCat("Redis node ", node->address, ": ", node->context->errstr));
-        MarkFailed(node, "CLUSTER SLOTS got no reply");
-        continue;
-      }
-      if (reply->type == REDIS_REPLY_ARRAY) {
-        for (size_t i = 0; i < reply->elements; ++i) {
-          const redisReply* entry = reply->element[i];
-          if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 3) continue;
-          const redisReply* master = entry->element[2];
-          if (master->type != REDIS_REPLY_ARRAY || master->elements < 2) continue;
-          std::string host(master->element[0]->str == nullptr ? "" : master->element[0]->str,
-                           master->element[0]->len);
-          if (host.empty() || host == "?") host = node->host;
-          ranges.push_back(Range{static_cast<int>(entry->element[0]->integer),
-                                 static_cast<int>(entry->element[1]->integer),
-                                 absl::StrCat(host, ":", master->element[1]->integer)});
-        }
-      } else {
-        last = absl::UnavailableError(
-            absl::StrCat("Redis node ", node->address, " is not in cluster mode (CLUSTER SLOTS)"));
-      }
-      freeReplyObject(reply);
+    absl::StatusOr<redisReply*> reply = NodeCommand(node, "CLUSTER SLOTS", deadline);
+    if (!reply.ok()) {
+      last = reply.status();
+      continue;
     }
+    if ((*reply)->type == REDIS_REPLY_ARRAY) {
+      for (size_t i = 0; i < (*reply)->elements; ++i) {
+        const redisReply* entry = (*reply)->element[i];
+        if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 3) continue;
+        const redisReply* master = entry->element[2];
+        if (master->type != REDIS_REPLY_ARRAY || master->elements < 2) continue;
+        std::string host(master->element[0]->str == nullptr ? "" : master->element[0]->str,
+                         master->element[0]->len);
+        if (host.empty() || host == "?") host = node->host;
+        ranges.push_back(Range{static_cast<int>(entry->element[0]->integer),
+                               static_cast<int>(entry->element[1]->integer),
+                               absl::StrCat(host, ":", master->element[1]->integer)});
+      }
+    } else {
+      last = absl::UnavailableError(
+          absl::StrCat("Redis node ", node->address, " is not in cluster mode (CLUSTER SLOTS)"));
+    }
+    freeReplyObject(*reply);
     if (ranges.empty()) continue;
     std::vector<std::pair<const Range*, Node*>> owners;
     for (const Range& range : ranges) owners.emplace_back(&range, NodeFor(range.address));
@@ -284,6 +415,50 @@ absl::Status RedisCluster::RefreshSlots() {
     return absl::OkStatus();
   }
   return last;
+}
+
+RedisCluster::Reach RedisCluster::CheckReach() {
+  Reach reach;
+  const absl::Status refreshed = RefreshSlots();
+  std::vector<Node*> candidates;  // the masters, else every node known (the seeds)
+  std::vector<int> slots_of;      // by candidate
+  {
+    absl::MutexLock lock(&map_mu_);
+    std::vector<int> owned(nodes_.size(), 0);
+    for (const int32_t owner : slot_owner_) {
+      if (owner >= 0) ++owned[owner];
+    }
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (refreshed.ok() && owned[i] == 0) continue;
+      candidates.push_back(nodes_[i].get());
+      slots_of.push_back(owned[i]);
+    }
+  }
+  if (refreshed.ok()) reach.masters = static_cast<int>(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Node* node = candidates[i];
+    absl::StatusOr<redisReply*> pong = NodeCommand(node, "PING", absl::InfiniteFuture());
+    const bool answered = pong.ok() && (*pong)->type == REDIS_REPLY_STATUS;
+    if (pong.ok()) freeReplyObject(*pong);
+    if (answered && refreshed.ok()) {
+      ++reach.masters_reached;
+      reach.slots_covered += slots_of[i];
+    }
+    {
+      absl::MutexLock lock(&node->mu);
+      if (node->credentials_refused) ++reach.credentials_refused;
+    }
+    if (!answered) {
+      // A node that failed during the refresh rests now: its own failure says more than that.
+      absl::MutexLock lock(&node->failure_mu);
+      reach.problems.push_back(
+          !node->last_failure.empty()
+              ? absl::StrCat("Redis node ", node->address, ": ", node->last_failure)
+          : pong.ok() ? absl::StrCat("Redis node ", node->address, " answered PING with an error")
+                      : std::string(pong.status().message()));
+    }
+  }
+  return reach;
 }
 
 // One batch, across its rounds: its commands, what becomes of each, and the caller's deadline.
@@ -340,7 +515,7 @@ void RedisCluster::Run(
       for (size_t i : pending) results[i] = batch.past_deadline;  // redirected, with no time left
       return;
     }
-    MaybeRefreshSlots();
+    MaybeRefreshSlots(deadline);
     std::vector<NodeBatch> parts = GroupByNode(batch, pending);
     LockNodes(batch, parts);
     // Pipelines of at most max_pipeline_bytes per node: every node's next chunk is written,
@@ -351,7 +526,7 @@ void RedisCluster::Run(
       for (NodeBatch& part : parts) more |= WriteChunk(batch, part);
       for (NodeBatch& part : parts) ReadReplies(batch, part);
     }
-    for (NodeBatch& part : parts) part.node->mu.Unlock();
+    for (NodeBatch& part : parts) Release(part.node);
     pending = std::exchange(batch.next, {});
   }
 }
@@ -381,22 +556,39 @@ std::vector<RedisCluster::NodeBatch> RedisCluster::GroupByNode(Batch& batch,
 void RedisCluster::LockNodes(Batch& batch, std::vector<NodeBatch>& parts) {
   for (auto it = parts.begin(); it != parts.end();) {
     Node* node = it->node;
-    // A node another batch holds (the mover's, on a slow node) is waited for only until the
-    // deadline; its keys are then the caller's misses.
-    bool held = !batch.bounded();
-    if (batch.bounded()) {
-      while (!(held = node->mu.TryLock()) && absl::Now() < batch.deadline) {
-        absl::SleepFor(absl::Microseconds(100));
+    // A resting node (or one being probed) is skipped without waiting for it. A node another
+    // batch holds (the mover's, on a slow node) is waited for only until the deadline; its keys
+    // are then the caller's misses.
+    enum class Outcome { kHeld, kSkipped, kPastDeadline } outcome = Outcome::kSkipped;
+    while (!Resting(*node)) {
+      if (!batch.bounded()) {
+        node->mu.Lock();
+        outcome = Outcome::kHeld;
+        break;
       }
-    } else {
-      node->mu.Lock();
+      if (node->mu.TryLock()) {
+        outcome = Outcome::kHeld;
+        break;
+      }
+      if (absl::Now() >= batch.deadline) {
+        outcome = Outcome::kPastDeadline;
+        break;
+      }
+      absl::SleepFor(absl::Microseconds(100));
     }
-    if (!held) {
-      for (size_t i : it->members) batch.results[i] = batch.past_deadline;
-      it = parts.erase(it);
+    // It may have tripped while this batch waited for it.
+    if (outcome == Outcome::kHeld && Admit(node) == Admission::kSkip) {
+      Release(node);
+      outcome = Outcome::kSkipped;
+    }
+    if (outcome == Outcome::kHeld) {
+      ++it;
       continue;
     }
-    ++it;
+    for (size_t i : it->members) {
+      batch.results[i] = outcome == Outcome::kSkipped ? SkippedStatus(node) : batch.past_deadline;
+    }
+    it = parts.erase(it);
   }
 }
 
@@ -404,7 +596,7 @@ bool RedisCluster::WriteChunk(Batch& batch, NodeBatch& part) {
   const size_t begin = part.written;
   part.chunk_begin = begin;
   if (part.usable && begin < part.members.size()) {
-    absl::Status connected = EnsureConnected(part.node);
+    absl::Status connected = EnsureConnected(part.node, batch.deadline);
     if (!connected.ok()) {
       for (size_t k = begin; k < part.members.size(); ++k)
         batch.results[part.members[k]] = connected;
@@ -432,28 +624,38 @@ bool RedisCluster::WriteChunk(Batch& batch, NodeBatch& part) {
 }
 
 void RedisCluster::ReadReplies(Batch& batch, NodeBatch& part) {
-  // Within the caller's deadline: a read timeout that ends before io_timeout is the
-  // deadline's, and drops the connection without resting the node.
+  // Within the caller's deadline: a read timeout that ends before io_timeout is the deadline's.
   bool deadline_bound = false;
   if (batch.bounded() && part.usable && part.chunk_begin < part.written) {
     const absl::Duration left = std::max(batch.deadline - absl::Now(), absl::Milliseconds(1));
     deadline_bound = left < options_.io_timeout;
     if (deadline_bound) redisSetTimeout(part.node->context, absl::ToTimeval(left));
   }
+  const absl::Time reading_since = absl::Now();
+  bool answered = false;  // any reply to this chunk
+  bool tripped = false;
   for (size_t k = part.chunk_begin; k < part.written && part.usable; ++k) {
     const size_t i = part.members[k];
     redisReply* reply = nullptr;
     const bool lost = !ReadReply(part.node->context, batch.commands[i].asking, &reply);
     if (lost || reply == nullptr) {
+      const bool cut = deadline_bound && absl::Now() >= batch.deadline;
       absl::Status failed = batch.past_deadline;
-      if (deadline_bound && absl::Now() >= batch.deadline) {
+      if (NoReplyTrips(cut, answered, absl::Now() - reading_since)) {
+        // Lost, timed out on io_timeout, or silent for the whole of the caller's deadline: a
+        // node that is down or hung, rested so that the next calls skip it.
+        const char* why = cut                                  ? "no reply within the deadline"
+                          : part.node->context->errstr[0] != 0 ? part.node->context->errstr
+                                                               : "no reply";
+        if (!cut) {
+          failed =
+              absl::UnavailableError(absl::StrCat("Redis node ", part.node->address, ": ", why));
+        }
+        MarkFailed(part.node, why);
+        tripped = true;
+      } else {
         redisFree(part.node->context);  // replies still owed: the connection is out of step
         part.node->context = nullptr;
-      } else {
-        const char* why =
-            part.node->context->errstr[0] != 0 ? part.node->context->errstr : "no reply";
-        failed = absl::UnavailableError(absl::StrCat("Redis node ", part.node->address, ": ", why));
-        MarkFailed(part.node, std::string(failed.message()));
       }
       for (size_t rest = k; rest < part.members.size(); ++rest) {
         batch.results[part.members[rest]] = failed;
@@ -461,20 +663,27 @@ void RedisCluster::ReadReplies(Batch& batch, NodeBatch& part) {
       part.usable = false;
       break;
     }
+    answered = true;
     if (reply->type == REDIS_REPLY_ERROR) {
-      OnErrorReply(batch, i, *part.node, absl::string_view(reply->str, reply->len));
+      OnErrorReply(batch, i, part.node, absl::string_view(reply->str, reply->len));
     } else {
+      part.node->credentials_refused = false;  // a NOAUTH node that no longer wants a password
       batch.results[i] = batch.on_reply(i, *reply);
     }
     freeReplyObject(reply);
   }
+  if (answered && !tripped) MarkAnswered(part.node);
   if (deadline_bound && part.node->context != nullptr) {
     redisSetTimeout(part.node->context, absl::ToTimeval(options_.io_timeout));
   }
 }
 
-void RedisCluster::OnErrorReply(Batch& batch, size_t i, const Node& from, absl::string_view error) {
+void RedisCluster::OnErrorReply(Batch& batch, size_t i, Node* from, absl::string_view error) {
   std::optional<Redirect> redirect = ParseRedirect(error);
+  if (!redirect.has_value() && ErrorClass(error) == "NOAUTH") {
+    batch.results[i] = CredentialsRefused(from, "NOAUTH");
+    return;
+  }
   if (!redirect.has_value()) {
     const bool transient = absl::StartsWith(error, "TRYAGAIN") ||
                            absl::StartsWith(error, "CLUSTERDOWN") ||
@@ -483,7 +692,7 @@ void RedisCluster::OnErrorReply(Batch& batch, size_t i, const Node& from, absl::
                                  : absl::InternalError(absl::StrCat("Redis: ", error));
     return;
   }
-  if (absl::StartsWith(redirect->address, ":")) redirect->address = from.host + redirect->address;
+  if (absl::StartsWith(redirect->address, ":")) redirect->address = from->host + redirect->address;
   Command& command = batch.commands[i];
   Node* to = NodeFor(redirect->address);
   if (redirect->ask) {
@@ -587,6 +796,7 @@ RedisClusterCounters RedisCluster::counters() const {
                               .ask = ask_.load(),
                               .connects = connects_.load(),
                               .node_failures = node_failures_.load(),
+                              .skipped = skipped_.load(),
                               .stale_reconnects = stale_reconnects_.load(),
                               .slot_refreshes = slot_refreshes_.load(),
                               .commands = commands_.load()};

@@ -8,10 +8,14 @@
 //
 // The cluster is a cache: a missing key is NOT_FOUND, and a node that cannot be reached or does
 // not answer in time makes its keys UNAVAILABLE (the caller computes instead) without holding up
-// the other nodes' keys. A node that failed is left alone for `retry_down_after` before it is
-// tried again, so a dead node costs one timeout, not one per call; its failure also makes the next
-// batch read the slot map again (a replica may have taken over). Create never fails for an
-// unreachable cluster: the map is read when the first batch needs it.
+// the other nodes' keys. Each node has a circuit breaker: a node that failed — refused or lost a
+// connection, timed out, or said nothing at all for the whole of a caller's deadline (a hung
+// process) — rests for `retry_down_after`, during which its commands are skipped (UNAVAILABLE,
+// counted) without waiting for it, so a dead or hung node costs one timeout, not one per call.
+// After the rest, the first batch to reach it probes it (other batches still skip it meanwhile):
+// a reply closes the breaker, a failure rests it again. A failure also makes the next batch read
+// the slot map again (a replica may have taken over). Create never fails for an unreachable
+// cluster: the map is read when the first batch needs it (CheckReach reads it at once).
 //
 // Bounds: a batch writes at most `max_pipeline_bytes` of SET values to one node before it reads
 // that node's replies, so neither side buffers more than that for one batch.
@@ -26,6 +30,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -57,13 +62,23 @@ struct RedisClusterOptions {
   absl::Duration retry_down_after = absl::Seconds(1);
   uint64_t max_pipeline_bytes = uint64_t{32} << 20;
   int max_redirects = 3;  // per key and batch
+  // Told, once per node until the node accepts them again, that it refused the credentials
+  // (WRONGPASS, or a password given to a node that has none) or wants some (NOAUTH): an
+  // operator's mistake that no retry mends, for the caller to log. The line names the node and
+  // the error's class, never the password nor Redis' own text. Called with a node's lock held:
+  // it must not call back into the client. Null: not told.
+  std::function<void(const std::string& line)> on_credentials_refused;
 };
 
 struct RedisClusterCounters {
-  uint64_t moved = 0;             // MOVED replies followed
-  uint64_t ask = 0;               // ASK replies followed
-  uint64_t connects = 0;          // connections opened (the first ones and every reconnect)
-  uint64_t node_failures = 0;     // connects refused or timed out, connections lost or timed out
+  uint64_t moved = 0;     // MOVED replies followed
+  uint64_t ask = 0;       // ASK replies followed
+  uint64_t connects = 0;  // connections opened (the first ones and every reconnect)
+  // Times a node's breaker opened (it then rests for retry_down_after): connects refused or
+  // timed out, connections lost or timed out, a node silent for a caller's whole deadline, a
+  // failed probe after a rest.
+  uint64_t node_failures = 0;
+  uint64_t skipped = 0;           // commands not sent because their node was resting or probed
   uint64_t stale_reconnects = 0;  // idle connections the node had closed (a restart), replaced
   uint64_t slot_refreshes = 0;
   uint64_t commands = 0;
@@ -101,13 +116,28 @@ class RedisCluster {
   std::vector<absl::Status> Delete(absl::Span<const std::string> keys);
 
   // Reads the slot map from the first node that answers CLUSTER SLOTS. UNAVAILABLE if none does.
-  absl::Status RefreshSlots();
+  absl::Status RefreshSlots() { return RefreshSlots(absl::InfiniteFuture()); }
   // How many slots have a node in the map (16384 once the whole cluster is known).
   int MappedSlots() const;
+
+  // How much of the cluster this client reaches now, for a start-up report.
+  struct Reach {
+    int masters = 0;          // nodes the slot map names as owners of slots
+    int masters_reached = 0;  // of those, the ones that answered PING, credentials accepted
+    int slots_covered = 0;    // slots owned by a master reached
+    // Nodes (masters, or seeds when no slot map could be read) that refused the credentials or
+    // wanted some: a configuration error rather than an outage.
+    int credentials_refused = 0;
+    // "HOST:PORT: why" for each such node and each master not reached; never a secret.
+    std::vector<std::string> problems;
+  };
+  // Reads the slot map and PINGs every master it names (or every seed, when none gives a map).
+  Reach CheckReach();
 
   RedisClusterCounters counters() const;
 
  private:
+  static constexpr int64_t kNotResting = INT64_MIN;
   struct Node {
     std::string address;
     std::string host;
@@ -115,9 +145,19 @@ class RedisCluster {
     int index = 0;  // in nodes_: the order batches lock nodes in
     absl::Mutex mu;
     redisContext* context ABSL_GUARDED_BY(mu) = nullptr;
-    absl::Time resting_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-    std::string last_failure ABSL_GUARDED_BY(mu);  // never a secret
+    bool credentials_refused ABSL_GUARDED_BY(mu) = false;  // and told; until accepted again
+    // The breaker, read without `mu` so that a batch skips a resting node at once rather than
+    // queue behind the batch holding it. Closed: kNotResting. Open: the node rests until then.
+    // Half-open: the rest is over and `probing` says a batch has claimed the probe (under mu).
+    std::atomic<int64_t> resting_until_ns{kNotResting};
+    std::atomic<bool> probing{false};
+    // Why it last failed (never a secret), for what a skipped call is told: a leaf lock, so that
+    // a batch that skips the node need not wait for the batch holding `mu`.
+    absl::Mutex failure_mu ABSL_ACQUIRED_AFTER(mu);
+    std::string last_failure ABSL_GUARDED_BY(failure_mu);
   };
+  // What a batch may do with a node now.
+  enum class Admission { kUse, kProbe, kSkip };
   // One command of a batch: argv, which key it is for, and where it goes.
   struct Command;
   // One batch, across its rounds: its commands, what becomes of each, and the caller's deadline.
@@ -152,21 +192,44 @@ class RedisCluster {
   // a node that cannot be reached fails the rest. True while commands remain to be written.
   bool WriteChunk(Batch& batch, NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
   // Reads the replies to the chunk just written: each to `on_reply`, an error to OnErrorReply. A
-  // lost connection fails the part's rest (the node rests, unless the deadline ran out).
+  // lost connection fails the part's rest and rests the node, except when the caller's deadline
+  // cut a node that had answered or was given less than kSilenceThatTrips: then only the
+  // connection is dropped.
   void ReadReplies(Batch& batch, NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
   // A MOVED or ASK is followed (the command goes to the next round, max_redirects times at most);
-  // any other error from `from` is the command's result.
-  void OnErrorReply(Batch& batch, size_t i, const Node& from, absl::string_view error)
-      ABSL_LOCKS_EXCLUDED(map_mu_);
+  // NOAUTH is a credentials error; any other error from `from` is the command's result.
+  void OnErrorReply(Batch& batch, size_t i, Node* from, absl::string_view error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(from->mu) ABSL_LOCKS_EXCLUDED(map_mu_);
   Node* NodeFor(const std::string& address) ABSL_LOCKS_EXCLUDED(map_mu_);
   Node* SlotOwner(uint16_t slot) ABSL_LOCKS_EXCLUDED(map_mu_);
-  // Connects `node` if it has no connection and is not resting after a failure.
-  absl::Status EnsureConnected(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
+  // Connects `node` if it has no connection (and AUTHs), each step bounded by `deadline` too.
+  absl::Status EnsureConnected(Node* node, absl::Time deadline = absl::InfiniteFuture())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
   // Drops the connection and rests the node (`why` is what a call meanwhile is told); wants a
   // fresh slot map.
   void MarkFailed(Node* node, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
-  // At most one refresh per retry_down_after unless `force`.
-  void MaybeRefreshSlots();
+  // Whether a batch that does not hold the node must skip it now: resting, or being probed.
+  static bool Resting(const Node& node);
+  // Under the node's lock: use it, probe it (its rest is over; the caller is the one probe), or
+  // skip it (it rests, or tripped while the caller waited for it).
+  static Admission Admit(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
+  // Ends a probe claim the holder did not resolve, then unlocks the node.
+  static void Release(Node* node) ABSL_UNLOCK_FUNCTION(node->mu);
+  // The node answered: its breaker closes.
+  static void MarkAnswered(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
+  // What a skipped command is told.
+  absl::Status SkippedStatus(Node* node) ABSL_LOCKS_EXCLUDED(node->mu);
+  // A credentials error from `node` (`error_class`: WRONGPASS, NOAUTH, ERR): the status its
+  // command gets; told once to on_credentials_refused.
+  absl::Status CredentialsRefused(Node* node, absl::string_view error_class)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(node->mu);
+  // One command on one node outside a batch (CLUSTER SLOTS, PING), under the node's breaker and
+  // within `deadline`; a node held by a batch is skipped when the deadline is finite. The reply
+  // (freed by the caller), or why there is none.
+  absl::StatusOr<redisReply*> NodeCommand(Node* node, const char* command, absl::Time deadline);
+  absl::Status RefreshSlots(absl::Time deadline);
+  // At most one refresh per kMinRefreshInterval, when one is wanted.
+  void MaybeRefreshSlots(absl::Time deadline);
 
   const RedisClusterOptions options_;
 
@@ -181,6 +244,7 @@ class RedisCluster {
   std::atomic<uint64_t> ask_{0};
   std::atomic<uint64_t> connects_{0};
   std::atomic<uint64_t> node_failures_{0};
+  std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> slot_refreshes_{0};
   std::atomic<uint64_t> stale_reconnects_{0};
   std::atomic<uint64_t> commands_{0};

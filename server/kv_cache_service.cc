@@ -117,6 +117,9 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     tier->set_capacity_bytes(row.capacity_bytes);
     tier->set_restored_records(row.restored_records);
     tier->set_restore_skipped(row.restore_skipped);
+    tier->set_node_failures(row.node_failures);
+    tier->set_skipped_commands(row.skipped_commands);
+    tier->set_redirects(row.redirects);
   }
 }
 

@@ -5,7 +5,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -21,8 +23,10 @@
 #include "common/command_line.h"
 #include "common/rpc/grpc_tuning.h"
 #include "common/rpc/malloc_tuning.h"
+#include "common/secret_file.h"
 #include "common/status_macros.h"
 #include "events/zmq_publisher.h"
+#include "redis/redis_cluster.h"
 #include "server/daemon.h"
 
 ABSL_FLAG(std::string, listen, "",
@@ -111,17 +115,19 @@ ABSL_FLAG(std::string, cluster_tier, "",
           "redis://HOST:PORT[,HOST:PORT...]: a Redis Cluster (or Valkey) shared by the nodes' "
           "daemons as every pool's cluster tier: blocks leaving the node are written there, "
           "and a prefix the node lacks is loaded from there, verified (docs/design.md §10); "
-          "default: none. The daemon starts and serves with the cluster unreachable");
+          "default: none. The daemon starts and serves with the cluster unreachable (it says "
+          "how many masters and slots it reached), but not when Redis refuses its password");
 ABSL_FLAG(std::string, cluster_tier_password_file, "",
-          "file holding the cluster's AUTH password (first line; owner-only, never logged); "
-          "default: no AUTH");
+          "file holding the cluster's AUTH password (first line; never logged). Refused unless "
+          "owner-only (0600, 0400), or root's and readable by its group only (a Kubernetes "
+          "Secret under fsGroup, 0440); default: no AUTH");
 ABSL_FLAG(absl::Duration, cluster_tier_timeout, absl::Milliseconds(500),
           "how long the cluster tier waits for a Redis node's replies before it counts the node "
           "as failed and rests it for --cluster_tier_retry_after (a request's max_load_ms, when "
-          "shorter, bounds its own loads without resting the node)");
+          "shorter, bounds its own loads; a node silent for all of it is rested too)");
 ABSL_FLAG(absl::Duration, cluster_tier_retry_after, absl::Seconds(1),
-          "how long a failed Redis node is left alone (its keys are misses) before it is tried "
-          "again");
+          "how long a failed or hung Redis node is left alone (its keys are misses, its copies "
+          "skipped) before one request probes it again");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
@@ -205,13 +211,24 @@ absl::StatusOr<RedisClusterOptions> ClusterTierFromFlags() {
     return absl::InvalidArgumentError("--cluster_tier: no HOST:PORT given");
   const std::string password_file = absl::GetFlag(FLAGS_cluster_tier_password_file);
   if (!password_file.empty()) {
-    std::ifstream in(password_file);
-    std::getline(in, options.password);
-    if (!in && options.password.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--cluster_tier: cannot read the password file ", password_file));
+    absl::StatusOr<std::string> contents = ReadSecretFile(password_file);
+    if (!contents.ok()) {
+      return absl::Status(contents.status().code(), absl::StrCat("--cluster_tier_password_file: ",
+                                                                 contents.status().message()));
+    }
+    options.password = std::string(absl::StripTrailingAsciiWhitespace(
+        absl::string_view(*contents).substr(0, contents->find('\n'))));
+    if (options.password.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster_tier_password_file: ", password_file, " has no password on its first line"));
     }
   }
+  // A refused password is an operator's mistake no retry mends: said once per node, on stderr.
+  options.on_credentials_refused = [](const std::string& line) {
+    std::fprintf(stderr, "kvcache-manager: cluster tier: %s; check --cluster_tier_password_file\n",
+                 line.c_str());
+    std::fflush(stderr);
+  };
   options.io_timeout = absl::GetFlag(FLAGS_cluster_tier_timeout);
   options.retry_down_after = absl::GetFlag(FLAGS_cluster_tier_retry_after);
   if (options.io_timeout <= absl::ZeroDuration() ||
@@ -323,8 +340,45 @@ void PrintPool(Pool& pool) {
   }
 }
 
+// How much of the cluster tier's Redis Cluster answers at start (a client of its own, closed
+// after). An error, which stops the start, when nodes answered but every one refused the
+// password: a wrong password, unlike an outage, does not mend itself.
+absl::StatusOr<RedisCluster::Reach> CheckClusterTier(RedisClusterOptions options) {
+  options.on_credentials_refused = nullptr;  // the error says it
+  ASSIGN_OR_RETURN(std::unique_ptr<RedisCluster> cluster, RedisCluster::Create(options));
+  RedisCluster::Reach reach = cluster->CheckReach();
+  if (reach.credentials_refused > 0 && reach.masters_reached == 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--cluster_tier: Redis refused the credentials (",
+                     absl::StrJoin(reach.problems, "; "), "); check --cluster_tier_password_file"));
+  }
+  return reach;
+}
+
+// The cluster tier's start-up line: masters reached and slots covered, a warning when short.
+void PrintClusterReach(const RedisCluster::Reach& reach) {
+  const std::string problems =
+      reach.problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(reach.problems, "; "), ")");
+  if (reach.masters == 0) {
+    std::printf(
+        "  WARNING: cluster tier: no Redis node gave a slot map%s; serving without it, every "
+        "block a miss, until one answers\n",
+        problems.c_str());
+  } else if (reach.masters_reached < reach.masters || reach.slots_covered < kRedisClusterSlots) {
+    std::printf(
+        "  WARNING: cluster tier: %d of %d masters reached, %d of %d slots covered%s; the other "
+        "slots' blocks are misses until their masters answer\n",
+        reach.masters_reached, reach.masters, reach.slots_covered, kRedisClusterSlots,
+        problems.c_str());
+  } else {
+    std::printf("  cluster tier: %d of %d masters reached, %d of %d slots covered\n",
+                reach.masters_reached, reach.masters, reach.slots_covered, kRedisClusterSlots);
+  }
+}
+
 // What the daemon serves, where: its addresses, event sockets, pools and warnings.
-void PrintStartup(Daemon& daemon, const DaemonOptions& options) {
+void PrintStartup(Daemon& daemon, const DaemonOptions& options,
+                  const std::optional<RedisCluster::Reach>& cluster_reach) {
   std::printf("kvcache-manager: listening on %s, epoch %llu\n", daemon.address().c_str(),
               static_cast<unsigned long long>(daemon.manager().epoch()));
   if (!daemon.tcp_address().empty()) {
@@ -347,6 +401,7 @@ void PrintStartup(Daemon& daemon, const DaemonOptions& options) {
                 daemon.health_address().c_str());
   }
   for (Pool* pool : daemon.manager().pools()) PrintPool(*pool);
+  if (cluster_reach.has_value()) PrintClusterReach(*cluster_reach);
   if (options.identities_path.empty()) {
     std::printf("  no --identities: every caller is tenant 'default', role worker\n");
   }
@@ -425,12 +480,21 @@ int Run() {
   // fail that write with EPIPE, never end the daemon.
   ::signal(SIGPIPE, SIG_IGN);
 
+  std::optional<RedisCluster::Reach> cluster_reach;
+  if (const std::optional<RedisClusterOptions>& cluster = options->pools.front().cluster_tier) {
+    absl::StatusOr<RedisCluster::Reach> reach = CheckClusterTier(*cluster);
+    if (!reach.ok()) {
+      std::fprintf(stderr, "kvcache-manager: %s\n", std::string(reach.status().message()).c_str());
+      return 1;
+    }
+    cluster_reach = *std::move(reach);
+  }
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(*options);
   if (!daemon.ok()) {
     std::fprintf(stderr, "kvcache-manager: %s\n", std::string(daemon.status().message()).c_str());
     return 1;
   }
-  PrintStartup(**daemon, *options);
+  PrintStartup(**daemon, *options, cluster_reach);
   const int signal_number = ServeUntilStopSignal(**daemon, stop_signals, options->identities_path);
   DrainAndShutDown(**daemon, signal_number);
   return CheckPoolsWhole(**daemon);

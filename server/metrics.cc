@@ -174,7 +174,13 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       histogram);
   const size_t cluster_node_failures = out.Family(
       "kvcache_cluster_tier_node_failures_total",
-      "Redis nodes found down or slow by the cluster tier (each then rested; its keys are misses).",
+      "Redis nodes found down, slow or hung by the cluster tier (each then rested: its breaker "
+      "opens and its keys are misses until a probe finds it answering).",
+      counter);
+  const size_t cluster_skipped = out.Family(
+      "kvcache_cluster_tier_skipped_commands_total",
+      "Redis commands the cluster tier did not send because their node was resting after a "
+      "failure (each a miss, or a copy not taken).",
       counter);
   const size_t cluster_redirects = out.Family(
       "kvcache_cluster_tier_redirects_total",
@@ -206,6 +212,7 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       if (row.tier == "cluster") {
         // The cluster evicts unseen and holds no count of its own records.
         out.Counter(cluster_node_failures, {{"pool", name}}, row.node_failures);
+        out.Counter(cluster_skipped, {{"pool", name}}, row.skipped_commands);
         out.Counter(cluster_redirects, {{"pool", name}}, row.redirects);
         continue;
       }

@@ -86,7 +86,9 @@ class ClusterTier {
   // Reads the records `expected` names, a chain in order, and copies each verified one's bytes
   // into out[i] (block_bytes each); stops at the first that does not verify. Returns how many
   // leading records were loaded; out[i] past that holds nothing to use. What has not come back
-  // by `deadline` (a request's max_load_ms) is a miss (`past_deadline`); its node is not rested.
+  // by `deadline` (a request's max_load_ms) is a miss (`past_deadline`); a node that said nothing
+  // at all by then is rested like a failed one, so the loads that follow skip it (`unavailable`)
+  // instead of each waiting out its deadline on it.
   size_t LoadPrefix(absl::Span<const BlockRecordIdentity> expected, absl::Span<uint8_t* const> out,
                     absl::Time deadline = absl::InfiniteFuture());
 

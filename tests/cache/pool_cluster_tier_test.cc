@@ -11,6 +11,7 @@
 
 #include "cache/pool.h"
 #include "common/cuda/cuda_device.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/pool_memories.h"
 #include "tests/testing/redis_cluster_process.h"
 #include "tests/testing/small_pool_options.h"
@@ -36,11 +37,15 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     cluster_ = *std::move(cluster);
   }
 
-  // A node's pool: 8 blocks, a 16-slot tier 2 if `host_tier`, the cluster below.
-  std::unique_ptr<Pool> MakePool(const std::string& name, bool host_tier) {
+  // A node's pool: 8 blocks, a 16-slot tier 2 if `host_tier`, the cluster below (its nodes
+  // rested for `retry_down_after` after a failure).
+  std::unique_ptr<Pool> MakePool(const std::string& name, bool host_tier,
+                                 absl::Duration retry_down_after = absl::Seconds(1)) {
     PoolOptions options = testing::SmallPoolOptions(name, 8, kBlockSize);
     if (host_tier) options.host_tier_bytes = 16 * options.layout.BlockBytes();
     options.cluster_tier = RedisClusterOptions{.seeds = cluster_->addresses()};
+    options.cluster_tier->io_timeout = absl::Seconds(30);  // only a request's deadline cuts
+    options.cluster_tier->retry_down_after = retry_down_after;
     options.testing_manual_offload = true;
     auto memory =
         testing::CreatePoolMemory(GetParam(), options.layout.BlockBytes(), options.num_blocks);
@@ -57,6 +62,27 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
       bytes[b] = static_cast<char>(tokens[i * kBlockSize + b % kBlockSize] * 5 + b);
     }
     return bytes;
+  }
+
+  // A's copy of `prompt`'s four full blocks, offloaded to the cluster.
+  void OffloadPrompt(Pool& a, const std::vector<uint32_t>& prompt) {
+    auto opened = a.Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+    ASSERT_OK(opened);
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_OK(a.WriteBlock(opened->block_ids[i], 0, BlockBytes(a, prompt, i)));
+    }
+    ASSERT_OK(a.Commit(session_, opened->sequence_id, prompt.size()));
+    ASSERT_OK(a.Release(session_, opened->sequence_id));
+    a.OffloadForTesting();
+    ASSERT_EQ(a.Stats().cluster_tier->stored_blocks, 4u);
+  }
+
+  static TierStatsRow ClusterRow(const Pool& pool) {
+    for (const TierStatsRow& row : pool.Stats().tiers) {
+      if (row.tier == "cluster") return row;
+    }
+    ADD_FAILURE() << "no cluster row";
+    return {};
   }
 
   ::kvcache::testing::ScopedTempDir dir_;
@@ -138,6 +164,49 @@ TEST_P(PoolClusterTierTest, BlocksEvictedBeforeTheMoverSentThemStillReachTheClus
     EXPECT_EQ(bytes, BlockBytes(*b, first, i)) << "block " << i;
   }
   EXPECT_OK(a->CheckInvariants());
+  EXPECT_OK(b->CheckInvariants());
+}
+
+// The whole cluster hangs (every master SIGSTOPped) under opens with a max_load_ms: the first open
+// pays its budget (the load is cut by its deadline: deadline_blocks) and rests the nodes it
+// waited on; the opens that follow within the rest skip them — misses, counted in the cluster
+// row's skipped_commands, never another deadline. After SIGCONT and the rest the prefix is a
+// cluster hit again.
+TEST_P(PoolClusterTierTest, AHungClusterCostsOneOpenItsBudgetThenIsSkippedUntilItAnswers) {
+  std::unique_ptr<Pool> a = MakePool("node-a", false);
+  std::unique_ptr<Pool> b = MakePool("node-b", false, absl::Seconds(5));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<uint32_t> prompt = Tokens(400, 17);  // four full blocks
+  ASSERT_NO_FATAL_FAILURE(OffloadPrompt(*a, prompt));
+  const auto open = [&] {
+    auto opened =
+        b->Open(session_, SequenceSpec{.tokens = prompt, .max_load_ms = 1000}, OpenMode::kCompute);
+    EXPECT_OK(opened);
+    if (!opened.ok()) return uint32_t{0};
+    EXPECT_OK(b->Release(session_, opened->sequence_id));
+    return opened->num_cluster_tier_tokens;
+  };
+  // B's client has read the slot map (a prompt of its own, a miss everywhere), as a running
+  // daemon's has.
+  auto other = b->Open(session_, SequenceSpec{.tokens = Tokens(900, 17)}, OpenMode::kCompute);
+  ASSERT_OK(other);
+  ASSERT_OK(b->Release(session_, other->sequence_id));
+  for (int node = 0; node < cluster_->size(); ++node) ASSERT_OK(cluster_->Pause(node));
+  EXPECT_EQ(open(), 0u);
+  const TierStatsRow first = ClusterRow(*b);
+  EXPECT_EQ(first.deadline_blocks, 1u);
+  EXPECT_GE(first.node_failures, 1u);
+  EXPECT_EQ(first.skipped_commands, 0u);
+  for (int following = 0; following < 4; ++following) EXPECT_EQ(open(), 0u);
+  const TierStatsRow after = ClusterRow(*b);
+  EXPECT_EQ(after.deadline_blocks, 1u);  // no open waited on a rested node again
+  EXPECT_GE(after.skipped_commands, 4u);
+  EXPECT_EQ(after.hit_blocks, 0u);
+
+  for (int node = 0; node < cluster_->size(); ++node) ASSERT_OK(cluster_->Resume(node));
+  EXPECT_TRUE(testing::PollUntil([&] { return open() == 16; }))
+      << "the cluster did not serve again after its rest";
   EXPECT_OK(b->CheckInvariants());
 }
 

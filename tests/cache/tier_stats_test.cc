@@ -94,6 +94,7 @@ TEST(TierStatsRowsTest, ClusterRowSumsItsMissesByKind) {
                                       .mismatched = 7,
                                       .corrupt = 8};
   cluster.redis.node_failures = 9;
+  cluster.redis.skipped = 12;
   cluster.redis.moved = 10;
   cluster.redis.ask = 11;
   const std::vector<TierStatsRow> rows = TierStatsRows(std::nullopt, std::nullopt, cluster);
@@ -108,6 +109,7 @@ TEST(TierStatsRowsTest, ClusterRowSumsItsMissesByKind) {
   EXPECT_EQ(row.load_failures, 8u + 6 + 7 + 4);  // absent is a plain miss, not a failure
   EXPECT_EQ(row.deadline_blocks, 5u);
   EXPECT_EQ(row.node_failures, 9u);
+  EXPECT_EQ(row.skipped_commands, 12u);
   EXPECT_EQ(row.redirects, 21u);
   EXPECT_EQ(row.evicted_blocks, 0u);
 }

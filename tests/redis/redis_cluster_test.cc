@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "tests/testing/poll_until.h"
 #include "tests/testing/redis_cluster_process.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
@@ -21,10 +22,13 @@
 namespace kvcache {
 namespace {
 
+using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::RedisClusterProcess;
 using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::Not;
 
 // Deterministic bytes of `size` for `key`, so every read can be checked.
@@ -291,6 +295,61 @@ TEST_F(RedisClusterTest, ASilentMasterCostsItsKeysOneTimeout) {
   }
 }
 
+// A master that hangs (SIGSTOP: connections open, nothing answered) under requests with a
+// deadline far shorter than io_timeout (30 s here): the first batch that waits on it pays its
+// deadline and rests the node; batches within the rest skip it at once (its keys UNAVAILABLE,
+// counted as skipped) instead of each paying the deadline again, and so does a write; after
+// SIGCONT and the rest, the next batch probes it and it serves again.
+TEST_F(RedisClusterTest, AHungMasterIsRestedAfterOneDeadlineAndProbedBackAfterItsRest) {
+  RedisClusterOptions options;
+  options.seeds = {redis_->address(0)};
+  options.io_timeout = absl::Seconds(30);
+  options.retry_down_after = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<RedisCluster>> client = RedisCluster::Create(options);
+  ASSERT_OK(client);
+  const auto entries = Entries(60, "hung:");
+  for (const absl::Status& status : (*client)->Set(entries)) ASSERT_OK(status);
+  absl::StatusOr<int> hung = redis_->NodeOfSlot(RedisCluster::KeySlot(entries[0].first));
+  ASSERT_OK(hung);
+  size_t on_hung = 0;
+  for (const auto& [key, value] : entries) {
+    absl::StatusOr<int> node = redis_->NodeOfSlot(RedisCluster::KeySlot(key));
+    ASSERT_OK(node);
+    on_hung += *node == *hung ? 1 : 0;
+  }
+  const auto get = [&] {
+    return (*client)->Get(
+        Keys(entries), [](size_t, absl::string_view) {}, absl::Now() + absl::Seconds(1));
+  };
+  ASSERT_OK(redis_->Pause(*hung));
+  const RedisClusterCounters before = (*client)->counters();
+  std::vector<absl::Status> got = get();
+  EXPECT_THAT(got[0], StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ((*client)->counters().node_failures, before.node_failures + 1);
+  EXPECT_EQ((*client)->counters().skipped, before.skipped);
+  for (int open = 0; open < 5; ++open) {
+    got = get();
+    EXPECT_THAT(got[0], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("skipped")));
+    size_t served = 0;
+    for (const absl::Status& status : got) served += status.ok() ? 1 : 0;
+    EXPECT_EQ(served, entries.size() - on_hung);  // the other masters' keys
+  }
+  EXPECT_EQ((*client)->counters().skipped, before.skipped + 5 * on_hung);
+  // A write through (no deadline: io_timeout, 30 s, would bound it) skips the node too.
+  const std::vector<absl::Status> set = (*client)->Set(entries);
+  EXPECT_THAT(set[0], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("skipped")));
+  EXPECT_EQ((*client)->counters().skipped, before.skipped + 6 * on_hung);
+  EXPECT_EQ((*client)->counters().node_failures, before.node_failures + 1);
+
+  ASSERT_OK(redis_->Resume(*hung));
+  EXPECT_TRUE(PollUntil([&] {
+    for (const absl::Status& status : get()) {
+      if (!status.ok()) return false;
+    }
+    return true;
+  })) << "the node did not serve again after its rest";
+}
+
 class RedisClusterAuthTest : public RedisClusterTest {
  protected:
   std::vector<std::string> ExtraConfig() override {
@@ -314,6 +373,63 @@ TEST_F(RedisClusterAuthTest, AuthenticatesAndNeverShowsThePassword) {
   EXPECT_THAT(
       (*intruder)->RefreshSlots(),
       StatusIs(absl::StatusCode::kUnavailable, HasSubstr("refused the configured credentials")));
+}
+
+// The start-up report: every master reached, every slot covered.
+TEST_F(RedisClusterAuthTest, ReachCountsMastersAndSlotsCovered) {
+  const RedisCluster::Reach reach = client_->CheckReach();
+  EXPECT_EQ(reach.masters, 3);
+  EXPECT_EQ(reach.masters_reached, 3);
+  EXPECT_EQ(reach.slots_covered, kRedisClusterSlots);
+  EXPECT_EQ(reach.credentials_refused, 0);
+  EXPECT_THAT(reach.problems, IsEmpty());
+}
+
+// A wrong password is told once per node, naming the node and WRONGPASS, never the password,
+// however often the node is tried again (here at every batch: no rest); the report counts it.
+TEST_F(RedisClusterAuthTest, AWrongPasswordIsToldOncePerNodeWithoutThePassword) {
+  std::vector<std::string> told;
+  RedisClusterOptions wrong;
+  wrong.seeds = redis_->addresses();
+  wrong.password = "wrong-password-value";
+  wrong.retry_down_after = absl::ZeroDuration();
+  wrong.on_credentials_refused = [&](const std::string& line) { told.push_back(line); };
+  absl::StatusOr<std::unique_ptr<RedisCluster>> intruder = RedisCluster::Create(wrong);
+  ASSERT_OK(intruder);
+  for (int batch = 0; batch < 4; ++batch) {
+    for (const auto& result : (*intruder)->Get({"a", "b", "c"})) {
+      EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable));
+    }
+  }
+  const RedisCluster::Reach reach = (*intruder)->CheckReach();
+  EXPECT_EQ(reach.masters_reached, 0);
+  EXPECT_EQ(reach.credentials_refused, 3);
+  ASSERT_EQ(told.size(), 3u) << absl::StrJoin(told, "\n");
+  for (int node = 0; node < redis_->size(); ++node) {
+    EXPECT_EQ(told[node], absl::StrCat("Redis node ", redis_->address(node),
+                                       " refused the configured credentials (WRONGPASS)"));
+  }
+  for (const std::string& problem : reach.problems) {
+    EXPECT_THAT(problem, HasSubstr("WRONGPASS"));
+    EXPECT_THAT(problem, Not(HasSubstr("wrong-password-value")));
+  }
+}
+
+// No password where the cluster wants one: NOAUTH, told once per node, counted as refused.
+TEST_F(RedisClusterAuthTest, NoPasswordWhereOneIsWantedIsToldOnce) {
+  std::vector<std::string> told;
+  RedisClusterOptions none;
+  none.seeds = {redis_->address(0)};
+  none.on_credentials_refused = [&](const std::string& line) { told.push_back(line); };
+  absl::StatusOr<std::unique_ptr<RedisCluster>> client = RedisCluster::Create(none);
+  ASSERT_OK(client);
+  EXPECT_THAT((*client)->RefreshSlots(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("NOAUTH")));
+  const RedisCluster::Reach reach = (*client)->CheckReach();
+  EXPECT_EQ(reach.masters_reached, 0);
+  EXPECT_EQ(reach.credentials_refused, 1);
+  EXPECT_THAT(told, ElementsAre(absl::StrCat("Redis node ", redis_->address(0),
+                                             " wants a password and none is configured (NOAUTH)")));
 }
 
 }  // namespace
