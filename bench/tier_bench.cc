@@ -14,9 +14,12 @@
 //                    a walk that loads one LoadMany batch at a time can reach at best).
 // Working sets exceed the last-level cache (both sides stream from memory). Then the offload
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
+// Last, puts larger than the offload window (issue 29): puts/s into a pool with tiers 2 and 3 and
+// its mover running vs the same pool without tiers, and how many evicted blocks were below.
 // No timing asserted. Exits 1 at the first error, a short load included (bench/bench_run.h);
 // KVCACHE_BENCH_SMOKE=1 runs every part at small sizes.
-// Usage: tier_bench [seconds per measurement] [all|load|open|device|disk|sweep|admission] [DIR];
+// Usage: tier_bench [seconds per measurement] [all|load|open|device|disk|sweep|admission|puts]
+// [DIR];
 // DIR (default $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not
 // tmpfs).
 #include <fcntl.h>
@@ -565,8 +568,8 @@ void WindowSweep(uint32_t lag) {
       "\nmover lag %u requests (pool %u blocks, tier 2 %u, %u documents of %u blocks, "
       "Zipf 1.0, %u requests)\n",
       lag, kPoolBlocks, kTierBlocks, kDocuments, kPrefixBlocks, kRequests);
-  std::printf("%-10s %10s %10s %10s %12s %14s\n", "window", "tier1 hit", "tier2 hit", "computed",
-              "copies/req", "evictions saved");
+  std::printf("%-10s %10s %10s %10s %12s %14s %16s\n", "window", "tier1 hit", "tier2 hit",
+              "computed", "copies/req", "evictions saved", "of copies, by requests");
   for (uint32_t window : {16u, 64u, 128u, 256u, 512u, 1024u}) {
     PoolOptions options = ManualTierOptions("sweep", layout, kPoolBlocks, kTierBlocks);
     options.offload_window = window;
@@ -584,11 +587,14 @@ void WindowSweep(uint32_t lag) {
     }
     const PoolStatsSnapshot stats = (*pool)->Stats();
     const double evictions = stats.pool.evictions;
-    std::printf("%-10u %9.1f%% %9.1f%% %9.1f%% %12.2f %13.1f%%\n", window,
+    // Copies by the mover and by requests that evicted blocks it had not reached.
+    const double copies =
+        stats.host_tier->offloaded_blocks + stats.host_tier->passed_down_on_eviction;
+    std::printf("%-10u %9.1f%% %9.1f%% %9.1f%% %12.2f %13.1f%% %15.1f%%\n", window,
                 100.0 * counts.tier1 / counts.prompt, 100.0 * counts.tier2 / counts.prompt,
-                100.0 * counts.computed() / counts.prompt,
-                static_cast<double>(stats.host_tier->offloaded_blocks) / kRequests,
-                evictions == 0 ? 0 : 100.0 * stats.pool.evicted_offloaded / evictions);
+                100.0 * counts.computed() / counts.prompt, copies / kRequests,
+                evictions == 0 ? 0 : 100.0 * stats.pool.evicted_offloaded / evictions,
+                copies == 0 ? 0 : 100.0 * stats.host_tier->passed_down_on_eviction / copies);
   }
 }
 
@@ -646,6 +652,107 @@ void AdmissionSweep(const std::string& dir) {
   std::filesystem::remove(dir);
 }
 
+// Puts larger than the offload window: 32-block puts (open, write every block, commit, release)
+// into a 128-block pool of 32 KiB blocks (offload window 16) that evicts on every put, with a
+// tier 2 of 4x the pool, a disk tier of 16x under it and the mover thread running, vs the same
+// puts into a pool without tiers. Both pools live side by side, measured in turn in short phases
+// (the median of the rounds' ratios). Then the share of evictions whose block was below: tier 1's
+// victims in tier 2 (or on disk), and tier 2's victims durable on disk when evicted.
+void LargePuts(double seconds, const std::string& dir) {
+  constexpr uint32_t kPoolBlocks = 128, kPutBlocks = 32, kRounds = 9;
+  const PoolLayout layout{.num_layers = 4,
+                          .num_kv_heads = 2,
+                          .head_dim = 64,
+                          .block_size = 16,
+                          .dtype = DType::kFloat16};
+  std::filesystem::create_directories(dir);
+  const auto make_pool = [&](const std::string& name, bool tiers) -> std::unique_ptr<Pool> {
+    PoolOptions options = ManualTierOptions(name, layout, kPoolBlocks, tiers ? 4 * kPoolBlocks : 0);
+    options.testing_manual_offload = false;
+    if (tiers) {
+      options.disk_tier_path = dir + "/" + name + ".tier";
+      std::filesystem::remove(options.disk_tier_path);
+      options.disk_tier_bytes = uint64_t{16 * kPoolBlocks} * (4096 + layout.BlockBytes());
+    }
+    auto memory = HostPoolMemory::Create(layout.BlockBytes(), kPoolBlocks);
+    auto pool = Pool::Create(options, 0, *std::move(memory));
+    if (!pool.ok()) {
+      std::fprintf(stderr, "%s\n", pool.status().ToString().c_str());
+      std::exit(1);
+    }
+    return *std::move(pool);
+  };
+  std::unique_ptr<Pool> plain = make_pool("plain", false);
+  std::unique_ptr<Pool> tiered = make_pool("tiered", true);
+  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
+  std::string bytes(layout.BlockBytes(), 'k');
+  uint32_t next_prompt = 0;
+  const auto puts_per_second = [&](Pool& pool, double phase) {
+    std::vector<uint32_t> tokens(kPutBlocks * layout.block_size);
+    uint64_t puts = 0;
+    const auto start = SteadyClock::now();
+    double elapsed = 0;
+    for (; elapsed < phase; ++puts) {
+      std::iota(tokens.begin(), tokens.end(), ++next_prompt * 100000);
+      auto opened = pool.Open(session, SequenceSpec{tokens}, OpenMode::kPut);
+      if (!opened.ok()) {
+        std::fprintf(stderr, "put: %s\n", opened.status().ToString().c_str());
+        std::exit(1);
+      }
+      for (BlockId block : opened->block_ids) {
+        bytes[0] = static_cast<char>(block);
+        (void)pool.WriteBlock(block, 0, bytes);
+      }
+      (void)pool.Commit(session, opened->sequence_id, tokens.size());
+      (void)pool.Release(session, opened->sequence_id);
+      elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
+    }
+    return puts / elapsed;
+  };
+  const double phase = std::max(0.1, seconds / 2);
+  puts_per_second(*plain, phase);
+  puts_per_second(*tiered, phase);
+  const PoolStatsSnapshot warm = tiered->Stats();
+  std::vector<double> ratios;
+  double plain_rate = 0, tiered_rate = 0;
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    const bool plain_first = round % 2 == 0;
+    const double first = puts_per_second(plain_first ? *plain : *tiered, phase);
+    const double second = puts_per_second(plain_first ? *tiered : *plain, phase);
+    const double plain_puts = plain_first ? first : second;
+    const double tiered_puts = plain_first ? second : first;
+    plain_rate += plain_puts / kRounds;
+    tiered_rate += tiered_puts / kRounds;
+    ratios.push_back(tiered_puts / plain_puts);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  tiered->disk_tier()->Flush();
+  const PoolStatsSnapshot stats = tiered->Stats();
+  const double evictions = stats.pool.evictions - warm.pool.evictions;
+  const double saved = stats.pool.evicted_offloaded - warm.pool.evicted_offloaded;
+  const double tier2_evictions = stats.host_tier->store.evicted - warm.host_tier->store.evicted;
+  const double on_disk = stats.disk_tier->evicted_from_above - warm.disk_tier->evicted_from_above;
+  const double demoted = stats.disk_tier->demoted_blocks - warm.disk_tier->demoted_blocks;
+  const double refused =
+      stats.disk_tier->store.stores_refused_full - warm.disk_tier->store.stores_refused_full;
+  std::printf(
+      "\n%u-block puts of %llu KiB blocks into a %u-block pool (offload window %u), tiers 2+3 and "
+      "the mover vs no tiers, %u rounds of two %.2f s phases\n",
+      kPutBlocks, static_cast<unsigned long long>(layout.BlockBytes() >> 10), kPoolBlocks,
+      tiered->offload_window(), kRounds, phase);
+  std::printf("puts/s: no tiers %.0f, tiers %.0f; median ratio %.2fx\n", plain_rate, tiered_rate,
+              ratios[ratios.size() / 2]);
+  std::printf(
+      "tier-1 evictions whose block was below: %.1f%% of %.0f; tier-2 evictions already durable "
+      "on disk: %.1f%% of %.0f\n",
+      evictions == 0 ? 0 : 100.0 * saved / evictions, evictions,
+      tier2_evictions == 0 ? 0 : 100.0 * on_disk / tier2_evictions, tier2_evictions);
+  std::printf("tier-2 records passed to disk: %.0f taken, %.0f refused (queue full)\n", demoted,
+              refused);
+  tiered.reset();
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvcache
 
@@ -654,7 +761,8 @@ int main(int argc, char** argv) {
   // acquisition against a global lock graph, a cost the daemon does not pay.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  // Optional: one part only ("all" or none: every part).
+  // Optional: one part only ("load", "open", "device", "disk", "sweep", "admission", "puts"; "all"
+  // or none: every part).
   const std::string only = argc > 2 && std::string(argv[2]) != "all" ? argv[2] : "";
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = argc > 3 ? argv[3] : std::string(tmp != nullptr ? tmp : "/tmp");
@@ -710,4 +818,5 @@ int main(int argc, char** argv) {
     for (uint32_t lag : {1u, 8u}) kvcache::WindowSweep(lag);
   }
   if (runs("admission")) kvcache::AdmissionSweep(dir + "/kvcache_tier_bench_admission");
+  if (runs("puts")) kvcache::LargePuts(seconds, dir + "/kvcache_tier_bench_puts");
 }

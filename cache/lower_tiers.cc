@@ -110,7 +110,7 @@ LowerTiers::~LowerTiers() { Stop(); }
 
 void LowerTiers::Start(OffloadSource* source) {
   source_ = source;
-  if ((host_tier_ != nullptr || cluster_tier_ != nullptr) && !options_.testing_manual_offload) {
+  if (takes_blocks() && !options_.testing_manual_offload) {
     mover_ = std::thread([this] { MoverLoop(); });
   }
 }
@@ -158,7 +158,8 @@ bool LowerTiers::MoverRound() {
   // Both stages each round: what tier 1 passes down fills tier 2, which passes its oldest on.
   const bool offloading = OffloadBatch();
   const bool demoting = DemoteBatch();
-  return offloading || demoting;
+  const bool sending = DrainClusterBacklog();
+  return offloading || demoting || sending;
 }
 
 bool LowerTiers::NeedsOffload(const Hash128& hash, bool in_cluster) const {
@@ -171,11 +172,11 @@ void LowerTiers::MarkReused(const Hash128& hash) {
 }
 
 bool LowerTiers::OffloadBatch() {
-  if (host_tier_ == nullptr && cluster_tier_ == nullptr) return false;
+  if (!takes_blocks()) return false;
   std::vector<OffloadCandidate> batch;
   if (!source_->PickOffload(kOffloadBatch, &batch)) return false;
   if (batch.empty()) return true;  // the scan continues after letting requests in
-  CopyDown(batch);
+  offloaded_blocks_.fetch_add(CopyDown(batch), std::memory_order_relaxed);
   // The cluster's copies were taken while the blocks were pinned, and are sent after they are
   // unpinned: a request that needs a pinned block waits for this batch, and must not wait on the
   // network.
@@ -184,8 +185,56 @@ bool LowerTiers::OffloadBatch() {
   return true;
 }
 
-void LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
+void LowerTiers::PassDown(std::vector<OffloadCandidate>& batch,
+                          absl::Span<const BelowRecord> loading) {
+  // Pinned as a load pins them (a use: they are the request's hits), so no store evicts them.
+  std::vector<HostTier::PinnedRecord> kept;
+  for (const BelowRecord& record : loading) {
+    if (record.tier != BelowRecord::Tier::kHost) continue;
+    absl::StatusOr<HostTier::PinnedRecord> pinned = host_tier_->PinForLoad(record.expected);
+    if (pinned.ok()) kept.push_back(*std::move(pinned));
+  }
+  passed_down_blocks_.fetch_add(CopyDown(batch), std::memory_order_relaxed);
+  for (const HostTier::PinnedRecord& pinned : kept) {
+    host_tier_->FinishLoad(pinned, HostTier::LoadVerdict::kNotCopied).IgnoreError();
+  }
+  // A test's disk is flushed where the mover's work is done (OffloadForTesting's callers), so
+  // what is durable, hence found, does not depend on the writer's timing: so here.
+  if (options_.testing_manual_offload && disk_tier_ != nullptr) disk_tier_->Flush();
+  if (cluster_tier_ == nullptr) return;
+  {
+    absl::MutexLock lock(&cluster_backlog_mu_);
+    for (OffloadCandidate& candidate : batch) {
+      if (!candidate.to_cluster || candidate.cluster_copy.empty()) continue;
+      if (cluster_backlog_bytes_ + candidate.cluster_copy.size() > kClusterBacklogBytes) {
+        cluster_backlog_dropped_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      cluster_backlog_bytes_ += candidate.cluster_copy.size();
+      cluster_backlog_.push_back(
+          OffloadCandidate{.record = candidate.record,
+                           .to_cluster = true,
+                           .cluster_copy = std::move(candidate.cluster_copy)});
+    }
+  }
+  WakeMover();
+}
+
+bool LowerTiers::DrainClusterBacklog() {
+  std::vector<OffloadCandidate> backlog;
+  {
+    absl::MutexLock lock(&cluster_backlog_mu_);
+    backlog.swap(cluster_backlog_);
+    cluster_backlog_bytes_ = 0;
+  }
+  if (backlog.empty()) return false;
+  WriteThroughToCluster(backlog);
+  return true;
+}
+
+size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
   const uint64_t block_bytes = options_.layout.BlockBytes();
+  size_t stored_below = 0;
   // Pinned and published: the bytes cannot change during the copies. Tier 2's slots are filled
   // in one batch (a device pool's D2H copies, one synchronization).
   std::vector<std::optional<HostTier::PendingStore>> pending(batch.size());
@@ -198,6 +247,7 @@ void LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       // tier put it there).
       candidate.below = absl::IsAlreadyExists(slot.status());
       if (slot.ok()) {
+        PassEvictedDown(*slot);
         copies.push_back(PoolMemory::HostCopy{.block = candidate.block, .host = slot->bytes});
         pending[i] = *std::move(slot);
         continue;
@@ -243,7 +293,7 @@ void LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       const absl::Status stored =
           host_tier_->FinishStore(*pending[i], candidate.record, candidate.reused, true);
       candidate.below = stored.ok() || absl::IsAlreadyExists(stored);
-      if (stored.ok()) offloaded_blocks_.fetch_add(1, std::memory_order_relaxed);
+      if (stored.ok()) ++stored_below;
       // Saved only if durable on disk (a record accepted for writing may yet fail its write).
       if (stored.ok() && pending[i]->evicted.has_value() && disk_tier_ != nullptr &&
           disk_tier_->Find(pending[i]->evicted->hash).ok()) {
@@ -251,6 +301,24 @@ void LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       }
     }
   }
+  return stored_below;
+}
+
+void LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
+  if (disk_tier_ == nullptr || !slot.evicted.has_value() || slot.evicted_below) return;
+  // The demotion window keeps tier 2's next victims on disk ahead of time; a store that outran
+  // it passes its victim down now, from the slot it is about to overwrite.
+  absl::Status stored = absl::FailedPreconditionError("not admitted");
+  if (options_.disk_admission == DiskAdmission::kAll || slot.evicted_reused) {
+    stored = disk_tier_->Store(
+        *slot.evicted,
+        absl::MakeConstSpan(reinterpret_cast<const char*>(slot.bytes), host_tier_->block_bytes()));
+  }
+  if (stored.ok() || absl::IsAlreadyExists(stored)) {
+    demoted_blocks_.fetch_add(stored.ok() ? 1 : 0, std::memory_order_relaxed);
+    return;
+  }
+  disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void LowerTiers::WriteThroughToCluster(absl::Span<const OffloadCandidate> batch) {
@@ -451,6 +519,7 @@ size_t LowerTiers::LoadDiskBatch(absl::Span<const BelowRecord> below, size_t nex
       // Device memory: into a tier-2 slot (page-locked), copied up in one batch afterwards.
       absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
       if (!slot.ok()) break;
+      PassEvictedDown(*slot);
       out = slot->bytes;
       slots.push_back(*std::move(slot));
     }
@@ -524,6 +593,7 @@ std::optional<PoolHostTierStats> LowerTiers::HostStats() const {
   return PoolHostTierStats{
       .hit_blocks = host_hit_blocks_.load(std::memory_order_relaxed),
       .offloaded_blocks = offloaded_blocks_.load(std::memory_order_relaxed),
+      .passed_down_on_eviction = passed_down_blocks_.load(std::memory_order_relaxed),
       .load_failures = host_load_failures_.load(std::memory_order_relaxed),
       .deadline_blocks = host_deadline_blocks_.load(std::memory_order_relaxed),
       .store = host_tier_->counters(),
@@ -538,6 +608,7 @@ std::optional<PoolDiskTierStats> LowerTiers::DiskStats() const {
       .deadline_blocks = disk_deadline_blocks_.load(std::memory_order_relaxed),
       .demoted_blocks = demoted_blocks_.load(std::memory_order_relaxed),
       .evicted_from_above = disk_evicted_from_above_.load(std::memory_order_relaxed),
+      .evicted_unsaved = disk_evicted_unsaved_.load(std::memory_order_relaxed),
       .store = disk_tier_->stats()};
 }
 
@@ -546,6 +617,7 @@ std::optional<PoolClusterTierStats> LowerTiers::ClusterStats() const {
   return PoolClusterTierStats{
       .hit_blocks = cluster_hit_blocks_.load(std::memory_order_relaxed),
       .stored_blocks = cluster_stored_blocks_.load(std::memory_order_relaxed),
+      .backlog_dropped = cluster_backlog_dropped_.load(std::memory_order_relaxed),
       .store = cluster_tier_->counters(),
       .redis = cluster_tier_->redis().counters()};
 }

@@ -4,7 +4,8 @@
 // (docs/design.md, "Tiers"). A Pool owns one and asks it two things: what of this prefix lies
 // below (Probe), and bring these up (Load). The mover takes its batches from tier 1 through
 // OffloadSource, which the pool implements: pick and pin under the pool's mutex, copy down
-// outside it, hand back.
+// outside it, hand back. A request that must evict blocks the mover has not reached passes them
+// down itself the same way (PassDown), so no admitted block is lost to a large batch.
 //
 // It lives in cache/, not tiers/: it moves bytes between tier 1's PoolMemory and the stores of
 // tiers/, which sit below cache/.
@@ -16,7 +17,7 @@
 // Thread safety: thread-safe; the stores synchronize themselves and the counters are atomic.
 // Probe runs under the pool's mutex (the walk sees one state); Load and the mover's copies run
 // outside it, into or from blocks that only the caller holds or pins. Lock order: the pool's
-// mutex, then the stores', then the mover's wake mutex.
+// mutex, then the stores', then the mover's wake mutex or the cluster backlog's.
 #ifndef KVCACHE_CACHE_LOWER_TIERS_H_
 #define KVCACHE_CACHE_LOWER_TIERS_H_
 
@@ -126,6 +127,8 @@ class LowerTiers {
   // Tier 3, or null.
   DiskTier* disk_tier() const { return disk_tier_.get(); }
   bool has_cluster() const { return cluster_tier_ != nullptr; }
+  // Whether tier 1's blocks have somewhere to go: a tier 2 or a cluster tier.
+  bool takes_blocks() const { return host_tier_ != nullptr || cluster_tier_ != nullptr; }
   // How close to eviction the mover works: while fewer blocks than this are free, it keeps the
   // oldest this many evictable blocks copied below. PoolOptions::offload_window, or by default
   // num_blocks / kDefaultOffloadWindowDivisor (at least 8), at most num_blocks.
@@ -146,6 +149,13 @@ class LowerTiers {
   bool has_mover() const { return mover_.joinable(); }
   // Wakes the mover; cheap when it is awake already.
   void WakeMover();
+  // For a request about to evict `batch` (pinned by the pool, which has released its mutex):
+  // what the mover would do to it — copies it down as CopyDown does, counted in
+  // PoolHostTierStats::passed_down_on_eviction — but the cluster's copies are queued for the
+  // mover to send, so the request never waits on the network. Sets each candidate's `below`.
+  // The tier-2 records of `loading` (what the request is about to load) are kept: the copies do
+  // not evict them to make room.
+  void PassDown(std::vector<OffloadCandidate>& batch, absl::Span<const BelowRecord> loading);
   // What the mover does, synchronously, until nothing is left to do; returns the blocks stored
   // into tier 2 (tier 3's stores are queued; DiskTier::Flush makes them visible).
   // For tests and the simulation (PoolOptions::testing_manual_offload).
@@ -196,13 +206,20 @@ class LowerTiers {
   // when the pass is done.
   bool OffloadBatch();
   // Copies the picked blocks into tier 2 in one batch (a device pool's D2H, one
-  // synchronization), and takes the cluster's copies; sets each candidate's `below`.
-  void CopyDown(std::vector<OffloadCandidate>& batch);
+  // synchronization), and takes the cluster's copies; sets each candidate's `below`. Returns the
+  // records tier 2 took.
+  size_t CopyDown(std::vector<OffloadCandidate>& batch);
+  // A tier-2 slot just taken: the record it evicted goes to tier 3 from the slot's bytes, unless
+  // tier 3 has it or does not admit it (counted in PoolDiskTierStats::evicted_unsaved when it
+  // refuses). Call before the slot is filled.
+  void PassEvictedDown(const HostTier::PendingStore& slot);
   // Sends the batch's blocks not in the cluster yet, in one pipelined batch, and announces them.
   void WriteThroughToCluster(absl::Span<const OffloadCandidate> batch);
   // The mover's second stage: passes up to kOffloadBatch of tier 2's oldest records to tier 3.
   // False when there is nothing to pass, or tier 3 refuses (queue full, stopped).
   bool DemoteBatch();
+  // Sends what requests' pass-downs queued for the cluster. False when nothing was queued.
+  bool DrainClusterBacklog();
 
   // Load's steps, each loading and verifying a prefix of the records from `next` on.
   // LoadHostRun: tier-2 records while they last, at most kLoadBatch, `past_bound` checked before
@@ -238,6 +255,7 @@ class LowerTiers {
   const uint32_t offload_window_;
   std::atomic<uint64_t> host_hit_blocks_{0};
   std::atomic<uint64_t> offloaded_blocks_{0};
+  std::atomic<uint64_t> passed_down_blocks_{0};
   std::atomic<uint64_t> host_load_failures_{0};
   std::atomic<uint64_t> host_deadline_blocks_{0};
   // Tier 3, or null. Synchronizes itself.
@@ -248,10 +266,19 @@ class LowerTiers {
   std::atomic<uint64_t> disk_deadline_blocks_{0};
   std::atomic<uint64_t> demoted_blocks_{0};
   std::atomic<uint64_t> disk_evicted_from_above_{0};
+  std::atomic<uint64_t> disk_evicted_unsaved_{0};
   // The cluster tier, or null. Synchronizes itself.
   const std::unique_ptr<ClusterTier> cluster_tier_;
   std::atomic<uint64_t> cluster_hit_blocks_{0};
   std::atomic<uint64_t> cluster_stored_blocks_{0};
+  // Requests' pass-downs not sent to the cluster yet (their `cluster_copy` holds the bytes), at
+  // most kClusterBacklogBytes of them: past that a pass-down's copies are not sent (a cache),
+  // only counted.
+  static constexpr uint64_t kClusterBacklogBytes = uint64_t{64} << 20;
+  std::atomic<uint64_t> cluster_backlog_dropped_{0};
+  absl::Mutex cluster_backlog_mu_;
+  std::vector<OffloadCandidate> cluster_backlog_ ABSL_GUARDED_BY(cluster_backlog_mu_);
+  uint64_t cluster_backlog_bytes_ ABSL_GUARDED_BY(cluster_backlog_mu_) = 0;
   // Announces the lower tiers' records; null without events. Synchronizes itself.
   const std::shared_ptr<TierEvents> tier_events_;
 

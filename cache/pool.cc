@@ -149,6 +149,13 @@ void Pool::AcquireLocked(BlockId block, uint32_t tenant, bool prefix_hit, PoolTi
 }
 
 BlockId Pool::AllocateLocked(uint32_t tenant, PoolTicks now) {
+  // A victim no tier holds is lost on the way down (PassDownVictimsLocked passes them down).
+  const BlockId victim =
+      pool_.num_free() == 0 && tiers_->takes_blocks() ? pool_.LruFront() : kNoBlock;
+  if (victim != kNoBlock && !pool_.IsOffloaded(victim) &&
+      tiers_->NeedsOffload(pool_.IdentityOf(victim).hash, pool_.IsInCluster(victim))) {
+    ++evicted_unsaved_;
+  }
   removed_.clear();
   const BlockId block = pool_.AllocateFresh(&removed_);
   if (!removed_.empty()) {
@@ -180,12 +187,41 @@ void Pool::ReleaseBlockLocked(BlockId block, PoolTicks now) {
 
 void Pool::WaitOutOffloadLocked(size_t needed) {
   if (offload_pins_.empty() || pool_.num_free() + pool_.num_evictable() >= needed) return;
-  // The mover's batch holds blocks this request may need: wait for it (one batch of copies)
-  // rather than fail as if they were referenced. Nothing has been looked at yet, so nothing
-  // goes stale while mu_ is released.
+  // Copies down hold blocks this request may need: wait for them (a batch of copies) rather
+  // than fail as if they were referenced. Nothing has been looked at yet, so nothing goes stale
+  // while mu_ is released.
   ++offload_waits_;
   mu_.Await(absl::Condition(
-      +[](std::vector<BlockId>* pins) { return pins->empty(); }, &offload_pins_));
+      +[](absl::flat_hash_set<BlockId>* pins) { return pins->empty(); }, &offload_pins_));
+}
+
+bool Pool::PassDownVictimsLocked(size_t allocations, absl::Span<const BlockId> hits,
+                                 absl::Span<const BelowRecord> loading) {
+  if (!tiers_->takes_blocks() || allocations <= pool_.num_free()) return false;
+  size_t evictions = allocations - pool_.num_free();
+  // The request's evictable hits leave the LRU before it allocates: they are no victims.
+  std::vector<BlockId> resurrected;
+  for (BlockId block : hits) {
+    if (pool_.IsEvictable(block)) resurrected.push_back(block);
+  }
+  std::sort(resurrected.begin(), resurrected.end());
+  std::vector<OffloadCandidate> batch;
+  for (BlockId block = pool_.LruFront(); block != kNoBlock && evictions > 0;) {
+    const BlockId next = pool_.LruNext(block);
+    if (!std::binary_search(resurrected.begin(), resurrected.end(), block)) {
+      --evictions;
+      if (!pool_.IsOffloaded(block)) TakeForOffloadLocked(block, &batch);
+    }
+    block = next;
+  }
+  if (batch.empty()) return false;
+  // Pinned and published, so their bytes hold still while mu_ is released; a request that needs
+  // them meanwhile waits for them (WaitOutOffloadLocked).
+  mu_.Unlock();
+  tiers_->PassDown(batch, loading);
+  mu_.Lock();
+  FinishOffloadLocked(batch);
+  return true;
 }
 
 void Pool::MaybeWakeMoverLocked() {
@@ -225,28 +261,7 @@ bool Pool::PickOffload(size_t max, std::vector<OffloadCandidate>* batch) {
                            steps < kMaxOffloadScan;
        ++steps, ++offload_scanned_) {
     const BlockId next = pool_.LruNext(block);
-    if (!pool_.IsOffloaded(block)) {
-      const BlockIdentity& identity = pool_.IdentityOf(block);
-      const bool in_cluster = pool_.IsInCluster(block);
-      if (!tiers_->NeedsOffload(identity.hash, in_cluster)) {
-        pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
-      } else {
-        const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
-        batch->push_back(OffloadCandidate{
-            .block = block,
-            .record = BlockRecordIdentity{.hash = identity.hash,
-                                          .parent_hash = identity.parent_hash,
-                                          .namespace_digest = identity.namespace_digest,
-                                          .extras_digest = identity.extras_digest,
-                                          .prefix_digest = identity.prefix_digest,
-                                          .tokens = {tokens.begin(), tokens.end()}},
-            .checksum = pool_.CachedChecksum(block),
-            .to_cluster = tiers_->has_cluster() && !in_cluster,
-            .reused = pool_.IsReused(block)});
-        pool_.PinForOffload(block);
-        offload_pins_.push_back(block);
-      }
-    }
+    if (!pool_.IsOffloaded(block)) TakeForOffloadLocked(block, batch);
     block = next;
   }
   offload_cursor_ = block;
@@ -254,12 +269,40 @@ bool Pool::PickOffload(size_t max, std::vector<OffloadCandidate>* batch) {
   return !batch->empty() || (block != kNoBlock && offload_scanned_ < window);
 }
 
+void Pool::TakeForOffloadLocked(BlockId block, std::vector<OffloadCandidate>* batch) {
+  const BlockIdentity& identity = pool_.IdentityOf(block);
+  const bool in_cluster = pool_.IsInCluster(block);
+  if (!tiers_->NeedsOffload(identity.hash, in_cluster)) {
+    pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
+    return;
+  }
+  const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
+  batch->push_back(
+      OffloadCandidate{.block = block,
+                       .record = BlockRecordIdentity{.hash = identity.hash,
+                                                     .parent_hash = identity.parent_hash,
+                                                     .namespace_digest = identity.namespace_digest,
+                                                     .extras_digest = identity.extras_digest,
+                                                     .prefix_digest = identity.prefix_digest,
+                                                     .tokens = {tokens.begin(), tokens.end()}},
+                       .checksum = pool_.CachedChecksum(block),
+                       .to_cluster = tiers_->has_cluster() && !in_cluster,
+                       .reused = pool_.IsReused(block)});
+  pool_.PinForOffload(block);
+  offload_pins_.insert(block);
+}
+
 void Pool::FinishOffload(absl::Span<const OffloadCandidate> batch) {
   absl::MutexLock lock(&mu_);
+  FinishOffloadLocked(batch);
+}
+
+void Pool::FinishOffloadLocked(absl::Span<const OffloadCandidate> batch) {
   // Back to the front in the order they were taken from it.
-  for (auto it = batch.rbegin(); it != batch.rend(); ++it)
+  for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
     pool_.UnpinOffloaded(it->block, it->below);
-  offload_pins_.clear();
+    offload_pins_.erase(it->block);
+  }
 }
 
 void Pool::ReportEvictionsLocked() {
@@ -444,8 +487,10 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   std::vector<BelowRecord> below;  // tier-2 and tier-3 records continuing the tier-1 hits
   size_t num_hits = 0;
   size_t cluster_end = 0;  // records the cluster is asked for, after `below`'s (none: 0)
-  {
+  const size_t requested_blocks = total_blocks;
+  for (int pass_downs = 0;;) {
     absl::MutexLock lock(&mu_);
+    total_blocks = requested_blocks;
     WaitOutOffloadLocked(total_blocks);
     if (session.closed.load(std::memory_order_acquire)) {
       return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
@@ -467,6 +512,13 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
         CheckCapacityLocked(total_blocks - num_hits, evictable_hits,
                             absl::StrCat("a ", spec.tokens.size(), "-token prompt with ",
                                          num_hits * block_size, " cached tokens")));
+    // What this open evicts goes down first; the copies release mu_, so look again.
+    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(total_blocks - num_hits, hits, below)) {
+      ++pass_downs;
+      // A copy down that hit a device fault latched it: this open fails like every call after.
+      RETURN_IF_ERROR(faults_->status());
+      continue;
+    }
     sequence->tenant = TenantSlotLocked(session.tenant);
     // Hits on evictable blocks become the tenant's referenced blocks too.
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, total_blocks - num_hits + evictable_hits, 1));
@@ -495,6 +547,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, {});
     }
     loading_.insert(sequence.get());
+    break;
   }
   // Only this sequence holds the blocks, and nobody can see the sequence yet.
   const TierLoaded loaded = tiers_->Load(
@@ -580,7 +633,13 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
   RETURN_IF_ERROR(faults_->status());
   if (tokens.empty()) return absl::InvalidArgumentError("extend with no tokens");
   absl::MutexLock lock(&mu_);
-  WaitOutOffloadLocked(tokens.size() / options_.layout.block_size + 1);
+  // At most this many new blocks (one more than the sequence may need: it is not looked at yet).
+  const size_t most_blocks = tokens.size() / options_.layout.block_size + 1;
+  WaitOutOffloadLocked(most_blocks);
+  if (PassDownVictimsLocked(most_blocks, {})) {
+    RETURN_IF_ERROR(faults_->status());
+    WaitOutOffloadLocked(most_blocks);
+  }
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
   const size_t new_length = sequence->tokens.size() + tokens.size();
   const size_t total_blocks = BlocksFor(new_length, options_.layout.block_size);
@@ -701,6 +760,10 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   {
     absl::MutexLock lock(&mu_);
     WaitOutOffloadLocked(1);
+    if (PassDownVictimsLocked(1, {})) {
+      RETURN_IF_ERROR(faults_->status());
+      WaitOutOffloadLocked(1);
+    }
     ASSIGN_OR_RETURN(Sequence * parent, FindLocked(session, sequence_id));
     const size_t full_blocks = parent->tokens.size() / options_.layout.block_size;
     const bool has_partial = full_blocks < parent->blocks.size();
@@ -835,6 +898,7 @@ void Pool::FillTierStatsLocked(PoolStatsSnapshot* stats) const {
   if (stats->host_tier.has_value()) {
     stats->host_tier->evicted_from_above = pool_.counters().evicted_offloaded;
     stats->host_tier->request_waits = offload_waits_;
+    stats->host_tier->evicted_unsaved = evicted_unsaved_;
   }
   stats->disk_tier = tiers_->DiskStats();
   stats->cluster_tier = tiers_->ClusterStats();

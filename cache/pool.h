@@ -35,6 +35,10 @@
 // Lower tiers (PoolOptions: host_tier_bytes, disk_tier_path, cluster_tier; cache/lower_tiers.h):
 // the pool owns a LowerTiers, which runs tier 2, tier 3, the cluster tier and the mover that
 // passes blocks down ahead of their eviction (eviction itself stays O(1) and never waits for it).
+// A request that would evict published blocks the mover has not passed down (a batch larger
+// than its window, or a mover behind) passes them down itself before it looks at the pool, the
+// copies outside mu_ (PassDownVictimsLocked): no admitted block is dropped because a batch was
+// large, and a request pays only for what the mover had not done.
 // Open and Lookup continue the verified prefix walk below where the tier-1 walk ends
 // (LowerTiers::Probe, under mu_); Open loads what it found into fresh tier-1 blocks outside mu_
 // (LowerTiers::Load: the sequence is not visible until it is published), and publishes and counts
@@ -305,11 +309,29 @@ class Pool final : private OffloadSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lower tiers' figures and rows, with tier 1's share of tier 2's.
   void FillTierStatsLocked(PoolStatsSnapshot* stats) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Waits, releasing mu_, until the mover's batch is back when it holds blocks that a request
-  // needing `needed` blocks could otherwise not have. Call before looking at anything.
+  // Waits, releasing mu_, until the blocks pinned for copies down are back when they hold blocks
+  // that a request needing `needed` blocks could otherwise not have. Call before looking at
+  // anything.
   void WaitOutOffloadLocked(size_t needed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the mover when blocks are evictable and fewer than offload_window_ are free.
   void MaybeWakeMoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a request takes `allocations` blocks (past the free ones, evictions of the LRU's
+  // front, the request's evictable `hits` aside): pins those victims that no lower tier holds,
+  // copies them down with mu_ released (LowerTiers::PassDown) and unpins them, below now.
+  // Returns whether mu_ was released: then what the caller looked at may have changed.
+  // The tier-2 records of `loading`, which the request loads next, stay in tier 2.
+  bool PassDownVictimsLocked(size_t allocations, absl::Span<const BlockId> hits,
+                             absl::Span<const BelowRecord> loading = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An open passes its victims down this many times at most (it looks at the pool again after
+  // each); then it evicts what is still not below (counted: PoolHostTierStats::evicted_unsaved).
+  static constexpr int kMaxPassDowns = 3;
+  // An evictable block not marked below: pinned for offload and appended to `batch` if a lower
+  // tier could take it, else marked below (it is there already).
+  void TakeForOffloadLocked(BlockId block, std::vector<OffloadCandidate>* batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishOffloadLocked(absl::Span<const OffloadCandidate> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OffloadSource, for the mover: the oldest offload_window() evictable blocks not below yet,
   // pinned, and handed back.
   bool PickOffload(size_t max, std::vector<OffloadCandidate>* batch) override;
@@ -397,11 +419,13 @@ class Pool final : private OffloadSource {
   std::vector<Hash128> removed_ ABSL_GUARDED_BY(mu_);
   // Sequences being opened whose blocks are loading from tier 2 (not in sequences_ yet).
   absl::flat_hash_set<const Sequence*> loading_ ABSL_GUARDED_BY(mu_);
-  std::vector<BlockId> offload_pins_ ABSL_GUARDED_BY(mu_);  // the mover's batch in flight
+  // Blocks pinned for a copy down: the mover's batch and requests' pass-downs in flight.
+  absl::flat_hash_set<BlockId> offload_pins_ ABSL_GUARDED_BY(mu_);
   // Where the mover's scan of the LRU resumes, and how many blocks from the front that is.
   BlockId offload_cursor_ ABSL_GUARDED_BY(mu_) = kNoBlock;
   uint32_t offload_scanned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t offload_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t evicted_unsaved_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t mover_events_ ABSL_GUARDED_BY(mu_) = 0;  // since the mover was last woken
 
   // The tiers below. Last: its mover calls PickOffload and FinishOffload until it is stopped,

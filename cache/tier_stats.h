@@ -19,29 +19,42 @@ namespace kvcache {
 
 // A pool's tier 2, pool-wide (tenant stats carry the same figures).
 struct PoolHostTierStats {
-  uint64_t hit_blocks = 0;          // blocks loaded into tier 1 and returned as cached
-  uint64_t offloaded_blocks = 0;    // blocks the mover stored
+  uint64_t hit_blocks = 0;        // blocks loaded into tier 1 and returned as cached
+  uint64_t offloaded_blocks = 0;  // blocks the mover stored
+  // Blocks a request stored on evicting them, the mover not having reached them (a request
+  // larger than the offload window, or a mover behind).
+  uint64_t passed_down_on_eviction = 0;
   uint64_t load_failures = 0;       // matched records that failed their load (gone, corrupt)
   uint64_t deadline_blocks = 0;     // matched records left to compute by max_load_ms
   uint64_t evicted_from_above = 0;  // tier-1 evictions whose victim was already in tier 2
-  uint64_t request_waits = 0;       // requests that waited for a mover batch's pinned blocks
-  HostTierCounters store;           // the store's own counters
+  // Tier-1 evictions of a published block no lower tier had taken (every slot being read, a
+  // device fault): a block lost on the way down.
+  uint64_t evicted_unsaved = 0;
+  uint64_t request_waits = 0;  // requests that waited for a mover batch's pinned blocks
+  HostTierCounters store;      // the store's own counters
 };
 
 // A pool's tier 3, pool-wide.
 struct PoolDiskTierStats {
-  uint64_t hit_blocks = 0;          // blocks loaded into tier 1 and returned as cached
-  uint64_t load_failures = 0;       // matched records that failed their load (gone, corrupt, I/O)
-  uint64_t deadline_blocks = 0;     // matched records left to compute by max_load_ms
-  uint64_t demoted_blocks = 0;      // tier-2 records the mover passed down (stores accepted)
+  uint64_t hit_blocks = 0;       // blocks loaded into tier 1 and returned as cached
+  uint64_t load_failures = 0;    // matched records that failed their load (gone, corrupt, I/O)
+  uint64_t deadline_blocks = 0;  // matched records left to compute by max_load_ms
+  // Tier-2 records passed down (stores accepted): by the mover ahead of their eviction, or on it.
+  uint64_t demoted_blocks = 0;
   uint64_t evicted_from_above = 0;  // tier-2 evictions whose record was already on disk
-  DiskTierStats store;              // the store's own counters
+  // Tier-2 evictions of an admitted record the disk had not taken and refused to take then (its
+  // queue full, or stopped): a record lost on the way down.
+  uint64_t evicted_unsaved = 0;
+  DiskTierStats store;  // the store's own counters
 };
 
 // A pool's cluster tier, pool-wide.
 struct PoolClusterTierStats {
   uint64_t hit_blocks = 0;     // blocks loaded into tier 1 and returned as cached
   uint64_t stored_blocks = 0;  // blocks the mover wrote to the cluster
+  // Blocks requests passed down on evicting them whose copies the mover could not send: its
+  // backlog was full (LowerTiers::kClusterBacklogBytes).
+  uint64_t backlog_dropped = 0;
   ClusterTierCounters store;   // the store's own counters (misses by kind)
   RedisClusterCounters redis;  // its client's: node failures, redirects, reconnects
 };
@@ -61,6 +74,11 @@ struct TierStatsRow {
   uint64_t evicted_blocks = 0;
   // Evictions from the tier above whose block this tier already held (saved from recompute).
   uint64_t evicted_from_above = 0;
+  // Evictions from the tier above whose block never reached this tier: lost on the way down
+  // because this tier refused it (host, every slot being read or a device fault; disk, its queue
+  // full or its writer stopped; cluster, the mover's backlog full). Never because a batch was
+  // large: the evicting request passes its victims down.
+  uint64_t lost_from_above = 0;
   // Loads whose bytes failed their checksum (dropped; recomputed).
   uint64_t verify_failures = 0;
   // Matched records that did not load: host and disk, runs an open could not finish (verify

@@ -257,6 +257,7 @@ class KvCacheClient {
     uint64_t node_failures = 0;     // cluster: nodes rested (v1.TierStats)
     uint64_t skipped_commands = 0;  // cluster: commands skipped while their node rested
     uint64_t redirects = 0;         // cluster: MOVED and ASK followed
+    uint64_t lost_from_above = 0;   // evictions above whose block the tier refused (v1.TierStats)
   };
   struct PoolStats {
     std::string pool;

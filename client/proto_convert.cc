@@ -91,7 +91,8 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .restore_skipped = tier.restore_skipped(),
                                                    .node_failures = tier.node_failures(),
                                                    .skipped_commands = tier.skipped_commands(),
-                                                   .redirects = tier.redirects()});
+                                                   .redirects = tier.redirects(),
+                                                   .lost_from_above = tier.lost_from_above()});
   }
   return stats;
 }

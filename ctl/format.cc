@@ -311,6 +311,7 @@ Json StatsJson(const v1::GetStatsResponse& stats) {
       entry["load_failures"] = tier.load_failures();
       entry["deadline_blocks"] = tier.deadline_blocks();
       entry["evicted_from_above"] = tier.evicted_from_above();
+      entry["lost_from_above"] = tier.lost_from_above();
       entry["request_waits"] = tier.request_waits();
       entry["store_failures"] = tier.store_failures();
       if (tier.tier() == "disk") {

@@ -110,6 +110,7 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     tier->set_store_failures(row.store_failures);
     tier->set_evicted_blocks(row.evicted_blocks);
     tier->set_evicted_from_above(row.evicted_from_above);
+    tier->set_lost_from_above(row.lost_from_above);
     tier->set_verify_failures(row.verify_failures);
     tier->set_load_failures(row.load_failures);
     tier->set_deadline_blocks(row.deadline_blocks);

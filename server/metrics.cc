@@ -146,6 +146,10 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   const size_t tier_saved =
       out.Family("kvcache_tier_saved_evictions_total",
                  "Evictions from the tier above whose block was already in this tier.", counter);
+  const size_t tier_lost = out.Family(
+      "kvcache_tier_lost_evictions_total",
+      "Evictions from the tier above whose block never reached this tier (it refused the copy).",
+      counter);
   const size_t tier_verify = out.Family(
       "kvcache_tier_verify_failures_total",
       "Loads from a lower tier whose bytes failed their checksum (dropped, recomputed).", counter);
@@ -204,6 +208,7 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(tier_verify, labels, row.verify_failures);
       out.Counter(tier_load_failures, labels, row.load_failures);
       out.Counter(tier_deadline, labels, row.deadline_blocks);
+      out.Counter(tier_lost, labels, row.lost_from_above);
       if (row.tier == "cluster") {
         // The cluster evicts unseen and holds no count of its own records.
         out.Counter(cluster_node_failures, {{"pool", name}}, row.node_failures);

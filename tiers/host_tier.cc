@@ -106,6 +106,8 @@ absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const Hash128& hash)
     }
     if (taken.evicted) {
       pending.evicted = records_[taken.slot].identity;
+      pending.evicted_below = records_[taken.slot].below;
+      pending.evicted_reused = records_[taken.slot].reused;
       RemovedLocked(taken.slot);
       ++counters_.evicted;
     }

@@ -103,11 +103,14 @@ class HostTier {
   // into this tier's memory): BeginStore takes a slot for `hash` (evicting as Store does) that
   // stays private to the caller, and FinishStore publishes it under `identity` — whose checksum
   // must be that of the bytes the caller put there — or, with `filled` false, frees it. Errors
-  // as Store's, ALREADY_EXISTS from either step (a concurrent store of the hash won).
+  // as Store's, ALREADY_EXISTS from either step (a concurrent store of the hash won). Until the
+  // caller fills them, `bytes` still hold the evicted record's, so it can pass that one down.
   struct PendingStore {
     uint32_t slot = 0;
     uint8_t* bytes = nullptr;                    // block_bytes to fill
     std::optional<BlockRecordIdentity> evicted;  // as StoreResult::evicted
+    bool evicted_below = false;   // the tier below had taken `evicted` (FinishDemotion)
+    bool evicted_reused = false;  // `evicted` was reused (see PinForDemotion's `reused_only`)
   };
   absl::StatusOr<PendingStore> BeginStore(const Hash128& hash);
   absl::Status FinishStore(const PendingStore& pending, const BlockRecordIdentity& identity,

@@ -130,6 +130,43 @@ TEST_P(PoolClusterTierTest, APrefixOffloadedByOnePoolIsAVerifiedHitInAnother) {
   }
 }
 
+// Regression (issue 29): without a tier 2, a put evicting blocks the mover had not sent yet lost
+// them. The evicting request copies them and the mover sends them (a request never waits on the
+// network): another node then hits them.
+TEST_P(PoolClusterTierTest, BlocksEvictedBeforeTheMoverSentThemStillReachTheCluster) {
+  std::unique_ptr<Pool> a = MakePool("node-a", /*host_tier=*/false);
+  std::unique_ptr<Pool> b = MakePool("node-b", /*host_tier=*/false);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const auto put = [&](const std::vector<uint32_t>& tokens) {
+    auto opened = a->Open(session_, SequenceSpec{.tokens = tokens}, OpenMode::kPut);
+    ASSERT_OK(opened);
+    for (size_t i = 0; i < opened->block_ids.size(); ++i) {
+      ASSERT_OK(a->WriteBlock(opened->block_ids[i], 0, BlockBytes(*a, tokens, i)));
+    }
+    ASSERT_OK(a->Commit(session_, opened->sequence_id, tokens.size()));
+    ASSERT_OK(a->Release(session_, opened->sequence_id));
+  };
+  const std::vector<uint32_t> first = Tokens(700, 32);  // the whole pool
+  put(first);
+  put(Tokens(900, 32));  // evicts all of `first`, which the mover has not sent
+  EXPECT_EQ(a->Stats().cluster_tier->stored_blocks, 0u);
+  a->OffloadForTesting();  // the mover sends what the put passed down (and the put's own)
+  EXPECT_EQ(a->Stats().cluster_tier->stored_blocks, 16u);
+  EXPECT_EQ(a->Stats().cluster_tier->backlog_dropped, 0u);
+
+  auto hit = b->Open(session_, SequenceSpec{.tokens = first}, OpenMode::kCompute);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->num_cluster_tier_tokens, 28u);  // capped: the last token is computed
+  for (size_t i = 0; i < 7; ++i) {
+    std::string bytes(b->options().layout.BlockBytes(), '\0');
+    ASSERT_OK(b->ReadBlock(hit->block_ids[i], 0, bytes.size(), bytes.data()));
+    EXPECT_EQ(bytes, BlockBytes(*b, first, i)) << "block " << i;
+  }
+  EXPECT_OK(a->CheckInvariants());
+  EXPECT_OK(b->CheckInvariants());
+}
+
 // Issue 31: what one node passed down for a session bound to a compatibility manifest is a hit on
 // another node for sessions of an equal manifest only, never for another TP rank's or for a
 // session without one.

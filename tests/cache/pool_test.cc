@@ -155,7 +155,8 @@ TEST_F(PoolTest, EvictionIsTailFirstWithinASequence) {
   const OpenedSequence filler = Open(Tokens(500, 4 * 6));  // 5 free + 1 eviction
   EXPECT_EQ(filler.num_cached_tokens, 0);
   EXPECT_EQ(cache_->Stats().pool.evictions, 1);
-  EXPECT_EQ(CachedTokens(Tokens(100, 13)), 8);  // the tail block went first
+  EXPECT_EQ(cache_->Stats().pool.evicted_offloaded, 0);  // no tier below: nothing went down
+  EXPECT_EQ(CachedTokens(Tokens(100, 13)), 8);           // the tail block went first
   ASSERT_OK(cache_->Extend(session_, filler.sequence_id, Tokens(900, 1)).status());
   EXPECT_EQ(CachedTokens(Tokens(100, 13)), 4);
 }

@@ -72,6 +72,7 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
         if (disk_read_depth_ != 0) disk->read_depth = disk_read_depth_;
         disk->testing_before_read = disk_before_read_;
         disk->testing_write_errno = disk_write_errno_;
+        if (disk_max_queued_stores_ != 0) disk->max_queued_stores = disk_max_queued_stores_;
       };
       options.disk_admission = disk_admission_;
     }
@@ -121,6 +122,17 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     EXPECT_OK(pool_->Commit(session_, opened->sequence_id, tokens.size()));
     EXPECT_OK(pool_->Release(session_, opened->sequence_id));
     return *opened;
+  }
+
+  // A PutBlocks: opens the full blocks, writes every one not cached, commits and releases.
+  void Put(const std::vector<uint32_t>& tokens) {
+    absl::StatusOr<OpenedSequence> opened = Open(tokens, OpenMode::kPut);
+    ASSERT_OK(opened);
+    for (size_t i = opened->num_cached_tokens / kBlockSize; i < opened->block_ids.size(); ++i) {
+      ASSERT_OK(pool_->WriteBlock(opened->block_ids[i], 0, BlockBytes(tokens, i)));
+    }
+    ASSERT_OK(pool_->Commit(session_, opened->sequence_id, tokens.size()));
+    ASSERT_OK(pool_->Release(session_, opened->sequence_id));
   }
 
   // Computes `tokens`, copies what the mover would to tier 2, then evicts it all from tier 1 with
@@ -212,6 +224,7 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   uint64_t block_bytes_ = 0;
   ::kvcache::testing::ScopedTempDir disk_dir_;
   uint32_t disk_read_depth_ = 0;
+  uint32_t disk_max_queued_stores_ = 0;
   std::function<void()> disk_before_read_;
   std::function<int()> disk_write_errno_;
   std::unique_ptr<KvEventLog> events_;
@@ -355,6 +368,9 @@ TEST_P(PoolTierTest, SessionEndingDuringTheLoadLeavesNothingBehind) {
   MakePool(8, 16);
   const std::vector<uint32_t> a = Tokens(100, 17);
   ComputeOffloadEvict(a);
+  // The evicting prompt goes below too: the open evicts nothing unsaved, so the first record it
+  // pins is its load's (a pass-down keeps the records it will load pinned meanwhile).
+  pool_->OffloadForTesting();
   pool_->host_tier()->SetLoadHookForTesting([this](const Hash128&) {
     if (session_.closed.exchange(true)) return;
     pool_->ReleaseSession(session_.id);  // the sweep runs while the opening sequence loads
@@ -500,43 +516,74 @@ TEST(PoolTierSpecTest, HostTierOfLessThanOneBlockIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool 'tiered': host_tier=")));
 }
 
-// A device fault in the middle of a copy from tier 2 (a sticky CUDA error, here injected into
-// the staged memory's writes) latches: the open that hit it fails like every call after it, and
-// hands out nothing.
-TEST(PoolTierFaultTest, DeviceFaultWhileLoadingFromTier2FailsTheOpen) {
-  PoolOptions options = TierPoolOptions(8, 16);
-  auto base = HostPoolMemory::Create(options.layout.BlockBytes(), 8);
-  ASSERT_OK(base);
-  auto owned = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
-  testing::FaultInjectionPoolMemory* memory = owned.get();
-  auto pool = Pool::Create(options, 0, std::move(owned));
-  ASSERT_OK(pool);
-  const Session session{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
-  const auto compute = [&](const std::vector<uint32_t>& tokens) {
-    auto opened = (*pool)->Open(session, SequenceSpec{.tokens = tokens}, OpenMode::kCompute);
+// An 8-block pool over a 16-slot tier 2 whose memory fails when told to (a sticky CUDA error,
+// here injected into host memory's reads or writes).
+class PoolTierFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto base = HostPoolMemory::Create(options_.layout.BlockBytes(), 8);
+    ASSERT_OK(base);
+    auto memory = std::make_unique<testing::FaultInjectionPoolMemory>(*std::move(base));
+    memory_ = memory.get();
+    auto pool = Pool::Create(options_, 0, std::move(memory));
+    ASSERT_OK(pool);
+    pool_ = *std::move(pool);
+  }
+
+  // Opens, writes every full block, commits and releases.
+  void Compute(const std::vector<uint32_t>& tokens) {
+    auto opened = pool_->Open(session_, SequenceSpec{.tokens = tokens}, OpenMode::kCompute);
     ASSERT_OK(opened);
-    const std::string bytes(options.layout.BlockBytes(), 'k');
+    const std::string bytes(options_.layout.BlockBytes(), 'k');
     for (size_t i = 0; i < tokens.size() / kBlockSize; ++i) {
-      ASSERT_OK((*pool)->WriteBlock(opened->block_ids[i], 0, bytes));
+      ASSERT_OK(pool_->WriteBlock(opened->block_ids[i], 0, bytes));
     }
-    ASSERT_OK((*pool)->Commit(session, opened->sequence_id, tokens.size()));
-    ASSERT_OK((*pool)->Release(session, opened->sequence_id));
-  };
+    ASSERT_OK(pool_->Commit(session_, opened->sequence_id, tokens.size()));
+    ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  }
+
+  const PoolOptions options_ = TierPoolOptions(8, 16);
+  const Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
+  testing::FaultInjectionPoolMemory* memory_ = nullptr;  // pool_'s
+  std::unique_ptr<Pool> pool_;
+};
+
+// A device fault in the middle of a copy from tier 2 latches: the open that hit it fails like
+// every call after it, and hands out nothing.
+TEST_F(PoolTierFaultTest, DeviceFaultWhileLoadingFromTier2FailsTheOpen) {
   const std::vector<uint32_t> a = Tokens(100, 16);
-  compute(a);
-  EXPECT_EQ((*pool)->OffloadForTesting(), 4u);
-  compute(Tokens(500, 32));  // A's four leave tier 1
-  memory->FailNth(testing::FaultInjectionPoolMemory::Op::kWrite, 2,
-                  testing::FaultInjectionPoolMemory::StickyCudaError());
-  EXPECT_THAT((*pool)->Open(session, SequenceSpec{.tokens = a}, OpenMode::kCompute),
+  Compute(a);
+  EXPECT_EQ(pool_->OffloadForTesting(), 4u);
+  Compute(Tokens(500, 32));  // A's four leave tier 1
+  memory_->FailNth(testing::FaultInjectionPoolMemory::Op::kWrite, 2,
+                   testing::FaultInjectionPoolMemory::StickyCudaError());
+  EXPECT_THAT(pool_->Open(session_, SequenceSpec{.tokens = a}, OpenMode::kCompute),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("illegal memory access")));
-  EXPECT_TRUE(memory->tripped());
-  EXPECT_THAT((*pool)->Lookup("tenant-a", SequenceSpec{.tokens = a}).status(),
+  EXPECT_TRUE(memory_->tripped());
+  EXPECT_THAT(pool_->Lookup("tenant-a", SequenceSpec{.tokens = a}).status(),
               StatusIs(absl::StatusCode::kUnavailable));
-  const PoolStatsSnapshot stats = (*pool)->Stats();
-  EXPECT_EQ(stats.referenced, 0u);                // the failed open holds nothing
-  EXPECT_EQ(stats.host_tier->store.records, 4u);  // and A's records stay, no verdict on them
-  EXPECT_OK((*pool)->CheckInvariants());
+  const PoolStatsSnapshot stats = pool_->Stats();
+  EXPECT_EQ(stats.referenced, 0u);  // the failed open holds nothing
+  // A's records stay, no verdict on them, beside the four the open passed down on evicting them.
+  EXPECT_EQ(stats.host_tier->store.records, 8u);
+  EXPECT_EQ(stats.host_tier->passed_down_on_eviction, 4u);
+  EXPECT_OK(pool_->CheckInvariants());
+}
+
+// A device fault while an open copies its victims down (reading them) fails that open
+// UNAVAILABLE as well; it holds nothing, and nothing was marked below.
+TEST_F(PoolTierFaultTest, DeviceFaultWhilePassingVictimsDownFailsTheOpen) {
+  Compute(Tokens(100, 32));  // the whole pool, never offloaded
+  memory_->FailNth(testing::FaultInjectionPoolMemory::Op::kRead, 1,
+                   testing::FaultInjectionPoolMemory::StickyCudaError());
+  EXPECT_THAT(pool_->Open(session_, SequenceSpec{.tokens = Tokens(500, 16)}, OpenMode::kCompute),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("illegal memory access")));
+  EXPECT_TRUE(memory_->tripped());
+  const PoolStatsSnapshot stats = pool_->Stats();
+  EXPECT_EQ(stats.referenced, 0u);
+  EXPECT_EQ(stats.evictable, 8u);  // nothing was evicted
+  EXPECT_EQ(stats.host_tier->passed_down_on_eviction, 0u);
+  EXPECT_OK(pool_->CheckInvariants());
 }
 
 }  // namespace
@@ -766,6 +813,48 @@ TEST_P(PoolTierTest, ReusedAdmissionPassesDownOnlyBlocksHitAtLeastOnce) {
   pool_->disk_tier()->Flush();
   EXPECT_EQ(DiskStats().store.records, 4u);
   EXPECT_EQ(DiskStats().demoted_blocks, 4u);
+}
+
+// Regression (issue 29): a request that evicts more blocks than the mover's offload window
+// dropped the admitted blocks the mover had not copied down yet — with 32-block puts only 2 of 8
+// prompts reached the lower tiers. Every block a put admits now reaches tier 2 or the disk before
+// tier 1 evicts it, however large the batch: the evicting request passes its victims down, and so
+// does tier 2's store that evicts a record the disk does not hold yet. The pool's windows are 8
+// blocks, and the mover covers them between puts (OffloadForTesting: a mover never behind).
+TEST_P(PoolTierTest, PutsLargerThanTheOffloadWindowLoseNoBlockOnTheWayDown) {
+  // Room for a put's 32 records in the disk's queue: its back-pressure is not what is tested.
+  disk_max_queued_stores_ = 64;
+  MakePool(64, 64, /*manual=*/true, /*offload_window=*/0, DiskBytes(512));
+  ASSERT_EQ(pool_->offload_window(), 8u);
+  ASSERT_EQ(pool_->demotion_window(), 8u);
+  constexpr size_t kPrompts = 8, kPutBlocks = 32;
+  std::vector<std::vector<uint32_t>> prompts;
+  for (size_t p = 0; p < kPrompts; ++p) {
+    prompts.push_back(Tokens(static_cast<uint32_t>(10000 * (p + 1)), kPutBlocks * kBlockSize));
+    Put(prompts.back());
+    pool_->OffloadForTesting();
+  }
+  pool_->disk_tier()->Flush();  // what the disk took is durable, hence found
+  size_t prompts_below = 0;
+  for (size_t p = 0; p < kPrompts; ++p) {
+    auto found = pool_->Lookup("tenant-a", SequenceSpec{.tokens = prompts[p]});
+    ASSERT_OK(found);
+    EXPECT_EQ(found->num_cached_blocks, kPutBlocks) << "prompt " << p;
+    // The first six left tier 1 (it holds two puts): all of each is below.
+    if (found->num_host_tier_tokens + found->num_disk_tier_tokens == kPutBlocks * kBlockSize) {
+      ++prompts_below;
+    }
+  }
+  EXPECT_EQ(prompts_below, kPrompts - 2);
+  // Every tier-1 victim was below when evicted, and every tier-2 victim on disk.
+  const PoolStatsSnapshot stats = pool_->Stats();
+  EXPECT_EQ(stats.pool.evictions, (kPrompts - 2) * kPutBlocks);
+  EXPECT_EQ(stats.pool.evicted_offloaded, stats.pool.evictions);
+  EXPECT_EQ(stats.host_tier->evicted_unsaved, 0u);
+  EXPECT_GT(stats.host_tier->store.evicted, 0u);
+  EXPECT_EQ(stats.disk_tier->evicted_unsaved, 0u);
+  EXPECT_EQ(stats.tiers[0].store_failures, 0u);
+  EXPECT_EQ(stats.tiers[1].store_failures, 0u);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ TEST(TierStatsRowsTest, HostRowTakesTheStoreAndThePoolFigures) {
                          .load_failures = 3,
                          .deadline_blocks = 4,
                          .evicted_from_above = 5,
+                         .evicted_unsaved = 14,
                          .request_waits = 6};
   host.store = HostTierCounters{.stored = 7,
                                 .evicted = 8,
@@ -39,12 +40,14 @@ TEST(TierStatsRowsTest, HostRowTakesTheStoreAndThePoolFigures) {
   EXPECT_EQ(row.records, 11u);
   EXPECT_EQ(row.bytes_used, 12u);
   EXPECT_EQ(row.capacity_bytes, 13u);
+  EXPECT_EQ(row.lost_from_above, 14u);
 }
 
 // The disk's refusals (queue full, writer stopped) are store failures, as for the other tiers.
 TEST(TierStatsRowsTest, DiskRowCountsRefusalsAsStoreFailures) {
   PoolDiskTierStats disk{.hit_blocks = 1, .load_failures = 2, .deadline_blocks = 3};
   disk.evicted_from_above = 4;
+  disk.evicted_unsaved = 11;
   disk.store.slots = 10;
   disk.store.slot_bytes = 4096;
   disk.store.records = 6;
@@ -77,10 +80,11 @@ TEST(TierStatsRowsTest, DiskRowCountsRefusalsAsStoreFailures) {
   EXPECT_EQ(row.write_errors, 1u);
   EXPECT_EQ(row.restored_records, 30u);
   EXPECT_EQ(row.restore_skipped, 10u);
+  EXPECT_EQ(row.lost_from_above, 11u);
 }
 
 TEST(TierStatsRowsTest, ClusterRowSumsItsMissesByKind) {
-  PoolClusterTierStats cluster{.hit_blocks = 1, .stored_blocks = 2};
+  PoolClusterTierStats cluster{.hit_blocks = 1, .stored_blocks = 2, .backlog_dropped = 12};
   cluster.store = ClusterTierCounters{.stored = 99,
                                       .store_failures = 3,
                                       .absent = 50,
@@ -100,6 +104,7 @@ TEST(TierStatsRowsTest, ClusterRowSumsItsMissesByKind) {
   EXPECT_EQ(row.hit_blocks, 1u);
   EXPECT_EQ(row.stored_blocks, 2u);  // the pool's count of what it wrote
   EXPECT_EQ(row.store_failures, 3u);
+  EXPECT_EQ(row.lost_from_above, 12u);  // the pass-downs the mover's backlog had no room for
   EXPECT_EQ(row.verify_failures, 8u);
   EXPECT_EQ(row.load_failures, 8u + 6 + 7 + 4);  // absent is a plain miss, not a failure
   EXPECT_EQ(row.deadline_blocks, 5u);

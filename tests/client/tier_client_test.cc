@@ -86,6 +86,7 @@ TEST_F(TierClientTest, EvictedBlocksComeBackFromTheHostTierWithIdenticalBytes) {
   KvCacheClient::TierStats tier = HostTier();
   EXPECT_EQ(tier.tier, "host");
   EXPECT_EQ(tier.evicted_from_above, 4u);
+  EXPECT_EQ(tier.lost_from_above, 0u);
   EXPECT_EQ(tier.capacity_bytes, kTierSlots * block_bytes_);
 
   absl::StatusOr<KvCacheClient::LookupResult> lookup = client_->Lookup("tiered", "", a);
