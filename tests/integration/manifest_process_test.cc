@@ -50,14 +50,14 @@ std::vector<uint32_t> Prompt(uint32_t seed, size_t tokens) {
   return prompt;
 }
 
-// Two pools of 16 blocks, each over a host tier of 8 blocks: "hosted" keeps its records there;
-// "tiered" passes each on to its disk tier (tier 2's demotion window is all of it). The mover keeps
-// the oldest 8 evictable blocks copied to tier 2.
+// Two pools of 16 blocks over a host tier: "hosted"'s, of 32 blocks, keeps every record it gets
+// (the ones the mover copies ahead of eviction and those evictions pass down); "tiered"'s, of 8,
+// passes each on to its disk tier (tier 2's demotion window is all of it).
 class ManifestProcessTest : public DaemonProcessTest {
  protected:
   ManifestProcessTest() {
     pool_name_ = "hosted";
-    pool_flag_ = "hosted:blocks=16:host_tier=256KiB,tiered:blocks=16:host_tier=256KiB:disk_tier=" +
+    pool_flag_ = "hosted:blocks=16:host_tier=1MiB,tiered:blocks=16:host_tier=256KiB:disk_tier=" +
                  disk_dir_.path() + "/tiered.tier:4MiB";
   }
 
