@@ -167,6 +167,12 @@ bool LowerTiers::NeedsOffload(const Hash128& hash, bool in_cluster) const {
   return host_tier_ != nullptr && !host_tier_->Contains(hash);
 }
 
+bool LowerTiers::HoldsBelow(const Hash128& hash, bool in_cluster) const {
+  if (cluster_tier_ != nullptr && in_cluster) return true;
+  if (host_tier_ != nullptr && host_tier_->Contains(hash)) return true;
+  return disk_tier_ != nullptr && disk_tier_->Find(hash).ok();
+}
+
 void LowerTiers::MarkReused(const Hash128& hash) {
   if (host_tier_ != nullptr) host_tier_->MarkReused(hash);
 }

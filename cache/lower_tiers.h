@@ -164,6 +164,11 @@ class LowerTiers {
   // Whether a tier-1 block with this hash has somewhere to go: the cluster when it is not there
   // yet (`in_cluster`), else tier 2 when it does not hold the hash.
   bool NeedsOffload(const Hash128& hash, bool in_cluster) const;
+  // Whether evicting the block from tier 1 loses nothing: tier 2, the disk or (`in_cluster`) the
+  // cluster holds its bytes. The mover still copies such a block into tier 2 ahead of eviction
+  // when tier 2 lacks it (NeedsOffload: a block loaded from disk is hot), but a request passing
+  // its victims down does not pay for that copy.
+  bool HoldsBelow(const Hash128& hash, bool in_cluster) const;
   // A tier-1 hit on a block already offloaded: its tier-2 record counts as reused too (admission).
   void MarkReused(const Hash128& hash);
 

@@ -153,7 +153,7 @@ BlockId Pool::AllocateLocked(uint32_t tenant, PoolTicks now) {
   const BlockId victim =
       pool_.num_free() == 0 && tiers_->takes_blocks() ? pool_.LruFront() : kNoBlock;
   if (victim != kNoBlock && !pool_.IsOffloaded(victim) &&
-      tiers_->NeedsOffload(pool_.IdentityOf(victim).hash, pool_.IsInCluster(victim))) {
+      !tiers_->HoldsBelow(pool_.IdentityOf(victim).hash, pool_.IsInCluster(victim))) {
     ++evicted_unsaved_;
   }
   removed_.clear();
@@ -210,7 +210,10 @@ bool Pool::PassDownVictimsLocked(size_t allocations, absl::Span<const BlockId> h
     const BlockId next = pool_.LruNext(block);
     if (!std::binary_search(resurrected.begin(), resurrected.end(), block)) {
       --evictions;
-      if (!pool_.IsOffloaded(block)) TakeForOffloadLocked(block, &batch);
+      if (!pool_.IsOffloaded(block) &&
+          !tiers_->HoldsBelow(pool_.IdentityOf(block).hash, pool_.IsInCluster(block))) {
+        TakeForOffloadLocked(block, &batch);
+      }
     }
     block = next;
   }
