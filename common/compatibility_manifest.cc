@@ -140,8 +140,8 @@ CompatibilityManifest::CompatibilityManifest(ManifestFields fields, DType kv_dty
 absl::Status CompatibilityManifest::CheckFits(const PoolLayout& layout,
                                               absl::string_view pool_name) const {
   const auto mismatch = [&](absl::string_view what, const auto& ours, const auto& pools) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the manifest has ", what, " ", ours, " but pool '", pool_name, "' has ", pools));
+    return absl::FailedPreconditionError(absl::StrCat("the manifest has ", what, " ", ours,
+                                                      " but pool '", pool_name, "' has ", pools));
   };
   if (fields_.page_tokens != layout.block_size) {
     return mismatch("page_tokens", fields_.page_tokens,
