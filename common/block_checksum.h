@@ -21,10 +21,11 @@ inline uint64_t BlockChecksum(const void* data, uint64_t size) { return xxh3::Ha
 
 // BlockChecksum of `size` bytes at `source`, computed while `copy_piece(offset, length)` copies
 // them a piece at a time: each piece is checksummed, then copied while it is still in the L1
-// cache, so the source is read from memory once. For copies with streaming stores (a host
-// pool's writes), whose destination is not in cache afterwards: Pool::Open from tier 2 went from
-// 0.54-0.58x to 0.67-0.72x of memcpy at 256 KiB blocks (tier_bench, 2026-11-26). The source must
-// not change until this returns.
+// cache, so the source is read from memory once. Meant for copies with streaming stores (a host
+// pool's writes), whose destination is not in cache afterwards for a second pass to read. Measured
+// gain not settled: Pool::Open from tier 2 at 256 KiB went from 0.54-0.58x to 0.67-0.72x of memcpy
+// in one sitting and stayed at 0.67-0.69x in another (tier_bench, 2026-11-26, issue 30). The
+// source must not change until this returns.
 uint64_t ChecksumWhileCopying(const void* source, uint64_t size,
                               absl::FunctionRef<void(uint64_t offset, uint64_t length)> copy_piece);
 
