@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bookkeeping_pool.h"
 #include "cache/kv_event_log.h"
 #include "cache/pool.h"
 
@@ -43,30 +44,10 @@ uint64_t RssAnonBytes() {
 int Run(uint32_t num_blocks) {
   const uint64_t before = RssAnonBytes();
   KvEventLog events;
-  PoolOptions options;
-  options.name = "bench";
-  options.model_id = "bench";
-  // One fp16 element a token: the pool's bytes (2 MiB a million blocks) barely move the figure,
-  // and they are a file mapping in the daemon anyway.
-  options.layout = PoolLayout{.num_layers = 1,
-                              .num_kv_heads = 1,
-                              .head_dim = 1,
-                              .block_size = kBlockSize,
-                              .dtype = DType::kFloat16};
-  options.num_blocks = num_blocks;
-  events.AddPool(0, options.name, std::string(kKvMediumCpu), kBlockSize);
-  absl::StatusOr<std::unique_ptr<HostPoolMemory>> memory =
-      HostPoolMemory::Create(options.layout.BlockBytes(), num_blocks);
-  if (!memory.ok()) {
-    std::fprintf(stderr, "pool memory: %s\n", memory.status().ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<Pool>> pool =
-      Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, &events);
-  if (!pool.ok()) {
-    std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());
-    return 1;
-  }
+  // The pool's own bytes (2 MiB a million blocks) barely move the figure, and they are a file
+  // mapping in the daemon anyway.
+  events.AddPool(0, bench::kBookkeepingPoolName, std::string(kKvMediumCpu), kBlockSize);
+  const std::unique_ptr<Pool> pool = bench::MakeBookkeepingPool(num_blocks, kBlockSize, &events);
   Session session(1, "uid:0", "tenant", "bench", absl::Hours(1));
   const uint64_t empty = RssAnonBytes();
 
@@ -75,13 +56,13 @@ int Run(uint32_t num_blocks) {
   const uint32_t num_prompts = num_blocks / kPromptBlocks;
   for (uint32_t i = 0; i < num_prompts; ++i) {
     for (uint32_t& token : prompt) token = next_token++;
-    absl::StatusOr<OpenedSequence> opened = (*pool)->Open(session, SequenceSpec{prompt});
+    absl::StatusOr<OpenedSequence> opened = pool->Open(session, SequenceSpec{prompt});
     absl::Status done = opened.status();
     if (done.ok()) {
-      done = (*pool)->Commit(session, opened->sequence_id, prompt.size()).status();
+      done = pool->Commit(session, opened->sequence_id, prompt.size()).status();
     }
     // Every other prompt is released: its blocks stay published, evictable.
-    if (done.ok() && i % 2 == 1) done = (*pool)->Release(session, opened->sequence_id);
+    if (done.ok() && i % 2 == 1) done = pool->Release(session, opened->sequence_id);
     if (!done.ok()) {
       std::fprintf(stderr, "prompt %u: %s\n", i, done.ToString().c_str());
       return 1;
@@ -89,7 +70,7 @@ int Run(uint32_t num_blocks) {
   }
   malloc_trim(0);
   const uint64_t full = RssAnonBytes();
-  const PoolStatsSnapshot stats = (*pool)->Stats();
+  const PoolStatsSnapshot stats = pool->Stats();
   const uint64_t published = stats.pool.published;
   if (published != uint64_t{num_prompts} * kPromptBlocks || events.indexed_blocks() != published) {
     std::fprintf(stderr, "published %llu blocks, the event log indexes %zu, wanted %u\n",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/bench_run.h"
+#include "bench/bookkeeping_pool.h"
 #include "cache/pool.h"
 
 namespace kvcache {
@@ -18,22 +19,6 @@ namespace {
 constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kPromptTokens = 2048;
 constexpr uint32_t kNumBlocks = 1 << 16;
-
-std::unique_ptr<Pool> MakeCache() {
-  PoolOptions options;
-  options.name = "bench";
-  options.model_id = "bench";
-  // A tiny block keeps the pool's memory small; bookkeeping does not depend on block bytes.
-  options.layout = PoolLayout{.num_layers = 1,
-                              .num_kv_heads = 1,
-                              .head_dim = 1,
-                              .block_size = kBlockSize,
-                              .dtype = DType::kFloat16};
-  options.num_blocks = kNumBlocks;
-  auto memory = bench::ValueOrFail(HostPoolMemory::Create(options.layout.BlockBytes(), kNumBlocks),
-                                   "HostPoolMemory::Create");
-  return bench::ValueOrFail(Pool::Create(options, 0, std::move(memory)), "Pool::Create");
-}
 
 // On a shared machine the thread's CPU time is the steadier figure: other processes lengthen
 // the wall time, not the work.
@@ -45,7 +30,7 @@ double ThreadCpuSeconds() {
 
 // Every prompt starts with the same `shared_fraction` of tokens; the rest is unique.
 void Run(double shared_fraction, double seconds) {
-  std::unique_ptr<Pool> cache = MakeCache();
+  std::unique_ptr<Pool> cache = bench::MakeBookkeepingPool(kNumBlocks, kBlockSize);
   Session session(1, "uid:0", "tenant", "bench", absl::Seconds(60));
   const uint32_t shared_tokens =
       static_cast<uint32_t>(kPromptTokens * shared_fraction) / kBlockSize * kBlockSize;
