@@ -14,6 +14,38 @@ HASH_ALGORITHM_SHA256: HashAlgorithm
 HASH_ALGORITHM_UNSPECIFIED: HashAlgorithm
 HASH_ALGORITHM_XXH3_128: HashAlgorithm
 
+class AcquirePagesRequest(_message.Message):
+    __slots__ = ["epoch", "keys", "max_load_ms", "parts", "pool", "session_id"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    max_load_ms: int
+    parts: _containers.RepeatedScalarFieldContainer[str]
+    pool: str
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., parts: _Optional[_Iterable[str]] = ..., max_load_ms: _Optional[int] = ...) -> None: ...
+
+class AcquirePagesResponse(_message.Message):
+    __slots__ = ["block_ids", "epoch", "page_checksums", "pages_by_tier", "part_masks", "sequence_id"]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PAGES_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    epoch: int
+    page_checksums: _containers.RepeatedScalarFieldContainer[int]
+    pages_by_tier: TierPages
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
+    sequence_id: int
+    def __init__(self, epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., page_checksums: _Optional[_Iterable[int]] = ..., part_masks: _Optional[_Iterable[int]] = ..., pages_by_tier: _Optional[_Union[TierPages, _Mapping]] = ...) -> None: ...
+
 class AllBlocksCleared(_message.Message):
     __slots__ = ["pool"]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +132,26 @@ class CloseSessionResponse(_message.Message):
     released_sequences: int
     def __init__(self, epoch: _Optional[int] = ..., released_sequences: _Optional[int] = ...) -> None: ...
 
+class CommitPagesRequest(_message.Message):
+    __slots__ = ["epoch", "sequence_id", "session_id"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    sequence_id: int
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ...) -> None: ...
+
+class CommitPagesResponse(_message.Message):
+    __slots__ = ["epoch", "num_duplicates", "num_published"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    NUM_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    num_duplicates: int
+    num_published: int
+    def __init__(self, epoch: _Optional[int] = ..., num_published: _Optional[int] = ..., num_duplicates: _Optional[int] = ...) -> None: ...
+
 class CommitSequenceRequest(_message.Message):
     __slots__ = ["epoch", "num_written_tokens", "sequence_id", "session_id"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +211,30 @@ class DescribePoolResponse(_message.Message):
     manifests: _containers.RepeatedCompositeFieldContainer[ManifestInUse]
     pool: PoolInfo
     def __init__(self, epoch: _Optional[int] = ..., pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., counts: _Optional[_Union[BlockCounts, _Mapping]] = ..., manifests: _Optional[_Iterable[_Union[ManifestInUse, _Mapping]]] = ...) -> None: ...
+
+class ExistsPagesRequest(_message.Message):
+    __slots__ = ["epoch", "keys", "parts", "pool", "session_id"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    parts: _containers.RepeatedScalarFieldContainer[str]
+    pool: str
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., parts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExistsPagesResponse(_message.Message):
+    __slots__ = ["epoch", "num_pages", "pages_by_tier"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGES_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    num_pages: int
+    pages_by_tier: TierPages
+    def __init__(self, epoch: _Optional[int] = ..., num_pages: _Optional[int] = ..., pages_by_tier: _Optional[_Union[TierPages, _Mapping]] = ...) -> None: ...
 
 class ExtendSequenceRequest(_message.Message):
     __slots__ = ["epoch", "sequence_id", "session_id", "tokens"]
@@ -251,6 +327,36 @@ class GetBlocksResponse(_message.Message):
     epoch: int
     header: GetBlocksHeader
     def __init__(self, epoch: _Optional[int] = ..., header: _Optional[_Union[GetBlocksHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class GetPagesRequest(_message.Message):
+    __slots__ = ["epoch", "keys", "max_load_ms", "parts", "pool", "session_id"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    max_load_ms: int
+    parts: _containers.RepeatedScalarFieldContainer[str]
+    pool: str
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., parts: _Optional[_Iterable[str]] = ..., max_load_ms: _Optional[int] = ...) -> None: ...
+
+class GetPagesResponse(_message.Message):
+    __slots__ = ["epoch", "page_checksums", "pages", "pages_by_tier", "part_masks"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PAGES_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    page_checksums: _containers.RepeatedScalarFieldContainer[int]
+    pages: _containers.RepeatedScalarFieldContainer[bytes]
+    pages_by_tier: TierPages
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., pages: _Optional[_Iterable[bytes]] = ..., page_checksums: _Optional[_Iterable[int]] = ..., part_masks: _Optional[_Iterable[int]] = ..., pages_by_tier: _Optional[_Union[TierPages, _Mapping]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ["pool", "tenant"]
@@ -436,6 +542,25 @@ class PagePart(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
+class PagePartInfo(_message.Message):
+    __slots__ = ["bytes", "hit_policy", "name", "offset", "trailing_pages"]
+    class HitPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = []
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HIT_POLICY_ALL_PAGES: PagePartInfo.HitPolicy
+    HIT_POLICY_FIELD_NUMBER: _ClassVar[int]
+    HIT_POLICY_TRAILING_PAGES: PagePartInfo.HitPolicy
+    HIT_POLICY_UNSPECIFIED: PagePartInfo.HitPolicy
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TRAILING_PAGES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    hit_policy: PagePartInfo.HitPolicy
+    name: str
+    offset: int
+    trailing_pages: int
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., bytes: _Optional[int] = ..., hit_policy: _Optional[_Union[PagePartInfo.HitPolicy, str]] = ..., trailing_pages: _Optional[int] = ...) -> None: ...
+
 class ParallelGeometry(_message.Message):
     __slots__ = ["cp_rank", "cp_size", "pp_rank", "pp_size", "tp_rank", "tp_size"]
     CP_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -452,6 +577,28 @@ class ParallelGeometry(_message.Message):
     tp_size: int
     def __init__(self, tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., cp_size: _Optional[int] = ..., cp_rank: _Optional[int] = ...) -> None: ...
 
+class PinPagesRequest(_message.Message):
+    __slots__ = ["epoch", "keys", "pool", "session_id", "ttl_ms"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    pool: str
+    session_id: int
+    ttl_ms: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class PinPagesResponse(_message.Message):
+    __slots__ = ["epoch", "num_pages"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    num_pages: int
+    def __init__(self, epoch: _Optional[int] = ..., num_pages: _Optional[int] = ...) -> None: ...
+
 class PingRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
@@ -467,7 +614,7 @@ class PingResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., server_version: _Optional[str] = ..., server_revision: _Optional[str] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
-    __slots__ = ["hash_algorithm", "layout", "mapping", "memory_kind", "model_id", "name", "num_blocks"]
+    __slots__ = ["hash_algorithm", "layout", "mapping", "memory_kind", "model_id", "name", "num_blocks", "parts"]
     HASH_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     MAPPING_FIELD_NUMBER: _ClassVar[int]
@@ -475,6 +622,7 @@ class PoolInfo(_message.Message):
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     hash_algorithm: HashAlgorithm
     layout: PoolLayout
     mapping: PoolMapping
@@ -482,7 +630,8 @@ class PoolInfo(_message.Message):
     model_id: str
     name: str
     num_blocks: int
-    def __init__(self, name: _Optional[str] = ..., model_id: _Optional[str] = ..., layout: _Optional[_Union[PoolLayout, _Mapping]] = ..., num_blocks: _Optional[int] = ..., hash_algorithm: _Optional[_Union[HashAlgorithm, str]] = ..., memory_kind: _Optional[str] = ..., mapping: _Optional[_Union[PoolMapping, _Mapping]] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[PagePartInfo]
+    def __init__(self, name: _Optional[str] = ..., model_id: _Optional[str] = ..., layout: _Optional[_Union[PoolLayout, _Mapping]] = ..., num_blocks: _Optional[int] = ..., hash_algorithm: _Optional[_Union[HashAlgorithm, str]] = ..., memory_kind: _Optional[str] = ..., mapping: _Optional[_Union[PoolMapping, _Mapping]] = ..., parts: _Optional[_Iterable[_Union[PagePartInfo, _Mapping]]] = ...) -> None: ...
 
 class PoolLayout(_message.Message):
     __slots__ = ["block_bytes", "block_size", "dtype", "fingerprint", "head_dim", "num_kv_heads", "num_layers"]
@@ -609,6 +758,34 @@ class PutBlocksResponse(_message.Message):
     num_stored: int
     def __init__(self, epoch: _Optional[int] = ..., num_blocks: _Optional[int] = ..., num_already_cached: _Optional[int] = ..., num_stored: _Optional[int] = ...) -> None: ...
 
+class PutPagesRequest(_message.Message):
+    __slots__ = ["epoch", "keys", "page_checksums", "pages", "part_masks", "pool", "session_id"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    page_checksums: _containers.RepeatedScalarFieldContainer[int]
+    pages: _containers.RepeatedScalarFieldContainer[bytes]
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
+    pool: str
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., part_masks: _Optional[_Iterable[int]] = ..., pages: _Optional[_Iterable[bytes]] = ..., page_checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PutPagesResponse(_message.Message):
+    __slots__ = ["epoch", "num_duplicates", "num_published"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    NUM_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    num_duplicates: int
+    num_published: int
+    def __init__(self, epoch: _Optional[int] = ..., num_published: _Optional[int] = ..., num_duplicates: _Optional[int] = ...) -> None: ...
+
 class ReleaseSequenceRequest(_message.Message):
     __slots__ = ["epoch", "sequence_id", "session_id"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -624,6 +801,30 @@ class ReleaseSequenceResponse(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class ReservePagesRequest(_message.Message):
+    __slots__ = ["epoch", "keys", "part_masks", "pool", "session_id"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
+    pool: str
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., part_masks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReservePagesResponse(_message.Message):
+    __slots__ = ["block_ids", "epoch", "sequence_id"]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    epoch: int
+    sequence_id: int
+    def __init__(self, epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
     __slots__ = ["client_name", "expires_in_ms", "open_sequences", "principal", "session_id", "tenant", "ttl_ms"]
@@ -652,6 +853,18 @@ class StoredBlock(_message.Message):
     hash: BlockHash
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, hash: _Optional[_Union[BlockHash, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., extras_digest: _Optional[int] = ...) -> None: ...
+
+class TierPages(_message.Message):
+    __slots__ = ["cluster", "disk", "host", "pool"]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    cluster: int
+    disk: int
+    host: int
+    pool: int
+    def __init__(self, pool: _Optional[int] = ..., host: _Optional[int] = ..., disk: _Optional[int] = ..., cluster: _Optional[int] = ...) -> None: ...
 
 class TierStats(_message.Message):
     __slots__ = ["bytes_used", "capacity_bytes", "deadline_blocks", "evicted_blocks", "evicted_from_above", "hit_blocks", "load_failures", "lost_from_above", "node_failures", "records", "redirects", "request_waits", "restore_skipped", "restored_records", "skipped_commands", "store_failures", "stored_blocks", "tier", "verify_failures"]

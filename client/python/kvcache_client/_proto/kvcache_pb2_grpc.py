@@ -109,6 +109,41 @@ class KvCacheStub(object):
                 request_serializer=kvcache_dot_v1_dot_kvcache__pb2.AwaitRendezvousRequest.SerializeToString,
                 response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.AwaitRendezvousResponse.FromString,
                 )
+        self.ExistsPages = channel.unary_unary(
+                '/kvcache.v1.KvCache/ExistsPages',
+                request_serializer=kvcache_dot_v1_dot_kvcache__pb2.ExistsPagesRequest.SerializeToString,
+                response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.ExistsPagesResponse.FromString,
+                )
+        self.ReservePages = channel.unary_unary(
+                '/kvcache.v1.KvCache/ReservePages',
+                request_serializer=kvcache_dot_v1_dot_kvcache__pb2.ReservePagesRequest.SerializeToString,
+                response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.ReservePagesResponse.FromString,
+                )
+        self.CommitPages = channel.unary_unary(
+                '/kvcache.v1.KvCache/CommitPages',
+                request_serializer=kvcache_dot_v1_dot_kvcache__pb2.CommitPagesRequest.SerializeToString,
+                response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.CommitPagesResponse.FromString,
+                )
+        self.AcquirePages = channel.unary_unary(
+                '/kvcache.v1.KvCache/AcquirePages',
+                request_serializer=kvcache_dot_v1_dot_kvcache__pb2.AcquirePagesRequest.SerializeToString,
+                response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.AcquirePagesResponse.FromString,
+                )
+        self.PutPages = channel.unary_unary(
+                '/kvcache.v1.KvCache/PutPages',
+                request_serializer=kvcache_dot_v1_dot_kvcache__pb2.PutPagesRequest.SerializeToString,
+                response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.PutPagesResponse.FromString,
+                )
+        self.GetPages = channel.unary_unary(
+                '/kvcache.v1.KvCache/GetPages',
+                request_serializer=kvcache_dot_v1_dot_kvcache__pb2.GetPagesRequest.SerializeToString,
+                response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.GetPagesResponse.FromString,
+                )
+        self.PinPages = channel.unary_unary(
+                '/kvcache.v1.KvCache/PinPages',
+                request_serializer=kvcache_dot_v1_dot_kvcache__pb2.PinPagesRequest.SerializeToString,
+                response_deserializer=kvcache_dot_v1_dot_kvcache__pb2.PinPagesResponse.FromString,
+                )
 
 
 class KvCacheServicer(object):
@@ -275,6 +310,75 @@ class KvCacheServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExistsPages(self, request, context):
+        """Pages named by the engine's own keys (DESIGN §13). A page is one pool block holding the
+        pool's named parts (PoolInfo.parts); its namespace is the session's tenant and compatibility
+        manifest, its identity the key: opaque bytes, 1 to 64 (kMaxPageKeyBytes), compared in full
+        on every hit (a hash collision is a miss). A batch names up to 4096 keys in prefix order
+        (each engine key chains its own prefix). Each page is independent: evicting one leaves the
+        others. Every call needs the worker role and a session.
+
+        The hit rule, for Exists, Acquire and Get: the greatest count e of leading keys such that
+        every page before e exists, and every part asked for is there where its policy needs it:
+        HIT_POLICY_ALL_PAGES on each of the e pages, HIT_POLICY_TRAILING_PAGES on the last
+        `trailing_pages` of them. A page missing a trailing part inside the hit does not end it; a
+        page missing an all-pages part does. The daemon computes it over every tier, so an Exists
+        promises what an Acquire right after finds (or the Acquire says how many it got).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReservePages(self, request, context):
+        """Same node, write: fresh blocks for the keys not present (the caller writes their bytes into
+        the mapped pool, one copy), then CommitPages checksums and publishes them, each with all its
+        parts or not at all. A key present already is a duplicate (no block to write). A session that
+        ends first publishes nothing and holds nothing. ReleaseSequence abandons a reservation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitPages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcquirePages(self, request, context):
+        """Same node, read: pins the pages the hit rule gives (loading them from the lower tiers into
+        the pool) and says where they are, with each page's checksum and parts; ReleaseSequence
+        unpins them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutPages(self, request, context):
+        """Another node: the same, bytes in the messages (bounded by the daemon's message size).
+        PutPages verifies each page's checksum before anything is published (DATA_LOSS otherwise,
+        nothing published).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PinPages(self, request, context):
+        """Keeps the present leading pages resident for ttl_ms (an agentic session's next turn), held
+        by the session and counted against the tenant's max_referenced_blocks; ttl_ms 0 only
+        touches them (they become the most recently used). A later pin of the same page by the same
+        session extends it. Released at the TTL or when the session ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -372,6 +476,41 @@ def add_KvCacheServicer_to_server(servicer, server):
                     servicer.AwaitRendezvous,
                     request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.AwaitRendezvousRequest.FromString,
                     response_serializer=kvcache_dot_v1_dot_kvcache__pb2.AwaitRendezvousResponse.SerializeToString,
+            ),
+            'ExistsPages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExistsPages,
+                    request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.ExistsPagesRequest.FromString,
+                    response_serializer=kvcache_dot_v1_dot_kvcache__pb2.ExistsPagesResponse.SerializeToString,
+            ),
+            'ReservePages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReservePages,
+                    request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.ReservePagesRequest.FromString,
+                    response_serializer=kvcache_dot_v1_dot_kvcache__pb2.ReservePagesResponse.SerializeToString,
+            ),
+            'CommitPages': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitPages,
+                    request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.CommitPagesRequest.FromString,
+                    response_serializer=kvcache_dot_v1_dot_kvcache__pb2.CommitPagesResponse.SerializeToString,
+            ),
+            'AcquirePages': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquirePages,
+                    request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.AcquirePagesRequest.FromString,
+                    response_serializer=kvcache_dot_v1_dot_kvcache__pb2.AcquirePagesResponse.SerializeToString,
+            ),
+            'PutPages': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutPages,
+                    request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.PutPagesRequest.FromString,
+                    response_serializer=kvcache_dot_v1_dot_kvcache__pb2.PutPagesResponse.SerializeToString,
+            ),
+            'GetPages': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPages,
+                    request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.GetPagesRequest.FromString,
+                    response_serializer=kvcache_dot_v1_dot_kvcache__pb2.GetPagesResponse.SerializeToString,
+            ),
+            'PinPages': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinPages,
+                    request_deserializer=kvcache_dot_v1_dot_kvcache__pb2.PinPagesRequest.FromString,
+                    response_serializer=kvcache_dot_v1_dot_kvcache__pb2.PinPagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -703,5 +842,124 @@ class KvCache(object):
         return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/AwaitRendezvous',
             kvcache_dot_v1_dot_kvcache__pb2.AwaitRendezvousRequest.SerializeToString,
             kvcache_dot_v1_dot_kvcache__pb2.AwaitRendezvousResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExistsPages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/ExistsPages',
+            kvcache_dot_v1_dot_kvcache__pb2.ExistsPagesRequest.SerializeToString,
+            kvcache_dot_v1_dot_kvcache__pb2.ExistsPagesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReservePages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/ReservePages',
+            kvcache_dot_v1_dot_kvcache__pb2.ReservePagesRequest.SerializeToString,
+            kvcache_dot_v1_dot_kvcache__pb2.ReservePagesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CommitPages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/CommitPages',
+            kvcache_dot_v1_dot_kvcache__pb2.CommitPagesRequest.SerializeToString,
+            kvcache_dot_v1_dot_kvcache__pb2.CommitPagesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AcquirePages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/AcquirePages',
+            kvcache_dot_v1_dot_kvcache__pb2.AcquirePagesRequest.SerializeToString,
+            kvcache_dot_v1_dot_kvcache__pb2.AcquirePagesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PutPages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/PutPages',
+            kvcache_dot_v1_dot_kvcache__pb2.PutPagesRequest.SerializeToString,
+            kvcache_dot_v1_dot_kvcache__pb2.PutPagesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetPages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/GetPages',
+            kvcache_dot_v1_dot_kvcache__pb2.GetPagesRequest.SerializeToString,
+            kvcache_dot_v1_dot_kvcache__pb2.GetPagesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PinPages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvcache.v1.KvCache/PinPages',
+            kvcache_dot_v1_dot_kvcache__pb2.PinPagesRequest.SerializeToString,
+            kvcache_dot_v1_dot_kvcache__pb2.PinPagesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
