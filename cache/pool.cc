@@ -730,6 +730,7 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
+    if (sequence->pages) SupersedePageLocked(*sequence, i);
     const bool published = pool_.Publish(block, identity, tokens);
     const bool same_content = sequence->pages ? FindPageLocked(*sequence, i) != kNoBlock
                                               : pool_.FindVerified(identity, tokens) != kNoBlock;

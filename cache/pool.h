@@ -94,6 +94,9 @@ inline constexpr size_t kMaxContentHashBytes = 128;
 // Pages named by an engine's keys (DESIGN §13).
 inline constexpr size_t kMaxPageKeyBytes = 64;
 inline constexpr size_t kMaxPagesPerCall = 4096;
+// How long ExistsPages waits for the cluster tier's answer (real time); what has not come back
+// by then is not counted.
+inline constexpr absl::Duration kClusterProbeBound = absl::Milliseconds(500);
 
 // Where a call's pages were, summing to its page count.
 struct PagesByTier {
@@ -421,6 +424,11 @@ class Pool final : private OffloadSource {
   BlockIdentity PageIdentity(const Sequence& sequence, size_t i) const;
   // The tier-1 block holding page `i` of a page sequence, with any parts; kNoBlock if none.
   BlockId FindPageLocked(const Sequence& sequence, size_t i) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Before page `i` of a put is published: a copy of the page tier 1 holds with fewer parts
+  // than it, and that nobody holds, is evicted, so the page gains its parts (a copy in use stays,
+  // and the put's is then a duplicate). Lower tiers keep their copy, with its own parts, until
+  // they drop it: a page found there never claims parts it does not hold.
+  void SupersedePageLocked(const Sequence& sequence, size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tier 1's leading pages of `sequence` and the lower tiers' records continuing them, each
   // with its part mask (filled into sequence->extras_digests).
   void FindPagesLocked(Sequence* sequence, std::vector<BlockId>* hits,

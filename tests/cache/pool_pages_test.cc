@@ -152,6 +152,24 @@ TEST_F(PoolPagesTest, APagePresentAlreadyIsADuplicateNotAnError) {
   EXPECT_EQ(third->num_duplicates, 3u);
 }
 
+TEST_F(PoolPagesTest, APagePutAgainWithMorePartsGainsThem) {
+  const std::vector<std::string> keys = Keys("a", 2);
+  ASSERT_OK(Put(session_, keys, {kKv, kKv}));
+  EXPECT_EQ(Exists(keys, kBoth), 0u);
+  absl::StatusOr<CommittedPages> again = Put(session_, {keys[1]}, {kBoth});
+  ASSERT_OK(again);
+  EXPECT_EQ(again->num_published, 1u);
+  EXPECT_EQ(Exists(keys, kBoth), 2u);
+  // A copy in use is kept: the put's is then a duplicate, and the reader's bytes stay.
+  absl::StatusOr<AcquiredPages> reading = pool_->AcquirePages(session_, {keys[0]}, kKv, 0);
+  ASSERT_OK(reading);
+  absl::StatusOr<CommittedPages> blocked = Put(session_, {keys[0]}, {kBoth});
+  ASSERT_OK(blocked);
+  EXPECT_EQ(blocked->num_duplicates, 1u);
+  ASSERT_OK(pool_->Release(session_, reading->sequence_id));
+  EXPECT_EQ(Exists({keys[0]}, kBoth), 0u);  // page 0 still holds kv only
+}
+
 TEST_F(PoolPagesTest, HitRuleEndsAtTheGreatestEndpointEveryPartCanRestore) {
   // state only on page 2: a hit of kv and state ends after page 2, a kv-only hit covers all.
   const std::vector<std::string> keys = Keys("a", 5);
