@@ -273,7 +273,10 @@ class Session(SessionCore):
         except BaseException:
             self._abandon(pages.sequence_id)
             raise
-        self.release(pages.sequence_id)
+        if pages.block_ids:
+            self.release(pages.sequence_id)
+        else:  # nothing pinned: a daemon that opened no sequence for it may say NOT_FOUND
+            self._abandon(pages.sequence_id)
         return pages
 
     # --- internals ------------------------------------------------------------------------------
