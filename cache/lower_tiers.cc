@@ -384,7 +384,18 @@ std::vector<BelowRecord> LowerTiers::Probe(absl::FunctionRef<BlockRecordIdentity
   if (host_tier_ == nullptr) return below;
   for (size_t i = 0; i < count; ++i) {
     BlockRecordIdentity expected = record_at(i);
-    const TierProbe probe = host_tier_->Probe(expected);
+    // A page's parts are learned from the record found: the load then expects exactly them.
+    const bool learn_parts = expected.extras_digest == kAnyPartMask;
+    TierProbe probe = TierProbe::kAbsent;
+    if (learn_parts) {
+      const std::optional<BlockRecordIdentity> found = host_tier_->Find(expected.hash);
+      if (found.has_value()) {
+        probe = RecordMismatch(*found, expected).empty() ? TierProbe::kMatch : TierProbe::kMismatch;
+        if (probe == TierProbe::kMatch) expected.extras_digest = found->extras_digest;
+      }
+    } else {
+      probe = host_tier_->Probe(expected);
+    }
     if (probe == TierProbe::kMatch) {
       below.push_back(BelowRecord{std::move(expected), BelowRecord::Tier::kHost});
       continue;
@@ -398,6 +409,7 @@ std::vector<BelowRecord> LowerTiers::Probe(absl::FunctionRef<BlockRecordIdentity
       collisions_caught_.fetch_add(1, std::memory_order_relaxed);
       break;
     }
+    if (learn_parts) expected.extras_digest = on_disk->extras_digest;
     below.push_back(BelowRecord{std::move(expected), BelowRecord::Tier::kDisk});
   }
   return below;

@@ -86,6 +86,7 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
            std::shared_ptr<DeviceFaultLatch> faults, TenantQuotas* quotas, KvEventLog* events,
            const Clock* clock, std::unique_ptr<LowerTiers> tiers)
     : options_(options),
+      parts_(options.parts.empty() ? SinglePagePart(options.layout.BlockBytes()) : options.parts),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
       memory_(std::move(memory)),
@@ -334,7 +335,7 @@ absl::Status Pool::SetRoot(absl::string_view tenant, absl::string_view cache_sal
                            const CompatibilityManifest* manifest, Sequence* sequence) const {
   HashNamespace ns{options_.model_id, layout_fingerprint_, tenant, cache_salt};
   if (manifest != nullptr) {
-    RETURN_IF_ERROR(manifest->CheckFits(options_.layout, options_.name));
+    RETURN_IF_ERROR(manifest->CheckFits(options_.layout, options_.name, options_.parts));
     ns.manifest_digest = manifest->Digest(options_.hash_algorithm);
   }
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
@@ -493,6 +494,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   const size_t requested_blocks = total_blocks;
   for (int pass_downs = 0;;) {
     absl::MutexLock lock(&mu_);
+    ExpirePinsLocked();
     total_blocks = requested_blocks;
     WaitOutOffloadLocked(total_blocks);
     if (session.closed.load(std::memory_order_acquire)) {
@@ -623,12 +625,13 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
 BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) const {
   const absl::Span<const uint32_t> tokens =
       BlockTokens(sequence.tokens, i, options_.layout.block_size);
-  return BlockRecordIdentity{.hash = sequence.chain[i],
-                             .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
-                             .namespace_digest = sequence.namespace_digest,
-                             .extras_digest = sequence.extras_digests[i],
-                             .prefix_digest = sequence.prefix_digests[i],
-                             .tokens = {tokens.begin(), tokens.end()}};
+  return BlockRecordIdentity{
+      .hash = sequence.chain[i],
+      .parent_hash = i == 0 || sequence.pages ? sequence.root : sequence.chain[i - 1],
+      .namespace_digest = sequence.namespace_digest,
+      .extras_digest = sequence.extras_digests[i],
+      .prefix_digest = sequence.prefix_digests[i],
+      .tokens = {tokens.begin(), tokens.end()}};
 }
 
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
@@ -636,6 +639,7 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
   RETURN_IF_ERROR(faults_->status());
   if (tokens.empty()) return absl::InvalidArgumentError("extend with no tokens");
   absl::MutexLock lock(&mu_);
+  ExpirePinsLocked();
   // At most this many new blocks (one more than the sequence may need: it is not looked at yet).
   const size_t most_blocks = tokens.size() / options_.layout.block_size + 1;
   WaitOutOffloadLocked(most_blocks);
@@ -705,8 +709,10 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     // when its own was a duplicate. With no indexed parent the block could never be reached by a
     // walk, so it stays private. So it does when h_{i-1} indexes other content (a collision):
     // linked there, its KV would be served to that content's continuations.
-    const BlockId parent = i == 0 ? kNoBlock : IndexedOwnPrefixLocked(*sequence, i - 1);
-    if (i > 0 && parent == kNoBlock) {
+    // A page's parent is the root: an engine key names its prefix itself.
+    const bool first = i == 0 || sequence->pages;
+    const BlockId parent = first ? kNoBlock : IndexedOwnPrefixLocked(*sequence, i - 1);
+    if (!first && parent == kNoBlock) {
       if (pool_.Indexed(sequence->chain[i - 1]) != kNoBlock) {
         collisions_caught_.fetch_add(1, std::memory_order_relaxed);
       }
@@ -715,7 +721,7 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     }
     const BlockIdentity identity{
         .hash = sequence->chain[i],
-        .parent_hash = i == 0 ? sequence->root : sequence->chain[i - 1],
+        .parent_hash = first ? sequence->root : sequence->chain[i - 1],
         .parent_block = parent,
         .extras_digest = sequence->extras_digests[i],
         .namespace_digest = sequence->namespace_digest,
@@ -725,7 +731,9 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     const bool was_published = pool_.IsPublished(block);
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
     const bool published = pool_.Publish(block, identity, tokens);
-    if (!published && pool_.FindVerified(identity, tokens) == kNoBlock) {
+    const bool same_content = sequence->pages ? FindPageLocked(*sequence, i) != kNoBlock
+                                              : pool_.FindVerified(identity, tokens) != kNoBlock;
+    if (!published && !same_content) {
       // The hash is indexed for other content: this block stays private.
       collisions_caught_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -734,11 +742,13 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
       if (events_ == nullptr) continue;  // the run is only for the events
       if (run.empty()) {
         run.reserve(written_blocks - i);
-        run_parent = i == 0 ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
+        run_parent = first ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
       }
       run.push_back(StoredBlock{.hash = identity.hash,
                                 .token_ids = std::vector<uint32_t>(tokens.begin(), tokens.end()),
                                 .extras_digest = identity.extras_digest});
+      // Pages are no chain: each is announced on its own, with no parent.
+      if (sequence->pages) report_run();
     } else {
       report_run();
     }

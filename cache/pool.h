@@ -55,6 +55,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,6 +81,7 @@
 #include "common/clock.h"
 #include "common/compatibility_manifest.h"
 #include "common/histogram.h"
+#include "common/page_parts.h"
 
 namespace kvcache {
 
@@ -88,6 +90,43 @@ inline constexpr size_t kMaxCacheSaltBytes = 256;
 inline constexpr size_t kMaxLoraIdBytes = 256;
 inline constexpr size_t kMaxMultimodalItems = 1024;
 inline constexpr size_t kMaxContentHashBytes = 128;
+
+// Pages named by an engine's keys (DESIGN §13).
+inline constexpr size_t kMaxPageKeyBytes = 64;
+inline constexpr size_t kMaxPagesPerCall = 4096;
+
+// Where a call's pages were, summing to its page count.
+struct PagesByTier {
+  uint32_t pool = 0;
+  uint32_t host = 0;
+  uint32_t disk = 0;
+  uint32_t cluster = 0;
+};
+
+struct PagesFound {
+  uint32_t num_pages = 0;  // leading keys restorable under the hit rule
+  PagesByTier by_tier;
+};
+
+struct ReservedPages {
+  uint64_t sequence_id = 0;
+  std::vector<BlockId> block_ids;  // per key; kNoBlock: present already (a duplicate)
+};
+
+struct CommittedPages {
+  uint32_t num_published = 0;
+  uint32_t num_duplicates = 0;
+};
+
+struct AcquiredPages {
+  uint64_t sequence_id = 0;
+  std::vector<BlockId> block_ids;    // the pages the hit rule gave, from the first key
+  std::vector<uint32_t> part_masks;  // parallel to block_ids
+  PagesByTier by_tier;
+};
+
+// INVALID_ARGUMENT unless there are 1 to kMaxPagesPerCall keys of 1 to kMaxPageKeyBytes bytes.
+absl::Status ValidatePageKeys(absl::Span<const std::string> keys);
 
 struct SequenceSpec {
   absl::Span<const uint32_t> tokens;
@@ -234,6 +273,37 @@ class Pool final : private OffloadSource {
   absl::StatusOr<LookupResult> Lookup(absl::string_view tenant, const SequenceSpec& spec,
                                       const CompatibilityManifest* manifest = nullptr);
 
+  // Pages named by an engine's keys (DESIGN §13), in the namespace of the session's tenant and
+  // manifest (FAILED_PRECONDITION without one, or with one that does not fit the pool). Keys
+  // are each page's identity, compared in full on every hit; pages are not chained. `wanted`:
+  // the parts a lookup restores (a mask over parts()). Implemented in cache/pool_pages.cc.
+  //
+  // The pool's parts: as declared, or the one part "kv" of a pool declared without.
+  const std::vector<PagePartLayout>& parts() const { return parts_; }
+  // The hit rule's count of leading keys over tier 1 and the node's lower tiers. Holds nothing.
+  absl::StatusOr<PagesFound> ExistsPages(const Session& session, absl::Span<const std::string> keys,
+                                         uint32_t wanted);
+  // Fresh blocks for the keys tier 1 does not hold with at least `part_masks[i]` (empty: every
+  // part), held by a new sequence of the session until CommitPages or Release.
+  absl::StatusOr<ReservedPages> ReservePages(const Session& session,
+                                             absl::Span<const std::string> keys,
+                                             absl::Span<const uint32_t> part_masks);
+  // Checksums the reserved pages' bytes, publishes them and ends the sequence. A page another
+  // put published meanwhile is a duplicate.
+  absl::StatusOr<CommittedPages> CommitPages(const Session& session, uint64_t sequence_id);
+  // Pins the pages the hit rule gives for `wanted`, loading those below tier 1 into fresh
+  // blocks (verified, then published), in a new sequence of the session; Release unpins.
+  absl::StatusOr<AcquiredPages> AcquirePages(const Session& session,
+                                             absl::Span<const std::string> keys, uint32_t wanted,
+                                             uint32_t max_load_ms);
+
+  // Holds the leading present pages (loading them from below) until `ttl` has passed on the
+  // pool's clock or the session ends; a ttl of 0 only touches them (most recently used). Returns
+  // how many. INVALID_ARGUMENT past kMaxPinTtl.
+  absl::StatusOr<uint32_t> PinPages(const Session& session, absl::Span<const std::string> keys,
+                                    absl::Duration ttl);
+  static constexpr absl::Duration kMaxPinTtl = absl::Hours(24);
+
   // How many sequences `session_id` holds in this pool.
   uint32_t SequencesOfSession(uint64_t session_id) const;
   // Releases every sequence of `session_id`, oldest first, each tail first; returns how many.
@@ -277,6 +347,11 @@ class Pool final : private OffloadSource {
     std::vector<uint64_t> extras_digests;  // per full block, parallel to chain
     std::vector<uint64_t> prefix_digests;  // per full block, parallel to chain
     uint32_t committed_blocks = 0;         // leading full blocks whose KV is written
+    // Pages named by keys (DESIGN §13): each block's parent is the root, never the block
+    // before; tokens hold each key's bytes (PageTokens), prefix_digests its PageKeyDigest and
+    // extras_digests its part mask (kAnyPartMask while a lookup has not found it yet).
+    bool pages = false;
+    uint32_t page_duplicates = 0;  // a reservation's keys that were present already
   };
 
   // One tenant's share of the pool.
@@ -337,6 +412,23 @@ class Pool final : private OffloadSource {
   bool PickOffload(size_t max, std::vector<OffloadCandidate>* batch) override;
   void FinishOffload(absl::Span<const OffloadCandidate> batch) override;
 
+  // A page sequence for `keys` (part masks: one per key, or kAnyPartMask for all): root, hashes,
+  // key tokens and digests. FAILED_PRECONDITION for a session without a manifest.
+  absl::StatusOr<std::unique_ptr<Sequence>> NewPageSequence(
+      const Session& session, absl::Span<const std::string> keys,
+      absl::Span<const uint32_t> part_masks) const;
+  // What a page sequence's block `i` must match in tier 1 (its part mask: extras_digest).
+  BlockIdentity PageIdentity(const Sequence& sequence, size_t i) const;
+  // The tier-1 block holding page `i` of a page sequence, with any parts; kNoBlock if none.
+  BlockId FindPageLocked(const Sequence& sequence, size_t i) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Tier 1's leading pages of `sequence` and the lower tiers' records continuing them, each
+  // with its part mask (filled into sequence->extras_digests).
+  void FindPagesLocked(Sequence* sequence, std::vector<BlockId>* hits,
+                       std::vector<BelowRecord>* below) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // Releases the pins whose TTL has passed. Cheap when there are none.
+  void ExpirePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
   // Sets the sequence's root and namespace digest, `manifest`'s digest among them (null: none).
@@ -383,6 +475,7 @@ class Pool final : private OffloadSource {
 
   // Constant after construction.
   const PoolOptions options_;
+  const std::vector<PagePartLayout> parts_;
   const uint32_t pool_index_;
   const uint64_t layout_fingerprint_;
   const std::unique_ptr<PoolMemory> memory_;
@@ -417,6 +510,8 @@ class Pool final : private OffloadSource {
   std::vector<Hash128> evicted_ ABSL_GUARDED_BY(mu_);  // not yet reported
   // AllocateFresh's hashes leaving the index, kept to spare an allocation per eviction.
   std::vector<Hash128> removed_ ABSL_GUARDED_BY(mu_);
+  // PinPages' sequences by the time they end (a sequence released before is skipped).
+  std::multimap<absl::Time, uint64_t> pins_ ABSL_GUARDED_BY(mu_);
   // Sequences being opened whose blocks are loading from tier 2 (not in sequences_ yet).
   absl::flat_hash_set<const Sequence*> loading_ ABSL_GUARDED_BY(mu_);
   // Blocks pinned for a copy down: the mover's batch and requests' pass-downs in flight.

@@ -7,10 +7,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "common/block_hash.h"
+#include "common/page_parts.h"
 #include "common/pool_layout.h"
 #include "redis/redis_cluster.h"
 #include "tiers/disk_tier.h"
@@ -34,6 +36,9 @@ struct PoolOptions {
   PoolLayout layout;
   uint32_t num_blocks = 0;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
+  // The named parts of every page (DESIGN §13), in page order, summing to the block's bytes;
+  // empty: not declared, one part "kv" of the whole block (Pool::parts()).
+  std::vector<PagePartLayout> parts;
   // TEST ONLY: keep only this many low bits of every chain hash (BlockHasher's keep_bits), so
   // collisions are common. No flag, pool spec or config sets it: production always runs with 0
   // (all 128 bits), and a pool with it set hashes differently from every client.

@@ -1,5 +1,6 @@
 #include "cache/pool_spec.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -54,6 +55,7 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
   if (options.name.empty()) return absl::InvalidArgumentError("pool spec has no name");
   RETURN_IF_ERROR(ValidatePoolName(options.name));
   uint64_t bytes = 0;
+  std::optional<absl::string_view> parts_spec;
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(parts[i], '=');
     const absl::string_view key = kv.first, value = kv.second;
@@ -100,6 +102,8 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
         return absl::InvalidArgumentError(
             absl::StrCat("disk_admission='", value, "' (want all or reused)"));
       }
+    } else if (key == "parts") {
+      parts_spec = value;  // parsed once the layout, and so the page's bytes, is known
     } else if (key == "host_tier") {
       ASSIGN_OR_RETURN(options.host_tier_bytes, ParseByteSize(value));
       if (options.host_tier_bytes == 0) {
@@ -109,10 +113,13 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown pool field '", key,
                        "' (want model, layers, kv_heads, head_dim, block_size, "
-                       "dtype, blocks, bytes, hash, host_tier, disk_tier, disk_admission)"));
+                       "dtype, blocks, bytes, hash, parts, host_tier, disk_tier, disk_admission)"));
     }
   }
   RETURN_IF_ERROR(options.layout.Validate());
+  if (parts_spec.has_value()) {
+    ASSIGN_OR_RETURN(options.parts, ParsePageParts(*parts_spec, options.layout.BlockBytes()));
+  }
   if (bytes != 0) {
     const uint64_t blocks = bytes / options.layout.BlockBytes();
     if (blocks == 0 || blocks >= kNoBlock) {

@@ -4,7 +4,10 @@
 // SIZE takes a K/M/G (or KiB/MiB/GiB) suffix. host_tier: tier 2 in host memory (host pools), at
 // least one block. disk_tier: tier 3, a file at the absolute PATH (no ':' in it) on local disk,
 // below tier 2 and kept across restarts. disk_admission=all|reused: which tier-2 records go on
-// to disk (reused: only blocks hit at least once). Unset fields take the demo defaults below.
+// to disk (reused: only blocks hit at least once). parts=NAME/SIZE[/trailingN]+...: the named
+// parts of every page (common/page_parts.h), summing to the block's bytes; a trailing part is
+// needed only on the last N pages of a hit (absent: all pages). Unset fields take the demo
+// defaults below.
 #ifndef KVCACHE_CACHE_POOL_SPEC_H_
 #define KVCACHE_CACHE_POOL_SPEC_H_
 

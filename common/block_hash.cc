@@ -15,6 +15,7 @@ constexpr absl::string_view kRootTag = "kvcache.root.v1";
 // digest. Its own tag keeps the encoding of a root without one exactly v1's.
 constexpr absl::string_view kManifestRootTag = "kvcache.root.v2";
 constexpr absl::string_view kBlockTag = "kvcache.block.v1";
+constexpr absl::string_view kPageTag = "kvcache.page.v1";
 // The prefix digest hashes the chain's block encoding with the parent hash's 16 bytes replaced
 // by the parent digest and 8 zero bytes, so it can reuse that encoding. Its own seed (the chain's
 // is 0) keeps it from failing together with the chain hash.
@@ -146,6 +147,22 @@ uint64_t BlockHasher::PrefixDigest(uint64_t parent_digest, absl::Span<const uint
   scratch_.U64(parent_digest);
   scratch_.U64(0);
   WriteBlock(tokens, extras, block_start);
+  return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), kPrefixDigestSeed);
+}
+
+Hash128 BlockHasher::Page(const Hash128& root, absl::string_view key) {
+  scratch_.Clear();
+  scratch_.Raw(kPageTag);
+  WriteHash(root, &scratch_);
+  scratch_.String(key);
+  return Finish();
+}
+
+uint64_t BlockHasher::PageKeyDigest(uint64_t namespace_digest, absl::string_view key) {
+  scratch_.Clear();
+  scratch_.Raw(kPageTag);
+  scratch_.U64(namespace_digest);
+  scratch_.String(key);
   return XXH3_64bits_withSeed(scratch_.data(), scratch_.size(), kPrefixDigestSeed);
 }
 

@@ -106,6 +106,14 @@ class BlockHasher {
   uint64_t PrefixDigest(uint64_t parent_digest, absl::Span<const uint32_t> tokens,
                         const ExtraKeys& extras, uint32_t block_start);
 
+  // A page named by an engine's key (DESIGN §13): H over its own tag, the namespace's root and
+  // the key. Pages are not chained: an engine key already names its prefix.
+  Hash128 Page(const Hash128& root, absl::string_view key);
+  // XXH3-64 with the prefix digest's seed over the namespace digest and the key: a page's
+  // stand-in for PrefixDigest, independent of Page, so a record below tier 1 is checked by 192
+  // bits of the whole key besides the key bytes its tokens hold.
+  uint64_t PageKeyDigest(uint64_t namespace_digest, absl::string_view key);
+
   // Appends to `chain` the hashes of every full block of `tokens` not yet in it. `chain[i]` is the
   // hash of block i; the root is h_{-1}.
   void ExtendChain(const Hash128& root, absl::Span<const uint32_t> tokens, uint32_t block_size,

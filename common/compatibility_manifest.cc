@@ -8,14 +8,17 @@
 #include "common/status_macros.h"
 
 namespace kvcache {
+
+bool IsManifestName(absl::string_view name) {
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
+}
+
 namespace {
 
 constexpr absl::string_view kManifestTag = "kvcache.manifest.v1";
-
-bool IsNameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
-}
 
 // "" is allowed only where `may_be_empty`; else 1 to kMaxManifestNameBytes of [A-Za-z0-9._-].
 absl::Status ValidateName(absl::string_view field, absl::string_view value, bool may_be_empty) {
@@ -27,11 +30,9 @@ absl::Status ValidateName(absl::string_view field, absl::string_view value, bool
     return absl::InvalidArgumentError(absl::StrCat("manifest ", field, " has ", value.size(),
                                                    " bytes; at most ", kMaxManifestNameBytes));
   }
-  for (char c : value) {
-    if (!IsNameChar(c)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("manifest ", field, " may hold only [A-Za-z0-9._-]"));
-    }
+  if (!IsManifestName(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest ", field, " may hold only [A-Za-z0-9._-]"));
   }
   return absl::OkStatus();
 }
@@ -137,8 +138,8 @@ CompatibilityManifest::CompatibilityManifest(ManifestFields fields, DType kv_dty
   sha256_digest_ = HashBytes(HashAlgorithm::kSha256, canonical_encoding_);
 }
 
-absl::Status CompatibilityManifest::CheckFits(const PoolLayout& layout,
-                                              absl::string_view pool_name) const {
+absl::Status CompatibilityManifest::CheckFits(const PoolLayout& layout, absl::string_view pool_name,
+                                              absl::Span<const PagePartLayout> pool_parts) const {
   const auto mismatch = [&](absl::string_view what, const auto& ours, const auto& pools) {
     return absl::FailedPreconditionError(absl::StrCat("the manifest has ", what, " ", ours,
                                                       " but pool '", pool_name, "' has ", pools));
@@ -157,6 +158,21 @@ absl::Status CompatibilityManifest::CheckFits(const PoolLayout& layout,
     return mismatch(fields_.parts.size() == 1 ? "part bytes" : "parts summing to", page_bytes_,
                     absl::StrCat("block_bytes ", layout.BlockBytes()));
   }
+  if (pool_parts.empty()) return absl::OkStatus();
+  const auto spell = [](const auto& parts) {
+    std::string spelled;
+    for (const auto& part : parts) {
+      absl::StrAppend(&spelled, spelled.empty() ? "" : ",", part.name, "/", part.bytes);
+    }
+    return spelled;
+  };
+  const bool same = fields_.parts.size() == pool_parts.size() &&
+                    std::equal(pool_parts.begin(), pool_parts.end(), fields_.parts.begin(),
+                               [](const PagePartLayout& ours, const PagePart& theirs) {
+                                 return ours.name == theirs.name && ours.bytes == theirs.bytes;
+                               });
+  if (!same)
+    return mismatch("parts", spell(fields_.parts), absl::StrCat("parts ", spell(pool_parts)));
   return absl::OkStatus();
 }
 

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/block_hash.h"
+#include "common/page_parts.h"
 #include "common/pool_layout.h"
 
 namespace kvcache {
@@ -30,6 +31,10 @@ inline constexpr size_t kMaxManifestModelIdBytes = 256;
 inline constexpr size_t kMaxModelConfigDigestBytes = 64;
 inline constexpr size_t kMaxManifestNameBytes = 64;  // codec, part names, key hash algorithm
 inline constexpr size_t kMaxManifestParts = 16;
+
+// Whether every byte of `name` is one of [A-Za-z0-9._-] (the rule of manifest names and page
+// part names; their lengths are checked where they are used).
+bool IsManifestName(absl::string_view name);
 
 // A named byte range of a page (for example "kv", "swa", "state"), in page order.
 struct PagePart {
@@ -76,9 +81,11 @@ class CompatibilityManifest {
 
   // FAILED_PRECONDITION naming both values when the manifest contradicts the pool's layout: its
   // page tokens against the block size, its dtype against the pool's, its codec against raw
-  // blocks, or its parts' bytes against the block bytes (one part, or the sum of them, must be a
-  // block: pools of several parts come later).
-  absl::Status CheckFits(const PoolLayout& layout, absl::string_view pool_name) const;
+  // blocks, its parts' bytes against the block bytes (one part, or the sum of them, must be a
+  // block), or, for a pool that declares its parts (`pool_parts` not empty), its parts against
+  // the pool's: the same names and sizes in the same order.
+  absl::Status CheckFits(const PoolLayout& layout, absl::string_view pool_name,
+                         absl::Span<const PagePartLayout> pool_parts = {}) const;
 
  private:
   explicit CompatibilityManifest(ManifestFields fields, DType kv_dtype);

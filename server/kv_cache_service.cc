@@ -10,30 +10,11 @@
 #include "common/version.h"
 #include "server/block_streams.h"
 #include "server/proto_keys.h"
+#include "server/unary_call.h"
 #include "server/watch_events.h"
 
 namespace kvcache {
 namespace {
-
-// An error reply drops the response body; the epoch still reaches the client this way.
-void AddEpochTrailer(grpc::CallbackServerContext* context, uint64_t epoch) {
-  context->AddTrailingMetadata(std::string(kEpochMetadataKey), absl::StrCat(epoch));
-}
-
-// Authenticates the caller, checks that its role may call `method`, runs `body(caller)`
-// (returning absl::Status), stamps the epoch and finishes the call.
-template <typename Response, typename Body>
-grpc::ServerUnaryReactor* Handle(const KvCacheService& service,
-                                 grpc::CallbackServerContext* context, Response* response,
-                                 uint64_t epoch, const char* method, Role needed, Body body) {
-  const absl::StatusOr<Identity> caller = service.Caller(*context, method, needed);
-  const absl::Status status = caller.ok() ? body(*caller) : caller.status();
-  response->set_epoch(epoch);
-  AddEpochTrailer(context, epoch);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 SequenceSpec ToSequenceSpec(const google::protobuf::RepeatedField<uint32_t>& tokens,
                             const std::string& cache_salt, const v1::ExtraKeys& extras) {
@@ -71,6 +52,16 @@ void FillPoolInfo(Pool& pool, const Identity& caller, v1::PoolInfo* info) {
   layout->set_dtype(static_cast<v1::DType>(options.layout.dtype));
   layout->set_block_bytes(options.layout.BlockBytes());
   layout->set_fingerprint(pool.layout_fingerprint());
+  for (const PagePartLayout& part : pool.parts()) {
+    v1::PagePartInfo* out = info->add_parts();
+    out->set_name(part.name);
+    out->set_offset(part.offset);
+    out->set_bytes(part.bytes);
+    out->set_hit_policy(part.policy == PartHitPolicy::kAllPages
+                            ? v1::PagePartInfo::HIT_POLICY_ALL_PAGES
+                            : v1::PagePartInfo::HIT_POLICY_TRAILING_PAGES);
+    out->set_trailing_pages(part.trailing_pages);
+  }
   if (caller.role < Role::kWorker) return;
   const MappingInfo mapping = pool.memory().mapping();
   v1::PoolMapping* out = info->mutable_mapping();
@@ -142,7 +133,7 @@ void FillManifestsInUse(const Pool& pool, const SessionRegistry& sessions, absl:
   for (const SessionRegistry::Listed& listed : open_sessions) {
     const Session& session = *listed.session;
     if (session.manifest == nullptr ||
-        !session.manifest->CheckFits(options.layout, options.name).ok()) {
+        !session.manifest->CheckFits(options.layout, options.name, options.parts).ok()) {
       continue;
     }
     const std::string digest = session.manifest->Digest(options.hash_algorithm).ToHex();
@@ -249,45 +240,45 @@ absl::StatusOr<StreamCaller> KvCacheService::StreamCallerFor(
 grpc::ServerUnaryReactor* KvCacheService::Ping(grpc::CallbackServerContext* context,
                                                const v1::PingRequest* request,
                                                v1::PingResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "Ping", Role::kReader,
-                [&](const Identity&) {
-                  response->set_server_version(std::string(Version()));
-                  response->set_server_revision(std::string(Revision()));
-                  return absl::OkStatus();
-                });
+  return HandleUnary(*this, context, response, manager_->epoch(), "Ping", Role::kReader,
+                     [&](const Identity&) {
+                       response->set_server_version(std::string(Version()));
+                       response->set_server_revision(std::string(Revision()));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ListPools(grpc::CallbackServerContext* context,
                                                     const v1::ListPoolsRequest* request,
                                                     v1::ListPoolsResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "ListPools", Role::kReader,
-                [&](const Identity& caller) {
-                  for (Pool* pool : manager_->pools())
-                    FillPoolInfo(*pool, caller, response->add_pools());
-                  return absl::OkStatus();
-                });
+  return HandleUnary(*this, context, response, manager_->epoch(), "ListPools", Role::kReader,
+                     [&](const Identity& caller) {
+                       for (Pool* pool : manager_->pools())
+                         FillPoolInfo(*pool, caller, response->add_pools());
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::DescribePool(grpc::CallbackServerContext* context,
                                                        const v1::DescribePoolRequest* request,
                                                        v1::DescribePoolResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "DescribePool", Role::kReader,
-                [&](const Identity& caller) -> absl::Status {
-                  ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-                  FillPoolInfo(*pool, caller, response->mutable_pool());
-                  FillCounts(
-                      caller.role == Role::kAdmin ? pool->Stats() : pool->Stats(caller.tenant),
-                      response->mutable_counts());
-                  FillManifestsInUse(*pool, manager_->sessions(),
-                                     caller.role == Role::kAdmin ? "" : caller.tenant, response);
-                  return absl::OkStatus();
-                });
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "DescribePool", Role::kReader,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        FillPoolInfo(*pool, caller, response->mutable_pool());
+        FillCounts(caller.role == Role::kAdmin ? pool->Stats() : pool->Stats(caller.tenant),
+                   response->mutable_counts());
+        FillManifestsInUse(*pool, manager_->sessions(),
+                           caller.role == Role::kAdmin ? "" : caller.tenant, response);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::OpenSession(grpc::CallbackServerContext* context,
                                                       const v1::OpenSessionRequest* request,
                                                       v1::OpenSessionResponse* response) {
-  return Handle(
+  return HandleUnary(
       *this, context, response, manager_->epoch(), "OpenSession", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
         ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
@@ -305,7 +296,7 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSession(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* KvCacheService::KeepAlive(grpc::CallbackServerContext* context,
                                                     const v1::KeepAliveRequest* request,
                                                     v1::KeepAliveResponse* response) {
-  return Handle(
+  return HandleUnary(
       *this, context, response, manager_->epoch(), "KeepAlive", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
         RETURN_IF_ERROR(
@@ -318,20 +309,20 @@ grpc::ServerUnaryReactor* KvCacheService::KeepAlive(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* KvCacheService::CloseSession(grpc::CallbackServerContext* context,
                                                        const v1::CloseSessionRequest* request,
                                                        v1::CloseSessionResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "CloseSession", Role::kWorker,
-                [&](const Identity& caller) -> absl::Status {
-                  ASSIGN_OR_RETURN(uint32_t released,
-                                   manager_->CloseSession(request->session_id(), request->epoch(),
-                                                          caller.principal));
-                  response->set_released_sequences(released);
-                  return absl::OkStatus();
-                });
+  return HandleUnary(*this, context, response, manager_->epoch(), "CloseSession", Role::kWorker,
+                     [&](const Identity& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(uint32_t released,
+                                        manager_->CloseSession(request->session_id(),
+                                                               request->epoch(), caller.principal));
+                       response->set_released_sequences(released);
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerContext* context,
                                                        const v1::OpenSequenceRequest* request,
                                                        v1::OpenSequenceResponse* response) {
-  return Handle(
+  return HandleUnary(
       *this, context, response, manager_->epoch(), "OpenSequence", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
         ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
@@ -357,7 +348,7 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* KvCacheService::ExtendSequence(grpc::CallbackServerContext* context,
                                                          const v1::ExtendSequenceRequest* request,
                                                          v1::ExtendSequenceResponse* response) {
-  return Handle(
+  return HandleUnary(
       *this, context, response, manager_->epoch(), "ExtendSequence", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
         ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
@@ -377,7 +368,7 @@ grpc::ServerUnaryReactor* KvCacheService::ExtendSequence(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* KvCacheService::CommitSequence(grpc::CallbackServerContext* context,
                                                          const v1::CommitSequenceRequest* request,
                                                          v1::CommitSequenceResponse* response) {
-  return Handle(
+  return HandleUnary(
       *this, context, response, manager_->epoch(), "CommitSequence", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
         ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
@@ -394,20 +385,20 @@ grpc::ServerUnaryReactor* KvCacheService::CommitSequence(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* KvCacheService::ReleaseSequence(grpc::CallbackServerContext* context,
                                                           const v1::ReleaseSequenceRequest* request,
                                                           v1::ReleaseSequenceResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "ReleaseSequence", Role::kWorker,
-                [&](const Identity& caller) -> absl::Status {
-                  ASSIGN_OR_RETURN(auto session,
-                                   manager_->SessionFor(request->session_id(), request->epoch(),
-                                                        caller.principal));
-                  ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
-                  return pool->Release(*session, request->sequence_id());
-                });
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "ReleaseSequence", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
+        return pool->Release(*session, request->sequence_id());
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ForkSequence(grpc::CallbackServerContext* context,
                                                        const v1::ForkSequenceRequest* request,
                                                        v1::ForkSequenceResponse* response) {
-  return Handle(
+  return HandleUnary(
       *this, context, response, manager_->epoch(), "ForkSequence", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
         ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
@@ -426,83 +417,84 @@ grpc::ServerUnaryReactor* KvCacheService::ForkSequence(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* context,
                                                  const v1::LookupRequest* request,
                                                  v1::LookupResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "Lookup", Role::kReader,
-                [&](const Identity& caller) -> absl::Status {
-                  ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
-                  ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-                  ASSIGN_OR_RETURN(auto manifest, ManifestOf(*request));
-                  ASSIGN_OR_RETURN(
-                      LookupResult result,
-                      pool->Lookup(tenant,
-                                   ToSequenceSpec(request->tokens(), request->cache_salt(),
-                                                  request->extra_keys()),
-                                   manifest.get()));
-                  response->set_num_cached_tokens(result.num_cached_tokens);
-                  response->set_num_cached_blocks(result.num_cached_blocks);
-                  v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
-                  by_tier->set_pool(result.num_cached_tokens - result.num_host_tier_tokens -
-                                    result.num_disk_tier_tokens);
-                  by_tier->set_host(result.num_host_tier_tokens);
-                  by_tier->set_disk(result.num_disk_tier_tokens);
-                  return absl::OkStatus();
-                });
+  return HandleUnary(*this, context, response, manager_->epoch(), "Lookup", Role::kReader,
+                     [&](const Identity& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
+                       ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+                       ASSIGN_OR_RETURN(auto manifest, ManifestOf(*request));
+                       ASSIGN_OR_RETURN(
+                           LookupResult result,
+                           pool->Lookup(tenant,
+                                        ToSequenceSpec(request->tokens(), request->cache_salt(),
+                                                       request->extra_keys()),
+                                        manifest.get()));
+                       response->set_num_cached_tokens(result.num_cached_tokens);
+                       response->set_num_cached_blocks(result.num_cached_blocks);
+                       v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
+                       by_tier->set_pool(result.num_cached_tokens - result.num_host_tier_tokens -
+                                         result.num_disk_tier_tokens);
+                       by_tier->set_host(result.num_host_tier_tokens);
+                       by_tier->set_disk(result.num_disk_tier_tokens);
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* context,
                                                    const v1::GetStatsRequest* request,
                                                    v1::GetStatsResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "GetStats", Role::kReader,
-                [&](const Identity& caller) -> absl::Status {
-                  // An admin that names no tenant sees the whole daemon; everyone else one tenant.
-                  std::string tenant;
-                  if (caller.role != Role::kAdmin || !request->tenant().empty()) {
-                    ASSIGN_OR_RETURN(tenant, TenantFor(caller, request->tenant()));
-                  }
-                  if (!request->pool().empty()) {
-                    ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-                    FillStats(*pool, tenant, response->add_pools());
-                  } else {
-                    for (Pool* pool : manager_->pools())
-                      FillStats(*pool, tenant, response->add_pools());
-                  }
-                  response->set_open_sessions(static_cast<uint32_t>(
-                      tenant.empty() ? manager_->sessions().size()
-                                     : manager_->quotas().InUse(tenant, QuotaResource::kSessions)));
-                  return absl::OkStatus();
-                });
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "GetStats", Role::kReader,
+      [&](const Identity& caller) -> absl::Status {
+        // An admin that names no tenant sees the whole daemon; everyone else one tenant.
+        std::string tenant;
+        if (caller.role != Role::kAdmin || !request->tenant().empty()) {
+          ASSIGN_OR_RETURN(tenant, TenantFor(caller, request->tenant()));
+        }
+        if (!request->pool().empty()) {
+          ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+          FillStats(*pool, tenant, response->add_pools());
+        } else {
+          for (Pool* pool : manager_->pools()) FillStats(*pool, tenant, response->add_pools());
+        }
+        response->set_open_sessions(static_cast<uint32_t>(
+            tenant.empty() ? manager_->sessions().size()
+                           : manager_->quotas().InUse(tenant, QuotaResource::kSessions)));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ListSessions(grpc::CallbackServerContext* context,
                                                        const v1::ListSessionsRequest* request,
                                                        v1::ListSessionsResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "ListSessions", Role::kReader,
-                [&](const Identity& caller) -> absl::Status {
-                  std::string tenant;
-                  if (caller.role != Role::kAdmin || !request->tenant().empty()) {
-                    ASSIGN_OR_RETURN(tenant, TenantFor(caller, request->tenant()));
-                  }
-                  const absl::Time now = manager_->clock()->Now();
-                  const std::vector<Pool*> pools = manager_->pools();
-                  for (const SessionRegistry::Listed& listed : manager_->sessions().List(tenant)) {
-                    const Session& session = *listed.session;
-                    v1::SessionInfo* info = response->add_sessions();
-                    // An id is only worth something to the identity that opened it; admins see them
-                    // all.
-                    if (caller.role == Role::kAdmin || session.principal == caller.principal) {
-                      info->set_session_id(session.id);
-                    }
-                    info->set_tenant(session.tenant);
-                    info->set_principal(session.principal);
-                    info->set_client_name(session.client_name);
-                    info->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(session.ttl)));
-                    info->set_expires_in_ms(static_cast<uint32_t>(
-                        std::max<int64_t>(0, absl::ToInt64Milliseconds(listed.deadline - now))));
-                    uint32_t open_sequences = 0;
-                    for (Pool* pool : pools) open_sequences += pool->SequencesOfSession(session.id);
-                    info->set_open_sequences(open_sequences);
-                  }
-                  return absl::OkStatus();
-                });
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "ListSessions", Role::kReader,
+      [&](const Identity& caller) -> absl::Status {
+        std::string tenant;
+        if (caller.role != Role::kAdmin || !request->tenant().empty()) {
+          ASSIGN_OR_RETURN(tenant, TenantFor(caller, request->tenant()));
+        }
+        const absl::Time now = manager_->clock()->Now();
+        const std::vector<Pool*> pools = manager_->pools();
+        for (const SessionRegistry::Listed& listed : manager_->sessions().List(tenant)) {
+          const Session& session = *listed.session;
+          v1::SessionInfo* info = response->add_sessions();
+          // An id is only worth something to the identity that opened it; admins see them
+          // all.
+          if (caller.role == Role::kAdmin || session.principal == caller.principal) {
+            info->set_session_id(session.id);
+          }
+          info->set_tenant(session.tenant);
+          info->set_principal(session.principal);
+          info->set_client_name(session.client_name);
+          info->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(session.ttl)));
+          info->set_expires_in_ms(static_cast<uint32_t>(
+              std::max<int64_t>(0, absl::ToInt64Milliseconds(listed.deadline - now))));
+          uint32_t open_sequences = 0;
+          for (Pool* pool : pools) open_sequences += pool->SequencesOfSession(session.id);
+          info->set_open_sequences(open_sequences);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
@@ -547,14 +539,14 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheService::WatchEvents(
 grpc::ServerUnaryReactor* KvCacheService::PublishRendezvous(
     grpc::CallbackServerContext* context, const v1::PublishRendezvousRequest* request,
     v1::PublishRendezvousResponse* response) {
-  return Handle(*this, context, response, manager_->epoch(), "PublishRendezvous", Role::kWorker,
-                [&](const Identity& caller) -> absl::Status {
-                  ASSIGN_OR_RETURN(auto session,
-                                   manager_->SessionFor(request->session_id(), request->epoch(),
-                                                        caller.principal));
-                  return manager_->rendezvous().Publish(session->tenant, request->key(),
-                                                        request->value(), session->id);
-                });
+  return HandleUnary(*this, context, response, manager_->epoch(), "PublishRendezvous",
+                     Role::kWorker, [&](const Identity& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(auto session,
+                                        manager_->SessionFor(request->session_id(),
+                                                             request->epoch(), caller.principal));
+                       return manager_->rendezvous().Publish(session->tenant, request->key(),
+                                                             request->value(), session->id);
+                     });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::AwaitRendezvous(grpc::CallbackServerContext* context,

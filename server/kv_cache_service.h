@@ -100,6 +100,28 @@ class KvCacheService final
   grpc::ServerUnaryReactor* AwaitRendezvous(grpc::CallbackServerContext* context,
                                             const v1::AwaitRendezvousRequest* request,
                                             v1::AwaitRendezvousResponse* response) override;
+  // Pages named by an engine's keys (DESIGN §13), in server/page_calls.cc.
+  grpc::ServerUnaryReactor* ExistsPages(grpc::CallbackServerContext* context,
+                                        const v1::ExistsPagesRequest* request,
+                                        v1::ExistsPagesResponse* response) override;
+  grpc::ServerUnaryReactor* ReservePages(grpc::CallbackServerContext* context,
+                                         const v1::ReservePagesRequest* request,
+                                         v1::ReservePagesResponse* response) override;
+  grpc::ServerUnaryReactor* CommitPages(grpc::CallbackServerContext* context,
+                                        const v1::CommitPagesRequest* request,
+                                        v1::CommitPagesResponse* response) override;
+  grpc::ServerUnaryReactor* AcquirePages(grpc::CallbackServerContext* context,
+                                         const v1::AcquirePagesRequest* request,
+                                         v1::AcquirePagesResponse* response) override;
+  grpc::ServerUnaryReactor* PutPages(grpc::CallbackServerContext* context,
+                                     const v1::PutPagesRequest* request,
+                                     v1::PutPagesResponse* response) override;
+  grpc::ServerUnaryReactor* GetPages(grpc::CallbackServerContext* context,
+                                     const v1::GetPagesRequest* request,
+                                     v1::GetPagesResponse* response) override;
+  grpc::ServerUnaryReactor* PinPages(grpc::CallbackServerContext* context,
+                                     const v1::PinPagesRequest* request,
+                                     v1::PinPagesResponse* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* PutBlocks(grpc::CallbackServerContext* context,
                                                        grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* GetBlocks(grpc::CallbackServerContext* context,

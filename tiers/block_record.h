@@ -42,6 +42,12 @@ struct PoolIdentity {
   bool operator==(const PoolIdentity&) const = default;
 };
 
+// An expected record's extras_digest that matches any: a page named by a key (DESIGN §13) keeps
+// its part mask there, which a lookup learns from the record it finds. Token blocks' digests are
+// XXH3-64 values; one equal to this would still be checked by the prefix digest, which covers
+// the extra keys too.
+inline constexpr uint64_t kAnyPartMask = ~uint64_t{0};
+
 // One block's identity below tier 1: BlockIdentity's fields (cache/block_pool.h) without the
 // tier-1 parent block id, plus the tokens and the checksum of the bytes.
 struct BlockRecordIdentity {
@@ -58,7 +64,8 @@ struct BlockRecordIdentity {
 
 // The first field in which a record read from a lower tier differs from what the request expects
 // there ("hash", "parent_hash", "namespace", "extra_keys", "tokens", "prefix"; the checksum is
-// the bytes' and is checked against them, not here); empty when it matches.
+// the bytes' and is checked against them, not here); empty when it matches. An expected
+// extras_digest of kAnyPartMask matches any.
 absl::string_view RecordMismatch(const BlockRecordIdentity& found,
                                  const BlockRecordIdentity& expected);
 

@@ -372,8 +372,8 @@ class KvCacheServicer(object):
     def PinPages(self, request, context):
         """Keeps the present leading pages resident for ttl_ms (an agentic session's next turn), held
         by the session and counted against the tenant's max_referenced_blocks; ttl_ms 0 only
-        touches them (they become the most recently used). A later pin of the same page by the same
-        session extends it. Released at the TTL or when the session ends.
+        touches them (they become the most recently used). Each call is a hold of its own, released
+        at its TTL or when the session ends; a page pinned twice is held until the later TTL.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,380 @@
+// Pool's pages named by an engine's keys (DESIGN §13): a page sequence is a sequence whose blocks
+// are each a root of their own, identified by the key's hash and verified by the key's bytes
+// and digest, carrying a part mask. The rest (capacity, quotas, pass-down, loads from below,
+// publication, events, release) is the token sequences' machinery in cache/pool.cc.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cache/pool.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+// The key's first 4 x block_size bytes, zero-padded, as a block's tokens: a hit compares them,
+// and the key digest and hash cover the whole key.
+void AppendPageTokens(absl::string_view key, uint32_t block_size, std::vector<uint32_t>* tokens) {
+  const size_t start = tokens->size();
+  tokens->resize(start + block_size, 0);
+  std::memcpy(tokens->data() + start, key.data(),
+              std::min<size_t>(key.size(), size_t{block_size} * sizeof(uint32_t)));
+}
+
+uint32_t MaskOf(const std::vector<uint64_t>& extras_digests, size_t i) {
+  return static_cast<uint32_t>(extras_digests[i]);
+}
+
+}  // namespace
+
+absl::Status ValidatePageKeys(absl::Span<const std::string> keys) {
+  if (keys.empty()) return absl::InvalidArgumentError("no page keys");
+  if (keys.size() > kMaxPagesPerCall) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys.size(), " page keys; at most ", kMaxPagesPerCall, " per call"));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty() || keys[i].size() > kMaxPageKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("page key ", i, " has ", keys[i].size(),
+                                                     " bytes; want 1 to ", kMaxPageKeyBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Pool::Sequence>> Pool::NewPageSequence(
+    const Session& session, absl::Span<const std::string> keys,
+    absl::Span<const uint32_t> part_masks) const {
+  if (session.manifest == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pages live in a namespace of the tenant and a compatibility manifest: session ",
+        session.id, " was opened without a manifest"));
+  }
+  auto sequence = std::make_unique<Sequence>();
+  sequence->pages = true;
+  sequence->session_id = session.id;
+  RETURN_IF_ERROR(SetRoot(session.tenant, "", session.manifest.get(), sequence.get()));
+  BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
+  sequence->chain.reserve(keys.size());
+  sequence->prefix_digests.reserve(keys.size());
+  sequence->extras_digests.reserve(keys.size());
+  sequence->tokens.reserve(keys.size() * options_.layout.block_size);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    sequence->chain.push_back(hasher.Page(sequence->root, keys[i]));
+    sequence->prefix_digests.push_back(hasher.PageKeyDigest(sequence->namespace_digest, keys[i]));
+    sequence->extras_digests.push_back(part_masks.empty() ? kAnyPartMask : part_masks[i]);
+    AppendPageTokens(keys[i], options_.layout.block_size, &sequence->tokens);
+  }
+  return sequence;
+}
+
+BlockIdentity Pool::PageIdentity(const Sequence& sequence, size_t i) const {
+  return BlockIdentity{.hash = sequence.chain[i],
+                       .parent_hash = sequence.root,
+                       .parent_block = kNoBlock,
+                       .extras_digest = sequence.extras_digests[i],
+                       .namespace_digest = sequence.namespace_digest,
+                       .prefix_digest = sequence.prefix_digests[i]};
+}
+
+BlockId Pool::FindPageLocked(const Sequence& sequence, size_t i) const {
+  const BlockId indexed = pool_.Indexed(sequence.chain[i]);
+  if (indexed == kNoBlock) return kNoBlock;
+  BlockIdentity expected = PageIdentity(sequence, i);
+  expected.extras_digest = pool_.IdentityOf(indexed).extras_digest;  // any parts
+  const uint32_t block_size = options_.layout.block_size;
+  const BlockId block = pool_.FindVerified(
+      expected, absl::MakeConstSpan(sequence.tokens).subspan(i * block_size, block_size));
+  if (block == kNoBlock) collisions_caught_.fetch_add(1, std::memory_order_relaxed);
+  return block;
+}
+
+void Pool::FindPagesLocked(Sequence* sequence, std::vector<BlockId>* hits,
+                           std::vector<BelowRecord>* below) const {
+  hits->clear();
+  for (size_t i = 0; i < sequence->chain.size(); ++i) {
+    const BlockId block = FindPageLocked(*sequence, i);
+    if (block == kNoBlock) break;
+    sequence->extras_digests[i] = pool_.IdentityOf(block).extras_digest;
+    hits->push_back(block);
+  }
+  const size_t first_below = hits->size();
+  for (size_t i = first_below; i < sequence->chain.size(); ++i) {
+    sequence->extras_digests[i] = kAnyPartMask;  // learned from the record the probe finds
+  }
+  *below = tiers_->Probe([&](size_t i) { return ExpectedRecord(*sequence, first_below + i); },
+                         sequence->chain.size() - first_below);
+  for (size_t i = 0; i < below->size(); ++i) {
+    sequence->extras_digests[first_below + i] = (*below)[i].expected.extras_digest;
+  }
+}
+
+absl::StatusOr<PagesFound> Pool::ExistsPages(const Session& session,
+                                             absl::Span<const std::string> keys, uint32_t wanted) {
+  // A hit promises bytes this daemon can no longer vouch for or serve.
+  RETURN_IF_ERROR(faults_->status());
+  RETURN_IF_ERROR(ValidatePageKeys(keys));
+  ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
+  std::vector<BlockId> hits;
+  std::vector<BelowRecord> below;
+  absl::ReaderMutexLock lock(&mu_);
+  FindPagesLocked(sequence.get(), &hits, &below);
+  std::vector<uint32_t> masks;
+  for (size_t i = 0; i < hits.size() + below.size(); ++i) {
+    masks.push_back(MaskOf(sequence->extras_digests, i));
+  }
+  PagesFound found;
+  found.num_pages = static_cast<uint32_t>(RestorablePages(parts_, wanted, masks));
+  found.by_tier.pool = std::min<uint32_t>(found.num_pages, hits.size());
+  for (size_t i = hits.size(); i < found.num_pages; ++i) {
+    ++(below[i - hits.size()].tier == BelowRecord::Tier::kHost ? found.by_tier.host
+                                                               : found.by_tier.disk);
+  }
+  return found;
+}
+
+absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
+                                                 absl::Span<const std::string> keys,
+                                                 absl::Span<const uint32_t> part_masks) {
+  RETURN_IF_ERROR(faults_->status());
+  RETURN_IF_ERROR(ValidatePageKeys(keys));
+  const uint32_t all_parts = AllPartsMask(parts_.size());
+  std::vector<uint32_t> masks(part_masks.begin(), part_masks.end());
+  if (masks.empty()) masks.assign(keys.size(), all_parts);
+  if (masks.size() != keys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(part_masks.size(), " part masks for ", keys.size(), " page keys"));
+  }
+  for (size_t i = 0; i < masks.size(); ++i) {
+    if (masks[i] == 0 || (masks[i] & ~all_parts) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page ", i, " has part mask 0x", absl::Hex(masks[i]), "; pool '", options_.name, "' has ",
+          parts_.size(), " part(s), mask 0x", absl::Hex(all_parts)));
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Sequence> probe, NewPageSequence(session, keys, masks));
+  const uint32_t block_size = options_.layout.block_size;
+  for (int pass_downs = 0;;) {
+    absl::MutexLock lock(&mu_);
+    ExpirePinsLocked();
+    WaitOutOffloadLocked(keys.size());
+    if (session.closed.load(std::memory_order_acquire)) {
+      return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
+    }
+    // A page tier 1 holds with at least these parts is a duplicate: nothing to write.
+    std::vector<size_t> fresh;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const BlockId present = FindPageLocked(*probe, i);
+      if (present == kNoBlock || (pool_.IdentityOf(present).extras_digest & masks[i]) != masks[i]) {
+        fresh.push_back(i);
+      }
+    }
+    RETURN_IF_ERROR(CheckCapacityLocked(fresh.size(), 0,
+                                        absl::StrCat("a put of ", fresh.size(), " new pages")));
+    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(fresh.size(), {})) {
+      ++pass_downs;
+      RETURN_IF_ERROR(faults_->status());
+      continue;
+    }
+    auto sequence = std::make_unique<Sequence>();
+    sequence->pages = true;
+    sequence->session_id = session.id;
+    sequence->root = probe->root;
+    sequence->namespace_digest = probe->namespace_digest;
+    sequence->tenant = TenantSlotLocked(session.tenant);
+    RETURN_IF_ERROR(ReserveLocked(sequence->tenant, fresh.size(), 1));
+    sequence->page_duplicates = static_cast<uint32_t>(keys.size() - fresh.size());
+    ReservedPages reserved;
+    reserved.block_ids.assign(keys.size(), kNoBlock);
+    const PoolTicks now = NowTicks();
+    for (size_t i : fresh) {
+      sequence->chain.push_back(probe->chain[i]);
+      sequence->prefix_digests.push_back(probe->prefix_digests[i]);
+      sequence->extras_digests.push_back(masks[i]);
+      sequence->tokens.insert(sequence->tokens.end(), probe->tokens.begin() + i * block_size,
+                              probe->tokens.begin() + (i + 1) * block_size);
+      sequence->blocks.push_back(AllocateLocked(sequence->tenant, now));
+      reserved.block_ids[i] = sequence->blocks.back();
+    }
+    ReportEvictionsLocked();
+    reserved.sequence_id = AddLocked(std::move(sequence));
+    return reserved;
+  }
+}
+
+absl::StatusOr<CommittedPages> Pool::CommitPages(const Session& session, uint64_t sequence_id) {
+  // Publishing pages whose bytes a failed device may never have received would serve them.
+  RETURN_IF_ERROR(faults_->status());
+  std::vector<BlockId> blocks;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
+    if (!sequence->pages || sequence->committed_blocks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", sequence_id, " is not a page reservation (ReservePages makes one)"));
+    }
+    blocks = sequence->blocks;
+  }
+  // Outside mu_: the reservation holds the blocks, which nobody else can see yet.
+  std::vector<uint64_t> checksums;
+  checksums.reserve(blocks.size());
+  for (BlockId block : blocks) {
+    const absl::StatusOr<uint64_t> checksum = memory_->Checksum(block);
+    RETURN_IF_ERROR(CheckMemory(checksum.status()));
+    checksums.push_back(*checksum);
+  }
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
+  if (sequence->committed_blocks != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page reservation ", sequence_id, " is being committed by another call"));
+  }
+  CommitResult result;
+  PublishWrittenLocked(sequence, static_cast<uint32_t>(sequence->blocks.size()), &result);
+  sequence->committed_blocks = static_cast<uint32_t>(sequence->blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) pool_.SetChecksum(blocks[i], checksums[i]);
+  const CommittedPages committed{
+      .num_published = result.num_published_blocks,
+      .num_duplicates = static_cast<uint32_t>(sequence->page_duplicates + blocks.size() -
+                                              result.num_published_blocks)};
+  EraseLocked(sequence_id);
+  return committed;
+}
+
+absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
+                                                 absl::Span<const std::string> keys,
+                                                 uint32_t wanted, uint32_t max_load_ms) {
+  RETURN_IF_ERROR(faults_->status());
+  RETURN_IF_ERROR(ValidatePageKeys(keys));
+  ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
+  std::vector<BlockId> hits;
+  std::vector<BelowRecord> below;
+  const auto masks_upto = [&](size_t end) {
+    std::vector<uint32_t> masks;
+    for (size_t i = 0; i < end; ++i) masks.push_back(MaskOf(sequence->extras_digests, i));
+    return masks;
+  };
+  for (int pass_downs = 0;;) {
+    absl::MutexLock lock(&mu_);
+    ExpirePinsLocked();
+    WaitOutOffloadLocked(keys.size());
+    if (session.closed.load(std::memory_order_acquire)) {
+      return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
+    }
+    FindPagesLocked(sequence.get(), &hits, &below);
+    const size_t end = RestorablePages(parts_, wanted, masks_upto(hits.size() + below.size()));
+    if (hits.size() > end) hits.resize(end);
+    below.resize(end - hits.size());
+    size_t evictable_hits = 0;
+    for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
+    // A read loads only into blocks it can have without failing.
+    const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
+    if (below.size() > available) below.resize(available);
+    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(below.size(), hits, below)) {
+      ++pass_downs;
+      RETURN_IF_ERROR(faults_->status());
+      continue;
+    }
+    sequence->tenant = TenantSlotLocked(session.tenant);
+    RETURN_IF_ERROR(ReserveLocked(sequence->tenant, below.size() + evictable_hits, 1));
+    const PoolTicks now = NowTicks();
+    for (BlockId block : hits) {
+      AcquireLocked(block, sequence->tenant, /*prefix_hit=*/false, now);
+      if (!pool_.IsReused(block) && pool_.IsOffloaded(block)) {
+        tiers_->MarkReused(pool_.IdentityOf(block).hash);
+      }
+      pool_.SetReused(block);
+    }
+    sequence->blocks = hits;
+    sequence->committed_blocks = static_cast<uint32_t>(hits.size());
+    for (size_t i = 0; i < below.size(); ++i) {
+      sequence->blocks.push_back(AllocateLocked(sequence->tenant, now));
+    }
+    ReportEvictionsLocked();
+    if (!below.empty()) {
+      loading_.insert(sequence.get());
+      break;
+    }
+    AcquiredPages acquired;
+    acquired.block_ids = sequence->blocks;
+    acquired.part_masks = masks_upto(hits.size());
+    acquired.by_tier.pool = static_cast<uint32_t>(hits.size());
+    acquired.sequence_id = AddLocked(std::move(sequence));
+    return acquired;
+  }
+  const size_t num_hits = hits.size();
+  // Only this sequence holds the blocks, and nobody can see the sequence yet.
+  const TierLoaded loaded = tiers_->Load(
+      below, [&](size_t i) { return ExpectedRecord(*sequence, num_hits + i); },
+      /*cluster_end=*/0, absl::MakeConstSpan(sequence->blocks).subspan(num_hits), max_load_ms);
+  absl::MutexLock lock(&mu_);
+  loading_.erase(sequence.get());
+  const absl::Status device = faults_->status();
+  if (session.closed.load(std::memory_order_acquire) || !device.ok()) {
+    ReleaseLocked(*sequence, NowTicks());
+    quotas_->Release(tenants_[sequence->tenant].name, QuotaResource::kOpenSequences, 1);
+    if (!device.ok()) return device;
+    return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the acquire"));
+  }
+  // What verified is published (a page is a page, hit or not); the hit rule then decides how
+  // many the caller gets, and the rest go back to the pool as cached pages.
+  const size_t present = num_hits + loaded.total();
+  const PoolTicks now = NowTicks();
+  while (sequence->blocks.size() > present) {
+    ReleaseBlockLocked(sequence->blocks.back(), now);
+    sequence->blocks.pop_back();
+  }
+  CommitResult ignored;
+  PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(present), &ignored);
+  for (size_t i = num_hits; i < present; ++i) pool_.SetReused(sequence->blocks[i]);
+  tiers_->CountHits(loaded);
+  const size_t end = RestorablePages(parts_, wanted, masks_upto(present));
+  while (sequence->blocks.size() > end) {
+    ReleaseBlockLocked(sequence->blocks.back(), now);
+    sequence->blocks.pop_back();
+  }
+  sequence->committed_blocks = static_cast<uint32_t>(end);
+  AcquiredPages acquired;
+  acquired.block_ids = sequence->blocks;
+  acquired.part_masks = masks_upto(end);
+  acquired.by_tier.pool = static_cast<uint32_t>(std::min(num_hits, end));
+  for (size_t i = num_hits; i < end; ++i) {
+    ++(below[i - num_hits].tier == BelowRecord::Tier::kHost ? acquired.by_tier.host
+                                                            : acquired.by_tier.disk);
+  }
+  sequence->chain.resize(end);
+  sequence->prefix_digests.resize(end);
+  sequence->extras_digests.resize(end);
+  sequence->tokens.resize(end * options_.layout.block_size);
+  acquired.sequence_id = AddLocked(std::move(sequence));
+  return acquired;
+}
+
+absl::StatusOr<uint32_t> Pool::PinPages(const Session& session, absl::Span<const std::string> keys,
+                                        absl::Duration ttl) {
+  if (ttl < absl::ZeroDuration() || ttl > kMaxPinTtl) {
+    return absl::InvalidArgumentError(absl::StrCat("pin TTL ", absl::FormatDuration(ttl),
+                                                   "; at most ", absl::FormatDuration(kMaxPinTtl)));
+  }
+  // No part asked for: the leading pages present, whatever parts they hold.
+  ASSIGN_OR_RETURN(AcquiredPages acquired, AcquirePages(session, keys, /*wanted=*/0, 0));
+  absl::MutexLock lock(&mu_);
+  if (ttl == absl::ZeroDuration()) {
+    EraseLocked(acquired.sequence_id);  // a touch: released now, the most recently used
+  } else {
+    pins_.emplace(clock_->Now() + ttl, acquired.sequence_id);
+  }
+  return static_cast<uint32_t>(acquired.block_ids.size());
+}
+
+void Pool::ExpirePinsLocked() {
+  if (pins_.empty()) return;
+  const absl::Time now = clock_->Now();
+  while (!pins_.empty() && pins_.begin()->first <= now) {
+    EraseLocked(pins_.begin()->second);
+    pins_.erase(pins_.begin());
+  }
+}
+
+}  // namespace kvcache

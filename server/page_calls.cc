@@ -1,0 +1,221 @@
+// KvCacheService's calls on pages named by an engine's keys (DESIGN §13): each resolves the
+// session and pool, converts the request and answers with Pool's page operations. PutPages and
+// GetPages carry the bytes for clients on another node; the same-node calls hand out block ids
+// in the pool the caller maps.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/pool.h"
+#include "common/block_checksum.h"
+#include "common/status_macros.h"
+#include "server/kv_cache_service.h"
+#include "server/unary_call.h"
+
+namespace kvcache {
+namespace {
+
+std::vector<std::string> KeysOf(const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  return std::vector<std::string>(keys.begin(), keys.end());
+}
+
+absl::StatusOr<uint32_t> WantedParts(const Pool& pool,
+                                     const google::protobuf::RepeatedPtrField<std::string>& names) {
+  const std::vector<std::string> wanted(names.begin(), names.end());
+  return PartMaskOf(pool.parts(), wanted);
+}
+
+void FillTiers(const PagesByTier& tiers, v1::TierPages* out) {
+  out->set_pool(tiers.pool);
+  out->set_host(tiers.host);
+  out->set_disk(tiers.disk);
+  out->set_cluster(tiers.cluster);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KvCacheService::ExistsPages(grpc::CallbackServerContext* context,
+                                                      const v1::ExistsPagesRequest* request,
+                                                      v1::ExistsPagesResponse* response) {
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "ExistsPages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*pool, request->parts()));
+        ASSIGN_OR_RETURN(PagesFound found,
+                         pool->ExistsPages(*session, KeysOf(request->keys()), wanted));
+        response->set_num_pages(found.num_pages);
+        FillTiers(found.by_tier, response->mutable_pages_by_tier());
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ReservePages(grpc::CallbackServerContext* context,
+                                                       const v1::ReservePagesRequest* request,
+                                                       v1::ReservePagesResponse* response) {
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "ReservePages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(ReservedPages reserved,
+                         pool->ReservePages(*session, KeysOf(request->keys()),
+                                            absl::MakeConstSpan(request->part_masks().data(),
+                                                                request->part_masks_size())));
+        response->set_sequence_id(reserved.sequence_id);
+        response->mutable_block_ids()->Add(reserved.block_ids.begin(), reserved.block_ids.end());
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::CommitPages(grpc::CallbackServerContext* context,
+                                                      const v1::CommitPagesRequest* request,
+                                                      v1::CommitPagesResponse* response) {
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "CommitPages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
+        ASSIGN_OR_RETURN(CommittedPages committed,
+                         pool->CommitPages(*session, request->sequence_id()));
+        response->set_num_published(committed.num_published);
+        response->set_num_duplicates(committed.num_duplicates);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::AcquirePages(grpc::CallbackServerContext* context,
+                                                       const v1::AcquirePagesRequest* request,
+                                                       v1::AcquirePagesResponse* response) {
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "AcquirePages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*pool, request->parts()));
+        ASSIGN_OR_RETURN(
+            AcquiredPages acquired,
+            pool->AcquirePages(*session, KeysOf(request->keys()), wanted, request->max_load_ms()));
+        for (BlockId block : acquired.block_ids) {
+          const absl::StatusOr<uint64_t> checksum = pool->BlockChecksum(block);
+          if (!checksum.ok()) {
+            pool->Release(*session, acquired.sequence_id).IgnoreError();
+            return checksum.status();
+          }
+          response->add_page_checksums(*checksum);
+        }
+        response->set_sequence_id(acquired.sequence_id);
+        response->mutable_block_ids()->Add(acquired.block_ids.begin(), acquired.block_ids.end());
+        response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
+        FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* context,
+                                                   const v1::PutPagesRequest* request,
+                                                   v1::PutPagesResponse* response) {
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "PutPages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        const std::vector<std::string> keys = KeysOf(request->keys());
+        RETURN_IF_ERROR(ValidatePageKeys(keys));
+        const uint64_t page_bytes = pool->options().layout.BlockBytes();
+        if (request->pages_size() != request->keys_size() ||
+            request->page_checksums_size() != request->keys_size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(request->keys_size(), " keys but ", request->pages_size(), " pages and ",
+                           request->page_checksums_size(), " checksums; want one of each per key"));
+        }
+        // Every page is checked before anything is reserved: a bad one publishes nothing.
+        for (int i = 0; i < request->pages_size(); ++i) {
+          const std::string& page = request->pages(i);
+          if (page.size() != page_bytes) {
+            return absl::InvalidArgumentError(absl::StrCat("page ", i, " has ", page.size(),
+                                                           " bytes; pool '", request->pool(),
+                                                           "' pages have ", page_bytes));
+          }
+          if (BlockChecksum(page.data(), page.size()) != request->page_checksums(i)) {
+            return absl::DataLossError(absl::StrCat("page ", i, " does not match its checksum"));
+          }
+        }
+        ASSIGN_OR_RETURN(ReservedPages reserved,
+                         pool->ReservePages(*session, keys,
+                                            absl::MakeConstSpan(request->part_masks().data(),
+                                                                request->part_masks_size())));
+        for (size_t i = 0; i < reserved.block_ids.size(); ++i) {
+          if (reserved.block_ids[i] == kNoBlock) continue;
+          const absl::Status written =
+              pool->WriteBlock(reserved.block_ids[i], 0, request->pages(static_cast<int>(i)));
+          if (!written.ok()) {
+            pool->Release(*session, reserved.sequence_id).IgnoreError();
+            return written;
+          }
+        }
+        ASSIGN_OR_RETURN(CommittedPages committed,
+                         pool->CommitPages(*session, reserved.sequence_id));
+        response->set_num_published(committed.num_published);
+        response->set_num_duplicates(committed.num_duplicates);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* context,
+                                                   const v1::GetPagesRequest* request,
+                                                   v1::GetPagesResponse* response) {
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "GetPages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*pool, request->parts()));
+        ASSIGN_OR_RETURN(
+            AcquiredPages acquired,
+            pool->AcquirePages(*session, KeysOf(request->keys()), wanted, request->max_load_ms()));
+        const uint64_t page_bytes = pool->options().layout.BlockBytes();
+        absl::Status read = absl::OkStatus();
+        for (BlockId block : acquired.block_ids) {
+          std::string* page = response->add_pages();
+          page->resize(page_bytes);
+          read = pool->ReadBlock(block, 0, page_bytes, page->data());
+          if (!read.ok()) break;
+          const absl::StatusOr<uint64_t> checksum = pool->BlockChecksum(block);
+          read = checksum.status();
+          if (!read.ok()) break;
+          response->add_page_checksums(*checksum);
+        }
+        pool->Release(*session, acquired.sequence_id).IgnoreError();
+        RETURN_IF_ERROR(read);
+        response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
+        FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::PinPages(grpc::CallbackServerContext* context,
+                                                   const v1::PinPagesRequest* request,
+                                                   v1::PinPagesResponse* response) {
+  return HandleUnary(*this, context, response, manager_->epoch(), "PinPages", Role::kWorker,
+                     [&](const Identity& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(auto session,
+                                        manager_->SessionFor(request->session_id(),
+                                                             request->epoch(), caller.principal));
+                       ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+                       ASSIGN_OR_RETURN(const uint32_t pinned,
+                                        pool->PinPages(*session, KeysOf(request->keys()),
+                                                       absl::Milliseconds(request->ttl_ms())));
+                       response->set_num_pages(pinned);
+                       return absl::OkStatus();
+                     });
+}
+
+}  // namespace kvcache
