@@ -189,7 +189,11 @@ def got_pages(num_keys: int, response: kvcache_pb2.GetPagesResponse) -> GotPages
                     by_tier=TierPages.from_proto(response.pages_by_tier))
 
 
+MAX_PIN_SECONDS = 86400  # PinPagesRequest.ttl_ms: at most a day
+
+
 def ttl_ms(call: str, ttl: float) -> int:
-    if ttl < 0:
-        raise invalid_argument(f"{call}: ttl {ttl} is negative")
+    if not 0 <= ttl <= MAX_PIN_SECONDS:
+        raise invalid_argument(f"{call}: ttl {ttl} is not within 0 to {MAX_PIN_SECONDS} seconds "
+                               "(a day)")
     return int(ttl * 1000)

@@ -190,7 +190,9 @@ class Session(SessionCore):
         """How many leading `keys` are restorable under the hit rule (kvcache.proto, ExistsPages)
         for the `parts` asked (empty: every part), and from which tier; acquires nothing. A key
         is 1 to 64 bytes, a batch 1 to 4096 keys in prefix order (INVALID_ARGUMENT locally
-        otherwise; the daemon's for an unknown part). Read-only."""
+        otherwise; the daemon's for an unknown part). Pages live in the namespace of the tenant
+        and the session's compatibility manifest: every page call of a session opened without
+        one is FAILED_PRECONDITION. Read-only."""
         return self._session_call(_calls.exists_pages(pool, keys, parts))
 
     def reserve_pages(self, pool: str, keys: Sequence[bytes], *,
@@ -237,8 +239,9 @@ class Session(SessionCore):
         return self._session_call(call, self._get_pages_timeout(keys, self._pool_shape(pool)))
 
     def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float) -> int:
-        """Keeps the present leading pages resident for `ttl` seconds (0: only touches them,
-        most recently used), held by this session; returns how many. A later pin extends it."""
+        """Keeps the present leading pages resident for `ttl` seconds, at most a day (0: only
+        touches them, most recently used), held by this session; returns how many. Each call is
+        a hold of its own: a page pinned twice is held until the later TTL."""
         return self._session_call(_calls.pin_pages(pool, keys, ttl))
 
     def write_pages(self, pool: str, keys: Sequence[bytes], sources: Sequence[Any], *,

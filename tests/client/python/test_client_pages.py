@@ -22,8 +22,9 @@ import numpy
 
 from daemon import BOUND, Daemon, error_code
 
-from kvcache_client import (AcquiredPages, DType, KvCacheError, MappingKind, PagePartInfo,
-                            PageReservation, PoolInfo, PoolLayout, PoolMapping, TierPages, aio)
+from kvcache_client import (AcquiredPages, CompatibilityManifest, DType, KvCacheError,
+                            MappingKind, PagePart, PagePartInfo, PageReservation, PoolInfo,
+                            PoolLayout, PoolMapping, TierPages, aio)
 from kvcache_client import _calls, _page_copy, _pages
 from kvcache_client._proto import kvcache_pb2
 from kvcache_client.mapped_pool import MappedPool
@@ -40,10 +41,14 @@ BLOCK_BYTES = 16384
 KV_BYTES, STATE_BYTES = 12 << 10, 4 << 10
 NUM_BLOCKS = 64
 POOL_SPEC = (f"{POOL}:layers=2:kv_heads=2:head_dim=64:block_size=16:blocks={NUM_BLOCKS}:"
-             "parts=kv/12K,state/4K/trailing1")
+             "parts=kv/12K+state/4K/trailing1")
 KV, STATE, BOTH = 1, 2, 3  # part masks
 PARTS = (PagePartInfo("kv", 0, KV_BYTES, "all", 0),
          PagePartInfo("state", KV_BYTES, STATE_BYTES, "trailing", 1))
+# Pages live in the namespace of a tenant and a manifest: an engine's page sessions declare one.
+MANIFEST = CompatibilityManifest(model_id="m", model_config_digest=b"hybrid", kv_dtype="fp16",
+                                 page_tokens=16, parts=(PagePart("kv", KV_BYTES),
+                                                        PagePart("state", STATE_BYTES)))
 NO_TORCH = "torch is not installed (Debian: python3-torch): the torch views are not checked"
 
 
@@ -140,6 +145,7 @@ class PagesLocalTest(unittest.TestCase):
         self.assertEqual(list(_calls.reserve_pages(POOL, keys("k", 2), None).request.part_masks),
                          [])
         self.assertIn("ttl -1", message_of(_calls.pin_pages, POOL, keys("k", 1), -1))
+        self.assertIn("ttl 86401", message_of(_calls.pin_pages, POOL, keys("k", 1), 86401))
         self.assertEqual(_calls.pin_pages(POOL, keys("k", 1), 2.5).request.ttl_ms, 2500)
         self.assertEqual(code_of(_calls.acquire_pages, POOL, keys("k", 1), (), -1),
                          Code.INVALID_ARGUMENT)
@@ -362,8 +368,8 @@ class PagesDaemonTest(unittest.TestCase):
         cls.client.close()
         cls.daemon.cleanup()
 
-    def session(self, name="pages"):
-        session = self.client.open_session(name)
+    def session(self, name="pages", manifest=MANIFEST):
+        session = self.client.open_session(name, manifest=manifest)
         self.addCleanup(session.__exit__, None, None, None)
         return session
 
@@ -458,9 +464,28 @@ class PagesDaemonTest(unittest.TestCase):
         finally:
             session.release(acquired.sequence_id)
         self.assertEqual(len(session.get_pages(POOL, ended).pages), 3)
-        # Adding the missing state (a page with more parts than before) extends the hit.
-        session.put_pages(POOL, ended[3:], page_bytes(41))
-        self.assertEqual(session.exists_pages(POOL, ended).num_pages, 4)
+
+    def test_a_page_gains_its_missing_part(self):
+        """ReservePages: a key present already is a duplicate only "with at least these parts";
+        so a page stored without its state takes the state later, and the hit grows."""
+        session = self.session()
+        names = keys("gain", 2)
+        session.put_pages(POOL, names, page_bytes(42, 2), part_masks=[BOTH, KV])
+        self.assertEqual(session.exists_pages(POOL, names).num_pages, 1)
+        reservation = session.reserve_pages(POOL, names)
+        self.assertIsNone(reservation.block_ids[0])
+        self.assertIsNotNone(reservation.block_ids[1])  # present, but without the state
+        session.release(reservation.sequence_id)
+        put = session.put_pages(POOL, names[1:], page_bytes(43))
+        self.assertEqual((put.num_published, put.num_duplicates), (1, 0))
+        self.assertEqual(session.exists_pages(POOL, names).num_pages, 2)
+        self.assertEqual(session.get_pages(POOL, names).pages[1], page_bytes(43))
+
+    def test_pages_need_a_manifest(self):
+        session = self.session("no-manifest", manifest=None)
+        self.assertEqual(code_of(session.exists_pages, POOL, keys("manifest", 1)),
+                         Code.FAILED_PRECONDITION)
+        self.assertFalse(session.epoch_changed)  # the daemon's answer, not a restart
 
     def test_pin_pages(self):
         session = self.session()
@@ -559,7 +584,8 @@ class PagesAioTest(unittest.TestCase):
         async def with_session():
             async with aio.Client(self.daemon.target, connect_timeout=BOUND,
                                   rpc_timeout=BOUND) as client:
-                async with await client.open_session("aio-pages") as session:
+                async with await client.open_session("aio-pages",
+                                                     manifest=MANIFEST) as session:
                     await scenario(session)
         asyncio.run(with_session())
 
