@@ -44,13 +44,13 @@ import numpy
 from ._calls import RetryPolicy
 from .client import Client
 from .errors import KvCacheError
-from .mapped_pool import MappedPool
 from .session import Session
 from .values import CompatibilityManifest, PagePart, ParallelGeometry, PoolInfo
 
 _log = logging.getLogger(__name__)
 
 MAX_KEYS_PER_CALL = 4096  # the daemon's batch limit (kvcache.proto, pages)
+GRPC_BATCH_BYTES = 8 << 20  # pages per put/get over gRPC: well inside the 16 MiB message limit
 TIER_TYPE = "KvCacheTier"
 
 try:  # The engine's own types when it is installed: its factory checks the base class.
@@ -160,21 +160,17 @@ _RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDI
 class _Connection:
     """One session with the daemon, made and closed by the tier's worker thread."""
 
-    def __init__(self, client: Client, session: Session, pool: PoolInfo,
-                 mapped: Optional[MappedPool]) -> None:
+    def __init__(self, client: Client, session: Session, same_node: bool) -> None:
         self.client = client
         self.session = session
-        self.pool = pool
-        self.mapped = mapped  # None: the daemon is on another node (bytes over gRPC)
+        self.same_node = same_node  # False: the daemon is on another node (bytes over gRPC)
 
     def close(self) -> None:
-        for close in ((self.mapped.close if self.mapped else None), self.session.close,
-                      self.client.close):
-            if close is not None:
-                try:
-                    close()
-                except Exception:  # a dead daemon's session: nothing left to release
-                    pass
+        for close in (self.session.close, self.client.close):
+            try:
+                close()
+            except Exception:  # a dead daemon's session: nothing left to release
+                pass
 
 
 class _PoolMismatch(Exception):
@@ -387,13 +383,14 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
             self._check_pool(pool)
             session = client.open_session(self._client_name, ttl=self._session_ttl,
                                           manifest=self.manifest)
-            try:
-                mapped: Optional[MappedPool] = session.map_pool(self._pool_name)
+            try:  # write_pages and read_pages_into map it again, once per session
+                session.map_pool(self._pool_name).close()
+                same_node = True
             except KvCacheError:  # another node's daemon, or a device pool: bytes over gRPC
-                mapped = None
+                same_node = False
             _log.info("kvcache tier: connected to pool '%s' (%s)", self._pool_name,
-                      "mapped" if mapped is not None else "over gRPC")
-            return _Connection(client, session, pool, mapped)
+                      "mapped" if same_node else "over gRPC")
+            return _Connection(client, session, same_node)
         except _PoolMismatch as mismatch:
             self._disabled = str(mismatch)
             _log.error("kvcache tier disabled: %s", mismatch)
@@ -420,9 +417,12 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
             return False
         move: Callable[[_Connection, Sequence[bytes], Sequence[int]], bool] = {
             "store": self._store, "load": self._load, "touch": self._touch}[job.kind]
+        batch = MAX_KEYS_PER_CALL
+        if not connection.same_node:
+            batch = max(1, min(batch, GRPC_BATCH_BYTES // self.page_bytes))
         try:
-            for start in range(0, len(job.keys), MAX_KEYS_PER_CALL):
-                end = start + MAX_KEYS_PER_CALL
+            for start in range(0, len(job.keys), batch):
+                end = start + batch
                 if not move(connection, job.keys[start:end], job.rows[start:end]):
                     return False
             return True
@@ -433,7 +433,7 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
     def _store(self, connection: _Connection, keys: Sequence[bytes],
                rows: Sequence[int]) -> bool:
         sources = [self._rows[row] for row in rows]
-        if connection.mapped is not None:
+        if connection.same_node:
             connection.session.write_pages(self._pool_name, keys, sources)
         else:
             connection.session.put_pages(self._pool_name, keys, sources)
@@ -442,8 +442,9 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
     def _load(self, connection: _Connection, keys: Sequence[bytes],
               rows: Sequence[int]) -> bool:
         destinations = [self._rows[row] for row in rows]
-        if connection.mapped is not None:
-            pages = connection.session.read_pages_into(self._pool_name, keys, destinations)
+        if connection.same_node:
+            pages = connection.session.read_pages_into(self._pool_name, keys, destinations,
+                                                       max_load_ms=self._max_load_ms)
             return len(pages.block_ids) == len(keys)
         got = connection.session.get_pages(self._pool_name, keys,
                                            max_load_ms=self._max_load_ms)
