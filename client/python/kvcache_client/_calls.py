@@ -12,7 +12,7 @@ Session calls' requests lack the session id and epoch: the session stamps them.
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 from . import _pages, hashing
 from ._proto import kvcache_pb2
@@ -220,14 +220,21 @@ def commit_pages(sequence_id: int) -> UnaryCall[PagesPut]:
         _pages.pages_put, False)
 
 
+def _read_pages_request(call: str, message_type: Any, pool: str, keys: Sequence[bytes],
+                        parts: Sequence[str], max_load_ms: int) -> Tuple[int, Any]:
+    """AcquirePages' and GetPages' request, which ask the same; and its number of keys."""
+    listed = _pages.page_keys(call, keys)
+    return len(listed), make_request(call, message_type, pool=pool, keys=listed,
+                                     parts=_pages.part_names(call, parts),
+                                     max_load_ms=max_load_ms)
+
+
 def acquire_pages(pool: str, keys: Sequence[bytes], parts: Sequence[str],
                   max_load_ms: int) -> UnaryCall[AcquiredPages]:
-    call = "acquire_pages"
-    keys = _pages.page_keys(call, keys)
-    request = make_request(call, kvcache_pb2.AcquirePagesRequest, pool=pool, keys=keys,
-                           parts=_pages.part_names(call, parts), max_load_ms=max_load_ms)
+    num_keys, request = _read_pages_request("acquire_pages", kvcache_pb2.AcquirePagesRequest,
+                                            pool, keys, parts, max_load_ms)
     return UnaryCall("AcquirePages", request,
-                     lambda response: _pages.acquired(pool, len(keys), response), False)
+                     lambda response: _pages.acquired(pool, num_keys, response), False)
 
 
 def put_pages(pool: str, keys: List[bytes], pages: List[memoryview],
@@ -243,12 +250,10 @@ def put_pages(pool: str, keys: List[bytes], pages: List[memoryview],
 
 def get_pages(pool: str, keys: Sequence[bytes], parts: Sequence[str],
               max_load_ms: int) -> UnaryCall[GotPages]:
-    call = "get_pages"
-    keys = _pages.page_keys(call, keys)
-    request = make_request(call, kvcache_pb2.GetPagesRequest, pool=pool, keys=keys,
-                           parts=_pages.part_names(call, parts), max_load_ms=max_load_ms)
+    num_keys, request = _read_pages_request("get_pages", kvcache_pb2.GetPagesRequest, pool,
+                                            keys, parts, max_load_ms)
     return UnaryCall("GetPages", request,
-                     lambda response: _pages.got_pages(len(keys), response), True)
+                     lambda response: _pages.got_pages(num_keys, response), True)
 
 
 def pin_pages(pool: str, keys: Sequence[bytes], ttl: float) -> UnaryCall[int]:

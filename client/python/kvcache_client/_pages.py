@@ -16,8 +16,7 @@ import grpc
 from ._proto import kvcache_pb2
 from .errors import KvCacheError, invalid_argument
 from .hashing import xxhash  # checked there for XXH3
-from .values import (AcquiredPages, GotPages, PageHits, PageReservation, PagesPut,
-                     tier_pages_from_proto)
+from .values import AcquiredPages, GotPages, PageHits, PageReservation, PagesPut, TierPages
 
 MAX_PAGE_KEY_BYTES = 64
 MAX_PAGES_PER_CALL = 4096
@@ -136,7 +135,7 @@ def _inconsistent(call: str, what: str) -> KvCacheError:
 
 def page_hits(response: kvcache_pb2.ExistsPagesResponse) -> PageHits:
     return PageHits(num_pages=response.num_pages,
-                    by_tier=tier_pages_from_proto(response.pages_by_tier))
+                    by_tier=TierPages.from_proto(response.pages_by_tier))
 
 
 def pages_put(response: Any) -> PagesPut:
@@ -173,7 +172,7 @@ def acquired(pool: str, num_keys: int,
                          block_ids=tuple(response.block_ids),
                          checksums=tuple(response.page_checksums),
                          part_masks=tuple(response.part_masks),
-                         by_tier=tier_pages_from_proto(response.pages_by_tier))
+                         by_tier=TierPages.from_proto(response.pages_by_tier))
 
 
 def got_pages(num_keys: int, response: kvcache_pb2.GetPagesResponse) -> GotPages:
@@ -187,7 +186,7 @@ def got_pages(num_keys: int, response: kvcache_pb2.GetPagesResponse) -> GotPages
         if got != expected:
             raise checksum_mismatch("GetPages", index, got, expected)
     return GotPages(pages=pages, part_masks=tuple(response.part_masks),
-                    by_tier=tier_pages_from_proto(response.pages_by_tier))
+                    by_tier=TierPages.from_proto(response.pages_by_tier))
 
 
 def ttl_ms(call: str, ttl: float) -> int:

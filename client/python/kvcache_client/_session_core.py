@@ -220,10 +220,14 @@ class SessionCore:
 
     def _mark_closed(self) -> bool:
         """Marks the session closed by the user; whether it was still usable (worth a
-        CloseSession)."""
+        CloseSession). The session's own page mappings are unmapped: nothing outside holds
+        them, and a pool's mapping is as large as the pool."""
         with self._lock:
             usable = self._open and not self._epoch_changed and not self._lost
             self._open = False
+            page_maps, self._page_maps = list(self._page_maps.values()), {}
+        for mapped in page_maps:
+            mapped.close()
         return usable
 
     def _parsed(self, call: UnaryCall, response: Any, session: SessionKey) -> Any:

@@ -333,7 +333,10 @@ class Session(SessionCore):
         except BaseException:
             await self._abandon(pages.sequence_id)
             raise
-        await self.release(pages.sequence_id)
+        if pages.block_ids:
+            await self.release(pages.sequence_id)
+        else:  # nothing pinned: a daemon that opened no sequence for it may say NOT_FOUND
+            await self._abandon(pages.sequence_id)
         return pages
 
     # --- internals ------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 A session is opened by Client.open_session and kept alive by a background thread every ttl/3
 until close() (or the end of its `with` block). Sequences (open_sequence, extend, commit,
 release, fork), block bytes (put_blocks, get_blocks_into) and the pool mapping (map_pool) all
-belong to a session: the daemon releases a session's sequences when its lease ends.
+belong to a session: the daemon releases a session's sequences when its lease ends. So do pages
+named by the engine's own keys (exists_pages, write_pages / read_pages_into on the daemon's node
+through the session's own mapping, put_pages / get_pages from another node, and the steps
+beneath: reserve_pages, commit_pages, acquire_pages, pin_pages).
 
 Epoch fencing, as the C++ client (client/kv_cache_client.h): the session remembers the epoch of
 the daemon that opened it and sends it with every request. A reply with another epoch, or the
@@ -16,8 +19,9 @@ ABORTED) sets `lost`: the daemon has released the sequences.
 
 Errors (KvCacheError): the daemon's codes unchanged, plus FAILED_PRECONDITION locally for a call
 on a closed session; INVALID_ARGUMENT for bad input (tokens that are not uint32, a put of the
-wrong size, a destination that is not a writable buffer); OUT_OF_RANGE for a get_blocks_into
-destination too small; DATA_LOSS for received bytes that fail their checksum.
+wrong size, a destination that is not a writable buffer, an empty batch of page keys or a key
+over 64 bytes); OUT_OF_RANGE for a get_blocks_into destination too small; DATA_LOSS for received
+bytes, or pages read from the pool, that fail their checksum.
 
 Thread safety: thread-safe. Calls may come from several threads at once; close() must not be
 called from a callback. aio.Session is the same session for asyncio.
@@ -273,7 +277,10 @@ class Session(SessionCore):
         except BaseException:
             self._abandon(pages.sequence_id)
             raise
-        self.release(pages.sequence_id)
+        if pages.block_ids:
+            self.release(pages.sequence_id)
+        else:  # nothing pinned: a daemon that opened no sequence for it may say NOT_FOUND
+            self._abandon(pages.sequence_id)
         return pages
 
     # --- internals ------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ hashing.ExtraKeys for extra keys: the object that computes a block's hash names 
 
 import enum
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence as SequenceOf, Tuple
+from typing import Any, List, Optional, Sequence as SequenceOf, Tuple, Type, TypeVar
 
 from . import hashing
 from ._proto import kvcache_pb2
@@ -179,18 +179,31 @@ class PoolDescription:
     manifests: List[ManifestInUse] = field(default_factory=list)
 
 
+TierCounts = TypeVar("TierCounts", bound="_TierCounts")
+
+
 @dataclass(frozen=True)
-class TierTokens:
-    """Where cached tokens were found (v1.TierTokens), summing to num_cached_tokens: the pool
-    itself, or a lower tier they were loaded from (a lookup: found in, not loaded)."""
+class _TierCounts:
+    """A count per tier: the pool itself, host memory, disk, the cluster."""
     pool: int = 0
     host: int = 0
     disk: int = 0
     cluster: int = 0
 
+    @classmethod
+    def from_proto(cls: Type[TierCounts], proto: Any) -> TierCounts:
+        """From kvcache.v1.TierTokens or TierPages, which have these four fields."""
+        return cls(pool=proto.pool, host=proto.host, disk=proto.disk, cluster=proto.cluster)
+
+
+@dataclass(frozen=True)
+class TierTokens(_TierCounts):
+    """Where cached tokens were found (v1.TierTokens), summing to num_cached_tokens: the pool
+    itself, or a lower tier they were loaded from (a lookup: found in, not loaded)."""
+
 
 def tier_tokens_from_proto(proto: kvcache_pb2.TierTokens) -> TierTokens:
-    return TierTokens(pool=proto.pool, host=proto.host, disk=proto.disk, cluster=proto.cluster)
+    return TierTokens.from_proto(proto)
 
 
 @dataclass(frozen=True)
@@ -262,17 +275,9 @@ class ListedSession:
 
 
 @dataclass(frozen=True)
-class TierPages:
+class TierPages(_TierCounts):
     """How many pages each tier gave (kvcache.v1.TierPages), summing to the call's page count:
     the pool itself, or a lower tier they were loaded from (exists: found in, never cluster)."""
-    pool: int = 0
-    host: int = 0
-    disk: int = 0
-    cluster: int = 0
-
-
-def tier_pages_from_proto(proto: kvcache_pb2.TierPages) -> TierPages:
-    return TierPages(pool=proto.pool, host=proto.host, disk=proto.disk, cluster=proto.cluster)
 
 
 @dataclass(frozen=True)
