@@ -160,9 +160,11 @@ _RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDI
 class _Connection:
     """One session with the daemon, made and closed by the tier's worker thread."""
 
-    def __init__(self, client: Client, session: Session, same_node: bool) -> None:
+    def __init__(self, client: Client, session: Session, pool: PoolInfo,
+                 same_node: bool) -> None:
         self.client = client
         self.session = session
+        self.pool = pool
         self.same_node = same_node  # False: the daemon is on another node (bytes over gRPC)
 
     def close(self) -> None:
@@ -220,7 +222,8 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
         self._retry_after = retry_after_s
         self._max_load_ms = max_load_ms
 
-        self._connection: Optional[_Connection] = None  # written by the worker thread only
+        self._connection: Optional[_Connection] = None  # made by the worker thread only
+        self._outage_logged = False
         self._disabled: Optional[str] = None  # why the pool can never serve this engine
         self._lock = threading.Lock()  # guards _finished
         self._finished: List[Any] = []
@@ -390,13 +393,16 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
                 same_node = False
             _log.info("kvcache tier: connected to pool '%s' (%s)", self._pool_name,
                       "mapped" if same_node else "over gRPC")
-            return _Connection(client, session, same_node)
+            self._outage_logged = False
+            return _Connection(client, session, pool, same_node)
         except _PoolMismatch as mismatch:
             self._disabled = str(mismatch)
             _log.error("kvcache tier disabled: %s", mismatch)
         except Exception as error:
-            _log.warning("kvcache tier: daemon %s not reachable (%s); lookups miss until it is",
-                         self._target or "(default socket)", error)
+            if not self._outage_logged:  # once per outage, not once per retry
+                _log.warning("kvcache tier: daemon %s not reachable (%s); lookups miss until "
+                             "it is", self._target or "(default socket)", error)
+                self._outage_logged = True
         if client is not None:
             client.close()
         return None
@@ -418,6 +424,10 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
         move: Callable[[_Connection, Sequence[bytes], Sequence[int]], bool] = {
             "store": self._store, "load": self._load, "touch": self._touch}[job.kind]
         batch = MAX_KEYS_PER_CALL
+        if job.kind != "touch":
+            # A reservation or an acquisition holds all its blocks at once: a request longer
+            # than half the pool moves in parts, rather than failing whole.
+            batch = max(1, min(batch, connection.pool.num_blocks // 2))
         if not connection.same_node:
             batch = max(1, min(batch, GRPC_BATCH_BYTES // self.page_bytes))
         try:
