@@ -118,7 +118,7 @@ class KvPageCopier:
         else:
             self.shape = (2, self.page_size, int(host_pool.layer_num), int(host_pool.head_num),
                           int(host_pool.head_dim))
-        self.page_bytes = self.dtype.itemsize
+        self.page_bytes = _element_size(self.dtype)
         for size in self.shape:
             self.page_bytes *= int(size)
         if self.layout not in ("layer_first", "page_first", "page_first_direct", "page_head"):
@@ -541,6 +541,12 @@ class KvCacheStorage(_Base):  # type: ignore[misc,valid-type]
                     closing.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _element_size(dtype: Any) -> int:
+    """Bytes per element (torch before 2.1 has no dtype.itemsize)."""
+    import torch
+    return int(torch.empty(0, dtype=dtype).element_size())
 
 
 def _uint8(tensor: Any) -> Any:
