@@ -249,3 +249,9 @@ def host_indices(pages: List[int], page_size: int) -> torch.Tensor:
     """The host pool's token indices of `pages` (what mem_pool_host.alloc hands out)."""
     return torch.tensor([page * page_size + t for page in pages for t in range(page_size)],
                         dtype=torch.int64)
+
+
+def tokens_for(round_number: int, pages: int, page_size: int) -> List[int]:
+    """Tokens of `pages` pages no other round has (new keys every round)."""
+    first = round_number * pages * page_size * 7 + 1
+    return list(range(first, first + pages * page_size))
