@@ -24,9 +24,13 @@ from k8s_render import K8S_DIR, OVERLAYS, daemon_containers, find, flags, render
 # The project's version (client/python/pyproject.toml): the image tag and the version label.
 VERSION = "0.1.0"
 IMAGE = f"kvcache:{VERSION}"
-# The vllm-engine overlay's engine: vllm/vllm-openai with the Python client installed
+# The engines' own images (not built here), by overlay/container; every other container is ours.
+# vllm-engine's is vllm/vllm-openai with the Python client installed
 # (deploy/docker/vllm-engine.Dockerfile).
-ENGINE_IMAGE = f"vllm-kvcache:0.29.0-kvcache{VERSION}"
+ENGINE_IMAGES = {
+    "sglang-engine/sglang": "lmsysorg/sglang:v0.5.6",
+    "vllm-engine/worker": f"vllm-kvcache:0.29.0-kvcache{VERSION}",
+}
 LABELS = ("name", "instance", "component", "version", "part-of", "managed-by")
 # dcgm-exporter's default metrics port, on the same GPU nodes.
 DCGM_EXPORTER_PORT = 9400
@@ -66,6 +70,11 @@ def selects(selector, labels):
     return all(labels.get(key) == value for key, value in selector.items())
 
 
+def expected_image(overlay, container):
+    """The image a container must run: the project's, but an engine overlay's engine."""
+    return ENGINE_IMAGES.get(f"{overlay}/{container['name']}", IMAGE)
+
+
 def workloads(resources):
     return [r for r in resources if r["kind"] in ("Deployment", "DaemonSet")]
 
@@ -86,11 +95,6 @@ def kv_transfer_config(app):
     return json.loads(args[args.index("--kv-transfer-config") + 1])
 
 
-def image_of(overlay, container):
-    """The image a container must run: the project's, but the vllm-engine overlay's engine."""
-    return ENGINE_IMAGE if (overlay, container["name"]) == ("vllm-engine", "worker") else IMAGE
-
-
 class ManifestsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -108,7 +112,7 @@ class ManifestsTest(unittest.TestCase):
                 for container in all_containers(pod):
                     where = f"{overlay}/{workload['metadata']['name']}/{container['name']}"
                     with self.subTest(where):
-                        self.assertEqual(container["image"], image_of(overlay, container))
+                        self.assertEqual(container["image"], expected_image(overlay, container))
                         for kind in ("requests", "limits"):
                             self.assertIn("cpu", container["resources"][kind])
                             self.assertIn("memory", container["resources"][kind])
@@ -207,7 +211,7 @@ class ManifestsTest(unittest.TestCase):
                         name, _, tag = container["image"].rpartition(":")
                         self.assertTrue(name and tag, container["image"])
                         self.assertNotEqual(tag, "latest")
-                        self.assertEqual(container["image"], image_of(overlay, container))
+                        self.assertEqual(container["image"], expected_image(overlay, container))
 
     def test_a_network_policy_admits_only_the_daemons_ports(self):
         for overlay, resources in self.renders.items():
