@@ -39,12 +39,14 @@ import types
 import unittest
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import grpc
 import numpy
 import torch
 
 from daemon import BOUND, Daemon, wait_until
 
 from kvcache_client import Client
+from kvcache_client._proto import kvcache_pb2, kvcache_pb2_grpc
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS = 2, 2, 64, 16
 DTYPE = torch.bfloat16
@@ -244,6 +246,14 @@ def check_session(client: Client, tier: Any) -> Any:
     return client.open_session("driver-check", manifest=tier.manifest)
 
 
+def disk_records(target: str) -> int:
+    """Records the pool's disk tier holds, durable (GetStats' tier rows)."""
+    with grpc.insecure_channel(target) as channel:
+        stats = kvcache_pb2_grpc.KvCacheStub(channel).GetStats(
+            kvcache_pb2.GetStatsRequest(pool="default"), timeout=BOUND)
+    return sum(tier.records for pool in stats.pools for tier in pool.tiers if tier.tier == "disk")
+
+
 class VllmTierTest(unittest.TestCase):
     def start_daemon(self, blocks: int = 512, *extra: str, flags: Sequence[str] = (),
                      directory: Optional[str] = None) -> Daemon:
@@ -299,7 +309,12 @@ class VllmTierTest(unittest.TestCase):
         engine = self.engine(daemon.target)
         keys = block_keys(5000, 128)
         engine.fill_gpu(keys, range(128))
-        self.assertTrue(engine.store(keys, range(128)))
+        # In batches of 16 (half the disk tier's queue), each let down to disk before the next: a
+        # burst past the queue is dropped by design (back-pressure), and which pages it drops is
+        # timing's. Pool and host tier hold the newest 32; every older page must reach the disk.
+        for end in range(16, 129, 16):
+            self.assertTrue(engine.store(keys[end - 16:end], range(end - 16, end)))
+            wait_until(lambda: disk_records(daemon.target) >= end - 32, "the disk tier's writes")
         daemon.stop()
         restarted = Daemon(pool=pool_spec(16, *extra), directory=directory,
                            listen=daemon.target)
