@@ -352,6 +352,10 @@ class Pool final : private OffloadSource {
     // extras_digests its part mask (kAnyPartMask while a lookup has not found it yet).
     bool pages = false;
     uint32_t page_duplicates = 0;  // a reservation's keys that were present already
+    // Pages: each block's engine key, parallel to chain, and the session's manifest digest (32
+    // hex digits), which name the page in its KV events.
+    std::vector<std::string> page_keys;
+    std::string manifest_digest;
   };
 
   // One tenant's share of the pool.

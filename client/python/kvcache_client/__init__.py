@@ -19,7 +19,7 @@ numpy (python3-numpy) for MappedPool. The gRPC stubs are generated from the prot
 from ._calls import RetryPolicy
 from .client import Client, TlsOptions, default_target
 from .errors import KvCacheError
-from .events import EventBatch, ResumePoint
+from .events import EventBatch, ResumePoint, page_keys_of
 from .session import Session
 from .values import (BlockCounts, Commit, CompatibilityManifest, DType, Extension, Fork, GetInfo,
                      ListedSession, LookupResult, ManifestInUse, MappingKind, PagePart,
@@ -31,4 +31,4 @@ __all__ = ["BlockCounts", "Client", "Commit", "CompatibilityManifest", "DType", 
            "ManifestInUse", "MappingKind", "PagePart", "ParallelGeometry",
            "PoolDescription", "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult",
            "ResumePoint", "RetryPolicy", "Sequence", "Session", "Stats", "TierTokens",
-           "TlsOptions", "default_target"]
+           "TlsOptions", "default_target", "page_keys_of"]
