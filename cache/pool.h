@@ -72,6 +72,7 @@
 #include "cache/device_fault_latch.h"
 #include "cache/kv_event_log.h"
 #include "cache/lower_tiers.h"
+#include "cache/page_counters.h"
 #include "cache/pool_memory.h"
 #include "cache/pool_options.h"
 #include "cache/session.h"
@@ -249,6 +250,9 @@ class Pool final : private OffloadSource {
   const PoolTierLoadLatency& tier_load_latency() const { return tiers_->load_latency(); }
   PoolTransferCounters& transfers() { return transfers_; }
   const PoolTransferCounters& transfers() const { return transfers_; }
+  // Pages served per tenant and manifest, counted by the page calls (server/page_calls.cc).
+  PageCounters& page_counters() { return page_counters_; }
+  const PageCounters& page_counters() const { return page_counters_; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   // The raw memory, for its description and for tests. Request paths move bytes with ReadBlock
   // and WriteBlock, which latch device faults.
@@ -355,6 +359,10 @@ class Pool final : private OffloadSource {
     // extras_digests its part mask (kAnyPartMask while a lookup has not found it yet).
     bool pages = false;
     uint32_t page_duplicates = 0;  // a reservation's keys that were present already
+    // Pages: each block's engine key, parallel to chain, and the session's manifest digest (32
+    // hex digits), which name the page in its KV events.
+    std::vector<std::string> page_keys;
+    std::string manifest_digest;
   };
 
   // One tenant's share of the pool.
@@ -494,6 +502,7 @@ class Pool final : private OffloadSource {
   const Clock* const clock_;
   const absl::Time created_at_;     // PoolTicks count from here
   PoolTransferCounters transfers_;  // own synchronization
+  PageCounters page_counters_;      // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
 

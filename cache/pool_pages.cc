@@ -55,6 +55,8 @@ absl::StatusOr<std::unique_ptr<Pool::Sequence>> Pool::NewPageSequence(
   sequence->pages = true;
   sequence->session_id = session.id;
   RETURN_IF_ERROR(SetRoot(session.tenant, "", session.manifest.get(), sequence.get()));
+  sequence->manifest_digest = session.manifest->Digest(options_.hash_algorithm).ToHex();
+  sequence->page_keys.assign(keys.begin(), keys.end());
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   sequence->chain.reserve(keys.size());
   sequence->prefix_digests.reserve(keys.size());
@@ -209,6 +211,7 @@ absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
     sequence->session_id = session.id;
     sequence->root = probe->root;
     sequence->namespace_digest = probe->namespace_digest;
+    sequence->manifest_digest = probe->manifest_digest;
     sequence->tenant = TenantSlotLocked(session.tenant);
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, fresh.size(), 1));
     sequence->page_duplicates = static_cast<uint32_t>(keys.size() - fresh.size());
@@ -217,6 +220,7 @@ absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
     const PoolTicks now = NowTicks();
     for (size_t i : fresh) {
       sequence->chain.push_back(probe->chain[i]);
+      sequence->page_keys.push_back(probe->page_keys[i]);
       sequence->prefix_digests.push_back(probe->prefix_digests[i]);
       sequence->extras_digests.push_back(masks[i]);
       sequence->tokens.insert(sequence->tokens.end(), probe->tokens.begin() + i * block_size,
@@ -388,6 +392,7 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
                                                         : acquired.by_tier.disk);
   }
   sequence->chain.resize(end);
+  sequence->page_keys.resize(end);
   sequence->prefix_digests.resize(end);
   sequence->extras_digests.resize(end);
   sequence->tokens.resize(end * options_.layout.block_size);

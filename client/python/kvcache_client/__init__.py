@@ -20,7 +20,7 @@ numpy (python3-numpy) for MappedPool. The gRPC stubs are generated from the prot
 from ._calls import RetryPolicy
 from .client import Client, TlsOptions, default_target
 from .errors import KvCacheError
-from .events import EventBatch, ResumePoint
+from .events import EventBatch, ResumePoint, page_keys_of
 from .session import Session
 from .values import (AcquiredPages, BlockCounts, Commit, CompatibilityManifest, DType, Extension,
                      Fork, GetInfo, GotPages, ListedSession, LookupResult, ManifestInUse,
@@ -34,4 +34,4 @@ __all__ = ["AcquiredPages", "BlockCounts", "Client", "Commit", "CompatibilityMan
            "PagePart", "PagePartInfo", "PageReservation", "PagesPut", "ParallelGeometry",
            "PoolDescription", "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult",
            "ResumePoint", "RetryPolicy", "Sequence", "Session", "Stats", "TierPages",
-           "TierTokens", "TlsOptions", "default_target"]
+           "TierTokens", "TlsOptions", "default_target", "page_keys_of"]
