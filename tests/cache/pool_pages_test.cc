@@ -310,6 +310,31 @@ TEST_F(PoolPagesTest, PartsTravelThroughTierTwo) {
   EXPECT_EQ(Exists(keys, kKv), 4u);  // page 3 was loaded too: a verified page is kept
 }
 
+// Regression (simulation seed 4000137): with no room to load the page below that ended the hit,
+// an acquire returned the tier-1 pages before it, whose last lacked the state the hit needs.
+TEST_F(PoolPagesTest, AnAcquireWithoutRoomToLoadStillEndsOnAHit) {
+  MakePool(4, /*tier_blocks=*/16);
+  const std::vector<std::string> keys = Keys("a", 3);
+  ASSERT_OK(Put(session_, {keys[2]}, {kBoth}));
+  pool_->OffloadForTesting();
+  ASSERT_OK(Put(session_, {keys[0], keys[1]}, {kKv, kKv}));
+  // Two reserved pages take the free block and evict page 2, which tier 2 still holds.
+  absl::StatusOr<ReservedPages> reserved = pool_->ReservePages(session_, Keys("b", 2), {});
+  ASSERT_OK(reserved);
+  absl::StatusOr<PagesFound> found = pool_->ExistsPages(session_, keys, kBoth);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_pages, 3u);
+  EXPECT_EQ(found->by_tier.host, 1u);
+  // Page 2 cannot be loaded (every other block is a hit or reserved): pages 0 and 1 alone
+  // restore no state, so nothing is a hit.
+  absl::StatusOr<AcquiredPages> acquired = pool_->AcquirePages(session_, keys, kBoth, 0);
+  ASSERT_OK(acquired);
+  EXPECT_THAT(acquired->block_ids, ElementsAre());
+  ASSERT_OK(pool_->Release(session_, acquired->sequence_id));
+  EXPECT_EQ(AcquireChecked(keys, kKv).block_ids.size(), 2u);  // kv alone: both tier-1 pages
+  ASSERT_OK(pool_->Release(session_, reserved->sequence_id));
+}
+
 TEST_F(PoolPagesTest, ARestartFromDiskServesTheSamePages) {
   MakePool(8, /*tier_blocks=*/8, /*disk_records=*/64);
   const std::vector<std::string> keys = Keys("persist", 4);
