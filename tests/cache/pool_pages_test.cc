@@ -335,6 +335,32 @@ TEST_F(PoolPagesTest, AnAcquireWithoutRoomToLoadStillEndsOnAHit) {
   ASSERT_OK(pool_->Release(session_, reserved->sequence_id));
 }
 
+// Regression (cache_manager_fuzzer): a Fork of an acquire that the hit rule had cut short took
+// the keys past the hit for blocks of the sequence and pinned a free block. Extend, Commit and
+// Fork are for token sequences: a page sequence is refused and left as it was.
+TEST_F(PoolPagesTest, TokenCallsOnAPageSequenceAreRefused) {
+  const std::vector<std::string> keys = Keys("a", 3);
+  ASSERT_OK(Put(session_, keys, {kKv, kKv, kKv}));
+  absl::StatusOr<AcquiredPages> acquired = pool_->AcquirePages(session_, keys, kBoth, 0);
+  ASSERT_OK(acquired);
+  EXPECT_THAT(acquired->block_ids, ElementsAre());  // no state anywhere: no hit
+  absl::StatusOr<ReservedPages> reserved = pool_->ReservePages(session_, Keys("b", 2), {});
+  ASSERT_OK(reserved);
+  for (const uint64_t id : {acquired->sequence_id, reserved->sequence_id}) {
+    EXPECT_THAT(pool_->Fork(session_, id),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds pages")));
+    EXPECT_THAT(pool_->Extend(session_, id, testing::Tokens(1, kBlockSize)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds pages")));
+    EXPECT_THAT(pool_->Commit(session_, id, kBlockSize),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds pages")));
+  }
+  EXPECT_EQ(Referenced(), 2u);  // the reservation's two pages, unpublished
+  EXPECT_EQ(Exists(Keys("b", 2), kKv), 0u);
+  ASSERT_OK(pool_->CommitPages(session_, reserved->sequence_id));
+  ASSERT_OK(pool_->Release(session_, acquired->sequence_id));
+  EXPECT_EQ(Referenced(), 0u);
+}
+
 TEST_F(PoolPagesTest, ARestartFromDiskServesTheSamePages) {
   MakePool(8, /*tier_blocks=*/8, /*disk_records=*/64);
   const std::vector<std::string> keys = Keys("persist", 4);
