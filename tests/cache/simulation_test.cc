@@ -68,6 +68,10 @@
 // The tier runs take 2,000 seeds of 120 operations by default, 500 under ASan; the disk runs 100
 // (I/O: a file per seed, an fdatasync per offload that passes records down, restarts);
 // KVCACHE_SIM_SEEDS and KVCACHE_SIM_OPS set every run's.
+//
+// The page runs (PageSimulation, issue 31: keys, parts and the hit rule) are described where
+// they are defined, below; they take the tier runs' seeds and operations (about 5 s and 4 s here,
+// 19 s and 8 s under ASan).
 #include <gtest/gtest.h>
 
 #include <algorithm>
