@@ -62,6 +62,7 @@
 #include "common/block_checksum.h"
 #include "common/block_hash.h"
 #include "common/compatibility_manifest.h"
+#include "common/page_parts.h"
 #include "common/pool_layout.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
@@ -177,6 +178,9 @@ class KvCacheClient {
     HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
     std::string memory_kind;  // "host" or "cuda"
     PoolMapping mapping;
+    // The named parts of every page, in page order (one "kv" part, the whole block, for a pool
+    // declared without parts); bit i of a page's part mask is parts[i].
+    std::vector<PagePartLayout> parts;
   };
   // free + evictable + referenced == num_blocks.
   struct BlockCounts {
