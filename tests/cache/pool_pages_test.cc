@@ -436,7 +436,7 @@ TEST_F(PoolPagesTest, PagesAreAnnouncedAndRemovedByTheirEngineKeys) {
   }
   // A duplicate is not announced again.
   start = events_->next_sequence();
-  ASSERT_OK(Put(session_, {keys[0]}));
+  ASSERT_OK(Put(session_, {keys[2]}));
   EXPECT_EQ(events_->next_sequence(), start);
 
   // Eight new pages evict the three; their removal names them by their keys.

@@ -2015,11 +2015,22 @@ class PageSimulation {
     }
     if (!committed.ok()) return committed.status();
     uint32_t published = 0;
+    std::set<std::pair<std::string, std::string>> published_now;  // held by this put
     for (size_t i = 0; i < put.keys.size(); ++i) {
       if (put.blocks[i] == kNoBlock) continue;
       committed_[{ns, put.keys[i]}].insert(put.masks[i]);
-      // The first copy of a key stays; a later one (more parts or not) is a duplicate.
-      if (exact && tier1_.emplace(std::make_pair(ns, put.keys[i]), put.masks[i]).second) {
+      if (!exact) continue;
+      const std::pair<std::string, std::string> page{ns, put.keys[i]};
+      auto [it, fresh] = tier1_.emplace(page, put.masks[i]);
+      // A later copy with more parts supersedes tier 1's when nobody holds that (a copy this
+      // put published is held by it); otherwise it is a duplicate.
+      const bool more_parts = (it->second & put.masks[i]) != put.masks[i];
+      if (!fresh && more_parts && !published_now.contains(page) && !HeldInTier1(page)) {
+        it->second = put.masks[i];
+        fresh = true;
+      }
+      if (fresh) {
+        published_now.insert(page);
         ++published;
       }
     }
@@ -2189,6 +2200,25 @@ class PageSimulation {
       pins_.push_back(std::move(pin));
     }
     return absl::OkStatus();
+  }
+
+  // Whether an acquire held or a pin not swept yet holds tier 1's copy of `page` (namespace,
+  // key).
+  bool HeldInTier1(const std::pair<std::string, std::string>& page) const {
+    for (const auto& [sequence_id, held] : held_) {
+      if (NamespaceOf(held.session_id) == page.first &&
+          std::find(held.keys.begin(), held.keys.end(), page.second) != held.keys.end()) {
+        return true;
+      }
+    }
+    for (const Pin& pin : pins_) {
+      if (pin.until > pins_swept_at_ && !sessions_.at(pin.session_id).ended &&
+          NamespaceOf(pin.session_id) == page.first &&
+          std::find(pin.keys.begin(), pin.keys.end(), page.second) != pin.keys.end()) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // A pin whose TTL has passed but that no reserve or acquire has swept yet: still held.
