@@ -223,6 +223,39 @@ struct PoolStatsSnapshot {
 absl::Status ValidateSequenceKeys(absl::string_view cache_salt, const ExtraKeys& extras,
                                   size_t num_tokens);
 
+// Where a page lookup found each leading page: tier 1's block, or (kNoBlock there) a record
+// below, in `below` with its page in `below_pages`.
+struct PageWalk {
+  std::vector<BlockId> tier1;
+  std::vector<BelowRecord> below;
+  std::vector<size_t> below_pages;
+
+  // Keeps the first `pages` pages.
+  void Trim(size_t pages) {
+    if (tier1.size() > pages) tier1.resize(pages);
+    while (!below_pages.empty() && below_pages.back() >= pages) {
+      below_pages.pop_back();
+      below.pop_back();
+    }
+  }
+  // The tier-1 pages, in page order.
+  std::vector<BlockId> Hits() const {
+    std::vector<BlockId> hits;
+    for (BlockId block : tier1) {
+      if (block != kNoBlock) hits.push_back(block);
+    }
+    return hits;
+  }
+  // The evictable tier-1 pages, each block once (a batch may name a key twice).
+  size_t EvictableHits(const BlockPool& pool) const {
+    absl::flat_hash_set<BlockId> evictable;
+    for (BlockId block : tier1) {
+      if (block != kNoBlock && pool.IsEvictable(block)) evictable.insert(block);
+    }
+    return evictable.size();
+  }
+};
+
 class Pool final : private OffloadSource {
  public:
   // INVALID_ARGUMENT for a bad layout or block count; RESOURCE_EXHAUSTED if memory can't be had.
@@ -437,10 +470,11 @@ class Pool final : private OffloadSource {
   // and the put's is then a duplicate). Lower tiers keep their copy, with its own parts, until
   // they drop it: a page found there never claims parts it does not hold.
   void SupersedePageLocked(const Sequence& sequence, size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tier 1's leading pages of `sequence` and the lower tiers' records continuing them, each
+  // The leading pages of `sequence` the node holds, each in tier 1 or below (tier 1 first),
   // with its part mask (filled into sequence->extras_digests).
-  void FindPagesLocked(Sequence* sequence, std::vector<BlockId>* hits,
-                       std::vector<BelowRecord>* below) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  PageWalk FindPagesLocked(Sequence* sequence) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Adds where the first `pages` pages of `walk` are (past it: the cluster) to `by_tier`.
+  static void CountPagesByTier(const PageWalk& walk, size_t pages, PagesByTier* by_tier);
 
   // Releases the pins whose TTL has passed. Cheap when there are none.
   void ExpirePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

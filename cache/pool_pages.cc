@@ -105,23 +105,39 @@ void Pool::SupersedePageLocked(const Sequence& sequence, size_t i) {
   ReportEvictionsLocked();  // before the new copy is announced under the same hash
 }
 
-void Pool::FindPagesLocked(Sequence* sequence, std::vector<BlockId>* hits,
-                           std::vector<BelowRecord>* below) const {
-  hits->clear();
+PageWalk Pool::FindPagesLocked(Sequence* sequence) const {
+  PageWalk walk;
   for (size_t i = 0; i < sequence->chain.size(); ++i) {
+    // Tier 1 first: pages are independent, so a page tier 1 still holds may follow one that
+    // went below (an older page is evicted first).
     const BlockId block = FindPageLocked(*sequence, i);
-    if (block == kNoBlock) break;
-    sequence->extras_digests[i] = pool_.IdentityOf(block).extras_digest;
-    hits->push_back(block);
-  }
-  const size_t first_below = hits->size();
-  for (size_t i = first_below; i < sequence->chain.size(); ++i) {
+    if (block != kNoBlock) {
+      sequence->extras_digests[i] = pool_.IdentityOf(block).extras_digest;
+      walk.tier1.push_back(block);
+      continue;
+    }
     sequence->extras_digests[i] = kAnyPartMask;  // learned from the record the probe finds
+    std::vector<BelowRecord> record =
+        tiers_->Probe([&](size_t) { return ExpectedRecord(*sequence, i); }, 1);
+    if (record.empty()) break;
+    sequence->extras_digests[i] = record[0].expected.extras_digest;
+    walk.tier1.push_back(kNoBlock);
+    walk.below.push_back(std::move(record[0]));
+    walk.below_pages.push_back(i);
   }
-  *below = tiers_->Probe([&](size_t i) { return ExpectedRecord(*sequence, first_below + i); },
-                         sequence->chain.size() - first_below);
-  for (size_t i = 0; i < below->size(); ++i) {
-    sequence->extras_digests[first_below + i] = (*below)[i].expected.extras_digest;
+  return walk;
+}
+
+void Pool::CountPagesByTier(const PageWalk& walk, size_t pages, PagesByTier* by_tier) {
+  size_t record = 0;
+  for (size_t i = 0; i < pages; ++i) {
+    if (i >= walk.tier1.size()) {
+      ++by_tier->cluster;
+    } else if (walk.tier1[i] != kNoBlock) {
+      ++by_tier->pool;
+    } else {
+      ++(walk.below[record++].tier == BelowRecord::Tier::kHost ? by_tier->host : by_tier->disk);
+    }
   }
 }
 
@@ -131,13 +147,12 @@ absl::StatusOr<PagesFound> Pool::ExistsPages(const Session& session,
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidatePageKeys(keys));
   ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
-  std::vector<BlockId> hits;
-  std::vector<BelowRecord> below;
+  PageWalk walk;
   std::vector<uint32_t> masks;
   {
     absl::ReaderMutexLock lock(&mu_);
-    FindPagesLocked(sequence.get(), &hits, &below);
-    for (size_t i = 0; i < hits.size() + below.size(); ++i) {
+    walk = FindPagesLocked(sequence.get());
+    for (size_t i = 0; i < walk.tier1.size(); ++i) {
       masks.push_back(MaskOf(sequence->extras_digests, i));
     }
   }
@@ -153,13 +168,7 @@ absl::StatusOr<PagesFound> Pool::ExistsPages(const Session& session,
   }
   PagesFound found;
   found.num_pages = static_cast<uint32_t>(RestorablePages(parts_, wanted, masks));
-  found.by_tier.pool = std::min<uint32_t>(found.num_pages, hits.size());
-  for (size_t i = hits.size(); i < found.num_pages; ++i) {
-    const size_t record = i - hits.size();
-    ++(record >= below.size()                           ? found.by_tier.cluster
-       : below[record].tier == BelowRecord::Tier::kHost ? found.by_tier.host
-                                                        : found.by_tier.disk);
-  }
+  CountPagesByTier(walk, found.num_pages, &found.by_tier);
   return found;
 }
 
@@ -279,14 +288,15 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidatePageKeys(keys));
   ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
-  std::vector<BlockId> hits;
-  std::vector<BelowRecord> below;
-  size_t cluster_pages = 0;  // keys after `below` the cluster is asked for
   const auto masks_upto = [&](size_t end) {
     std::vector<uint32_t> masks;
     for (size_t i = 0; i < end; ++i) masks.push_back(MaskOf(sequence->extras_digests, i));
     return masks;
   };
+  PageWalk walk;
+  size_t end = 0;              // the pages the hit rule gives over the node's tiers
+  size_t cluster_pages = 0;    // keys after `end` the cluster is asked for
+  std::vector<BlockId> fresh;  // for walk.below's records, then the cluster's
   for (int pass_downs = 0;;) {
     absl::MutexLock lock(&mu_);
     ExpirePinsLocked();
@@ -294,33 +304,27 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     if (session.closed.load(std::memory_order_acquire)) {
       return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
     }
-    FindPagesLocked(sequence.get(), &hits, &below);
-    const size_t known = hits.size() + below.size();
-    const size_t end = RestorablePages(parts_, wanted, masks_upto(known));
+    walk = FindPagesLocked(sequence.get());
+    const size_t known = walk.tier1.size();
+    end = RestorablePages(parts_, wanted, masks_upto(known));
     // The cluster is asked for the keys after the node's pages when those all restore: its
     // pages' parts are learned as they load, and the hit rule is applied again then.
     cluster_pages = tiers_->has_cluster() && end == known ? keys.size() - known : 0;
-    if (hits.size() > end) hits.resize(end);
-    below.resize(end - hits.size());
-    size_t evictable_hits = 0;
-    for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
+    walk.Trim(end);
+    size_t evictable_hits = walk.EvictableHits(pool_);
     // A read loads only into blocks it can have without failing.
     const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
-    if (below.size() > available) {
-      // The pages left below end the hit early: the rule again over what can be had, so that a
-      // hit cut short is still one every wanted part restores (not the hits up to the cut).
-      below.resize(available);
-      const size_t reachable =
-          RestorablePages(parts_, wanted, masks_upto(hits.size() + below.size()));
-      if (hits.size() > reachable) hits.resize(reachable);
-      below.resize(reachable - hits.size());
-      evictable_hits = 0;
-      for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
+    if (walk.below.size() > available) {
+      // The first page left below ends what can be had: the rule again over the pages before
+      // it, so that a hit cut short is still one every wanted part restores.
+      end = RestorablePages(parts_, wanted, masks_upto(walk.below_pages[available]));
+      walk.Trim(end);
+      evictable_hits = walk.EvictableHits(pool_);
       cluster_pages = 0;
     }
-    cluster_pages = std::min(cluster_pages, available - below.size());
-    const size_t loads = below.size() + cluster_pages;
-    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(loads, hits, below)) {
+    cluster_pages = std::min(cluster_pages, available - walk.below.size());
+    const size_t loads = walk.below.size() + cluster_pages;
+    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(loads, walk.Hits(), walk.below)) {
       ++pass_downs;
       RETURN_IF_ERROR(faults_->status());
       continue;
@@ -328,18 +332,17 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     sequence->tenant = TenantSlotLocked(session.tenant);
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, loads + evictable_hits, 1));
     const PoolTicks now = NowTicks();
-    for (BlockId block : hits) {
+    for (BlockId block : walk.Hits()) {
       AcquireLocked(block, sequence->tenant, /*prefix_hit=*/false, now);
       if (!pool_.IsReused(block) && pool_.IsOffloaded(block)) {
         tiers_->MarkReused(pool_.IdentityOf(block).hash);
       }
       pool_.SetReused(block);
     }
-    sequence->blocks = hits;
-    sequence->committed_blocks = static_cast<uint32_t>(hits.size());
-    for (size_t i = 0; i < loads; ++i) {
-      sequence->blocks.push_back(AllocateLocked(sequence->tenant, now));
-    }
+    // Held meanwhile: the tier-1 pages and the fresh blocks (in page order after the load).
+    sequence->blocks = walk.Hits();
+    for (size_t i = 0; i < loads; ++i) fresh.push_back(AllocateLocked(sequence->tenant, now));
+    sequence->blocks.insert(sequence->blocks.end(), fresh.begin(), fresh.end());
     ReportEvictionsLocked();
     if (loads > 0) {
       loading_.insert(sequence.get());
@@ -347,17 +350,22 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     }
     AcquiredPages acquired;
     acquired.block_ids = sequence->blocks;
-    acquired.part_masks = masks_upto(hits.size());
-    acquired.by_tier.pool = static_cast<uint32_t>(hits.size());
+    acquired.part_masks = masks_upto(end);
+    acquired.by_tier.pool = static_cast<uint32_t>(end);
+    sequence->committed_blocks = static_cast<uint32_t>(end);
     acquired.sequence_id = AddLocked(std::move(sequence));
     return acquired;
   }
-  const size_t num_hits = hits.size();
-  // Only this sequence holds the blocks, and nobody can see the sequence yet.
+  // Only this sequence holds the fresh blocks, and nobody can see the sequence yet. The
+  // cluster's records follow the node's pages: key end + i.
   const TierLoaded loaded = tiers_->Load(
-      below, [&](size_t i) { return ExpectedRecord(*sequence, num_hits + i); },
-      below.size() + cluster_pages, absl::MakeConstSpan(sequence->blocks).subspan(num_hits),
-      max_load_ms);
+      walk.below,
+      [&](size_t record) {
+        return ExpectedRecord(*sequence, record < walk.below.size()
+                                             ? walk.below_pages[record]
+                                             : end + (record - walk.below.size()));
+      },
+      walk.below.size() + cluster_pages, fresh, max_load_ms);
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
   const absl::Status device = faults_->status();
@@ -367,46 +375,60 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     if (!device.ok()) return device;
     return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the acquire"));
   }
-  // What verified is published (a page is a page, hit or not); the hit rule then decides how
-  // many the caller gets, and the rest go back to the pool as cached pages.
-  const size_t present = num_hits + loaded.total();
+  // The pages present: up to the first record below that did not verify, else the node's and
+  // the cluster's.
+  const size_t verified = loaded.host + loaded.disk;
+  const size_t present =
+      verified < walk.below.size() ? walk.below_pages[verified] : end + loaded.cluster;
   for (size_t i = 0; i < loaded.cluster; ++i) {
-    sequence->extras_digests[num_hits + loaded.host + loaded.disk + i] = loaded.cluster_extras[i];
+    sequence->extras_digests[end + i] = loaded.cluster_extras[i];
+  }
+  // Blocks in page order; what is past `present` goes back.
+  std::vector<BlockId> in_order;
+  std::vector<bool> used(fresh.size(), false);
+  size_t next_fresh = 0;
+  for (size_t i = 0; i < present; ++i) {
+    if (i < end && walk.tier1[i] != kNoBlock) {
+      in_order.push_back(walk.tier1[i]);
+    } else {
+      used[next_fresh] = true;
+      in_order.push_back(fresh[next_fresh++]);
+    }
   }
   const PoolTicks now = NowTicks();
-  while (sequence->blocks.size() > present) {
-    ReleaseBlockLocked(sequence->blocks.back(), now);
-    sequence->blocks.pop_back();
+  for (size_t i = present; i < end; ++i) {
+    if (walk.tier1[i] != kNoBlock) ReleaseBlockLocked(walk.tier1[i], now);
   }
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (!used[i]) ReleaseBlockLocked(fresh[i], now);
+  }
+  sequence->blocks = std::move(in_order);
+  // What verified is published (a page is a page, hit or not; tier 1's are already); the hit
+  // rule then decides how many the caller gets, and the rest go back as cached pages.
+  sequence->committed_blocks = 0;
   CommitResult ignored;
   PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(present), &ignored);
-  for (size_t i = num_hits; i < present; ++i) {
+  for (size_t i = 0; i < present; ++i) {
+    if (i < end && walk.tier1[i] != kNoBlock) continue;
     pool_.SetReused(sequence->blocks[i]);
     // What came from below or the cluster is in the cluster already (FinishOpenLocked's rule).
     if (tiers_->has_cluster()) pool_.SetInCluster(sequence->blocks[i]);
   }
   tiers_->CountHits(loaded);
-  const size_t end = RestorablePages(parts_, wanted, masks_upto(present));
-  while (sequence->blocks.size() > end) {
+  const size_t hit = RestorablePages(parts_, wanted, masks_upto(present));
+  while (sequence->blocks.size() > hit) {
     ReleaseBlockLocked(sequence->blocks.back(), now);
     sequence->blocks.pop_back();
   }
-  sequence->committed_blocks = static_cast<uint32_t>(end);
+  sequence->committed_blocks = static_cast<uint32_t>(hit);
   AcquiredPages acquired;
   acquired.block_ids = sequence->blocks;
-  acquired.part_masks = masks_upto(end);
-  acquired.by_tier.pool = static_cast<uint32_t>(std::min(num_hits, end));
-  for (size_t i = num_hits; i < end; ++i) {
-    const size_t record = i - num_hits;
-    ++(record >= below.size()                           ? acquired.by_tier.cluster
-       : below[record].tier == BelowRecord::Tier::kHost ? acquired.by_tier.host
-                                                        : acquired.by_tier.disk);
-  }
-  sequence->chain.resize(end);
-  sequence->page_keys.resize(end);
-  sequence->prefix_digests.resize(end);
-  sequence->extras_digests.resize(end);
-  sequence->tokens.resize(end * options_.layout.block_size);
+  acquired.part_masks = masks_upto(hit);
+  CountPagesByTier(walk, hit, &acquired.by_tier);
+  sequence->chain.resize(hit);
+  sequence->prefix_digests.resize(hit);
+  sequence->extras_digests.resize(hit);
+  sequence->tokens.resize(hit * options_.layout.block_size);
   acquired.sequence_id = AddLocked(std::move(sequence));
   return acquired;
 }

@@ -397,6 +397,26 @@ TEST_F(PoolPagesTest, TokenCallsOnAPageSequenceAreRefused) {
   EXPECT_EQ(Referenced(), 0u);
 }
 
+// Pages are independent, so the oldest go below first while later ones stay in tier 1: a
+// lookup goes on in tier 1 after pages from below.
+TEST_F(PoolPagesTest, TierOnePagesAfterPagesFromBelowAreHitsToo) {
+  MakePool(8, /*tier_blocks=*/16);
+  const std::vector<std::string> keys = Keys("a", 4);
+  ASSERT_OK(Put(session_, {keys[0], keys[1]}));
+  pool_->OffloadForTesting();                    // a0, a1 in tier 2 as well
+  ASSERT_OK(Put(session_, {keys[2], keys[3]}));  // tier 1 only
+  ASSERT_OK(Put(session_, Keys("filler", 6)));   // evicts the oldest two: a0, a1
+  absl::StatusOr<PagesFound> found = pool_->ExistsPages(session_, keys, kKv);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_pages, 4u);
+  EXPECT_EQ(found->by_tier.host, 2u);
+  EXPECT_EQ(found->by_tier.pool, 2u);
+  const AcquiredPages acquired = AcquireChecked(keys, kKv);
+  EXPECT_EQ(acquired.block_ids.size(), 4u);
+  EXPECT_EQ(acquired.by_tier.host, 2u);
+  EXPECT_EQ(acquired.by_tier.pool, 2u);
+}
+
 TEST_F(PoolPagesTest, ARestartFromDiskServesTheSamePages) {
   MakePool(8, /*tier_blocks=*/8, /*disk_records=*/64);
   const std::vector<std::string> keys = Keys("persist", 4);
