@@ -91,10 +91,6 @@ inline constexpr size_t kMaxLoraIdBytes = 256;
 inline constexpr size_t kMaxMultimodalItems = 1024;
 inline constexpr size_t kMaxContentHashBytes = 128;
 
-// Pages named by an engine's keys (DESIGN §13).
-inline constexpr size_t kMaxPageKeyBytes = 64;
-inline constexpr size_t kMaxPagesPerCall = 4096;
-
 // Where a call's pages were, summing to its page count.
 struct PagesByTier {
   uint32_t pool = 0;
@@ -124,9 +120,6 @@ struct AcquiredPages {
   std::vector<uint32_t> part_masks;  // parallel to block_ids
   PagesByTier by_tier;
 };
-
-// INVALID_ARGUMENT unless there are 1 to kMaxPagesPerCall keys of 1 to kMaxPageKeyBytes bytes.
-absl::Status ValidatePageKeys(absl::Span<const std::string> keys);
 
 struct SequenceSpec {
   absl::Span<const uint32_t> tokens;
