@@ -52,6 +52,16 @@ KvCacheClient::PoolInfo ToPoolInfo(const v1::PoolInfo& proto) {
   info.mapping.size_bytes = mapping.size_bytes();
   info.mapping.cuda_ipc_handle = mapping.cuda_ipc_handle();
   info.mapping.cuda_device = mapping.cuda_device();
+  for (const v1::PagePartInfo& part : proto.parts()) {
+    info.parts.push_back(
+        PagePartLayout{.name = part.name(),
+                       .offset = part.offset(),
+                       .bytes = part.bytes(),
+                       .policy = part.hit_policy() == v1::PagePartInfo::HIT_POLICY_TRAILING_PAGES
+                                     ? PartHitPolicy::kTrailingPages
+                                     : PartHitPolicy::kAllPages,
+                       .trailing_pages = part.trailing_pages()});
+  }
   return info;
 }
 
@@ -100,6 +110,11 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
 KvCacheClient::TierTokens ToTierTokens(const v1::TierTokens& proto) {
   return KvCacheClient::TierTokens{
       .pool = proto.pool(), .host = proto.host(), .cluster = proto.cluster(), .disk = proto.disk()};
+}
+
+KvCacheClient::TierPages ToTierPages(const v1::TierPages& proto) {
+  return KvCacheClient::TierPages{
+      .pool = proto.pool(), .host = proto.host(), .disk = proto.disk(), .cluster = proto.cluster()};
 }
 
 }  // namespace kvcache
