@@ -3,6 +3,7 @@
 // verified on the way in, and the same-node helpers that copy pages through a mapped pool.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -193,7 +194,9 @@ absl::StatusOr<uint32_t> KvCacheClient::PinPages(absl::string_view pool,
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PinPages"));
   v1::PinPagesRequest request;
   FillPageRequest(pool, keys, &request);
-  request.set_ttl_ms(static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(ttl))));
+  // Clamped, not wrapped: a TTL past what the field holds is still one the daemon refuses.
+  request.set_ttl_ms(static_cast<uint32_t>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(ttl), 0, std::numeric_limits<uint32_t>::max())));
   v1::PinPagesResponse response;
   RETURN_IF_ERROR(SessionCall(&Stub::PinPages, "PinPages", session, &request, &response));
   return response.num_pages();

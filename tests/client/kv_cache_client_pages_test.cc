@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/mapped_pool.h"
 #include "common/block_checksum.h"
 #include "common/block_hash.h"
@@ -500,6 +500,8 @@ TEST_F(PagesClientTest, BadInputOverTheWireHasPreciseCodesAndChangesNothing) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown part")));
   EXPECT_THAT(client_->ReservePages(kPool, good, {kKv, 4}),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client_->PinPages(kPool, good, absl::Milliseconds((int64_t{1} << 32) + 1000)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most")));  // not 1 s
   std::unique_ptr<MappedPool> mapped = Map();
   ASSERT_NE(mapped, nullptr);
   EXPECT_THAT(client_->WritePages(*mapped, good, Views({pages[0], pages[1].substr(1)})),
