@@ -80,6 +80,16 @@ BlockId BlockPool::AllocateFresh(std::vector<Hash128>* removed) {
   return block;
 }
 
+void BlockPool::Evict(BlockId block, std::vector<Hash128>* removed) {
+  BlockMeta& meta = blocks_[block];
+  assert(meta.state == State::kEvictable && !meta.offload_pinned);
+  LruRemove(block);
+  Unpublish(block, removed);
+  meta.state = State::kFree;
+  meta.has_checksum = false;
+  free_list_.push_back(block);
+}
+
 void BlockPool::PinForOffload(BlockId block) {
   BlockMeta& meta = blocks_[block];
   assert(meta.state == State::kEvictable && !meta.offload_pinned);

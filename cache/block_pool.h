@@ -113,6 +113,10 @@ class BlockPool {
   // evicted block's first). Returns kNoBlock when every block is referenced; callers check
   // capacity first.
   BlockId AllocateFresh(std::vector<Hash128>* removed = nullptr);
+  // Evicts one evictable block out of LRU order (a page superseded by a copy with more parts,
+  // DESIGN §13): its hash and its descendants' leave the index (appended to *removed), and it
+  // goes to the free list. REQUIRES: IsEvictable(block), not offload-pinned.
+  void Evict(BlockId block, std::vector<Hash128>* removed);
   // ref-1. At 0 a published block joins the LRU's back (most recently released), an unpublished
   // one the free list. REQUIRES: RefCount(block) > 0.
   void Release(BlockId block);

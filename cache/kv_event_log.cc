@@ -69,6 +69,15 @@ std::shared_ptr<KvEvent> NewStoredEvent(absl::string_view tenant,
   return event;
 }
 
+std::shared_ptr<KvEvent> NewPageEvent(absl::string_view tenant, StoredBlock block, PageName name) {
+  std::vector<StoredBlock> blocks;
+  blocks.push_back(std::move(block));
+  auto event = NewStoredEvent(tenant, std::nullopt, std::move(blocks));
+  event->page_keys.push_back(std::move(name.key));
+  event->manifest_digest = std::move(name.manifest_digest);
+  return event;
+}
+
 }  // namespace
 
 void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
@@ -77,6 +86,21 @@ void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
   auto event = NewStoredEvent(tenant, parent_hash, std::move(blocks));
   absl::MutexLock lock(&mu_);
   StoredLocked(pool_index, 0, std::move(event), KvEventRetention::kIndexed);
+}
+
+void KvEventLog::PageStored(uint32_t pool_index, absl::string_view tenant, StoredBlock block,
+                            PageName name) {
+  auto event = NewPageEvent(tenant, std::move(block), std::move(name));
+  absl::MutexLock lock(&mu_);
+  StoredLocked(pool_index, 0, std::move(event), KvEventRetention::kIndexed);
+}
+
+void KvEventLog::PageStoredIn(uint32_t pool_index, absl::string_view medium,
+                              absl::string_view tenant, StoredBlock block, PageName name,
+                              KvEventRetention retention) {
+  auto event = NewPageEvent(tenant, std::move(block), std::move(name));
+  absl::MutexLock lock(&mu_);
+  StoredLocked(pool_index, MediumLocked(pool_index, medium), std::move(event), retention);
 }
 
 void KvEventLog::BlocksStoredIn(uint32_t pool_index, absl::string_view medium,
@@ -139,7 +163,14 @@ void KvEventLog::RemovedLocked(uint32_t pool_index, uint32_t medium,
       by_tenant.push_back(std::move(event));
       owner = &by_tenant.back();
     }
-    (*owner)->removed.push_back(hash);
+    KvEvent& removed = **owner;
+    removed.removed.push_back(hash);
+    // The key a router stored the page by, from the event that announced it: only pages pay.
+    const std::string& page_key = it->second.page_key();
+    if (!page_key.empty() || !removed.page_keys.empty()) {
+      removed.page_keys.resize(removed.removed.size() - 1);  // "" for the token blocks before
+      removed.page_keys.push_back(page_key);
+    }
     index_.erase(it);
   }
   for (auto& event : by_tenant) AppendLocked(std::move(event));
@@ -163,8 +194,13 @@ std::optional<KvEventLog::Announcement> KvEventLog::FindAnnounced(uint32_t pool_
   absl::MutexLock lock(&mu_);
   const IndexSlot* found = FindLocked(pool_index, 0, hash);
   if (found == nullptr) return std::nullopt;
-  return Announcement{.tenant = found->second.stored_in->tenant,
-                      .parent_hash = found->second.parent_hash()};
+  Announcement announcement{.tenant = found->second.stored_in->tenant,
+                            .parent_hash = found->second.parent_hash()};
+  if (const std::string& key = found->second.page_key(); !key.empty()) {
+    announcement.page =
+        PageName{.key = key, .manifest_digest = found->second.stored_in->manifest_digest};
+  }
+  return announcement;
 }
 
 uint64_t KvEventLog::next_sequence() const {
@@ -253,6 +289,10 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
       event.block_size = pool.block_size;
       event.parent_hash = value.parent_hash();
       event.blocks.push_back(value.block());
+      if (const std::string& key = value.page_key(); !key.empty()) {
+        event.page_keys.push_back(key);
+        event.manifest_digest = value.stored_in->manifest_digest;
+      }
       snapshot.events.push_back(std::move(event));
     }
   }

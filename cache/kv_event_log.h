@@ -65,6 +65,20 @@ struct KvEvent {
   std::optional<Hash128> parent_hash;
   std::vector<StoredBlock> blocks;
   std::vector<Hash128> removed;  // kBlocksRemoved
+  // Pages (DESIGN §13) carry the engine's key, for routers that match the engine's own events
+  // by it. Held here, not in StoredBlock, so token blocks, the log's bulk, pay one empty vector
+  // per event rather than a string per block. Empty when no block of the event is a page; else
+  // one per block (kBlocksStored) or per removed hash (kBlocksRemoved), empty for a token block.
+  std::vector<std::string> page_keys;
+  // kBlocksStored of a page: the digest of the manifest its session was bound to (32 hex
+  // digits); empty when unknown (a page a restarted daemon found on disk) or not a page.
+  std::string manifest_digest;
+};
+
+// How a stored page is named, for its BlocksStored: the engine's key and its manifest's digest.
+struct PageName {
+  std::string key;
+  std::string manifest_digest;
 };
 
 // Which events a watcher sees: one tenant's or all, one pool's or all. AllBlocksCleared of every
@@ -120,6 +134,8 @@ class KvEventLog {
   // The pool's calls for tier 1, made under its own mutex. `blocks` is a chain (see KvEvent).
   void BlocksStored(uint32_t pool_index, absl::string_view tenant,
                     std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks);
+  // A page: one block, no parent, named by `name`.
+  void PageStored(uint32_t pool_index, absl::string_view tenant, StoredBlock block, PageName name);
   // One event per tenant among the hashes' owners; hashes never announced are dropped.
   void BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> hashes);
 
@@ -127,6 +143,9 @@ class KvEventLog {
   void BlocksStoredIn(uint32_t pool_index, absl::string_view medium, absl::string_view tenant,
                       std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks,
                       KvEventRetention retention = KvEventRetention::kIndexed);
+  void PageStoredIn(uint32_t pool_index, absl::string_view medium, absl::string_view tenant,
+                    StoredBlock block, PageName name,
+                    KvEventRetention retention = KvEventRetention::kIndexed);
   void BlocksRemovedFrom(uint32_t pool_index, absl::string_view medium,
                          absl::Span<const Hash128> hashes);
 
@@ -136,6 +155,7 @@ class KvEventLog {
   struct Announcement {
     std::string tenant;
     std::optional<Hash128> parent_hash;
+    std::optional<PageName> page;  // a page's key and manifest digest
   };
   std::optional<Announcement> FindAnnounced(uint32_t pool_index, const Hash128& hash) const;
 
@@ -214,6 +234,11 @@ class KvEventLog {
     std::shared_ptr<const KvEvent> stored_in;
     uint32_t position = 0;
     const StoredBlock& block() const { return stored_in->blocks[position]; }
+    // The page's key; empty for a token block.
+    const std::string& page_key() const {
+      static const std::string kNone;
+      return stored_in->page_keys.empty() ? kNone : stored_in->page_keys[position];
+    }
     std::optional<Hash128> parent_hash() const {
       return position == 0 ? stored_in->parent_hash : stored_in->blocks[position - 1].hash;
     }

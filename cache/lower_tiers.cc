@@ -415,6 +415,15 @@ std::vector<BelowRecord> LowerTiers::Probe(absl::FunctionRef<BlockRecordIdentity
   return below;
 }
 
+std::vector<uint64_t> LowerTiers::ProbeCluster(
+    absl::FunctionRef<BlockRecordIdentity(size_t)> record_at, size_t count, absl::Time deadline) {
+  if (cluster_tier_ == nullptr || count == 0) return {};
+  std::vector<BlockRecordIdentity> expected;
+  expected.reserve(count);
+  for (size_t i = 0; i < count; ++i) expected.push_back(record_at(i));
+  return cluster_tier_->ProbePrefix(expected, deadline);
+}
+
 TierLoaded LowerTiers::Load(absl::Span<const BelowRecord> below,
                             absl::FunctionRef<BlockRecordIdentity(size_t)> record_at,
                             size_t cluster_end, absl::Span<const BlockId> blocks,
@@ -477,7 +486,8 @@ TierLoaded LowerTiers::Load(absl::Span<const BelowRecord> below,
     std::vector<BlockRecordIdentity> expected;
     for (size_t i = below.size(); i < cluster_end; ++i) expected.push_back(record_at(i));
     const absl::Time begin = absl::Now();
-    loaded.cluster = LoadFromCluster(expected, blocks.subspan(below.size()), begin + budget_left);
+    loaded.cluster = LoadFromCluster(expected, blocks.subspan(below.size()), begin + budget_left,
+                                     &loaded.cluster_extras);
     load_latency_.cluster.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
   }
   return loaded;
@@ -567,13 +577,14 @@ size_t LowerTiers::LoadDiskBatch(absl::Span<const BelowRecord> below, size_t nex
 }
 
 size_t LowerTiers::LoadFromCluster(absl::Span<const BlockRecordIdentity> expected,
-                                   absl::Span<const BlockId> blocks, absl::Time deadline) {
+                                   absl::Span<const BlockId> blocks, absl::Time deadline,
+                                   std::vector<uint64_t>* found_extras) {
   std::vector<uint8_t*> out;
   if (host_memory_) {
     // Only the caller holds the blocks, and nobody can see them yet.
     for (size_t i = 0; i < expected.size(); ++i)
       out.push_back(memory_->MutableHostBlock(blocks[i]));
-    return cluster_tier_->LoadPrefix(expected, out, deadline);
+    return cluster_tier_->LoadPrefix(expected, out, deadline, found_extras);
   }
   // Device memory: the cluster holds any, all or none of the prefix, so its records are staged
   // in a buffer of this call's own (not tier 2, whose records a miss would evict for nothing), a
@@ -591,7 +602,8 @@ size_t LowerTiers::LoadFromCluster(absl::Span<const BlockRecordIdentity> expecte
       out.push_back(staging.data() + i * block_bytes);
       copies.push_back(PoolMemory::HostCopy{.block = blocks[loaded + i], .host = out.back()});
     }
-    const size_t verified = cluster_tier_->LoadPrefix(expected.subspan(loaded, n), out, deadline);
+    const size_t verified =
+        cluster_tier_->LoadPrefix(expected.subspan(loaded, n), out, deadline, found_extras);
     copies.resize(verified);
     if (!CheckMemory(memory_->CopyFromHost(copies, {})).ok()) break;
     loaded += verified;

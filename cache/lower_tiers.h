@@ -72,6 +72,9 @@ struct TierLoaded {
   size_t host = 0;
   size_t disk = 0;
   size_t cluster = 0;
+  // The extras digests of the cluster's records, in order: the part masks of pages whose loads
+  // expected kAnyPartMask (BlockRecordIdentity).
+  std::vector<uint64_t> cluster_extras;
   size_t total() const { return host + disk + cluster; }
 };
 
@@ -177,6 +180,11 @@ class LowerTiers {
   // holds. The cluster is not probed (it is asked by Load). Call under the pool's mutex.
   std::vector<BelowRecord> Probe(absl::FunctionRef<BlockRecordIdentity(size_t)> record_at,
                                  size_t count) const;
+  // The extras digests (pages' part masks) of the leading records record_at(i), i in [0, count),
+  // the cluster holds (ClusterTier::ProbePrefix); empty without a cluster. Network I/O: call
+  // outside the pool's mutex.
+  std::vector<uint64_t> ProbeCluster(absl::FunctionRef<BlockRecordIdentity(size_t)> record_at,
+                                     size_t count, absl::Time deadline);
   // Loads `below` into blocks[0], blocks[1], ... in order — tier-2 runs of kLoadBatch, disk
   // batches of its read depth — then, if all of them verified, records
   // [below.size(), cluster_end) from the cluster; stops at the first that fails, and when
@@ -243,7 +251,8 @@ class LowerTiers {
   // kClusterStageBlocks, staged on the host), stopping at the first that does not verify or has
   // not come back by `deadline` (real time); returns how many loaded.
   size_t LoadFromCluster(absl::Span<const BlockRecordIdentity> expected,
-                         absl::Span<const BlockId> blocks, absl::Time deadline);
+                         absl::Span<const BlockId> blocks, absl::Time deadline,
+                         std::vector<uint64_t>* found_extras);
 
   // Constant after construction.
   const PoolOptions options_;

@@ -730,6 +730,7 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
+    if (sequence->pages) SupersedePageLocked(*sequence, i);
     const bool published = pool_.Publish(block, identity, tokens);
     const bool same_content = sequence->pages ? FindPageLocked(*sequence, i) != kNoBlock
                                               : pool_.FindVerified(identity, tokens) != kNoBlock;
@@ -740,6 +741,17 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     if (published && !was_published && pool_.IsPublished(block)) {
       ++result->num_published_blocks;
       if (events_ == nullptr) continue;  // the run is only for the events
+      if (sequence->pages) {
+        // Pages are no chain: each is announced on its own, with no parent, named by the
+        // engine's key (its tokens, the key's first bytes, mean nothing to a router).
+        report_run();
+        events_->PageStored(
+            pool_index_, tenants_[sequence->tenant].name,
+            StoredBlock{
+                .hash = identity.hash, .token_ids = {}, .extras_digest = identity.extras_digest},
+            PageName{.key = sequence->page_keys[i], .manifest_digest = sequence->manifest_digest});
+        continue;
+      }
       if (run.empty()) {
         run.reserve(written_blocks - i);
         run_parent = first ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
@@ -747,8 +759,6 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
       run.push_back(StoredBlock{.hash = identity.hash,
                                 .token_ids = std::vector<uint32_t>(tokens.begin(), tokens.end()),
                                 .extras_digest = identity.extras_digest});
-      // Pages are no chain: each is announced on its own, with no parent.
-      if (sequence->pages) report_run();
     } else {
       report_run();
     }

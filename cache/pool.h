@@ -72,6 +72,7 @@
 #include "cache/device_fault_latch.h"
 #include "cache/kv_event_log.h"
 #include "cache/lower_tiers.h"
+#include "cache/page_counters.h"
 #include "cache/pool_memory.h"
 #include "cache/pool_options.h"
 #include "cache/session.h"
@@ -90,6 +91,10 @@ inline constexpr size_t kMaxCacheSaltBytes = 256;
 inline constexpr size_t kMaxLoraIdBytes = 256;
 inline constexpr size_t kMaxMultimodalItems = 1024;
 inline constexpr size_t kMaxContentHashBytes = 128;
+
+// How long ExistsPages waits for the cluster tier's answer (real time); what has not come back
+// by then is not counted.
+inline constexpr absl::Duration kClusterProbeBound = absl::Milliseconds(500);
 
 // Where a call's pages were, summing to its page count.
 struct PagesByTier {
@@ -239,6 +244,9 @@ class Pool final : private OffloadSource {
   const PoolTierLoadLatency& tier_load_latency() const { return tiers_->load_latency(); }
   PoolTransferCounters& transfers() { return transfers_; }
   const PoolTransferCounters& transfers() const { return transfers_; }
+  // Pages served per tenant and manifest, counted by the page calls (server/page_calls.cc).
+  PageCounters& page_counters() { return page_counters_; }
+  const PageCounters& page_counters() const { return page_counters_; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   // The raw memory, for its description and for tests. Request paths move bytes with ReadBlock
   // and WriteBlock, which latch device faults.
@@ -345,6 +353,10 @@ class Pool final : private OffloadSource {
     // extras_digests its part mask (kAnyPartMask while a lookup has not found it yet).
     bool pages = false;
     uint32_t page_duplicates = 0;  // a reservation's keys that were present already
+    // Pages: each block's engine key, parallel to chain, and the session's manifest digest (32
+    // hex digits), which name the page in its KV events.
+    std::vector<std::string> page_keys;
+    std::string manifest_digest;
   };
 
   // One tenant's share of the pool.
@@ -414,6 +426,11 @@ class Pool final : private OffloadSource {
   BlockIdentity PageIdentity(const Sequence& sequence, size_t i) const;
   // The tier-1 block holding page `i` of a page sequence, with any parts; kNoBlock if none.
   BlockId FindPageLocked(const Sequence& sequence, size_t i) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Before page `i` of a put is published: a copy of the page tier 1 holds with fewer parts
+  // than it, and that nobody holds, is evicted, so the page gains its parts (a copy in use stays,
+  // and the put's is then a duplicate). Lower tiers keep their copy, with its own parts, until
+  // they drop it: a page found there never claims parts it does not hold.
+  void SupersedePageLocked(const Sequence& sequence, size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tier 1's leading pages of `sequence` and the lower tiers' records continuing them, each
   // with its part mask (filled into sequence->extras_digests).
   void FindPagesLocked(Sequence* sequence, std::vector<BlockId>* hits,
@@ -479,6 +496,7 @@ class Pool final : private OffloadSource {
   const Clock* const clock_;
   const absl::Time created_at_;     // PoolTicks count from here
   PoolTransferCounters transfers_;  // own synchronization
+  PageCounters page_counters_;      // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
 

@@ -40,6 +40,8 @@ absl::StatusOr<std::unique_ptr<Pool::Sequence>> Pool::NewPageSequence(
   sequence->pages = true;
   sequence->session_id = session.id;
   RETURN_IF_ERROR(SetRoot(session.tenant, "", session.manifest.get(), sequence.get()));
+  sequence->manifest_digest = session.manifest->Digest(options_.hash_algorithm).ToHex();
+  sequence->page_keys.assign(keys.begin(), keys.end());
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   sequence->chain.reserve(keys.size());
   sequence->prefix_digests.reserve(keys.size());
@@ -75,6 +77,19 @@ BlockId Pool::FindPageLocked(const Sequence& sequence, size_t i) const {
   return block;
 }
 
+void Pool::SupersedePageLocked(const Sequence& sequence, size_t i) {
+  const BlockId present = FindPageLocked(sequence, i);
+  if (present == kNoBlock || present == sequence.blocks[i]) return;
+  const uint32_t ours = MaskOf(sequence.extras_digests, i);
+  const uint32_t theirs = static_cast<uint32_t>(pool_.IdentityOf(present).extras_digest);
+  if ((theirs & ours) == ours || !pool_.IsEvictable(present)) return;
+  removed_.clear();
+  pool_.Evict(present, &removed_);
+  tenants_[block_tenant_[present]].counters.evictions += removed_.size();
+  if (events_ != nullptr) evicted_.insert(evicted_.end(), removed_.begin(), removed_.end());
+  ReportEvictionsLocked();  // before the new copy is announced under the same hash
+}
+
 void Pool::FindPagesLocked(Sequence* sequence, std::vector<BlockId>* hits,
                            std::vector<BelowRecord>* below) const {
   hits->clear();
@@ -103,18 +118,32 @@ absl::StatusOr<PagesFound> Pool::ExistsPages(const Session& session,
   ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
   std::vector<BlockId> hits;
   std::vector<BelowRecord> below;
-  absl::ReaderMutexLock lock(&mu_);
-  FindPagesLocked(sequence.get(), &hits, &below);
   std::vector<uint32_t> masks;
-  for (size_t i = 0; i < hits.size() + below.size(); ++i) {
-    masks.push_back(MaskOf(sequence->extras_digests, i));
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    FindPagesLocked(sequence.get(), &hits, &below);
+    for (size_t i = 0; i < hits.size() + below.size(); ++i) {
+      masks.push_back(MaskOf(sequence->extras_digests, i));
+    }
+  }
+  const size_t known = masks.size();
+  // The cluster, outside mu_, for the keys after the node's pages when those all restore (as
+  // AcquirePages asks it then): a page passed down by another node exists here too.
+  if (tiers_->has_cluster() && known < keys.size() &&
+      RestorablePages(parts_, wanted, masks) == known) {
+    const std::vector<uint64_t> extras =
+        tiers_->ProbeCluster([&](size_t i) { return ExpectedRecord(*sequence, known + i); },
+                             keys.size() - known, absl::Now() + kClusterProbeBound);
+    for (uint64_t extra : extras) masks.push_back(static_cast<uint32_t>(extra));
   }
   PagesFound found;
   found.num_pages = static_cast<uint32_t>(RestorablePages(parts_, wanted, masks));
   found.by_tier.pool = std::min<uint32_t>(found.num_pages, hits.size());
   for (size_t i = hits.size(); i < found.num_pages; ++i) {
-    ++(below[i - hits.size()].tier == BelowRecord::Tier::kHost ? found.by_tier.host
-                                                               : found.by_tier.disk);
+    const size_t record = i - hits.size();
+    ++(record >= below.size()                           ? found.by_tier.cluster
+       : below[record].tier == BelowRecord::Tier::kHost ? found.by_tier.host
+                                                        : found.by_tier.disk);
   }
   return found;
 }
@@ -167,6 +196,7 @@ absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
     sequence->session_id = session.id;
     sequence->root = probe->root;
     sequence->namespace_digest = probe->namespace_digest;
+    sequence->manifest_digest = probe->manifest_digest;
     sequence->tenant = TenantSlotLocked(session.tenant);
     RETURN_IF_ERROR(ReserveLocked(sequence->tenant, fresh.size(), 1));
     sequence->page_duplicates = static_cast<uint32_t>(keys.size() - fresh.size());
@@ -175,6 +205,7 @@ absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
     const PoolTicks now = NowTicks();
     for (size_t i : fresh) {
       sequence->chain.push_back(probe->chain[i]);
+      sequence->page_keys.push_back(probe->page_keys[i]);
       sequence->prefix_digests.push_back(probe->prefix_digests[i]);
       sequence->extras_digests.push_back(masks[i]);
       sequence->tokens.insert(sequence->tokens.end(), probe->tokens.begin() + i * block_size,
@@ -235,6 +266,7 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
   ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
   std::vector<BlockId> hits;
   std::vector<BelowRecord> below;
+  size_t cluster_pages = 0;  // keys after `below` the cluster is asked for
   const auto masks_upto = [&](size_t end) {
     std::vector<uint32_t> masks;
     for (size_t i = 0; i < end; ++i) masks.push_back(MaskOf(sequence->extras_digests, i));
@@ -248,7 +280,11 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
       return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
     }
     FindPagesLocked(sequence.get(), &hits, &below);
-    const size_t end = RestorablePages(parts_, wanted, masks_upto(hits.size() + below.size()));
+    const size_t known = hits.size() + below.size();
+    const size_t end = RestorablePages(parts_, wanted, masks_upto(known));
+    // The cluster is asked for the keys after the node's pages when those all restore: its
+    // pages' parts are learned as they load, and the hit rule is applied again then.
+    cluster_pages = tiers_->has_cluster() && end == known ? keys.size() - known : 0;
     if (hits.size() > end) hits.resize(end);
     below.resize(end - hits.size());
     size_t evictable_hits = 0;
@@ -256,13 +292,15 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     // A read loads only into blocks it can have without failing.
     const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
     if (below.size() > available) below.resize(available);
-    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(below.size(), hits, below)) {
+    cluster_pages = std::min(cluster_pages, available - below.size());
+    const size_t loads = below.size() + cluster_pages;
+    if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(loads, hits, below)) {
       ++pass_downs;
       RETURN_IF_ERROR(faults_->status());
       continue;
     }
     sequence->tenant = TenantSlotLocked(session.tenant);
-    RETURN_IF_ERROR(ReserveLocked(sequence->tenant, below.size() + evictable_hits, 1));
+    RETURN_IF_ERROR(ReserveLocked(sequence->tenant, loads + evictable_hits, 1));
     const PoolTicks now = NowTicks();
     for (BlockId block : hits) {
       AcquireLocked(block, sequence->tenant, /*prefix_hit=*/false, now);
@@ -273,11 +311,11 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     }
     sequence->blocks = hits;
     sequence->committed_blocks = static_cast<uint32_t>(hits.size());
-    for (size_t i = 0; i < below.size(); ++i) {
+    for (size_t i = 0; i < loads; ++i) {
       sequence->blocks.push_back(AllocateLocked(sequence->tenant, now));
     }
     ReportEvictionsLocked();
-    if (!below.empty()) {
+    if (loads > 0) {
       loading_.insert(sequence.get());
       break;
     }
@@ -292,7 +330,8 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
   // Only this sequence holds the blocks, and nobody can see the sequence yet.
   const TierLoaded loaded = tiers_->Load(
       below, [&](size_t i) { return ExpectedRecord(*sequence, num_hits + i); },
-      /*cluster_end=*/0, absl::MakeConstSpan(sequence->blocks).subspan(num_hits), max_load_ms);
+      below.size() + cluster_pages, absl::MakeConstSpan(sequence->blocks).subspan(num_hits),
+      max_load_ms);
   absl::MutexLock lock(&mu_);
   loading_.erase(sequence.get());
   const absl::Status device = faults_->status();
@@ -305,6 +344,9 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
   // What verified is published (a page is a page, hit or not); the hit rule then decides how
   // many the caller gets, and the rest go back to the pool as cached pages.
   const size_t present = num_hits + loaded.total();
+  for (size_t i = 0; i < loaded.cluster; ++i) {
+    sequence->extras_digests[num_hits + loaded.host + loaded.disk + i] = loaded.cluster_extras[i];
+  }
   const PoolTicks now = NowTicks();
   while (sequence->blocks.size() > present) {
     ReleaseBlockLocked(sequence->blocks.back(), now);
@@ -312,7 +354,11 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
   }
   CommitResult ignored;
   PublishWrittenLocked(sequence.get(), static_cast<uint32_t>(present), &ignored);
-  for (size_t i = num_hits; i < present; ++i) pool_.SetReused(sequence->blocks[i]);
+  for (size_t i = num_hits; i < present; ++i) {
+    pool_.SetReused(sequence->blocks[i]);
+    // What came from below or the cluster is in the cluster already (FinishOpenLocked's rule).
+    if (tiers_->has_cluster()) pool_.SetInCluster(sequence->blocks[i]);
+  }
   tiers_->CountHits(loaded);
   const size_t end = RestorablePages(parts_, wanted, masks_upto(present));
   while (sequence->blocks.size() > end) {
@@ -325,10 +371,13 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
   acquired.part_masks = masks_upto(end);
   acquired.by_tier.pool = static_cast<uint32_t>(std::min(num_hits, end));
   for (size_t i = num_hits; i < end; ++i) {
-    ++(below[i - num_hits].tier == BelowRecord::Tier::kHost ? acquired.by_tier.host
-                                                            : acquired.by_tier.disk);
+    const size_t record = i - num_hits;
+    ++(record >= below.size()                           ? acquired.by_tier.cluster
+       : below[record].tier == BelowRecord::Tier::kHost ? acquired.by_tier.host
+                                                        : acquired.by_tier.disk);
   }
   sequence->chain.resize(end);
+  sequence->page_keys.resize(end);
   sequence->prefix_digests.resize(end);
   sequence->extras_digests.resize(end);
   sequence->tokens.resize(end * options_.layout.block_size);

@@ -1,8 +1,11 @@
 #include "cache/tier_events.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "cache/pool.h"
 
 namespace kvcache {
 
@@ -25,10 +28,34 @@ bool TierEvents::StartsItsPrompt(const BlockRecordIdentity& record) const {
          record.prefix_digest;
 }
 
+std::optional<std::string> TierEvents::RecoverPageKey(const BlockRecordIdentity& record) const {
+  const size_t token_bytes = record.tokens.size() * sizeof(uint32_t);
+  std::string bytes(token_bytes, '\0');
+  if (token_bytes > 0) std::memcpy(bytes.data(), record.tokens.data(), token_bytes);
+  const size_t longest = std::min(token_bytes, kMaxPageKeyBytes);
+  // A page's tokens are zero past its key; a token block's rarely are past 64 bytes.
+  if (bytes.find_first_not_of('\0', longest) != std::string::npos) return std::nullopt;
+  const size_t last_nonzero = bytes.find_last_not_of('\0', longest == 0 ? 0 : longest - 1);
+  // The key may end in zero bytes: every length from its last non-zero byte up is a candidate.
+  size_t shortest = last_nonzero == std::string::npos ? 1 : last_nonzero + 1;
+  BlockHasher hasher(hash_algorithm_);
+  for (size_t length = shortest; length <= longest; ++length) {
+    const absl::string_view key(bytes.data(), length);
+    if (hasher.PageKeyDigest(record.namespace_digest, key) == record.prefix_digest) {
+      return std::string(key);
+    }
+  }
+  return std::nullopt;
+}
+
 KvEventLog::Announcement TierEvents::Resolve(const BlockRecordIdentity& record) const {
   std::optional<KvEventLog::Announcement> announced =
       events_->FindAnnounced(pool_index_, record.hash);
   if (announced.has_value()) return *std::move(announced);
+  if (std::optional<std::string> key = RecoverPageKey(record); key.has_value()) {
+    return KvEventLog::Announcement{
+        .tenant = "", .parent_hash = std::nullopt, .page = PageName{.key = *std::move(key)}};
+  }
   return KvEventLog::Announcement{.tenant = "",
                                   .parent_hash = StartsItsPrompt(record)
                                                      ? std::nullopt
@@ -62,6 +89,14 @@ void TierEvents::Announce(absl::string_view medium, absl::Span<const RecordChang
     }
     if (!removed.empty()) flush();
     KvEventLog::Announcement announced = Resolve(record);
+    if (announced.page.has_value()) {
+      flush();
+      events_->PageStoredIn(
+          pool_index_, medium, announced.tenant,
+          StoredBlock{.hash = record.hash, .token_ids = {}, .extras_digest = record.extras_digest},
+          *std::move(announced.page), retention);
+      continue;
+    }
     const bool continues = !chain.empty() && announced.tenant == chain_start.tenant &&
                            announced.parent_hash == chain.back().hash;
     if (!continues) {

@@ -12,6 +12,12 @@
 // (BlockHasher::PrefixDigest from the namespace digest) — a first block with extra keys (LoRA,
 // multimodal) is then announced under its root, which a router skips.
 //
+// Pages (DESIGN §13) are announced as tier 1 announces them: one page an event, no parent, no
+// tokens, named by the engine's key (KvEvent::page_keys) and manifest digest, both taken from
+// the page's announcement in another medium. A page record a restart found on disk has none:
+// its key is read back from its tokens (the key's first bytes, zero-padded) at the length whose
+// PageKeyDigest matches the record's prefix digest; its manifest digest stays unknown.
+//
 // Thread safety: thread-safe (the log is); holds no lock of its own.
 #ifndef KVCACHE_CACHE_TIER_EVENTS_H_
 #define KVCACHE_CACHE_TIER_EVENTS_H_
@@ -51,6 +57,8 @@ class TierEvents {
   // The tenant and the event parent of a record (see the header comment).
   KvEventLog::Announcement Resolve(const BlockRecordIdentity& record) const;
   bool StartsItsPrompt(const BlockRecordIdentity& record) const;
+  // A page record's engine key, read back from its tokens; nullopt for a token block's record.
+  std::optional<std::string> RecoverPageKey(const BlockRecordIdentity& record) const;
 
   KvEventLog* const events_;
   const uint32_t pool_index_;

@@ -298,7 +298,7 @@ class KvCacheClient {
     uint32_t pool = 0;
     uint32_t host = 0;
     uint32_t disk = 0;
-    uint32_t cluster = 0;  // AcquirePages and GetPages only
+    uint32_t cluster = 0;
   };
   struct PagesFound {
     uint32_t num_pages = 0;  // leading keys restorable under the hit rule
@@ -525,7 +525,7 @@ class KvCacheClient {
   // parts are the pool's (the daemon's FAILED_PRECONDITION otherwise), and fences on its epoch
   // like the session calls. Part masks: bit i is PoolInfo::parts[i]; none: every part.
   //
-  // ExistsPages: how many leading keys the hit rule restores, over every tier but the cluster.
+  // ExistsPages: how many leading keys the hit rule restores, over every tier.
   // Read-only.
   absl::StatusOr<PagesFound> ExistsPages(absl::string_view pool, absl::Span<const std::string> keys,
                                          absl::Span<const std::string> parts = {});

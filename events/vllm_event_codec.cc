@@ -25,6 +25,17 @@ void PackName(Packer& packer, VllmEventEncoding encoding, const char* name) {
   if (encoding == VllmEventEncoding::kMap) packer.pack(std::string(name));
 }
 
+// Block i's hash: a page's engine key as bytes, else a token block's low 64 bits.
+void PackHash(Packer& packer, const Hash128& hash, const std::vector<std::string>& page_keys,
+              size_t i) {
+  if (!page_keys.empty() && !page_keys[i].empty()) {
+    packer.pack_bin(static_cast<uint32_t>(page_keys[i].size()));
+    packer.pack_bin_body(page_keys[i].data(), static_cast<uint32_t>(page_keys[i].size()));
+  } else {
+    packer.pack_uint64(hash.lo);
+  }
+}
+
 }  // namespace
 
 std::string EncodeVllmBatch(const KvEvent& event, VllmEventEncoding encoding) {
@@ -38,7 +49,9 @@ std::string EncodeVllmBatch(const KvEvent& event, VllmEventEncoding encoding) {
       PackHeader(packer, encoding, "BlockStored", 7);
       PackName(packer, encoding, "block_hashes");
       packer.pack_array(static_cast<uint32_t>(event.blocks.size()));
-      for (const StoredBlock& block : event.blocks) packer.pack_uint64(block.hash.lo);
+      for (size_t i = 0; i < event.blocks.size(); ++i) {
+        PackHash(packer, event.blocks[i].hash, event.page_keys, i);
+      }
       PackName(packer, encoding, "parent_block_hash");
       if (event.parent_hash.has_value()) {
         packer.pack_uint64(event.parent_hash->lo);
@@ -66,7 +79,9 @@ std::string EncodeVllmBatch(const KvEvent& event, VllmEventEncoding encoding) {
       PackHeader(packer, encoding, "BlockRemoved", 2);
       PackName(packer, encoding, "block_hashes");
       packer.pack_array(static_cast<uint32_t>(event.removed.size()));
-      for (const Hash128& hash : event.removed) packer.pack_uint64(hash.lo);
+      for (size_t i = 0; i < event.removed.size(); ++i) {
+        PackHash(packer, event.removed[i], event.page_keys, i);
+      }
       PackName(packer, encoding, "medium");
       packer.pack(event.medium);
       break;

@@ -13,9 +13,14 @@
 //      "token_ids": [...], "block_size": n, "lora_id": nil, "medium": m, "lora_name": nil}
 //     {"type": "BlockRemoved", "block_hashes": [...], "medium": m}
 //     {"type": "AllBlocksCleared"}
-// A hash is the low 64 bits of our 128-bit block hash, always a msgpack uint64 (vLLM's
+// A token block's hash is the low 64 bits of our 128-bit block hash, a msgpack uint64 (vLLM's
 // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 form), and a BlockStored carries the token ids of all its
 // blocks, block_size per hash. The two nils are vLLM's lora_id and lora_name.
+// A page (DESIGN §13) is named by the engine's own key instead: its hash is the key's bytes, a
+// msgpack bin (vLLM's ExternalBlockHash bytes form, which its consumers reduce to the last 8
+// bytes big-endian, as vLLM's int form does), in BlockStored and BlockRemoved alike, with no
+// parent and no token ids (docs/design.md, "Page events": a router that indexed the engine's own
+// event for that key adds this node's medium to it, as for vLLM's offloading events).
 #ifndef KVCACHE_EVENTS_VLLM_EVENT_CODEC_H_
 #define KVCACHE_EVENTS_VLLM_EVENT_CODEC_H_
 

@@ -197,8 +197,25 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       "kvcache_disk_tier_restore_skipped_records",
       "Slots of the disk tier's file skipped when the daemon started: torn, foreign or superseded.",
       gauge);
+  const size_t pages = out.Family(
+      "kvcache_pages_total",
+      "Pages named by engine keys, per namespace (tenant, and manifest: the first 16 hex digits "
+      "of its digest, \"other\" past a tenant's 8th in the pool), by op: exists (found by "
+      "ExistsPages), hit and miss (served or not by AcquirePages and GetPages), published and "
+      "duplicate (by CommitPages and PutPages).",
+      counter);
   for (const Pool* pool : manager_->pools()) {
     const std::string& name = pool->options().name;
+    for (const PageCounters::Row& row : pool->page_counters().Rows()) {
+      for (size_t op = 0; op < kNumPageOps; ++op) {
+        out.Counter(pages,
+                    {{"pool", name},
+                     {"tenant", row.tenant},
+                     {"manifest", row.manifest},
+                     {"op", std::string(PageOpName(static_cast<PageOp>(op)))}},
+                    row.pages[op]);
+      }
+    }
     const PoolStatsSnapshot whole = pool->Stats();
     for (const TierStatsRow& row : whole.tiers) {
       const Labels labels{{"pool", name}, {"tier", std::string(row.tier)}};

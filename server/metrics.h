@@ -6,9 +6,10 @@
 // Conventions (vLLM's semantics, Prometheus' naming): every name starts with kvcache_, counters
 // end in _total, prefix-cache queries and hits are counted in tokens (a hit rate is a query's
 // ratio, never a gauge), usage is 0-1, labels are pool, tenant, method, code, direction, state,
-// sink and limit: never token ids, hashes or session ids. Every family has HELP. After ours come
-// kvcache_build_info and the process_* families every Prometheus client exports
-// (server/process_metrics.h).
+// sink, limit, op and manifest (a manifest digest's first 16 hex digits, a few per tenant:
+// cache/page_counters.h): never token ids, block hashes, page keys or session ids. Every family has
+// HELP. After ours come kvcache_build_info and the process_* families every Prometheus client
+// exports (server/process_metrics.h).
 //
 // Thread safety: thread-safe (Collect reads only thread-safe sources).
 #ifndef KVCACHE_SERVER_METRICS_H_

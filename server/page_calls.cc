@@ -25,6 +25,24 @@ absl::StatusOr<uint32_t> WantedParts(const Pool& pool,
   return PartMaskOf(pool.parts(), wanted);
 }
 
+// Counts `pages` of `op` in the session's namespace (the metrics' kvcache_pages_total).
+void CountPages(Pool& pool, const Session& session, PageOp op, uint64_t pages) {
+  // Every page call that got this far has a manifest: pages need one.
+  if (session.manifest == nullptr) return;
+  pool.page_counters().Count(
+      session.tenant, session.manifest->Digest(pool.options().hash_algorithm).ToHex(), op, pages);
+}
+
+void CountServed(Pool& pool, const Session& session, size_t asked, size_t served) {
+  CountPages(pool, session, PageOp::kHit, served);
+  CountPages(pool, session, PageOp::kMiss, asked - served);
+}
+
+void CountCommitted(Pool& pool, const Session& session, const CommittedPages& committed) {
+  CountPages(pool, session, PageOp::kPublished, committed.num_published);
+  CountPages(pool, session, PageOp::kDuplicate, committed.num_duplicates);
+}
+
 void FillTiers(const PagesByTier& tiers, v1::TierPages* out) {
   out->set_pool(tiers.pool);
   out->set_host(tiers.host);
@@ -48,6 +66,7 @@ grpc::ServerUnaryReactor* KvCacheService::ExistsPages(grpc::CallbackServerContex
                          pool->ExistsPages(*session, KeysOf(request->keys()), wanted));
         response->set_num_pages(found.num_pages);
         FillTiers(found.by_tier, response->mutable_pages_by_tier());
+        CountPages(*pool, *session, PageOp::kExists, found.num_pages);
         return absl::OkStatus();
       });
 }
@@ -84,6 +103,7 @@ grpc::ServerUnaryReactor* KvCacheService::CommitPages(grpc::CallbackServerContex
                          pool->CommitPages(*session, request->sequence_id()));
         response->set_num_published(committed.num_published);
         response->set_num_duplicates(committed.num_duplicates);
+        CountCommitted(*pool, *session, committed);
         return absl::OkStatus();
       });
 }
@@ -113,6 +133,7 @@ grpc::ServerUnaryReactor* KvCacheService::AcquirePages(grpc::CallbackServerConte
         response->mutable_block_ids()->Add(acquired.block_ids.begin(), acquired.block_ids.end());
         response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
         FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
+        CountServed(*pool, *session, request->keys_size(), acquired.block_ids.size());
         return absl::OkStatus();
       });
 }
@@ -164,6 +185,7 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
                          pool->CommitPages(*session, reserved.sequence_id));
         response->set_num_published(committed.num_published);
         response->set_num_duplicates(committed.num_duplicates);
+        CountCommitted(*pool, *session, committed);
         return absl::OkStatus();
       });
 }
@@ -197,6 +219,7 @@ grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* 
         RETURN_IF_ERROR(read);
         response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
         FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
+        CountServed(*pool, *session, request->keys_size(), acquired.block_ids.size());
         return absl::OkStatus();
       });
 }

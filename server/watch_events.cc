@@ -32,11 +32,14 @@ void ToProto(const KvEvent& event, v1::KvEvent* out) {
       stored->set_medium(event.medium);
       stored->set_block_size(event.block_size);
       if (event.parent_hash.has_value()) ToProto(*event.parent_hash, stored->mutable_parent_hash());
-      for (const StoredBlock& block : event.blocks) {
+      stored->set_manifest_digest(event.manifest_digest);
+      for (size_t i = 0; i < event.blocks.size(); ++i) {
+        const StoredBlock& block = event.blocks[i];
         v1::StoredBlock* stored_block = stored->add_blocks();
         ToProto(block.hash, stored_block->mutable_hash());
         stored_block->mutable_token_ids()->Add(block.token_ids.begin(), block.token_ids.end());
         stored_block->set_extras_digest(block.extras_digest);
+        if (!event.page_keys.empty()) stored_block->set_page_key(event.page_keys[i]);
       }
       break;
     }
@@ -46,6 +49,7 @@ void ToProto(const KvEvent& event, v1::KvEvent* out) {
       removed->set_tenant(event.tenant);
       removed->set_medium(event.medium);
       for (const Hash128& hash : event.removed) ToProto(hash, removed->add_hashes());
+      for (const std::string& key : event.page_keys) removed->add_page_keys(key);
       break;
     }
     case KvEventKind::kAllBlocksCleared:

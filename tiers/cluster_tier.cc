@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -122,7 +123,8 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
 }
 
 size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
-                               absl::Span<uint8_t* const> out, absl::Time deadline) {
+                               absl::Span<uint8_t* const> out, absl::Time deadline,
+                               std::vector<uint64_t>* found_extras) {
   const bool split = head_data_bytes_ < options_.pool.block_bytes;
   const size_t per_record = split ? 2 : 1;
   std::vector<std::string> keys;
@@ -134,6 +136,7 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
   std::vector<Found> head(expected.size(), Found::kNothing);
   std::vector<Found> tail(expected.size(), Found::kNothing);
   std::vector<uint64_t> checksum(expected.size(), 0);  // the bytes', as their header says
+  std::vector<uint64_t> extras(expected.size(), 0);
   // Views are valid only inside the visitor: each value is checked and copied there.
   const std::vector<absl::Status> results = redis_->Get(
       keys,
@@ -161,6 +164,7 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
         } else {
           std::memcpy(out[record], value.data() + header_bytes_, head_data_bytes_);
           checksum[record] = header->block.checksum;
+          extras[record] = header->block.extras_digest;
           head[record] = Found::kGood;
         }
       },
@@ -200,8 +204,32 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
       break;
     }
     loaded_.fetch_add(1, std::memory_order_relaxed);
+    if (found_extras != nullptr) found_extras->push_back(extras[loaded]);
   }
   return loaded;
+}
+
+std::vector<uint64_t> ClusterTier::ProbePrefix(absl::Span<const BlockRecordIdentity> expected,
+                                               absl::Time deadline) {
+  std::vector<std::string> keys;
+  keys.reserve(expected.size());
+  for (const BlockRecordIdentity& identity : expected) keys.push_back(KeyOf(identity));
+  std::vector<std::optional<uint64_t>> extras(expected.size());
+  const std::vector<absl::Status> results = redis_->Get(
+      keys,
+      [&](size_t index, absl::string_view value) {
+        absl::StatusOr<RecordHeader> header = DecodeRecordHeader(value);
+        if (header.ok() && PoolMismatch(header->pool, options_.pool).empty() &&
+            RecordMismatch(header->block, expected[index]).empty()) {
+          extras[index] = header->block.extras_digest;
+        }
+      },
+      deadline);
+  std::vector<uint64_t> found;
+  for (size_t i = 0; i < expected.size() && results[i].ok() && extras[i].has_value(); ++i) {
+    found.push_back(*extras[i]);
+  }
+  return found;
 }
 
 ClusterTierCounters ClusterTier::counters() const {

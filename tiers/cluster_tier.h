@@ -88,9 +88,19 @@ class ClusterTier {
   // leading records were loaded; out[i] past that holds nothing to use. What has not come back
   // by `deadline` (a request's max_load_ms) is a miss (`past_deadline`); a node that said nothing
   // at all by then is rested like a failed one, so the loads that follow skip it (`unavailable`)
-  // instead of each waiting out its deadline on it.
+  // instead of each waiting out its deadline on it. `found_extras`, when given, receives each
+  // loaded record's extras digest: a page's part mask, which a request expecting kAnyPartMask
+  // learns here.
   size_t LoadPrefix(absl::Span<const BlockRecordIdentity> expected, absl::Span<uint8_t* const> out,
-                    absl::Time deadline = absl::InfiniteFuture());
+                    absl::Time deadline = absl::InfiniteFuture(),
+                    std::vector<uint64_t>* found_extras = nullptr);
+
+  // For lookups that load nothing (pages' Exists, DESIGN §13): the extras digests of the leading
+  // records of `expected` the cluster holds under a matching identity, their headers checked
+  // (their bytes are verified when a load brings them up). One pipelined read of the records'
+  // heads; what has not come back by `deadline` ends the prefix.
+  std::vector<uint64_t> ProbePrefix(absl::Span<const BlockRecordIdentity> expected,
+                                    absl::Time deadline);
 
   ClusterTierCounters counters() const;
 

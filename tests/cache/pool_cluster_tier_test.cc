@@ -130,6 +130,79 @@ TEST_P(PoolClusterTierTest, APrefixOffloadedByOnePoolIsAVerifiedHitInAnother) {
   }
 }
 
+// Pages named by keys (DESIGN §13) on a two-part pool: what node A passed down is a hit on node
+// B, byte for byte, with each page's parts as A stored them; another manifest misses.
+TEST_P(PoolClusterTierTest, PagesPassedDownByOneNodeAreHitsOnAnotherWithTheirParts) {
+  const auto make = [&](const std::string& name) -> std::unique_ptr<Pool> {
+    PoolOptions options = testing::SmallPoolOptions(name, 8, kBlockSize);
+    options.parts = *ParsePageParts("kv/96+state/32/trailing1", options.layout.BlockBytes());
+    options.cluster_tier = RedisClusterOptions{.seeds = cluster_->addresses()};
+    options.cluster_tier->io_timeout = absl::Seconds(30);
+    options.testing_manual_offload = true;
+    auto memory =
+        testing::CreatePoolMemory(GetParam(), options.layout.BlockBytes(), options.num_blocks);
+    EXPECT_OK(memory);
+    if (!memory.ok()) return nullptr;
+    auto pool = Pool::Create(options, 0, *std::move(memory));
+    EXPECT_OK(pool);
+    return pool.ok() ? *std::move(pool) : nullptr;
+  };
+  const auto manifest = [](const std::string& config) {
+    return *CompatibilityManifest::Create(ManifestFields{.model_id = "model",
+                                                         .model_config_digest = config,
+                                                         .kv_dtype = "fp32",
+                                                         .page_tokens = kBlockSize,
+                                                         .parts = {{"kv", 96}, {"state", 32}}});
+  };
+  std::unique_ptr<Pool> a = make("node-a");
+  std::unique_ptr<Pool> b = make("node-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  Session engine{2, "uid:1", "tenant-a", "engine", absl::Seconds(10), manifest("cfg")};
+  const std::vector<std::string> keys = {"page-0", "page-1", "page-2"};
+  const std::vector<uint32_t> masks = {1, 1, 3};  // kv on each, the state on the last
+  const auto page_bytes = [&](size_t i) {
+    return std::string(a->options().layout.BlockBytes(), static_cast<char>('a' + i));
+  };
+  auto reserved = a->ReservePages(engine, keys, masks);
+  ASSERT_OK(reserved);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_OK(a->WriteBlock(reserved->block_ids[i], 0, page_bytes(i)));
+  }
+  ASSERT_OK(a->CommitPages(engine, reserved->sequence_id));
+  a->OffloadForTesting();
+  ASSERT_EQ(a->Stats().cluster_tier->stored_blocks, 3u);
+
+  auto exists = b->ExistsPages(engine, keys, /*wanted=*/3);
+  ASSERT_OK(exists);
+  EXPECT_EQ(exists->num_pages, 3u);
+  EXPECT_EQ(exists->by_tier.cluster, 3u);
+  auto exists_kv = b->ExistsPages(engine, {keys[0], keys[1]}, /*wanted=*/3);
+  ASSERT_OK(exists_kv);
+  EXPECT_EQ(exists_kv->num_pages, 0u);  // no state at either endpoint
+  auto acquired = b->AcquirePages(engine, keys, /*wanted=*/3, 0);
+  ASSERT_OK(acquired);
+  ASSERT_EQ(acquired->block_ids.size(), 3u);
+  EXPECT_EQ(acquired->by_tier.cluster, 3u);
+  EXPECT_EQ(acquired->part_masks, masks);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::string bytes(b->options().layout.BlockBytes(), '\0');
+    ASSERT_OK(b->ReadBlock(acquired->block_ids[i], 0, bytes.size(), bytes.data()));
+    EXPECT_EQ(bytes, page_bytes(i)) << "page " << i;
+  }
+  ASSERT_OK(b->Release(engine, acquired->sequence_id));
+  Session other{3, "uid:1", "tenant-a", "engine", absl::Seconds(10), manifest("cfg-2")};
+  std::unique_ptr<Pool> c = make("node-c");
+  ASSERT_NE(c, nullptr);
+  auto missed = c->AcquirePages(other, keys, 1, 0);
+  ASSERT_OK(missed);
+  EXPECT_TRUE(missed->block_ids.empty());
+  ASSERT_OK(c->Release(other, missed->sequence_id));
+  EXPECT_OK(a->CheckInvariants());
+  EXPECT_OK(b->CheckInvariants());
+  EXPECT_OK(c->CheckInvariants());
+}
+
 // Regression (issue 29): without a tier 2, a put evicting blocks the mover had not sent yet lost
 // them. The evicting request copies them and the mover sends them (a request never waits on the
 // network): another node then hits them.

@@ -64,9 +64,13 @@ class PoolPagesTest : public ::testing::Test {
       options.disk_tier_bytes = disk_records * 4096;
     }
     pool_.reset();
+    // A new log as a new daemon has: what a restart announces is not found in the old one's.
+    events_ = std::make_unique<KvEventLog>();
+    events_->AddPool(0, options.name, "CPU", kBlockSize);
     auto memory = HostPoolMemory::Create(128, num_blocks);
     ASSERT_OK(memory);
-    auto pool = Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, nullptr, &clock_);
+    auto pool =
+        Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, events_.get(), &clock_);
     ASSERT_OK(pool);
     pool_ = *std::move(pool);
   }
@@ -113,8 +117,22 @@ class PoolPagesTest : public ::testing::Test {
 
   uint32_t Referenced() const { return pool_->Stats().referenced; }
 
+  // The events of `kind` in `medium` from sequence `start` on.
+  std::vector<std::shared_ptr<const KvEvent>> Events(uint64_t start, KvEventKind kind,
+                                                     const std::string& medium) const {
+    std::vector<std::shared_ptr<const KvEvent>> found;
+    for (auto& event : events_->Read(start, 1 << 20).events) {
+      if (event->kind == kind && event->medium == medium) found.push_back(event);
+    }
+    return found;
+  }
+  std::string ManifestDigest() const {
+    return session_.manifest->Digest(pool_->options().hash_algorithm).ToHex();
+  }
+
   testing::FakeClock clock_;
   testing::ScopedTempDir disk_dir_;
+  std::unique_ptr<KvEventLog> events_;
   Session session_{1, "uid:1", "tenant-a", "engine", absl::Seconds(10), Manifest()};
   std::unique_ptr<Pool> pool_;
 };
@@ -150,6 +168,24 @@ TEST_F(PoolPagesTest, APagePresentAlreadyIsADuplicateNotAnError) {
   ASSERT_OK(third);
   EXPECT_EQ(third->num_published, 0u);
   EXPECT_EQ(third->num_duplicates, 3u);
+}
+
+TEST_F(PoolPagesTest, APagePutAgainWithMorePartsGainsThem) {
+  const std::vector<std::string> keys = Keys("a", 2);
+  ASSERT_OK(Put(session_, keys, {kKv, kKv}));
+  EXPECT_EQ(Exists(keys, kBoth), 0u);
+  absl::StatusOr<CommittedPages> again = Put(session_, {keys[1]}, {kBoth});
+  ASSERT_OK(again);
+  EXPECT_EQ(again->num_published, 1u);
+  EXPECT_EQ(Exists(keys, kBoth), 2u);
+  // A copy in use is kept: the put's is then a duplicate, and the reader's bytes stay.
+  absl::StatusOr<AcquiredPages> reading = pool_->AcquirePages(session_, {keys[0]}, kKv, 0);
+  ASSERT_OK(reading);
+  absl::StatusOr<CommittedPages> blocked = Put(session_, {keys[0]}, {kBoth});
+  ASSERT_OK(blocked);
+  EXPECT_EQ(blocked->num_duplicates, 1u);
+  ASSERT_OK(pool_->Release(session_, reading->sequence_id));
+  EXPECT_EQ(Exists({keys[0]}, kBoth), 0u);  // page 0 still holds kv only
 }
 
 TEST_F(PoolPagesTest, HitRuleEndsAtTheGreatestEndpointEveryPartCanRestore) {
@@ -327,6 +363,80 @@ TEST_F(PoolPagesTest, ARestartFromDiskServesTheSamePages) {
   EXPECT_THAT(acquired.part_masks, ElementsAre(kKv, kKv, kKv, kBoth));
   Session other_config{8, "uid:1", "tenant-a", "engine", absl::Seconds(10), Manifest("cfg-2")};
   EXPECT_EQ(Exists(keys, kKv, &other_config), 0u);
+}
+
+// A page's events name it by the engine's key and manifest, not by tokens (its tokens are the
+// key's first bytes, which mean nothing to a router): its store, one page an event with no
+// parent, and its removal, by the key the router stored.
+TEST_F(PoolPagesTest, PagesAreAnnouncedAndRemovedByTheirEngineKeys) {
+  const std::vector<std::string> keys = Keys("announced", 3);
+  uint64_t start = events_->next_sequence();
+  ASSERT_OK(Put(session_, keys, {kKv, kKv, kBoth}));
+  std::vector<std::shared_ptr<const KvEvent>> stored =
+      Events(start, KvEventKind::kBlocksStored, "CPU");
+  ASSERT_EQ(stored.size(), 3u);
+  for (size_t i = 0; i < stored.size(); ++i) {
+    EXPECT_THAT(stored[i]->page_keys, ElementsAre(keys[i]));
+    EXPECT_EQ(stored[i]->manifest_digest, ManifestDigest());
+    EXPECT_EQ(stored[i]->tenant, "tenant-a");
+    EXPECT_EQ(stored[i]->parent_hash, std::nullopt);
+    ASSERT_EQ(stored[i]->blocks.size(), 1u);
+    EXPECT_THAT(stored[i]->blocks[0].token_ids, ::testing::IsEmpty());
+  }
+  // A duplicate is not announced again.
+  start = events_->next_sequence();
+  ASSERT_OK(Put(session_, {keys[0]}));
+  EXPECT_EQ(events_->next_sequence(), start);
+
+  // Eight new pages evict the three; their removal names them by their keys.
+  ASSERT_OK(Put(session_, Keys("evictor", 8)));
+  std::vector<std::string> removed_keys;
+  for (const auto& event : Events(start, KvEventKind::kBlocksRemoved, "CPU")) {
+    ASSERT_EQ(event->page_keys.size(), event->removed.size());
+    removed_keys.insert(removed_keys.end(), event->page_keys.begin(), event->page_keys.end());
+  }
+  EXPECT_THAT(removed_keys, ::testing::UnorderedElementsAreArray(keys));
+}
+
+TEST_F(PoolPagesTest, TierTwoAnnouncesPagesByTheirKeysToo) {
+  MakePool(8, /*tier_blocks=*/16);
+  const std::vector<std::string> keys = Keys("host", 2);
+  ASSERT_OK(Put(session_, keys));
+  const uint64_t start = events_->next_sequence();
+  pool_->OffloadForTesting();
+  std::vector<std::string> announced;
+  for (const auto& event : Events(start, KvEventKind::kBlocksStored, "CPU_PINNED")) {
+    ASSERT_EQ(event->blocks.size(), 1u);
+    EXPECT_THAT(event->blocks[0].token_ids, ::testing::IsEmpty());
+    EXPECT_EQ(event->parent_hash, std::nullopt);
+    EXPECT_EQ(event->manifest_digest, ManifestDigest());
+    EXPECT_EQ(event->tenant, "tenant-a");
+    announced.insert(announced.end(), event->page_keys.begin(), event->page_keys.end());
+  }
+  EXPECT_THAT(announced, ::testing::UnorderedElementsAreArray(keys));
+}
+
+// A restarted daemon knows its disk's pages only by their records: each key is read back from
+// the record's tokens (the key's first bytes, zero-padded) at the length whose digest matches, a
+// key ending in zero bytes included; the manifest is not on disk.
+TEST_F(PoolPagesTest, ARestartAnnouncesItsDiskPagesByTheKeysReadBack) {
+  MakePool(8, /*tier_blocks=*/8, /*disk_records=*/64);
+  const std::vector<std::string> keys = {"k", std::string("k\0", 2), std::string("zero\0\0", 6),
+                                         "sixteen-bytes-ok"};
+  ASSERT_OK(Put(session_, keys));
+  pool_->OffloadForTesting();
+  pool_->disk_tier()->Flush();
+  pool_->OffloadForTesting();
+  pool_->disk_tier()->Flush();
+  MakePool(8, 8, 64);
+  std::vector<std::string> announced;
+  for (const auto& event : Events(0, KvEventKind::kBlocksStored, "DISK")) {
+    EXPECT_EQ(event->parent_hash, std::nullopt);
+    EXPECT_EQ(event->manifest_digest, "");
+    EXPECT_THAT(event->blocks[0].token_ids, ::testing::IsEmpty());
+    announced.insert(announced.end(), event->page_keys.begin(), event->page_keys.end());
+  }
+  EXPECT_THAT(announced, ::testing::UnorderedElementsAreArray(keys));
 }
 
 }  // namespace

@@ -11,8 +11,11 @@ identity file from Secrets that its uid can read.
 
 Env: KUBECTL (default kubectl). Needs Debian's python3-yaml.
 """
+import importlib
+import json
 import os
 import re
+import sys
 import tempfile
 import unittest
 
@@ -21,6 +24,13 @@ from k8s_render import K8S_DIR, OVERLAYS, daemon_containers, find, flags, render
 # The project's version (client/python/pyproject.toml): the image tag and the version label.
 VERSION = "0.1.0"
 IMAGE = f"kvcache:{VERSION}"
+# The engines' own images (not built here), by overlay/container; every other container is ours.
+# vllm-engine's is vllm/vllm-openai with the Python client installed
+# (deploy/docker/vllm-engine.Dockerfile).
+ENGINE_IMAGES = {
+    "sglang-engine/sglang": "lmsysorg/sglang:v0.5.6",
+    "vllm-engine/worker": f"vllm-kvcache:0.29.0-kvcache{VERSION}",
+}
 LABELS = ("name", "instance", "component", "version", "part-of", "managed-by")
 # dcgm-exporter's default metrics port, on the same GPU nodes.
 DCGM_EXPORTER_PORT = 9400
@@ -60,8 +70,29 @@ def selects(selector, labels):
     return all(labels.get(key) == value for key, value in selector.items())
 
 
+def expected_image(overlay, container):
+    """The image a container must run: the project's, but an engine overlay's engine."""
+    return ENGINE_IMAGES.get(f"{overlay}/{container['name']}", IMAGE)
+
+
 def workloads(resources):
     return [r for r in resources if r["kind"] in ("Deployment", "DaemonSet")]
+
+
+def dialled(app):
+    """The daemon address the worker dials: its --target, or vLLM's kvcache tier's target in
+    --kv-transfer-config."""
+    args = app["args"]
+    if "--kv-transfer-config" in args:
+        tiers = kv_transfer_config(app)["kv_connector_extra_config"]["secondary_tiers"]
+        return next(tier["target"] for tier in tiers
+                    if tier.get("module_path") == "kvcache_client.vllm")
+    return next(arg[len("--target="):] for arg in args if arg.startswith("--target="))
+
+
+def kv_transfer_config(app):
+    args = app["args"]
+    return json.loads(args[args.index("--kv-transfer-config") + 1])
 
 
 class ManifestsTest(unittest.TestCase):
@@ -81,7 +112,7 @@ class ManifestsTest(unittest.TestCase):
                 for container in all_containers(pod):
                     where = f"{overlay}/{workload['metadata']['name']}/{container['name']}"
                     with self.subTest(where):
-                        self.assertEqual(container["image"], IMAGE)
+                        self.assertEqual(container["image"], expected_image(overlay, container))
                         for kind in ("requests", "limits"):
                             self.assertIn("cpu", container["resources"][kind])
                             self.assertIn("memory", container["resources"][kind])
@@ -180,12 +211,13 @@ class ManifestsTest(unittest.TestCase):
                         name, _, tag = container["image"].rpartition(":")
                         self.assertTrue(name and tag, container["image"])
                         self.assertNotEqual(tag, "latest")
-                        self.assertEqual(container["image"], IMAGE)
+                        self.assertEqual(container["image"], expected_image(overlay, container))
 
     def test_a_network_policy_admits_only_the_daemons_ports(self):
         for overlay, resources in self.renders.items():
             with self.subTest(overlay):
-                policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+                policies = [r for r in resources if r["kind"] == "NetworkPolicy"
+                            and r["metadata"]["name"] == "kvcache-manager"]
                 self.assertEqual(len(policies), 1)
                 policy = policies[0]
                 self.assertEqual(policy["apiVersion"], "networking.k8s.io/v1")
@@ -255,7 +287,7 @@ class ManifestsTest(unittest.TestCase):
         # The socket on a shared emptyDir at /run/kvcache, and the worker dials it.
         socket = flags(daemon)["listen"]
         self.assertEqual(socket, "unix:///run/kvcache/kv.sock")
-        self.assertIn("--target=" + socket, app["args"])
+        self.assertEqual(dialled(app), socket)
         for container in (daemon, app):
             self.assertEqual(mount_of(container, "/run/kvcache/kv.sock"), "kvcache-socket")
             self.assertEqual(mount_of(container, "/dev/shm/x"), "dshm")
@@ -280,6 +312,33 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(gpus, [app["name"]])
         self.assertEqual(app["resources"]["limits"]["nvidia.com/gpu"], 1)
         self.assertEqual(app["resources"]["requests"].get("nvidia.com/gpu", 1), 1)
+
+    def test_vllm_engine(self):
+        pod, daemon, app = self.check_sidecar_pod(self.renders["vllm-engine"])
+        self.assertEqual(app["command"], ["vllm"])
+        self.assertEqual(app["args"][0], "serve")
+        config = kv_transfer_config(app)
+        self.assertEqual((config["kv_connector"], config["kv_role"]),
+                         ("OffloadingConnector", "kv_both"))
+        extra = config["kv_connector_extra_config"]
+        self.assertEqual(extra["spec_name"], "TieringOffloadingSpec")
+        tier, = extra["secondary_tiers"]
+        # vLLM's SecondaryTierFactory: getattr(import_module(module_path), type).
+        sys.path.insert(0, os.path.join(K8S_DIR, "..", "..", "client", "python"))
+        module = importlib.import_module(tier["module_path"])
+        self.assertTrue(callable(getattr(module, tier["type"])))
+        self.assertEqual(tier["pool"], re.match(r"(\w+):", flags(daemon)["pool"]).group(1))
+        # The CPU primary tier lives in /dev/shm next to the pool, charged to the engine.
+        pool_bytes = to_bytes(re.search(r"bytes=(\w+)", flags(daemon)["pool"]).group(1))
+        self.assertLessEqual(pool_bytes + extra["cpu_bytes_to_use"],
+                             to_bytes(volume(pod, "dshm")["emptyDir"]["sizeLimit"]))
+        self.assertLessEqual(extra["cpu_bytes_to_use"],
+                             to_bytes(app["resources"]["limits"]["memory"]))
+        self.assertEqual(app["resources"]["limits"]["nvidia.com/gpu"], 1)
+        # Its HTTP port is admitted by a policy of its own.
+        http = find(self.renders["vllm-engine"], "NetworkPolicy", "vllm-engine-http")
+        self.assertEqual([p["port"] for rule in http["spec"]["ingress"] for p in rule["ports"]],
+                         [p["containerPort"] for p in app["ports"]])
 
     def test_node_daemon(self):
         resources = self.renders["node-daemon"]

@@ -79,6 +79,53 @@ TEST(VllmEventCodecTest, AChainStartHasANilParentAndRemovalsAndClearsHaveTheirSh
   EXPECT_EQ(cleared.via.array.ptr[0].as<std::string>(), "AllBlocksCleared");
 }
 
+// A page is named by the engine's key, as vLLM's bytes-form block hash: its consumers (llm-d's
+// getHashAsUint64, Dynamo's BlockHashValue) reduce bytes to their last 8 big-endian, as vLLM's
+// own int form does, so the key matches the engine's event for it in either form.
+TEST(VllmEventCodecTest, APageIsNamedByItsEngineKeyAsBytesWithNoParentOrTokens) {
+  const std::string key("\x01\x02\x00\x03 engine key", 16);
+  KvEvent stored{.kind = KvEventKind::kBlocksStored, .medium = "CPU_PINNED", .block_size = 16};
+  stored.blocks = {StoredBlock{.hash = {.hi = 1, .lo = 5}}};
+  stored.page_keys = {key};
+  stored.manifest_digest = "0123456789abcdef0123456789abcdef";
+  for (VllmEventEncoding encoding : {VllmEventEncoding::kArray, VllmEventEncoding::kMap}) {
+    msgpack::object_handle handle = Decode(EncodeVllmBatch(stored, encoding));
+    const msgpack::object& event = handle.get().via.array.ptr[1].via.array.ptr[0];
+    std::map<std::string, msgpack::object> fields;
+    if (encoding == VllmEventEncoding::kArray) {
+      ASSERT_EQ(event.via.array.size, 8u);
+      fields = {{"block_hashes", event.via.array.ptr[1]},
+                {"parent_block_hash", event.via.array.ptr[2]},
+                {"token_ids", event.via.array.ptr[3]},
+                {"medium", event.via.array.ptr[6]}};
+    } else {
+      fields = event.as<std::map<std::string, msgpack::object>>();
+    }
+    const msgpack::object& hashes = fields.at("block_hashes");
+    ASSERT_EQ(hashes.via.array.size, 1u);
+    ASSERT_EQ(hashes.via.array.ptr[0].type, msgpack::type::BIN);
+    EXPECT_EQ(
+        std::string(hashes.via.array.ptr[0].via.bin.ptr, hashes.via.array.ptr[0].via.bin.size),
+        key);
+    EXPECT_TRUE(fields.at("parent_block_hash").is_nil());
+    EXPECT_EQ(fields.at("token_ids").via.array.size, 0u);
+    EXPECT_EQ(fields.at("medium").as<std::string>(), "CPU_PINNED");
+  }
+
+  // A removal names a page by its key and a token block among it by its uint64.
+  KvEvent removed{.kind = KvEventKind::kBlocksRemoved, .medium = "CPU"};
+  removed.removed = {Hash128{.lo = 7}, Hash128{.lo = 5}};
+  removed.page_keys = {"", key};
+  msgpack::object_handle handle = Decode(EncodeVllmBatch(removed));
+  const msgpack::object& hashes = handle.get().via.array.ptr[1].via.array.ptr[0].via.array.ptr[1];
+  ASSERT_EQ(hashes.via.array.size, 2u);
+  ASSERT_EQ(hashes.via.array.ptr[0].type, msgpack::type::POSITIVE_INTEGER);
+  EXPECT_EQ(hashes.via.array.ptr[0].via.u64, 7u);
+  ASSERT_EQ(hashes.via.array.ptr[1].type, msgpack::type::BIN);
+  EXPECT_EQ(std::string(hashes.via.array.ptr[1].via.bin.ptr, hashes.via.array.ptr[1].via.bin.size),
+            key);
+}
+
 // Current vLLM's KVCacheEvent is a msgspec struct with tag=True and no array_like: a map with
 // the class name under "type", then its fields by name (defaults omitted).
 TEST(VllmEventCodecTest, TheMapEncodingIsATaggedMapWithVllmsFieldNames) {

@@ -2,23 +2,26 @@
 may be retried. The blocking client (client.py, session.py) and the asyncio one (aio.py) build
 their calls here and differ only in how they wait for the reply.
 
-Idempotent calls (reads, KeepAlive, CloseSession, CommitSequence, rendezvous) are retried across
-a daemon restart (RetryPolicy); the others (OpenSession, OpenSequence, ExtendSequence,
-ReleaseSequence, ForkSequence) are not, since a second copy would do the work twice.
+Idempotent calls (reads, KeepAlive, CloseSession, CommitSequence, rendezvous, ExistsPages,
+PutPages, GetPages, PinPages) are retried across a daemon restart (RetryPolicy); the others
+(OpenSession, OpenSequence, ExtendSequence, ReleaseSequence, ForkSequence, ReservePages,
+CommitPages, AcquirePages) are not, since a second copy would do the work twice (or, for
+CommitPages, find its reservation gone and answer NOT_FOUND for pages that were published).
 
 Session calls' requests lack the session id and epoch: the session stamps them.
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Generic, List, Optional, Sequence, Tuple, TypeVar
 
-from . import hashing
+from . import _pages, hashing
 from ._proto import kvcache_pb2
 from .errors import invalid_argument, make_request, token_ids
-from .values import (Commit, CompatibilityManifest, Extension, Fork, ListedSession, LookupResult,
-                     ManifestInUse, PoolDescription, PoolInfo, Sequence as SequenceTable, Stats, block_counts_from_proto,
-                     fill_extra_keys, pool_info_from_proto, pool_stats_from_proto,
-                     tier_tokens_from_proto)
+from .values import (AcquiredPages, Commit, CompatibilityManifest, Extension, Fork, GotPages,
+                     ListedSession, LookupResult, ManifestInUse, PageHits, PageReservation,
+                     PagesPut, PoolDescription, PoolInfo, Sequence as SequenceTable, Stats,
+                     block_counts_from_proto, fill_extra_keys, pool_info_from_proto,
+                     pool_stats_from_proto, tier_tokens_from_proto)
 
 T = TypeVar("T")
 
@@ -190,3 +193,72 @@ def await_rendezvous(key: str, timeout: float) -> UnaryCall[bytes]:
     return UnaryCall("AwaitRendezvous", make_request(
         "await_rendezvous", kvcache_pb2.AwaitRendezvousRequest, key=key),
         lambda response: bytes(response.value), True)
+
+
+# --- pages named by the engine's keys (checked and read by _pages.py) ----------------------------
+
+def exists_pages(pool: str, keys: Sequence[bytes], parts: Sequence[str]) -> UnaryCall[PageHits]:
+    call = "exists_pages"
+    return UnaryCall("ExistsPages", make_request(
+        call, kvcache_pb2.ExistsPagesRequest, pool=pool, keys=_pages.page_keys(call, keys),
+        parts=_pages.part_names(call, parts)), _pages.page_hits, True)
+
+
+def reserve_pages(pool: str, keys: Sequence[bytes],
+                  part_masks: Optional[Sequence[int]]) -> UnaryCall[PageReservation]:
+    call = "reserve_pages"
+    keys = _pages.page_keys(call, keys)
+    request = make_request(call, kvcache_pb2.ReservePagesRequest, pool=pool, keys=keys,
+                           part_masks=_pages.part_masks(call, part_masks, len(keys)))
+    return UnaryCall("ReservePages", request,
+                     lambda response: _pages.reservation(pool, len(keys), response), False)
+
+
+def commit_pages(sequence_id: int) -> UnaryCall[PagesPut]:
+    return UnaryCall("CommitPages", make_request(
+        "commit_pages", kvcache_pb2.CommitPagesRequest, sequence_id=sequence_id),
+        _pages.pages_put, False)
+
+
+def _read_pages_request(call: str, message_type: Any, pool: str, keys: Sequence[bytes],
+                        parts: Sequence[str], max_load_ms: int) -> Tuple[int, Any]:
+    """AcquirePages' and GetPages' request, which ask the same; and its number of keys."""
+    listed = _pages.page_keys(call, keys)
+    return len(listed), make_request(call, message_type, pool=pool, keys=listed,
+                                     parts=_pages.part_names(call, parts),
+                                     max_load_ms=max_load_ms)
+
+
+def acquire_pages(pool: str, keys: Sequence[bytes], parts: Sequence[str],
+                  max_load_ms: int) -> UnaryCall[AcquiredPages]:
+    num_keys, request = _read_pages_request("acquire_pages", kvcache_pb2.AcquirePagesRequest,
+                                            pool, keys, parts, max_load_ms)
+    return UnaryCall("AcquirePages", request,
+                     lambda response: _pages.acquired(pool, num_keys, response), False)
+
+
+def put_pages(pool: str, keys: List[bytes], pages: List[memoryview],
+              part_masks: List[int]) -> UnaryCall[PagesPut]:
+    """REQUIRES: keys, pages and part_masks checked (_pages; the pages need the pool's
+    block_bytes). Each page's bytes are copied once into the request (protobuf takes bytes)."""
+    page_bytes = [bytes(page) for page in pages]
+    return UnaryCall("PutPages", make_request(
+        "put_pages", kvcache_pb2.PutPagesRequest, pool=pool, keys=keys, part_masks=part_masks,
+        pages=page_bytes, page_checksums=[_pages.page_checksum(page) for page in page_bytes]),
+        _pages.pages_put, True)
+
+
+def get_pages(pool: str, keys: Sequence[bytes], parts: Sequence[str],
+              max_load_ms: int) -> UnaryCall[GotPages]:
+    num_keys, request = _read_pages_request("get_pages", kvcache_pb2.GetPagesRequest, pool,
+                                            keys, parts, max_load_ms)
+    return UnaryCall("GetPages", request,
+                     lambda response: _pages.got_pages(num_keys, response), True)
+
+
+def pin_pages(pool: str, keys: Sequence[bytes], ttl: float) -> UnaryCall[int]:
+    call = "pin_pages"
+    return UnaryCall("PinPages", make_request(
+        call, kvcache_pb2.PinPagesRequest, pool=pool, keys=_pages.page_keys(call, keys),
+        ttl_ms=_pages.ttl_ms(call, ttl)),
+        lambda response: response.num_pages, True)

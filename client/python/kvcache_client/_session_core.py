@@ -14,12 +14,12 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional
 
 import grpc
 
-from . import hashing
+from . import _calls, _pages, hashing
 from ._calls import UnaryCall
 from ._proto import kvcache_pb2
 from .block_stream import BlockVerifier, GetMessage, block_checksums, put_data_message
 from .errors import KvCacheError, epoch_from_trailers, invalid_argument, make_request
-from .values import GetInfo, PoolDescription, PutResult, fill_extra_keys
+from .values import GetInfo, PoolDescription, PoolInfo, PutResult, fill_extra_keys
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
@@ -183,7 +183,8 @@ class SessionCore:
         self._open = True  # not closed by the user
         self._epoch_changed = False
         self._lost = False
-        self._shapes: Dict[str, Tuple[int, int]] = {}  # pool -> (block_size, block_bytes)
+        self._pools: Dict[str, PoolInfo] = {}  # described once per session (one epoch)
+        self._page_maps: Dict[str, "MappedPool"] = {}  # write_pages' and read_pages_into's
         self._mapped: "weakref.WeakSet[MappedPool]" = weakref.WeakSet()  # closed on a restart
 
     @property
@@ -219,10 +220,14 @@ class SessionCore:
 
     def _mark_closed(self) -> bool:
         """Marks the session closed by the user; whether it was still usable (worth a
-        CloseSession)."""
+        CloseSession). The session's own page mappings are unmapped: nothing outside holds
+        them, and a pool's mapping is as large as the pool."""
         with self._lock:
             usable = self._open and not self._epoch_changed and not self._lost
             self._open = False
+            page_maps, self._page_maps = list(self._page_maps.values()), {}
+        for mapped in page_maps:
+            mapped.close()
         return usable
 
     def _parsed(self, call: UnaryCall, response: Any, session: SessionKey) -> Any:
@@ -300,22 +305,46 @@ class SessionCore:
 
     # --- pools ------------------------------------------------------------------------------------
 
-    def _cached_shape(self, pool: str) -> Optional[Tuple[int, int]]:
+    def _cached_pool(self, pool: str) -> Optional[PoolInfo]:
         with self._lock:
-            return self._shapes.get(pool)
+            return self._pools.get(pool)
 
-    def _remember_shape(self, pool: str, description: PoolDescription) -> Tuple[int, int]:
-        """(block_size, block_bytes) of `pool` from its description, kept for the session's
-        lifetime (one epoch)."""
+    def _remember_pool(self, pool: str, description: PoolDescription) -> PoolInfo:
+        """`pool` from its description, kept for the session's lifetime (one epoch): its
+        layout sizes block streams and pages, its parts name what a page holds."""
         self._check_epoch("DescribePool", description.epoch, (self.id, self.epoch))
         layout = description.pool.layout
         if layout.block_size == 0 or layout.block_bytes == 0:
             raise KvCacheError(grpc.StatusCode.INTERNAL,
                                f"the daemon describes pool '{pool}' with an empty layout")
-        shape = (layout.block_size, layout.block_bytes)
         with self._lock:
-            self._shapes[pool] = shape
-        return shape
+            self._pools[pool] = description.pool
+        return description.pool
+
+    def _cached_shape(self, pool: str) -> Optional[Tuple[int, int]]:
+        info = self._cached_pool(pool)
+        return None if info is None else (info.layout.block_size, info.layout.block_bytes)
+
+    def _remember_shape(self, pool: str, description: PoolDescription) -> Tuple[int, int]:
+        """(block_size, block_bytes) of `pool` from its description (_remember_pool)."""
+        layout = self._remember_pool(pool, description).layout
+        return layout.block_size, layout.block_bytes
+
+    def _cached_page_map(self, pool: str) -> Optional["MappedPool"]:
+        with self._lock:
+            return self._page_maps.get(pool)
+
+    def _remember_page_map(self, pool: str, description: PoolDescription) -> "MappedPool":
+        """The session's own mapping of `pool` for write_pages and read_pages_into, made once
+        (mapping a pool costs a populate of all of it). Two threads racing to make it keep the
+        first."""
+        self._remember_pool(pool, description)
+        mapped = self._mapped_pool(description)
+        with self._lock:
+            kept = self._page_maps.setdefault(pool, mapped)
+        if kept is not mapped:
+            mapped.close()
+        return kept
 
     def _mapped_pool(self, description: PoolDescription) -> "MappedPool":
         from .mapped_pool import MappedPool  # numpy is needed only for mappings
@@ -327,6 +356,38 @@ class SessionCore:
         if changed:  # a restart noticed while mapping
             mapped.close()
         return mapped
+
+    # --- pages -----------------------------------------------------------------------------------
+
+    def _put_pages_call(self, pool: str, keys: Sequence[bytes], pages: Any,
+                        part_masks: Optional[Sequence[int]],
+                        shape: Tuple[int, int]) -> Tuple[UnaryCall, float]:
+        """PutPages with its keys, masks and pages checked (the pages against the pool's
+        block_bytes), and a deadline that grows with the bytes, as a block stream's."""
+        call = "put_pages"
+        listed = _pages.page_keys(call, keys)
+        masks = _pages.part_masks(call, part_masks, len(listed))
+        views = _pages.page_views(call, pages, len(listed), shape[1])
+        return (_calls.put_pages(pool, listed, views, masks),
+                self._stream_timeout(len(listed) * shape[1]))
+
+    def _get_pages_timeout(self, keys: Sequence[bytes], shape: Tuple[int, int]) -> float:
+        return self._stream_timeout(len(keys) * shape[1])
+
+    @staticmethod
+    def _write_plan(info: PoolInfo, keys: Sequence[bytes],
+                    sources: Sequence[Any], part_masks: Optional[Sequence[int]]) -> Any:
+        """write_pages' sources checked before anything is reserved (_page_copy.PageWrite)."""
+        from ._page_copy import PageWrite  # numpy, as the mapping
+        return PageWrite(info, _pages.page_keys("write_pages", keys), sources, part_masks)
+
+    @staticmethod
+    def _read_plan(info: PoolInfo, keys: Sequence[bytes],
+                   destinations: Sequence[Any], parts: Sequence[str]) -> Tuple[List[bytes], Any]:
+        """read_pages_into's keys and destinations checked before anything is pinned."""
+        from ._page_copy import PageRead
+        listed = _pages.page_keys("read_pages_into", keys)
+        return listed, PageRead(info, len(listed), destinations, parts)
 
     # --- block streams ----------------------------------------------------------------------------
 

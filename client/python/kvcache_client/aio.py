@@ -30,9 +30,9 @@ from ._session_core import (CLOSE_ON_EXIT_TIMEOUT, SessionCore, as_bytes_view, d
 from .client import ClientBase, TlsOptions, retry_budget, retry_failure
 from .errors import KvCacheError, token_ids
 from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
-from .values import (Commit, CompatibilityManifest, Extension, Fork, GetInfo, ListedSession,
-                     LookupResult, PoolDescription, PoolInfo, PutResult,
-                     Sequence as SequenceTable, Stats)
+from .values import (AcquiredPages, Commit, CompatibilityManifest, Extension, Fork, GetInfo,
+                     GotPages, ListedSession, LookupResult, PageHits, PageReservation, PagesPut,
+                     PoolDescription, PoolInfo, PutResult, Sequence as SequenceTable, Stats)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
@@ -267,7 +267,95 @@ class Session(SessionCore):
         self._require_open("map_pool")
         return self._mapped_pool(await self._client.describe_pool(pool))
 
+    # --- pages named by the engine's keys ---------------------------------------------------------
+
+    async def exists_pages(self, pool: str, keys: Sequence[bytes], *,
+                           parts: Sequence[str] = ()) -> PageHits:
+        """As kvcache_client.Session.exists_pages."""
+        return await self._session_call(_calls.exists_pages(pool, keys, parts))
+
+    async def reserve_pages(self, pool: str, keys: Sequence[bytes], *,
+                            part_masks: Optional[Sequence[int]] = None) -> PageReservation:
+        """As kvcache_client.Session.reserve_pages."""
+        return await self._session_call(_calls.reserve_pages(pool, keys, part_masks))
+
+    async def commit_pages(self, reservation: PageReservation) -> PagesPut:
+        """As kvcache_client.Session.commit_pages."""
+        return await self._session_call(_calls.commit_pages(reservation.sequence_id))
+
+    async def acquire_pages(self, pool: str, keys: Sequence[bytes], *,
+                            parts: Sequence[str] = (), max_load_ms: int = 0) -> AcquiredPages:
+        """As kvcache_client.Session.acquire_pages."""
+        return await self._session_call(_calls.acquire_pages(pool, keys, parts, max_load_ms))
+
+    async def put_pages(self, pool: str, keys: Sequence[bytes], pages: Any, *,
+                        part_masks: Optional[Sequence[int]] = None) -> PagesPut:
+        """As kvcache_client.Session.put_pages."""
+        self._require_open("put_pages")
+        call, timeout = self._put_pages_call(pool, keys, pages, part_masks,
+                                             await self._pool_shape(pool))
+        return await self._session_call(call, timeout)
+
+    async def get_pages(self, pool: str, keys: Sequence[bytes], *, parts: Sequence[str] = (),
+                        max_load_ms: int = 0) -> GotPages:
+        """As kvcache_client.Session.get_pages."""
+        call = _calls.get_pages(pool, keys, parts, max_load_ms)
+        return await self._session_call(
+            call, self._get_pages_timeout(keys, await self._pool_shape(pool)))
+
+    async def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float) -> int:
+        """As kvcache_client.Session.pin_pages."""
+        return await self._session_call(_calls.pin_pages(pool, keys, ttl))
+
+    async def write_pages(self, pool: str, keys: Sequence[bytes], sources: Sequence[Any], *,
+                          part_masks: Optional[Sequence[int]] = None) -> PagesPut:
+        """As kvcache_client.Session.write_pages (the copies run on the event loop's thread)."""
+        mapped = await self._page_map(pool)
+        plan = self._write_plan(await self._pool_info(pool), keys, sources, part_masks)
+        reservation = await self.reserve_pages(pool, plan.keys,
+                                               part_masks=plan.part_masks or None)
+        try:
+            plan.copy_into(mapped, reservation)
+            return await self.commit_pages(reservation)
+        except BaseException:
+            await self._abandon(reservation.sequence_id)
+            raise
+
+    async def read_pages_into(self, pool: str, keys: Sequence[bytes],
+                              destinations: Sequence[Any], *, parts: Sequence[str] = (),
+                              max_load_ms: int = 0, verify: bool = True) -> AcquiredPages:
+        """As kvcache_client.Session.read_pages_into."""
+        mapped = await self._page_map(pool)
+        listed, plan = self._read_plan(await self._pool_info(pool), keys, destinations, parts)
+        pages = await self.acquire_pages(pool, listed, parts=parts, max_load_ms=max_load_ms)
+        try:
+            plan.copy_out(mapped, pages, verify)
+        except BaseException:
+            await self._abandon(pages.sequence_id)
+            raise
+        if pages.block_ids:
+            await self.release(pages.sequence_id)
+        else:  # nothing pinned: a daemon that opened no sequence for it may say NOT_FOUND
+            await self._abandon(pages.sequence_id)
+        return pages
+
     # --- internals ------------------------------------------------------------------------------
+
+    async def _pool_info(self, pool: str) -> PoolInfo:
+        return self._cached_pool(pool) or self._remember_pool(
+            pool, await self._client.describe_pool(pool))
+
+    async def _page_map(self, pool: str) -> "MappedPool":
+        self._require_open("map_pool")
+        return self._cached_page_map(pool) or self._remember_page_map(
+            pool, await self._client.describe_pool(pool))
+
+    async def _abandon(self, sequence_id: int) -> None:
+        """As kvcache_client.Session._abandon."""
+        try:
+            await self.release(sequence_id)
+        except KvCacheError:
+            pass
 
     async def _session_call(self, call: UnaryCall, timeout: Optional[float] = None) -> Any:
         session = self._require_open(call.name)

@@ -7,6 +7,12 @@ snapshot: AllBlocksCleared, every cached block as BlocksStored, the last batch m
 `snapshot_end`; its earlier batches repeat the old resume point, so a stream cut during a
 snapshot starts a new snapshot. The events themselves are the generated kvcache_pb2.KvEvent
 messages (one of blocks_stored, blocks_removed, all_blocks_cleared).
+
+Pages (pages named by an engine's keys) are named by the engine's key, not by tokens: a page's
+BlocksStored holds one StoredBlock with `page_key` set (the key's bytes), no token_ids and no
+parent, and `manifest_digest` (32 hex digits; empty when a restarted daemon found the page on
+disk); a BlocksRemoved that removes a page has `page_keys`, one per hash (b"" for a token
+block). `page_keys_of` reads them from either.
 """
 
 import contextlib
@@ -89,3 +95,15 @@ class WatchCursor:
         return KvCacheError(grpc.StatusCode.UNAVAILABLE,
                             f"WatchEvents: the stream broke{why} and no daemon came back within "
                             f"{waited:g}s; resume later from {self.resume_point}")
+
+
+def page_keys_of(event: kvcache_pb2.KvEvent) -> List[bytes]:
+    """The engine keys of the pages an event stores or removes (b"" for a token block); empty
+    when it names no page."""
+    kind = event.WhichOneof("kind")
+    if kind == "blocks_stored":
+        keys = [block.page_key for block in event.blocks_stored.blocks]
+        return keys if any(keys) else []
+    if kind == "blocks_removed":
+        return list(event.blocks_removed.page_keys)
+    return []

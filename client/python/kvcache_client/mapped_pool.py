@@ -23,6 +23,11 @@ What a process may touch: only blocks of its own open sequences, and among them 
 has not committed (committed and hit blocks are shared read-only by contract). Commit after the
 writes are done: the daemon publishes a block only then.
 
+Pages (pools named by the engine's keys, Session.write_pages / read_pages_into): page(block_id)
+is the whole block as bytes, part(block_id, name) one of the pool's named parts
+(PoolInfo.parts); page_tensor and part_tensor are the same memory as torch tensors, for an engine
+that copies to and from its device with torch.
+
 Device pools (CUDA IPC, --device cuda:N) are not mapped by the Python client: FAILED_PRECONDITION
 (use put_blocks / get_blocks_into, or the C++ MappedPool).
 
@@ -35,13 +40,13 @@ import mmap
 import os
 import threading
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import grpc
 import numpy
 
 from .errors import KvCacheError, invalid_argument
-from .values import DType, MappingKind, PoolInfo
+from .values import DType, MappingKind, PagePartInfo, PoolInfo
 
 _NUMPY_TYPES = {DType.FLOAT16: numpy.float16, DType.FLOAT32: numpy.float32}
 _RAW_BITS = {DType.BFLOAT16: numpy.uint16, DType.FP8_E4M3: numpy.uint8}
@@ -93,6 +98,8 @@ class MappedPool:
         self.layout = pool.layout
         self.num_blocks = pool.num_blocks
         self.block_bytes = pool.layout.block_bytes
+        self.parts = pool.parts
+        self._parts: Dict[str, PagePartInfo] = {part.name: part for part in pool.parts}
         mapping = pool.mapping
         if mapping.kind != MappingKind.SHM:
             what = ("is device memory (CUDA IPC), which the Python client does not map"
@@ -198,3 +205,37 @@ class MappedPool:
     def values(self, block_id: int, layer: int) -> numpy.ndarray:
         """V of `layer` in block `block_id`: [token][kv_head][head_dim]."""
         return self._array(block_id, layer)[1]
+
+    def page(self, block_id: int) -> numpy.ndarray:
+        """The page in block `block_id`: a writable uint8 view of its block_bytes (as block()).
+        OUT_OF_RANGE past the pool."""
+        return self.block(block_id)
+
+    def part(self, block_id: int, name: str) -> numpy.ndarray:
+        """Part `name` of the page in block `block_id`: a writable uint8 view of the part's
+        bytes. INVALID_ARGUMENT for a part the pool does not have, OUT_OF_RANGE past the
+        pool."""
+        part = self._parts.get(name)
+        if part is None:
+            raise invalid_argument(f"pool '{self.name}' has no part '{name}' (its parts: "
+                                   f"{', '.join(self._parts) or 'none'})")
+        return self.page(block_id)[part.offset:part.offset + part.bytes]
+
+    def page_tensor(self, block_id: int) -> Any:
+        """page(block_id) as a torch uint8 tensor over the same memory (torch.from_numpy).
+        FAILED_PRECONDITION when torch is not installed."""
+        return _torch().from_numpy(self.page(block_id))
+
+    def part_tensor(self, block_id: int, name: str) -> Any:
+        """part(block_id, name) as a torch uint8 tensor over the same memory."""
+        return _torch().from_numpy(self.part(block_id, name))
+
+
+def _torch() -> ModuleType:
+    """torch, imported on first use: the mapping itself needs only numpy."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        raise KvCacheError(grpc.StatusCode.FAILED_PRECONDITION,
+                           "torch is not installed: use page() and part(), numpy views of the "
+                           "same memory") from None

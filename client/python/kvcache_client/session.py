@@ -3,7 +3,10 @@
 A session is opened by Client.open_session and kept alive by a background thread every ttl/3
 until close() (or the end of its `with` block). Sequences (open_sequence, extend, commit,
 release, fork), block bytes (put_blocks, get_blocks_into) and the pool mapping (map_pool) all
-belong to a session: the daemon releases a session's sequences when its lease ends.
+belong to a session: the daemon releases a session's sequences when its lease ends. So do pages
+named by the engine's own keys (exists_pages, write_pages / read_pages_into on the daemon's node
+through the session's own mapping, put_pages / get_pages from another node, and the steps
+beneath: reserve_pages, commit_pages, acquire_pages, pin_pages).
 
 Epoch fencing, as the C++ client (client/kv_cache_client.h): the session remembers the epoch of
 the daemon that opened it and sends it with every request. A reply with another epoch, or the
@@ -16,8 +19,9 @@ ABORTED) sets `lost`: the daemon has released the sequences.
 
 Errors (KvCacheError): the daemon's codes unchanged, plus FAILED_PRECONDITION locally for a call
 on a closed session; INVALID_ARGUMENT for bad input (tokens that are not uint32, a put of the
-wrong size, a destination that is not a writable buffer); OUT_OF_RANGE for a get_blocks_into
-destination too small; DATA_LOSS for received bytes that fail their checksum.
+wrong size, a destination that is not a writable buffer, an empty batch of page keys or a key
+over 64 bytes); OUT_OF_RANGE for a get_blocks_into destination too small; DATA_LOSS for received
+bytes, or pages read from the pool, that fail their checksum.
 
 Thread safety: thread-safe. Calls may come from several threads at once; close() must not be
 called from a callback. aio.Session is the same session for asyncio.
@@ -35,7 +39,8 @@ from ._session_core import (CLOSE_ON_EXIT_TIMEOUT, SessionCore, as_bytes_view, d
                             new_buffer_into)
 from .client import Client
 from .errors import KvCacheError, token_ids
-from .values import Commit, Extension, Fork, GetInfo, PutResult, Sequence as SequenceTable
+from .values import (AcquiredPages, Commit, Extension, Fork, GetInfo, GotPages, PageHits,
+                     PageReservation, PagesPut, PoolInfo, PutResult, Sequence as SequenceTable)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
@@ -178,7 +183,129 @@ class Session(SessionCore):
         self._require_open("map_pool")
         return self._mapped_pool(self._client.describe_pool(pool))
 
+    # --- pages named by the engine's keys ---------------------------------------------------------
+
+    def exists_pages(self, pool: str, keys: Sequence[bytes], *,
+                     parts: Sequence[str] = ()) -> PageHits:
+        """How many leading `keys` are restorable under the hit rule (kvcache.proto, ExistsPages)
+        for the `parts` asked (empty: every part), and from which tier; acquires nothing. A key
+        is 1 to 64 bytes, a batch 1 to 4096 keys in prefix order (INVALID_ARGUMENT locally
+        otherwise; the daemon's for an unknown part). Pages live in the namespace of the tenant
+        and the session's compatibility manifest: every page call of a session opened without
+        one is FAILED_PRECONDITION. Read-only."""
+        return self._session_call(_calls.exists_pages(pool, keys, parts))
+
+    def reserve_pages(self, pool: str, keys: Sequence[bytes], *,
+                      part_masks: Optional[Sequence[int]] = None) -> PageReservation:
+        """Blocks to write the pages of `keys` into (through map_pool; write_pages does it all),
+        None for a key present already. `part_masks`: per key the parts its page carries (bit
+        i: PoolInfo.parts[i], see PoolInfo.part_mask); None: every part. Publish with
+        commit_pages, abandon with release(reservation.sequence_id). Not idempotent.
+        RESOURCE_EXHAUSTED when the pool has too few free blocks."""
+        return self._session_call(_calls.reserve_pages(pool, keys, part_masks))
+
+    def commit_pages(self, reservation: PageReservation) -> PagesPut:
+        """Checksums and publishes the reserved pages, each with all its parts or not at all.
+        REQUIRES: their bytes are written. Not retried: a second commit finds the reservation
+        gone."""
+        return self._session_call(_calls.commit_pages(reservation.sequence_id))
+
+    def acquire_pages(self, pool: str, keys: Sequence[bytes], *, parts: Sequence[str] = (),
+                      max_load_ms: int = 0) -> AcquiredPages:
+        """Pins the pages the hit rule gives (loading them up from the lower tiers within
+        `max_load_ms`, 0: no bound) and says which blocks hold them; read them through
+        map_pool (read_pages_into does it all), then release(acquired.sequence_id). Not
+        idempotent."""
+        return self._session_call(_calls.acquire_pages(pool, keys, parts, max_load_ms))
+
+    def put_pages(self, pool: str, keys: Sequence[bytes], pages: Any, *,
+                  part_masks: Optional[Sequence[int]] = None) -> PagesPut:
+        """Stores pages from another node, bytes over gRPC: `pages` is one buffer per key of
+        exactly block_bytes, or one buffer of len(keys) * block_bytes (INVALID_ARGUMENT locally
+        otherwise). Each page's XXH3-64 goes with it; the daemon publishes nothing unless every
+        page matches (DATA_LOSS). The bytes of parts a page's mask leaves out are ignored. The
+        request is bounded by the channel's max_message_bytes (RESOURCE_EXHAUSTED): split big
+        batches. Idempotent (present pages count as duplicates)."""
+        self._require_open("put_pages")
+        call, timeout = self._put_pages_call(pool, keys, pages, part_masks,
+                                             self._pool_shape(pool))
+        return self._session_call(call, timeout)
+
+    def get_pages(self, pool: str, keys: Sequence[bytes], *, parts: Sequence[str] = (),
+                  max_load_ms: int = 0) -> GotPages:
+        """The pages the hit rule gives, as whole pages over gRPC (another node), each verified
+        against the daemon's checksum (DATA_LOSS naming the page). Read-only."""
+        call = _calls.get_pages(pool, keys, parts, max_load_ms)
+        return self._session_call(call, self._get_pages_timeout(keys, self._pool_shape(pool)))
+
+    def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float) -> int:
+        """Keeps the present leading pages resident for `ttl` seconds, at most a day (0: only
+        touches them, most recently used), held by this session; returns how many. Each call is
+        a hold of its own: a page pinned twice is held until the later TTL."""
+        return self._session_call(_calls.pin_pages(pool, keys, ttl))
+
+    def write_pages(self, pool: str, keys: Sequence[bytes], sources: Sequence[Any], *,
+                    part_masks: Optional[Sequence[int]] = None) -> PagesPut:
+        """Stores pages on the daemon's node through the mapped pool: reserves, copies each
+        non-duplicate page's source into its block (one copy), commits. A source is a whole
+        page (a buffer or tensor of block_bytes) or a dict {part name: that part's bytes};
+        with dicts and no part_masks a page carries the parts its dict names. Everything is
+        checked before the reserve (INVALID_ARGUMENT); any failure after it releases the
+        reservation, so nothing is published and nothing is held."""
+        mapped = self._page_map(pool)
+        plan = self._write_plan(self._pool_info(pool), keys, sources, part_masks)
+        reservation = self.reserve_pages(pool, plan.keys, part_masks=plan.part_masks or None)
+        try:
+            plan.copy_into(mapped, reservation)
+            return self.commit_pages(reservation)
+        except BaseException:
+            self._abandon(reservation.sequence_id)
+            raise
+
+    def read_pages_into(self, pool: str, keys: Sequence[bytes], destinations: Sequence[Any],
+                        *, parts: Sequence[str] = (), max_load_ms: int = 0,
+                        verify: bool = True) -> AcquiredPages:
+        """Reads the pages the hit rule gives through the mapped pool: acquires them, copies
+        each page's asked parts into destinations[i] (one copy), releases them. A destination
+        is a writable buffer or tensor (the whole page when `parts` is empty, else the asked
+        parts one after another) or a dict {part name: buffer}; one per key, only the first
+        len(result.block_ids) are written, and a part a page does not hold leaves its
+        destination untouched. `verify` checks each page's checksum in the pool first
+        (DATA_LOSS naming the page)."""
+        mapped = self._page_map(pool)
+        listed, plan = self._read_plan(self._pool_info(pool), keys, destinations, parts)
+        pages = self.acquire_pages(pool, listed, parts=parts, max_load_ms=max_load_ms)
+        try:
+            plan.copy_out(mapped, pages, verify)
+        except BaseException:
+            self._abandon(pages.sequence_id)
+            raise
+        if pages.block_ids:
+            self.release(pages.sequence_id)
+        else:  # nothing pinned: a daemon that opened no sequence for it may say NOT_FOUND
+            self._abandon(pages.sequence_id)
+        return pages
+
     # --- internals ------------------------------------------------------------------------------
+
+    def _pool_info(self, pool: str) -> PoolInfo:
+        """`pool` as described once per session (one epoch)."""
+        return self._cached_pool(pool) or self._remember_pool(
+            pool, self._client.describe_pool(pool))
+
+    def _page_map(self, pool: str) -> "MappedPool":
+        """The session's mapping of `pool` for pages, made on first use."""
+        self._require_open("map_pool")
+        return self._cached_page_map(pool) or self._remember_page_map(
+            pool, self._client.describe_pool(pool))
+
+    def _abandon(self, sequence_id: int) -> None:
+        """Releases a reservation or acquisition on the way out of a failed call; its own
+        failure (the lease gone, the daemon down) must not hide the first."""
+        try:
+            self.release(sequence_id)
+        except KvCacheError:
+            pass
 
     def _session_call(self, call: UnaryCall, timeout: Optional[float] = None) -> Any:
         """A unary call that carries the session, fenced on its epoch; its parsed reply."""

@@ -6,7 +6,7 @@ hashing.ExtraKeys for extra keys: the object that computes a block's hash names 
 
 import enum
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Sequence as SequenceOf, Tuple, Type, TypeVar
 
 from . import hashing
 from ._proto import kvcache_pb2
@@ -54,6 +54,18 @@ class PoolMapping:
 
 
 @dataclass(frozen=True)
+class PagePartInfo:
+    """One named byte range of a pool's pages (kvcache.v1.PagePartInfo), and when a hit needs it:
+    policy "all" on every page of the hit (full attention), "trailing" on its last
+    `trailing_pages` pages only (sliding window, recurrent state)."""
+    name: str
+    offset: int  # from the start of the page (block)
+    bytes: int
+    policy: str  # "all" or "trailing"
+    trailing_pages: int  # policy "trailing" only
+
+
+@dataclass(frozen=True)
 class PoolInfo:
     name: str
     model_id: str
@@ -62,6 +74,27 @@ class PoolInfo:
     hash_algorithm: str  # "xxh3_128" or "sha256", as hashing.py names them
     memory_kind: str  # "host" or "cuda"
     mapping: PoolMapping
+    # The named parts of every page, in page order (a pool declared without parts has one, "kv",
+    # the whole block). Last, with a default, so that values made before pages still build.
+    parts: Tuple[PagePartInfo, ...] = ()
+
+    def part_mask(self, names: SequenceOf[str] = ()) -> int:
+        """The part mask of `names` (bit i is parts[i]), as ReservePages and PutPages take it;
+        empty: every part. INVALID_ARGUMENT naming a name the pool does not have, found here
+        rather than by the daemon a round trip later."""
+        if isinstance(names, str):
+            raise invalid_argument(f"pool '{self.name}': part names must be a sequence of "
+                                   f"names, not the str '{names}'")
+        if not names:
+            return (1 << len(self.parts)) - 1
+        index = {part.name: bit for bit, part in enumerate(self.parts)}
+        mask = 0
+        for name in names:
+            if name not in index:
+                raise invalid_argument(f"pool '{self.name}' has no part '{name}' (its parts: "
+                                       f"{', '.join(index) or 'none'})")
+            mask |= 1 << index[name]
+        return mask
 
 
 @dataclass(frozen=True)
@@ -146,18 +179,31 @@ class PoolDescription:
     manifests: List[ManifestInUse] = field(default_factory=list)
 
 
+TierCounts = TypeVar("TierCounts", bound="_TierCounts")
+
+
 @dataclass(frozen=True)
-class TierTokens:
-    """Where cached tokens were found (v1.TierTokens), summing to num_cached_tokens: the pool
-    itself, or a lower tier they were loaded from (a lookup: found in, not loaded)."""
+class _TierCounts:
+    """A count per tier: the pool itself, host memory, disk, the cluster."""
     pool: int = 0
     host: int = 0
     disk: int = 0
     cluster: int = 0
 
+    @classmethod
+    def from_proto(cls: Type[TierCounts], proto: Any) -> TierCounts:
+        """From kvcache.v1.TierTokens or TierPages, which have these four fields."""
+        return cls(pool=proto.pool, host=proto.host, disk=proto.disk, cluster=proto.cluster)
+
+
+@dataclass(frozen=True)
+class TierTokens(_TierCounts):
+    """Where cached tokens were found (v1.TierTokens), summing to num_cached_tokens: the pool
+    itself, or a lower tier they were loaded from (a lookup: found in, not loaded)."""
+
 
 def tier_tokens_from_proto(proto: kvcache_pb2.TierTokens) -> TierTokens:
-    return TierTokens(pool=proto.pool, host=proto.host, disk=proto.disk, cluster=proto.cluster)
+    return TierTokens.from_proto(proto)
 
 
 @dataclass(frozen=True)
@@ -229,6 +275,59 @@ class ListedSession:
 
 
 @dataclass(frozen=True)
+class TierPages(_TierCounts):
+    """How many pages each tier gave (kvcache.v1.TierPages), summing to the call's page count:
+    the pool itself, or a lower tier they were loaded from (exists: found in, never cluster)."""
+
+
+@dataclass(frozen=True)
+class PageHits:
+    """exists_pages: how many leading keys are restorable under the hit rule, and from where."""
+    num_pages: int
+    by_tier: TierPages
+
+
+@dataclass(frozen=True)
+class PagesPut:
+    """commit_pages, put_pages, write_pages: pages this call published, and pages present
+    already (their bytes were not needed)."""
+    num_published: int
+    num_duplicates: int
+
+
+@dataclass(frozen=True)
+class PageReservation:
+    """reserve_pages: per key, the block to write its page into, or None for a key present
+    already (a duplicate: nothing to write). commit_pages publishes it; release(sequence_id)
+    abandons it."""
+    pool: str
+    sequence_id: int
+    block_ids: Tuple[Optional[int], ...]
+
+
+@dataclass(frozen=True)
+class AcquiredPages:
+    """acquire_pages, read_pages_into: one entry per page the hit rule gave, from the first key
+    on, pinned until release(sequence_id). checksums are each whole page's XXH3-64, part_masks
+    the parts each page holds (bit i is PoolInfo.parts[i])."""
+    pool: str
+    sequence_id: int
+    block_ids: Tuple[int, ...]
+    checksums: Tuple[int, ...]
+    part_masks: Tuple[int, ...]
+    by_tier: TierPages
+
+
+@dataclass(frozen=True)
+class GotPages:
+    """get_pages: whole pages (block_bytes each; the bytes of parts a page lacks are
+    unspecified), one per page the hit rule gave, each verified against its checksum."""
+    pages: List[bytes]
+    part_masks: Tuple[int, ...]
+    by_tier: TierPages
+
+
+@dataclass(frozen=True)
 class PutResult:
     num_blocks: int  # full blocks in the put prefix
     num_already_cached: int  # of those, kept from the cache (their bytes were dropped)
@@ -241,6 +340,9 @@ class GetInfo:
     num_cached_tokens: int  # num_blocks * block_size
     block_bytes: int
 
+
+_HIT_POLICIES = {kvcache_pb2.PagePartInfo.HIT_POLICY_ALL_PAGES: "all",
+                 kvcache_pb2.PagePartInfo.HIT_POLICY_TRAILING_PAGES: "trailing"}
 
 _HASH_ALGORITHMS = {kvcache_pb2.HASH_ALGORITHM_XXH3_128: "xxh3_128",
                     kvcache_pb2.HASH_ALGORITHM_SHA256: "sha256"}
@@ -261,7 +363,11 @@ def pool_info_from_proto(proto: kvcache_pb2.PoolInfo) -> PoolInfo:
         mapping=PoolMapping(kind=MappingKind(mapping.kind), shm_name=mapping.shm_name,
                             size_bytes=mapping.size_bytes,
                             cuda_ipc_handle=bytes(mapping.cuda_ipc_handle),
-                            cuda_device=mapping.cuda_device))
+                            cuda_device=mapping.cuda_device),
+        parts=tuple(PagePartInfo(name=part.name, offset=part.offset, bytes=part.bytes,
+                                 policy=_HIT_POLICIES.get(part.hit_policy, "unspecified"),
+                                 trailing_pages=part.trailing_pages)
+                    for part in proto.parts))
 
 
 def block_counts_from_proto(proto: kvcache_pb2.BlockCounts) -> BlockCounts:

@@ -6,10 +6,12 @@ bearer tokens over the Unix socket and over TLS (a CA made here with openssl).
 import dataclasses
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 import threading
 import unittest
+import urllib.request
 from unittest import mock
 
 import numpy
@@ -21,6 +23,7 @@ from kvcache_client import Client, DType, KvCacheError, MappingKind, TlsOptions
 from kvcache_client import PoolInfo, PoolLayout, PoolMapping, TierTokens
 from kvcache_client import CompatibilityManifest, PagePart, ParallelGeometry
 from kvcache_client import block_stream, hashing
+from kvcache_client import ResumePoint, page_keys_of
 from kvcache_client.mapped_pool import MappedPool
 from kvcache_client._proto import kvcache_pb2
 
@@ -163,6 +166,71 @@ class CallsTest(unittest.TestCase):
         # The Python reference computes the digest the daemon shows.
         self.assertEqual(uses[0].digest, hashing.manifest_digest("xxh3_128", rank_zero).hex())
         self.assertEqual(uses[1].digest, hashing.manifest_digest("xxh3_128", rank_one).hex())
+
+    def test_page_events_carry_the_engine_key_and_metrics_count_pages(self):
+        """A page's KV events name it by the engine's key and manifest digest (docs/design.md,
+        "Page events"), live and in the snapshot a watcher resuming from afar gets; and
+        kvcache_pages_total counts its namespace's pages, in an exposition promtool accepts."""
+        daemon = Daemon("--metrics_listen=127.0.0.1:0")
+        self.addCleanup(daemon.cleanup)
+        client = daemon.client()
+        self.addCleanup(client.close)
+        engine = self.manifest(model_config_digest=b"pages")
+        session = client.open_session("pages", manifest=engine)
+        self.addCleanup(session.__exit__, None, None, None)
+        keys = [b"engine-key-\x00\x01", bytes(range(32))]
+        pages = [bytes([i]) * self.layout.block_bytes for i in range(len(keys))]
+        checksums = block_stream.block_checksums(memoryview(b"".join(pages)),
+                                                 self.layout.block_bytes)
+
+        def put():
+            return client.stub.PutPages(kvcache_pb2.PutPagesRequest(
+                session_id=session.id, epoch=session.epoch, pool="default", keys=keys,
+                pages=pages, page_checksums=checksums))
+        self.assertEqual(put().num_published, 2)
+        self.assertEqual(put().num_duplicates, 2)
+        got = client.stub.GetPages(kvcache_pb2.GetPagesRequest(
+            session_id=session.id, epoch=session.epoch, pool="default",
+            keys=keys + [b"absent"]))
+        self.assertEqual(list(got.pages), pages)
+        exists = client.stub.ExistsPages(kvcache_pb2.ExistsPagesRequest(
+            session_id=session.id, epoch=session.epoch, pool="default", keys=keys))
+        self.assertEqual(exists.num_pages, 2)
+        digest = hashing.manifest_digest("xxh3_128", engine).hex()
+
+        def page_events(start):
+            found = {}
+            for batch in client.watch_events("default", start=start, resume=False):
+                for event in batch.events:
+                    for key, block in zip(page_keys_of(event), event.blocks_stored.blocks):
+                        found[key] = (event.blocks_stored, block)
+                if batch.next_sequence >= batch.head_sequence and (batch.snapshot_end
+                                                                    or not batch.snapshot):
+                    return found
+
+        live = page_events(ResumePoint())
+        # A start ahead of the daemon gets a snapshot.
+        snapshot = page_events(ResumePoint(sequence=1 << 60, epoch=daemon.epoch))
+        for found in (live, snapshot):
+            self.assertEqual(sorted(found), sorted(keys))
+            for stored, block in found.values():
+                self.assertEqual(stored.manifest_digest, digest)
+                self.assertFalse(stored.HasField("parent_hash"))
+                self.assertEqual(list(block.token_ids), [])
+
+        with open(daemon.log_path) as log:
+            address = re.search(r"metrics on http://(\S+)/metrics", log.read()).group(1)
+        exposition = urllib.request.urlopen(f"http://{address}/metrics", timeout=BOUND).read()
+        series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                  for line in exposition.decode().splitlines()
+                  if line.startswith("kvcache_pages_total{")}
+        labels = f'pool="default",tenant="default",manifest="{digest[:16]}"'
+        self.assertEqual({op: series.get(f'kvcache_pages_total{{{labels},op="{op}"}}')
+                          for op in ("exists", "hit", "miss", "published", "duplicate")},
+                         {"exists": 2, "hit": 2, "miss": 1, "published": 2, "duplicate": 2})
+        checked = subprocess.run(["promtool", "check", "metrics"], input=exposition,
+                                 capture_output=True)
+        self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
 
     def test_bad_manifests(self):
         self.assertEqual(error_code(self.client.open_session, "bad", manifest=self.manifest(

@@ -89,32 +89,36 @@ class BlockHash(_message.Message):
     def __init__(self, hi: _Optional[int] = ..., lo: _Optional[int] = ...) -> None: ...
 
 class BlocksRemoved(_message.Message):
-    __slots__ = ["hashes", "medium", "pool", "tenant"]
+    __slots__ = ["hashes", "medium", "page_keys", "pool", "tenant"]
     HASHES_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    PAGE_KEYS_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     hashes: _containers.RepeatedCompositeFieldContainer[BlockHash]
     medium: str
+    page_keys: _containers.RepeatedScalarFieldContainer[bytes]
     pool: str
     tenant: str
-    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., medium: _Optional[str] = ..., hashes: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., medium: _Optional[str] = ..., hashes: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., page_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class BlocksStored(_message.Message):
-    __slots__ = ["block_size", "blocks", "medium", "parent_hash", "pool", "tenant"]
+    __slots__ = ["block_size", "blocks", "manifest_digest", "medium", "parent_hash", "pool", "tenant"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
     PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     block_size: int
     blocks: _containers.RepeatedCompositeFieldContainer[StoredBlock]
+    manifest_digest: str
     medium: str
     parent_hash: BlockHash
     pool: str
     tenant: str
-    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., medium: _Optional[str] = ..., block_size: _Optional[int] = ..., parent_hash: _Optional[_Union[BlockHash, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[StoredBlock, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., medium: _Optional[str] = ..., block_size: _Optional[int] = ..., parent_hash: _Optional[_Union[BlockHash, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[StoredBlock, _Mapping]]] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ["epoch", "session_id"]
@@ -845,14 +849,16 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., tenant: _Optional[str] = ..., principal: _Optional[str] = ..., client_name: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., expires_in_ms: _Optional[int] = ..., open_sequences: _Optional[int] = ...) -> None: ...
 
 class StoredBlock(_message.Message):
-    __slots__ = ["extras_digest", "hash", "token_ids"]
+    __slots__ = ["extras_digest", "hash", "page_key", "token_ids"]
     EXTRAS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
+    PAGE_KEY_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     extras_digest: int
     hash: BlockHash
+    page_key: bytes
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, hash: _Optional[_Union[BlockHash, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., extras_digest: _Optional[int] = ...) -> None: ...
+    def __init__(self, hash: _Optional[_Union[BlockHash, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., extras_digest: _Optional[int] = ..., page_key: _Optional[bytes] = ...) -> None: ...
 
 class TierPages(_message.Message):
     __slots__ = ["cluster", "disk", "host", "pool"]
