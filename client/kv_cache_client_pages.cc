@@ -149,13 +149,11 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::PutPages(
   request.mutable_pages()->Reserve(static_cast<int>(pages.size()));
   request.mutable_page_checksums()->Reserve(static_cast<int>(pages.size()));
   for (const absl::string_view page : pages) {
+    // The copy is one page, left in cache for its checksum to read (a fused pass would need the
+    // string zero-filled first).
     std::string* copy = request.add_pages();
-    copy->resize(page.size());
-    // One pass over the caller's bytes: each piece is checksummed, then copied from cache.
-    request.add_page_checksums(
-        ChecksumWhileCopying(page.data(), page.size(), [&](uint64_t offset, uint64_t length) {
-          std::memcpy(copy->data() + offset, page.data() + offset, length);
-        }));
+    copy->assign(page.data(), page.size());
+    request.add_page_checksums(BlockChecksum(copy->data(), copy->size()));
   }
   v1::PutPagesResponse response;
   RETURN_IF_ERROR(SessionCall(&Stub::PutPages, "PutPages", session, &request, &response));
