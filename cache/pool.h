@@ -96,14 +96,6 @@ inline constexpr size_t kMaxContentHashBytes = 128;
 // by then is not counted.
 inline constexpr absl::Duration kClusterProbeBound = absl::Milliseconds(500);
 
-// Where a call's pages were, summing to its page count.
-struct PagesByTier {
-  uint32_t pool = 0;
-  uint32_t host = 0;
-  uint32_t disk = 0;
-  uint32_t cluster = 0;
-};
-
 struct PagesFound {
   uint32_t num_pages = 0;  // leading keys restorable under the hit rule
   PagesByTier by_tier;

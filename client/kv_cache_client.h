@@ -294,12 +294,7 @@ class KvCacheClient {
     uint32_t open_sessions = 0;
   };
   // Where a page call's pages were (v1.TierPages), summing to its page count.
-  struct TierPages {
-    uint32_t pool = 0;
-    uint32_t host = 0;
-    uint32_t disk = 0;
-    uint32_t cluster = 0;
-  };
+  using TierPages = PagesByTier;
   struct PagesFound {
     uint32_t num_pages = 0;  // leading keys restorable under the hit rule
     TierPages pages_by_tier;
