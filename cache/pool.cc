@@ -634,6 +634,19 @@ BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) con
       .tokens = {tokens.begin(), tokens.end()}};
 }
 
+namespace {
+
+// Extend, Commit and Fork work on token sequences: a page sequence's blocks are each a root of
+// their own, named by keys, with no tokens to extend, commit by count or fork by prefix.
+absl::Status RefusePageSequence(uint64_t sequence_id, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("sequence ", sequence_id, " holds pages, which ", what,
+                   " does not take (CommitPages publishes a page reservation; "
+                   "ReleaseSequence releases any page sequence)"));
+}
+
+}  // namespace
+
 absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t sequence_id,
                                               absl::Span<const uint32_t> tokens) {
   RETURN_IF_ERROR(faults_->status());
@@ -648,6 +661,7 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
     WaitOutOffloadLocked(most_blocks);
   }
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
+  if (sequence->pages) return RefusePageSequence(sequence_id, "ExtendSequence");
   const size_t new_length = sequence->tokens.size() + tokens.size();
   const size_t total_blocks = BlocksFor(new_length, options_.layout.block_size);
   if (total_blocks > options_.num_blocks) {
@@ -678,6 +692,7 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
   RETURN_IF_ERROR(faults_->status());
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
+  if (sequence->pages) return RefusePageSequence(sequence_id, "CommitSequence");
   if (num_written_tokens > sequence->tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat("commit of ", num_written_tokens,
                                                    " tokens but sequence ", sequence_id, " has ",
@@ -788,6 +803,7 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
       WaitOutOffloadLocked(1);
     }
     ASSIGN_OR_RETURN(Sequence * parent, FindLocked(session, sequence_id));
+    if (parent->pages) return RefusePageSequence(sequence_id, "ForkSequence");
     const size_t full_blocks = parent->tokens.size() / options_.layout.block_size;
     const bool has_partial = full_blocks < parent->blocks.size();
     RETURN_IF_ERROR(CheckCapacityLocked(has_partial ? 1 : 0, 0, "forking"));

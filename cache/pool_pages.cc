@@ -291,7 +291,18 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
     // A read loads only into blocks it can have without failing.
     const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
-    if (below.size() > available) below.resize(available);
+    if (below.size() > available) {
+      // The pages left below end the hit early: the rule again over what can be had, so that a
+      // hit cut short is still one every wanted part restores (not the hits up to the cut).
+      below.resize(available);
+      const size_t reachable =
+          RestorablePages(parts_, wanted, masks_upto(hits.size() + below.size()));
+      if (hits.size() > reachable) hits.resize(reachable);
+      below.resize(reachable - hits.size());
+      evictable_hits = 0;
+      for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
+      cluster_pages = 0;
+    }
     cluster_pages = std::min(cluster_pages, available - below.size());
     const size_t loads = below.size() + cluster_pages;
     if (pass_downs < kMaxPassDowns && PassDownVictimsLocked(loads, hits, below)) {

@@ -26,8 +26,14 @@ const std::vector<CommandSpec>& CommandList() {
   static const auto* const commands = new std::vector<CommandSpec>{
       {"pools",
        "[--watch [SECONDS]] [--count N]",
-       "every pool: layout, memory, block counts, hash algorithm",
+       "every pool: layout, page parts, memory, block counts, hash algorithm",
        {"watch", "count"}},
+      {"describe",
+       "--pool P",
+       "one pool: its pools row, its page parts (name, offset, bytes, hit policy) and the "
+       "compatibility manifests in use on it (digest, tenant, model, config digest, dtype, page "
+       "tokens, parts, TP/PP/CP rank/size, key hash algorithm, sessions)",
+       {"pool"}},
       {"stats",
        "[--pool P] [--tenant T] [--watch [SECONDS]] [--count N]",
        "per pool: prompt and hit tokens, hit ratio, block counts, evictions, resurrections, "
@@ -107,6 +113,26 @@ int RunPools(Connection& connection, const GlobalOptions& global, const CommandO
     streams.out << PoolsTable(described).Render(!global.no_headers);
   } else {
     PrintDocument(streams.out, global, PoolsJson(described));
+  }
+  return kExitOk;
+}
+
+int RunDescribe(Connection& connection, const GlobalOptions& global, const CommandOptions& options,
+                Streams streams) {
+  absl::StatusOr<KvCacheClient::PoolDescription> description =
+      connection.client().DescribePool(options.pool);
+  if (!description.ok()) return Fail(streams.err, "describe", description.status());
+  if (!Tabular(global)) {
+    PrintDocument(streams.out, global, PoolJson(*description));
+    return kExitOk;
+  }
+  const bool headers = !global.no_headers;
+  streams.out << PoolsTable({*description}).Render(headers) << "\n"
+              << PartsTable(description->pool.parts).Render(headers) << "\n";
+  if (description->manifests.empty()) {
+    streams.out << "no compatibility manifests in use\n";
+  } else {
+    streams.out << ManifestsTable(description->manifests).Render(headers);
   }
   return kExitOk;
 }
@@ -466,6 +492,9 @@ int RunCommand(absl::string_view command, const GlobalOptions& global,
   }
   // Input is checked before connecting: a usage error never waits for a daemon.
   std::vector<uint32_t> tokens;
+  if (command == "describe" && options.pool.empty()) {
+    return Usage(streams.err, command, "--pool is required");
+  }
   if (command == "lookup") {
     if (options.pool.empty()) return Usage(streams.err, command, "--pool is required");
     absl::StatusOr<std::vector<uint32_t>> read = ReadTokens(options, streams);
@@ -477,6 +506,7 @@ int RunCommand(absl::string_view command, const GlobalOptions& global,
     return Fail(streams.err, command, connection.status(), /*connecting=*/true);
   }
   if (command == "pools") return RunWatched(&RunPools, **connection, global, options, streams);
+  if (command == "describe") return RunDescribe(**connection, global, options, streams);
   if (command == "stats") return RunWatched(&RunStats, **connection, global, options, streams);
   if (command == "sessions") {
     return RunWatched(&RunSessions, **connection, global, options, streams);

@@ -9,9 +9,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/block_hash.h"
+#include "common/compatibility_manifest.h"
+#include "common/page_parts.h"
 #include "common/pool_layout.h"
 #include "common/version.h"
 
@@ -151,12 +154,51 @@ absl::StatusOr<std::vector<uint32_t>> ParseTokens(absl::string_view text) {
   return tokens;
 }
 
+namespace {
+
+// "12K" for whole kibibytes (as a pool spec may write them), else the bytes.
+std::string PartBytes(uint64_t bytes) {
+  return bytes % 1024 == 0 ? absl::StrCat(bytes / 1024, "K") : absl::StrCat(bytes);
+}
+
+std::string HitPolicyName(const PagePartLayout& part) {
+  return part.policy == PartHitPolicy::kTrailingPages ? "trailing_pages" : "all_pages";
+}
+
+// "1/2": a rank of a size (a size of 0 means 1).
+std::string RankOf(uint32_t rank, uint32_t size) {
+  return absl::StrCat(rank, "/", std::max<uint32_t>(size, 1));
+}
+
+}  // namespace
+
+std::string PartsSummary(absl::Span<const PagePartLayout> parts) {
+  if (parts.empty()) return "-";
+  std::vector<std::string> named;
+  for (const PagePartLayout& part : parts) {
+    named.push_back(absl::StrCat(part.name, "/", PartBytes(part.bytes),
+                                 part.policy == PartHitPolicy::kTrailingPages
+                                     ? absl::StrCat("/trailing", part.trailing_pages)
+                                     : ""));
+  }
+  return absl::StrJoin(named, "+");
+}
+
+std::string ManifestPartsSummary(absl::Span<const PagePart> parts) {
+  if (parts.empty()) return "-";
+  std::vector<std::string> named;
+  for (const PagePart& part : parts)
+    named.push_back(absl::StrCat(part.name, "/", PartBytes(part.bytes)));
+  return absl::StrJoin(named, "+");
+}
+
 Table PoolsTable(absl::Span<const KvCacheClient::PoolDescription> pools) {
   Table table({{"NAME"},
                {"MODEL"},
                {"BLOCKS", Align::kRight},
                {"BLOCK_SIZE", Align::kRight},
                {"LAYOUT"},
+               {"PARTS"},
                {"MEMORY"},
                {"FREE", Align::kRight},
                {"EVICTABLE", Align::kRight},
@@ -166,8 +208,8 @@ Table PoolsTable(absl::Span<const KvCacheClient::PoolDescription> pools) {
     const KvCacheClient::PoolInfo& info = pool.pool;
     table.AddRow({Cell(info.name), Cell(info.model_id), Number(info.num_blocks),
                   Number(info.layout.block_size), LayoutSummary(info.layout),
-                  Cell(info.memory_kind), Number(pool.counts.free), Number(pool.counts.evictable),
-                  Number(pool.counts.referenced),
+                  PartsSummary(info.parts), Cell(info.memory_kind), Number(pool.counts.free),
+                  Number(pool.counts.evictable), Number(pool.counts.referenced),
                   std::string(HashAlgorithmName(info.hash_algorithm))});
   }
   return table;
@@ -211,43 +253,97 @@ Json ManifestsJson(absl::Span<const KvCacheClient::ManifestInUse> uses) {
   return list;
 }
 
+Json PoolJson(const KvCacheClient::PoolDescription& pool) {
+  const KvCacheClient::PoolInfo& info = pool.pool;
+  Json layout = Json::object();
+  layout["num_layers"] = info.layout.num_layers;
+  layout["num_kv_heads"] = info.layout.num_kv_heads;
+  layout["head_dim"] = info.layout.head_dim;
+  layout["block_size"] = info.layout.block_size;
+  layout["dtype"] = std::string(DTypeName(info.layout.dtype));
+  layout["fingerprint"] = Hex64(info.layout_fingerprint);
+  Json mapping = Json::object();
+  mapping["kind"] = std::string(MappingKind(info.mapping.kind));
+  mapping["shm_name"] = info.mapping.kind == KvCacheClient::PoolMapping::Kind::kShm
+                            ? Json(info.mapping.shm_name)
+                            : Json(nullptr);
+  mapping["size_bytes"] = info.mapping.size_bytes;
+  mapping["cuda_device"] = info.mapping.kind == KvCacheClient::PoolMapping::Kind::kCudaIpc
+                               ? Json(info.mapping.cuda_device)
+                               : Json(nullptr);
+  Json item = Json::object();
+  item["name"] = info.name;
+  item["model_id"] = info.model_id;
+  item["num_blocks"] = info.num_blocks;
+  item["block_size"] = info.layout.block_size;
+  item["block_bytes"] = info.block_bytes;
+  item["layout"] = std::move(layout);
+  Json parts = Json::array();
+  for (const PagePartLayout& part : info.parts) {
+    Json entry = Json::object();
+    entry["name"] = part.name;
+    entry["offset"] = part.offset;
+    entry["bytes"] = part.bytes;
+    entry["hit_policy"] = HitPolicyName(part);
+    entry["trailing_pages"] = part.trailing_pages;
+    parts.push_back(std::move(entry));
+  }
+  item["parts"] = std::move(parts);
+  item["memory_kind"] = info.memory_kind;
+  item["hash_algorithm"] = std::string(HashAlgorithmName(info.hash_algorithm));
+  item["counts"] = CountsJson(pool.counts.free, pool.counts.evictable, pool.counts.referenced);
+  item["mapping"] = std::move(mapping);
+  item["manifests"] = ManifestsJson(pool.manifests);
+  return item;
+}
+
 Json PoolsJson(absl::Span<const KvCacheClient::PoolDescription> pools) {
   Json list = Json::array();
-  for (const KvCacheClient::PoolDescription& pool : pools) {
-    const KvCacheClient::PoolInfo& info = pool.pool;
-    Json layout = Json::object();
-    layout["num_layers"] = info.layout.num_layers;
-    layout["num_kv_heads"] = info.layout.num_kv_heads;
-    layout["head_dim"] = info.layout.head_dim;
-    layout["block_size"] = info.layout.block_size;
-    layout["dtype"] = std::string(DTypeName(info.layout.dtype));
-    layout["fingerprint"] = Hex64(info.layout_fingerprint);
-    Json mapping = Json::object();
-    mapping["kind"] = std::string(MappingKind(info.mapping.kind));
-    mapping["shm_name"] = info.mapping.kind == KvCacheClient::PoolMapping::Kind::kShm
-                              ? Json(info.mapping.shm_name)
-                              : Json(nullptr);
-    mapping["size_bytes"] = info.mapping.size_bytes;
-    mapping["cuda_device"] = info.mapping.kind == KvCacheClient::PoolMapping::Kind::kCudaIpc
-                                 ? Json(info.mapping.cuda_device)
-                                 : Json(nullptr);
-    Json item = Json::object();
-    item["name"] = info.name;
-    item["model_id"] = info.model_id;
-    item["num_blocks"] = info.num_blocks;
-    item["block_size"] = info.layout.block_size;
-    item["block_bytes"] = info.block_bytes;
-    item["layout"] = std::move(layout);
-    item["memory_kind"] = info.memory_kind;
-    item["hash_algorithm"] = std::string(HashAlgorithmName(info.hash_algorithm));
-    item["counts"] = CountsJson(pool.counts.free, pool.counts.evictable, pool.counts.referenced);
-    item["mapping"] = std::move(mapping);
-    item["manifests"] = ManifestsJson(pool.manifests);
-    list.push_back(std::move(item));
-  }
+  for (const KvCacheClient::PoolDescription& pool : pools) list.push_back(PoolJson(pool));
   Json document = Json::object();
   document["pools"] = std::move(list);
   return document;
+}
+
+Table PartsTable(absl::Span<const PagePartLayout> parts) {
+  Table table({{"PART"},
+               {"OFFSET", Align::kRight},
+               {"BYTES", Align::kRight},
+               {"HIT_POLICY"},
+               {"TRAILING_PAGES", Align::kRight}});
+  for (const PagePartLayout& part : parts) {
+    table.AddRow(
+        {Cell(part.name), Number(part.offset), Number(part.bytes), HitPolicyName(part),
+         part.policy == PartHitPolicy::kTrailingPages ? Number(part.trailing_pages) : "-"});
+  }
+  return table;
+}
+
+Table ManifestsTable(absl::Span<const KvCacheClient::ManifestInUse> manifests) {
+  Table table({{"DIGEST"},
+               {"TENANT"},
+               {"MODEL"},
+               {"CONFIG"},
+               {"DTYPE"},
+               {"PAGE_TOKENS", Align::kRight},
+               {"PARTS"},
+               {"TP"},
+               {"PP"},
+               {"CP"},
+               {"KEY_HASH"},
+               {"SESSIONS", Align::kRight}});
+  for (const KvCacheClient::ManifestInUse& use : manifests) {
+    const ManifestFields& manifest = use.manifest;
+    const ParallelGeometry& parallel = manifest.parallel;
+    table.AddRow({Cell(use.digest), Cell(use.tenant), Cell(manifest.model_id),
+                  Cell(absl::BytesToHexString(manifest.model_config_digest)),
+                  Cell(manifest.kv_dtype), Number(manifest.page_tokens),
+                  ManifestPartsSummary(manifest.parts), RankOf(parallel.tp_rank, parallel.tp_size),
+                  RankOf(parallel.pp_rank, parallel.pp_size),
+                  RankOf(parallel.cp_rank, parallel.cp_size), Cell(manifest.key_hash_algorithm),
+                  Number(use.sessions)});
+  }
+  return table;
 }
 
 Table StatsTable(const v1::GetStatsResponse& stats) {

@@ -47,9 +47,21 @@ std::string EventTime(int64_t unix_micros);
 // INVALID_ARGUMENT naming the first bad one (its position and text), or for text with none.
 absl::StatusOr<std::vector<uint32_t>> ParseTokens(absl::string_view text);
 
+// A pool's page parts as its spec declares them: "kv/12K+state/4K/trailing1" (sizes in K where
+// whole kibibytes, else bytes).
+std::string PartsSummary(absl::Span<const PagePartLayout> parts);
+// A manifest's parts: "kv/12K+state/4K" (a manifest names no hit policy).
+std::string ManifestPartsSummary(absl::Span<const PagePart> parts);
+
 // `kvcachectl pools`: ListPools with each pool's DescribePool.
 Table PoolsTable(absl::Span<const KvCacheClient::PoolDescription> pools);
 Json PoolsJson(absl::Span<const KvCacheClient::PoolDescription> pools);
+
+// `kvcachectl describe --pool P`: one pool's DescribePool, its page parts and the compatibility
+// manifests in use on it. The document is the pool's entry of PoolsJson.
+Table PartsTable(absl::Span<const PagePartLayout> parts);
+Table ManifestsTable(absl::Span<const KvCacheClient::ManifestInUse> manifests);
+Json PoolJson(const KvCacheClient::PoolDescription& pool);
 
 // `kvcachectl stats`: GetStats.
 Table StatsTable(const v1::GetStatsResponse& stats);

@@ -42,7 +42,8 @@ ABSL_FLAG(bool, no_headers, false,
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
           "how long to wait for the daemon: to connect, and for each call");
 // Command flags (each command reads its own; see Commands()).
-ABSL_FLAG(std::string, pool, "", "pool name (lookup: required; stats, events: empty for all)");
+ABSL_FLAG(std::string, pool, "",
+          "pool name (lookup, describe: required; stats, events: empty for all)");
 ABSL_FLAG(std::string, tenant, "",
           "tenant to report on; empty: the tenant of this caller's identity (an admin's: every "
           "tenant). Another tenant needs an admin identity");

@@ -346,6 +346,57 @@ TEST_F(PoolPagesTest, PartsTravelThroughTierTwo) {
   EXPECT_EQ(Exists(keys, kKv), 4u);  // page 3 was loaded too: a verified page is kept
 }
 
+// Regression (simulation seed 4000137): with no room to load the page below that ended the hit,
+// an acquire returned the tier-1 pages before it, whose last lacked the state the hit needs.
+TEST_F(PoolPagesTest, AnAcquireWithoutRoomToLoadStillEndsOnAHit) {
+  MakePool(4, /*tier_blocks=*/16);
+  const std::vector<std::string> keys = Keys("a", 3);
+  ASSERT_OK(Put(session_, {keys[2]}, {kBoth}));
+  pool_->OffloadForTesting();
+  ASSERT_OK(Put(session_, {keys[0], keys[1]}, {kKv, kKv}));
+  // Two reserved pages take the free block and evict page 2, which tier 2 still holds.
+  absl::StatusOr<ReservedPages> reserved = pool_->ReservePages(session_, Keys("b", 2), {});
+  ASSERT_OK(reserved);
+  absl::StatusOr<PagesFound> found = pool_->ExistsPages(session_, keys, kBoth);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_pages, 3u);
+  EXPECT_EQ(found->by_tier.host, 1u);
+  // Page 2 cannot be loaded (every other block is a hit or reserved): pages 0 and 1 alone
+  // restore no state, so nothing is a hit.
+  absl::StatusOr<AcquiredPages> acquired = pool_->AcquirePages(session_, keys, kBoth, 0);
+  ASSERT_OK(acquired);
+  EXPECT_THAT(acquired->block_ids, ElementsAre());
+  ASSERT_OK(pool_->Release(session_, acquired->sequence_id));
+  EXPECT_EQ(AcquireChecked(keys, kKv).block_ids.size(), 2u);  // kv alone: both tier-1 pages
+  ASSERT_OK(pool_->Release(session_, reserved->sequence_id));
+}
+
+// Regression (cache_manager_fuzzer): a Fork of an acquire that the hit rule had cut short took
+// the keys past the hit for blocks of the sequence and pinned a free block. Extend, Commit and
+// Fork are for token sequences: a page sequence is refused and left as it was.
+TEST_F(PoolPagesTest, TokenCallsOnAPageSequenceAreRefused) {
+  const std::vector<std::string> keys = Keys("a", 3);
+  ASSERT_OK(Put(session_, keys, {kKv, kKv, kKv}));
+  absl::StatusOr<AcquiredPages> acquired = pool_->AcquirePages(session_, keys, kBoth, 0);
+  ASSERT_OK(acquired);
+  EXPECT_THAT(acquired->block_ids, ElementsAre());  // no state anywhere: no hit
+  absl::StatusOr<ReservedPages> reserved = pool_->ReservePages(session_, Keys("b", 2), {});
+  ASSERT_OK(reserved);
+  for (const uint64_t id : {acquired->sequence_id, reserved->sequence_id}) {
+    EXPECT_THAT(pool_->Fork(session_, id),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds pages")));
+    EXPECT_THAT(pool_->Extend(session_, id, testing::Tokens(1, kBlockSize)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds pages")));
+    EXPECT_THAT(pool_->Commit(session_, id, kBlockSize),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds pages")));
+  }
+  EXPECT_EQ(Referenced(), 2u);  // the reservation's two pages, unpublished
+  EXPECT_EQ(Exists(Keys("b", 2), kKv), 0u);
+  ASSERT_OK(pool_->CommitPages(session_, reserved->sequence_id));
+  ASSERT_OK(pool_->Release(session_, acquired->sequence_id));
+  EXPECT_EQ(Referenced(), 0u);
+}
+
 TEST_F(PoolPagesTest, ARestartFromDiskServesTheSamePages) {
   MakePool(8, /*tier_blocks=*/8, /*disk_records=*/64);
   const std::vector<std::string> keys = Keys("persist", 4);
@@ -385,7 +436,7 @@ TEST_F(PoolPagesTest, PagesAreAnnouncedAndRemovedByTheirEngineKeys) {
   }
   // A duplicate is not announced again.
   start = events_->next_sequence();
-  ASSERT_OK(Put(session_, {keys[0]}));
+  ASSERT_OK(Put(session_, {keys[2]}));
   EXPECT_EQ(events_->next_sequence(), start);
 
   // Eight new pages evict the three; their removal names them by their keys.

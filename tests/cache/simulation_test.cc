@@ -68,6 +68,10 @@
 // The tier runs take 2,000 seeds of 120 operations by default, 500 under ASan; the disk runs 100
 // (I/O: a file per seed, an fdatasync per offload that passes records down, restarts);
 // KVCACHE_SIM_SEEDS and KVCACHE_SIM_OPS set every run's.
+//
+// The page runs (PageSimulation, issue 31: keys, parts and the hit rule) are described where
+// they are defined, below; they take the tier runs' seeds and operations (about 5 s and 4 s here,
+// 19 s and 8 s under ASan).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -94,9 +98,12 @@
 #include "cache/cache_manager.h"
 #include "cache/pool.h"
 #include "common/block_hash.h"
+#include "common/compatibility_manifest.h"
+#include "common/page_parts.h"
 #include "common/status_macros.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/pool_memories.h"
+#include "tests/testing/small_pool_options.h"
 #include "tests/testing/test_files.h"
 
 namespace kvcache {
@@ -303,6 +310,11 @@ struct SimTotals {
   uint64_t restarts = 0;
   uint64_t restored_records = 0;
   uint64_t restart_found_blocks = 0;  // prompt blocks found on disk by lookups after restarts
+  // The page runs (PageSimulation).
+  uint64_t exact_steps = 0;      // operations checked against the model's exact tier 1
+  uint64_t partial_hits = 0;     // exists answers the hit rule cut short of the present pages
+  uint64_t ended_mid_put = 0;    // puts whose session ended before their commit
+  uint64_t ambiguous_walks = 0;  // walks reaching a page tier 1 holds past one from below
 };
 
 // One seed's run. Returns the first discrepancy; `trace` holds every operation so far.
@@ -1344,6 +1356,34 @@ uint64_t EnvOr(const char* name, uint64_t fallback) {
   return value == nullptr || *value == '\0' ? fallback : std::strtoull(value, nullptr, 10);
 }
 
+// The one seed KVCACHE_SIM_SEED names, else KVCACHE_SIM_SEEDS (default `default_seeds`) seeds
+// from `first_seed`.
+std::vector<uint64_t> SeedsToRun(uint64_t first_seed, uint64_t default_seeds) {
+  const char* replay = std::getenv("KVCACHE_SIM_SEED");
+  if (replay != nullptr && *replay != '\0') return {std::strtoull(replay, nullptr, 10)};
+  std::vector<uint64_t> seeds;
+  const uint64_t count = EnvOr("KVCACHE_SIM_SEEDS", default_seeds);
+  for (uint64_t i = 0; i < count; ++i) seeds.push_back(first_seed + i);
+  return seeds;
+}
+
+// After a seed's run: a failure names the seed, how to replay it and its trace; a replayed seed
+// (the only one run) prints its trace. False after a failure: the run stops there.
+bool ReportSeed(absl::string_view name, uint64_t seed, const absl::Status& status,
+                const std::vector<std::string>& trace_lines, bool only_seed) {
+  if (status.ok() && !only_seed) return true;
+  const std::string trace = absl::StrJoin(trace_lines, "\n  ");
+  if (!status.ok()) {
+    ADD_FAILURE() << name << " seed " << seed << " failed: " << status.message()
+                  << "\nreplay: KVCACHE_SIM_SEED=" << seed
+                  << " tests/cache/simulation_test --gtest_filter=*" << name << "*\ntrace:\n  "
+                  << trace;
+    return false;
+  }
+  std::printf("seed %llu trace:\n  %s\n", static_cast<unsigned long long>(seed), trace.c_str());
+  return true;
+}
+
 enum class Run {
   kModel,         // full-width hashes, checked against the model
   kWeakHash,      // 4- or 8-bit hashes, without the model
@@ -1359,14 +1399,7 @@ enum class Run {
 void RunSeeds(absl::string_view name, uint64_t first_seed, Run run, uint64_t default_seeds,
               uint64_t default_ops = kDefaultOps) {
   const int ops = static_cast<int>(EnvOr("KVCACHE_SIM_OPS", default_ops));
-  const char* replay = std::getenv("KVCACHE_SIM_SEED");
-  std::vector<uint64_t> seeds;
-  if (replay != nullptr && *replay != '\0') {
-    seeds.push_back(std::strtoull(replay, nullptr, 10));
-  } else {
-    const uint64_t count = EnvOr("KVCACHE_SIM_SEEDS", default_seeds);
-    for (uint64_t i = 0; i < count; ++i) seeds.push_back(first_seed + i);
-  }
+  const std::vector<uint64_t> seeds = SeedsToRun(first_seed, default_seeds);
   SimTotals totals;
   // KVCACHE_SIM_REPLAY_EVERY=N: every Nth seed of a disk run is run twice and the traces compared.
   // Off by default: a disk run does not always replay (1 replay in 247 differed in the first 12,351
@@ -1406,17 +1439,7 @@ void RunSeeds(absl::string_view name, uint64_t first_seed, Run run, uint64_t def
         break;
       }
     }
-    if (!status.ok() || seeds.size() == 1) {
-      std::string trace = absl::StrJoin(simulation.trace(), "\n  ");
-      if (!status.ok()) {
-        ADD_FAILURE() << name << " seed " << seed << " failed: " << status.message()
-                      << "\nreplay: KVCACHE_SIM_SEED=" << seed
-                      << " tests/cache/simulation_test --gtest_filter=*" << name << "*\ntrace:\n  "
-                      << trace;
-        break;
-      }
-      std::printf("seed %llu trace:\n  %s\n", static_cast<unsigned long long>(seed), trace.c_str());
-    }
+    if (!ReportSeed(name, seed, status, simulation.trace(), seeds.size() == 1)) break;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -1484,6 +1507,937 @@ TEST(SimulationTest, WeakHashDiskTierCollisionsAreMisses) {
 // against one chain link only): each record's prefix digest turns a chain collision into a miss.
 TEST(SimulationTest, WeakHashTier2CollisionsAreMisses) {
   RunSeeds("WeakHashTier2CollisionsAreMisses", 2'000'000, Run::kWeakHashTier, kTierSeeds, kTierOps);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pages named by an engine's keys (issue 31, DESIGN §13), on a pool with three parts: "kv" on
+// every page, "swa" (a sliding window) on the last two pages of a hit, "state" (a recurrent
+// state) on its last page. Seeded random operations: puts of random keys with random part masks
+// (reserve and write, commit later or never, release), exists and acquire with random wanted
+// parts, acquired pages held and released, pins and touches with TTLs on the FakeClock, sessions
+// opened (bound to one of two manifests, or none), closed, kept alive and expired, some of them
+// in the middle of a put, and offloads to tier 2 (and a disk tier below it in the disk run).
+//
+// PageModel is the reference: its own statement of the hit rule over the parts table below
+// (never RestorablePages), and what every (tenant, manifest) namespace has been given.
+//  - Every page the pool reports present must hold a part mask some put of that key in that
+//    namespace committed, and its bytes (read back from every acquire) must be that put's.
+//  - Exists of a key list must equal the model's hit rule applied to what each key alone
+//    reports (present, tier, part mask); acquire must give that many pages with those masks
+//    (fewer only when the pool had no room to load them), and pin the leading present ones.
+//  - Until the pool's first eviction nothing can be lost, so the model knows exactly which
+//    pages tier 1 holds with which parts: every reservation's duplicates, every commit's
+//    published count, every per-key answer and every exists are predicted from it alone.
+//  - Pages held (an acquire not yet released, a pin before its TTL, by a live session) stay in
+//    tier 1 with their parts; with no pin alive, the referenced blocks are exactly the held ones.
+//  - A session ending mid-put publishes nothing: its commit fails and its pages stay absent.
+// After every operation: Pool::CheckInvariants and free + evictable + referenced = size; at the
+// end, once every session has ended, nothing is referenced.
+
+struct PagePartSpec {
+  const char* name;
+  uint64_t bytes;
+  uint32_t trailing_pages;  // 0: needed on every page up to the endpoint
+};
+constexpr PagePartSpec kSimPageParts[] = {{"kv", 64, 0}, {"swa", 32, 2}, {"state", 32, 1}};
+constexpr absl::string_view kSimPageSpec = "kv/64+swa/32/trailing2+state/32/trailing1";
+constexpr uint32_t kSimAllParts = 0b111;
+constexpr uint32_t kSimPageTokens = 4;
+constexpr uint64_t kSimPageBytes = 128;
+
+// The hit rule as the issue states it, by brute force: the greatest e such that every wanted
+// part is on every page [0, e) (an all-pages part) or on each of the last `trailing_pages` pages
+// before e. `leading_masks`: the part masks of the leading present pages.
+size_t ModelHitRule(const std::vector<uint32_t>& leading_masks, uint32_t wanted) {
+  for (size_t end = leading_masks.size(); end > 0; --end) {
+    bool restorable = true;
+    for (size_t part = 0; part < std::size(kSimPageParts) && restorable; ++part) {
+      if ((wanted & (1u << part)) == 0) continue;
+      const uint32_t trailing = kSimPageParts[part].trailing_pages;
+      const size_t from = trailing == 0 || end < trailing ? 0 : end - trailing;
+      for (size_t page = from; page < end; ++page) {
+        if ((leading_masks[page] & (1u << part)) == 0) restorable = false;
+      }
+    }
+    if (restorable) return end;
+  }
+  return 0;
+}
+
+// What one key alone reports.
+struct PageProbe {
+  bool present = false;
+  bool in_tier1 = false;
+  uint32_t mask = 0;
+  friend bool operator==(const PageProbe&, const PageProbe&) = default;
+};
+
+// Keys as a trace shows them: the long ones (16 bytes of 'p', then their own) by their end.
+std::string DescribeKeys(absl::Span<const std::string> keys) {
+  std::vector<std::string> shown;
+  for (const std::string& key : keys) {
+    shown.push_back(key.size() > 16 ? absl::StrCat("p..", key.substr(key.size() - 2)) : key);
+  }
+  return absl::StrCat("[", absl::StrJoin(shown, ","), "]");
+}
+
+std::string DescribeProbe(const PageProbe& probe) {
+  if (!probe.present) return "absent";
+  return absl::StrCat(probe.in_tier1 ? "tier1" : "below", "/0x", absl::Hex(probe.mask));
+}
+
+std::string DescribeProbes(const std::vector<PageProbe>& probes) {
+  std::vector<std::string> shown;
+  for (const PageProbe& probe : probes) shown.push_back(DescribeProbe(probe));
+  return absl::StrCat("{", absl::StrJoin(shown, " "), "}");
+}
+
+class PageSimulation {
+ public:
+  PageSimulation(uint64_t seed, bool disk, int num_ops)
+      : rng_(seed), disk_(disk), num_ops_(num_ops) {}
+
+  absl::Status Run(SimTotals* totals) {
+    num_blocks_ = Uniform(4, 20);
+    options_ = testing::SmallPoolOptions("pages", num_blocks_, kSimPageTokens);
+    if (options_.layout.BlockBytes() != kSimPageBytes) return Fail("layout is not 128 bytes");
+    ASSIGN_OR_RETURN(options_.parts, ParsePageParts(kSimPageSpec, kSimPageBytes));
+    options_.host_tier_bytes = uint64_t{Uniform(1, (disk_ ? 1 : 2) * num_blocks_)} * kSimPageBytes;
+    options_.testing_manual_offload = true;
+    if (disk_) {
+      disk_dir_.emplace();
+      options_.disk_tier_path = disk_dir_->File("pages.tier");
+      options_.disk_tier_bytes = uint64_t{Uniform(1, 2 * num_blocks_)} * (4096 + 4096);
+      // Room for every store of one offload, so a full queue never refuses one (see Simulation).
+      options_.testing_disk_tier_options = [](DiskTierOptions* disk) {
+        disk->max_queued_stores = 48;
+      };
+    }
+    auto memory =
+        testing::CreatePoolMemory(testing::PoolMemoryKind::kHost, kSimPageBytes, num_blocks_);
+    if (!memory.ok()) return memory.status();
+    manager_ = std::make_unique<CacheManager>(SessionLimits{}, &clock_, kEpoch);
+    RETURN_IF_ERROR(manager_->AddPool(options_, *std::move(memory)));
+    pool_ = manager_->pools().front();
+    RETURN_IF_ERROR(CheckPoolParts());
+    for (const char* config : {"cfg-1", "cfg-2"}) {
+      ASSIGN_OR_RETURN(std::shared_ptr<const CompatibilityManifest> manifest,
+                       CompatibilityManifest::Create(
+                           ManifestFields{.model_id = options_.model_id,
+                                          .model_config_digest = config,
+                                          .kv_dtype = "fp32",
+                                          .page_tokens = kSimPageTokens,
+                                          .parts = {{"kv", 64}, {"swa", 32}, {"state", 32}}}));
+      manifests_.push_back(std::move(manifest));
+    }
+    // Keys up to kMaxPageKeyBytes; the long ones share their first 16 bytes (the tokens a hit
+    // compares), so only the key's digest tells them apart.
+    for (int i = 0; i < 6; ++i) keys_.push_back(absl::StrCat("k", i));
+    for (int i = 0; i < 4; ++i) {
+      keys_.push_back(absl::StrCat(std::string(16, 'p'), "/", std::string(40, 'x'), "/", i));
+    }
+    trace_.push_back(absl::StrCat("pool: ", num_blocks_, " pages, tier 2 ",
+                                  options_.host_tier_bytes / kSimPageBytes, " pages",
+                                  disk_ ? ", disk tier" : ""));
+
+    for (int op = 0; op < num_ops_; ++op) {
+      ++totals->operations;
+      RETURN_IF_ERROR(Step());
+      RETURN_IF_ERROR(CheckAfterStep());
+    }
+    // Every pin's TTL passes; an acquire sweeps them; then every session ends.
+    clock_.Advance(Pool::kMaxPinTtl);
+    for (uint64_t id : session_order_) {
+      SessionInfo& info = sessions_.at(id);
+      if (info.ended) continue;
+      RETURN_IF_ERROR(ExpectCode(manager_->sessions().KeepAlive(id), absl::StatusCode::kAborted,
+                                 "keepalive after a day"));
+    }
+    RETURN_IF_ERROR(ExpireSessions());
+    RETURN_IF_ERROR(CheckAfterStep());
+    const PoolStatsSnapshot stats = pool_->Stats();
+    if (stats.referenced != 0 || stats.open_sequences != 0) {
+      return Fail(absl::StrCat(stats.referenced, " blocks and ", stats.open_sequences,
+                               " sequences held after every session ended"));
+    }
+    totals->seeds += 0;  // RunPageSeeds counts seeds
+    totals->hit_blocks += hit_pages_;
+    totals->tier_hit_blocks += below_hit_pages_;
+    totals->disk_hit_blocks += disk_hit_pages_;
+    totals->evictions += stats.pool.evictions;
+    totals->offloaded_blocks += offloaded_;
+    totals->exact_steps += exact_steps_;
+    totals->partial_hits += partial_hits_;
+    totals->ended_mid_put += ended_mid_put_;
+    totals->ambiguous_walks += ambiguous_walks_;
+    return absl::OkStatus();
+  }
+
+  const std::vector<std::string>& trace() const { return trace_; }
+
+ private:
+  struct SessionInfo {
+    std::shared_ptr<Session> session;
+    std::string tenant;
+    int manifest = -1;  // index into manifests_; -1: none
+    absl::Time deadline;
+    bool ended = false;
+  };
+  struct Put {
+    uint64_t session_id = 0;
+    std::vector<std::string> keys;
+    std::vector<uint32_t> masks;
+    std::vector<BlockId> blocks;  // kNoBlock: a duplicate
+  };
+  struct Held {
+    uint64_t session_id = 0;
+    std::vector<std::string> keys;
+    std::vector<uint32_t> masks;
+    std::vector<BlockId> blocks;
+  };
+  struct Pin {
+    uint64_t session_id = 0;
+    absl::Time until;
+    std::vector<std::string> keys;
+    std::vector<uint32_t> masks;
+  };
+
+  std::string NamespaceOf(const SessionInfo& info) const {
+    return absl::StrCat(info.tenant, "/cfg-", info.manifest + 1);
+  }
+  std::string NamespaceOf(uint64_t session_id) const {
+    return NamespaceOf(sessions_.at(session_id));
+  }
+
+  // A page's bytes: a function of its namespace, key and parts, so that a page served under
+  // another namespace, key or mask is caught.
+  static std::string PageBytes(const std::string& ns, const std::string& key, uint32_t mask) {
+    const std::string seed = absl::StrCat(ns, "|", key, "|", mask);
+    std::string bytes(kSimPageBytes, '\0');
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      bytes[b] = static_cast<char>(seed[b % seed.size()] * 31 + b);
+    }
+    return bytes;
+  }
+
+  absl::Status CheckPoolParts() {
+    const std::vector<PagePartLayout>& parts = pool_->parts();
+    uint64_t offset = 0;
+    bool same = parts.size() == std::size(kSimPageParts);
+    for (size_t i = 0; same && i < parts.size(); ++i) {
+      const PagePartSpec& spec = kSimPageParts[i];
+      same = parts[i].name == spec.name && parts[i].offset == offset &&
+             parts[i].bytes == spec.bytes &&
+             parts[i].policy == (spec.trailing_pages == 0 ? PartHitPolicy::kAllPages
+                                                          : PartHitPolicy::kTrailingPages) &&
+             (spec.trailing_pages == 0 || parts[i].trailing_pages == spec.trailing_pages);
+      offset += spec.bytes;
+    }
+    return same ? absl::OkStatus() : Fail("the pool's parts are not the spec's");
+  }
+
+  uint32_t Uniform(uint32_t lo, uint32_t hi) {
+    return std::uniform_int_distribution<uint32_t>(lo, hi)(rng_);
+  }
+  bool Chance(int percent) { return Uniform(0, 99) < static_cast<uint32_t>(percent); }
+  absl::Status Fail(absl::string_view what) { return absl::InternalError(what); }
+  template <typename T>
+  absl::Status ExpectCode(const T& result, absl::StatusCode want, absl::string_view op) {
+    absl::Status status;
+    if constexpr (std::is_same_v<T, absl::Status>) {
+      status = result;
+    } else {
+      status = result.status();
+    }
+    if (status.code() == want) return absl::OkStatus();
+    return Fail(absl::StrCat(op, ": got ", status.ToString(), ", model says ",
+                             absl::StatusCodeToString(want)));
+  }
+
+  // Exact while nothing has been evicted: what tier 1 holds is then all that was published.
+  bool Exact() const { return pool_->Stats().pool.evictions == 0; }
+
+  // A live session, or 0 if none.
+  uint64_t PickSession() {
+    std::vector<uint64_t> live;
+    for (uint64_t id : session_order_) {
+      if (!sessions_.at(id).ended) live.push_back(id);
+    }
+    return live.empty() ? 0 : live[Uniform(0, live.size() - 1)];
+  }
+
+  std::vector<std::string> PickKeys() {
+    std::vector<std::string> keys;
+    const uint32_t count = Uniform(1, 5);
+    // Mostly a run of neighbouring keys, as an engine's pages of one prompt; sometimes any.
+    const uint32_t first = Uniform(0, keys_.size() - 1);
+    for (uint32_t i = 0; i < count; ++i) {
+      keys.push_back(Chance(80) ? keys_[(first + i) % keys_.size()]
+                                : keys_[Uniform(0, keys_.size() - 1)]);
+    }
+    return keys;
+  }
+  uint32_t PickMask() {
+    // Mostly kv with or without the others, as an engine checkpoints state now and then.
+    if (Chance(75)) return 1u | (Uniform(0, 3) << 1);
+    return Uniform(1, kSimAllParts);
+  }
+  uint32_t PickWanted() { return Chance(10) ? 0 : Uniform(1, kSimAllParts); }
+
+  absl::Status Step() {
+    const uint32_t dice = Uniform(0, 99);
+    if (live_sessions() < 2 || dice < 5) return OpenSession();
+    if (dice < 25) return Reserve();
+    if (dice < 33) return CommitPending();
+    if (dice < 36) return ReleasePending();
+    if (dice < 50) return Exists();
+    if (dice < 65) return Acquire();
+    if (dice < 71) return ReleaseHeld();
+    if (dice < 78) return PinPages();
+    if (dice < 82) return CloseSession();
+    if (dice < 88) return AdvanceAndExpire();
+    if (dice < 91) return KeepAlive();
+    return Offload();
+  }
+
+  size_t live_sessions() const {
+    size_t live = 0;
+    for (const auto& [id, info] : sessions_) live += info.ended ? 0 : 1;
+    return live;
+  }
+
+  absl::Status OpenSession() {
+    const std::string tenant(kTenants[Uniform(0, 1)]);
+    const int manifest = Chance(8) ? -1 : static_cast<int>(Uniform(0, 1));
+    const absl::Duration ttl = absl::Seconds(Uniform(2, 8));
+    auto session = manager_->sessions().Open(absl::StrCat("uid:", tenant), tenant, "sim", ttl,
+                                             manifest < 0 ? nullptr : manifests_[manifest]);
+    trace_.push_back(absl::StrCat("open-session ", tenant, " manifest ", manifest, " ttl ",
+                                  absl::FormatDuration(ttl)));
+    if (!session.ok()) return session.status();
+    trace_.back() += absl::StrCat(" -> ", (*session)->id);
+    sessions_[(*session)->id] = SessionInfo{*session, tenant, manifest, clock_.Now() + ttl};
+    session_order_.push_back((*session)->id);
+    return absl::OkStatus();
+  }
+
+  // A session without a manifest has no page namespace: every page call is refused.
+  absl::Status ExpectNoManifestRefused(const SessionInfo& info,
+                                       const std::vector<std::string>& keys) {
+    RETURN_IF_ERROR(ExpectCode(pool_->ExistsPages(*info.session, keys, kSimAllParts),
+                               absl::StatusCode::kFailedPrecondition, "exists without manifest"));
+    RETURN_IF_ERROR(ExpectCode(pool_->ReservePages(*info.session, keys, {}),
+                               absl::StatusCode::kFailedPrecondition, "put without manifest"));
+    return ExpectCode(pool_->AcquirePages(*info.session, keys, kSimAllParts, 0),
+                      absl::StatusCode::kFailedPrecondition, "acquire without manifest");
+  }
+
+  // What `key` alone reports in `session_id`'s namespace: present or not, in tier 1 or below,
+  // and (one exists per part) which parts it holds. Holds nothing, changes nothing.
+  absl::StatusOr<PageProbe> ProbeKey(uint64_t session_id, const std::string& key) {
+    const Session& session = *sessions_.at(session_id).session;
+    ASSIGN_OR_RETURN(PagesFound any, pool_->ExistsPages(session, {key}, 0));
+    PageProbe probe;
+    probe.present = any.num_pages == 1;
+    probe.in_tier1 = any.by_tier.pool == 1;
+    if (!probe.present) return probe;
+    for (size_t part = 0; part < std::size(kSimPageParts); ++part) {
+      ASSIGN_OR_RETURN(PagesFound found, pool_->ExistsPages(session, {key}, 1u << part));
+      if (found.num_pages == 1) probe.mask |= 1u << part;
+    }
+    // Every present page holds parts, and only parts some put of this key here committed.
+    const std::string ns = NamespaceOf(session_id);
+    auto it = committed_.find({ns, key});
+    if (probe.mask == 0 || it == committed_.end() || it->second.count(probe.mask) == 0) {
+      return Fail(absl::StrCat("key ", key, " in ", ns, " reports ", DescribeProbe(probe),
+                               ", never committed so"));
+    }
+    if (Exact()) {
+      auto known = tier1_.find({ns, key});
+      const PageProbe want{known != tier1_.end(), known != tier1_.end(),
+                           known == tier1_.end() ? 0 : known->second};
+      if (!(probe == want)) {
+        return Fail(absl::StrCat("key ", key, " in ", ns, " reports ", DescribeProbe(probe),
+                                 " before any eviction; the model says ", DescribeProbe(want)));
+      }
+    }
+    return probe;
+  }
+
+  // The hit the pool should answer for `keys`, from each key's own answer: the leading present
+  // keys (tier 1's run, then the pages below continuing it), under the model's hit rule.
+  absl::StatusOr<std::vector<PageProbe>> ProbeKeys(uint64_t session_id,
+                                                   const std::vector<std::string>& keys) {
+    std::vector<PageProbe> probes;
+    for (const std::string& key : keys) {
+      ASSIGN_OR_RETURN(PageProbe probe, ProbeKey(session_id, key));
+      probes.push_back(probe);
+    }
+    return probes;
+  }
+  // What a walk over `keys` may answer, from each key's own answer. A walk takes tier 1's leading
+  // run, then asks the lower tiers for the keys after it. A key past that point that tier 1
+  // holds is ambiguous: the walk goes on there only if a lower tier holds a copy too (offloaded
+  // before), with that copy's parts. Up to the first ambiguous key the answer is exact.
+  struct Expected {
+    size_t hit = 0;           // the model's hit rule over the unambiguous leading keys
+    size_t present = 0;       // the leading keys present anywhere: the most any walk can reach
+    size_t ambiguous_at = 0;  // the first ambiguous key; `present` when none
+    size_t tier1 = 0;         // tier 1's leading run
+    bool exact() const { return ambiguous_at == present; }
+  };
+  Expected Expect(const std::vector<PageProbe>& probes, uint32_t wanted) {
+    Expected expected;
+    while (expected.present < probes.size() && probes[expected.present].present) {
+      ++expected.present;
+    }
+    size_t i = 0;
+    while (i < expected.present && probes[i].in_tier1) ++i;
+    expected.tier1 = i;
+    while (i < expected.present && !probes[i].in_tier1) ++i;
+    expected.ambiguous_at = i;
+    std::vector<uint32_t> masks;
+    for (size_t j = 0; j < expected.ambiguous_at; ++j) masks.push_back(probes[j].mask);
+    expected.hit = ModelHitRule(masks, wanted);
+    if (!expected.exact()) ++ambiguous_walks_;
+    return expected;
+  }
+  // An answer of `got` pages fits: exactly the hit where the walk is unambiguous, else at
+  // least that (the rule never shrinks as pages are added) and at most the present keys.
+  static bool Fits(const Expected& expected, size_t got) {
+    if (expected.exact()) return got == expected.hit;
+    return got >= expected.hit && got <= expected.present;
+  }
+  static std::string DescribeExpected(const Expected& expected) {
+    if (expected.exact()) return absl::StrCat(expected.hit);
+    return absl::StrCat(expected.hit, " to ", expected.present);
+  }
+
+  absl::Status Reserve() {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    const SessionInfo& info = sessions_.at(session_id);
+    std::vector<std::string> keys = PickKeys();
+    if (info.manifest < 0) return ExpectNoManifestRefused(info, keys);
+    std::vector<uint32_t> masks;
+    if (Chance(80)) {
+      for (size_t i = 0; i < keys.size(); ++i) masks.push_back(PickMask());
+    }
+    std::vector<uint32_t> want_masks = masks;
+    if (want_masks.empty()) want_masks.assign(keys.size(), kSimAllParts);
+    trace_.push_back(absl::StrCat("reserve session ", session_id, " ", DescribeKeys(keys),
+                                  " masks [", absl::StrJoin(want_masks, ","), "]"));
+    const std::string ns = NamespaceOf(session_id);
+    const bool exact = Exact();
+    // Which keys are fresh: those tier 1 does not hold with at least the put's parts.
+    std::vector<bool> fresh(keys.size());
+    size_t num_fresh = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = tier1_.find({ns, keys[i]});
+      fresh[i] = it == tier1_.end() || (it->second & want_masks[i]) != want_masks[i];
+      num_fresh += fresh[i] ? 1 : 0;
+    }
+    const PoolStatsSnapshot before = pool_->Stats();
+    absl::StatusOr<ReservedPages> reserved =
+        pool_->ReservePages(*info.session, keys, absl::MakeConstSpan(masks));
+    trace_.back() +=
+        absl::StrCat(" -> ", reserved.ok() ? absl::StrCat(reserved->sequence_id, " blocks ",
+                                                          absl::StrJoin(reserved->block_ids, ","))
+                                           : reserved.status().ToString());
+    const bool had_unswept_pins = UnsweptExpiredPins();
+    pins_swept_at_ = clock_.Now();
+    if (exact) {
+      // Pins past their TTL are swept first: they can only make room.
+      const bool fits = num_fresh <= before.free + before.evictable;
+      if (fits && !reserved.ok()) return Fail("a put that fits was refused");
+      if (!fits && !had_unswept_pins &&
+          reserved.status().code() != absl::StatusCode::kResourceExhausted) {
+        return Fail("a put that does not fit was not RESOURCE_EXHAUSTED");
+      }
+    }
+    if (!reserved.ok()) {
+      if (reserved.status().code() != absl::StatusCode::kResourceExhausted) {
+        return reserved.status();
+      }
+      return absl::OkStatus();
+    }
+    if (exact) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (fresh[i] != (reserved->block_ids[i] != kNoBlock)) {
+          return Fail(absl::StrCat("key ", keys[i], " reserved ",
+                                   reserved->block_ids[i] == kNoBlock ? "as a duplicate" : "fresh",
+                                   "; the model says otherwise"));
+        }
+      }
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (reserved->block_ids[i] == kNoBlock) continue;
+      RETURN_IF_ERROR(
+          pool_->WriteBlock(reserved->block_ids[i], 0, PageBytes(ns, keys[i], want_masks[i])));
+    }
+    pending_[reserved->sequence_id] =
+        Put{session_id, std::move(keys), std::move(want_masks), reserved->block_ids};
+    if (Chance(70)) return Commit(reserved->sequence_id);
+    if (Chance(15)) return Release(reserved->sequence_id);
+    return absl::OkStatus();
+  }
+
+  absl::Status CommitPending() {
+    if (pending_.empty()) return absl::OkStatus();
+    auto it = std::next(pending_.begin(), Uniform(0, pending_.size() - 1));
+    return Commit(it->first);
+  }
+  absl::Status ReleasePending() {
+    if (pending_.empty()) return absl::OkStatus();
+    auto it = std::next(pending_.begin(), Uniform(0, pending_.size() - 1));
+    return Release(it->first);
+  }
+
+  absl::Status Commit(uint64_t sequence_id) {
+    Put put = pending_.at(sequence_id);
+    pending_.erase(sequence_id);
+    const SessionInfo& info = sessions_.at(put.session_id);
+    trace_.push_back(absl::StrCat("commit ", sequence_id, " of session ", put.session_id));
+    const std::string ns = NamespaceOf(put.session_id);
+    const bool exact = Exact();
+    absl::StatusOr<CommittedPages> committed = pool_->CommitPages(*info.session, sequence_id);
+    trace_.back() +=
+        absl::StrCat(" -> ", committed.ok() ? absl::StrCat(committed->num_published, " published, ",
+                                                           committed->num_duplicates, " duplicates")
+                                            : committed.status().ToString());
+    if (info.ended) {
+      // The session ended mid-put: its reservation went with it, and nothing was published.
+      ++ended_mid_put_;
+      if (committed.ok()) return Fail("a put committed after its session ended");
+      // The model did not take its pages: a later probe of any of them, exact until the first
+      // eviction, finds them absent unless another put published them.
+      return absl::OkStatus();
+    }
+    if (!committed.ok()) return committed.status();
+    uint32_t published = 0;
+    std::set<std::pair<std::string, std::string>> published_now;  // held by this put
+    for (size_t i = 0; i < put.keys.size(); ++i) {
+      if (put.blocks[i] == kNoBlock) continue;
+      committed_[{ns, put.keys[i]}].insert(put.masks[i]);
+      if (!exact) continue;
+      const std::pair<std::string, std::string> page{ns, put.keys[i]};
+      auto [it, fresh] = tier1_.emplace(page, put.masks[i]);
+      // A later copy with more parts supersedes tier 1's when nobody holds that (a copy this
+      // put published is held by it); otherwise it is a duplicate.
+      const bool more_parts = (it->second & put.masks[i]) != put.masks[i];
+      if (!fresh && more_parts && !published_now.contains(page) && !HeldInTier1(page)) {
+        it->second = put.masks[i];
+        fresh = true;
+      }
+      if (fresh) {
+        published_now.insert(page);
+        ++published;
+      }
+    }
+    if (exact && (committed->num_published != published ||
+                  committed->num_duplicates != put.keys.size() - published)) {
+      return Fail(absl::StrCat("the model says ", published, " published"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Release(uint64_t sequence_id) {
+    const Put put = pending_.at(sequence_id);
+    pending_.erase(sequence_id);
+    trace_.push_back(absl::StrCat("release put ", sequence_id));
+    const SessionInfo& info = sessions_.at(put.session_id);
+    return ExpectCode(pool_->Release(*info.session, sequence_id),
+                      info.ended ? absl::StatusCode::kAborted : absl::StatusCode::kOk,
+                      "release put");
+  }
+
+  absl::Status Exists() {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    const SessionInfo& info = sessions_.at(session_id);
+    const std::vector<std::string> keys = PickKeys();
+    if (info.manifest < 0) return ExpectNoManifestRefused(info, keys);
+    const uint32_t wanted = PickWanted();
+    ASSIGN_OR_RETURN(std::vector<PageProbe> probes, ProbeKeys(session_id, keys));
+    const Expected expected = Expect(probes, wanted);
+    ASSIGN_OR_RETURN(PagesFound found, pool_->ExistsPages(*info.session, keys, wanted));
+    trace_.push_back(absl::StrCat("exists session ", session_id, " ", DescribeKeys(keys),
+                                  " wanted 0x", absl::Hex(wanted), " -> ", found.num_pages,
+                                  ", model ", DescribeExpected(expected), " of ",
+                                  DescribeProbes(probes)));
+    if (!Fits(expected, found.num_pages)) {
+      return Fail("exists differs from the model's hit rule");
+    }
+    const PagesByTier& tiers = found.by_tier;
+    if (tiers.pool + tiers.host + tiers.disk + tiers.cluster != found.num_pages) {
+      return Fail("exists' tiers do not sum to its pages");
+    }
+    if (tiers.pool != std::min<size_t>(expected.tier1, found.num_pages)) {
+      return Fail(absl::StrCat("model says ", std::min<size_t>(expected.tier1, found.num_pages),
+                               " in tier 1"));
+    }
+    if (expected.exact() && expected.hit < expected.present) ++partial_hits_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Acquire() {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    const SessionInfo& info = sessions_.at(session_id);
+    const std::vector<std::string> keys = PickKeys();
+    if (info.manifest < 0) return ExpectNoManifestRefused(info, keys);
+    const uint32_t wanted = PickWanted();
+    ASSIGN_OR_RETURN(std::vector<PageProbe> probes, ProbeKeys(session_id, keys));
+    const Expected expected = Expect(probes, wanted);
+    const PoolStatsSnapshot before = pool_->Stats();
+    absl::StatusOr<AcquiredPages> acquired =
+        pool_->AcquirePages(*info.session, keys, wanted, /*max_load_ms=*/0);
+    trace_.push_back(
+        absl::StrCat("acquire session ", session_id, " ", DescribeKeys(keys), " wanted 0x",
+                     absl::Hex(wanted), " -> ",
+                     acquired.ok() ? absl::StrCat(acquired->block_ids.size(), " (blocks ",
+                                                  absl::StrJoin(acquired->block_ids, ","), ")")
+                                   : acquired.status().ToString(),
+                     ", model ", DescribeExpected(expected), " of ", DescribeProbes(probes)));
+    pins_swept_at_ = clock_.Now();
+    if (!acquired.ok()) return acquired.status();
+    return CheckAcquired(session_id, keys, wanted, probes, expected, before, *acquired);
+  }
+
+  // The pages an acquire got: as many as the model's hit rule gives unless the pool lacked room
+  // to load them (then fewer), a hit under the rule by their own parts, each with the parts and
+  // the bytes some put of its key committed (the key's own answer's, where unambiguous).
+  absl::Status CheckAcquired(uint64_t session_id, const std::vector<std::string>& keys,
+                             uint32_t wanted, const std::vector<PageProbe>& probes,
+                             const Expected& expected, const PoolStatsSnapshot& before,
+                             const AcquiredPages& acquired) {
+    const size_t got = acquired.block_ids.size();
+    // Room for every load whatever the hits hold: the answer is then the walk's.
+    const bool room = before.free + before.evictable >= 2 * keys.size();
+    if (got > expected.present || (room && !Fits(expected, got))) {
+      return Fail(absl::StrCat("got ", got, " pages, model says ", DescribeExpected(expected)));
+    }
+    if (acquired.part_masks.size() != got) return Fail("part masks and pages differ in count");
+    const std::vector<uint32_t> masks(acquired.part_masks.begin(), acquired.part_masks.end());
+    if (ModelHitRule(masks, wanted) != got) {
+      return Fail("the acquired pages are no hit under the rule by their own parts");
+    }
+    const std::string ns = NamespaceOf(session_id);
+    for (size_t i = 0; i < got; ++i) {
+      const auto committed = committed_.find({ns, keys[i]});
+      const bool known = i < expected.ambiguous_at
+                             ? masks[i] == probes[i].mask
+                             : committed != committed_.end() && committed->second.count(masks[i]);
+      if (!known) {
+        return Fail(absl::StrCat("page ", i, " acquired with parts 0x", absl::Hex(masks[i]),
+                                 ", reported 0x", absl::Hex(probes[i].mask)));
+      }
+      std::string bytes(kSimPageBytes, '\0');
+      RETURN_IF_ERROR(pool_->ReadBlock(acquired.block_ids[i], 0, kSimPageBytes, bytes.data()));
+      if (bytes != PageBytes(ns, keys[i], masks[i])) {
+        return Fail(absl::StrCat("page ", i, " (", keys[i], ") holds other bytes"));
+      }
+      ++hit_pages_;
+      if (!probes[i].in_tier1) ++below_hit_pages_;
+    }
+    disk_hit_pages_ += acquired.by_tier.disk;
+    if (acquired.by_tier.pool + acquired.by_tier.host + acquired.by_tier.disk != got) {
+      return Fail("acquire's tiers do not sum to its pages");
+    }
+    // Only the unambiguous pages are the ones tier 1 indexes; an ambiguous one may be loaded
+    // into a copy of its own while tier 1's stays evictable.
+    const size_t indexed = std::min(got, expected.ambiguous_at);
+    Held held{session_id, std::vector<std::string>(keys.begin(), keys.begin() + indexed),
+              std::vector<uint32_t>(masks.begin(), masks.begin() + indexed), acquired.block_ids};
+    if (Chance(60)) {
+      trace_.push_back(absl::StrCat("release acquired ", acquired.sequence_id));
+      return pool_->Release(*sessions_.at(session_id).session, acquired.sequence_id);
+    }
+    held_[acquired.sequence_id] = std::move(held);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReleaseHeld() {
+    if (held_.empty()) return absl::OkStatus();
+    auto it = std::next(held_.begin(), Uniform(0, held_.size() - 1));
+    trace_.push_back(absl::StrCat("release acquired ", it->first));
+    const SessionInfo& info = sessions_.at(it->second.session_id);
+    RETURN_IF_ERROR(ExpectCode(pool_->Release(*info.session, it->first),
+                               info.ended ? absl::StatusCode::kAborted : absl::StatusCode::kOk,
+                               "release acquired"));
+    held_.erase(it);
+    return absl::OkStatus();
+  }
+
+  absl::Status PinPages() {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    const SessionInfo& info = sessions_.at(session_id);
+    const std::vector<std::string> keys = PickKeys();
+    if (info.manifest < 0) return absl::OkStatus();
+    const absl::Duration ttl = Chance(20) ? absl::ZeroDuration() : absl::Seconds(Uniform(1, 6));
+    ASSIGN_OR_RETURN(std::vector<PageProbe> probes, ProbeKeys(session_id, keys));
+    // No part asked for: the leading present pages, whatever parts they hold.
+    const Expected expected = Expect(probes, 0);
+    const PoolStatsSnapshot before = pool_->Stats();
+    absl::StatusOr<uint32_t> pinned = pool_->PinPages(*info.session, keys, ttl);
+    trace_.push_back(absl::StrCat(
+        "pin session ", session_id, " ", DescribeKeys(keys), " for ", absl::FormatDuration(ttl),
+        " -> ", pinned.ok() ? absl::StrCat(*pinned) : pinned.status().ToString(), ", model ",
+        DescribeExpected(expected), " of ", DescribeProbes(probes)));
+    pins_swept_at_ = clock_.Now();
+    if (!pinned.ok()) return pinned.status();
+    const bool room = before.free + before.evictable >= 2 * keys.size();
+    if (*pinned > expected.present || (room && !Fits(expected, *pinned))) {
+      return Fail("pin differs from the model");
+    }
+    if (ttl > absl::ZeroDuration() && *pinned > 0) {
+      Pin pin{session_id, clock_.Now() + ttl, {}, {}};
+      for (size_t i = 0; i < std::min<size_t>(*pinned, expected.ambiguous_at); ++i) {
+        pin.keys.push_back(keys[i]);
+        pin.masks.push_back(probes[i].mask);
+      }
+      pins_.push_back(std::move(pin));
+    }
+    return absl::OkStatus();
+  }
+
+  // Whether an acquire held or a pin not swept yet holds tier 1's copy of `page` (namespace,
+  // key).
+  bool HeldInTier1(const std::pair<std::string, std::string>& page) const {
+    for (const auto& [sequence_id, held] : held_) {
+      if (NamespaceOf(held.session_id) == page.first &&
+          std::find(held.keys.begin(), held.keys.end(), page.second) != held.keys.end()) {
+        return true;
+      }
+    }
+    for (const Pin& pin : pins_) {
+      if (pin.until > pins_swept_at_ && !sessions_.at(pin.session_id).ended &&
+          NamespaceOf(pin.session_id) == page.first &&
+          std::find(pin.keys.begin(), pin.keys.end(), page.second) != pin.keys.end()) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // A pin whose TTL has passed but that no reserve or acquire has swept yet: still held.
+  bool UnsweptExpiredPins() const {
+    for (const Pin& pin : pins_) {
+      if (pin.until <= clock_.Now() && pin.until > pins_swept_at_) return true;
+    }
+    return false;
+  }
+  bool LivePins() const {
+    for (const Pin& pin : pins_) {
+      if (pin.until > clock_.Now() && !sessions_.at(pin.session_id).ended) return true;
+    }
+    return false;
+  }
+
+  // Forgets what a session held once it ended.
+  void Ended(uint64_t session_id) {
+    sessions_.at(session_id).ended = true;
+    for (auto it = held_.begin(); it != held_.end();) {
+      it = it->second.session_id == session_id ? held_.erase(it) : std::next(it);
+    }
+    std::erase_if(pins_, [&](const Pin& pin) { return pin.session_id == session_id; });
+  }
+
+  absl::Status CloseSession() {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    trace_.push_back(absl::StrCat("close session ", session_id));
+    RETURN_IF_ERROR(
+        manager_->CloseSession(session_id, kEpoch, sessions_.at(session_id).session->principal)
+            .status());
+    Ended(session_id);
+    return absl::OkStatus();
+  }
+
+  absl::Status AdvanceAndExpire() {
+    const absl::Duration by = absl::Milliseconds(Uniform(1, 8) * 500);
+    clock_.Advance(by);
+    trace_.push_back(absl::StrCat("advance ", absl::FormatDuration(by)));
+    return Chance(70) ? ExpireSessions() : absl::OkStatus();
+  }
+
+  absl::Status ExpireSessions() {
+    size_t want = 0;
+    for (uint64_t id : session_order_) {
+      SessionInfo& info = sessions_.at(id);
+      if (info.ended || info.deadline > clock_.Now()) continue;
+      ++want;
+      Ended(id);
+    }
+    const size_t expired = manager_->ExpireSessions();
+    trace_.push_back(absl::StrCat("expire -> ", expired, ", model ", want));
+    return expired == want ? absl::OkStatus() : Fail("expired sessions differ from the model");
+  }
+
+  absl::Status KeepAlive() {
+    const uint64_t session_id = PickSession();
+    if (session_id == 0) return absl::OkStatus();
+    SessionInfo& info = sessions_.at(session_id);
+    const bool alive = info.deadline > clock_.Now();
+    trace_.push_back(absl::StrCat("keepalive session ", session_id));
+    RETURN_IF_ERROR(ExpectCode(manager_->sessions().KeepAlive(session_id),
+                               alive ? absl::StatusCode::kOk : absl::StatusCode::kAborted,
+                               "keepalive"));
+    if (alive) info.deadline = clock_.Now() + info.session->ttl;
+    return absl::OkStatus();
+  }
+
+  absl::Status Offload() {
+    const size_t stored = pool_->OffloadForTesting();
+    offloaded_ += stored;
+    trace_.push_back(absl::StrCat("offload -> ", stored));
+    // What was passed down becomes durable, hence visible, now (see Simulation::Offload).
+    if (disk_) pool_->disk_tier()->Flush();
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckAfterStep() {
+    RETURN_IF_ERROR(pool_->CheckInvariants());
+    const PoolStatsSnapshot stats = pool_->Stats();
+    if (stats.free + stats.evictable + stats.referenced != num_blocks_) {
+      return Fail(absl::StrCat("free ", stats.free, " + evictable ", stats.evictable,
+                               " + referenced ", stats.referenced, " != ", num_blocks_));
+    }
+    if (Exact()) ++exact_steps_;
+    // Held pages stay in tier 1 with their parts.
+    std::set<BlockId> held_blocks;
+    for (const auto& [sequence_id, held] : held_) {
+      for (size_t i = 0; i < held.keys.size(); ++i) {
+        ASSIGN_OR_RETURN(PageProbe probe, ProbeKey(held.session_id, held.keys[i]));
+        if (!probe.in_tier1 || probe.mask != held.masks[i]) {
+          return Fail(absl::StrCat("held page ", held.keys[i], " reports ", DescribeProbe(probe)));
+        }
+      }
+      held_blocks.insert(held.blocks.begin(), held.blocks.end());
+    }
+    for (const Pin& pin : pins_) {
+      if (pin.until <= clock_.Now()) continue;
+      for (size_t i = 0; i < pin.keys.size(); ++i) {
+        ASSIGN_OR_RETURN(PageProbe probe, ProbeKey(pin.session_id, pin.keys[i]));
+        if (!probe.in_tier1 || probe.mask != pin.masks[i]) {
+          return Fail(absl::StrCat("pinned page ", pin.keys[i], " reports ", DescribeProbe(probe)));
+        }
+      }
+    }
+    for (const auto& [sequence_id, put] : pending_) {
+      if (sessions_.at(put.session_id).ended) continue;
+      for (BlockId block : put.blocks) {
+        if (block != kNoBlock) held_blocks.insert(block);
+      }
+    }
+    if (!LivePins() && !UnsweptExpiredPins() && stats.referenced != held_blocks.size()) {
+      return Fail(absl::StrCat(stats.referenced, " blocks referenced; the model holds ",
+                               held_blocks.size(), ": {", absl::StrJoin(held_blocks, ","), "}"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::mt19937_64 rng_;
+  const bool disk_;
+  const int num_ops_;
+  uint32_t num_blocks_ = 0;
+  PoolOptions options_;
+  FakeClock clock_;
+  std::optional<testing::ScopedTempDir> disk_dir_;
+  std::unique_ptr<CacheManager> manager_;
+  Pool* pool_ = nullptr;
+  std::vector<std::shared_ptr<const CompatibilityManifest>> manifests_;
+  std::vector<std::string> keys_;
+  std::map<uint64_t, SessionInfo> sessions_;
+  std::vector<uint64_t> session_order_;
+  // By (namespace, key): every part mask a commit of it carried.
+  std::map<std::pair<std::string, std::string>, std::set<uint32_t>> committed_;
+  // Exact while nothing was evicted: tier 1's pages and their masks, by (namespace, key).
+  std::map<std::pair<std::string, std::string>, uint32_t> tier1_;
+  std::map<uint64_t, Put> pending_;  // by sequence id: reserved, written, not yet committed
+  std::map<uint64_t, Held> held_;    // by sequence id: acquired, not yet released
+  std::vector<Pin> pins_;
+  absl::Time pins_swept_at_ = absl::InfinitePast();
+  std::vector<std::string> trace_;
+  uint64_t hit_pages_ = 0;
+  uint64_t below_hit_pages_ = 0;
+  uint64_t disk_hit_pages_ = 0;
+  uint64_t offloaded_ = 0;
+  uint64_t exact_steps_ = 0;
+  uint64_t partial_hits_ = 0;
+  uint64_t ended_mid_put_ = 0;
+  uint64_t ambiguous_walks_ = 0;
+};
+
+void RunPageSeeds(absl::string_view name, uint64_t first_seed, bool disk, uint64_t default_seeds,
+                  uint64_t default_ops) {
+  const int ops = static_cast<int>(EnvOr("KVCACHE_SIM_OPS", default_ops));
+  const std::vector<uint64_t> seeds = SeedsToRun(first_seed, default_seeds);
+  SimTotals totals;
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t seed : seeds) {
+    PageSimulation simulation(seed, disk, ops);
+    const absl::Status status = simulation.Run(&totals);
+    ++totals.seeds;
+    if (!ReportSeed(name, seed, status, simulation.trace(), seeds.size() == 1)) break;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "%s: %llu seeds, %llu operations (%llu checked exactly), %llu pages acquired (%llu from "
+      "below tier 1, %llu from disk), %llu hits cut short by the hit rule, %llu evictions, "
+      "%llu offloaded, %llu puts ended with their session, %llu walks past a tier-1 page after one "
+      "from below; in %.1f s\n",
+      std::string(name).c_str(), static_cast<unsigned long long>(totals.seeds),
+      static_cast<unsigned long long>(totals.operations),
+      static_cast<unsigned long long>(totals.exact_steps),
+      static_cast<unsigned long long>(totals.hit_blocks),
+      static_cast<unsigned long long>(totals.tier_hit_blocks),
+      static_cast<unsigned long long>(totals.disk_hit_blocks),
+      static_cast<unsigned long long>(totals.partial_hits),
+      static_cast<unsigned long long>(totals.evictions),
+      static_cast<unsigned long long>(totals.offloaded_blocks),
+      static_cast<unsigned long long>(totals.ended_mid_put),
+      static_cast<unsigned long long>(totals.ambiguous_walks), seconds);
+  // A run that exercised nothing would pass vacuously.
+  if (seeds.size() > 100) {
+    EXPECT_GT(totals.hit_blocks, 0u);
+    EXPECT_GT(totals.tier_hit_blocks, 0u);
+    EXPECT_GT(totals.partial_hits, 0u);
+    EXPECT_GT(totals.evictions, 0u);
+    EXPECT_GT(totals.exact_steps, 0u);
+    EXPECT_GT(totals.ended_mid_put, 0u);
+    if (disk) {
+      EXPECT_GT(totals.disk_hit_blocks, 0u);
+    }
+  }
+}
+
+// The model's hit rule itself, on the cases the issue names, so that a wrong model cannot agree
+// with a wrong pool.
+TEST(SimulationTest, ModelHitRuleEndsWhereEveryWantedPartCanRestore) {
+  constexpr uint32_t kKv = 1, kSwa = 2, kState = 4;
+  // state only on page 2: kv + state ends after page 2; kv alone covers all.
+  EXPECT_EQ(ModelHitRule({kKv, kKv, kKv | kState, kKv}, kKv | kState), 3u);
+  EXPECT_EQ(ModelHitRule({kKv, kKv, kKv | kState, kKv}, kKv), 4u);
+  // swa needs the last two pages: missing on page 0 only is fine past page 1.
+  EXPECT_EQ(ModelHitRule({kKv, kKv | kSwa, kKv | kSwa}, kKv | kSwa), 3u);
+  EXPECT_EQ(ModelHitRule({kKv | kSwa, kKv, kKv | kSwa}, kKv | kSwa), 1u);
+  // kv missing on an inner page ends the hit there.
+  EXPECT_EQ(ModelHitRule({kKv, kSwa, kKv}, kKv), 1u);
+  EXPECT_EQ(ModelHitRule({}, kKv), 0u);
+  EXPECT_EQ(ModelHitRule({kState, kState}, 0), 2u);
+}
+
+// Tier 2 under every page: 2,000 seeds of 120 operations (500 under ASan), as the tier runs.
+TEST(SimulationTest, PagesMatchTheModel) {
+  RunPageSeeds("PagesMatchTheModel", 4'000'000, /*disk=*/false, kTierSeeds, kTierOps);
+}
+
+// Tier 2 over a disk tier: pages and their parts come back from the disk too.
+TEST(SimulationTest, PagesOnADiskTierMatchTheModel) {
+  RunPageSeeds("PagesOnADiskTierMatchTheModel", 4'500'000, /*disk=*/true, kDiskSeeds, kTierOps);
 }
 
 }  // namespace

@@ -115,6 +115,12 @@ KvCacheClient::PoolDescription SamplePool() {
   pool.pool.mapping.kind = KvCacheClient::PoolMapping::Kind::kShm;
   pool.pool.mapping.shm_name = "/kvcache.1.default";
   pool.pool.mapping.size_bytes = 64 * pool.pool.block_bytes;
+  pool.pool.parts = {{.name = "kv", .offset = 0, .bytes = 24576},
+                     {.name = "state",
+                      .offset = 24576,
+                      .bytes = 8192,
+                      .policy = PartHitPolicy::kTrailingPages,
+                      .trailing_pages = 1}};
   pool.counts = {.free = 60, .evictable = 2, .referenced = 2};
   pool.manifests.push_back(KvCacheClient::ManifestInUse{
       .digest = "00112233445566778899aabbccddeeff",
@@ -123,7 +129,7 @@ KvCacheClient::PoolDescription SamplePool() {
                                  .model_config_digest = "\x01\xff",
                                  .kv_dtype = "fp16",
                                  .page_tokens = 16,
-                                 .parts = {{"kv", 32768}},
+                                 .parts = {{"kv", 24576}, {"state", 8192}},
                                  .parallel = {.tp_size = 2, .tp_rank = 1}},
       .sessions = 3});
   return pool;
@@ -132,18 +138,18 @@ KvCacheClient::PoolDescription SamplePool() {
 TEST(PoolsFormatTest, TableRowAndJsonShape) {
   const std::vector<KvCacheClient::PoolDescription> pools = {SamplePool()};
   EXPECT_EQ(PoolsTable(pools).Render(),
-            "NAME      MODEL   BLOCKS   BLOCK_SIZE   LAYOUT           MEMORY   FREE   EVICTABLE   "
-            "REFERENCED   HASH\n"
-            "default   -           64           16   L4/H2/D64/fp16   host       60           2   "
-            "         2   xxh3_128\n");
+            "NAME      MODEL   BLOCKS   BLOCK_SIZE   LAYOUT           PARTS                       "
+            "MEMORY   FREE   EVICTABLE   REFERENCED   HASH\n"
+            "default   -           64           16   L4/H2/D64/fp16   kv/24K+state/8K/trailing1   "
+            "host       60           2            2   xxh3_128\n");
 
   const Json document = PoolsJson(pools);
   ASSERT_TRUE(document["pools"].is_array());
   ASSERT_EQ(document["pools"].size(), 1);
   const Json& pool = document["pools"][0];
-  EXPECT_THAT(Keys(pool),
-              ElementsAre("name", "model_id", "num_blocks", "block_size", "block_bytes", "layout",
-                          "memory_kind", "hash_algorithm", "counts", "mapping", "manifests"));
+  EXPECT_THAT(Keys(pool), ElementsAre("name", "model_id", "num_blocks", "block_size", "block_bytes",
+                                      "layout", "parts", "memory_kind", "hash_algorithm", "counts",
+                                      "mapping", "manifests"));
   EXPECT_EQ(pool["name"], "default");
   EXPECT_TRUE(pool["num_blocks"].is_number_unsigned());
   EXPECT_EQ(pool["num_blocks"], 64);
@@ -163,8 +169,38 @@ TEST(PoolsFormatTest, TableRowAndJsonShape) {
   EXPECT_EQ(manifest["sessions"], 3);
   EXPECT_EQ(manifest["model_config_digest"], "01ff");
   EXPECT_EQ(manifest["page_tokens"], 16);
-  EXPECT_EQ(manifest["parts"][0]["bytes"], 32768);
+  EXPECT_EQ(manifest["parts"][0]["bytes"], 24576);
+  EXPECT_EQ(manifest["parts"][1]["name"], "state");
   EXPECT_EQ(manifest["parallel"]["tp_rank"], 1);
+  ASSERT_EQ(pool["parts"].size(), 2);
+  EXPECT_EQ(pool["parts"][1]["name"], "state");
+  EXPECT_EQ(pool["parts"][1]["offset"], 24576);
+  EXPECT_EQ(pool["parts"][1]["bytes"], 8192);
+  EXPECT_EQ(pool["parts"][1]["hit_policy"], "trailing_pages");
+  EXPECT_EQ(pool["parts"][1]["trailing_pages"], 1);
+  EXPECT_EQ(pool["parts"][0]["hit_policy"], "all_pages");
+  EXPECT_EQ(PoolJson(pools[0]), pool);
+}
+
+TEST(PoolsFormatTest, PartsReadAsAPoolSpecWritesThem) {
+  const KvCacheClient::PoolDescription pool = SamplePool();
+  EXPECT_EQ(PartsSummary(pool.pool.parts), "kv/24K+state/8K/trailing1");
+  EXPECT_EQ(PartsSummary({{.name = "kv", .bytes = 100}}), "kv/100");
+  EXPECT_EQ(PartsSummary({}), "-");
+  EXPECT_EQ(ManifestPartsSummary(pool.manifests[0].manifest.parts), "kv/24K+state/8K");
+}
+
+TEST(PoolsFormatTest, DescribeTablesShowPartsAndManifests) {
+  const KvCacheClient::PoolDescription pool = SamplePool();
+  EXPECT_EQ(PartsTable(pool.pool.parts).Render(),
+            "PART    OFFSET   BYTES   HIT_POLICY       TRAILING_PAGES\n"
+            "kv           0   24576   all_pages                     -\n"
+            "state    24576    8192   trailing_pages                1\n");
+  EXPECT_EQ(ManifestsTable(pool.manifests).Render(),
+            "DIGEST                             TENANT    MODEL   CONFIG   DTYPE   PAGE_TOKENS   "
+            "PARTS             TP    PP    CP    KEY_HASH   SESSIONS\n"
+            "00112233445566778899aabbccddeeff   default   llama   01ff     fp16             16   "
+            "kv/24K+state/8K   1/2   0/1   0/1   -                 3\n");
 }
 
 TEST(StatsFormatTest, HitRatioIsComputedFromTheCounters) {

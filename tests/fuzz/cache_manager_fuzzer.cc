@@ -1,11 +1,14 @@
 // libFuzzer target: the cache core (CacheManager and its Pools) under arbitrary operation
 // sequences decoded from the input — sessions opened, kept alive, closed and expired on a fake
 // clock; sequences opened (every OpenMode), extended, committed, forked, released one by one and
-// by session; lookups; block reads, writes and checksums; tenant quotas changed mid-run; and
-// device faults injected into the pools' memory. After every operation each pool's invariants
-// hold (Pool::CheckInvariants, free + evictable + referenced = size, the tenants' shares add up
-// to the pool's); at the end of an input, once every session is closed, nothing is referenced
-// and no quota is held. A violation aborts (FUZZ_CHECK), which libFuzzer records as a crash.
+// by session; lookups; block reads, writes and checksums; tenant quotas changed mid-run; device
+// faults injected into the pools' memory; and pages named by keys (DESIGN §13) reserved with
+// random part masks, written, committed, looked for, acquired, pinned, and offloaded to pool 0's
+// tier 2 (pool 0's pages have two parts, pool 1's one). After every operation each pool's
+// invariants hold (Pool::CheckInvariants, free + evictable + referenced = size, the tenants'
+// shares add up to the pool's), and an acquire's pages are a hit under the hit rule by their own
+// parts; at the end of an input, once every session is closed, nothing is referenced and no
+// quota is held. A violation aborts (FUZZ_CHECK), which libFuzzer records as a crash.
 //
 // Each input gets a fresh CacheManager, so a crash reproduces from its input alone.
 //
@@ -19,11 +22,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "cache/cache_manager.h"
 #include "cache/pool.h"
 #include "cache/pool_memory.h"
 #include "cache/tenant_quotas.h"
+#include "common/page_parts.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_inputs.h"
 #include "tests/testing/fake_clock.h"
@@ -39,6 +44,14 @@ constexpr uint64_t kEpoch = 7;
 constexpr int kMaxOps = 200;
 const char* const kPrincipals[] = {"uid:1", "uid:2"};
 const char* const kTenants[] = {"a", "b", "c"};
+// Page keys: short ones and two of the most bytes a key may have (kMaxPageKeyBytes) that share
+// their first 16.
+const char* const kPageKeys[] = {"page-a",
+                                 "page-b",
+                                 "page-c",
+                                 "page-d",
+                                 "0123456789abcdef-long-key-a-0123456789abcdef0123456789abcdef01",
+                                 "0123456789abcdef-long-key-b-0123456789abcdef0123456789abcdef01"};
 
 enum class Op {
   kOpenSession,
@@ -57,7 +70,13 @@ enum class Op {
   kChecksum,
   kSetLimits,
   kArmFault,
-  kMaxValue = kArmFault,  // FuzzedDataProvider::ConsumeEnum's bound
+  kReservePages,
+  kCommitPages,
+  kExistsPages,
+  kAcquirePages,
+  kPinPages,
+  kOffload,
+  kMaxValue = kOffload,  // FuzzedDataProvider::ConsumeEnum's bound
 };
 
 // A sequence the harness opened and has not released: its pool, session and block table, so
@@ -72,7 +91,8 @@ class Harness {
  public:
   explicit Harness(FuzzedDataProvider& in) : in_(in) {
     // Two small pools, so eviction, resurrection and exhaustion are a few operations away: pool 0
-    // with 1, 2 or 4 tokens per block (xxh3), pool 1 with 2 (sha256).
+    // with 1, 2 or 4 tokens per block (xxh3) and two page parts, kv and a state the hit needs on
+    // its last page only; pool 1 with 2 (sha256) and the one part kv.
     const uint32_t block_sizes[] = {1, 2, 4};
     for (size_t i = 0; i < 2; ++i) {
       PoolOptions options;
@@ -85,6 +105,17 @@ class Harness {
                                   .dtype = DType::kFloat16};
       options.num_blocks = i == 0 ? in_.ConsumeIntegralInRange<uint32_t>(1, 12) : 6;
       options.hash_algorithm = i == 0 ? HashAlgorithm::kXxh3_128 : HashAlgorithm::kSha256;
+      if (i == 0) {
+        const uint64_t half = options.layout.BlockBytes() / 2;
+        auto parts = ParsePageParts(absl::StrCat("kv/", half, "+state/", half, "/trailing1"),
+                                    options.layout.BlockBytes());
+        FUZZ_CHECK_OK(parts.status());
+        options.parts = *std::move(parts);
+        // A tier 2 of a few blocks, filled only by kOffload (no mover thread: an input replays),
+        // so pages come back from below, parts and all, and loads can run out of room.
+        options.host_tier_bytes = 4 * options.layout.BlockBytes();
+        options.testing_manual_offload = true;
+      }
       auto host = HostPoolMemory::Create(options.layout.BlockBytes(), options.num_blocks);
       FUZZ_CHECK_OK(host.status());
       auto memory = std::make_unique<FaultInjectionPoolMemory>(*std::move(host));
@@ -109,8 +140,9 @@ class Harness {
         // Half the sessions are bound to a manifest, which may not fit the pool they use.
         std::shared_ptr<const CompatibilityManifest> manifest;
         if (in_.ConsumeBool()) {
+          const Pool& pool = *pools_[PickPool()];
           manifest = CompatibilityManifest::Create(
-                         ConsumeManifest(in_, pools_[PickPool()]->options().layout))
+                         ConsumeManifest(in_, pool.options().layout, pool.parts()))
                          .value_or(nullptr);
         }
         auto session = manager_.sessions().Open(
@@ -188,6 +220,106 @@ class Harness {
                                        FaultInjectionPoolMemory::StickyCudaError());
         break;
       }
+      case Op::kReservePages:
+      case Op::kCommitPages:
+      case Op::kExistsPages:
+      case Op::kAcquirePages:
+      case Op::kPinPages:
+        PageOp(op);
+        break;
+      case Op::kOffload:
+        pools_[0]->OffloadForTesting();
+        break;
+    }
+  }
+
+  // 1 to 4 page keys, now and then none or one too long.
+  std::vector<std::string> PickPageKeys() {
+    std::vector<std::string> keys(Rarely(in_, 16) ? 0 : in_.ConsumeIntegralInRange(1, 4));
+    for (std::string& key : keys) {
+      key = Rarely(in_, 16) ? in_.ConsumeRandomLengthString(kMaxPageKeyBytes + 4)
+                            : std::string(in_.PickValueInArray(kPageKeys));
+    }
+    return keys;
+  }
+  // A mask over the pool's parts (now and then 0 or past them, which is refused).
+  uint32_t PickPartMask() {
+    return in_.ConsumeIntegralInRange<uint32_t>(Rarely(in_, 16) ? 0 : 1, 4);
+  }
+
+  // A page call by a session of the input (ended ones included) on either pool (pool 1 has one
+  // part; a session's manifest may fit neither).
+  void PageOp(Op op) {
+    const std::shared_ptr<Session> session = PickSession();
+    if (session == nullptr) return;
+    const size_t pool_index = PickPool();
+    Pool& pool = *pools_[pool_index];
+    const uint32_t wanted = in_.ConsumeIntegralInRange<uint32_t>(0, 3);
+    switch (op) {
+      case Op::kReservePages: {
+        const std::vector<std::string> keys = PickPageKeys();
+        std::vector<uint32_t> masks;
+        if (in_.ConsumeBool()) {
+          masks.resize(Rarely(in_, 16) ? in_.ConsumeIntegralInRange<size_t>(0, 5) : keys.size());
+          for (uint32_t& mask : masks) mask = PickPartMask();
+        }
+        auto reserved = pool.ReservePages(*session, keys, masks);
+        if (!reserved.ok()) break;
+        FUZZ_CHECK(reserved->block_ids.size() == keys.size(), "%zu blocks for %zu keys",
+                   reserved->block_ids.size(), keys.size());
+        std::vector<BlockId> fresh;
+        for (BlockId block : reserved->block_ids) {
+          if (block != kNoBlock) fresh.push_back(block);
+        }
+        tracked_[reserved->sequence_id] = Tracked{session->id, pool_index, fresh};
+        sequence_ids_.push_back(reserved->sequence_id);
+        break;
+      }
+      case Op::kCommitPages: {
+        const uint64_t id = PickSequenceId();
+        auto found = manager_.PoolOfSequence(id);
+        if (!found.ok()) break;
+        // A commit ends the reservation; a refused one (not a reservation, not this session's)
+        // leaves it as it was.
+        if ((*found)->CommitPages(*session, id).ok()) tracked_.erase(id);
+        break;
+      }
+      case Op::kExistsPages: {
+        const std::vector<std::string> keys = PickPageKeys();
+        auto found = pool.ExistsPages(*session, keys, wanted);
+        if (!found.ok()) break;
+        const PagesByTier& tiers = found->by_tier;
+        FUZZ_CHECK(found->num_pages <= keys.size() &&
+                       tiers.pool + tiers.host + tiers.disk + tiers.cluster == found->num_pages,
+                   "exists: %u pages of %zu keys", found->num_pages, keys.size());
+        break;
+      }
+      case Op::kAcquirePages: {
+        const std::vector<std::string> keys = PickPageKeys();
+        auto acquired = pool.AcquirePages(*session, keys, wanted, 0);
+        if (!acquired.ok()) break;
+        const size_t got = acquired->block_ids.size();
+        FUZZ_CHECK(got <= keys.size() && acquired->part_masks.size() == got,
+                   "acquire: %zu pages, %zu masks, %zu keys", got, acquired->part_masks.size(),
+                   keys.size());
+        // What an acquire gives is a hit by the parts it says the pages hold.
+        FUZZ_CHECK(RestorablePages(pool.parts(), wanted, acquired->part_masks) == got,
+                   "acquire: %zu pages are no hit for parts 0x%x", got, wanted);
+        tracked_[acquired->sequence_id] = Tracked{session->id, pool_index, acquired->block_ids};
+        sequence_ids_.push_back(acquired->sequence_id);
+        break;
+      }
+      case Op::kPinPages: {
+        const std::vector<std::string> keys = PickPageKeys();
+        const absl::Duration ttl =
+            absl::Milliseconds(in_.ConsumeIntegralInRange<uint32_t>(0, 4000));
+        auto pinned = pool.PinPages(*session, keys, Rarely(in_, 16) ? Pool::kMaxPinTtl * 2 : ttl);
+        FUZZ_CHECK(!pinned.ok() || *pinned <= keys.size(), "pinned %u of %zu keys", *pinned,
+                   keys.size());
+        break;
+      }
+      default:
+        break;
     }
   }
 

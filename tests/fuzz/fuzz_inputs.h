@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "cache/pool.h"
 #include "common/block_hash.h"
 #include "common/compatibility_manifest.h"
+#include "common/page_parts.h"
 #include "common/pool_layout.h"
 
 namespace kvcache {
@@ -86,16 +88,23 @@ inline PromptInput ConsumePrompt(FuzzedDataProvider& in,
   return prompt;
 }
 
-// A compatibility manifest for a pool of `layout`: mostly one that fits it, of one of two config
-// digests and two TP ranks (so sessions share blocks or keep apart), now and then with one field
-// that contradicts the layout or does not validate at all.
-inline ManifestFields ConsumeManifest(FuzzedDataProvider& in, const PoolLayout& layout) {
+// A compatibility manifest for a pool of `layout` (and its `pool_parts`, where it declares
+// parts): mostly one that fits it, of one of two config digests and two TP ranks (so sessions
+// share blocks or keep apart), now and then with one field that contradicts the layout or does
+// not validate at all.
+inline ManifestFields ConsumeManifest(FuzzedDataProvider& in, const PoolLayout& layout,
+                                      absl::Span<const PagePartLayout> pool_parts = {}) {
   ManifestFields fields{.model_id = "fuzz-model",
                         .model_config_digest = in.ConsumeBool() ? "rope-b" : "rope-a",
                         .kv_dtype = std::string(DTypeName(layout.dtype)),
                         .page_tokens = layout.block_size,
                         .parts = {{"kv", layout.BlockBytes()}},
                         .parallel = {.tp_size = 2, .tp_rank = in.ConsumeIntegralInRange(0u, 1u)}};
+  // A pool that declares parts is fitted by a manifest naming the same ones.
+  if (!pool_parts.empty()) {
+    fields.parts.clear();
+    for (const PagePartLayout& part : pool_parts) fields.parts.push_back({part.name, part.bytes});
+  }
   if (!Rarely(in, 4)) return fields;
   switch (in.ConsumeIntegralInRange(0, 7)) {
     case 0:

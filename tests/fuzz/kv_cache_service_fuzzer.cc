@@ -72,11 +72,21 @@ const char* const kTokens[] = {"globex-token", "reader-token", "admin-token", "u
 const char* const kTenantNames[] = {"", "default", "globex", "ops", "nobody"};
 const char* const kPoolNames[] = {"p0", "p1"};
 const char* const kRendezvousKeys[] = {"k0", "k1"};
+// Page keys (an engine's own names for its pages): a few short ones, two of the 64 bytes a key
+// may have that share their first 16 (the bytes a hit compares beside the key's digest).
+const char* const kPageKeys[] = {"page-0",
+                                 "page-1",
+                                 "page-2",
+                                 "page-3",
+                                 "0123456789abcdef-long-key-a-0123456789abcdef0123456789abcdef01",
+                                 "0123456789abcdef-long-key-b-0123456789abcdef0123456789abcdef01"};
+// Part names: pool p0's two, and one no pool has.
+const char* const kPartNames[] = {"kv", "state", "swa"};
 // Request fields that name daemon state.
 bool IsStateField(absl::string_view name) {
   constexpr absl::string_view kNames[] = {
-      "session_id", "sequence_id",        "epoch",         "pool", "tokens", "tenant", "key",
-      "value",      "num_written_tokens", "start_sequence"};
+      "session_id", "sequence_id",        "epoch",          "pool", "tokens", "tenant", "key",
+      "value",      "num_written_tokens", "start_sequence", "keys", "pages"};
   return absl::c_linear_search(kNames, name);
 }
 
@@ -117,7 +127,8 @@ Server* StartServer() {
       << "token reader sha256:" << Sha256Hex(kTokens[1]) << " default reader\n"
       << "token ops sha256:" << Sha256Hex(kTokens[2]) << " ops admin\n";
   // Two tiny pools (64-byte blocks of 4 tokens, xxh3; 32-byte blocks of 2 tokens, sha256) so
-  // eviction and exhaustion are a few calls away and put streams are short.
+  // eviction and exhaustion are a few calls away and put streams are short. p0's pages have two
+  // parts, a state on the last page of a hit only, so the page calls' hit rule has work to do.
   for (int i = 0; i < 2; ++i) {
     PoolOptions pool;
     pool.name = kPoolNames[i];
@@ -129,6 +140,12 @@ Server* StartServer() {
                              .dtype = DType::kFloat16};
     pool.num_blocks = i == 0 ? 16 : 8;
     pool.hash_algorithm = i == 0 ? HashAlgorithm::kXxh3_128 : HashAlgorithm::kSha256;
+    if (i == 0) {
+      absl::StatusOr<std::vector<PagePartLayout>> parts =
+          ParsePageParts("kv/48+state/16/trailing1", pool.layout.BlockBytes());
+      FUZZ_CHECK_OK(parts.status());
+      pool.parts = *std::move(parts);
+    }
     options.pools.push_back(pool);
   }
   options.session_limits.max_sessions = 8;
@@ -232,7 +249,40 @@ class Harness {
   std::string Build(const Descriptor* type) {
     std::unique_ptr<Message> message(NewMessage(type));
     Fill(*message, 0);
+    if (!Rarely(in_, 8)) MatchPagesToKeys(*message);
     return message->SerializeAsString();
+  }
+
+  // Page requests mostly well formed, so that they get past validation: part masks none or one
+  // per key, and (PutPages) one whole page of the named pool per key with its checksum.
+  void MatchPagesToKeys(Message& message) {
+    const Descriptor* type = message.GetDescriptor();
+    const Reflection* reflection = message.GetReflection();
+    const FieldDescriptor* keys = type->FindFieldByName("keys");
+    if (keys == nullptr || !keys->is_repeated()) return;
+    const int num_keys = reflection->FieldSize(message, keys);
+    if (const FieldDescriptor* masks = type->FindFieldByName("part_masks")) {
+      reflection->ClearField(&message, masks);
+      for (int i = 0; in_.ConsumeBool() && i < num_keys; ++i) {
+        reflection->AddUInt32(&message, masks, in_.ConsumeIntegralInRange<uint32_t>(1, 3));
+      }
+    }
+    const FieldDescriptor* pages = type->FindFieldByName("pages");
+    const FieldDescriptor* checksums = type->FindFieldByName("page_checksums");
+    if (pages == nullptr || checksums == nullptr) return;
+    const std::string pool = reflection->GetString(message, type->FindFieldByName("pool"));
+    const std::vector<Pool*> pools = server_.daemon->manager().pools();
+    const auto named =
+        absl::c_find_if(pools, [&](const Pool* p) { return p->options().name == pool; });
+    const uint64_t page_bytes = named == pools.end() ? 64 : (*named)->options().layout.BlockBytes();
+    reflection->ClearField(&message, pages);
+    reflection->ClearField(&message, checksums);
+    for (int i = 0; i < num_keys; ++i) {
+      const std::string page(page_bytes, static_cast<char>(in_.ConsumeIntegral<uint8_t>()));
+      reflection->AddUInt64(&message, checksums,
+                            Rarely(in_, 16) ? 0 : BlockChecksum(page.data(), page.size()));
+      reflection->AddString(&message, pages, page);
+    }
   }
 
   static Message* NewMessage(const Descriptor* type) {
@@ -338,6 +388,12 @@ class Harness {
         } else if (name == "key") {
           value = Rarely(in_, 8) ? in_.ConsumeRandomLengthString(300)
                                  : in_.PickValueInArray(kRendezvousKeys);
+        } else if (name == "keys") {
+          value =
+              Rarely(in_, 8) ? in_.ConsumeRandomLengthString(80) : in_.PickValueInArray(kPageKeys);
+        } else if (name == "parts") {
+          value =
+              Rarely(in_, 8) ? in_.ConsumeRandomLengthString(8) : in_.PickValueInArray(kPartNames);
         } else {
           value = in_.ConsumeRandomLengthString(in_.ConsumeBool() ? 32 : 5000);
         }
@@ -365,7 +421,7 @@ class Harness {
   void FillManifest(v1::CompatibilityManifest* manifest) {
     const std::vector<Pool*> pools = server_.daemon->manager().pools();
     const Pool* pool = pools[in_.ConsumeIntegralInRange<size_t>(0, pools.size() - 1)];
-    ToProto(ConsumeManifest(in_, pool->options().layout), manifest);
+    ToProto(ConsumeManifest(in_, pool->options().layout, pool->parts()), manifest);
   }
 
   // A PutBlocks stream: a header, then the bytes of the blocks it names in chunks. Mostly

@@ -236,6 +236,26 @@ class KvcachectlTest(unittest.TestCase):
         self.assertEqual(counts["free"] + counts["evictable"] + counts["referenced"], POOL_BLOCKS)
         self.assertGreaterEqual(counts["referenced"], 1)  # the holder's sequence
         self.assertEqual(pool["mapping"]["kind"], "shm")
+        # A pool declared without parts has the one part "kv", the whole page.
+        self.assertEqual(pool["parts"], [{"name": "kv", "offset": 0, "bytes": pool["block_bytes"],
+                                          "hit_policy": "all_pages", "trailing_pages": 0}])
+        self.assertEqual(rows[0][5], "PARTS")
+        self.assertEqual(rows[1][5], "kv/%dK" % (pool["block_bytes"] // 1024))
+
+    def test_describe(self):
+        rows = self.table("describe", "--pool", "default")
+        self.assertEqual(rows[0][:2], ["NAME", "MODEL"])
+        self.assertEqual(rows[1][0], "default")
+        part_header = rows.index(["PART", "OFFSET", "BYTES", "HIT_POLICY", "TRAILING_PAGES"])
+        self.assertEqual(rows[part_header + 1][:4], ["kv", "0", rows[part_header + 1][2],
+                                                     "all_pages"])
+        described = self.document("describe", "--pool", "default")
+        self.assertEqual(described, self.document("pools")["pools"][0] | {
+            "counts": described["counts"]})  # the counts may move between the two calls
+        self.assertEqual(int(rows[part_header + 1][2]), described["block_bytes"])
+        self.assertIsInstance(described["manifests"], list)
+        done = ctl(self.target, "describe", "--pool", "nope")
+        self.assertRegex(done.stderr, r"^kvcachectl: describe: NOT_FOUND: .+\n$")
 
     def test_stats(self):
         rows = self.table("stats")
@@ -398,6 +418,7 @@ class KvcachectlTest(unittest.TestCase):
                             (["lookup", "--pool", "default", "--tokens_file",
                               os.path.join(self.directory.name, "missing")], None),
                             (["lookup"], "1 2 3"),
+                            (["describe"], None),  # --pool is required
                             (["health", "--watch"], None),  # not a read command that repeats
                             (["pools", "--count", "2"], None),  # --count without --watch
                             (["-o", "xml", "pools"], None),
