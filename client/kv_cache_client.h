@@ -514,14 +514,13 @@ class KvCacheClient {
 
   // Pages named by the engine's own keys (DESIGN §13; the proto's page calls say what the daemon
   // does). `keys`: 1 to kMaxPagesPerCall keys of 1 to kMaxPageKeyBytes bytes each, in prefix
-  // order; the client refuses another batch locally with INVALID_ARGUMENT, as it does counts
+  // order; the client refuses any other batch locally with INVALID_ARGUMENT, as it does counts
   // that disagree (part masks neither none nor one per key, pages not one per key). Every call
   // needs an open session (FAILED_PRECONDITION locally otherwise), opened with a manifest whose
   // parts are the pool's (the daemon's FAILED_PRECONDITION otherwise), and fences on its epoch
   // like the session calls. Part masks: bit i is PoolInfo::parts[i]; none: every part.
   //
-  // ExistsPages: how many leading keys the hit rule restores, over every tier.
-  // Read-only.
+  // ExistsPages: how many leading keys the hit rule restores, over every tier. Read-only.
   absl::StatusOr<PagesFound> ExistsPages(absl::string_view pool, absl::Span<const std::string> keys,
                                          absl::Span<const std::string> parts = {});
   // Same node, write: a block per key not present (write its page into the mapped pool), then
