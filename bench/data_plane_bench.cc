@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "bench/bench_run.h"
 #include "bench/child_process.h"
+#include "bench/interleaved_rates.h"
 #include "bench/redis_peer.h"
 #include "client/kv_cache_client.h"
 #include "common/rpc/grpc_tuning.h"
@@ -41,7 +42,8 @@
 namespace kvcache {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Bandwidth;
+using bench::InterleavedRates;
 
 constexpr uint64_t kBytesPerOp = 8 << 20;  // each put/get moves 8 MiB of whole blocks
 constexpr uint32_t kChunkBytes = 2 << 20;
@@ -56,19 +58,6 @@ PoolLayout LayoutFor(uint32_t layers) {
                     .head_dim = 128,
                     .block_size = kBlockSize,
                     .dtype = DType::kFloat16};
-}
-
-// Runs `op` (returning bytes moved, or 0 on failure) repeatedly for `seconds`; GB/s.
-double Bandwidth(double seconds, const std::function<uint64_t()>& op) {
-  uint64_t bytes = 0;
-  const auto start = Clock::now();
-  const auto stop = start + std::chrono::duration<double>(seconds);
-  while (Clock::now() < stop) {
-    const uint64_t moved = op();
-    if (moved == 0) bench::Fail("an operation failed (moved no bytes)");
-    bytes += moved;
-  }
-  return bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
 }
 
 // The daemon as deployed: a kvcache-manager process beside this one (in-process, its gRPC
@@ -202,44 +191,6 @@ class DaemonPeer {
   std::optional<bench::ChildProcess> daemon_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   uint64_t session_ = 0;
-};
-
-// Every op in `ops` measured for `rounds` interleaved slices of `seconds / rounds` each: this
-// machine is noisy, and interleaving exposes every op to the same noise.
-class InterleavedRates {
- public:
-  InterleavedRates(double seconds, int rounds, const std::vector<std::function<uint64_t()>>& ops)
-      : samples_(ops.size()) {
-    for (const auto& op : ops) op();  // warm up: connections, page tables, caches
-    for (int round = 0; round < rounds; ++round) {
-      for (size_t i = 0; i < ops.size(); ++i) {
-        samples_[i].push_back(Bandwidth(seconds / rounds, ops[i]));
-      }
-    }
-  }
-
-  // Op `i`'s median GB/s.
-  double Median(size_t i) const { return MedianOf(samples_[i]); }
-
-  // The median over rounds of op `a`'s rate over op `b`'s in the same round: slices measured
-  // side by side share the machine's state, so their ratio holds when the absolute rates drift
-  // between rounds (Redis alone swings 2x from one second to the next here). 0 when b is 0.
-  double Ratio(size_t a, size_t b) const {
-    std::vector<double> ratios;
-    for (size_t round = 0; round < samples_[a].size(); ++round) {
-      if (samples_[b][round] == 0) return 0;
-      ratios.push_back(samples_[a][round] / samples_[b][round]);
-    }
-    return MedianOf(std::move(ratios));
-  }
-
- private:
-  static double MedianOf(std::vector<double> values) {
-    std::sort(values.begin(), values.end());
-    return values[values.size() / 2];
-  }
-
-  std::vector<std::vector<double>> samples_;  // per op, per round
 };
 
 void RunTransport(const std::string& name, const std::string& listen, bool unix_socket,

@@ -4,9 +4,12 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -158,27 +161,87 @@ absl::Status RedisPeer::SetAll(const std::vector<std::string>& keys,
 
 absl::StatusOr<uint64_t> RedisPeer::GetAll(const std::vector<std::string>& keys,
                                            std::string* scratch) {
-  return GetEach(keys, [scratch](uint64_t, size_t size) {
+  return GetEach(keys, /*one_command=*/false, [scratch](uint64_t, size_t size) {
     scratch->resize(size);
     return scratch->data();
   });
 }
 
+namespace {
+
+// Places each value after the one before in `destination`; nullptr past its end.
+auto Consecutive(absl::Span<char> destination) {
+  return [destination](uint64_t offset, size_t size) -> char* {
+    return offset + size <= destination.size() ? destination.data() + offset : nullptr;
+  };
+}
+
+}  // namespace
+
 absl::StatusOr<uint64_t> RedisPeer::GetAllInto(const std::vector<std::string>& keys,
                                                absl::Span<char> destination) {
-  return GetEach(keys, [destination](uint64_t offset, size_t size) -> char* {
-    return offset + size <= destination.size() ? destination.data() + offset : nullptr;
-  });
+  return GetEach(keys, /*one_command=*/false, Consecutive(destination));
+}
+
+absl::StatusOr<uint64_t> RedisPeer::MGetInto(const std::vector<std::string>& keys,
+                                             absl::Span<char> destination) {
+  return GetEach(keys, /*one_command=*/true, Consecutive(destination));
+}
+
+absl::Status RedisPeer::MSet(const std::vector<std::string>& keys,
+                             const std::vector<std::string>& values) {
+  // The command's framing, then each value from where it lies, in writev batches.
+  std::vector<std::string> headers;
+  headers.reserve(keys.size() + 1);
+  headers.push_back(absl::StrCat("*", 1 + 2 * keys.size(), "\r\n$4\r\nMSET\r\n"));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    headers.push_back(absl::StrCat(i == 0 ? "" : "\r\n", "$", keys[i].size(), "\r\n", keys[i],
+                                   "\r\n$", values[i].size(), "\r\n"));
+  }
+  static constexpr char kEnd[] = "\r\n";
+  std::vector<iovec> pieces;
+  pieces.push_back({headers[0].data(), headers[0].size()});
+  for (size_t i = 0; i < keys.size(); ++i) {
+    pieces.push_back({headers[i + 1].data(), headers[i + 1].size()});
+    pieces.push_back({const_cast<char*>(values[i].data()), values[i].size()});
+  }
+  pieces.push_back({const_cast<char*>(kEnd), 2});
+  size_t next = 0;
+  while (next < pieces.size()) {
+    const int count = static_cast<int>(std::min<size_t>(IOV_MAX, pieces.size() - next));
+    const ssize_t n = writev(fd_, pieces.data() + next, count);
+    if (n <= 0) return absl::UnavailableError("redis write failed");
+    // Drop what went out; a piece half sent keeps its rest.
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && left >= pieces[next].iov_len) left -= pieces[next++].iov_len;
+    if (left > 0) {
+      pieces[next].iov_base = static_cast<char*>(pieces[next].iov_base) + left;
+      pieces[next].iov_len -= left;
+    }
+  }
+  absl::StatusOr<std::string> line = ReadLine();
+  if (!line.ok()) return line.status();
+  if (*line != "+OK") return absl::InternalError(absl::StrCat("redis MSET: ", *line));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> RedisPeer::GetEach(
-    const std::vector<std::string>& keys,
+    const std::vector<std::string>& keys, bool one_command,
     absl::FunctionRef<char*(uint64_t offset, size_t size)> place) {
   std::string request;
+  if (one_command) absl::StrAppend(&request, "*", 1 + keys.size(), "\r\n$4\r\nMGET\r\n");
   for (const std::string& key : keys) {
-    absl::StrAppend(&request, "*2\r\n$3\r\nGET\r\n$", key.size(), "\r\n", key, "\r\n");
+    absl::StrAppend(&request, one_command ? "" : "*2\r\n$3\r\nGET\r\n", "$", key.size(), "\r\n",
+                    key, "\r\n");
   }
   if (absl::Status s = SendAll(request); !s.ok()) return s;
+  if (one_command) {  // one array of the values
+    absl::StatusOr<std::string> line = ReadLine();
+    if (!line.ok()) return line.status();
+    if (*line != absl::StrCat("*", keys.size())) {
+      return absl::InternalError(absl::StrCat("redis MGET: ", *line));
+    }
+  }
   uint64_t total = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     absl::StatusOr<std::string> line = ReadLine();

@@ -31,6 +31,11 @@ class RedisPeer {
   absl::StatusOr<uint64_t> GetAll(const std::vector<std::string>& keys, std::string* scratch);
   absl::StatusOr<uint64_t> GetAllInto(const std::vector<std::string>& keys,
                                       absl::Span<char> destination);
+  // The same as one command each, MSET (the values sent from where they lie) and MGET (the
+  // values placed one after another in `destination`): a batch as one round trip.
+  absl::Status MSet(const std::vector<std::string>& keys, const std::vector<std::string>& values);
+  absl::StatusOr<uint64_t> MGetInto(const std::vector<std::string>& keys,
+                                    absl::Span<char> destination);
 
  private:
   RedisPeer(ChildProcess server, int fd) : server_(std::move(server)), fd_(fd) {}
@@ -40,9 +45,9 @@ class RedisPeer {
   absl::Status Skip(size_t size);
   // Reads `size` bytes into `out`: what ReadLine buffered first, the rest straight from the socket.
   absl::Status ReadInto(char* out, size_t size);
-  // GETs every key; `place` says where the value at byte `offset` of them all, of `size`
-  // bytes, goes (nullptr: nowhere, an error).
-  absl::StatusOr<uint64_t> GetEach(const std::vector<std::string>& keys,
+  // GETs every key (one MGET when `one_command`); `place` says where the value at byte `offset`
+  // of them all, of `size` bytes, goes (nullptr: nowhere, an error).
+  absl::StatusOr<uint64_t> GetEach(const std::vector<std::string>& keys, bool one_command,
                                    absl::FunctionRef<char*(uint64_t offset, size_t size)> place);
 
   ChildProcess server_;  // destroyed after the connection is closed

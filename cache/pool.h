@@ -92,20 +92,9 @@ inline constexpr size_t kMaxLoraIdBytes = 256;
 inline constexpr size_t kMaxMultimodalItems = 1024;
 inline constexpr size_t kMaxContentHashBytes = 128;
 
-// Pages named by an engine's keys (DESIGN §13).
-inline constexpr size_t kMaxPageKeyBytes = 64;
-inline constexpr size_t kMaxPagesPerCall = 4096;
 // How long ExistsPages waits for the cluster tier's answer (real time); what has not come back
 // by then is not counted.
 inline constexpr absl::Duration kClusterProbeBound = absl::Milliseconds(500);
-
-// Where a call's pages were, summing to its page count.
-struct PagesByTier {
-  uint32_t pool = 0;
-  uint32_t host = 0;
-  uint32_t disk = 0;
-  uint32_t cluster = 0;
-};
 
 struct PagesFound {
   uint32_t num_pages = 0;  // leading keys restorable under the hit rule
@@ -128,9 +117,6 @@ struct AcquiredPages {
   std::vector<uint32_t> part_masks;  // parallel to block_ids
   PagesByTier by_tier;
 };
-
-// INVALID_ARGUMENT unless there are 1 to kMaxPagesPerCall keys of 1 to kMaxPageKeyBytes bytes.
-absl::Status ValidatePageKeys(absl::Span<const std::string> keys);
 
 struct SequenceSpec {
   absl::Span<const uint32_t> tokens;

@@ -28,21 +28,6 @@ uint32_t MaskOf(const std::vector<uint64_t>& extras_digests, size_t i) {
 
 }  // namespace
 
-absl::Status ValidatePageKeys(absl::Span<const std::string> keys) {
-  if (keys.empty()) return absl::InvalidArgumentError("no page keys");
-  if (keys.size() > kMaxPagesPerCall) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(keys.size(), " page keys; at most ", kMaxPagesPerCall, " per call"));
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (keys[i].empty() || keys[i].size() > kMaxPageKeyBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("page key ", i, " has ", keys[i].size(),
-                                                     " bytes; want 1 to ", kMaxPageKeyBytes));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<Pool::Sequence>> Pool::NewPageSequence(
     const Session& session, absl::Span<const std::string> keys,
     absl::Span<const uint32_t> part_masks) const {

@@ -255,24 +255,6 @@ absl::StatusOr<KvCacheClient::SessionRef> KvCacheClient::RequireSession(const ch
   return session_;
 }
 
-template <typename Request, typename Response>
-absl::Status KvCacheClient::Call(StubMethod<Request, Response> method, const char* name,
-                                 const Request& request, Response* response,
-                                 const SessionRef& session, bool session_call) {
-  grpc::ClientContext context;
-  PrepareContext(&context, options_.rpc_timeout);
-  const grpc::Status status = ((*stub_).*method)(&context, request, response);
-  return CheckReply(name, context, status, response->epoch(), session, session_call);
-}
-
-template <typename Request, typename Response>
-absl::Status KvCacheClient::SessionCall(StubMethod<Request, Response> method, const char* name,
-                                        const SessionRef& session, Request* request,
-                                        Response* response) {
-  StampSession(session, request);
-  return Call(method, name, *request, response, session, true);
-}
-
 absl::Status KvCacheClient::CheckReply(const char* name, const grpc::ClientContext& context,
                                        const grpc::Status& grpc_status, uint64_t reply_epoch,
                                        const SessionRef& session, bool session_call) {

@@ -24,8 +24,9 @@
 // other than loopback), UNAVAILABLE when Connect cannot reach the
 // daemon (a failed TLS handshake included), DEADLINE_EXCEEDED when a call outlives
 // rpc_timeout, ALREADY_EXISTS when OpenSession is called while a healthy session is open, and
-// for the block data calls FAILED_PRECONDITION without an open session, INVALID_ARGUMENT for a
-// put of the wrong size and DATA_LOSS for received bytes that fail their checksum.
+// for the block data and page calls FAILED_PRECONDITION without an open session, INVALID_ARGUMENT
+// for a put of the wrong size (a page batch that is empty, too long, with a key of the wrong size
+// or counts that disagree) and DATA_LOSS for received bytes that fail their checksum.
 //
 // Workers on the daemon's node map the pool instead of streaming bytes: see MappedPool
 // (client/mapped_pool.h), built from DescribePool's answer.
@@ -68,6 +69,8 @@
 
 namespace kvcache {
 
+class MappedPool;
+
 // TLS for a TCP target (a unix:// target is local and takes no TLS). Files are PEM; Connect reads
 // them, and names a file it cannot read, never its contents.
 struct ClientTlsOptions {
@@ -107,6 +110,15 @@ struct ClientOptions {
   std::function<void(uint64_t old_epoch, uint64_t new_epoch)> on_epoch_change;
   // Runs once when the keep-alive thread finds the lease ended; `status` is the daemon's answer.
   std::function<void(const absl::Status& status)> on_session_lost;
+};
+
+// What KvCacheClient's AcquirePages, GetPages and ReadPagesInto restore (at namespace scope so it
+// can be a default argument inside the class).
+struct PageReadOptions {
+  // The parts the caller restores, by name; empty: every part of the pool.
+  std::vector<std::string> parts;
+  // How long loading from the lower tiers may take; 0: no bound.
+  uint32_t max_load_ms = 0;
 };
 
 // OK when `token` can go in ClientOptions::bearer_token: visible ASCII, no spaces (what a gRPC
@@ -280,6 +292,41 @@ class KvCacheClient {
   struct Stats {
     std::vector<PoolStats> pools;
     uint32_t open_sessions = 0;
+  };
+  // Where a page call's pages were (v1.TierPages), summing to its page count.
+  using TierPages = PagesByTier;
+  struct PagesFound {
+    uint32_t num_pages = 0;  // leading keys restorable under the hit rule
+    TierPages pages_by_tier;
+  };
+  // Marks a key's page present already (a duplicate) in PageReservation::block_ids.
+  static constexpr uint32_t kDuplicatePage = 0xFFFFFFFF;
+  struct PageReservation {
+    uint64_t sequence_id = 0;  // CommitPages publishes it, ReleaseSequence abandons it
+    // Per key, the block to write its page into, or kDuplicatePage.
+    std::vector<uint32_t> block_ids;
+  };
+  struct PagesStored {
+    uint32_t num_published = 0;   // pages this call added
+    uint32_t num_duplicates = 0;  // pages present already
+  };
+  struct AcquiredPages {
+    uint64_t sequence_id = 0;  // ReleaseSequence unpins the pages
+    // One entry per page the hit rule gave, from the first key on.
+    std::vector<uint32_t> block_ids;
+    std::vector<uint64_t> page_checksums;  // XXH3-64 of each whole page
+    std::vector<uint32_t> part_masks;      // the parts each page holds
+    TierPages pages_by_tier;
+  };
+  struct GotPages {
+    std::vector<std::string> pages;  // whole pages, one per page the hit rule gave, verified
+    std::vector<uint32_t> part_masks;
+    TierPages pages_by_tier;
+  };
+  struct PagesRead {
+    uint32_t num_pages = 0;  // leading destinations written
+    std::vector<uint32_t> part_masks;
+    TierPages pages_by_tier;
   };
   struct ListedSession {
     uint64_t session_id = 0;  // 0: another identity's session, hidden from a non-admin
@@ -465,6 +512,59 @@ class KvCacheClient {
   // value arrives in time. INVALID_ARGUMENT for an empty or oversize key. Read-only.
   absl::StatusOr<std::string> AwaitRendezvous(absl::string_view key, absl::Duration timeout);
 
+  // Pages named by the engine's own keys (DESIGN §13; the proto's page calls say what the daemon
+  // does). `keys`: 1 to kMaxPagesPerCall keys of 1 to kMaxPageKeyBytes bytes each, in prefix
+  // order; the client refuses any other batch locally with INVALID_ARGUMENT, as it does counts
+  // that disagree (part masks neither none nor one per key, pages not one per key). Every call
+  // needs an open session (FAILED_PRECONDITION locally otherwise), opened with a manifest whose
+  // parts are the pool's (the daemon's FAILED_PRECONDITION otherwise), and fences on its epoch
+  // like the session calls. Part masks: bit i is PoolInfo::parts[i]; none: every part.
+  //
+  // ExistsPages: how many leading keys the hit rule restores, over every tier. Read-only.
+  absl::StatusOr<PagesFound> ExistsPages(absl::string_view pool, absl::Span<const std::string> keys,
+                                         absl::Span<const std::string> parts = {});
+  // Same node, write: a block per key not present (write its page into the mapped pool), then
+  // CommitPages checksums and publishes them; ReleaseSequence abandons the reservation.
+  absl::StatusOr<PageReservation> ReservePages(absl::string_view pool,
+                                               absl::Span<const std::string> keys,
+                                               absl::Span<const uint32_t> part_masks = {});
+  absl::StatusOr<PagesStored> CommitPages(uint64_t sequence_id);
+  // Same node, read: pins the pages the hit rule gives (loaded up from the lower tiers) until
+  // ReleaseSequence(sequence_id).
+  absl::StatusOr<AcquiredPages> AcquirePages(absl::string_view pool,
+                                             absl::Span<const std::string> keys,
+                                             const PageReadOptions& options = {});
+  // Another node: PutPages sends one whole page per key with its XXH3-64 checksum (bytes of
+  // absent parts are ignored but still sent); the daemon checks every page before it publishes
+  // any. GetPages returns the pages the hit rule gives, each verified against the daemon's
+  // checksum (DATA_LOSS naming the page otherwise). Both are one message each way: a batch must
+  // fit max_message_bytes (RESOURCE_EXHAUSTED from gRPC otherwise).
+  absl::StatusOr<PagesStored> PutPages(absl::string_view pool, absl::Span<const std::string> keys,
+                                       absl::Span<const absl::string_view> pages,
+                                       absl::Span<const uint32_t> part_masks = {});
+  absl::StatusOr<GotPages> GetPages(absl::string_view pool, absl::Span<const std::string> keys,
+                                    const PageReadOptions& options = {});
+  // Keeps the leading present pages resident for `ttl` (zero: touches them); returns how many.
+  absl::StatusOr<uint32_t> PinPages(absl::string_view pool, absl::Span<const std::string> keys,
+                                    absl::Duration ttl);
+
+  // Same node, through `mapped` (a host mapping of the pool, of the session's epoch:
+  // FAILED_PRECONDITION locally for a device mapping or one of another epoch). WritePages
+  // reserves, copies each fresh page's `pages[i]` (block_bytes each: INVALID_ARGUMENT locally
+  // otherwise) into its block and commits; on any failure it releases the reservation, so
+  // nothing is published and nothing held. ReadPagesInto acquires, checks each page's checksum
+  // over the mapped page while copying it into `destinations[i]` (block_bytes each), and
+  // releases: DATA_LOSS naming the page on a mismatch; destinations past the hit are untouched,
+  // and after an error their contents are unspecified.
+  absl::StatusOr<PagesStored> WritePages(const MappedPool& mapped,
+                                         absl::Span<const std::string> keys,
+                                         absl::Span<const absl::string_view> pages,
+                                         absl::Span<const uint32_t> part_masks = {});
+  absl::StatusOr<PagesRead> ReadPagesInto(const MappedPool& mapped,
+                                          absl::Span<const std::string> keys,
+                                          absl::Span<const absl::Span<char>> destinations,
+                                          const PageReadOptions& options = {});
+
   // True from a detected daemon restart until the next successful OpenSession.
   bool epoch_changed() const;
   // True from finding the lease ended without CloseSession (a keep-alive, or a session call,
@@ -528,6 +628,10 @@ class KvCacheClient {
                                      uint32_t max_chunk_bytes,
                                      absl::FunctionRef<absl::Status(uint64_t total)> on_header,
                                      BlockStreamVerifier::Sink sink);
+  // The local checks of WritePages and ReadPagesInto (named `call` in errors): an open session,
+  // `mapped` a host mapping of its epoch, and one page of block_bytes per key.
+  absl::Status CheckMappedPages(const char* call, const MappedPool& mapped, size_t num_keys,
+                                absl::Span<const size_t> page_sizes) const;
   // rpc_timeout, plus 1 s per 64 MiB.
   absl::Duration StreamTimeout(uint64_t bytes) const;
   // Latch epoch_changed_ / session_lost_ and run their callback the first time, unless `session`
@@ -561,6 +665,25 @@ class KvCacheClient {
   grpc::ClientContext* keepalive_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::flat_hash_map<std::string, BlockShape> shapes_ ABSL_GUARDED_BY(mu_);
 };
+
+// Here, not in kv_cache_client.cc: the page calls (kv_cache_client_pages.cc) make calls too.
+template <typename Request, typename Response>
+absl::Status KvCacheClient::Call(StubMethod<Request, Response> method, const char* name,
+                                 const Request& request, Response* response,
+                                 const SessionRef& session, bool session_call) {
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.rpc_timeout);
+  const grpc::Status status = ((*stub_).*method)(&context, request, response);
+  return CheckReply(name, context, status, response->epoch(), session, session_call);
+}
+
+template <typename Request, typename Response>
+absl::Status KvCacheClient::SessionCall(StubMethod<Request, Response> method, const char* name,
+                                        const SessionRef& session, Request* request,
+                                        Response* response) {
+  StampSession(session, request);
+  return Call(method, name, *request, response, session, true);
+}
 
 }  // namespace kvcache
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/mapped_pool_cuda.h"
 #include "common/cuda/cuda_device.h"
+#include "common/status_macros.h"
 
 namespace kvcache {
 namespace {
@@ -94,9 +96,8 @@ absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::MapShm(const KvCacheClie
   if (base == MAP_FAILED) {
     return ErrnoStatus(error, absl::StrCat("mapping shared memory ", shm_name));
   }
-  return std::unique_ptr<MappedPool>(new MappedPool(pool.name, epoch, pool.layout, pool.block_bytes,
-                                                    pool.num_blocks, static_cast<uint8_t*>(base),
-                                                    mapping.size_bytes, /*device=*/-1));
+  return std::unique_ptr<MappedPool>(
+      new MappedPool(pool, epoch, static_cast<uint8_t*>(base), mapping.size_bytes, /*device=*/-1));
 }
 
 absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::MapCudaIpc(
@@ -113,9 +114,8 @@ absl::StatusOr<std::unique_ptr<MappedPool>> MappedPool::MapCudaIpc(
   absl::StatusOr<uint8_t*> base = mapped_pool_internal::OpenCudaIpcMapping(
       mapping.cuda_ipc_handle, mapping.cuda_device, pool.name);
   if (!base.ok()) return base.status();
-  return std::unique_ptr<MappedPool>(new MappedPool(pool.name, epoch, pool.layout, pool.block_bytes,
-                                                    pool.num_blocks, *base, mapping.size_bytes,
-                                                    mapping.cuda_device));
+  return std::unique_ptr<MappedPool>(
+      new MappedPool(pool, epoch, *base, mapping.size_bytes, mapping.cuda_device));
 }
 
 MappedPool::~MappedPool() {
@@ -140,6 +140,15 @@ absl::StatusOr<absl::Span<uint8_t>> MappedPool::CheckedBlock(uint32_t block_id) 
                                               num_blocks_, " blocks"));
   }
   return absl::Span<uint8_t>(Block(block_id), block_bytes_);
+}
+
+absl::StatusOr<absl::Span<uint8_t>> MappedPool::Part(uint32_t block_id,
+                                                     absl::string_view part) const {
+  ASSIGN_OR_RETURN(const absl::Span<uint8_t> page, CheckedBlock(block_id));
+  // The one-bit mask of `part`, or the daemon's own error naming the parts there are.
+  ASSIGN_OR_RETURN(const uint32_t mask, PartMaskOf(parts_, {std::string(part)}));
+  const PagePartLayout& layout = parts_[std::countr_zero(mask)];
+  return page.subspan(layout.offset, layout.bytes);
 }
 
 absl::StatusOr<uint8_t*> MappedPool::KvStart(uint32_t block_id, uint32_t layer, uint32_t kv,

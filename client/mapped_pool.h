@@ -43,12 +43,14 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "client/kv_cache_client.h"
+#include "common/page_parts.h"
 #include "common/pool_layout.h"
 
 namespace kvcache {
@@ -86,6 +88,8 @@ class MappedPool {
   const PoolLayout& layout() const { return layout_; }
   uint64_t block_bytes() const { return block_bytes_; }
   uint32_t num_blocks() const { return num_blocks_; }
+  // The named parts of every page (PoolInfo::parts), in page order.
+  const std::vector<PagePartLayout>& parts() const { return parts_; }
   // True for a device pool (CUDA IPC): Block() is then a device address on device().
   bool is_device() const { return device_ >= 0; }
   // The CUDA device of a device mapping (the daemon's cuda:N); -1 for a host mapping.
@@ -97,6 +101,14 @@ class MappedPool {
   // The whole block as host memory; OUT_OF_RANGE for a block id past the pool,
   // FAILED_PRECONDITION for a device mapping (use Block() with CUDA).
   absl::StatusOr<absl::Span<uint8_t>> CheckedBlock(uint32_t block_id) const;
+
+  // Pages named by keys (KvCacheClient's page calls): the page in block `block_id` (a block id of
+  // ReservePages or AcquirePages), whole or one named part of it, as host memory. Errors as
+  // CheckedBlock's, and INVALID_ARGUMENT naming the pool's parts for a part it does not have.
+  absl::StatusOr<absl::Span<uint8_t>> Page(uint32_t block_id) const {
+    return CheckedBlock(block_id);
+  }
+  absl::StatusOr<absl::Span<uint8_t>> Part(uint32_t block_id, absl::string_view part) const;
 
   // The K (or V) of `layer` in block `block_id` as host memory: block_size * num_kv_heads *
   // head_dim elements, indexed [token][kv_head][head_dim]. T is the element's storage type
@@ -113,13 +125,15 @@ class MappedPool {
   }
 
  private:
-  MappedPool(std::string name, uint64_t epoch, const PoolLayout& layout, uint64_t block_bytes,
-             uint32_t num_blocks, uint8_t* base, uint64_t size_bytes, int device)
-      : name_(std::move(name)),
+  MappedPool(const KvCacheClient::PoolInfo& pool, uint64_t epoch, uint8_t* base,
+             uint64_t size_bytes, int device)
+      : name_(pool.name),
         epoch_(epoch),
-        layout_(layout),
-        block_bytes_(block_bytes),
-        num_blocks_(num_blocks),
+        layout_(pool.layout),
+        block_bytes_(pool.block_bytes),
+        num_blocks_(pool.num_blocks),
+        // A daemon from before pages describes no parts: its pages are one "kv" part.
+        parts_(pool.parts.empty() ? SinglePagePart(pool.block_bytes) : pool.parts),
         base_(base),
         size_bytes_(size_bytes),
         device_(device) {}
@@ -153,6 +167,7 @@ class MappedPool {
   const PoolLayout layout_;
   const uint64_t block_bytes_;
   const uint32_t num_blocks_;
+  const std::vector<PagePartLayout> parts_;
   uint8_t* const base_;        // host address, or device address on device_
   const uint64_t size_bytes_;  // of the whole mapping
   const int device_;           // CUDA device of a device mapping; -1 for a host mapping

@@ -112,4 +112,9 @@ KvCacheClient::TierTokens ToTierTokens(const v1::TierTokens& proto) {
       .pool = proto.pool(), .host = proto.host(), .cluster = proto.cluster(), .disk = proto.disk()};
 }
 
+KvCacheClient::TierPages ToTierPages(const v1::TierPages& proto) {
+  return KvCacheClient::TierPages{
+      .pool = proto.pool(), .host = proto.host(), .disk = proto.disk(), .cluster = proto.cluster()};
+}
+
 }  // namespace kvcache

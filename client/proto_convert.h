@@ -30,6 +30,7 @@ KvCacheClient::PoolInfo ToPoolInfo(const v1::PoolInfo& proto);
 KvCacheClient::BlockCounts ToBlockCounts(const v1::BlockCounts& proto);
 KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto);
 KvCacheClient::TierTokens ToTierTokens(const v1::TierTokens& proto);
+KvCacheClient::TierPages ToTierPages(const v1::TierPages& proto);
 
 template <typename Field>
 std::vector<uint32_t> ToVector(const Field& field) {

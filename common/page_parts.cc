@@ -18,6 +18,21 @@ absl::Status BadParts(absl::string_view spec, absl::string_view why) {
 
 }  // namespace
 
+absl::Status ValidatePageKeys(absl::Span<const std::string> keys) {
+  if (keys.empty()) return absl::InvalidArgumentError("no page keys");
+  if (keys.size() > kMaxPagesPerCall) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys.size(), " page keys; at most ", kMaxPagesPerCall, " per call"));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty() || keys[i].size() > kMaxPageKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("page key ", i, " has ", keys[i].size(),
+                                                     " bytes; want 1 to ", kMaxPageKeyBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<PagePartLayout>> ParsePageParts(absl::string_view spec,
                                                            uint64_t page_bytes) {
   std::vector<PagePartLayout> parts;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -28,6 +29,22 @@
 namespace kvcache {
 
 inline constexpr size_t kMaxPageParts = 16;
+// A page key's bytes and a call's keys (kvcache.v1, "Pages named by the engine's keys").
+inline constexpr size_t kMaxPageKeyBytes = 64;
+inline constexpr size_t kMaxPagesPerCall = 4096;
+
+// Where a page call's pages were (kvcache.v1.TierPages), summing to its page count; the daemon's
+// answer and the client's.
+struct PagesByTier {
+  uint32_t pool = 0;
+  uint32_t host = 0;
+  uint32_t disk = 0;
+  uint32_t cluster = 0;
+};
+
+// INVALID_ARGUMENT unless there are 1 to kMaxPagesPerCall keys of 1 to kMaxPageKeyBytes bytes;
+// the daemon's check, and the client's before it sends a batch.
+absl::Status ValidatePageKeys(absl::Span<const std::string> keys);
 
 enum class PartHitPolicy : uint8_t {
   kAllPages,       // every page up to the endpoint

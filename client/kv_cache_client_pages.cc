@@ -1,0 +1,289 @@
+// KvCacheClient's calls on pages named by the engine's keys (DESIGN §13): the unary page RPCs, with
+// the batch's shape checked before it leaves and each page's XXH3-64 computed on the way out and
+// verified on the way in, and the same-node helpers that copy pages through a mapped pool.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "client/kv_cache_client.h"
+#include "client/mapped_pool.h"
+#include "client/proto_convert.h"
+#include "common/block_checksum.h"
+#include "common/status_macros.h"
+
+namespace kvcache {
+namespace {
+
+using Stub = v1::KvCache::StubInterface;
+
+// INVALID_ARGUMENT unless there are `count` `what` (part masks, pages...) for `num_keys` keys.
+absl::Status CheckOnePerKey(absl::string_view what, size_t count, size_t num_keys) {
+  if (count == num_keys) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(count, " ", what, " for ", num_keys, " page keys; want one per key"));
+}
+
+// The daemon's first checks of a batch, made here so that a batch it would refuse never leaves:
+// the keys, and part masks that are none or one per key.
+absl::Status CheckPageBatch(absl::Span<const std::string> keys,
+                            absl::Span<const uint32_t> part_masks) {
+  RETURN_IF_ERROR(ValidatePageKeys(keys));
+  return part_masks.empty() ? absl::OkStatus()
+                            : CheckOnePerKey("part masks", part_masks.size(), keys.size());
+}
+
+template <typename Request>
+void FillPageRequest(absl::string_view pool, absl::Span<const std::string> keys, Request* request) {
+  request->set_pool(std::string(pool));
+  request->mutable_keys()->Add(keys.begin(), keys.end());
+}
+
+template <typename Request>
+void FillPageReadRequest(absl::string_view pool, absl::Span<const std::string> keys,
+                         const PageReadOptions& options, Request* request) {
+  FillPageRequest(pool, keys, request);
+  request->mutable_parts()->Add(options.parts.begin(), options.parts.end());
+  request->set_max_load_ms(options.max_load_ms);
+}
+
+// A reply of `num_pages` pages must carry one checksum and one part mask per page, and no more
+// pages than keys were asked about.
+absl::Status CheckPagesReply(absl::string_view call, size_t num_pages, size_t num_checksums,
+                             size_t num_part_masks, size_t num_keys) {
+  if (num_pages <= num_keys && num_checksums == num_pages && num_part_masks == num_pages) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat(call, ": inconsistent reply from the daemon: ", num_pages,
+                                          " pages, ", num_checksums, " checksums and ",
+                                          num_part_masks, " part masks for ", num_keys, " keys"));
+}
+
+// DATA_LOSS naming page `index` and its key (escaped: keys are opaque bytes).
+absl::Status PageChecksumMismatch(absl::string_view call, size_t index, absl::string_view key) {
+  return absl::DataLossError(absl::StrCat(call, ": page ", index, " (key \"", absl::CHexEscape(key),
+                                          "\") does not match its checksum"));
+}
+
+}  // namespace
+
+absl::StatusOr<KvCacheClient::PagesFound> KvCacheClient::ExistsPages(
+    absl::string_view pool, absl::Span<const std::string> keys,
+    absl::Span<const std::string> parts) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, {}));
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("ExistsPages"));
+  v1::ExistsPagesRequest request;
+  FillPageRequest(pool, keys, &request);
+  request.mutable_parts()->Add(parts.begin(), parts.end());
+  v1::ExistsPagesResponse response;
+  RETURN_IF_ERROR(SessionCall(&Stub::ExistsPages, "ExistsPages", session, &request, &response));
+  return PagesFound{.num_pages = response.num_pages(),
+                    .pages_by_tier = ToTierPages(response.pages_by_tier())};
+}
+
+absl::StatusOr<KvCacheClient::PageReservation> KvCacheClient::ReservePages(
+    absl::string_view pool, absl::Span<const std::string> keys,
+    absl::Span<const uint32_t> part_masks) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, part_masks));
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("ReservePages"));
+  v1::ReservePagesRequest request;
+  FillPageRequest(pool, keys, &request);
+  request.mutable_part_masks()->Add(part_masks.begin(), part_masks.end());
+  v1::ReservePagesResponse response;
+  RETURN_IF_ERROR(SessionCall(&Stub::ReservePages, "ReservePages", session, &request, &response));
+  if (static_cast<size_t>(response.block_ids_size()) != keys.size()) {
+    return absl::InternalError(absl::StrCat(
+        "ReservePages: inconsistent reply from the daemon: ", response.block_ids_size(),
+        " block ids for ", keys.size(), " keys"));
+  }
+  return PageReservation{.sequence_id = response.sequence_id(),
+                         .block_ids = ToVector(response.block_ids())};
+}
+
+absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::CommitPages(uint64_t sequence_id) {
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("CommitPages"));
+  v1::CommitPagesRequest request;
+  request.set_sequence_id(sequence_id);
+  v1::CommitPagesResponse response;
+  RETURN_IF_ERROR(SessionCall(&Stub::CommitPages, "CommitPages", session, &request, &response));
+  return PagesStored{.num_published = response.num_published(),
+                     .num_duplicates = response.num_duplicates()};
+}
+
+absl::StatusOr<KvCacheClient::AcquiredPages> KvCacheClient::AcquirePages(
+    absl::string_view pool, absl::Span<const std::string> keys, const PageReadOptions& options) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, {}));
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("AcquirePages"));
+  v1::AcquirePagesRequest request;
+  FillPageReadRequest(pool, keys, options, &request);
+  v1::AcquirePagesResponse response;
+  RETURN_IF_ERROR(SessionCall(&Stub::AcquirePages, "AcquirePages", session, &request, &response));
+  const absl::Status consistent =
+      CheckPagesReply("AcquirePages", response.block_ids_size(), response.page_checksums_size(),
+                      response.part_masks_size(), keys.size());
+  if (!consistent.ok()) {
+    ReleaseSequence(response.sequence_id()).IgnoreError();  // the reply is unusable: unpin
+    return consistent;
+  }
+  return AcquiredPages{.sequence_id = response.sequence_id(),
+                       .block_ids = ToVector(response.block_ids()),
+                       .page_checksums = std::vector<uint64_t>(response.page_checksums().begin(),
+                                                               response.page_checksums().end()),
+                       .part_masks = ToVector(response.part_masks()),
+                       .pages_by_tier = ToTierPages(response.pages_by_tier())};
+}
+
+absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::PutPages(
+    absl::string_view pool, absl::Span<const std::string> keys,
+    absl::Span<const absl::string_view> pages, absl::Span<const uint32_t> part_masks) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, part_masks));
+  RETURN_IF_ERROR(CheckOnePerKey("pages", pages.size(), keys.size()));
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutPages"));
+  v1::PutPagesRequest request;
+  FillPageRequest(pool, keys, &request);
+  request.mutable_part_masks()->Add(part_masks.begin(), part_masks.end());
+  request.mutable_pages()->Reserve(static_cast<int>(pages.size()));
+  request.mutable_page_checksums()->Reserve(static_cast<int>(pages.size()));
+  for (const absl::string_view page : pages) {
+    // The copy is one page, left in cache for its checksum to read (a fused pass would need the
+    // string zero-filled first).
+    std::string* copy = request.add_pages();
+    copy->assign(page.data(), page.size());
+    request.add_page_checksums(BlockChecksum(copy->data(), copy->size()));
+  }
+  v1::PutPagesResponse response;
+  RETURN_IF_ERROR(SessionCall(&Stub::PutPages, "PutPages", session, &request, &response));
+  return PagesStored{.num_published = response.num_published(),
+                     .num_duplicates = response.num_duplicates()};
+}
+
+absl::StatusOr<KvCacheClient::GotPages> KvCacheClient::GetPages(absl::string_view pool,
+                                                                absl::Span<const std::string> keys,
+                                                                const PageReadOptions& options) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, {}));
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("GetPages"));
+  v1::GetPagesRequest request;
+  FillPageReadRequest(pool, keys, options, &request);
+  v1::GetPagesResponse response;
+  RETURN_IF_ERROR(SessionCall(&Stub::GetPages, "GetPages", session, &request, &response));
+  RETURN_IF_ERROR(CheckPagesReply("GetPages", response.pages_size(), response.page_checksums_size(),
+                                  response.part_masks_size(), keys.size()));
+  GotPages got{.part_masks = ToVector(response.part_masks()),
+               .pages_by_tier = ToTierPages(response.pages_by_tier())};
+  got.pages.reserve(response.pages_size());
+  for (int i = 0; i < response.pages_size(); ++i) {
+    std::string& page = *response.mutable_pages(i);
+    if (BlockChecksum(page.data(), page.size()) != response.page_checksums(i)) {
+      return PageChecksumMismatch("GetPages", i, keys[i]);
+    }
+    got.pages.push_back(std::move(page));
+  }
+  return got;
+}
+
+absl::StatusOr<uint32_t> KvCacheClient::PinPages(absl::string_view pool,
+                                                 absl::Span<const std::string> keys,
+                                                 absl::Duration ttl) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, {}));
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PinPages"));
+  v1::PinPagesRequest request;
+  FillPageRequest(pool, keys, &request);
+  // Clamped, not wrapped: a TTL past what the field holds is still one the daemon refuses.
+  request.set_ttl_ms(static_cast<uint32_t>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(ttl), 0, std::numeric_limits<uint32_t>::max())));
+  v1::PinPagesResponse response;
+  RETURN_IF_ERROR(SessionCall(&Stub::PinPages, "PinPages", session, &request, &response));
+  return response.num_pages();
+}
+
+absl::Status KvCacheClient::CheckMappedPages(const char* call, const MappedPool& mapped,
+                                             size_t num_keys,
+                                             absl::Span<const size_t> page_sizes) const {
+  ASSIGN_OR_RETURN(const SessionRef session, RequireSession(call));
+  if (mapped.is_device()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        call, ": pool '", mapped.name(), "' is mapped as device memory on cuda:", mapped.device(),
+        "; this call copies host memory"));
+  }
+  if (mapped.epoch() != session.epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        call, ": pool '", mapped.name(), "' was mapped at daemon epoch ", mapped.epoch(),
+        " but the session is of epoch ", session.epoch, ": map the pool again"));
+  }
+  RETURN_IF_ERROR(CheckOnePerKey("pages", page_sizes.size(), num_keys));
+  for (size_t i = 0; i < page_sizes.size(); ++i) {
+    if (page_sizes[i] != mapped.block_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(call, ": page ", i, " has ", page_sizes[i],
+                                                     " bytes; pool '", mapped.name(),
+                                                     "' pages have ", mapped.block_bytes()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
+    const MappedPool& mapped, absl::Span<const std::string> keys,
+    absl::Span<const absl::string_view> pages, absl::Span<const uint32_t> part_masks) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, part_masks));
+  std::vector<size_t> sizes;
+  sizes.reserve(pages.size());
+  for (const absl::string_view page : pages) sizes.push_back(page.size());
+  RETURN_IF_ERROR(CheckMappedPages("WritePages", mapped, keys.size(), sizes));
+  ASSIGN_OR_RETURN(const PageReservation reservation,
+                   ReservePages(mapped.name(), keys, part_masks));
+  absl::Status written = absl::OkStatus();
+  for (size_t i = 0; i < keys.size() && written.ok(); ++i) {
+    if (reservation.block_ids[i] == kDuplicatePage) continue;
+    absl::StatusOr<absl::Span<uint8_t>> block = mapped.Page(reservation.block_ids[i]);
+    written = block.status();
+    if (written.ok()) std::memcpy(block->data(), pages[i].data(), pages[i].size());
+  }
+  if (written.ok()) {
+    absl::StatusOr<PagesStored> committed = CommitPages(reservation.sequence_id);
+    if (committed.ok()) return committed;
+    written = committed.status();
+  }
+  // Nothing published; give the blocks back now rather than when the session ends (a reservation
+  // a failed commit ended already answers NOT_FOUND).
+  ReleaseSequence(reservation.sequence_id).IgnoreError();
+  return written;
+}
+
+absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
+    const MappedPool& mapped, absl::Span<const std::string> keys,
+    absl::Span<const absl::Span<char>> destinations, const PageReadOptions& options) {
+  RETURN_IF_ERROR(CheckPageBatch(keys, {}));
+  std::vector<size_t> sizes;
+  sizes.reserve(destinations.size());
+  for (const absl::Span<char> destination : destinations) sizes.push_back(destination.size());
+  RETURN_IF_ERROR(CheckMappedPages("ReadPagesInto", mapped, keys.size(), sizes));
+  ASSIGN_OR_RETURN(AcquiredPages acquired, AcquirePages(mapped.name(), keys, options));
+  absl::Status read = absl::OkStatus();
+  for (size_t i = 0; i < acquired.block_ids.size() && read.ok(); ++i) {
+    absl::StatusOr<absl::Span<uint8_t>> page = mapped.Page(acquired.block_ids[i]);
+    read = page.status();
+    if (!read.ok()) break;
+    // One pass over the shared page: the bytes checked are the bytes copied.
+    char* destination = destinations[i].data();
+    const uint8_t* source = page->data();
+    const uint64_t checksum =
+        ChecksumWhileCopying(source, page->size(), [&](uint64_t offset, uint64_t length) {
+          std::memcpy(destination + offset, source + offset, length);
+        });
+    if (checksum != acquired.page_checksums[i]) {
+      read = PageChecksumMismatch("ReadPagesInto", i, keys[i]);
+    }
+  }
+  const absl::Status released = ReleaseSequence(acquired.sequence_id);
+  RETURN_IF_ERROR(read);
+  RETURN_IF_ERROR(released);
+  return PagesRead{.num_pages = static_cast<uint32_t>(acquired.block_ids.size()),
+                   .part_masks = std::move(acquired.part_masks),
+                   .pages_by_tier = acquired.pages_by_tier};
+}
+
+}  // namespace kvcache
