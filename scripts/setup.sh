@@ -13,7 +13,7 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           grpc-proto python3-grpcio prometheus-cpp-dev prometheus
           libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
           python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel python3-venv
-          python3-mypy
+          python3-mypy python3-torch
           python3-yaml openssl debootstrap liburing-dev libhiredis-dev redis-server
           ${EXTRA_PACKAGES:-})
 # tests/deploy renders the manifests with Debian 12's kubectl (1.20, whose kustomize v2.0.3 is
