@@ -316,7 +316,10 @@ class Pool final : private OffloadSource {
                                              absl::Span<const uint32_t> part_masks);
   // Checksums the reserved pages' bytes, publishes them and ends the sequence. A page another
   // put published meanwhile is a duplicate.
-  absl::StatusOr<CommittedPages> CommitPages(const Session& session, uint64_t sequence_id);
+  // `verified_checksums`: the reserved pages' checksums, in reservation order, when the caller
+  // has verified its bytes against them as it wrote them (PutPages); empty: computed here.
+  absl::StatusOr<CommittedPages> CommitPages(const Session& session, uint64_t sequence_id,
+                                             absl::Span<const uint64_t> verified_checksums = {});
   // Pins the pages the hit rule gives for `wanted`, loading those below tier 1 into fresh
   // blocks (verified, then published), in a new sequence of the session; Release unpins.
   absl::StatusOr<AcquiredPages> AcquirePages(const Session& session,

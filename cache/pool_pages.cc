@@ -228,7 +228,8 @@ absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
   }
 }
 
-absl::StatusOr<CommittedPages> Pool::CommitPages(const Session& session, uint64_t sequence_id) {
+absl::StatusOr<CommittedPages> Pool::CommitPages(const Session& session, uint64_t sequence_id,
+                                                 absl::Span<const uint64_t> verified_checksums) {
   // Publishing pages whose bytes a failed device may never have received would serve them.
   RETURN_IF_ERROR(faults_->status());
   std::vector<BlockId> blocks;
@@ -242,12 +243,15 @@ absl::StatusOr<CommittedPages> Pool::CommitPages(const Session& session, uint64_
     blocks = sequence->blocks;
   }
   // Outside mu_: the reservation holds the blocks, which nobody else can see yet.
-  std::vector<uint64_t> checksums;
-  checksums.reserve(blocks.size());
-  for (BlockId block : blocks) {
-    const absl::StatusOr<uint64_t> checksum = memory_->Checksum(block);
-    RETURN_IF_ERROR(CheckMemory(checksum.status()));
-    checksums.push_back(*checksum);
+  std::vector<uint64_t> checksums(verified_checksums.begin(), verified_checksums.end());
+  if (checksums.size() != blocks.size()) {
+    checksums.clear();
+    checksums.reserve(blocks.size());
+    for (BlockId block : blocks) {
+      const absl::StatusOr<uint64_t> checksum = memory_->Checksum(block);
+      RETURN_IF_ERROR(CheckMemory(checksum.status()));
+      checksums.push_back(*checksum);
+    }
   }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));

@@ -172,6 +172,9 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
                          pool->ReservePages(*session, keys,
                                             absl::MakeConstSpan(request->part_masks().data(),
                                                                 request->part_masks_size())));
+        // The pages' checksums were verified above: the commit takes them rather than reading
+        // every page back.
+        std::vector<uint64_t> verified;
         for (size_t i = 0; i < reserved.block_ids.size(); ++i) {
           if (reserved.block_ids[i] == kNoBlock) continue;
           const absl::Status written =
@@ -180,9 +183,10 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
             pool->Release(*session, reserved.sequence_id).IgnoreError();
             return written;
           }
+          verified.push_back(request->page_checksums(static_cast<int>(i)));
         }
         ASSIGN_OR_RETURN(CommittedPages committed,
-                         pool->CommitPages(*session, reserved.sequence_id));
+                         pool->CommitPages(*session, reserved.sequence_id, verified));
         response->set_num_published(committed.num_published);
         response->set_num_duplicates(committed.num_duplicates);
         CountCommitted(*pool, *session, committed);
