@@ -13,8 +13,9 @@ stored comes back bit-identical into a fresh host pool
 - for tensor-parallel ranks: an MHA rank never finds another's pages, MLA pages are stored
   once and every rank finds them;
 - for a hybrid model: a trailing-pages state part with the KV (v2 calls, the daemon's endpoint);
+- on another node: pages one daemon passed down to a Redis Cluster (its cluster tier) are hits
+  on a second daemon sharing the cluster;
 and an instance killed mid-write and mid-read leaves nothing held.
-Not covered: the cluster tier (the Redis Cluster helpers are C++ only, tests/testing).
 """
 
 import os
@@ -162,6 +163,45 @@ def test_restart(bin_pool: str) -> None:
     print("restart: misses while down, 40 pages back bit-identical from the disk tier")
 
 
+def test_cluster(bin_pool: str) -> None:
+    """Two nodes' daemons share a Redis Cluster: what one's pool passes down (its later pages
+    push the 40 out of its 48 blocks) the other finds and loads, bit-identical."""
+    if not os.access(helpers.RedisCluster.SERVER, os.X_OK):
+        print("cluster: skipped, no redis-server")
+        return
+    cluster = helpers.RedisCluster()
+    try:
+        first = helpers.Daemon("--cluster_tier", cluster.target, pool=bin_pool)
+        second = helpers.Daemon("--cluster_tier", cluster.target, pool=bin_pool)
+        try:
+            wrote = store(first.target, "page_first", 7_000_000, 40)
+            keys = list(wrote)
+            pool = engine.MHAHostPool("page_first", pages=48)
+            other_node = engine.create_backend(engine.storage_config(extra(second.target)),
+                                               pool)
+            writer = engine.create_backend(engine.storage_config(extra(first.target)), pool)
+            controller = engine.Controller(writer, PAGE)
+            for chunk in range(60):
+                if engine.Controller(other_node, PAGE).storage_hit_query(keys) == 40:
+                    break
+                later = engine.get_hash_str(tokens(7_100_000 + chunk * 1000, 8), None, PAGE)
+                for slot, key in enumerate(later):
+                    pool.fill(slot * PAGE, int(key[:8], 16))
+                assert controller.page_backup(
+                    later, engine.host_indices(list(range(8)), PAGE)) == 8
+                time.sleep(0.1)  # requests finish apart (test_restart)
+            writer.close()
+            other_node.close()
+            read = load(second.target, "layer_first", 7_000_000, 40)
+            assert read == wrote, f"{len(read)} of 40 pages from the cluster, or bytes differ"
+        finally:
+            second.cleanup()
+            first.cleanup()
+    finally:
+        cluster.stop()
+    print("cluster: 40 pages one daemon passed down were hits on another, bit-identical")
+
+
 def test_tensor_parallel(target: str) -> None:
     wrote = store(target, "page_first", 3_000_000, 10, tp_rank=0, tp_size=2)
     other = load(target, "page_first", 3_000_000, 10, tp_rank=1, tp_size=2)
@@ -306,6 +346,7 @@ def main() -> None:
             daemon.cleanup()
         test_restart(f"{POOL}:host_tier={16 * PAGE_BYTES}:disk_tier={disk}/restart.tier:32MiB")
     test_killed(POOL)
+    test_cluster(POOL.replace("blocks=160", "blocks=48"))
     print("sglang plug-in conformance: all checks passed")
 
 
