@@ -89,6 +89,18 @@ def load(target: str, layout: str, first: int, pages: int, **config: Any) -> Dic
         backend.close()
 
 
+def back_up_later(controller: Any, pool: Any, first: int) -> None:
+    """The engine's next request finishes: its 8 pages from token `first`, computed into host
+    pages 0 to 7, are backed up. Requests finish apart (0.1 s here): back to back, some pages
+    the pool evicted were found in no tier (daemon of 783ff9b; design.md's pass-down at
+    eviction says an evicted page goes down)."""
+    keys = engine.get_hash_str(tokens(first, 8), None, PAGE)
+    for slot, key in enumerate(keys):
+        pool.fill(slot * PAGE, int(key[:8], 16))
+    assert controller.page_backup(keys, engine.host_indices(list(range(8)), PAGE)) == 8
+    time.sleep(0.1)
+
+
 def test_layouts(target: str) -> None:
     pairs = [("page_first", "layer_first"), ("layer_first", "page_head"),
              ("page_head", "page_first_direct"), ("page_first_direct", "page_first")]
@@ -130,13 +142,7 @@ def test_restart(bin_pool: str) -> None:
             assert where.num_pages == 40, f"pages lost on their way to the disk tier: {where}"
             if where.by_tier.disk == 40:
                 break
-            later = engine.get_hash_str(tokens(2_100_000 + chunk * 1000, 8), None, PAGE)
-            for slot, key in enumerate(later):
-                pool.fill(slot * PAGE, int(key[:8], 16))
-            assert controller.page_backup(later, engine.host_indices(list(range(8)), PAGE)) == 8
-            # Requests finish apart. Back to back, some pages evicted from the pool were found
-            # in no tier (daemon of 783ff9b; design.md's pass-down at eviction says otherwise).
-            time.sleep(0.1)
+            back_up_later(controller, pool, 2_100_000 + chunk * 1000)
         helpers.wait_until(lambda: session.exists_pages("sg", daemon_keys).by_tier.disk == 40,
                            "the 40 pages in the disk tier only")
         first.stop()
@@ -184,12 +190,7 @@ def test_cluster(bin_pool: str) -> None:
             for chunk in range(60):
                 if engine.Controller(other_node, PAGE).storage_hit_query(keys) == 40:
                     break
-                later = engine.get_hash_str(tokens(7_100_000 + chunk * 1000, 8), None, PAGE)
-                for slot, key in enumerate(later):
-                    pool.fill(slot * PAGE, int(key[:8], 16))
-                assert controller.page_backup(
-                    later, engine.host_indices(list(range(8)), PAGE)) == 8
-                time.sleep(0.1)  # requests finish apart (test_restart)
+                back_up_later(controller, pool, 7_100_000 + chunk * 1000)
             writer.close()
             other_node.close()
             read = load(second.target, "layer_first", 7_000_000, 40)
