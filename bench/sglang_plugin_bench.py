@@ -34,6 +34,12 @@ def best(run: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def check(condition: bool, what: str) -> None:
+    """Exits 1 naming `what` unless `condition` (docs/benchmarks.md: a bench's first error)."""
+    if not condition:
+        sys.exit(f"sglang_plugin_bench: {what}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", type=int, default=engine.STORAGE_BATCH_SIZE)
@@ -60,13 +66,18 @@ def main() -> None:
 
         def set_batch() -> None:
             rounds[0] += 1
-            assert all(backend.batch_set_v1(keys(), indices))
+            check(all(backend.batch_set_v1(keys(), indices)), "a failed batch_set_v1")
 
         set_time = best(set_batch, args.repeats)
         stored = keys()
-        get_time = best(lambda: backend.batch_get_v1(stored, indices), args.repeats)
-        exists_time = best(lambda: backend.batch_exists(stored), args.repeats)
         source = pool.kv_buffer.clone()
+        pool.kv_buffer.zero_()  # the first get must bring every byte back (exit 1 otherwise)
+        get_time = best(lambda: check(all(backend.batch_get_v1(stored, indices)),
+                                      "a short batch_get_v1"), args.repeats)
+        check(torch.equal(pool.kv_buffer.view(torch.uint8), source.view(torch.uint8)),
+              "batch_get_v1 brought other bytes back")
+        exists_time = best(lambda: check(backend.batch_exists(stored) == pages,
+                                         "batch_exists short"), args.repeats)
         target = torch.empty_like(source)
         copy_time = best(lambda: target.copy_(source), args.repeats)
         session = backend._live()[0]

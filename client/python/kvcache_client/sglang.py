@@ -47,6 +47,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._calls import RetryPolicy
 from .client import Client
 from .values import CompatibilityManifest, PagePart, ParallelGeometry, PoolInfo
 
@@ -159,14 +160,18 @@ class KvCacheStorage(_Base):  # type: ignore[misc,valid-type]
         self.target = _setting(extra, "kvcache_target", "") or None
         token_file = _setting(extra, "kvcache_token_file", "")
         token = open(token_file).read().strip() if token_file else None
+        # No retries: a call to a daemon that is down fails at once (a miss) instead of
+        # holding SGLang's storage thread for the client's whole deadline.
         self._client_factory = client_factory or (lambda: Client(
-            self.target, bearer_token=token, allow_plaintext_token=bool(token)))
+            self.target, bearer_token=token, allow_plaintext_token=bool(token),
+            retry=RetryPolicy(enabled=False)))
         self.mla = bool(getattr(storage_config, "is_mla_model", False))
         self.tp_rank = int(getattr(storage_config, "tp_rank", 0))
         self.mem_pool_host: Any = None
         self.registered_pools: Dict[str, Any] = {}
         self.copier: Optional[KvPageCopier] = None
         self._lock = threading.Lock()
+        self._reopen_lock = threading.Lock()  # one thread opens the next session, not each
         self._client: Optional[Client] = None
         self._session: Any = None
         self._mapped: Any = None
@@ -248,32 +253,44 @@ class KvCacheStorage(_Base):  # type: ignore[misc,valid-type]
                 f"kvcache pool '{self.pool_name}': its part '{KV_PART}' must hold one SGLang page "
                 f"of {self.copier.page_bytes} bytes ({self.copier.shape} of "
                 f"{self.copier.dtype}); it has {kv.bytes if kv else 'no such part'}")
-        session = self.client.open_session(
-            f"sglang-tp{self.tp_rank}", manifest=self.manifest(pool),
-            on_session_lost=lambda error: self._lost(), on_epoch_change=lambda old, new: None)
-        mapped = session.map_pool(self.pool_name)
+        session = self.client.open_session(f"sglang-tp{self.tp_rank}",
+                                           manifest=self.manifest(pool))
+        try:
+            mapped = session.map_pool(self.pool_name)
+        except BaseException:
+            _close_quietly(session)
+            raise
         with self._lock:
             self._pool, self._session, self._mapped = pool, session, mapped
 
-    def _lost(self) -> None:
+    def _current(self) -> Optional[Tuple[Any, Any]]:
+        """(session, mapped pool) while the session is usable; a session whose lease ended or
+        whose daemon restarted (the session says so) is dropped and closed here."""
         with self._lock:
-            self._session = None
+            session, mapped = self._session, self._mapped
+            if session is not None and not (session.lost or session.epoch_changed):
+                return session, mapped
+            self._session, self._mapped = None, None
+        _close_quietly(mapped, session)
+        return None
 
     def _live(self) -> Optional[Tuple[Any, Any]]:
-        """(session, mapped pool), reopening after a failure once _RETRY_SECONDS passed;
-        None while the daemon stays unreachable."""
-        with self._lock:
-            if self._session is not None:
-                return self._session, self._mapped
-            if time.monotonic() < self._down_until:
+        """(session, mapped pool), opening a new session when there is none (a restarted
+        daemon, a lost lease), or after a failure once _RETRY_SECONDS passed; None while the
+        daemon stays unreachable."""
+        live = self._current()
+        if live is not None:
+            return live
+        with self._reopen_lock:
+            live = self._current()  # another storage thread may have opened it meanwhile
+            if live is not None or time.monotonic() < self._down_until:
+                return live
+            try:
+                self._open()
+            except Exception as error:  # noqa: BLE001 - a miss, never an exception in the engine
+                self._failed("reopen", error)
                 return None
-        try:
-            self._open()
-        except Exception as error:  # noqa: BLE001 - a miss, never an exception in the engine
-            self._failed("reopen", error)
-            return None
-        with self._lock:
-            return (self._session, self._mapped) if self._session is not None else None
+            return self._current()
 
     def _failed(self, what: str, error: BaseException) -> None:
         """Records a failed call: misses until _RETRY_SECONDS pass, then a new session."""
@@ -287,12 +304,7 @@ class KvCacheStorage(_Base):  # type: ignore[misc,valid-type]
                 self._logged_at = now
         if log:
             logger.warning("kvcache %s failed, treated as misses: %s", what, error)
-        for closing in (old_mapped, old):
-            try:
-                if closing is not None:
-                    closing.close()
-            except Exception:  # noqa: BLE001 - the daemon may be gone
-                pass
+        _close_quietly(old_mapped, old)
 
     def _part(self, name: str) -> Any:
         assert self._pool is not None
@@ -535,12 +547,17 @@ class KvCacheStorage(_Base):  # type: ignore[misc,valid-type]
         with self._lock:
             session, mapped, self._session, self._mapped = self._session, self._mapped, None, None
             self._down_until = float("inf")
-        for closing in (mapped, session, self.client):
-            try:
-                if closing is not None:
-                    closing.close()
-            except Exception:  # noqa: BLE001
-                pass
+        _close_quietly(mapped, session, self.client)
+
+
+def _close_quietly(*closables: Any) -> None:
+    """Closes each of `closables` (None skipped); a daemon that is gone makes no error."""
+    for closable in closables:
+        try:
+            if closable is not None:
+                closable.close()
+        except Exception:  # noqa: BLE001 - the daemon may be gone
+            pass
 
 
 def _element_size(dtype: Any) -> int:

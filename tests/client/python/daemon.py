@@ -5,8 +5,10 @@ generous enough for a loaded machine; nothing here depends on timing to pass.
 """
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -113,3 +115,72 @@ def error_code(call, *args, **kwargs) -> grpc.StatusCode:
     except KvCacheError as error:
         return error.code
     raise AssertionError(f"{getattr(call, '__name__', call)} raised no KvCacheError")
+
+
+class RedisCluster:
+    """A Redis Cluster of `masters` redis-server processes on loopback ports, made as
+    tests/testing/redis_cluster_process.cc makes it (no replicas, partial coverage allowed, no
+    persistence). `target` is the daemon's --cluster_tier value. Raises RuntimeError when
+    redis-server or redis-cli is missing or the cluster does not form within BOUND."""
+
+    SERVER, CLI = "/usr/bin/redis-server", "/usr/bin/redis-cli"
+
+    def __init__(self, masters: int = 3) -> None:
+        if not (os.access(self.SERVER, os.X_OK) and os.access(self.CLI, os.X_OK)):
+            raise RuntimeError("redis-server and redis-cli are needed for a Redis Cluster")
+        self._temp = tempfile.TemporaryDirectory(prefix="kvredis-")
+        self.ports: List[int] = []
+        self.processes: List[subprocess.Popen] = []
+        try:
+            for _ in range(masters):
+                self._start_node(_free_port(self.ports))
+            addresses = [f"127.0.0.1:{port}" for port in self.ports]
+            subprocess.run([self.CLI, "--cluster", "create", *addresses, "--cluster-replicas",
+                            "0", "--cluster-yes"], check=True, capture_output=True,
+                           timeout=BOUND)
+            wait_until(lambda: all("cluster_state:ok" in self._cli(port, "CLUSTER", "INFO")
+                                   for port in self.ports), "the Redis Cluster to form")
+        except BaseException:
+            self.stop()
+            raise
+        self.target = "redis://" + ",".join(addresses)
+
+    def _start_node(self, port: int) -> None:
+        directory = self._temp.name
+        self.ports.append(port)
+        self.processes.append(subprocess.Popen(
+            [self.SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory,
+             "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+             "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no",
+             "--save", "", "--appendonly", "no",
+             "--logfile", os.path.join(directory, f"redis-{port}.log")]))
+        wait_until(lambda: self._cli(port, "PING").startswith("PONG"),
+                   f"redis-server on port {port}")
+
+    def _cli(self, port: int, *command: str) -> str:
+        done = subprocess.run([self.CLI, "-p", str(port), *command], capture_output=True,
+                              text=True, timeout=BOUND)
+        return done.stdout if done.returncode == 0 else ""
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=BOUND)
+        self._temp.cleanup()
+
+
+def _free_port(taken: List[int]) -> int:
+    """A loopback port free now whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        port = random.randint(20000, 55000)
+        if port in taken:
+            continue
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for redis-server")
