@@ -316,10 +316,13 @@ class Pool final : private OffloadSource {
                                              absl::Span<const uint32_t> part_masks);
   // Checksums the reserved pages' bytes, publishes them and ends the sequence. A page another
   // put published meanwhile is a duplicate.
-  // `verified_checksums`: the reserved pages' checksums, in reservation order, when the caller
-  // has verified its bytes against them as it wrote them (PutPages); empty: computed here.
+  // `writer_checksums`: the reserved pages' checksums, in reservation order, from whoever wrote
+  // their bytes as they were written (PutPages, which verified the client's; a same-node writer,
+  // which can write any bytes there anyway: a wrong checksum fails every later read of its page,
+  // never serves other KV); empty: read back and computed here. INVALID_ARGUMENT for another
+  // count.
   absl::StatusOr<CommittedPages> CommitPages(const Session& session, uint64_t sequence_id,
-                                             absl::Span<const uint64_t> verified_checksums = {});
+                                             absl::Span<const uint64_t> writer_checksums = {});
   // Pins the pages the hit rule gives for `wanted`, loading those below tier 1 into fresh
   // blocks (verified, then published), in a new sequence of the session; Release unpins.
   absl::StatusOr<AcquiredPages> AcquirePages(const Session& session,

@@ -229,7 +229,7 @@ absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
 }
 
 absl::StatusOr<CommittedPages> Pool::CommitPages(const Session& session, uint64_t sequence_id,
-                                                 absl::Span<const uint64_t> verified_checksums) {
+                                                 absl::Span<const uint64_t> writer_checksums) {
   // Publishing pages whose bytes a failed device may never have received would serve them.
   RETURN_IF_ERROR(faults_->status());
   std::vector<BlockId> blocks;
@@ -242,10 +242,13 @@ absl::StatusOr<CommittedPages> Pool::CommitPages(const Session& session, uint64_
     }
     blocks = sequence->blocks;
   }
+  if (!writer_checksums.empty() && writer_checksums.size() != blocks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(writer_checksums.size(), " page checksums for ",
+                                                   blocks.size(), " reserved pages"));
+  }
   // Outside mu_: the reservation holds the blocks, which nobody else can see yet.
-  std::vector<uint64_t> checksums(verified_checksums.begin(), verified_checksums.end());
-  if (checksums.size() != blocks.size()) {
-    checksums.clear();
+  std::vector<uint64_t> checksums(writer_checksums.begin(), writer_checksums.end());
+  if (checksums.empty()) {
     checksums.reserve(blocks.size());
     for (BlockId block : blocks) {
       const absl::StatusOr<uint64_t> checksum = memory_->Checksum(block);

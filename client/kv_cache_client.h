@@ -528,7 +528,10 @@ class KvCacheClient {
   absl::StatusOr<PageReservation> ReservePages(absl::string_view pool,
                                                absl::Span<const std::string> keys,
                                                absl::Span<const uint32_t> part_masks = {});
-  absl::StatusOr<PagesStored> CommitPages(uint64_t sequence_id);
+  // `page_checksums`: XXH3-64 of each reserved page written, in key order, computed while
+  // copying it in (WritePages does); empty: the daemon reads the pages back to compute them.
+  absl::StatusOr<PagesStored> CommitPages(uint64_t sequence_id,
+                                          absl::Span<const uint64_t> page_checksums = {});
   // Same node, read: pins the pages the hit rule gives (loaded up from the lower tiers) until
   // ReleaseSequence(sequence_id).
   absl::StatusOr<AcquiredPages> AcquirePages(absl::string_view pool,

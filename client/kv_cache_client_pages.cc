@@ -104,10 +104,12 @@ absl::StatusOr<KvCacheClient::PageReservation> KvCacheClient::ReservePages(
                          .block_ids = ToVector(response.block_ids())};
 }
 
-absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::CommitPages(uint64_t sequence_id) {
+absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::CommitPages(
+    uint64_t sequence_id, absl::Span<const uint64_t> page_checksums) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("CommitPages"));
   v1::CommitPagesRequest request;
   request.set_sequence_id(sequence_id);
+  request.mutable_page_checksums()->Add(page_checksums.begin(), page_checksums.end());
   v1::CommitPagesResponse response;
   RETURN_IF_ERROR(SessionCall(&Stub::CommitPages, "CommitPages", session, &request, &response));
   return PagesStored{.num_published = response.num_published(),
@@ -236,14 +238,23 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
   ASSIGN_OR_RETURN(const PageReservation reservation,
                    ReservePages(mapped.name(), keys, part_masks));
   absl::Status written = absl::OkStatus();
+  // Each page is checksummed while it is copied in (in cache), so the daemon need not read the
+  // pages back to checksum them.
+  std::vector<uint64_t> checksums;
   for (size_t i = 0; i < keys.size() && written.ok(); ++i) {
     if (reservation.block_ids[i] == kDuplicatePage) continue;
     absl::StatusOr<absl::Span<uint8_t>> block = mapped.Page(reservation.block_ids[i]);
     written = block.status();
-    if (written.ok()) std::memcpy(block->data(), pages[i].data(), pages[i].size());
+    if (!written.ok()) break;
+    const char* source = pages[i].data();
+    uint8_t* destination = block->data();
+    checksums.push_back(
+        ChecksumWhileCopying(source, pages[i].size(), [&](uint64_t offset, uint64_t length) {
+          std::memcpy(destination + offset, source + offset, length);
+        }));
   }
   if (written.ok()) {
-    absl::StatusOr<PagesStored> committed = CommitPages(reservation.sequence_id);
+    absl::StatusOr<PagesStored> committed = CommitPages(reservation.sequence_id, checksums);
     if (committed.ok()) return committed;
     written = committed.status();
   }

@@ -100,7 +100,9 @@ grpc::ServerUnaryReactor* KvCacheService::CommitPages(grpc::CallbackServerContex
                                                             caller.principal));
         ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
         ASSIGN_OR_RETURN(CommittedPages committed,
-                         pool->CommitPages(*session, request->sequence_id()));
+                         pool->CommitPages(*session, request->sequence_id(),
+                                           absl::MakeConstSpan(request->page_checksums().data(),
+                                                               request->page_checksums_size())));
         response->set_num_published(committed.num_published);
         response->set_num_duplicates(committed.num_duplicates);
         CountCommitted(*pool, *session, committed);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/pool.h"
+#include "common/block_checksum.h"
 #include "common/status_macros.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/scoped_temp_dir.h"
@@ -282,6 +283,30 @@ TEST_F(PoolPagesTest, ACommitOfATokenSequenceOrTwiceIsRefused) {
   EXPECT_THAT(pool_->CommitPages(session_, tokens->sequence_id),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a page reservation")));
   ASSERT_OK(pool_->Release(session_, tokens->sequence_id));
+}
+
+// A writer's checksums are kept as given (each later read verifies against them); a count
+// other than the reservation's is refused and publishes nothing.
+TEST_F(PoolPagesTest, ACommitKeepsTheWritersChecksums) {
+  const std::vector<std::string> keys = Keys("sum", 2);
+  absl::StatusOr<ReservedPages> reserved = pool_->ReservePages(session_, keys, {});
+  ASSERT_OK(reserved);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_OK(pool_->WriteBlock(reserved->block_ids[i], 0, PageBytes(keys[i])));
+  }
+  const std::vector<uint64_t> one = {1};
+  EXPECT_THAT(pool_->CommitPages(session_, reserved->sequence_id, one),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1 page checksums for 2 reserved pages")));
+  EXPECT_EQ(Exists(keys), 0u);
+  const std::vector<uint64_t> sums = {BlockChecksum(PageBytes(keys[0]).data(), 128), 42};
+  ASSERT_OK(pool_->CommitPages(session_, reserved->sequence_id, sums));
+  absl::StatusOr<AcquiredPages> acquired = pool_->AcquirePages(session_, keys, kBoth, 0);
+  ASSERT_OK(acquired);
+  ASSERT_EQ(acquired->block_ids.size(), 2u);
+  EXPECT_EQ(*pool_->BlockChecksum(acquired->block_ids[0]), sums[0]);
+  EXPECT_EQ(*pool_->BlockChecksum(acquired->block_ids[1]), 42u);
+  ASSERT_OK(pool_->Release(session_, acquired->sequence_id));
 }
 
 TEST_F(PoolPagesTest, ASessionEndingMidPutPublishesNothingAndHoldsNothing) {

@@ -137,14 +137,16 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., released_sequences: _Optional[int] = ...) -> None: ...
 
 class CommitPagesRequest(_message.Message):
-    __slots__ = ["epoch", "sequence_id", "session_id"]
+    __slots__ = ["epoch", "page_checksums", "sequence_id", "session_id"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PAGE_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     epoch: int
+    page_checksums: _containers.RepeatedScalarFieldContainer[int]
     sequence_id: int
     session_id: int
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., page_checksums: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitPagesResponse(_message.Message):
     __slots__ = ["epoch", "num_duplicates", "num_published"]
