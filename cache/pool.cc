@@ -559,16 +559,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       below, [&](size_t i) { return ExpectedRecord(*sequence, num_hits + i); }, cluster_end,
       absl::MakeConstSpan(sequence->blocks).subspan(num_hits), spec.max_load_ms);
   absl::MutexLock lock(&mu_);
-  loading_.erase(sequence.get());
-  const absl::Status device = faults_->status();
-  if (session.closed.load(std::memory_order_acquire) || !device.ok()) {
-    // Undone here: the session's sweep ran during the load and could not see this sequence, or a
-    // copy from below hit a device fault, and this open fails like every call after it.
-    ReleaseLocked(*sequence, NowTicks());
-    quotas_->Release(tenants_[sequence->tenant].name, QuotaResource::kOpenSequences, 1);
-    if (!device.ok()) return device;
-    return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the open"));
-  }
+  RETURN_IF_ERROR(EndLoadLocked(session, *sequence, "open"));
   return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded);
 }
 
@@ -620,6 +611,19 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
       .num_cluster_tier_tokens = static_cast<uint32_t>(loaded.cluster * block_size)};
   opened.sequence_id = AddLocked(std::move(sequence));
   return opened;
+}
+
+absl::Status Pool::EndLoadLocked(const Session& session, const Sequence& sequence,
+                                 absl::string_view call) {
+  loading_.erase(&sequence);
+  const absl::Status device = faults_->status();
+  if (!session.closed.load(std::memory_order_acquire) && device.ok()) return absl::OkStatus();
+  // Undone here: the session's sweep ran during the load and could not see this sequence, or a
+  // copy from below hit a device fault, and this call fails like every call after it.
+  ReleaseLocked(sequence, NowTicks());
+  quotas_->Release(tenants_[sequence.tenant].name, QuotaResource::kOpenSequences, 1);
+  if (!device.ok()) return device;
+  return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the ", call));
 }
 
 BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) const {

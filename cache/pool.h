@@ -407,6 +407,11 @@ class Pool final : private OffloadSource {
   // The result of a memory operation, a device fault turned into the latched status.
   absl::Status CheckMemory(absl::Status result) { return faults_->Check(result, options_.name); }
 
+  // After a load from below, run outside mu_: takes `sequence` off the loads in flight; when its
+  // session ended meanwhile or a copy hit a device fault, releases what it holds and answers
+  // why (ABORTED naming `call`, or the latched fault).
+  absl::Status EndLoadLocked(const Session& session, const Sequence& sequence,
+                             absl::string_view call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record block `i` of `sequence` must match below tier 1 (checksum 0: the bytes' to check).
   BlockRecordIdentity ExpectedRecord(const Sequence& sequence, size_t i) const;
   // Publishes the sequence's blocks from committed_blocks up to `written_blocks` (Commit's

@@ -359,14 +359,7 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
       },
       walk.below.size() + cluster_pages, fresh, max_load_ms);
   absl::MutexLock lock(&mu_);
-  loading_.erase(sequence.get());
-  const absl::Status device = faults_->status();
-  if (session.closed.load(std::memory_order_acquire) || !device.ok()) {
-    ReleaseLocked(*sequence, NowTicks());
-    quotas_->Release(tenants_[sequence->tenant].name, QuotaResource::kOpenSequences, 1);
-    if (!device.ok()) return device;
-    return absl::AbortedError(absl::StrCat("session ", session.id, " ended during the acquire"));
-  }
+  RETURN_IF_ERROR(EndLoadLocked(session, *sequence, "acquire"));
   // The pages present: up to the first record below that did not verify, else the node's and
   // the cluster's.
   const size_t verified = loaded.host + loaded.disk;
