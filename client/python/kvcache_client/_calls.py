@@ -214,10 +214,10 @@ def reserve_pages(pool: str, keys: Sequence[bytes],
                      lambda response: _pages.reservation(pool, len(keys), response), False)
 
 
-def commit_pages(sequence_id: int) -> UnaryCall[PagesPut]:
+def commit_pages(sequence_id: int, page_checksums: Sequence[int] = ()) -> UnaryCall[PagesPut]:
     return UnaryCall("CommitPages", make_request(
-        "commit_pages", kvcache_pb2.CommitPagesRequest, sequence_id=sequence_id),
-        _pages.pages_put, False)
+        "commit_pages", kvcache_pb2.CommitPagesRequest, sequence_id=sequence_id,
+        page_checksums=list(page_checksums)), _pages.pages_put, False)
 
 
 def _read_pages_request(call: str, message_type: Any, pool: str, keys: Sequence[bytes],

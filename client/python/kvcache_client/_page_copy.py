@@ -16,6 +16,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy
+import xxhash
 
 from . import _pages
 from ._session_core import as_bytes_view
@@ -116,8 +117,11 @@ class PageWrite:
         has_parts = any(isinstance(source, dict) for source in self._sources)
         self.part_masks = masks or (derived if has_parts else [])
 
-    def copy_into(self, mapped: MappedPool, reservation: PageReservation) -> None:
-        """Each non-duplicate page's source into its reserved block."""
+    def copy_into(self, mapped: MappedPool, reservation: PageReservation) -> List[int]:
+        """Each non-duplicate page's source into its reserved block; returns each written
+        page's XXH3-64, taken right after its copy while its bytes are in cache, for the commit
+        (the daemon then need not read every page back)."""
+        checksums = []
         for block, source in zip(reservation.block_ids, self._sources):
             if block is None:
                 continue
@@ -126,6 +130,8 @@ class PageWrite:
                     _copy(mapped.part(block, name), part)
             else:
                 _copy(mapped.page(block), source)
+            checksums.append(xxhash.xxh3_64_intdigest(mapped.page(block).data))
+        return checksums
 
 
 class PageRead:

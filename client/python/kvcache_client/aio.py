@@ -279,9 +279,11 @@ class Session(SessionCore):
         """As kvcache_client.Session.reserve_pages."""
         return await self._session_call(_calls.reserve_pages(pool, keys, part_masks))
 
-    async def commit_pages(self, reservation: PageReservation) -> PagesPut:
+    async def commit_pages(self, reservation: PageReservation,
+                           page_checksums: Sequence[int] = ()) -> PagesPut:
         """As kvcache_client.Session.commit_pages."""
-        return await self._session_call(_calls.commit_pages(reservation.sequence_id))
+        return await self._session_call(
+            _calls.commit_pages(reservation.sequence_id, page_checksums))
 
     async def acquire_pages(self, pool: str, keys: Sequence[bytes], *,
                             parts: Sequence[str] = (), max_load_ms: int = 0) -> AcquiredPages:
@@ -315,8 +317,8 @@ class Session(SessionCore):
         reservation = await self.reserve_pages(pool, plan.keys,
                                                part_masks=plan.part_masks or None)
         try:
-            plan.copy_into(mapped, reservation)
-            return await self.commit_pages(reservation)
+            checksums = plan.copy_into(mapped, reservation)
+            return await self.commit_pages(reservation, checksums)
         except BaseException:
             await self._abandon(reservation.sequence_id)
             raise

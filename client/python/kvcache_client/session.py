@@ -204,11 +204,14 @@ class Session(SessionCore):
         RESOURCE_EXHAUSTED when the pool has too few free blocks."""
         return self._session_call(_calls.reserve_pages(pool, keys, part_masks))
 
-    def commit_pages(self, reservation: PageReservation) -> PagesPut:
+    def commit_pages(self, reservation: PageReservation,
+                     page_checksums: Sequence[int] = ()) -> PagesPut:
         """Checksums and publishes the reserved pages, each with all its parts or not at all.
+        `page_checksums`: XXH3-64 of each written page (the reservation's non-duplicates, in
+        order), taken as they were written; empty: the daemon reads the pages back for them.
         REQUIRES: their bytes are written. Not retried: a second commit finds the reservation
         gone."""
-        return self._session_call(_calls.commit_pages(reservation.sequence_id))
+        return self._session_call(_calls.commit_pages(reservation.sequence_id, page_checksums))
 
     def acquire_pages(self, pool: str, keys: Sequence[bytes], *, parts: Sequence[str] = (),
                       max_load_ms: int = 0) -> AcquiredPages:
@@ -256,8 +259,8 @@ class Session(SessionCore):
         plan = self._write_plan(self._pool_info(pool), keys, sources, part_masks)
         reservation = self.reserve_pages(pool, plan.keys, part_masks=plan.part_masks or None)
         try:
-            plan.copy_into(mapped, reservation)
-            return self.commit_pages(reservation)
+            checksums = plan.copy_into(mapped, reservation)
+            return self.commit_pages(reservation, checksums)
         except BaseException:
             self._abandon(reservation.sequence_id)
             raise

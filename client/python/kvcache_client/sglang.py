@@ -47,6 +47,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import xxhash
+
 from ._calls import RetryPolicy
 from .client import Client
 from .values import CompatibilityManifest, PagePart, ParallelGeometry, PoolInfo
@@ -365,6 +367,7 @@ class KvCacheStorage(_Base):  # type: ignore[misc,valid-type]
         reservation = None
         try:
             reservation = session.reserve_pages(self.pool_name, page_keys, part_masks=masks)
+            checksums = []
             for i, block in enumerate(reservation.block_ids):
                 if block is None:
                     continue  # present already with these parts
@@ -372,7 +375,9 @@ class KvCacheStorage(_Base):  # type: ignore[misc,valid-type]
                     write(i, mapped.part_tensor(block, name))
                 for name, flat in staged[i].items():
                     mapped.part_tensor(block, name).copy_(flat)
-            session.commit_pages(reservation)
+                # Taken while the page is in cache: the daemon need not read it back.
+                checksums.append(xxhash.xxh3_64_intdigest(mapped.page(block).data))
+            session.commit_pages(reservation, checksums)
             return [True] * len(keys)
         except Exception as error:  # noqa: BLE001
             self._abandon(session, reservation)
