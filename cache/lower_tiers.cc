@@ -182,13 +182,19 @@ bool LowerTiers::OffloadBatch() {
   std::vector<OffloadCandidate> batch;
   if (!source_->PickOffload(kOffloadBatch, &batch)) return false;
   if (batch.empty()) return true;  // the scan continues after letting requests in
-  offloaded_blocks_.fetch_add(CopyDown(batch), std::memory_order_relaxed);
+  const size_t stored = CopyDown(batch);
+  offloaded_blocks_.fetch_add(stored, std::memory_order_relaxed);
   // The cluster's copies were taken while the blocks were pinned, and are sent after they are
   // unpinned: a request that needs a pinned block waits for this batch, and must not wait on the
   // network.
   source_->FinishOffload(batch);
   WriteThroughToCluster(batch);
-  return true;
+  // A batch nothing of which went anywhere (tier 2 refused every store) ends the pass: a scan
+  // that reached the LRU's end starts over at its front, and would retake the same blocks at
+  // once, forever (the fuzzer found the mover spinning so). Evictions pass them down later.
+  return stored > 0 || std::any_of(batch.begin(), batch.end(), [](const OffloadCandidate& c) {
+           return c.below || c.to_cluster;
+         });
 }
 
 void LowerTiers::PassDown(std::vector<OffloadCandidate>& batch,

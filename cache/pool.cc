@@ -751,9 +751,10 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
     if (sequence->pages) SupersedePageLocked(*sequence, i);
     const bool published = pool_.Publish(block, identity, tokens);
-    const bool same_content = sequence->pages ? FindPageLocked(*sequence, i) != kNoBlock
-                                              : pool_.FindVerified(identity, tokens) != kNoBlock;
-    if (!published && !same_content) {
+    // A hash indexed already is a duplicate when it holds the same content (looked up only
+    // then: publishing is the common case).
+    if (!published && (sequence->pages ? FindPageLocked(*sequence, i)
+                                       : pool_.FindVerified(identity, tokens)) == kNoBlock) {
       // The hash is indexed for other content: this block stays private.
       collisions_caught_.fetch_add(1, std::memory_order_relaxed);
     }

@@ -2,6 +2,7 @@
 // session and pool, converts the request and answers with Pool's page operations. PutPages and
 // GetPages carry the bytes for clients on another node; the same-node calls hand out block ids
 // in the pool the caller maps.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,36 @@ void FillTiers(const PagesByTier& tiers, v1::TierPages* out) {
   out->set_host(tiers.host);
   out->set_disk(tiers.disk);
   out->set_cluster(tiers.cluster);
+}
+
+// What a page read (AcquirePages, GetPages) works on: its session and pool, and the pages the
+// hit rule gave, pinned by acquired.sequence_id.
+struct PageRead {
+  std::shared_ptr<Session> session;
+  Pool* pool = nullptr;
+  AcquiredPages acquired;
+};
+
+template <typename Request>
+absl::StatusOr<PageRead> AcquireFor(CacheManager& manager, const Identity& caller,
+                                    const Request& request) {
+  PageRead read;
+  ASSIGN_OR_RETURN(read.session,
+                   manager.SessionFor(request.session_id(), request.epoch(), caller.principal));
+  ASSIGN_OR_RETURN(read.pool, manager.FindPool(request.pool()));
+  ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*read.pool, request.parts()));
+  ASSIGN_OR_RETURN(read.acquired, read.pool->AcquirePages(*read.session, KeysOf(request.keys()),
+                                                          wanted, request.max_load_ms()));
+  return read;
+}
+
+// A page read's answer besides the pages: their parts and tiers; counted as hits and misses.
+template <typename Response>
+void FillRead(const PageRead& read, int asked, Response* response) {
+  const AcquiredPages& acquired = read.acquired;
+  response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
+  FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
+  CountServed(*read.pool, *read.session, asked, acquired.block_ids.size());
 }
 
 }  // namespace
@@ -116,26 +147,19 @@ grpc::ServerUnaryReactor* KvCacheService::AcquirePages(grpc::CallbackServerConte
   return HandleUnary(
       *this, context, response, manager_->epoch(), "AcquirePages", Role::kWorker,
       [&](const Identity& caller) -> absl::Status {
-        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
-                                                            caller.principal));
-        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-        ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*pool, request->parts()));
-        ASSIGN_OR_RETURN(
-            AcquiredPages acquired,
-            pool->AcquirePages(*session, KeysOf(request->keys()), wanted, request->max_load_ms()));
-        for (BlockId block : acquired.block_ids) {
-          const absl::StatusOr<uint64_t> checksum = pool->BlockChecksum(block);
+        ASSIGN_OR_RETURN(const PageRead read, AcquireFor(*manager_, caller, *request));
+        for (BlockId block : read.acquired.block_ids) {
+          const absl::StatusOr<uint64_t> checksum = read.pool->BlockChecksum(block);
           if (!checksum.ok()) {
-            pool->Release(*session, acquired.sequence_id).IgnoreError();
+            read.pool->Release(*read.session, read.acquired.sequence_id).IgnoreError();
             return checksum.status();
           }
           response->add_page_checksums(*checksum);
         }
-        response->set_sequence_id(acquired.sequence_id);
-        response->mutable_block_ids()->Add(acquired.block_ids.begin(), acquired.block_ids.end());
-        response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
-        FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
-        CountServed(*pool, *session, request->keys_size(), acquired.block_ids.size());
+        response->set_sequence_id(read.acquired.sequence_id);
+        response->mutable_block_ids()->Add(read.acquired.block_ids.begin(),
+                                           read.acquired.block_ids.end());
+        FillRead(read, request->keys_size(), response);
         return absl::OkStatus();
       });
 }
@@ -199,35 +223,27 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* context,
                                                    const v1::GetPagesRequest* request,
                                                    v1::GetPagesResponse* response) {
-  return HandleUnary(
-      *this, context, response, manager_->epoch(), "GetPages", Role::kWorker,
-      [&](const Identity& caller) -> absl::Status {
-        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
-                                                            caller.principal));
-        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-        ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*pool, request->parts()));
-        ASSIGN_OR_RETURN(
-            AcquiredPages acquired,
-            pool->AcquirePages(*session, KeysOf(request->keys()), wanted, request->max_load_ms()));
-        const uint64_t page_bytes = pool->options().layout.BlockBytes();
-        absl::Status read = absl::OkStatus();
-        for (BlockId block : acquired.block_ids) {
-          std::string* page = response->add_pages();
-          page->resize(page_bytes);
-          read = pool->ReadBlock(block, 0, page_bytes, page->data());
-          if (!read.ok()) break;
-          const absl::StatusOr<uint64_t> checksum = pool->BlockChecksum(block);
-          read = checksum.status();
-          if (!read.ok()) break;
-          response->add_page_checksums(*checksum);
-        }
-        pool->Release(*session, acquired.sequence_id).IgnoreError();
-        RETURN_IF_ERROR(read);
-        response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
-        FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
-        CountServed(*pool, *session, request->keys_size(), acquired.block_ids.size());
-        return absl::OkStatus();
-      });
+  return HandleUnary(*this, context, response, manager_->epoch(), "GetPages", Role::kWorker,
+                     [&](const Identity& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(const PageRead read,
+                                        AcquireFor(*manager_, caller, *request));
+                       const uint64_t page_bytes = read.pool->options().layout.BlockBytes();
+                       absl::Status copied = absl::OkStatus();
+                       for (BlockId block : read.acquired.block_ids) {
+                         std::string* page = response->add_pages();
+                         page->resize(page_bytes);
+                         copied = read.pool->ReadBlock(block, 0, page_bytes, page->data());
+                         if (!copied.ok()) break;
+                         const absl::StatusOr<uint64_t> checksum = read.pool->BlockChecksum(block);
+                         copied = checksum.status();
+                         if (!copied.ok()) break;
+                         response->add_page_checksums(*checksum);
+                       }
+                       read.pool->Release(*read.session, read.acquired.sequence_id).IgnoreError();
+                       RETURN_IF_ERROR(copied);
+                       FillRead(read, request->keys_size(), response);
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::PinPages(grpc::CallbackServerContext* context,

@@ -38,11 +38,19 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   }
 
   // A node's pool: 8 blocks, a 16-slot tier 2 if `host_tier`, the cluster below (its nodes
-  // rested for `retry_down_after` after a failure).
+  // rested for `retry_down_after` after a failure), its pages of `parts` (a pool spec's
+  // value; empty: none declared).
   std::unique_ptr<Pool> MakePool(const std::string& name, bool host_tier,
-                                 absl::Duration retry_down_after = absl::Seconds(1)) {
+                                 absl::Duration retry_down_after = absl::Seconds(1),
+                                 absl::string_view parts = "") {
     PoolOptions options = testing::SmallPoolOptions(name, 8, kBlockSize);
     if (host_tier) options.host_tier_bytes = 16 * options.layout.BlockBytes();
+    if (!parts.empty()) {
+      absl::StatusOr<std::vector<PagePartLayout>> parsed =
+          ParsePageParts(parts, options.layout.BlockBytes());
+      EXPECT_OK(parsed);
+      if (parsed.ok()) options.parts = *std::move(parsed);
+    }
     options.cluster_tier = RedisClusterOptions{.seeds = cluster_->addresses()};
     options.cluster_tier->io_timeout = absl::Seconds(30);  // only a request's deadline cuts
     options.cluster_tier->retry_down_after = retry_down_after;
@@ -133,19 +141,8 @@ TEST_P(PoolClusterTierTest, APrefixOffloadedByOnePoolIsAVerifiedHitInAnother) {
 // Pages named by keys (DESIGN §13) on a two-part pool: what node A passed down is a hit on node
 // B, byte for byte, with each page's parts as A stored them; another manifest misses.
 TEST_P(PoolClusterTierTest, PagesPassedDownByOneNodeAreHitsOnAnotherWithTheirParts) {
-  const auto make = [&](const std::string& name) -> std::unique_ptr<Pool> {
-    PoolOptions options = testing::SmallPoolOptions(name, 8, kBlockSize);
-    options.parts = *ParsePageParts("kv/96+state/32/trailing1", options.layout.BlockBytes());
-    options.cluster_tier = RedisClusterOptions{.seeds = cluster_->addresses()};
-    options.cluster_tier->io_timeout = absl::Seconds(30);
-    options.testing_manual_offload = true;
-    auto memory =
-        testing::CreatePoolMemory(GetParam(), options.layout.BlockBytes(), options.num_blocks);
-    EXPECT_OK(memory);
-    if (!memory.ok()) return nullptr;
-    auto pool = Pool::Create(options, 0, *std::move(memory));
-    EXPECT_OK(pool);
-    return pool.ok() ? *std::move(pool) : nullptr;
+  const auto make = [&](const std::string& name) {
+    return MakePool(name, /*host_tier=*/false, absl::Seconds(1), "kv/96+state/32/trailing1");
   };
   const auto manifest = [](const std::string& config) {
     return *CompatibilityManifest::Create(ManifestFields{.model_id = "model",
