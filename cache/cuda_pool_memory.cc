@@ -51,19 +51,25 @@ class CudaPoolMemory final : public PoolMemory {
     return CudaStatus(cudaStreamSynchronize(stream_), "copying a block");
   }
 
+  // Every copy runs on the pool's own stream, which is non-blocking: a plain cudaMemcpy runs on
+  // the legacy stream and may return before its DMA lands (from pageable memory), so a batch
+  // queued next on stream_ could read the block's old bytes.
   absl::Status Write(uint32_t block, uint64_t offset, absl::string_view bytes) override {
     RETURN_IF_ERROR(CheckRange(block, offset, bytes.size()));
     KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
-    return CudaStatus(cudaMemcpy(BlockPointer(block) + offset, bytes.data(), bytes.size(),
-                                 cudaMemcpyHostToDevice),
-                      "writing block bytes");
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(BlockPointer(block) + offset, bytes.data(),
+                                                 bytes.size(), cudaMemcpyHostToDevice, stream_),
+                                 "writing block bytes");
+    return CudaStatus(cudaStreamSynchronize(stream_), "writing block bytes");
   }
 
   absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const override {
     RETURN_IF_ERROR(CheckRange(block, offset, size));
     KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
-    return CudaStatus(cudaMemcpy(out, BlockPointer(block) + offset, size, cudaMemcpyDeviceToHost),
-                      "reading block bytes");
+    KVCACHE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out, BlockPointer(block) + offset, size, cudaMemcpyDeviceToHost, stream_),
+        "reading block bytes");
+    return CudaStatus(cudaStreamSynchronize(stream_), "reading block bytes");
   }
 
   absl::Status CopyToHost(absl::Span<const HostCopy> copies) const override {

@@ -3,7 +3,7 @@
 # unpacked (at the build's own path): the GPU tests, then the benchmarks that want a GPU or a
 # bigger machine than CI's. Each part's output also lands in RESULTS_DIR/<part>.log.
 #
-# Usage: [MODES="tests kernels transport data_plane tiers worker"] [RESULTS_DIR=dir] \
+# Usage: [MODES="tests kernels transport data_plane tiers worker"] [RESULTS_DIR=dir] [PART_TIMEOUT=300] \
 #          [DATA_PLANE_SECONDS=3] scripts/run_on_gpu_host.sh [BUILD_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,7 @@ export LD_LIBRARY_PATH="$libraries${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVCACHE_BIN_DIR="$PWD/$build_dir/bin"
 if [[ ! -x /usr/bin/redis-server && -x $build_dir/bundled-tools/redis-server ]]; then
   export KVCACHE_REDIS_SERVER="$PWD/$build_dir/bundled-tools/redis-server"
+  export KVCACHE_REDIS_CLI="$PWD/$build_dir/bundled-tools/redis-cli"
 fi
 
 cd "$build_dir"
@@ -27,7 +28,7 @@ run() {
   local part=$1
   shift
   echo "=== $part: $*"
-  timeout 300 "$@" 2>&1 | tee "$results/$part.log"
+  timeout "${PART_TIMEOUT:-300}" "$@" 2>&1 | tee "$results/$part.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 }
 for mode in ${MODES:-tests kernels transport data_plane tiers}; do

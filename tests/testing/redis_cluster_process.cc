@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -15,6 +16,15 @@
 
 namespace kvcache::testing {
 namespace {
+
+// Debian's redis-server and redis-cli, or copies brought along to a host without them
+// (scripts/bundle_for_gpu_host.sh), named by KVCACHE_REDIS_SERVER and KVCACHE_REDIS_CLI.
+std::string RedisBinary(const char* variable, const char* installed) {
+  const char* chosen = std::getenv(variable);
+  return chosen != nullptr && *chosen != '\0' ? chosen : installed;
+}
+std::string RedisServer() { return RedisBinary("KVCACHE_REDIS_SERVER", "/usr/bin/redis-server"); }
+std::string RedisCli() { return RedisBinary("KVCACHE_REDIS_CLI", "/usr/bin/redis-cli"); }
 
 bool PortFree(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -79,7 +89,7 @@ absl::StatusOr<std::unique_ptr<RedisClusterProcess>> RedisClusterProcess::Start(
     cluster->processes_.emplace_back();
     if (absl::Status started = cluster->StartNode(node); !started.ok()) return started;
   }
-  std::vector<std::string> create = {"/usr/bin/redis-cli"};
+  std::vector<std::string> create = {RedisCli()};
   if (!cluster->password_.empty()) {
     create.push_back("-a");
     create.push_back(cluster->password_);
@@ -96,7 +106,7 @@ absl::StatusOr<std::unique_ptr<RedisClusterProcess>> RedisClusterProcess::Start(
 
 absl::Status RedisClusterProcess::StartNode(int node) {
   const std::string port = absl::StrCat(ports_[node]);
-  std::vector<std::string> argv = {"/usr/bin/redis-server",
+  std::vector<std::string> argv = {RedisServer(),
                                    "--port",
                                    port,
                                    "--bind",
@@ -143,7 +153,7 @@ std::vector<std::string> RedisClusterProcess::addresses() const {
 
 absl::StatusOr<std::string> RedisClusterProcess::Cli(int node,
                                                      const std::vector<std::string>& args) const {
-  std::vector<std::string> argv = {"/usr/bin/redis-cli", "-p", absl::StrCat(ports_[node])};
+  std::vector<std::string> argv = {RedisCli(), "-p", absl::StrCat(ports_[node])};
   if (!password_.empty()) {
     argv.push_back("-a");
     argv.push_back(password_);
