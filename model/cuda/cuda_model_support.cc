@@ -91,6 +91,43 @@ absl::Status UploadRequest(absl::Span<const uint32_t> tokens, uint32_t start_pos
                     "cudaMemcpyAsync (slot mapping)");
 }
 
+absl::Status NormRopeWriteAttend(const ModelConfig& config, uint32_t rotary_dim,
+                                 uint32_t pool_layer, uint32_t n, uint32_t blocks,
+                                 const float* q_norm, const float* k_norm, float* q, float* k,
+                                 const float* v, const uint32_t* positions,
+                                 const uint32_t* block_table, const int64_t* slots,
+                                 const DevicePagedKv& kv, float* attn, cudaStream_t stream) {
+  const uint32_t head_dim = config.head_dim;
+  const uint32_t heads = config.num_attention_heads;
+  const uint32_t kv_heads = config.num_key_value_heads;
+  const float eps = config.rms_norm_eps;
+  // Per-head norms in place (rows = tokens * heads), then RoPE, as the CPU models per head.
+  RETURN_IF_ERROR(kernels::RmsNormCuda(q, q_norm, eps, n * heads, head_dim, q, stream));
+  RETURN_IF_ERROR(kernels::RmsNormCuda(k, k_norm, eps, n * kv_heads, head_dim, k, stream));
+  RETURN_IF_ERROR(kernels::PartialRopeCuda(q, positions, n, heads, head_dim, rotary_dim,
+                                           config.rope_theta, stream));
+  RETURN_IF_ERROR(kernels::PartialRopeCuda(k, positions, n, kv_heads, head_dim, rotary_dim,
+                                           config.rope_theta, stream));
+  // K/V go to the pool first; attention then reads every position, the new ones included, back
+  // from it (same stream: the write is complete before attention starts).
+  RETURN_IF_ERROR(kernels::WriteKvCuda(k, v, slots, n, pool_layer, kv.layout, kv.num_pool_blocks,
+                                       kv.pool_base, stream));
+  return kernels::PagedAttentionCuda(q, positions, /*seq_ids=*/nullptr, block_table, n, heads,
+                                     /*num_seqs=*/1, blocks, pool_layer, kv.layout,
+                                     kv.num_pool_blocks, kv.pool_base, attn, stream);
+}
+
+absl::Status NormAndRoute(const ModelConfig& config, const float* x, const float* post_norm,
+                          const float* router, uint32_t n, float* normed, float* router_logits,
+                          uint32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
+  RETURN_IF_ERROR(kernels::RmsNormCuda(x, post_norm, config.rms_norm_eps, n, config.hidden_size,
+                                       normed, stream));
+  RETURN_IF_ERROR(kernels::LinearCuda(normed, router, n, config.hidden_size, config.num_experts,
+                                      false, router_logits, stream));
+  return kernels::MoeRouteCuda(router_logits, n, config.num_experts, config.num_experts_per_tok,
+                               config.norm_topk_prob, topk_ids, topk_weights, stream);
+}
+
 absl::Status RouteOnHost(const DeviceBuffer& topk_ids, const DeviceBuffer& topk_weights, uint32_t n,
                          uint32_t top_k, uint32_t num_experts, std::vector<uint32_t>& host_ids,
                          std::vector<float>& host_weights, MoeDispatchPlan& plan,

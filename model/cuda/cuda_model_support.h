@@ -122,6 +122,22 @@ absl::Status UploadRequest(absl::Span<const uint32_t> tokens, uint32_t start_pos
                            std::vector<uint32_t>& host_indices, DeviceBuffer& indices,
                            DeviceBuffer& slots, cudaStream_t stream);
 
+// The attention core of n tokens after the projections: per-head q_norm / k_norm of q and k in
+// place, RoPE on each head's first rotary_dim dims, K and V written to `pool_layer` of the pool
+// (slots), then causal GQA attention over the pool into attn ([n, heads * head_dim]).
+absl::Status NormRopeWriteAttend(const ModelConfig& config, uint32_t rotary_dim,
+                                 uint32_t pool_layer, uint32_t n, uint32_t blocks,
+                                 const float* q_norm, const float* k_norm, float* q, float* k,
+                                 const float* v, const uint32_t* positions,
+                                 const uint32_t* block_table, const int64_t* slots,
+                                 const DevicePagedKv& kv, float* attn, cudaStream_t stream);
+
+// The MoE's routing of n tokens: x's post-attention RMSNorm into `normed`, the router logits,
+// and MoeRouteCuda's top-k ids and weights.
+absl::Status NormAndRoute(const ModelConfig& config, const float* x, const float* post_norm,
+                          const float* router, uint32_t n, float* normed, float* router_logits,
+                          uint32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+
 // Brings MoeRouteCuda's ids and weights of n tokens (and `extra_count` floats of
 // `device_extra` into `host_extra`, when given) to the host, synchronizes the stream and plans
 // the expert grouping. INTERNAL when the routing is malformed.

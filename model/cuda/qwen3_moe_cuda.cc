@@ -217,8 +217,6 @@ absl::Status CudaQwen3MoeModel::Impl::Attention(uint32_t layer_index, uint32_t n
   const ModelConfig& c = config;
   const uint32_t hidden = c.hidden_size;
   const uint32_t head_dim = c.head_dim;
-  const uint32_t heads = c.num_attention_heads;
-  const uint32_t kv_heads = c.num_key_value_heads;
   float* x = scratch.x.get<float>();
   float* normed = scratch.normed.get<float>();
   float* q = scratch.q.get<float>();
@@ -235,20 +233,9 @@ absl::Status CudaQwen3MoeModel::Impl::Attention(uint32_t layer_index, uint32_t n
       kernels::LinearCuda(normed, layer.k_proj, n, hidden, c.kv_dim(), false, k, stream));
   RETURN_IF_ERROR(
       kernels::LinearCuda(normed, layer.v_proj, n, hidden, c.kv_dim(), false, v, stream));
-  // Per-head norms in place (rows = tokens * heads), then RoPE, as the CPU model per head.
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(q, layer.q_norm, c.rms_norm_eps, n * heads, head_dim, q, stream));
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(k, layer.k_norm, c.rms_norm_eps, n * kv_heads, head_dim, k, stream));
-  RETURN_IF_ERROR(kernels::RopeCuda(q, positions, n, heads, head_dim, c.rope_theta, stream));
-  RETURN_IF_ERROR(kernels::RopeCuda(k, positions, n, kv_heads, head_dim, c.rope_theta, stream));
-  // K/V go to the pool first; attention then reads every position, the new ones included, back
-  // from it (same stream: the write is complete before attention starts).
-  RETURN_IF_ERROR(kernels::WriteKvCuda(k, v, scratch.slots.get<int64_t>(), n, layer_index,
-                                       kv.layout, kv.num_pool_blocks, kv.pool_base, stream));
-  RETURN_IF_ERROR(kernels::PagedAttentionCuda(
-      q, positions, /*seq_ids=*/nullptr, DeviceBlockTable(n), n, heads, /*num_seqs=*/1, blocks,
-      layer_index, kv.layout, kv.num_pool_blocks, kv.pool_base, attn, stream));
+  RETURN_IF_ERROR(NormRopeWriteAttend(c, head_dim, layer_index, n, blocks, layer.q_norm,
+                                      layer.k_norm, q, k, v, positions, DeviceBlockTable(n),
+                                      scratch.slots.get<int64_t>(), kv, attn, stream));
   // o_proj added onto the residual stream in place.
   return kernels::LinearCuda(attn, layer.o_proj, n, c.q_dim(), hidden, /*accumulate=*/true, x,
                              stream);
@@ -267,13 +254,9 @@ absl::Status CudaQwen3MoeModel::Impl::Moe(uint32_t layer_index, uint32_t n) {
   const uint32_t* gather_tokens = scratch.moe_rows.get<uint32_t>();
   const uint32_t* combine_rows = gather_tokens + routed;
 
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(x, layer.post_norm, c.rms_norm_eps, n, hidden, normed, stream));
-  RETURN_IF_ERROR(kernels::LinearCuda(normed, layer.router, n, hidden, c.num_experts, false,
-                                      scratch.router_logits.get<float>(), stream));
-  RETURN_IF_ERROR(kernels::MoeRouteCuda(scratch.router_logits.get<float>(), n, c.num_experts, top_k,
-                                        c.norm_topk_prob, scratch.topk_ids.get<uint32_t>(),
-                                        scratch.topk_weights.get<float>(), stream));
+  RETURN_IF_ERROR(NormAndRoute(c, x, layer.post_norm, layer.router, n, normed,
+                               scratch.router_logits.get<float>(), scratch.topk_ids.get<uint32_t>(),
+                               scratch.topk_weights.get<float>(), stream));
   RETURN_IF_ERROR(PlanExperts(n));
   RETURN_IF_ERROR(
       kernels::GatherRowsCuda(normed, n, hidden, gather_tokens, routed, moe_in, stream));

@@ -372,9 +372,6 @@ absl::Status CudaQwen3NextModel::Impl::FullAttention(uint32_t layer_index, uint3
   const DeviceLayer& layer = weights.layers[layer_index];
   const ModelConfig& c = config.base;
   const uint32_t hidden = c.hidden_size;
-  const uint32_t head_dim = c.head_dim;
-  const uint32_t heads = c.num_attention_heads;
-  const uint32_t kv_heads = c.num_key_value_heads;
   const uint32_t pool_layer = config.IndexWithinType(layer_index);
   float* x = scratch.x.get<float>();
   float* normed = scratch.normed.get<float>();
@@ -394,21 +391,9 @@ absl::Status CudaQwen3NextModel::Impl::FullAttention(uint32_t layer_index, uint3
         std::tuple<const float*, float*, uint32_t>{layer.v_proj, v, c.kv_dim()}}) {
     RETURN_IF_ERROR(kernels::LinearCuda(normed, weight, n, hidden, width, false, out, stream));
   }
-  // Per-head norms in place, then RoPE on the first rotary_dim dims, as the CPU model per head.
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(q, layer.q_norm, c.rms_norm_eps, n * heads, head_dim, q, stream));
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(k, layer.k_norm, c.rms_norm_eps, n * kv_heads, head_dim, k, stream));
-  RETURN_IF_ERROR(kernels::PartialRopeCuda(q, positions, n, heads, head_dim, config.rotary_dim(),
-                                           c.rope_theta, stream));
-  RETURN_IF_ERROR(kernels::PartialRopeCuda(k, positions, n, kv_heads, head_dim, config.rotary_dim(),
-                                           c.rope_theta, stream));
-  // K/V go to the pool first; attention then reads every position back from it.
-  RETURN_IF_ERROR(kernels::WriteKvCuda(k, v, scratch.slots.get<int64_t>(), n, pool_layer, kv.layout,
-                                       kv.num_pool_blocks, kv.pool_base, stream));
-  RETURN_IF_ERROR(kernels::PagedAttentionCuda(
-      q, positions, /*seq_ids=*/nullptr, DeviceBlockTable(n), n, heads, /*num_seqs=*/1, blocks,
-      pool_layer, kv.layout, kv.num_pool_blocks, kv.pool_base, attn, stream));
+  RETURN_IF_ERROR(NormRopeWriteAttend(c, config.rotary_dim(), pool_layer, n, blocks, layer.q_norm,
+                                      layer.k_norm, q, k, v, positions, DeviceBlockTable(n),
+                                      scratch.slots.get<int64_t>(), kv, attn, stream));
   RETURN_IF_ERROR(kernels::GateMultiplyCuda(attn, gate, uint64_t{n} * c.q_dim(),
                                             kernels::GateActivation::kSigmoid, stream));
   return kernels::LinearCuda(attn, layer.o_proj, n, c.q_dim(), hidden, /*accumulate=*/true, x,
@@ -429,13 +414,9 @@ absl::Status CudaQwen3NextModel::Impl::Moe(uint32_t layer_index, uint32_t n) {
   const uint32_t* gather_tokens = scratch.moe_rows.get<uint32_t>();
   const uint32_t* combine_rows = gather_tokens + routed;
 
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(x, layer.post_norm, c.rms_norm_eps, n, hidden, normed, stream));
-  RETURN_IF_ERROR(kernels::LinearCuda(normed, layer.router, n, hidden, c.num_experts, false,
-                                      scratch.router_logits.get<float>(), stream));
-  RETURN_IF_ERROR(kernels::MoeRouteCuda(scratch.router_logits.get<float>(), n, c.num_experts, top_k,
-                                        c.norm_topk_prob, scratch.topk_ids.get<uint32_t>(),
-                                        scratch.topk_weights.get<float>(), stream));
+  RETURN_IF_ERROR(NormAndRoute(c, x, layer.post_norm, layer.router, n, normed,
+                               scratch.router_logits.get<float>(), scratch.topk_ids.get<uint32_t>(),
+                               scratch.topk_weights.get<float>(), stream));
   RETURN_IF_ERROR(kernels::LinearCuda(normed, layer.shared_expert_gate, n, hidden, 1, false,
                                       scratch.shared_logits.get<float>(), stream));
   RETURN_IF_ERROR(PlanExperts(n));

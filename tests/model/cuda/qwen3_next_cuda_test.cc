@@ -42,18 +42,7 @@ using ::kvcache::worker::testing::HostPool;
 using ::kvcache::worker::testing::MakePrompt;
 using ::testing::HasSubstr;
 
-const Qwen3NextModel& TinyHybrid() {
-  static const Qwen3NextModel* model = [] {
-    absl::StatusOr<Qwen3NextModel> loaded =
-        Qwen3NextModel::Load(KVCACHE_TINY_HYBRID_CHECKPOINT_DIR);
-    if (!loaded.ok()) {
-      ADD_FAILURE() << loaded.status() << " (build the worker_tiny_checkpoints target)";
-      std::abort();
-    }
-    return new Qwen3NextModel(std::move(*loaded));
-  }();
-  return *model;
-}
+const Qwen3NextModel& TinyHybrid() { return testing::TinyHybridModel(); }
 
 TEST(CudaQwen3NextModelTest, CreateAnswersForTheBuildAndTheMachine) {
   absl::StatusOr<CudaQwen3NextModel> model = CudaQwen3NextModel::Create(TinyHybrid(), 0);
