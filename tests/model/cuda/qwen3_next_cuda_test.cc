@@ -120,8 +120,8 @@ class CudaQwen3NextModelGpuTest : public ::testing::Test {
     EXPECT_OK(state);
     return DeviceSequence{std::move(*pool), std::move(*state)};
   }
-  std::vector<float> Run(DeviceSequence& seq, const std::vector<uint32_t>& table,
-                         absl::Span<const uint32_t> tokens, uint32_t start) {
+  std::vector<float> RunTokens(DeviceSequence& seq, const std::vector<uint32_t>& table,
+                               absl::Span<const uint32_t> tokens, uint32_t start) {
     const DevicePagedKv kv{seq.pool.base(), seq.pool.layout(), table, seq.pool.num_blocks()};
     absl::StatusOr<std::vector<float>> logits = gpu_->Forward(tokens, start, kv, seq.state);
     EXPECT_OK(logits);
@@ -142,7 +142,7 @@ TEST_F(CudaQwen3NextModelGpuTest, MatchesTheCpuModel) {
     absl::StatusOr<std::vector<float>> cpu = TinyHybrid().Forward(prompt, 0, host_kv, cpu_state);
     ASSERT_OK(cpu);
     DeviceSequence seq = NewSequence(dtype);
-    const std::vector<float> gpu = Run(seq, table, prompt, 0);
+    const std::vector<float> gpu = RunTokens(seq, table, prompt, 0);
     ExpectClose(gpu, *cpu, kLogitTolerance, what + " logits");
     EXPECT_EQ(TopK(gpu.data(), gpu.size(), 1), TopK(cpu->data(), cpu->size(), 1)) << what;
     EXPECT_EQ(seq.state.position(), 45u);
@@ -156,17 +156,17 @@ TEST_F(CudaQwen3NextModelGpuTest, SplitAndResumedPrefillAreBitIdenticalOnTheGpu)
   const std::vector<uint32_t> prompt = MakePrompt(70, 3);
   const std::vector<uint32_t> table = Iota(0, 5);
   DeviceSequence cold = NewSequence(DType::kBFloat16);
-  const std::vector<float> cold_logits = Run(cold, table, prompt, 0);
+  const std::vector<float> cold_logits = RunTokens(cold, table, prompt, 0);
   const std::vector<float> cold_state = StateFloats(cold.state);
   const std::vector<uint8_t> cold_pool = DownloadPool(cold.pool);
 
   // Chunks, then the tail token by token.
   DeviceSequence chunked = NewSequence(DType::kBFloat16);
   const absl::Span<const uint32_t> all(prompt);
-  Run(chunked, table, all.subspan(0, 16), 0);
-  Run(chunked, table, all.subspan(16, 37), 16);
+  RunTokens(chunked, table, all.subspan(0, 16), 0);
+  RunTokens(chunked, table, all.subspan(16, 37), 16);
   std::vector<float> logits;
-  for (uint32_t p = 53; p < 70; ++p) logits = Run(chunked, table, all.subspan(p, 1), p);
+  for (uint32_t p = 53; p < 70; ++p) logits = RunTokens(chunked, table, all.subspan(p, 1), p);
   EXPECT_TRUE(BitIdentical(logits, cold_logits));
   EXPECT_TRUE(BitIdentical(StateFloats(chunked.state), cold_state));
   EXPECT_EQ(DownloadPool(chunked.pool), cold_pool);
@@ -174,7 +174,7 @@ TEST_F(CudaQwen3NextModelGpuTest, SplitAndResumedPrefillAreBitIdenticalOnTheGpu)
   // Resumed at each page boundary: state through host bytes, KV blocks copied to blocks 8..12.
   for (uint32_t m : {16u, 32u, 48u, 64u}) {
     DeviceSequence first = NewSequence(DType::kBFloat16);
-    Run(first, table, all.subspan(0, m), 0);
+    RunTokens(first, table, all.subspan(0, m), 0);
     std::vector<uint8_t> saved(first.state.StateBytes());
     ASSERT_OK(first.state.SaveTo(absl::MakeSpan(saved), nullptr));
     DeviceSequence resumed = NewSequence(DType::kBFloat16);
@@ -185,7 +185,7 @@ TEST_F(CudaQwen3NextModelGpuTest, SplitAndResumedPrefillAreBitIdenticalOnTheGpu)
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_OK(resumed.state.RestoreFrom(saved, m, nullptr));
-    EXPECT_TRUE(BitIdentical(Run(resumed, other, all.subspan(m), m), cold_logits)) << m;
+    EXPECT_TRUE(BitIdentical(RunTokens(resumed, other, all.subspan(m), m), cold_logits)) << m;
     EXPECT_TRUE(BitIdentical(StateFloats(resumed.state), cold_state)) << m;
   }
 }
@@ -207,7 +207,7 @@ TEST_F(CudaQwen3NextModelGpuTest, ACpuStateContinuesOnTheGpu) {
       cudaMemcpy(seq.pool.base(), host.bytes.data(), host.bytes.size(), cudaMemcpyHostToDevice),
       cudaSuccess);
   ASSERT_OK(seq.state.RestoreFrom(state_bytes, 32, nullptr));
-  const std::vector<float> gpu = Run(seq, table, all.subspan(32), 32);
+  const std::vector<float> gpu = RunTokens(seq, table, all.subspan(32), 32);
   absl::StatusOr<std::vector<float>> cpu =
       TinyHybrid().Forward(all.subspan(32), 32, host_kv, cpu_state);
   ASSERT_OK(cpu);
