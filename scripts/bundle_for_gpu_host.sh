@@ -33,7 +33,7 @@ done
 find "$build_dir" -name CTestTestfile.cmake -not -path '*/CMakeFiles/*' | while read -r f; do
   mkdir -p "$staging/$(dirname "$f")" && cp "$f" "$staging/$f"
 done
-for dir in "$build_dir"/tiny_qwen3_moe* "$build_dir"/demo-checkpoint; do
+for dir in "$build_dir"/tiny_* "$build_dir"/demo-checkpoint; do
   [[ -d $dir ]] && cp -r "$dir" "$staging/$build_dir/"
 done
 
