@@ -400,6 +400,7 @@ std::vector<uint32_t> Pool::PartMasksOf(const Sequence& sequence, size_t blocks)
 std::vector<BlockId> Pool::WalkLocked(Sequence* sequence, size_t max_blocks) const {
   std::vector<BlockId> hits;
   const size_t limit = std::min(max_blocks, sequence->chain.size());
+  const bool learn_parts = token_parts_;
   for (size_t i = 0; i < limit; ++i) {
     BlockIdentity expected{
         .hash = sequence->chain[i],
@@ -409,7 +410,7 @@ std::vector<BlockId> Pool::WalkLocked(Sequence* sequence, size_t max_blocks) con
         .namespace_digest = sequence->namespace_digest,
         .prefix_digest = sequence->prefix_digests[i],
     };
-    if (token_parts_) {
+    if (learn_parts) {
       expected.extras_digest =
           ExpectedExtrasLocked(expected.extras_digest, pool_.Indexed(expected.hash));
     }
@@ -421,7 +422,7 @@ std::vector<BlockId> Pool::WalkLocked(Sequence* sequence, size_t max_blocks) con
       }
       break;
     }
-    sequence->extras_digests[i] = expected.extras_digest;
+    if (learn_parts) sequence->extras_digests[i] = expected.extras_digest;
     hits.push_back(block);
   }
   return hits;
@@ -875,6 +876,7 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
     const auto find_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (sequence->pages) return FindPageLocked(*sequence, i);
+      if (!token_parts_) return pool_.FindVerified(identity, tokens);
       BlockIdentity any_parts = identity;
       any_parts.extras_digest =
           ExpectedExtrasLocked(identity.extras_digest, pool_.Indexed(identity.hash));
