@@ -241,6 +241,44 @@ TEST_F(PoolTokenPartsTest, MasksTravelThroughTheDiskAcrossARestart) {
   EXPECT_EQ(reloaded.num_disk_tier_tokens, 4 * kBlockSize);
 }
 
+// A load that fails verification can leave the tier-1 hits before it restoring no state: the
+// open then answers no hit and computes those blocks into fresh ones, never into the cached.
+TEST_F(PoolTokenPartsTest, ALoadThatFailsEndsTheHitWhereTheRuleSays) {
+  MakePool(12, /*tier_blocks=*/16);
+  ASSERT_OK(Store(14, 4, {kKv, kKv, kKv, kBoth}));
+  pool_->OffloadForTesting();
+  // Takes the 8 free blocks and evicts block 3 only (released first, so the LRU's front):
+  // blocks 0 to 2 stay in tier 1.
+  const std::vector<uint32_t> other = Prompt(15, 8);
+  absl::StatusOr<OpenedSequence> evicting = pool_->Open(session_, Spec(other));
+  ASSERT_OK(evicting);
+  ASSERT_OK(pool_->Release(session_, evicting->sequence_id));
+  const LookupResult before = Lookup(14, 4, kBoth);
+  ASSERT_EQ(before.num_cached_tokens, 4 * kBlockSize);
+  ASSERT_EQ(before.num_host_tier_tokens, kBlockSize);
+  const LookupResult kv = Lookup(14, 4, kKv);
+
+  BlockHasher hasher(HashAlgorithm::kXxh3_128);
+  const HashNamespace ns{pool_->options().model_id, pool_->layout_fingerprint(), "tenant-a", ""};
+  std::vector<Hash128> chain;
+  hasher.ExtendChain(hasher.Root(ns), Prompt(14, 4), kBlockSize, ExtraKeys{}, &chain);
+  ASSERT_TRUE(pool_->host_tier()->CorruptForTesting(chain[3], 5));
+  absl::StatusOr<OpenedSequence> opened = pool_->Open(session_, Spec(Prompt(14, 4), kBoth));
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 0u);
+  EXPECT_THAT(opened->part_masks, IsEmpty());
+  absl::StatusOr<OpenedSequence> holder = pool_->Open(session_, Spec(Prompt(14, 4), kKv));
+  ASSERT_OK(holder);
+  EXPECT_EQ(holder->num_cached_tokens, 3 * kBlockSize);  // the cached blocks are still there
+  for (BlockId fresh : opened->block_ids) {
+    for (size_t i = 0; i < 3; ++i) EXPECT_NE(fresh, holder->block_ids[i]);
+  }
+  ASSERT_OK(pool_->Release(session_, holder->sequence_id));
+  ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  EXPECT_EQ(pool_->Stats().referenced, 0u);
+  EXPECT_EQ(kv.num_cached_tokens, 4 * kBlockSize);
+}
+
 TEST_F(PoolTokenPartsTest, ExtraKeysAndMasksAreKeptSideBySide) {
   MakePool(8, /*tier_blocks=*/16);
   extras_.lora_id = "adapter-a";
