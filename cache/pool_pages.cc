@@ -23,7 +23,7 @@ void AppendPageTokens(absl::string_view key, uint32_t block_size, std::vector<ui
 }
 
 uint32_t MaskOf(const std::vector<uint64_t>& extras_digests, size_t i) {
-  return static_cast<uint32_t>(extras_digests[i]);
+  return PartMaskIn(extras_digests[i]);
 }
 
 }  // namespace
@@ -77,11 +77,10 @@ BlockId Pool::FindPageLocked(const Sequence& sequence, size_t i) const {
   return block;
 }
 
-void Pool::SupersedePageLocked(const Sequence& sequence, size_t i) {
-  const BlockId present = FindPageLocked(sequence, i);
-  if (present == kNoBlock || present == sequence.blocks[i]) return;
-  const uint32_t ours = MaskOf(sequence.extras_digests, i);
-  const uint32_t theirs = static_cast<uint32_t>(pool_.IdentityOf(present).extras_digest);
+void Pool::SupersedeLocked(BlockId present, BlockId own, uint64_t identity_extras) {
+  if (present == kNoBlock || present == own) return;
+  const uint32_t ours = PartMaskIn(identity_extras);
+  const uint32_t theirs = PartMaskIn(pool_.IdentityOf(present).extras_digest);
   if ((theirs & ours) == ours || !pool_.IsEvictable(present)) return;
   removed_.clear();
   pool_.Evict(present, &removed_);
