@@ -67,6 +67,27 @@ void Softmax(float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] /= sum;
 }
 
+void AttendCausal(const float* q, const float* keys, const float* values, size_t visible,
+                  size_t heads, size_t kv_heads, size_t head_dim, float* scores, float* out) {
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const size_t group = heads / kv_heads;
+  const size_t kv_dim = kv_heads * head_dim;
+  for (size_t h = 0; h < heads; ++h) {
+    const float* q_head = q + h * head_dim;
+    const size_t kv_offset = (h / group) * head_dim;
+    for (size_t p = 0; p < visible; ++p) {
+      scores[p] = Dot(q_head, &keys[p * kv_dim + kv_offset], head_dim) * scale;
+    }
+    Softmax(scores, visible);
+    float* out_head = out + h * head_dim;
+    std::fill(out_head, out_head + head_dim, 0.0f);
+    for (size_t p = 0; p < visible; ++p) {
+      const float* value = &values[p * kv_dim + kv_offset];
+      for (size_t d = 0; d < head_dim; ++d) out_head[d] += scores[p] * value[d];
+    }
+  }
+}
+
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 void SwiGlu(const float* gate, const float* up, size_t n, float* out) {
