@@ -2,9 +2,22 @@
 
 #include <algorithm>
 
+#include "common/status_macros.h"
 #include "model/ops.h"
 
 namespace kvcache::worker {
+
+absl::StatusOr<SwiGluExpert> LoadSwiGluExpert(const SafetensorsFile& file,
+                                              const std::string& prefix, uint32_t hidden,
+                                              uint32_t intermediate) {
+  const int64_t in = hidden;
+  const int64_t mid = intermediate;
+  SwiGluExpert expert;
+  ASSIGN_OR_RETURN(expert.gate_proj, LoadFloats(file, prefix + "gate_proj.weight", {mid, in}));
+  ASSIGN_OR_RETURN(expert.up_proj, LoadFloats(file, prefix + "up_proj.weight", {mid, in}));
+  ASSIGN_OR_RETURN(expert.down_proj, LoadFloats(file, prefix + "down_proj.weight", {in, mid}));
+  return expert;
+}
 
 void SwiGluMlp(const SwiGluExpert& mlp, const float* x, uint32_t hidden, uint32_t intermediate,
                MoeScratch& scratch, float* out) {

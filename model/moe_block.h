@@ -6,9 +6,12 @@
 #define KVCACHE_MODEL_MOE_BLOCK_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "model/model_config.h"
+#include "model/safetensors.h"
 
 namespace kvcache::worker {
 
@@ -18,6 +21,12 @@ struct SwiGluExpert {
   std::vector<float> up_proj;    // [intermediate, hidden]
   std::vector<float> down_proj;  // [hidden, intermediate]
 };
+
+// `prefix`gate_proj.weight, up_proj.weight and down_proj.weight of `file` (Hugging Face's names
+// for an MLP). Errors as LoadFloats.
+absl::StatusOr<SwiGluExpert> LoadSwiGluExpert(const SafetensorsFile& file,
+                                              const std::string& prefix, uint32_t hidden,
+                                              uint32_t intermediate);
 
 // Buffers of one MoE evaluation, sized for the widest MLP it runs.
 struct MoeScratch {

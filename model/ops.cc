@@ -55,6 +55,15 @@ void ApplyRope(float* x, uint32_t head_dim, const float* cos, const float* sin) 
   }
 }
 
+void NormAndRotateHeads(float* x, size_t num_heads, uint32_t head_dim, const float* norm, float eps,
+                        uint32_t rotary_dim, const float* cos, const float* sin) {
+  for (size_t h = 0; h < num_heads; ++h) {
+    float* head = x + h * head_dim;
+    RmsNorm(head, norm, head_dim, eps, head);
+    ApplyRope(head, rotary_dim, cos, sin);
+  }
+}
+
 void Softmax(float* x, size_t n) {
   if (n == 0) return;
   float max_value = x[0];

@@ -32,6 +32,11 @@ void RopeCosSin(uint32_t position, const std::vector<double>& inv_freq, float* c
 //   x'[i + half] = x[i + half] * cos[i] + x[i] * sin[i]
 void ApplyRope(float* x, uint32_t head_dim, const float* cos, const float* sin);
 
+// Per head of x ([num_heads, head_dim], in place): RmsNorm with `norm` (the q_norm / k_norm of
+// Qwen attention), then ApplyRope over the head's first rotary_dim dims (the rest pass through).
+void NormAndRotateHeads(float* x, size_t num_heads, uint32_t head_dim, const float* norm, float eps,
+                        uint32_t rotary_dim, const float* cos, const float* sin);
+
 // In-place softmax: x[i] = exp(x[i] - max) / sum_j exp(x[j] - max), summed in index order.
 void Softmax(float* x, size_t n);
 

@@ -117,16 +117,10 @@ absl::Status Qwen3MoeModel::Attention(uint32_t layer_index, uint32_t start_posit
     MatVec(layer.k_proj.data(), scratch.normed.data(), kv_dim, hidden, scratch.k.data());
     MatVec(layer.v_proj.data(), scratch.normed.data(), kv_dim, hidden, scratch.v.data());
     RopeCosSin(position, rope_inv_freq_, scratch.cos.data(), scratch.sin.data());
-    for (size_t h = 0; h < heads; ++h) {
-      float* head = q + h * head_dim;
-      RmsNorm(head, layer.q_norm.data(), head_dim, eps, head);
-      ApplyRope(head, config_.head_dim, scratch.cos.data(), scratch.sin.data());
-    }
-    for (size_t h = 0; h < kv_heads; ++h) {
-      float* head = &scratch.k[h * head_dim];
-      RmsNorm(head, layer.k_norm.data(), head_dim, eps, head);
-      ApplyRope(head, config_.head_dim, scratch.cos.data(), scratch.sin.data());
-    }
+    NormAndRotateHeads(q, heads, config_.head_dim, layer.q_norm.data(), eps, config_.head_dim,
+                       scratch.cos.data(), scratch.sin.data());
+    NormAndRotateHeads(scratch.k.data(), kv_heads, config_.head_dim, layer.k_norm.data(), eps,
+                       config_.head_dim, scratch.cos.data(), scratch.sin.data());
     RETURN_IF_ERROR(kv.WriteK(layer_index, position, scratch.k.data()));
     RETURN_IF_ERROR(kv.WriteV(layer_index, position, scratch.v.data()));
   }
