@@ -13,20 +13,14 @@
 #include "common/page_parts.h"
 #include "model/linear_attention_state.h"
 #include "model/ops.h"
+#include "tests/testing/random_floats.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::worker {
 namespace {
 
+using ::kvcache::testing::RandomNormals;
 using ::kvcache::testing::StatusIs;
-
-std::vector<float> RandomFloats(size_t count, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(count);
-  for (float& v : values) v = normal(rng);
-  return values;
-}
 
 const Qwen3NextConfig& TinyHybridConfig() {
   static const Qwen3NextConfig* config = [] {
@@ -86,7 +80,7 @@ TEST(GatedDeltaRuleTest, ValueHeadsShareTheirKeyHead) {
   LinearAttentionDims one = two;
   one.num_value_heads = 1;
   const uint32_t n = 5;
-  const std::vector<float> qkv = RandomFloats(n * two.conv_dim(), 1);
+  const std::vector<float> qkv = RandomNormals(n * two.conv_dim(), 1);
   std::vector<float> a(n * 2, 0.3f), b(n * 2, -0.2f);
   const std::vector<float> a_log = {-1.0f, -1.0f}, dt_bias = {0.1f, 0.1f};
   std::vector<float> state(two.recurrent_floats(), 0.0f), out(n * two.value_dim());
@@ -117,12 +111,12 @@ TEST(LinearAttentionTest, SplitRunsAreBitIdentical) {
                                  .value_head_dim = 6,
                                  .conv_kernel = 4};
   const uint32_t n = 37;
-  const std::vector<float> input = RandomFloats(n * dims.conv_dim(), 2);
-  const std::vector<float> weight = RandomFloats(dims.conv_dim() * dims.conv_kernel, 3, 0.5f);
-  const std::vector<float> a = RandomFloats(n * dims.num_value_heads, 4);
-  const std::vector<float> b = RandomFloats(n * dims.num_value_heads, 5);
-  const std::vector<float> a_log = RandomFloats(dims.num_value_heads, 6, 0.3f);
-  const std::vector<float> dt_bias = RandomFloats(dims.num_value_heads, 7, 0.3f);
+  const std::vector<float> input = RandomNormals(n * dims.conv_dim(), 2);
+  const std::vector<float> weight = RandomNormals(dims.conv_dim() * dims.conv_kernel, 3, 0.5f);
+  const std::vector<float> a = RandomNormals(n * dims.num_value_heads, 4);
+  const std::vector<float> b = RandomNormals(n * dims.num_value_heads, 5);
+  const std::vector<float> a_log = RandomNormals(dims.num_value_heads, 6, 0.3f);
+  const std::vector<float> dt_bias = RandomNormals(dims.num_value_heads, 7, 0.3f);
   const auto run = [&](uint32_t begin, uint32_t end, std::vector<float>& conv_state,
                        std::vector<float>& state, std::vector<float>& out) {
     const uint32_t count = end - begin;
