@@ -22,7 +22,10 @@
 // Determinism: every reduction has a fixed order, attention reads only pool contents, and the
 // recurrence runs token by token from a float32 state saved as exact bytes. So running tokens
 // [0, n) at once, or [0, m) then [m, n) resuming from the state after m and the pool's KV, gives
-// bit-identical logits, KV bytes and state, for any m.
+// bit-identical logits, KV bytes and state, for any m. (Hugging Face's eager code restarts the
+// recurrence for every multi-token call and only carries the state across one-token decode
+// steps; here every call continues from the state it is given, which is the same math and what a
+// prefix hit needs.)
 // Thread-safety: immutable after Load(); concurrent Forward() calls are safe when they use
 // different states and write different pool blocks.
 #ifndef KVCACHE_MODEL_QWEN3_NEXT_H_

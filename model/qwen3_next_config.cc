@@ -13,6 +13,7 @@ using config_json::Json;
 
 // Hugging Face's default when neither layer_types nor full_attention_interval is given.
 constexpr uint32_t kDefaultFullAttentionInterval = 4;
+constexpr uint32_t kDefaultHeadDim = 256;
 
 std::vector<LayerType> LayersFromInterval(uint32_t num_layers, uint32_t interval) {
   std::vector<LayerType> types(num_layers);
@@ -67,6 +68,8 @@ absl::StatusOr<Qwen3NextConfig> ParseRoot(const Json& root) {
   RETURN_IF_ERROR(config_json::CheckModelType(root, "qwen3_next"));
   RETURN_IF_ERROR(config_json::CheckCommonSupported(root));
   Qwen3NextConfig config;
+  // Qwen3NextConfig's default head_dim, where Qwen3MoeConfig derives hidden / heads.
+  config.base.head_dim = kDefaultHeadDim;
   RETURN_IF_ERROR(config_json::ReadDecoderFields(root, config.base));
   // Qwen3NextConfig's default, unlike Qwen3MoeConfig's.
   config.base.norm_topk_prob = true;
