@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/page_parts.h"
 #include "model/ops.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
@@ -263,6 +264,56 @@ TEST(Qwen3NextModelTest, CheckpointsAreTheStatesAtEachBoundary) {
       model.ForwardWithCheckpoints(prompt, 0, once.kv, once.state, 0,
                                    [](const LinearAttentionState&) { return absl::OkStatus(); }),
       StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The pool layout of issue 34: pages of [kv | state] as HybridPagePartsSpec declares. A prefill
+// writes each page's KV and, at its last token, the state into the page's state part; a hit on
+// the first e pages, copied page by page to other blocks, restores the state from page e - 1 and
+// continues bit-identically to the cold run.
+TEST(Qwen3NextModelTest, PagesOfKvAndStateResumeBitIdentically) {
+  const Qwen3NextModel& model = TinyHybrid();
+  const DType dtype = DType::kBFloat16;
+  absl::StatusOr<std::vector<PagePartLayout>> parts =
+      ParsePageParts(HybridPagePartsSpec(model.config(), kBlockSize, dtype),
+                     HybridKvBytesPerPage(model.config(), kBlockSize, dtype) +
+                         LinearAttentionState::StateBytes(model.config()));
+  ASSERT_OK(parts);
+  const PagePartLayout& state_part = (*parts)[1];
+  const uint64_t page_bytes = state_part.offset + state_part.bytes;
+  const PoolLayout layout = model.KvLayout(kBlockSize, dtype);
+  std::vector<uint8_t> pool(kPoolBlocks * page_bytes, 0);
+  const std::vector<uint32_t> prompt = MakePrompt(75, 9);
+
+  const std::vector<uint32_t> source_table = Iota(0, 5);
+  PagedKv source_kv(pool.data(), layout, source_table, kPoolBlocks, page_bytes);
+  LinearAttentionState source_state = model.NewState();
+  absl::StatusOr<std::vector<float>> cold = model.ForwardWithCheckpoints(
+      prompt, 0, source_kv, source_state, kBlockSize, [&](const LinearAttentionState& state) {
+        const uint32_t page = source_table[state.position() / kBlockSize - 1];
+        return state.SaveTo(
+            absl::MakeSpan(pool.data() + page * page_bytes + state_part.offset, state_part.bytes));
+      });
+  ASSERT_OK(cold);
+
+  for (uint32_t hit_pages : {1u, 2u, 4u}) {
+    const std::vector<uint32_t> table = Iota(10, 5);
+    for (uint32_t p = 0; p < hit_pages; ++p) {
+      std::memcpy(pool.data() + table[p] * page_bytes, pool.data() + source_table[p] * page_bytes,
+                  page_bytes);
+    }
+    PagedKv kv(pool.data(), layout, table, kPoolBlocks, page_bytes);
+    LinearAttentionState state = model.NewState();
+    const uint32_t hit = hit_pages * kBlockSize;
+    ASSERT_OK(state.RestoreFrom(
+        absl::MakeConstSpan(pool.data() + table[hit_pages - 1] * page_bytes + state_part.offset,
+                            state_part.bytes),
+        hit));
+    absl::StatusOr<std::vector<float>> warm =
+        model.Forward(absl::MakeConstSpan(prompt).subspan(hit), hit, kv, state);
+    ASSERT_OK(warm);
+    EXPECT_TRUE(BitIdentical(*warm, *cold)) << hit_pages << " pages hit";
+    EXPECT_TRUE(state == source_state) << hit_pages << " pages hit";
+  }
 }
 
 TEST(Qwen3NextModelTest, BadRequestsChangeNothing) {
