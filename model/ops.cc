@@ -55,6 +55,15 @@ void ApplyRope(float* x, uint32_t head_dim, const float* cos, const float* sin) 
   }
 }
 
+void NormAndRotateHeads(float* x, size_t num_heads, uint32_t head_dim, const float* norm, float eps,
+                        uint32_t rotary_dim, const float* cos, const float* sin) {
+  for (size_t h = 0; h < num_heads; ++h) {
+    float* head = x + h * head_dim;
+    RmsNorm(head, norm, head_dim, eps, head);
+    ApplyRope(head, rotary_dim, cos, sin);
+  }
+}
+
 void Softmax(float* x, size_t n) {
   if (n == 0) return;
   float max_value = x[0];
@@ -65,6 +74,27 @@ void Softmax(float* x, size_t n) {
     sum += x[i];
   }
   for (size_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+void AttendCausal(const float* q, const float* keys, const float* values, size_t visible,
+                  size_t heads, size_t kv_heads, size_t head_dim, float* scores, float* out) {
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const size_t group = heads / kv_heads;
+  const size_t kv_dim = kv_heads * head_dim;
+  for (size_t h = 0; h < heads; ++h) {
+    const float* q_head = q + h * head_dim;
+    const size_t kv_offset = (h / group) * head_dim;
+    for (size_t p = 0; p < visible; ++p) {
+      scores[p] = Dot(q_head, &keys[p * kv_dim + kv_offset], head_dim) * scale;
+    }
+    Softmax(scores, visible);
+    float* out_head = out + h * head_dim;
+    std::fill(out_head, out_head + head_dim, 0.0f);
+    for (size_t p = 0; p < visible; ++p) {
+      const float* value = &values[p * kv_dim + kv_offset];
+      for (size_t d = 0; d < head_dim; ++d) out_head[d] += scores[p] * value[d];
+    }
+  }
 }
 
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }

@@ -32,8 +32,21 @@ void RopeCosSin(uint32_t position, const std::vector<double>& inv_freq, float* c
 //   x'[i + half] = x[i + half] * cos[i] + x[i] * sin[i]
 void ApplyRope(float* x, uint32_t head_dim, const float* cos, const float* sin);
 
+// Per head of x ([num_heads, head_dim], in place): RmsNorm with `norm` (the q_norm / k_norm of
+// Qwen attention), then ApplyRope over the head's first rotary_dim dims (the rest pass through).
+void NormAndRotateHeads(float* x, size_t num_heads, uint32_t head_dim, const float* norm, float eps,
+                        uint32_t rotary_dim, const float* cos, const float* sin);
+
 // In-place softmax: x[i] = exp(x[i] - max) / sum_j exp(x[j] - max), summed in index order.
 void Softmax(float* x, size_t n);
+
+// Causal GQA attention of one token over `visible` positions, per q head h:
+//   out[h] = sum_p softmax_p(Dot(q[h], keys[p][h / group]) * scale) * values[p][h / group]
+// with group = heads / kv_heads, scale = float(1 / sqrt(double(head_dim))), the weighted sum in
+// position order. q, out: [heads, head_dim]; keys, values: [visible, kv_heads, head_dim];
+// scores: `visible` floats of scratch.
+void AttendCausal(const float* q, const float* keys, const float* values, size_t visible,
+                  size_t heads, size_t kv_heads, size_t head_dim, float* scores, float* out);
 
 // x * sigmoid(x).
 float Silu(float x);

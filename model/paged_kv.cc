@@ -58,17 +58,21 @@ void DecodeKv(DType dtype, const uint8_t* src, uint32_t count, float* out) {
 }
 
 PagedKv::PagedKv(uint8_t* pool_base, PoolLayout layout, absl::Span<const uint32_t> block_table,
-                 uint64_t num_pool_blocks)
+                 uint64_t num_pool_blocks, uint64_t page_stride_bytes)
     : pool_base_(pool_base),
       layout_(layout),
       block_table_(block_table),
       num_pool_blocks_(num_pool_blocks),
-      block_bytes_(layout.BlockBytes()),
+      page_stride_(page_stride_bytes == 0 ? layout.BlockBytes() : page_stride_bytes),
       token_bytes_(layout.TokenBytes()) {}
 
 absl::Status PagedKv::Validate() const {
   RETURN_IF_ERROR(layout_.Validate());
   if (pool_base_ == nullptr) return absl::InvalidArgumentError("KV pool base is null");
+  if (page_stride_ < layout_.BlockBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page stride ", page_stride_, " is below the KV block's ", layout_.BlockBytes(), " bytes"));
+  }
   if (num_pool_blocks_ == kUnknownPoolBlocks) return absl::OkStatus();
   for (size_t i = 0; i < block_table_.size(); ++i) {
     if (block_table_[i] >= num_pool_blocks_) {
@@ -107,7 +111,7 @@ absl::Status PagedKv::CheckAccess(uint32_t layer, uint32_t kv, uint64_t position
 uint8_t* PagedKv::Slot(uint32_t layer, uint32_t kv, uint64_t position) const {
   const uint64_t block = block_table_[position / layout_.block_size];
   const uint64_t slot = position % layout_.block_size;
-  return pool_base_ + block * block_bytes_ + layout_.KvOffset(layer, kv) + slot * token_bytes_;
+  return pool_base_ + block * page_stride_ + layout_.KvOffset(layer, kv) + slot * token_bytes_;
 }
 
 absl::Status PagedKv::Write(uint32_t layer, uint32_t kv, uint64_t position, const float* values) {

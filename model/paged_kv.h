@@ -30,10 +30,14 @@ class PagedKv {
   static constexpr uint64_t kUnknownPoolBlocks = std::numeric_limits<uint64_t>::max();
 
   // `num_pool_blocks`, when known, lets Validate() check every block id against the pool size.
+  // `page_stride_bytes`, when not 0, is the distance between blocks in a pool whose pages hold
+  // more than the KV (parts, common/page_parts.h: the KV part first, then e.g. a recurrent
+  // state); 0 means layout.BlockBytes(), a pool of KV alone.
   PagedKv(uint8_t* pool_base, PoolLayout layout, absl::Span<const uint32_t> block_table,
-          uint64_t num_pool_blocks = kUnknownPoolBlocks);
+          uint64_t num_pool_blocks = kUnknownPoolBlocks, uint64_t page_stride_bytes = 0);
 
-  // INVALID_ARGUMENT for a bad layout or a null pool; OUT_OF_RANGE for a block id outside the pool.
+  // INVALID_ARGUMENT for a bad layout, a null pool or a page stride below the KV block's bytes;
+  // OUT_OF_RANGE for a block id outside the pool.
   absl::Status Validate() const;
   // FAILED_PRECONDITION unless the layout has exactly these dimensions (a pool built for another
   // model), naming both.
@@ -77,7 +81,7 @@ class PagedKv {
   PoolLayout layout_;
   absl::Span<const uint32_t> block_table_;
   uint64_t num_pool_blocks_;
-  uint64_t block_bytes_;
+  uint64_t page_stride_;  // bytes from one block to the next
   uint64_t token_bytes_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/moe_block.h"
 #include "model/ops.h"
 
 namespace kvcache::worker {
@@ -25,27 +26,23 @@ struct Qwen3MoeModel::Scratch {
         projected(config.hidden_size),
         cos(config.head_dim / 2),
         sin(config.head_dim / 2),
-        router_probs(config.num_experts),
-        expert_gate(config.moe_intermediate_size),
-        expert_up(config.moe_intermediate_size),
+        moe(config, config.moe_intermediate_size),
         moe_out(config.hidden_size) {}
 
-  std::vector<float> x;             // [n, hidden] residual stream of the tokens being computed
-  std::vector<float> normed;        // [hidden]
-  std::vector<float> q;             // [n, heads * head_dim], after q_norm and RoPE
-  std::vector<float> k;             // [kv_heads * head_dim]
-  std::vector<float> v;             // [kv_heads * head_dim]
-  std::vector<float> keys;          // [positions, kv_heads * head_dim], read back from the pool
-  std::vector<float> values;        // [positions, kv_heads * head_dim], read back from the pool
-  std::vector<float> scores;        // [positions]
-  std::vector<float> attn_out;      // [heads * head_dim]
-  std::vector<float> projected;     // [hidden]
-  std::vector<float> cos;           // [head_dim / 2]
-  std::vector<float> sin;           // [head_dim / 2]
-  std::vector<float> router_probs;  // [experts]
-  std::vector<float> expert_gate;   // [moe_intermediate]
-  std::vector<float> expert_up;     // [moe_intermediate]
-  std::vector<float> moe_out;       // [hidden]
+  std::vector<float> x;          // [n, hidden] residual stream of the tokens being computed
+  std::vector<float> normed;     // [hidden]
+  std::vector<float> q;          // [n, heads * head_dim], after q_norm and RoPE
+  std::vector<float> k;          // [kv_heads * head_dim]
+  std::vector<float> v;          // [kv_heads * head_dim]
+  std::vector<float> keys;       // [positions, kv_heads * head_dim], read back from the pool
+  std::vector<float> values;     // [positions, kv_heads * head_dim], read back from the pool
+  std::vector<float> scores;     // [positions]
+  std::vector<float> attn_out;   // [heads * head_dim]
+  std::vector<float> projected;  // [hidden]
+  std::vector<float> cos;        // [head_dim / 2]
+  std::vector<float> sin;        // [head_dim / 2]
+  MoeScratch moe;
+  std::vector<float> moe_out;  // [hidden]
 };
 
 absl::Status CheckForwardRequest(const ModelConfig& config, absl::Span<const uint32_t> tokens,
@@ -120,16 +117,10 @@ absl::Status Qwen3MoeModel::Attention(uint32_t layer_index, uint32_t start_posit
     MatVec(layer.k_proj.data(), scratch.normed.data(), kv_dim, hidden, scratch.k.data());
     MatVec(layer.v_proj.data(), scratch.normed.data(), kv_dim, hidden, scratch.v.data());
     RopeCosSin(position, rope_inv_freq_, scratch.cos.data(), scratch.sin.data());
-    for (size_t h = 0; h < heads; ++h) {
-      float* head = q + h * head_dim;
-      RmsNorm(head, layer.q_norm.data(), head_dim, eps, head);
-      ApplyRope(head, config_.head_dim, scratch.cos.data(), scratch.sin.data());
-    }
-    for (size_t h = 0; h < kv_heads; ++h) {
-      float* head = &scratch.k[h * head_dim];
-      RmsNorm(head, layer.k_norm.data(), head_dim, eps, head);
-      ApplyRope(head, config_.head_dim, scratch.cos.data(), scratch.sin.data());
-    }
+    NormAndRotateHeads(q, heads, config_.head_dim, layer.q_norm.data(), eps, config_.head_dim,
+                       scratch.cos.data(), scratch.sin.data());
+    NormAndRotateHeads(scratch.k.data(), kv_heads, config_.head_dim, layer.k_norm.data(), eps,
+                       config_.head_dim, scratch.cos.data(), scratch.sin.data());
     RETURN_IF_ERROR(kv.WriteK(layer_index, position, scratch.k.data()));
     RETURN_IF_ERROR(kv.WriteV(layer_index, position, scratch.v.data()));
   }
@@ -139,25 +130,10 @@ absl::Status Qwen3MoeModel::Attention(uint32_t layer_index, uint32_t start_posit
   RETURN_IF_ERROR(kv.ReadRange(layer_index, 0, 0, total, scratch.keys.data()));
   RETURN_IF_ERROR(kv.ReadRange(layer_index, 1, 0, total, scratch.values.data()));
 
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  const size_t group = heads / kv_heads;
   for (size_t t = 0; t < n; ++t) {
     const size_t visible = start_position + t + 1;  // causal: positions [0, own position]
-    for (size_t h = 0; h < heads; ++h) {
-      const float* q = &scratch.q[t * q_dim + h * head_dim];
-      const size_t kv_offset = (h / group) * head_dim;
-      float* scores = scratch.scores.data();
-      for (size_t p = 0; p < visible; ++p) {
-        scores[p] = Dot(q, &scratch.keys[p * kv_dim + kv_offset], head_dim) * scale;
-      }
-      Softmax(scores, visible);
-      float* out = &scratch.attn_out[h * head_dim];
-      std::fill(out, out + head_dim, 0.0f);
-      for (size_t p = 0; p < visible; ++p) {
-        const float* value = &scratch.values[p * kv_dim + kv_offset];
-        for (size_t d = 0; d < head_dim; ++d) out[d] += scores[p] * value[d];
-      }
-    }
+    AttendCausal(&scratch.q[t * q_dim], scratch.keys.data(), scratch.values.data(), visible, heads,
+                 kv_heads, head_dim, scratch.scores.data(), scratch.attn_out.data());
     MatVec(layer.o_proj.data(), scratch.attn_out.data(), hidden, q_dim, scratch.projected.data());
     float* x = &scratch.x[t * hidden];
     for (size_t i = 0; i < hidden; ++i) x[i] += scratch.projected[i];
@@ -167,27 +143,9 @@ absl::Status Qwen3MoeModel::Attention(uint32_t layer_index, uint32_t start_posit
 
 void Qwen3MoeModel::Moe(const Layer& layer, float* x, Scratch& scratch) const {
   const size_t hidden = config_.hidden_size;
-  const size_t moe = config_.moe_intermediate_size;
   RmsNorm(x, layer.post_norm.data(), hidden, config_.rms_norm_eps, scratch.normed.data());
-  float* probs = scratch.router_probs.data();
-  MatVec(layer.router.data(), scratch.normed.data(), config_.num_experts, hidden, probs);
-  Softmax(probs, config_.num_experts);
-  std::vector<uint32_t> selected = TopK(probs, config_.num_experts, config_.num_experts_per_tok);
-  float weight_sum = 0;
-  for (uint32_t e : selected) weight_sum += probs[e];
-  // Accumulate in expert-index order, as Hugging Face's index_add_ loop does.
-  std::sort(selected.begin(), selected.end());
-  std::fill(scratch.moe_out.begin(), scratch.moe_out.end(), 0.0f);
-  for (uint32_t e : selected) {
-    const Expert& expert = layer.experts[e];
-    const float weight = config_.norm_topk_prob ? probs[e] / weight_sum : probs[e];
-    MatVec(expert.gate_proj.data(), scratch.normed.data(), moe, hidden, scratch.expert_gate.data());
-    MatVec(expert.up_proj.data(), scratch.normed.data(), moe, hidden, scratch.expert_up.data());
-    SwiGlu(scratch.expert_gate.data(), scratch.expert_up.data(), moe, scratch.expert_gate.data());
-    MatVec(expert.down_proj.data(), scratch.expert_gate.data(), hidden, moe,
-           scratch.projected.data());
-    for (size_t i = 0; i < hidden; ++i) scratch.moe_out[i] += scratch.projected[i] * weight;
-  }
+  RoutedExperts(config_, layer.router, layer.experts, scratch.normed.data(), scratch.moe,
+                scratch.moe_out.data());
   for (size_t i = 0; i < hidden; ++i) x[i] += scratch.moe_out[i];
 }
 

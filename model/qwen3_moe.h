@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "common/pool_layout.h"
 #include "model/model_config.h"
+#include "model/moe_block.h"
 #include "model/paged_kv.h"
 #include "model/safetensors.h"
 
@@ -41,11 +42,7 @@ absl::Status CheckForwardRequest(const ModelConfig& config, absl::Span<const uin
 class Qwen3MoeModel {
  public:
   // The weights, float32, each a row-major Linear weight [out, in] or a norm vector.
-  struct Expert {
-    std::vector<float> gate_proj;  // [moe_intermediate, hidden]
-    std::vector<float> up_proj;    // [moe_intermediate, hidden]
-    std::vector<float> down_proj;  // [hidden, moe_intermediate]
-  };
+  using Expert = SwiGluExpert;  // [moe_intermediate, hidden] / [hidden, moe_intermediate]
   struct Layer {
     std::vector<float> input_norm;  // [hidden]
     std::vector<float> q_proj;      // [heads * head_dim, hidden]

@@ -7,15 +7,6 @@
 #include "model/qwen3_moe.h"
 
 namespace kvcache::worker {
-namespace {
-
-absl::StatusOr<std::vector<float>> LoadTensor(const SafetensorsFile& file, const std::string& name,
-                                              std::vector<int64_t> shape) {
-  ASSIGN_OR_RETURN(Tensor tensor, file.Get(name, shape));
-  return std::move(tensor.data);
-}
-
-}  // namespace
 
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config)
     : config_(config), rope_inv_freq_(RopeInverseFrequencies(config.head_dim, config.rope_theta)) {}
@@ -35,14 +26,13 @@ absl::StatusOr<Qwen3MoeModel> Qwen3MoeModel::FromSafetensors(const ModelConfig& 
   const int64_t q_dim = config.q_dim();
   const int64_t kv_dim = config.kv_dim();
   const int64_t head_dim = config.head_dim;
-  const int64_t moe = config.moe_intermediate_size;
   const int64_t vocab = config.vocab_size;
 
   ASSIGN_OR_RETURN(model.embed_tokens_,
-                   LoadTensor(file, "model.embed_tokens.weight", {vocab, hidden}));
-  ASSIGN_OR_RETURN(model.final_norm_, LoadTensor(file, "model.norm.weight", {hidden}));
+                   LoadFloats(file, "model.embed_tokens.weight", {vocab, hidden}));
+  ASSIGN_OR_RETURN(model.final_norm_, LoadFloats(file, "model.norm.weight", {hidden}));
   if (!config.tie_word_embeddings) {
-    ASSIGN_OR_RETURN(model.lm_head_, LoadTensor(file, "lm_head.weight", {vocab, hidden}));
+    ASSIGN_OR_RETURN(model.lm_head_, LoadFloats(file, "lm_head.weight", {vocab, hidden}));
   }
   model.layers_.resize(config.num_hidden_layers);
   for (uint32_t i = 0; i < config.num_hidden_layers; ++i) {
@@ -50,27 +40,22 @@ absl::StatusOr<Qwen3MoeModel> Qwen3MoeModel::FromSafetensors(const ModelConfig& 
     const std::string prefix = absl::StrCat("model.layers.", i, ".");
     const std::string attn = prefix + "self_attn.";
     ASSIGN_OR_RETURN(layer.input_norm,
-                     LoadTensor(file, prefix + "input_layernorm.weight", {hidden}));
-    ASSIGN_OR_RETURN(layer.q_proj, LoadTensor(file, attn + "q_proj.weight", {q_dim, hidden}));
-    ASSIGN_OR_RETURN(layer.k_proj, LoadTensor(file, attn + "k_proj.weight", {kv_dim, hidden}));
-    ASSIGN_OR_RETURN(layer.v_proj, LoadTensor(file, attn + "v_proj.weight", {kv_dim, hidden}));
-    ASSIGN_OR_RETURN(layer.o_proj, LoadTensor(file, attn + "o_proj.weight", {hidden, q_dim}));
-    ASSIGN_OR_RETURN(layer.q_norm, LoadTensor(file, attn + "q_norm.weight", {head_dim}));
-    ASSIGN_OR_RETURN(layer.k_norm, LoadTensor(file, attn + "k_norm.weight", {head_dim}));
+                     LoadFloats(file, prefix + "input_layernorm.weight", {hidden}));
+    ASSIGN_OR_RETURN(layer.q_proj, LoadFloats(file, attn + "q_proj.weight", {q_dim, hidden}));
+    ASSIGN_OR_RETURN(layer.k_proj, LoadFloats(file, attn + "k_proj.weight", {kv_dim, hidden}));
+    ASSIGN_OR_RETURN(layer.v_proj, LoadFloats(file, attn + "v_proj.weight", {kv_dim, hidden}));
+    ASSIGN_OR_RETURN(layer.o_proj, LoadFloats(file, attn + "o_proj.weight", {hidden, q_dim}));
+    ASSIGN_OR_RETURN(layer.q_norm, LoadFloats(file, attn + "q_norm.weight", {head_dim}));
+    ASSIGN_OR_RETURN(layer.k_norm, LoadFloats(file, attn + "k_norm.weight", {head_dim}));
     ASSIGN_OR_RETURN(layer.post_norm,
-                     LoadTensor(file, prefix + "post_attention_layernorm.weight", {hidden}));
+                     LoadFloats(file, prefix + "post_attention_layernorm.weight", {hidden}));
     ASSIGN_OR_RETURN(layer.router,
-                     LoadTensor(file, prefix + "mlp.gate.weight", {config.num_experts, hidden}));
+                     LoadFloats(file, prefix + "mlp.gate.weight", {config.num_experts, hidden}));
     layer.experts.resize(config.num_experts);
     for (uint32_t e = 0; e < config.num_experts; ++e) {
-      Expert& expert = layer.experts[e];
-      const std::string expert_prefix = absl::StrCat(prefix, "mlp.experts.", e, ".");
-      ASSIGN_OR_RETURN(expert.gate_proj,
-                       LoadTensor(file, expert_prefix + "gate_proj.weight", {moe, hidden}));
-      ASSIGN_OR_RETURN(expert.up_proj,
-                       LoadTensor(file, expert_prefix + "up_proj.weight", {moe, hidden}));
-      ASSIGN_OR_RETURN(expert.down_proj,
-                       LoadTensor(file, expert_prefix + "down_proj.weight", {hidden, moe}));
+      ASSIGN_OR_RETURN(layer.experts[e],
+                       LoadSwiGluExpert(file, absl::StrCat(prefix, "mlp.experts.", e, "."),
+                                        config.hidden_size, config.moe_intermediate_size));
     }
   }
   return model;

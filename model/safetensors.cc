@@ -292,4 +292,11 @@ absl::StatusOr<Tensor> SafetensorsFile::Get(const std::string& name,
   return tensor;
 }
 
+absl::StatusOr<std::vector<float>> LoadFloats(const SafetensorsFile& file, const std::string& name,
+                                              std::vector<int64_t> shape) {
+  absl::StatusOr<Tensor> tensor = file.Get(name, shape);
+  if (!tensor.ok()) return tensor.status();
+  return std::move(tensor->data);
+}
+
 }  // namespace kvcache::worker

@@ -91,6 +91,10 @@ class SafetensorsFile {
   absl::flat_hash_map<std::string, TensorInfo> tensors_;
 };
 
+// The float32 data of tensor `name`, checked against `shape`, as SafetensorsFile::Get answers.
+absl::StatusOr<std::vector<float>> LoadFloats(const SafetensorsFile& file, const std::string& name,
+                                              std::vector<int64_t> shape);
+
 }  // namespace kvcache::worker
 
 #endif  // KVCACHE_MODEL_SAFETENSORS_H_

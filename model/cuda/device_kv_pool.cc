@@ -1,5 +1,5 @@
 // DeviceKvPool's build-independent half: the checks, the ownership and the moves. The CUDA calls
-// are in device_kv_pool_cuda.cc (device_kv_pool_stub.cc in a build without CUDA).
+// are in device_bytes_cuda.cc (device_bytes_stub.cc in a build without CUDA).
 #include "model/cuda/device_kv_pool.h"
 
 #include <utility>

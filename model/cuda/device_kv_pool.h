@@ -46,7 +46,7 @@ class DeviceKvPool {
       : base_(base), device_(device), layout_(layout), num_blocks_(num_blocks) {}
   void Free();
 
-  // The CUDA calls, in device_kv_pool_cuda.cc (device_kv_pool_stub.cc without CUDA). Both leave
+  // The CUDA calls, in device_bytes_cuda.cc (device_bytes_stub.cc without CUDA). Both leave
   // the calling thread's current device as they found it.
   // `bytes` of zero-filled memory on `device`, the fill complete. REQUIRES: device exists.
   static absl::StatusOr<uint8_t*> AllocateZeroed(int device, uint64_t bytes);

@@ -39,48 +39,17 @@
 #include "kernels/worker_kernels.h"
 #include "model/ops.h"
 #include "model/paged_kv.h"
+#include "tests/testing/device_array.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache::kernels {
 namespace {
 
+using ::kvcache::testing::DeviceArray;
+using ::kvcache::testing::ExpectAllNear;
+
 constexpr float kNear = 1e-5f;    // RmsNorm, RoPE, routing weights
 constexpr float kSummed = 2e-5f;  // attention, expert matvecs (other summation order)
-
-// A typed device allocation; copies are synchronous (cudaMemcpy waits for the work enqueued on
-// blocking streams before it, which is all the tests use).
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t count) : count_(count) {
-    if (cudaMalloc(&ptr_, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) ptr_ = nullptr;
-  }
-  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { Upload(host); }
-  ~DeviceArray() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  T* get() const { return ptr_; }
-  void Upload(const std::vector<T>& host) {
-    ASSERT_NE(ptr_, nullptr);
-    ASSERT_EQ(host.size(), count_);
-    ASSERT_EQ(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  std::vector<T> Download() const {
-    std::vector<T> host(count_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(host.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  size_t count_;
-};
 
 class WorkerKernelsGpuTest : public ::testing::Test {
  protected:
@@ -110,30 +79,6 @@ class WorkerKernelsGpuTest : public ::testing::Test {
   cudaStream_t stream_ = nullptr;
   std::mt19937 rng_{12345};
 };
-
-void ExpectAllNear(const std::vector<float>& got, const std::vector<float>& want, float rtol,
-                   const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  float magnitude = 0;
-  for (float w : want) {
-    if (std::isfinite(w)) magnitude = std::max(magnitude, std::fabs(w));
-  }
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(want[i])) {
-      if (!std::isnan(got[i]) && ++bad <= 5) {
-        ADD_FAILURE() << what << " [" << i << "]: got " << got[i] << ", want NaN";
-      }
-      continue;
-    }
-    const float tol = rtol * (std::fabs(want[i]) + magnitude);
-    if (!(std::fabs(got[i] - want[i]) <= tol) && ++bad <= 5) {
-      ADD_FAILURE() << what << " [" << i << "]: got " << got[i] << ", want " << want[i]
-                    << " (tolerance " << tol << ")";
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ";
-}
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm: worker::RmsNorm per row.

@@ -145,6 +145,28 @@ TEST(PagedKvTest, AccessOutsideTheTableOrLayersIsRefused) {
   EXPECT_OK(kv.ReadRange(0, 0, 3, 3, values.data()));  // empty range
 }
 
+// In a pool whose pages carry more than the KV (page parts), block b starts at b * stride and the
+// KV part is the page's first bytes.
+TEST(PagedKvTest, APageStrideSpacesTheBlocks) {
+  const PoolLayout layout = SmallLayout(DType::kFloat32);
+  const uint64_t stride = layout.BlockBytes() + 100;
+  std::vector<uint8_t> pool(3 * stride, 0);
+  const std::vector<uint32_t> table = {2};
+  PagedKv kv(pool.data(), layout, table, 3, stride);
+  ASSERT_OK(kv.Validate());
+  std::vector<float> values(kv.token_elements(), 7.0f);
+  ASSERT_OK(kv.WriteK(0, 1, values.data()));
+  const uint64_t offset = 2 * stride + layout.KvOffset(0, 0) + layout.TokenBytes();
+  std::vector<float> raw(values.size());
+  std::memcpy(raw.data(), pool.data() + offset, raw.size() * sizeof(float));
+  EXPECT_EQ(raw, values);
+  std::vector<float> back(values.size());
+  ASSERT_OK(kv.ReadRange(0, 0, 1, 2, back.data()));
+  EXPECT_EQ(back, values);
+  EXPECT_THAT(PagedKv(pool.data(), layout, table, 3, layout.BlockBytes() - 1).Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page stride")));
+}
+
 TEST(PagedKvTest, ValidateChecksBlockIdsAndLayout) {
   const PoolLayout layout = SmallLayout(DType::kFloat32);
   std::vector<uint8_t> pool(4 * layout.BlockBytes());

@@ -76,6 +76,28 @@ def silu(v):
     return v / (1.0 + math.exp(-v))
 
 
+def mlp(t, prefix, h):
+    """A SwiGLU MLP: prefix + gate_proj / up_proj / down_proj."""
+    gate = linear(t[prefix + "gate_proj.weight"], h)
+    up = linear(t[prefix + "up_proj.weight"], h)
+    return linear(t[prefix + "down_proj.weight"], [silu(g) * u for g, u in zip(gate, up)])
+
+
+def routed_experts(cfg, t, p, h, norm_topk_default):
+    """Softmax router p + gate, top-k, optional renormalization, experts summed by index."""
+    probs = softmax(linear(t[p + "gate.weight"], h))
+    chosen = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:cfg["num_experts_per_tok"]]
+    weights = {e: probs[e] for e in chosen}
+    if cfg.get("norm_topk_prob", norm_topk_default):
+        total = sum(weights.values())
+        weights = {e: w / total for e, w in weights.items()}
+    out = [0.0] * len(h)
+    for e in sorted(chosen):
+        down = mlp(t, p + "experts.%d." % e, h)
+        out = [out[i] + down[i] * weights[e] for i in range(len(h))]
+    return out
+
+
 def forward(cfg, t, tokens):
     hidden, heads, kv_heads = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or hidden // heads
@@ -111,19 +133,7 @@ def forward(cfg, t, tokens):
             o = linear(t[p + "self_attn.o_proj.weight"], attn)
             x = [x[i] + o[i] for i in range(hidden)]
             h = rms_norm(x, t[p + "post_attention_layernorm.weight"], eps)
-            probs = softmax(linear(t[p + "mlp.gate.weight"], h))
-            chosen = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:cfg["num_experts_per_tok"]]
-            weights = {e: probs[e] for e in chosen}
-            if cfg.get("norm_topk_prob", False):
-                total = sum(weights.values())
-                weights = {e: w / total for e, w in weights.items()}
-            out = [0.0] * hidden
-            for e in sorted(chosen):
-                ep = p + "mlp.experts.%d." % e
-                gate = linear(t[ep + "gate_proj.weight"], h)
-                up = linear(t[ep + "up_proj.weight"], h)
-                down = linear(t[ep + "down_proj.weight"], [silu(g) * u for g, u in zip(gate, up)])
-                out = [out[i] + down[i] * weights[e] for i in range(hidden)]
+            out = routed_experts(cfg, t, p + "mlp.", h, norm_topk_default=False)
             new_xs.append([x[i] + out[i] for i in range(hidden)])
         xs = new_xs
     h = rms_norm(xs[-1], t["model.norm.weight"], eps)
@@ -131,18 +141,23 @@ def forward(cfg, t, tokens):
     return linear(head, h)
 
 
-def main(argv):
+def run(argv, forward_fn, usage):
+    """Reads CHECKPOINT_DIR OUT_JSON TOKENS from argv and writes forward_fn's logits."""
     if len(argv) != 3:
-        sys.exit(__doc__)
+        sys.exit(usage)
     checkpoint, out_path, token_text = argv
     with open(checkpoint + "/config.json") as f:
         cfg = json.load(f)
     tensors = load_safetensors(checkpoint + "/model.safetensors")
     tokens = [int(v) for v in token_text.split(",")]
-    logits = forward(cfg, tensors, tokens)
+    logits = forward_fn(cfg, tensors, tokens)
     with open(out_path, "w") as f:
         json.dump(logits, f)
     return 0
+
+
+def main(argv):
+    return run(argv, forward, __doc__)
 
 
 if __name__ == "__main__":
