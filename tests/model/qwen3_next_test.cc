@@ -28,23 +28,11 @@ using ::kvcache::testing::StatusIs;
 using ::kvcache::worker::testing::BitIdentical;
 using ::kvcache::worker::testing::HostPool;
 using ::kvcache::worker::testing::MakePrompt;
+using ::kvcache::worker::testing::TinyHybrid;
 using ::testing::HasSubstr;
 
 constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kPoolBlocks = 24;
-
-const Qwen3NextModel& TinyHybrid() {
-  static const Qwen3NextModel* model = [] {
-    absl::StatusOr<Qwen3NextModel> loaded =
-        Qwen3NextModel::Load(KVCACHE_TINY_HYBRID_CHECKPOINT_DIR);
-    if (!loaded.ok()) {
-      ADD_FAILURE() << loaded.status() << " (build the worker_tiny_checkpoints target)";
-      std::abort();
-    }
-    return new Qwen3NextModel(std::move(*loaded));
-  }();
-  return *model;
-}
 
 std::vector<uint32_t> Iota(uint32_t begin, uint32_t count) {
   std::vector<uint32_t> ids(count);

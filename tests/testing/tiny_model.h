@@ -14,6 +14,7 @@
 #include "common/pool_layout.h"
 #include "model/paged_kv.h"
 #include "model/qwen3_moe.h"
+#include "model/qwen3_next.h"
 #include "model/sampler.h"
 #include "worker/generation.h"
 #include "worker/pool_forward.h"
@@ -36,6 +37,23 @@ inline const Qwen3MoeModel& TinyModel() {
   }();
   return *model;
 }
+
+#ifdef KVCACHE_TINY_HYBRID_CHECKPOINT_DIR
+// The bf16 tiny hybrid (Qwen3-Next) checkpoint, loaded once per test binary (aborts the binary
+// when it is missing); for test targets that define KVCACHE_TINY_HYBRID_CHECKPOINT_DIR.
+inline const Qwen3NextModel& TinyHybrid() {
+  static const Qwen3NextModel* model = [] {
+    absl::StatusOr<Qwen3NextModel> loaded =
+        Qwen3NextModel::Load(KVCACHE_TINY_HYBRID_CHECKPOINT_DIR);
+    if (!loaded.ok()) {
+      ADD_FAILURE() << loaded.status() << " (build the worker_tiny_checkpoints target)";
+      std::abort();
+    }
+    return new Qwen3NextModel(std::move(*loaded));
+  }();
+  return *model;
+}
+#endif
 
 // A zero-filled host pool of `num_blocks` blocks.
 struct HostPool {
