@@ -24,7 +24,7 @@ namespace kvcache::testing {
 namespace {
 
 constexpr uint32_t kNewTokens = 12;
-constexpr uint32_t kPoolBlocks = 24;
+constexpr uint32_t kHybridPoolBlocks = 24;
 
 std::vector<uint32_t> Prompt(uint32_t seed, size_t length) {
   std::vector<uint32_t> tokens(length);
@@ -46,7 +46,7 @@ class HybridWorkerProcessTest : public DaemonProcessTest {
     pool_name_ = "next";
     ASSERT_NO_FATAL_FAILURE(BeforeDaemon());
     pool_flag_ = absl::StrCat("next:model=tiny-next", geometry_.SpecFields(),
-                              ":blocks=", kPoolBlocks, ExtraPoolFields());
+                              ":blocks=", kHybridPoolBlocks, ExtraPoolFields());
     StartDaemon();
   }
 
