@@ -127,6 +127,23 @@ __global__ void GatedDeltaRuleKernel(
   }
 }
 
+constexpr uint32_t kGateThreads = 256;
+
+// Grid: (min(ceil(count / 256), 65535)), Block: (256), grid-stride over elements.
+__global__ void __launch_bounds__(kGateThreads)
+    GateMultiplyKernel(float* __restrict__ x,           // [count]
+                       const float* __restrict__ gate,  // [count]
+                       uint64_t count, GateActivation activation) {
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const float g = gate[i];
+    const float denominator = __fadd_rn(1.0f, expf(-g));
+    const float factor = activation == GateActivation::kSigmoid ? __fdiv_rn(1.0f, denominator)
+                                                                : __fdiv_rn(g, denominator);
+    x[i] = __fmul_rn(x[i], factor);
+  }
+}
+
 }  // namespace
 
 namespace internal {
@@ -150,6 +167,14 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleShape& shape, float q_scal
                          static_cast<cudaStream_t>(stream)>>>(qkv, a, b, a_log, dt_bias, shape,
                                                               q_scale, n, state, out);
   return CheckLaunch("GatedDeltaRuleCuda");
+}
+
+absl::Status LaunchGateMultiply(float* x, const float* gate, uint64_t count,
+                                GateActivation activation, void* stream) {
+  const uint64_t blocks = std::min<uint64_t>((count + kGateThreads - 1) / kGateThreads, 65535);
+  GateMultiplyKernel<<<static_cast<uint32_t>(blocks), kGateThreads, 0,
+                       static_cast<cudaStream_t>(stream)>>>(x, gate, count, activation);
+  return CheckLaunch("GateMultiplyCuda");
 }
 
 }  // namespace internal

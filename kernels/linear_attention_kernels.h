@@ -4,6 +4,7 @@
 //
 //   CausalConv1dSiluCuda  worker::CausalConv1dSilu
 //   GatedDeltaRuleCuda    worker::GatedDeltaRule
+//   GateMultiplyCuda      the output gates of Qwen3NextModel (x * sigmoid(gate), x * SiLU(z))
 //
 // Both run the tokens of one sequence in order, each token's arithmetic in the CPU reference's
 // order with every product and sum rounded (no FMA contraction): the window and state they carry
@@ -54,6 +55,17 @@ absl::Status GatedDeltaRuleCuda(const GatedDeltaRuleShape& shape, const float* q
                                 const float* b, const float* a_log, const float* dt_bias,
                                 uint32_t n, float* state, float* out, void* stream);
 
+// How GateMultiplyCuda turns a gate into a factor.
+enum class GateActivation : uint8_t {
+  kSigmoid,  // 1 / (1 + exp(-g)): gated attention's output gate (worker::Sigmoid)
+  kSilu,     // g / (1 + exp(-g)): RMSNormGated's SiLU(z) (worker::Silu)
+};
+
+// x, gate: [count] floats; x[i] = x[i] * act(gate[i]), one rounded product, as the CPU model's
+// `x[i] *= Sigmoid(gate[i])` and `x[i] = x[i] * Silu(z[i])`. OK without launching for count 0.
+absl::Status GateMultiplyCuda(float* x, const float* gate, uint64_t count,
+                              GateActivation activation, void* stream);
+
 namespace internal {
 // The launches behind the functions above (linear_attention_kernels.cu, or the stub without
 // CUDA). REQUIRES: the public function's checks passed.
@@ -64,6 +76,8 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleShape& shape, float q_scal
                                   const float* a, const float* b, const float* a_log,
                                   const float* dt_bias, uint32_t n, float* state, float* out,
                                   void* stream);
+absl::Status LaunchGateMultiply(float* x, const float* gate, uint64_t count,
+                                GateActivation activation, void* stream);
 }  // namespace internal
 
 }  // namespace kvcache::kernels

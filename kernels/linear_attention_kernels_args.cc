@@ -63,4 +63,13 @@ absl::Status GatedDeltaRuleCuda(const GatedDeltaRuleShape& shape, const float* q
                                         stream);
 }
 
+absl::Status GateMultiplyCuda(float* x, const float* gate, uint64_t count,
+                              GateActivation activation, void* stream) {
+  constexpr char kOp[] = "GateMultiplyCuda";
+  if (count == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "x", x));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "gate", gate));
+  return internal::LaunchGateMultiply(x, gate, count, activation, stream);
+}
+
 }  // namespace kvcache::kernels

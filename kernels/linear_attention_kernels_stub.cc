@@ -16,4 +16,8 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleShape&, float, const float
   return NotBuiltWith("CUDA");
 }
 
+absl::Status LaunchGateMultiply(float*, const float*, uint64_t, GateActivation, void*) {
+  return NotBuiltWith("CUDA");
+}
+
 }  // namespace kvcache::kernels::internal

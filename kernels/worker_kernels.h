@@ -105,6 +105,14 @@ absl::Status RmsNormCuda(const float* x, const float* weight, float eps, uint32_
 absl::Status RopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens, uint32_t num_heads,
                       uint32_t head_dim, double theta, void* stream);
 
+// RopeCuda on the first rotary_dim dims of each head only (Qwen3-Next's partial_rotary_factor):
+// inv_freq[i] = theta^(-2i / rotary_dim), pairs (i, i + rotary_dim / 2) for i < rotary_dim / 2,
+// the other dims untouched; as worker::RopeInverseFrequencies(rotary_dim) + ApplyRope(head,
+// rotary_dim). rotary_dim must be even, in [2, head_dim]. RopeCuda is rotary_dim = head_dim.
+absl::Status PartialRopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens,
+                             uint32_t num_heads, uint32_t head_dim, uint32_t rotary_dim,
+                             double theta, void* stream);
+
 // k, v: [num_tokens, num_kv_heads, head_dim] float; slot_mapping: [num_tokens] int64;
 // pool: [num_pool_blocks, layout.BlockBytes()] bytes, block-major as common/pool_layout.h.
 // For each token t with slot s = slot_mapping[t] in [0, num_pool_blocks * block_size): K and V of

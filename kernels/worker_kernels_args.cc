@@ -72,6 +72,12 @@ absl::Status RmsNormCuda(const float* x, const float* weight, float eps, uint32_
 
 absl::Status RopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens, uint32_t num_heads,
                       uint32_t head_dim, double theta, void* stream) {
+  return PartialRopeCuda(x, positions, num_tokens, num_heads, head_dim, head_dim, theta, stream);
+}
+
+absl::Status PartialRopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens,
+                             uint32_t num_heads, uint32_t head_dim, uint32_t rotary_dim,
+                             double theta, void* stream) {
   constexpr char kOp[] = "RopeCuda";
   if (num_heads == 0) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: num_heads must be > 0", kOp));
@@ -80,6 +86,10 @@ absl::Status RopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens, 
     return absl::InvalidArgumentError(absl::StrFormat("%s: head_dim %u must be even and in [2, %u]",
                                                       kOp, head_dim, kMaxCudaHeadDim));
   }
+  if (rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: rotary_dim %u must be even and in [2, head_dim %u]", kOp, rotary_dim, head_dim));
+  }
   if (!(theta > 0.0) || !std::isfinite(theta)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: theta %g must be positive and finite", kOp, theta));
@@ -87,7 +97,8 @@ absl::Status RopeCuda(float* x, const uint32_t* positions, uint32_t num_tokens, 
   if (num_tokens == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckNotNull(kOp, "x", x));
   RETURN_IF_ERROR(CheckNotNull(kOp, "positions", positions));
-  return internal::LaunchRope(x, positions, num_tokens, num_heads, head_dim, theta, stream);
+  return internal::LaunchRope(x, positions, num_tokens, num_heads, head_dim, rotary_dim, theta,
+                              stream);
 }
 
 absl::Status WriteKvCuda(const float* k, const float* v, const int64_t* slot_mapping,

@@ -72,22 +72,23 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 
 constexpr uint32_t kRopeThreads = 128;
 
-// Grid: (min(num_tokens, 2^31 - 1)), Block: (128), dynamic shared memory: head_dim floats.
+// Grid: (min(num_tokens, 2^31 - 1)), Block: (128), dynamic shared memory: rotary_dim floats.
 // One CUDA block per token (grid-stride over tokens): the block builds the token's cos / sin
 // table (double, rounded to float, as worker::RopeCosSin), then rotates every (head, pair).
 __global__ void __launch_bounds__(kRopeThreads)
     RopeKernel(float* __restrict__ x,                   // [num_tokens, num_heads, head_dim]
                const uint32_t* __restrict__ positions,  // [num_tokens]
-               uint32_t num_tokens, uint32_t num_heads, uint32_t head_dim, double theta) {
-  extern __shared__ float cos_sin[];  // [2, head_dim / 2]: cos then sin
-  const uint32_t half = head_dim / 2;
+               uint32_t num_tokens, uint32_t num_heads, uint32_t head_dim, uint32_t rotary_dim,
+               double theta) {
+  extern __shared__ float cos_sin[];  // [2, rotary_dim / 2]: cos then sin
+  const uint32_t half = rotary_dim / 2;
   float* cos_table = cos_sin;
   float* sin_table = cos_sin + half;
   for (uint64_t token = blockIdx.x; token < num_tokens; token += gridDim.x) {
     const double position = static_cast<double>(positions[token]);
     for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
       // worker::RopeInverseFrequencies and RopeCosSin, same expressions.
-      const double inv_freq = 1.0 / pow(theta, static_cast<double>(2 * i) / head_dim);
+      const double inv_freq = 1.0 / pow(theta, static_cast<double>(2 * i) / rotary_dim);
       const double angle = position * inv_freq;
       cos_table[i] = static_cast<float>(cos(angle));
       sin_table[i] = static_cast<float>(sin(angle));
@@ -187,10 +188,11 @@ absl::Status LaunchRmsNorm(const float* x, const float* weight, float eps, uint3
 }
 
 absl::Status LaunchRope(float* x, const uint32_t* positions, uint32_t num_tokens,
-                        uint32_t num_heads, uint32_t head_dim, double theta, void* stream) {
-  RopeKernel<<<GridFor(num_tokens), kRopeThreads, head_dim * sizeof(float),
+                        uint32_t num_heads, uint32_t head_dim, uint32_t rotary_dim, double theta,
+                        void* stream) {
+  RopeKernel<<<GridFor(num_tokens), kRopeThreads, rotary_dim * sizeof(float),
                static_cast<cudaStream_t>(stream)>>>(x, positions, num_tokens, num_heads, head_dim,
-                                                    theta);
+                                                    rotary_dim, theta);
   return CheckLaunch("RopeCuda");
 }
 

@@ -43,7 +43,8 @@ struct AttnParams {
 absl::Status LaunchRmsNorm(const float* x, const float* weight, float eps, uint32_t rows,
                            uint32_t dim, float* out, void* stream);
 absl::Status LaunchRope(float* x, const uint32_t* positions, uint32_t num_tokens,
-                        uint32_t num_heads, uint32_t head_dim, double theta, void* stream);
+                        uint32_t num_heads, uint32_t head_dim, uint32_t rotary_dim, double theta,
+                        void* stream);
 absl::Status LaunchWriteKv(const float* k, const float* v, const int64_t* slot_mapping,
                            uint32_t num_tokens, const KvGeometry& g, uint8_t* pool, void* stream);
 absl::Status LaunchPagedAttention(const float* q, const uint32_t* positions,

@@ -10,7 +10,8 @@ absl::Status LaunchRmsNorm(const float*, const float*, float, uint32_t, uint32_t
   return NotBuiltWith("CUDA");
 }
 
-absl::Status LaunchRope(float*, const uint32_t*, uint32_t, uint32_t, uint32_t, double, void*) {
+absl::Status LaunchRope(float*, const uint32_t*, uint32_t, uint32_t, uint32_t, uint32_t, double,
+                        void*) {
   return NotBuiltWith("CUDA");
 }
 

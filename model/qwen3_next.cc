@@ -73,20 +73,26 @@ struct Qwen3NextModel::Scratch {
   std::vector<float> shared_out;  // [hidden]
 };
 
+absl::Status CheckStateRequest(const Qwen3NextConfig& config, uint64_t state_bytes,
+                               uint64_t state_position, uint32_t start_position) {
+  if (state_bytes != LinearAttentionState::StateBytes(config)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("linear-attention state of ", state_bytes, " bytes is not this model's (",
+                     LinearAttentionState::StateBytes(config), " bytes)"));
+  }
+  if (state_position != start_position) {
+    return absl::FailedPreconditionError(absl::StrCat("linear-attention state is at position ",
+                                                      state_position, ", not at start position ",
+                                                      start_position));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Qwen3NextModel::CheckRequest(absl::Span<const uint32_t> tokens,
                                           uint32_t start_position, const PagedKv& kv,
                                           const LinearAttentionState& state) const {
   RETURN_IF_ERROR(CheckForwardRequest(kv_config_, tokens, start_position, kv));
-  if (state.StateBytes() != LinearAttentionState::StateBytes(config_)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "linear-attention state of ", state.StateBytes(), " bytes is not this model's (",
-        LinearAttentionState::StateBytes(config_), " bytes)"));
-  }
-  if (state.position() != start_position) {
-    return absl::FailedPreconditionError(absl::StrCat("linear-attention state is at position ",
-                                                      state.position(), ", not at start position ",
-                                                      start_position));
-  }
+  RETURN_IF_ERROR(CheckStateRequest(config_, state.StateBytes(), state.position(), start_position));
   return absl::OkStatus();
 }
 

@@ -47,6 +47,13 @@
 
 namespace kvcache::worker {
 
+// The linear-attention state checks of Qwen3NextModel::Forward, in one place so that every
+// backend (model/cuda/qwen3_next_cuda.h) answers with the same code and message:
+// FAILED_PRECONDITION when a state of `state_bytes` bytes is not `config`'s, or its position is
+// not start_position.
+absl::Status CheckStateRequest(const Qwen3NextConfig& config, uint64_t state_bytes,
+                               uint64_t state_position, uint32_t start_position);
+
 class Qwen3NextModel {
  public:
   // Weights in float32, each a row-major Linear weight [out, in] or a vector. Zero-centred norm

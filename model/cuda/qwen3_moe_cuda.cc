@@ -19,52 +19,14 @@
 #include "common/cuda/scoped_cuda_device.h"
 #include "common/status_macros.h"
 #include "kernels/worker_kernels.h"
+#include "model/cuda/cuda_model_support.h"
 #include "model/cuda/moe_dispatch.h"
 #include "model/paged_kv.h"
 
 namespace kvcache::worker {
 namespace {
 
-// An owned device allocation that grows on demand; growing does not keep the contents.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() { Release(); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  // REQUIRES: no enqueued work uses the buffer (cudaFree of memory in use is undefined).
-  absl::Status Reserve(size_t bytes, const char* what) {
-    if (bytes <= capacity_ && ptr_ != nullptr) return absl::OkStatus();
-    Release();
-    void* ptr = nullptr;
-    KVCACHE_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, std::max<size_t>(bytes, 1)),
-                                 absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what));
-    ptr_ = ptr;
-    capacity_ = bytes;
-    return absl::OkStatus();
-  }
-  void Release() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    capacity_ = 0;
-  }
-  template <typename T>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t capacity_ = 0;
-};
-
 // Device addresses of the weights, all inside one allocation.
-struct DeviceExpert {
-  const float* gate_proj = nullptr;  // [moe_intermediate, hidden]
-  const float* up_proj = nullptr;    // [moe_intermediate, hidden]
-  const float* down_proj = nullptr;  // [hidden, moe_intermediate]
-};
 struct DeviceLayer {
   const float* input_norm = nullptr;
   const float* q_proj = nullptr;
@@ -75,7 +37,7 @@ struct DeviceLayer {
   const float* k_norm = nullptr;
   const float* post_norm = nullptr;
   const float* router = nullptr;
-  std::vector<DeviceExpert> experts;
+  std::vector<DeviceMlp> experts;
 };
 struct DeviceWeights {
   DeviceBuffer storage;
@@ -83,38 +45,6 @@ struct DeviceWeights {
   std::vector<DeviceLayer> layers;
   const float* final_norm = nullptr;  // [hidden]
   const float* lm_head = nullptr;     // [vocab, hidden]; embed_tokens when tied
-};
-
-// Lays tensors out in one allocation, each 256-byte aligned, and copies them in.
-class WeightUploader {
- public:
-  // `*slot` receives the tensor's device address in Finish; it must stay valid until then.
-  void Add(const std::vector<float>& tensor, const float** slot) {
-    entries_.push_back(Entry{&tensor, slot, bytes_});
-    bytes_ += (tensor.size() * sizeof(float) + kAlign - 1) / kAlign * kAlign;
-  }
-  absl::Status Finish(DeviceBuffer& storage, cudaStream_t stream) {
-    RETURN_IF_ERROR(storage.Reserve(bytes_, "weights"));
-    for (const Entry& entry : entries_) {
-      uint8_t* dst = storage.get<uint8_t>() + entry.offset;
-      KVCACHE_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(dst, entry.tensor->data(), entry.tensor->size() * sizeof(float),
-                          cudaMemcpyHostToDevice, stream),
-          "cudaMemcpyAsync (weights)");
-      *entry.slot = reinterpret_cast<const float*>(dst);
-    }
-    return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize (weights)");
-  }
-
- private:
-  static constexpr size_t kAlign = 256;
-  struct Entry {
-    const std::vector<float>* tensor;
-    const float** slot;
-    size_t offset;
-  };
-  std::vector<Entry> entries_;
-  size_t bytes_ = 0;
 };
 
 absl::Status UploadWeights(const Qwen3MoeModel& model, cudaStream_t stream, DeviceWeights& w) {
@@ -149,20 +79,6 @@ absl::Status UploadWeights(const Qwen3MoeModel& model, cudaStream_t stream, Devi
   }
   RETURN_IF_ERROR(uploader.Finish(w.storage, stream));
   if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
-  return absl::OkStatus();
-}
-
-// Limits of the kernels that a valid ModelConfig does not already imply.
-absl::Status CheckKernelLimits(const ModelConfig& config) {
-  if (config.head_dim > kernels::kMaxCudaHeadDim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "head_dim ", config.head_dim, " exceeds the CUDA kernels' ", kernels::kMaxCudaHeadDim));
-  }
-  if (config.num_experts > kernels::kMaxCudaExperts) {
-    return absl::InvalidArgumentError(absl::StrCat("num_experts ", config.num_experts,
-                                                   " exceeds the CUDA kernels' ",
-                                                   kernels::kMaxCudaExperts));
-  }
   return absl::OkStatus();
 }
 
@@ -223,8 +139,6 @@ struct CudaQwen3MoeModel::Impl {
       : config(model_config), device(device_ordinal) {}
   ~Impl();
 
-  // The device-only checks of a request; fills host_slots. REQUIRES: CheckForwardRequest passed.
-  absl::Status CheckDevicePool(const DevicePagedKv& kv, uint32_t start_position, size_t n);
   // Enqueues the whole forward pass; REQUIRES: the checks passed and the stream is idle.
   absl::StatusOr<std::vector<float>> Run(absl::Span<const uint32_t> tokens, uint32_t start_position,
                                          const DevicePagedKv& kv);
@@ -257,50 +171,10 @@ struct CudaQwen3MoeModel::Impl {
 };
 
 CudaQwen3MoeModel::Impl::~Impl() {
-  ScopedCudaDevice scoped;
-  (void)scoped.Set(device);  // freed on whichever device is current if this fails
-  // No kernel or copy may still use the buffers when they are freed.
-  if (stream != nullptr && cudaStreamSynchronize(stream) != cudaSuccess) cudaGetLastError();
-  scratch.Release();
-  weights.storage.Release();
-  if (stream != nullptr && cudaStreamDestroy(stream) != cudaSuccess) cudaGetLastError();
-}
-
-absl::Status CudaQwen3MoeModel::Impl::CheckDevicePool(const DevicePagedKv& kv,
-                                                      uint32_t start_position, size_t n) {
-  if (kv.num_pool_blocks == PagedKv::kUnknownPoolBlocks) {
-    return absl::InvalidArgumentError(
-        "a device KV pool needs its size (num_pool_blocks): the kernels bound every access by it");
-  }
-  cudaPointerAttributes attributes{};
-  const cudaError_t err = cudaPointerGetAttributes(&attributes, kv.pool_base);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV pool base is not device memory: ", cudaGetErrorString(err)));
-  }
-  const bool usable = attributes.type == cudaMemoryTypeManaged ||
-                      (attributes.type == cudaMemoryTypeDevice && attributes.device == device);
-  if (!usable) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV pool base is not device memory of CUDA device ", device, " (memory type ",
-                     static_cast<int>(attributes.type), " on device ", attributes.device, ")"));
-  }
-  // The slots of the positions being written: two equal ones would race in WriteKvCuda.
-  const uint32_t block_size = kv.layout.block_size;
-  host_slots.resize(n);
-  for (size_t t = 0; t < n; ++t) {
-    const uint64_t position = uint64_t{start_position} + t;
-    host_slots[t] = static_cast<int64_t>(
-        uint64_t{kv.block_table[position / block_size]} * block_size + position % block_size);
-  }
-  const absl::Status slots =
-      kernels::ValidateSlotMapping(host_slots, kv.num_pool_blocks, block_size);
-  if (!slots.ok()) {
-    return absl::Status(slots.code(),
-                        absl::StrCat("KV slots of the positions being written: ", slots.message()));
-  }
-  return absl::OkStatus();
+  StopModelStream(device, stream, [this] {
+    scratch.Release();
+    weights.storage.Release();
+  });
 }
 
 absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Impl::Run(absl::Span<const uint32_t> tokens,
@@ -333,18 +207,8 @@ absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Impl::Run(absl::Span<const
 absl::Status CudaQwen3MoeModel::Impl::Upload(absl::Span<const uint32_t> tokens,
                                              uint32_t start_position, uint32_t blocks,
                                              const DevicePagedKv& kv) {
-  const size_t n = tokens.size();
-  host_indices.resize(2 * n + blocks);
-  std::copy(tokens.begin(), tokens.end(), host_indices.begin());
-  for (size_t t = 0; t < n; ++t) host_indices[n + t] = start_position + static_cast<uint32_t>(t);
-  std::copy(kv.block_table.begin(), kv.block_table.begin() + blocks, host_indices.begin() + 2 * n);
-  KVCACHE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(scratch.indices.get<uint32_t>(), host_indices.data(),
-                      host_indices.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, stream),
-      "cudaMemcpyAsync (indices)");
-  return CudaStatus(cudaMemcpyAsync(scratch.slots.get<int64_t>(), host_slots.data(),
-                                    n * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
-                    "cudaMemcpyAsync (slot mapping)");
+  return UploadRequest(tokens, start_position, kv.block_table, blocks, host_slots, host_indices,
+                       scratch.indices, scratch.slots, stream);
 }
 
 absl::Status CudaQwen3MoeModel::Impl::Attention(uint32_t layer_index, uint32_t n, uint32_t blocks,
@@ -353,8 +217,6 @@ absl::Status CudaQwen3MoeModel::Impl::Attention(uint32_t layer_index, uint32_t n
   const ModelConfig& c = config;
   const uint32_t hidden = c.hidden_size;
   const uint32_t head_dim = c.head_dim;
-  const uint32_t heads = c.num_attention_heads;
-  const uint32_t kv_heads = c.num_key_value_heads;
   float* x = scratch.x.get<float>();
   float* normed = scratch.normed.get<float>();
   float* q = scratch.q.get<float>();
@@ -371,20 +233,9 @@ absl::Status CudaQwen3MoeModel::Impl::Attention(uint32_t layer_index, uint32_t n
       kernels::LinearCuda(normed, layer.k_proj, n, hidden, c.kv_dim(), false, k, stream));
   RETURN_IF_ERROR(
       kernels::LinearCuda(normed, layer.v_proj, n, hidden, c.kv_dim(), false, v, stream));
-  // Per-head norms in place (rows = tokens * heads), then RoPE, as the CPU model per head.
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(q, layer.q_norm, c.rms_norm_eps, n * heads, head_dim, q, stream));
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(k, layer.k_norm, c.rms_norm_eps, n * kv_heads, head_dim, k, stream));
-  RETURN_IF_ERROR(kernels::RopeCuda(q, positions, n, heads, head_dim, c.rope_theta, stream));
-  RETURN_IF_ERROR(kernels::RopeCuda(k, positions, n, kv_heads, head_dim, c.rope_theta, stream));
-  // K/V go to the pool first; attention then reads every position, the new ones included, back
-  // from it (same stream: the write is complete before attention starts).
-  RETURN_IF_ERROR(kernels::WriteKvCuda(k, v, scratch.slots.get<int64_t>(), n, layer_index,
-                                       kv.layout, kv.num_pool_blocks, kv.pool_base, stream));
-  RETURN_IF_ERROR(kernels::PagedAttentionCuda(
-      q, positions, /*seq_ids=*/nullptr, DeviceBlockTable(n), n, heads, /*num_seqs=*/1, blocks,
-      layer_index, kv.layout, kv.num_pool_blocks, kv.pool_base, attn, stream));
+  RETURN_IF_ERROR(NormRopeWriteAttend(c, head_dim, layer_index, n, blocks, layer.q_norm,
+                                      layer.k_norm, q, k, v, positions, DeviceBlockTable(n),
+                                      scratch.slots.get<int64_t>(), kv, attn, stream));
   // o_proj added onto the residual stream in place.
   return kernels::LinearCuda(attn, layer.o_proj, n, c.q_dim(), hidden, /*accumulate=*/true, x,
                              stream);
@@ -403,28 +254,14 @@ absl::Status CudaQwen3MoeModel::Impl::Moe(uint32_t layer_index, uint32_t n) {
   const uint32_t* gather_tokens = scratch.moe_rows.get<uint32_t>();
   const uint32_t* combine_rows = gather_tokens + routed;
 
-  RETURN_IF_ERROR(
-      kernels::RmsNormCuda(x, layer.post_norm, c.rms_norm_eps, n, hidden, normed, stream));
-  RETURN_IF_ERROR(kernels::LinearCuda(normed, layer.router, n, hidden, c.num_experts, false,
-                                      scratch.router_logits.get<float>(), stream));
-  RETURN_IF_ERROR(kernels::MoeRouteCuda(scratch.router_logits.get<float>(), n, c.num_experts, top_k,
-                                        c.norm_topk_prob, scratch.topk_ids.get<uint32_t>(),
-                                        scratch.topk_weights.get<float>(), stream));
+  RETURN_IF_ERROR(NormAndRoute(c, x, layer.post_norm, layer.router, n, normed,
+                               scratch.router_logits.get<float>(), scratch.topk_ids.get<uint32_t>(),
+                               scratch.topk_weights.get<float>(), stream));
   RETURN_IF_ERROR(PlanExperts(n));
   RETURN_IF_ERROR(
       kernels::GatherRowsCuda(normed, n, hidden, gather_tokens, routed, moe_in, stream));
-  // Each selected expert once, over its contiguous block of rows. The launches are serialized on
-  // the stream, so they can share one workspace (an expert has at most n rows).
-  for (uint32_t e = 0; e < c.num_experts; ++e) {
-    const uint32_t begin = plan.expert_begin[e];
-    const uint32_t rows = plan.expert_begin[e + 1] - begin;
-    if (rows == 0) continue;
-    const DeviceExpert& expert = layer.experts[e];
-    RETURN_IF_ERROR(kernels::ExpertSwiGluCuda(moe_in + size_t{begin} * hidden, expert.gate_proj,
-                                              expert.up_proj, expert.down_proj, rows, hidden,
-                                              c.moe_intermediate_size, scratch.moe_act.get<float>(),
-                                              moe_out + size_t{begin} * hidden, stream));
-  }
+  RETURN_IF_ERROR(RunRoutedExperts(plan, layer.experts, moe_in, hidden, c.moe_intermediate_size,
+                                   scratch.moe_act.get<float>(), moe_out, stream));
   // Weighted sum in expert-index order (combine_rows is so ordered) and the residual add.
   return kernels::MoeCombineCuda(moe_out, routed, hidden, combine_rows,
                                  scratch.moe_weights.get<float>(), n, top_k, x, stream);
@@ -433,24 +270,8 @@ absl::Status CudaQwen3MoeModel::Impl::Moe(uint32_t layer_index, uint32_t n) {
 absl::Status CudaQwen3MoeModel::Impl::PlanExperts(uint32_t n) {
   const uint32_t top_k = config.num_experts_per_tok;
   const size_t routed = size_t{n} * top_k;
-  host_topk_ids.resize(routed);
-  host_topk_weights.resize(routed);
-  KVCACHE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_topk_ids.data(), scratch.topk_ids.get<uint32_t>(),
-                      routed * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync (expert ids)");
-  KVCACHE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_topk_weights.data(), scratch.topk_weights.get<float>(),
-                      routed * sizeof(float), cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync (expert weights)");
-  // The expert row counts decide the launches, so the host needs the routing now. This sync also
-  // retires the previous layer's uploads from `plan`, which is rewritten below.
-  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize (routing)");
-  const absl::Status planned =
-      PlanMoeDispatch(host_topk_ids, host_topk_weights, n, top_k, config.num_experts, plan);
-  if (!planned.ok()) {
-    return absl::InternalError(absl::StrCat("MoeRouteCuda output: ", planned.message()));
-  }
+  RETURN_IF_ERROR(RouteOnHost(scratch.topk_ids, scratch.topk_weights, n, top_k, config.num_experts,
+                              host_topk_ids, host_topk_weights, plan, stream));
   uint32_t* rows = scratch.moe_rows.get<uint32_t>();
   KVCACHE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(rows, plan.gather_tokens.data(), routed * sizeof(uint32_t),
@@ -466,23 +287,8 @@ absl::Status CudaQwen3MoeModel::Impl::PlanExperts(uint32_t n) {
 }
 
 absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Impl::Logits(uint32_t n) {
-  const uint32_t hidden = config.hidden_size;
-  const float* last = scratch.x.get<float>() + size_t{n - 1} * hidden;
-  float* normed = scratch.normed.get<float>();
-  float* logits_device = scratch.logits.get<float>();
-  // Only the last token's logits are needed.
-  RETURN_IF_ERROR(kernels::RmsNormCuda(last, weights.final_norm, config.rms_norm_eps, 1, hidden,
-                                       normed, stream));
-  RETURN_IF_ERROR(kernels::LinearCuda(normed, weights.lm_head, 1, hidden, config.vocab_size, false,
-                                      logits_device, stream));
-  std::vector<float> logits(config.vocab_size);
-  KVCACHE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(logits.data(), logits_device, logits.size() * sizeof(float),
-                      cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync (logits)");
-  // Also surfaces any asynchronous kernel fault of this call.
-  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize (forward)");
-  return logits;
+  return LastTokenLogits(config, scratch.x.get<float>(), n, weights.final_norm, weights.lm_head,
+                         scratch.normed.get<float>(), scratch.logits.get<float>(), stream);
 }
 
 absl::StatusOr<CudaQwen3MoeModel> CudaQwen3MoeModel::Create(const Qwen3MoeModel& model,
@@ -491,9 +297,7 @@ absl::StatusOr<CudaQwen3MoeModel> CudaQwen3MoeModel::Create(const Qwen3MoeModel&
   RETURN_IF_ERROR(CheckKernelLimits(model.config()));
   auto impl = std::make_unique<Impl>(model.config(), device);
   ScopedCudaDevice scoped;
-  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(device), absl::StrCat("cudaSetDevice(", device, ")"));
-  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
-                               "cudaStreamCreateWithFlags");
+  RETURN_IF_ERROR(StartModelStream(device, scoped, impl->stream));
   RETURN_IF_ERROR(UploadWeights(model, impl->stream, impl->weights));
   return CudaQwen3MoeModel(std::move(impl));
 }
@@ -515,18 +319,9 @@ absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Forward(absl::Span<const u
   // never dereferenced.
   const PagedKv view(kv.pool_base, kv.layout, kv.block_table, kv.num_pool_blocks);
   RETURN_IF_ERROR(CheckForwardRequest(impl_->config, tokens, start_position, view));
-  ScopedCudaDevice scoped;
-  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(impl_->device),
-                               absl::StrCat("cudaSetDevice(", impl_->device, ")"));
-  RETURN_IF_ERROR(impl_->CheckDevicePool(kv, start_position, tokens.size()));
-  // A non-sticky error left by an earlier call of the caller's must not be reported as the
-  // failure of one of our launches (CheckLaunch reads cudaGetLastError).
-  cudaGetLastError();
-  absl::StatusOr<std::vector<float>> logits = impl_->Run(tokens, start_position, kv);
-  if (!logits.ok() && cudaStreamSynchronize(impl_->stream) != cudaSuccess) {
-    cudaGetLastError();  // the call's own error is already in `logits`
-  }
-  return logits;
+  return RunForwardOnDevice(impl_->device, impl_->stream, kv, start_position, tokens.size(),
+                            impl_->host_slots,
+                            [&] { return impl_->Run(tokens, start_position, kv); });
 }
 
 }  // namespace kvcache::worker

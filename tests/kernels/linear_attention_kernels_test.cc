@@ -30,6 +30,7 @@
 #include "model/cuda/device_linear_state.h"
 #include "model/linear_attention.h"
 #include "model/linear_attention_state.h"
+#include "model/ops.h"
 #include "tests/testing/random_floats.h"
 #include "tests/testing/status_matchers.h"
 
@@ -72,6 +73,15 @@ TEST(LinearAttentionKernelsTest, DeltaRuleArgumentsAreChecked) {
   EXPECT_THAT(run({2, 4, 16, 16}, 1, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("state")));
   EXPECT_OK(run({2, 4, 16, 16}, 0, nullptr));
+}
+
+TEST(LinearAttentionKernelsTest, GateArgumentsAreChecked) {
+  float dummy = 0;
+  EXPECT_THAT(GateMultiplyCuda(nullptr, &dummy, 4, GateActivation::kSilu, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("x")));
+  EXPECT_THAT(GateMultiplyCuda(&dummy, nullptr, 4, GateActivation::kSigmoid, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gate")));
+  EXPECT_OK(GateMultiplyCuda(nullptr, nullptr, 0, GateActivation::kSilu, nullptr));
 }
 
 worker::Qwen3NextConfig SmallConfig() {
@@ -262,6 +272,26 @@ TEST_F(LinearAttentionKernelsGpuTest, SplitRunsAreBitIdenticalOnTheGpu) {
           << where;
       EXPECT_EQ(std::memcmp(state.data(), state_once.data(), state.size() * sizeof(float)), 0)
           << where;
+    }
+  }
+}
+
+// x * sigmoid(g) and x * SiLU(g), as the CPU model's gates (one rounded product each).
+TEST_F(LinearAttentionKernelsGpuTest, GatesMatchTheCpu) {
+  for (const size_t count : {size_t{1}, size_t{257}, size_t{100000}}) {
+    const std::vector<float> x = RandomNormals(count, 40, 2.0f);
+    const std::vector<float> gate = RandomNormals(count, 41, 4.0f);
+    for (GateActivation activation : {GateActivation::kSigmoid, GateActivation::kSilu}) {
+      DeviceArray<float> d_x(x), d_gate(gate);
+      ASSERT_OK(GateMultiplyCuda(d_x.get(), d_gate.get(), count, activation, nullptr));
+      std::vector<float> want = x;
+      for (size_t i = 0; i < count; ++i) {
+        want[i] = want[i] * (activation == GateActivation::kSigmoid ? worker::Sigmoid(gate[i])
+                                                                    : worker::Silu(gate[i]));
+      }
+      ExpectAllNear(
+          d_x.Download(), want, kNear,
+          absl::StrCat(count, activation == GateActivation::kSilu ? " silu" : " sigmoid"));
     }
   }
 }

@@ -124,16 +124,20 @@ TEST_F(WorkerKernelsGpuTest, RmsNormOnTheDefaultStream) {
 // RoPE: worker::RopeInverseFrequencies + RopeCosSin + ApplyRope per token and head.
 // ---------------------------------------------------------------------------------------------
 
+// RopeCuda, and PartialRopeCuda (rotary_dim < head_dim: the other dims pass through).
 TEST_F(WorkerKernelsGpuTest, RopeMatchesCpu) {
   struct Shape {
-    uint32_t tokens, heads, head_dim;
+    uint32_t tokens, heads, head_dim, rotary_dim;
     double theta;
   };
-  for (const Shape s : {Shape{1, 1, 2, 10000}, Shape{3, 4, 8, 10000}, Shape{7, 16, 128, 1e6},
-                        Shape{5, 2, 256, 10000}, Shape{2, 3, 1024, 5e5}, Shape{40, 4, 64, 10000},
-                        Shape{3, 1, 6, 10000}}) {
-    const std::string what = absl::StrCat("tokens=", s.tokens, " heads=", s.heads,
-                                          " head_dim=", s.head_dim, " theta=", s.theta);
+  for (const Shape s :
+       {Shape{1, 1, 2, 2, 10000}, Shape{3, 4, 8, 8, 10000}, Shape{7, 16, 128, 128, 1e6},
+        Shape{5, 2, 256, 256, 10000}, Shape{2, 3, 1024, 1024, 5e5}, Shape{40, 4, 64, 64, 10000},
+        Shape{3, 1, 6, 6, 10000}, Shape{9, 4, 16, 4, 10000}, Shape{6, 2, 256, 64, 1e7},
+        Shape{3, 3, 10, 2, 10000}}) {
+    const std::string what =
+        absl::StrCat("tokens=", s.tokens, " heads=", s.heads, " head_dim=", s.head_dim,
+                     " rotary_dim=", s.rotary_dim, " theta=", s.theta);
     std::vector<float> x = Uniform(size_t{s.tokens} * s.heads * s.head_dim, -2, 2);
     std::vector<uint32_t> positions(s.tokens);
     std::uniform_int_distribution<uint32_t> pos_dist(0, 40000);
@@ -141,14 +145,19 @@ TEST_F(WorkerKernelsGpuTest, RopeMatchesCpu) {
     positions[0] = 0;  // the identity
     DeviceArray<float> d_x(x);
     DeviceArray<uint32_t> d_pos(positions);
-    ASSERT_OK(RopeCuda(d_x.get(), d_pos.get(), s.tokens, s.heads, s.head_dim, s.theta, stream_));
+    if (s.rotary_dim == s.head_dim) {
+      ASSERT_OK(RopeCuda(d_x.get(), d_pos.get(), s.tokens, s.heads, s.head_dim, s.theta, stream_));
+    } else {
+      ASSERT_OK(PartialRopeCuda(d_x.get(), d_pos.get(), s.tokens, s.heads, s.head_dim, s.rotary_dim,
+                                s.theta, stream_));
+    }
 
-    const std::vector<double> inv_freq = worker::RopeInverseFrequencies(s.head_dim, s.theta);
-    std::vector<float> cos(s.head_dim / 2), sin(s.head_dim / 2);
+    const std::vector<double> inv_freq = worker::RopeInverseFrequencies(s.rotary_dim, s.theta);
+    std::vector<float> cos(s.rotary_dim / 2), sin(s.rotary_dim / 2);
     for (uint32_t t = 0; t < s.tokens; ++t) {
       worker::RopeCosSin(positions[t], inv_freq, cos.data(), sin.data());
       for (uint32_t h = 0; h < s.heads; ++h) {
-        worker::ApplyRope(&x[(size_t{t} * s.heads + h) * s.head_dim], s.head_dim, cos.data(),
+        worker::ApplyRope(&x[(size_t{t} * s.heads + h) * s.head_dim], s.rotary_dim, cos.data(),
                           sin.data());
       }
     }

@@ -175,6 +175,11 @@ TEST(WorkerKernelArgsTest, Rope) {
   }
   EXPECT_OK(RopeCuda(nullptr, nullptr, 0, 2, 8, 1e4, nullptr));
   ExpectArgError(RopeCuda(nullptr, pos, 3, 2, 8, 1e4, nullptr), "RopeCuda: x is null");
+  for (uint32_t rotary_dim : {0u, 3u, 10u}) {
+    ExpectArgError(
+        PartialRopeCuda(x, pos, 3, 2, 8, rotary_dim, 1e4, nullptr),
+        "rotary_dim " + std::to_string(rotary_dim) + " must be even and in [2, head_dim 8]");
+  }
   ExpectArgError(RopeCuda(x, nullptr, 3, 2, 8, 1e4, nullptr), "positions is null");
 }
 

@@ -65,7 +65,7 @@ TEST(Qwen3NextConfigTest, DefaultsFollowHuggingFace) {
   json.erase("head_dim");
   absl::StatusOr<Qwen3NextConfig> config = Parse(json);
   ASSERT_OK(config);
-  EXPECT_EQ(config->base.head_dim, 256u);  // not hidden_size / num_attention_heads
+  EXPECT_EQ(config->base.head_dim, 256u);    // not hidden_size / num_attention_heads
   EXPECT_EQ(config->layer_types[3], kFull);  // interval 4
   EXPECT_EQ(config->layer_types[2], kLinear);
   EXPECT_EQ(config->partial_rotary_factor, 0.25);

@@ -28,11 +28,12 @@ using ::kvcache::testing::StatusIs;
 using ::kvcache::worker::testing::BitIdentical;
 using ::kvcache::worker::testing::HostPool;
 using ::kvcache::worker::testing::MakePrompt;
-using ::kvcache::worker::testing::TinyHybrid;
 using ::testing::HasSubstr;
 
 constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kPoolBlocks = 24;
+
+const Qwen3NextModel& TinyHybrid() { return testing::TinyHybridModel(); }
 
 std::vector<uint32_t> Iota(uint32_t begin, uint32_t count) {
   std::vector<uint32_t> ids(count);

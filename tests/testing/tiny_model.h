@@ -40,8 +40,8 @@ inline const Qwen3MoeModel& TinyModel() {
 
 #ifdef KVCACHE_TINY_HYBRID_CHECKPOINT_DIR
 // The bf16 tiny hybrid (Qwen3-Next) checkpoint, loaded once per test binary (aborts the binary
-// when it is missing); for test targets that define KVCACHE_TINY_HYBRID_CHECKPOINT_DIR.
-inline const Qwen3NextModel& TinyHybrid() {
+// when it is missing). Available to tests that define KVCACHE_TINY_HYBRID_CHECKPOINT_DIR.
+inline const Qwen3NextModel& TinyHybridModel() {
   static const Qwen3NextModel* model = [] {
     absl::StatusOr<Qwen3NextModel> loaded =
         Qwen3NextModel::Load(KVCACHE_TINY_HYBRID_CHECKPOINT_DIR);

@@ -32,7 +32,7 @@ namespace {
 using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::kvcache::worker::testing::MakePrompt;
-using ::kvcache::worker::testing::TinyHybrid;
+using ::kvcache::worker::testing::TinyHybridModel;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -40,7 +40,7 @@ constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kNewTokens = 20;
 
 HybridPoolGeometry TinyGeometry() {
-  return HybridPoolGeometryFor(TinyHybrid().config(), kBlockSize, DType::kBFloat16);
+  return HybridPoolGeometryFor(TinyHybridModel().config(), kBlockSize, DType::kBFloat16);
 }
 
 // A daemon with host pools: "hybrid", laid out as HybridPoolGeometryFor says; "kv_only", the
@@ -84,7 +84,7 @@ class KvWorkerHybridTest : public ::testing::Test {
 
   std::unique_ptr<KvWorker> Worker(uint32_t checkpoint_pages = 1) {
     absl::StatusOr<std::unique_ptr<KvWorker>> worker =
-        KvWorker::Create(client_.get(), "hybrid", &TinyHybrid(), checkpoint_pages);
+        KvWorker::Create(client_.get(), "hybrid", &TinyHybridModel(), checkpoint_pages);
     EXPECT_OK(worker);
     return worker.ok() ? *std::move(worker) : nullptr;
   }
@@ -100,7 +100,7 @@ class KvWorkerHybridTest : public ::testing::Test {
     EXPECT_EQ(run->cached_tokens, cached);
     Sampler cold_sampler = Sampler::Greedy();
     absl::StatusOr<GenerationResult> cold = GenerateColdHybrid(
-        TinyHybrid(), prompt, kNewTokens, cold_sampler, kBlockSize, DType::kBFloat16);
+        TinyHybridModel(), prompt, kNewTokens, cold_sampler, kBlockSize, DType::kBFloat16);
     EXPECT_OK(cold);
     if (!cold.ok()) return {};
     EXPECT_EQ(run->tokens, cold->tokens) << cached << " cached";
@@ -116,7 +116,7 @@ class KvWorkerHybridTest : public ::testing::Test {
 TEST(HybridPoolGeometryTest, PadsTheStateToWholeLayerBlocks) {
   const HybridPoolGeometry geometry = TinyGeometry();
   const uint64_t layer_block = geometry.kv_bytes / geometry.kv_layout.num_layers;
-  EXPECT_EQ(geometry.state_bytes, LinearAttentionState::StateBytes(TinyHybrid().config()));
+  EXPECT_EQ(geometry.state_bytes, LinearAttentionState::StateBytes(TinyHybridModel().config()));
   EXPECT_GE(geometry.state_part_bytes, geometry.state_bytes);
   EXPECT_LT(geometry.state_part_bytes - geometry.state_bytes, layer_block);
   EXPECT_EQ(geometry.pool_layout.BlockBytes(), geometry.kv_bytes + geometry.state_part_bytes);
@@ -177,14 +177,14 @@ TEST_F(KvWorkerHybridTest, AHitEndsOnlyAtAPageHoldingTheState) {
 }
 
 TEST_F(KvWorkerHybridTest, APoolWithoutTheModelsPagesIsFailedPrecondition) {
-  EXPECT_THAT(KvWorker::Create(client_.get(), "kv_only", &TinyHybrid()),
+  EXPECT_THAT(KvWorker::Create(client_.get(), "kv_only", &TinyHybridModel()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("'kv_only'"), HasSubstr("\"state\""),
                              HasSubstr(TinyGeometry().parts))));
-  EXPECT_THAT(KvWorker::Create(client_.get(), "short_state", &TinyHybrid()),
+  EXPECT_THAT(KvWorker::Create(client_.get(), "short_state", &TinyHybridModel()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr(absl::StrCat("at least ", TinyGeometry().state_bytes))));
-  EXPECT_THAT(KvWorker::Create(client_.get(), "hybrid", &TinyHybrid(), 0),
+  EXPECT_THAT(KvWorker::Create(client_.get(), "hybrid", &TinyHybridModel(), 0),
               StatusIs(absl::StatusCode::kInvalidArgument));
   // The Qwen3-MoE model on the hybrid pool: another layout.
   EXPECT_THAT(KvWorker::Create(client_.get(), "hybrid", &testing::TinyModel()),
