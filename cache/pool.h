@@ -55,6 +55,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -346,6 +347,11 @@ class Pool final : private OffloadSource {
   absl::StatusOr<uint32_t> PinPages(const Session& session, absl::Span<const std::string> keys,
                                     absl::Duration ttl);
   static constexpr absl::Duration kMaxPinTtl = absl::Hours(24);
+  // Releases the pins whose TTL has passed on the pool's clock. Besides every call that
+  // allocates, the daemon's reaper runs it each period, and Lookup, ExistsPages and GetStats
+  // first, so a pin's blocks are released soon after its TTL whether or not the pool is busy.
+  // An atomic read when no pin has expired.
+  void ExpirePins();
 
   // How many sequences `session_id` holds in this pool.
   uint32_t SequencesOfSession(uint64_t session_id) const;
@@ -499,6 +505,8 @@ class Pool final : private OffloadSource {
 
   // Releases the pins whose TTL has passed. Cheap when there are none.
   void ExpirePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets next_pin_expiry_ from pins_ after a change.
+  void NotePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -579,6 +587,9 @@ class Pool final : private OffloadSource {
   PageCounters page_counters_;      // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
+  // When the earliest pin ends (absl::ToUnixNanos; INT64_MAX: none), written under mu_ and read
+  // without it by ExpirePins, which takes mu_ only once it has passed.
+  std::atomic<int64_t> next_pin_expiry_{std::numeric_limits<int64_t>::max()};
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,7 @@
 // publication, events, release) is the token sequences' machinery in cache/pool.cc.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -130,6 +131,7 @@ absl::StatusOr<PagesFound> Pool::ExistsPages(const Session& session,
   // A hit promises bytes this daemon can no longer vouch for or serve.
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidatePageKeys(keys));
+  ExpirePins();
   ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
   PageWalk walk;
   std::vector<uint32_t> masks;
@@ -430,6 +432,7 @@ absl::StatusOr<uint32_t> Pool::PinPages(const Session& session, absl::Span<const
     EraseLocked(acquired.sequence_id);  // a touch: released now, the most recently used
   } else {
     pins_.emplace(clock_->Now() + ttl, acquired.sequence_id);
+    NotePinsLocked();
   }
   return static_cast<uint32_t>(acquired.block_ids.size());
 }
@@ -441,6 +444,23 @@ void Pool::ExpirePinsLocked() {
     EraseLocked(pins_.begin()->second);
     pins_.erase(pins_.begin());
   }
+  NotePinsLocked();
+}
+
+void Pool::NotePinsLocked() {
+  next_pin_expiry_.store(
+      pins_.empty() ? std::numeric_limits<int64_t>::max() : absl::ToUnixNanos(pins_.begin()->first),
+      std::memory_order_relaxed);
+}
+
+void Pool::ExpirePins() {
+  const int64_t next = next_pin_expiry_.load(std::memory_order_relaxed);
+  // No pin at all (the common case) costs no clock read.
+  if (next == std::numeric_limits<int64_t>::max() || absl::ToUnixNanos(clock_->Now()) < next) {
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  ExpirePinsLocked();
 }
 
 }  // namespace kvcache

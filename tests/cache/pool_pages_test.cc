@@ -355,6 +355,30 @@ TEST_F(PoolPagesTest, PinsHoldPagesUntilTheirTtl) {
   EXPECT_EQ(Referenced(), 0u);
 }
 
+// Pins end at their TTL even when no allocating call comes: the reaper's ExpirePins, a lookup and
+// the statistics release them.
+TEST_F(PoolPagesTest, ExpiredPinsAreReleasedWithoutAnAllocatingCall) {
+  const std::vector<std::string> keys = Keys("idle", 2);
+  ASSERT_OK(Put(session_, keys));
+  ASSERT_OK(pool_->PinPages(session_, keys, absl::Seconds(30)));
+  pool_->ExpirePins();
+  EXPECT_EQ(Referenced(), 2u);  // not yet
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_EQ(Referenced(), 2u);  // nothing has looked since
+  pool_->ExpirePins();
+  EXPECT_EQ(Referenced(), 0u);
+
+  ASSERT_OK(pool_->PinPages(session_, keys, absl::Seconds(30)));
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_EQ(Exists(keys), 2u);  // a lookup releases it first
+  EXPECT_EQ(Referenced(), 0u);
+  ASSERT_OK(pool_->PinPages(session_, keys, absl::Seconds(30)));
+  clock_.Advance(absl::Seconds(31));
+  const std::vector<uint32_t> tokens = {1, 2, 3, 4, 5};
+  ASSERT_OK(pool_->Lookup("tenant-a", SequenceSpec{.tokens = tokens}));
+  EXPECT_EQ(Referenced(), 0u);
+}
+
 TEST_F(PoolPagesTest, PartsTravelThroughTierTwo) {
   MakePool(8, /*tier_blocks=*/16);
   const std::vector<std::string> keys = Keys("a", 4);
