@@ -567,6 +567,11 @@ TEST_F(PagesClientTest, GetStatsShowsAnExpiredPinReleased) {
   ASSERT_EQ(stats->pools.size(), 1u);
   EXPECT_EQ(stats->pools[0].counts.referenced, 0u);
   EXPECT_EQ(stats->pools[0].open_sequences, 0u);
+  // A priority travels with the pin; past the highest it is refused.
+  EXPECT_THAT(client_->PinPages(kPool, keys, absl::Seconds(30), /*priority=*/8),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pin priority 8; at most 7")));
+  ASSERT_OK(client_->PinPages(kPool, keys, absl::Seconds(30), /*priority=*/7));
+  EXPECT_EQ(Counts().referenced, 2u);
 }
 
 }  // namespace

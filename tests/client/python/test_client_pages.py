@@ -494,6 +494,11 @@ class PagesDaemonTest(unittest.TestCase):
         self.assertEqual(session.pin_pages(POOL, names + keys("pin-absent", 1), ttl=5), 2)
         self.assertEqual(session.pin_pages(POOL, names, ttl=0), 2)
         self.assertEqual(session.pin_pages(POOL, keys("pin-absent", 1), ttl=1), 0)
+        self.assertEqual(session.pin_pages(POOL, names, ttl=5, priority=7), 2)
+        self.assertIn("pin priority 8; at most 7",
+                      message_of(session.pin_pages, POOL, names, ttl=5, priority=8))
+        self.assertEqual(code_of(session.pin_pages, POOL, names, ttl=5, priority=-1),
+                         Code.INVALID_ARGUMENT)  # the client's: out of a uint32's range
 
     def test_bad_input_codes(self):
         session = self.session()
