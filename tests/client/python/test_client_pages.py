@@ -20,7 +20,7 @@ from unittest import mock
 import grpc
 import numpy
 
-from daemon import BOUND, Daemon, error_code
+from daemon import BOUND, Daemon, error_code, error_message as message_of
 
 from kvcache_client import (AcquiredPages, CompatibilityManifest, DType, KvCacheError,
                             MappingKind, PagePart, PagePartInfo, PageReservation, PoolInfo,
@@ -64,14 +64,6 @@ def page_bytes(seed: int, count: int = 1) -> bytes:
 
 def code_of(call, *args, **kwargs) -> grpc.StatusCode:
     return error_code(call, *args, **kwargs)
-
-
-def message_of(call, *args, **kwargs) -> str:
-    try:
-        call(*args, **kwargs)
-    except KvCacheError as error:
-        return error.message
-    raise AssertionError("no KvCacheError")
 
 
 def pool_info(shm_name: str = "", num_blocks: int = NUM_BLOCKS) -> PoolInfo:
