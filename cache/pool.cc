@@ -995,6 +995,7 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const Sequen
   // A hit promises bytes this daemon can no longer vouch for or serve.
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
+  ExpirePins();
   Sequence probe;
   RETURN_IF_ERROR(SetRoot(tenant, spec.cache_salt, manifest, &probe));
   probe.extras = spec.extra_keys;

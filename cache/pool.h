@@ -55,6 +55,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -342,10 +343,21 @@ class Pool final : private OffloadSource {
 
   // Holds the leading present pages (loading them from below) until `ttl` has passed on the
   // pool's clock or the session ends; a ttl of 0 only touches them (most recently used). Returns
-  // how many. INVALID_ARGUMENT past kMaxPinTtl.
+  // how many. INVALID_ARGUMENT past kMaxPinTtl or kMaxPinPriority.
+  // `priority`: when the tenant's quota refuses the pin (RESOURCE_EXHAUSTED), the tenant's live
+  // pins of lower priority are released to make room, the lowest first and among equals the one
+  // ending first, one at a time until the pin fits; it is refused only when none is left (those
+  // released meanwhile stay released: a pin is a hint). Pins of equal or higher priority, other
+  // tenants' pins and every other call's holds are never displaced.
   absl::StatusOr<uint32_t> PinPages(const Session& session, absl::Span<const std::string> keys,
-                                    absl::Duration ttl);
+                                    absl::Duration ttl, uint32_t priority = 0);
   static constexpr absl::Duration kMaxPinTtl = absl::Hours(24);
+  static constexpr uint32_t kMaxPinPriority = 7;
+  // Releases the pins whose TTL has passed on the pool's clock. Besides every call that
+  // allocates, the daemon's reaper runs it each period, and Lookup, ExistsPages and GetStats
+  // first, so a pin's blocks are released soon after its TTL whether or not the pool is busy.
+  // An atomic read when no pin has expired.
+  void ExpirePins();
 
   // How many sequences `session_id` holds in this pool.
   uint32_t SequencesOfSession(uint64_t session_id) const;
@@ -499,6 +511,11 @@ class Pool final : private OffloadSource {
 
   // Releases the pins whose TTL has passed. Cheap when there are none.
   void ExpirePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets next_pin_expiry_ from pins_ after a change.
+  void NotePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases `tenant`'s live pin of the lowest priority below `priority` (among equals, the one
+  // ending first); false when it has none.
+  bool DisplacePinBelow(absl::string_view tenant, uint32_t priority);
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -579,6 +596,9 @@ class Pool final : private OffloadSource {
   PageCounters page_counters_;      // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
+  // When the earliest pin ends (absl::ToUnixNanos; INT64_MAX: none), written under mu_ and read
+  // without it by ExpirePins, which takes mu_ only once it has passed.
+  std::atomic<int64_t> next_pin_expiry_{std::numeric_limits<int64_t>::max()};
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);
@@ -602,7 +622,11 @@ class Pool final : private OffloadSource {
   // AllocateFresh's hashes leaving the index, kept to spare an allocation per eviction.
   std::vector<Hash128> removed_ ABSL_GUARDED_BY(mu_);
   // PinPages' sequences by the time they end (a sequence released before is skipped).
-  std::multimap<absl::Time, uint64_t> pins_ ABSL_GUARDED_BY(mu_);
+  struct Pin {
+    uint64_t sequence_id = 0;
+    uint32_t priority = 0;
+  };
+  std::multimap<absl::Time, Pin> pins_ ABSL_GUARDED_BY(mu_);
   // Sequences being opened whose blocks are loading from tier 2 (not in sequences_ yet).
   absl::flat_hash_set<const Sequence*> loading_ ABSL_GUARDED_BY(mu_);
   // Blocks pinned for a copy down: the mover's batch and requests' pass-downs in flight.

@@ -561,8 +561,10 @@ class KvCacheClient {
   absl::StatusOr<GotPages> GetPages(absl::string_view pool, absl::Span<const std::string> keys,
                                     const PageReadOptions& options = {});
   // Keeps the leading present pages resident for `ttl` (zero: touches them); returns how many.
+  // `priority` (0 to 7): when the tenant's quota is tight, the tenant's pins of lower priority
+  // are released to make room for this one (kvcache.proto PinPagesRequest).
   absl::StatusOr<uint32_t> PinPages(absl::string_view pool, absl::Span<const std::string> keys,
-                                    absl::Duration ttl);
+                                    absl::Duration ttl, uint32_t priority = 0);
 
   // Same node, through `mapped` (a host mapping of the pool, of the session's epoch:
   // FAILED_PRECONDITION locally for a device mapping or one of another epoch). WritePages

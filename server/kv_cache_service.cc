@@ -80,6 +80,7 @@ void FillCounts(const PoolStatsSnapshot& stats, v1::BlockCounts* counts) {
 
 // `tenant` empty: the whole pool's figures (an admin's view).
 void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
+  pool.ExpirePins();  // the figures show expired pins released
   const PoolStatsSnapshot stats = tenant.empty() ? pool.Stats() : pool.Stats(tenant);
   out->set_pool(pool.options().name);
   out->set_tenant(std::string(tenant));

@@ -244,18 +244,19 @@ grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* KvCacheService::PinPages(grpc::CallbackServerContext* context,
                                                    const v1::PinPagesRequest* request,
                                                    v1::PinPagesResponse* response) {
-  return HandleUnary(*this, context, response, manager_->epoch(), "PinPages", Role::kWorker,
-                     [&](const Identity& caller) -> absl::Status {
-                       ASSIGN_OR_RETURN(auto session,
-                                        manager_->SessionFor(request->session_id(),
-                                                             request->epoch(), caller.principal));
-                       ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-                       ASSIGN_OR_RETURN(const uint32_t pinned,
-                                        pool->PinPages(*session, KeysOf(request->keys()),
-                                                       absl::Milliseconds(request->ttl_ms())));
-                       response->set_num_pages(pinned);
-                       return absl::OkStatus();
-                     });
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "PinPages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(
+            const uint32_t pinned,
+            pool->PinPages(*session, KeysOf(request->keys()), absl::Milliseconds(request->ttl_ms()),
+                           request->priority()));
+        response->set_num_pages(pinned);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace kvcache

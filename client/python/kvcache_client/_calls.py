@@ -265,9 +265,9 @@ def get_pages(pool: str, keys: Sequence[bytes], parts: Sequence[str],
                      lambda response: _pages.got_pages(num_keys, response), True)
 
 
-def pin_pages(pool: str, keys: Sequence[bytes], ttl: float) -> UnaryCall[int]:
+def pin_pages(pool: str, keys: Sequence[bytes], ttl: float, priority: int = 0) -> UnaryCall[int]:
     call = "pin_pages"
     return UnaryCall("PinPages", make_request(
         call, kvcache_pb2.PinPagesRequest, pool=pool, keys=_pages.page_keys(call, keys),
-        ttl_ms=_pages.ttl_ms(call, ttl)),
+        ttl_ms=_pages.ttl_ms(call, ttl), priority=priority),
         lambda response: response.num_pages, True)

@@ -310,9 +310,10 @@ class Session(SessionCore):
         return await self._session_call(
             call, self._get_pages_timeout(keys, await self._pool_shape(pool)))
 
-    async def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float) -> int:
+    async def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float,
+                        priority: int = 0) -> int:
         """As kvcache_client.Session.pin_pages."""
-        return await self._session_call(_calls.pin_pages(pool, keys, ttl))
+        return await self._session_call(_calls.pin_pages(pool, keys, ttl, priority))
 
     async def write_pages(self, pool: str, keys: Sequence[bytes], sources: Sequence[Any], *,
                           part_masks: Optional[Sequence[int]] = None) -> PagesPut:

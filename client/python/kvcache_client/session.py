@@ -248,11 +248,14 @@ class Session(SessionCore):
         call = _calls.get_pages(pool, keys, parts, max_load_ms)
         return self._session_call(call, self._get_pages_timeout(keys, self._pool_shape(pool)))
 
-    def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float) -> int:
+    def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float,
+                  priority: int = 0) -> int:
         """Keeps the present leading pages resident for `ttl` seconds, at most a day (0: only
         touches them, most recently used), held by this session; returns how many. Each call is
-        a hold of its own: a page pinned twice is held until the later TTL."""
-        return self._session_call(_calls.pin_pages(pool, keys, ttl))
+        a hold of its own: a page pinned twice is held until the later TTL. `priority` (0 to
+        7): when the tenant's quota refuses the pin, the tenant's pins of lower priority are
+        released to make room, the lowest first (RESOURCE_EXHAUSTED when none is left)."""
+        return self._session_call(_calls.pin_pages(pool, keys, ttl, priority))
 
     def write_pages(self, pool: str, keys: Sequence[bytes], sources: Sequence[Any], *,
                     part_masks: Optional[Sequence[int]] = None) -> PagesPut:

@@ -12,9 +12,9 @@ import unittest
 
 import grpc
 
-from daemon import BOUND, Daemon, error_code
+from daemon import BOUND, Daemon, error_code, error_message as message_of
 
-from kvcache_client import KvCacheError, aio
+from kvcache_client import aio
 
 Code = grpc.StatusCode
 POOL = "hybrid"
@@ -27,14 +27,6 @@ KV, STATE, BOTH = 1, 2, 3  # part masks
 def prompt(blocks: int, first: int) -> list:
     """`blocks` full blocks and one token more, so an open may hit every block."""
     return list(range(first, first + blocks * BLOCK + 1))
-
-
-def message_of(call, *args, **kwargs) -> str:
-    try:
-        call(*args, **kwargs)
-    except KvCacheError as error:
-        return error.message
-    raise AssertionError("no KvCacheError")
 
 
 class TokenPartsTest(unittest.TestCase):

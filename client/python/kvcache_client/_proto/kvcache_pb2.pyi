@@ -594,18 +594,20 @@ class ParallelGeometry(_message.Message):
     def __init__(self, tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., cp_size: _Optional[int] = ..., cp_rank: _Optional[int] = ...) -> None: ...
 
 class PinPagesRequest(_message.Message):
-    __slots__ = ["epoch", "keys", "pool", "session_id", "ttl_ms"]
+    __slots__ = ["epoch", "keys", "pool", "priority", "session_id", "ttl_ms"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     pool: str
+    priority: int
     session_id: int
     ttl_ms: int
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_ms: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class PinPagesResponse(_message.Message):
     __slots__ = ["epoch", "num_pages"]
