@@ -17,9 +17,7 @@
 
 #include "cache/pool_spec.h"
 #include "client/kv_cache_client.h"
-#include "server/daemon.h"
-#include "tests/testing/grpc_kept_alive.h"
-#include "tests/testing/scoped_temp_dir.h"
+#include "tests/testing/in_process_daemon.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/generation.h"
@@ -29,7 +27,6 @@
 namespace kvcache::worker {
 namespace {
 
-using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 using ::kvcache::worker::testing::MakePrompt;
 using ::kvcache::worker::testing::TinyHybridModel;
@@ -48,11 +45,9 @@ HybridPoolGeometry TinyGeometry() {
 class KvWorkerHybridTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ::kvcache::testing::KeepGrpcInitialized();
-    DaemonOptions options;
-    options.listen = "unix://" + dir_.File("kv.sock");
     const HybridPoolGeometry geometry = TinyGeometry();
     const PoolLayout& kv = geometry.kv_layout;
+    std::vector<PoolOptions> pools;
     for (const std::string& spec :
          {"hybrid:model=tiny-next" + geometry.SpecFields() + ":blocks=64",
           absl::StrCat("kv_only:model=tiny-next:layers=", kv.num_layers, ":kv_heads=",
@@ -63,28 +58,16 @@ class KvWorkerHybridTest : public ::testing::Test {
                        geometry.kv_bytes, "/trailing1")}) {
       absl::StatusOr<PoolOptions> pool = ParsePoolSpec(spec);
       ASSERT_OK(pool);
-      options.pools.push_back(*pool);
+      pools.push_back(*pool);
     }
-    absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
-    ASSERT_OK(daemon);
-    daemon_ = *std::move(daemon);
-    absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(options.listen);
-    ASSERT_OK(client);
-    client_ = *std::move(client);
-    ASSERT_OK(client_->OpenSession("", "kv_worker_hybrid_test"));
+    ASSERT_NO_FATAL_FAILURE(daemon_.Start(std::move(pools), "kv_worker_hybrid_test"));
+    client_ = daemon_.client();
   }
-
-  void TearDown() override {
-    client_.reset();
-    if (daemon_ != nullptr) {
-      for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
-      daemon_.reset();
-    }
-  }
+  void TearDown() override { daemon_.Stop(); }
 
   std::unique_ptr<KvWorker> Worker(uint32_t checkpoint_pages = 1) {
     absl::StatusOr<std::unique_ptr<KvWorker>> worker =
-        KvWorker::Create(client_.get(), "hybrid", &TinyHybridModel(), checkpoint_pages);
+        KvWorker::Create(client_, "hybrid", &TinyHybridModel(), checkpoint_pages);
     EXPECT_OK(worker);
     return worker.ok() ? *std::move(worker) : nullptr;
   }
@@ -108,9 +91,8 @@ class KvWorkerHybridTest : public ::testing::Test {
     return run->tokens;
   }
 
-  ScopedTempDir dir_{"kvcache_kv_worker_hybrid_test"};  // for the socket
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<KvCacheClient> client_;
+  ::kvcache::testing::InProcessDaemon daemon_;
+  KvCacheClient* client_ = nullptr;
 };
 
 TEST(HybridPoolGeometryTest, PadsTheStateToWholeLayerBlocks) {
@@ -177,17 +159,17 @@ TEST_F(KvWorkerHybridTest, AHitEndsOnlyAtAPageHoldingTheState) {
 }
 
 TEST_F(KvWorkerHybridTest, APoolWithoutTheModelsPagesIsFailedPrecondition) {
-  EXPECT_THAT(KvWorker::Create(client_.get(), "kv_only", &TinyHybridModel()),
+  EXPECT_THAT(KvWorker::Create(client_, "kv_only", &TinyHybridModel()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("'kv_only'"), HasSubstr("\"state\""),
                              HasSubstr(TinyGeometry().parts))));
-  EXPECT_THAT(KvWorker::Create(client_.get(), "short_state", &TinyHybridModel()),
+  EXPECT_THAT(KvWorker::Create(client_, "short_state", &TinyHybridModel()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr(absl::StrCat("at least ", TinyGeometry().state_bytes))));
-  EXPECT_THAT(KvWorker::Create(client_.get(), "hybrid", &TinyHybridModel(), 0),
+  EXPECT_THAT(KvWorker::Create(client_, "hybrid", &TinyHybridModel(), 0),
               StatusIs(absl::StatusCode::kInvalidArgument));
   // The Qwen3-MoE model on the hybrid pool: another layout.
-  EXPECT_THAT(KvWorker::Create(client_.get(), "hybrid", &testing::TinyModel()),
+  EXPECT_THAT(KvWorker::Create(client_, "hybrid", &testing::TinyModel()),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("laid out for")));
 }
 
