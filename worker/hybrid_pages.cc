@@ -55,7 +55,7 @@ absl::StatusOr<HybridPages> HybridPagesIn(const Qwen3NextConfig& config, absl::s
   auto mismatch = [&](absl::string_view what) {
     return absl::FailedPreconditionError(
         absl::StrCat("pool '", pool, "' does not hold the hybrid model's pages: ", what,
-                     "; declare it with", wanted));
+                     "; declare it as '", pool, wanted, "'"));
   };
   if (layout.num_kv_heads != kv_layout.num_kv_heads || layout.head_dim != kv_layout.head_dim) {
     return mismatch(absl::StrCat("it has ", layout.num_kv_heads, " KV heads of dim ",

@@ -98,11 +98,11 @@ absl::StatusOr<GenerationResult> KvWorker::Generate(absl::Span<const uint32_t> p
     return absl::FailedPreconditionError(
         "the daemon restarted since the pool was mapped; create a new worker");
   }
-  // The hybrid restores KV and the state at the endpoint: the daemon ends the hit at a page that
-  // holds both. (The pool's only parts are kv and state, so this is every part.)
-  static const std::vector<std::string> kEveryPart;
+  // Every part is restored: for the hybrid, KV and the state at the endpoint, so the daemon ends
+  // the hit at a page that holds both.
   ASSIGN_OR_RETURN(KvCacheClient::Sequence sequence,
-                   client_->OpenSequence(pool_, prompt, cache_salt, {}, 0, kEveryPart));
+                   client_->OpenSequence(pool_, prompt, cache_salt, {}, /*max_load_ms=*/0,
+                                         /*restore_parts=*/{}));
   absl::StatusOr<GenerationResult> result =
       Run(sequence, prompt, max_new_tokens, sampler, after_prefill);
   if (result.ok()) {
@@ -136,7 +136,7 @@ absl::StatusOr<GenerationResult> KvWorker::Run(const KvCacheClient::Sequence& se
   // The cached blocks' masks; the hybrid's commits append those of the blocks written here.
   std::vector<uint32_t> masks = sequence.part_masks;
   if (hybrid_ != nullptr) {
-    masks.resize(cached / block_size);
+    masks.resize(cached / block_size, hybrid_->pages.kv_mask);
     const uint8_t* endpoint_page =
         cached == 0 ? nullptr : mapped_->Block(table[cached / block_size - 1]);
     RETURN_IF_ERROR(RestoreHybridState(hybrid_->pages, endpoint_page, cached, hybrid_->state));
