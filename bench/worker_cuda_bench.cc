@@ -62,6 +62,35 @@ class DevicePool {
   uint8_t* data_ = nullptr;
 };
 
+// One sequence's KV twice, blocks 0, 1, ... of `layout` for `positions` tokens: a zero host pool
+// for the CPU model and a zero device pool for the GPU model.
+struct BenchPools {
+  BenchPools(const PoolLayout& pool_layout, uint32_t positions)
+      : layout(pool_layout),
+        table((positions + layout.block_size - 1) / layout.block_size),
+        host(uint64_t{table.size()} * layout.BlockBytes(), 0),
+        device(host.size()) {
+    for (uint32_t i = 0; i < table.size(); ++i) table[i] = i;
+  }
+  PagedKv HostKv() { return PagedKv(host.data(), layout, table, table.size()); }
+  DevicePagedKv DeviceKv() const {
+    return DevicePagedKv{device.data(), layout, table, table.size()};
+  }
+
+  const PoolLayout layout;
+  std::vector<uint32_t> table;
+  std::vector<uint8_t> host;
+  DevicePool device;  // data() is null when the allocation failed
+};
+
+// kPromptTokens pseudo-random tokens below `vocab_size`, the same every run.
+std::vector<uint32_t> RandomPrompt(uint32_t vocab_size) {
+  std::mt19937 rng(7);
+  std::vector<uint32_t> prompt(kPromptTokens);
+  for (uint32_t& token : prompt) token = rng() % vocab_size;
+  return prompt;
+}
+
 // Greedy decoding of kDecodeTokens after a prefilled prompt; returns the tokens, times the loop.
 template <typename ForwardFn>
 bool Decode(ForwardFn forward, std::vector<float> logits, std::vector<uint32_t>& tokens,
@@ -82,20 +111,14 @@ bool Decode(ForwardFn forward, std::vector<float> logits, std::vector<uint32_t>&
 
 int Run(const Qwen3MoeModel& model, CudaQwen3MoeModel& gpu, int reps) {
   const PoolLayout layout = model.KvLayout(kBlockSize, DType::kBFloat16);
-  const uint32_t blocks = (kPromptTokens + kDecodeTokens + kBlockSize - 1) / kBlockSize;
-  std::vector<uint32_t> table(blocks);
-  for (uint32_t i = 0; i < blocks; ++i) table[i] = i;
-  std::vector<uint8_t> host_pool(uint64_t{blocks} * layout.BlockBytes(), 0);
-  DevicePool device_pool(host_pool.size());
-  if (device_pool.data() == nullptr) {
+  BenchPools pools(layout, kPromptTokens + kDecodeTokens);
+  if (pools.device.data() == nullptr) {
     std::fprintf(stderr, "cannot allocate the device pool\n");
     return 1;
   }
-  PagedKv host_kv(host_pool.data(), layout, table, blocks);
-  const DevicePagedKv device_kv{device_pool.data(), layout, table, blocks};
-  std::mt19937 rng(7);
-  std::vector<uint32_t> prompt(kPromptTokens);
-  for (uint32_t& token : prompt) token = rng() % model.config().vocab_size;
+  PagedKv host_kv = pools.HostKv();
+  const DevicePagedKv device_kv = pools.DeviceKv();
+  const std::vector<uint32_t> prompt = RandomPrompt(model.config().vocab_size);
 
   // Prefill, CPU and GPU alternating within each repetition so that they share the machine's
   // noise; repetition 0 warms the GPU (allocation of scratch buffers, module loading).
@@ -163,20 +186,14 @@ int RunHybrid(const std::string& checkpoint, int reps) {
     return 1;
   }
   const PoolLayout layout = model->KvLayout(kBlockSize, DType::kBFloat16);
-  const uint32_t blocks = (kPromptTokens + kBlockSize - 1) / kBlockSize;
-  std::vector<uint32_t> table(blocks);
-  for (uint32_t i = 0; i < blocks; ++i) table[i] = i;
-  std::vector<uint8_t> host_pool(uint64_t{blocks} * layout.BlockBytes(), 0);
-  DevicePool device_pool(host_pool.size());
-  if (device_pool.data() == nullptr) {
+  BenchPools pools(layout, kPromptTokens);
+  if (pools.device.data() == nullptr) {
     std::fprintf(stderr, "cannot allocate the device pool\n");
     return 1;
   }
-  PagedKv host_kv(host_pool.data(), layout, table, blocks);
-  const DevicePagedKv device_kv{device_pool.data(), layout, table, blocks};
-  std::mt19937 rng(7);
-  std::vector<uint32_t> prompt(kPromptTokens);
-  for (uint32_t& token : prompt) token = rng() % model->config().base.vocab_size;
+  PagedKv host_kv = pools.HostKv();
+  const DevicePagedKv device_kv = pools.DeviceKv();
+  const std::vector<uint32_t> prompt = RandomPrompt(model->config().base.vocab_size);
   const std::vector<uint8_t> zero_state(LinearAttentionState::StateBytes(model->config()), 0);
   LinearAttentionState cpu_state = model->NewState();
   std::vector<absl::Duration> cpu_times, gpu_times;
