@@ -1,10 +1,12 @@
 // Prefill time saved by prefix hits: prompts whose first 0%, 50% or 90% is already in the daemon's
 // pool, next to a cold in-process run of the same length; then the same 90% prefix served from
 // each tier (tier 1, the pool; tier 2, host memory; tier 3, disk) next to recomputing it; plus
-// decode tokens/s — all ratios measured in one run, on the CPU path.
+// decode tokens/s — all ratios measured in one run, on the CPU path. With a hybrid checkpoint
+// (Qwen3-Next, scripts/make_tiny_checkpoint.py --variant hybrid) also the hybrid's prefill at
+// 0/50/90% cached, its KV and state restored from pages of [kv | state], and the bytes of each.
 // Exits 1 at the first failed call or a prefix not served from its tier; KVCACHE_BENCH_SMOKE=1
 // runs one 128-token prompt (bench/bench_run.h).
-// Usage: worker_bench CHECKPOINT_DIR [reps]
+// Usage: worker_bench CHECKPOINT_DIR [reps [HYBRID_CHECKPOINT_DIR]]
 // The tests' tiny model (hidden 64) spends most of a long prefill in attention, which a cached
 // prefix saves least; a wider one (scripts/make_tiny_checkpoint.py OUT --hidden 512
 // --moe_intermediate 512 --layers 2) has the projection-dominated profile of real MoE models.
@@ -20,10 +22,13 @@
 
 #include "absl/time/clock.h"
 #include "bench/bench_run.h"
+#include "cache/pool_spec.h"
 #include "common/status_macros.h"
 #include "server/daemon.h"
 #include "tiers/record_codec.h"
+#include "worker/hybrid_pages.h"
 #include "worker/kv_worker.h"
+#include "worker/worker_model.h"
 
 namespace kvcache::worker {
 namespace {
@@ -43,7 +48,7 @@ std::vector<uint32_t> Tokens(uint32_t seed, size_t n) {
 }
 
 // Prefill of a `prompt_tokens` prompt cold in-process and through the daemon at 0/50/90% cached.
-int PrefillTable(const Qwen3MoeModel& model, KvWorker& worker, uint32_t prompt_tokens, int reps) {
+int PrefillTable(const WorkerModel& model, KvWorker& worker, uint32_t prompt_tokens, int reps) {
   // Cold and cached runs alternate within each repetition so that they share the machine's noise.
   const std::vector<double> fractions = {0.0, 0.5, 0.9};
   std::vector<absl::Duration> cold;
@@ -52,8 +57,8 @@ int PrefillTable(const Qwen3MoeModel& model, KvWorker& worker, uint32_t prompt_t
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms every shared prefix into the cache
     Sampler cold_sampler = Sampler::Greedy();
     absl::StatusOr<GenerationResult> reference =
-        GenerateCold(model, Tokens(prompt_tokens * 100000 + rep, prompt_tokens), 1, cold_sampler,
-                     kBlockSize, DType::kBFloat16);
+        model.GenerateCold(Tokens(prompt_tokens * 100000 + rep, prompt_tokens), 1, cold_sampler,
+                           kBlockSize, DType::kBFloat16);
     if (!reference.ok()) {
       std::fprintf(stderr, "cold run: %s\n", reference.status().ToString().c_str());
       return 1;
@@ -77,8 +82,8 @@ int PrefillTable(const Qwen3MoeModel& model, KvWorker& worker, uint32_t prompt_t
     }
   }
   const double cold_ms = MedianMs(cold);
-  std::printf("prefill of a %u-token prompt, tiny Qwen3-MoE on the CPU, median of %d\n",
-              prompt_tokens, reps);
+  std::printf("prefill of a %u-token prompt, tiny %s on the CPU, median of %d\n", prompt_tokens,
+              model.hybrid() ? "Qwen3-Next hybrid (KV + state)" : "Qwen3-MoE", reps);
   std::printf("%-22s %10s %10s %12s\n", "", "computed", "ms", "vs cold");
   std::printf("%-22s %10u %10.2f %11.2fx\n", "cold, in-process", prompt_tokens, cold_ms, 1.0);
   for (size_t f = 0; f < fractions.size(); ++f) {
@@ -258,12 +263,63 @@ struct RemovedOnExit {
   const std::string path;
 };
 
-int Main(const std::string& checkpoint, int reps) {
-  absl::StatusOr<Qwen3MoeModel> model = Qwen3MoeModel::Load(checkpoint);
-  if (!model.ok()) {
-    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+// The hybrid's rows: its pool's page bytes, then prefill at 0/50/90% cached vs cold.
+int HybridTable(const std::string& checkpoint, int reps) {
+  absl::StatusOr<WorkerModel> model = WorkerModel::Load(checkpoint);
+  if (!model.ok() || !model->hybrid()) {
+    std::fprintf(stderr, "%s: %s\n", checkpoint.c_str(),
+                 model.ok() ? "not a hybrid checkpoint" : model.status().ToString().c_str());
     return 1;
   }
+  char dir[] = "/tmp/kvcache-worker-bench-hybrid-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return 1;
+  const RemovedOnExit removed(dir);
+  const HybridPoolGeometry geometry =
+      HybridPoolGeometryFor(model->hybrid_model().config(), kBlockSize, DType::kBFloat16);
+  absl::StatusOr<PoolOptions> pool =
+      ParsePoolSpec("next:model=tiny-next" + geometry.SpecFields() + ":blocks=2048");
+  if (!pool.ok()) {
+    std::fprintf(stderr, "hybrid pool: %s\n", pool.status().ToString().c_str());
+    return 1;
+  }
+  DaemonOptions options;
+  options.listen = std::string("unix://") + dir + "/kv.sock";
+  options.pools.push_back(*pool);
+  auto daemon = Daemon::Start(options);
+  auto client = KvCacheClient::Connect(options.listen);
+  if (!daemon.ok() || !client.ok() || !(*client)->OpenSession("", "worker_bench").ok()) {
+    std::fprintf(stderr, "cannot start the hybrid daemon or connect\n");
+    return 1;
+  }
+  auto worker = model->CreateWorker(client->get(), "next");
+  if (!worker.ok()) {
+    std::fprintf(stderr, "%s\n", worker.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "hybrid page of %u tokens: KV %llu bytes (%u full-attention layers), state %llu bytes "
+      "(%u linear-attention layers; part padded to %llu), state/KV %.2fx\n",
+      kBlockSize, static_cast<unsigned long long>(geometry.kv_bytes), geometry.kv_layout.num_layers,
+      static_cast<unsigned long long>(geometry.state_bytes),
+      model->hybrid_model().config().base.num_hidden_layers - geometry.kv_layout.num_layers,
+      static_cast<unsigned long long>(geometry.state_part_bytes),
+      static_cast<double>(geometry.state_bytes) / geometry.kv_bytes);
+  for (uint32_t prompt_tokens : bench::FullOrSmoke<std::vector<uint32_t>>({512}, {128})) {
+    if (PrefillTable(*model, **worker, prompt_tokens, reps) != 0) return 1;
+  }
+  (*client)->CloseSession().IgnoreError();
+  return 0;
+}
+
+int Main(const std::string& checkpoint, int reps, const std::string& hybrid_checkpoint) {
+  absl::StatusOr<WorkerModel> loaded = WorkerModel::Load(checkpoint);
+  if (!loaded.ok() || loaded->hybrid()) {
+    std::fprintf(
+        stderr, "%s: %s\n", checkpoint.c_str(),
+        loaded.ok() ? "give the Qwen3-MoE checkpoint first" : loaded.status().ToString().c_str());
+    return 1;
+  }
+  const Qwen3MoeModel* model = &loaded->moe_model();
   char dir[] = "/tmp/kvcache-worker-bench-XXXXXX";
   if (mkdtemp(dir) == nullptr) return 1;
   // Declared before the daemon, so destroyed after it: the socket and the tier file go on every
@@ -285,8 +341,8 @@ int Main(const std::string& checkpoint, int reps) {
     std::fprintf(stderr, "cannot start the daemon or connect\n");
     return 1;
   }
-  auto worker = KvWorker::Create(client->get(), "qwen", &*model);
-  auto tier_worker = KvWorker::Create(client->get(), "qwen_tiers", &*model);
+  auto worker = KvWorker::Create(client->get(), "qwen", model);
+  auto tier_worker = KvWorker::Create(client->get(), "qwen_tiers", model);
   auto tier_pool = (*daemon)->manager().FindPool("qwen_tiers");
   if (!worker.ok() || !tier_worker.ok() || !tier_pool.ok()) {
     std::fprintf(stderr, "cannot create the workers or find the tier pool\n");
@@ -299,8 +355,10 @@ int Main(const std::string& checkpoint, int reps) {
   const std::vector<uint32_t> prompt_lengths =
       bench::FullOrSmoke<std::vector<uint32_t>>({512, 1024}, {128});
   for (uint32_t prompt_tokens : prompt_lengths) {
-    if (PrefillTable(*model, **worker, prompt_tokens, reps) != 0) return 1;
+    if (PrefillTable(*loaded, **worker, prompt_tokens, reps) != 0) return 1;
   }
+  // The hybrid's rows beside Qwen3-MoE's, in their own daemon (its pool is laid out for it).
+  if (!hybrid_checkpoint.empty() && HybridTable(hybrid_checkpoint, reps) != 0) return 1;
   TierPlacer placer(**client, **tier_pool);
   for (uint32_t prompt_tokens : prompt_lengths) {
     if (TierTable(**tier_worker, placer, **tier_pool, prompt_tokens, reps) != 0) return 1;
@@ -330,8 +388,8 @@ int Main(const std::string& checkpoint, int reps) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: worker_bench CHECKPOINT_DIR [reps]\n");
+    std::fprintf(stderr, "usage: worker_bench CHECKPOINT_DIR [reps [HYBRID_CHECKPOINT_DIR]]\n");
     return 2;
   }
-  return kvcache::worker::Main(argv[1], argc > 2 ? std::atoi(argv[2]) : 5);
+  return kvcache::worker::Main(argv[1], argc > 2 ? std::atoi(argv[2]) : 5, argc > 3 ? argv[3] : "");
 }

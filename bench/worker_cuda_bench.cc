@@ -1,7 +1,10 @@
 // The worker model on the GPU (model/cuda/qwen3_moe_cuda.h) against the CPU model, in one run:
 // 512-token prefill time and greedy decode tokens/s, each as a ratio GPU vs CPU, with the KV in
 // a bf16 paged pool (device memory for the GPU, host memory for the CPU).
-// Usage: worker_cuda_bench CHECKPOINT_DIR [reps]
+// With a hybrid checkpoint (Qwen3-Next) as third argument, also the hybrid's 512-token prefill on
+// the GPU (model/cuda/qwen3_next_cuda.h, its state in a DeviceLinearAttentionState) vs the CPU,
+// and its state bytes per page vs its KV bytes per page.
+// Usage: worker_cuda_bench CHECKPOINT_DIR [reps [HYBRID_CHECKPOINT_DIR]]
 // Exits 1 on an error; without a CUDA device it says so and exits 77, skipped
 // (bench/bench_run.h). The tests' tiny model is
 // launch-bound on a GPU; a wider one (scripts/make_tiny_checkpoint.py OUT --hidden 512
@@ -19,8 +22,12 @@
 #include "absl/time/time.h"
 #include "bench/bench_run.h"
 #include "common/cuda/cuda_device.h"
+#include "model/cuda/device_linear_state.h"
 #include "model/cuda/qwen3_moe_cuda.h"
+#include "model/cuda/qwen3_next_cuda.h"
+#include "model/linear_attention_state.h"
 #include "model/qwen3_moe.h"
+#include "model/qwen3_next.h"
 #include "model/sampler.h"
 
 namespace kvcache::worker {
@@ -55,6 +62,35 @@ class DevicePool {
   uint8_t* data_ = nullptr;
 };
 
+// One sequence's KV twice, blocks 0, 1, ... of `layout` for `positions` tokens: a zero host pool
+// for the CPU model and a zero device pool for the GPU model.
+struct BenchPools {
+  BenchPools(const PoolLayout& pool_layout, uint32_t positions)
+      : layout(pool_layout),
+        table((positions + layout.block_size - 1) / layout.block_size),
+        host(uint64_t{table.size()} * layout.BlockBytes(), 0),
+        device(host.size()) {
+    for (uint32_t i = 0; i < table.size(); ++i) table[i] = i;
+  }
+  PagedKv HostKv() { return PagedKv(host.data(), layout, table, table.size()); }
+  DevicePagedKv DeviceKv() const {
+    return DevicePagedKv{device.data(), layout, table, table.size()};
+  }
+
+  const PoolLayout layout;
+  std::vector<uint32_t> table;
+  std::vector<uint8_t> host;
+  DevicePool device;  // data() is null when the allocation failed
+};
+
+// kPromptTokens pseudo-random tokens below `vocab_size`, the same every run.
+std::vector<uint32_t> RandomPrompt(uint32_t vocab_size) {
+  std::mt19937 rng(7);
+  std::vector<uint32_t> prompt(kPromptTokens);
+  for (uint32_t& token : prompt) token = rng() % vocab_size;
+  return prompt;
+}
+
 // Greedy decoding of kDecodeTokens after a prefilled prompt; returns the tokens, times the loop.
 template <typename ForwardFn>
 bool Decode(ForwardFn forward, std::vector<float> logits, std::vector<uint32_t>& tokens,
@@ -75,20 +111,14 @@ bool Decode(ForwardFn forward, std::vector<float> logits, std::vector<uint32_t>&
 
 int Run(const Qwen3MoeModel& model, CudaQwen3MoeModel& gpu, int reps) {
   const PoolLayout layout = model.KvLayout(kBlockSize, DType::kBFloat16);
-  const uint32_t blocks = (kPromptTokens + kDecodeTokens + kBlockSize - 1) / kBlockSize;
-  std::vector<uint32_t> table(blocks);
-  for (uint32_t i = 0; i < blocks; ++i) table[i] = i;
-  std::vector<uint8_t> host_pool(uint64_t{blocks} * layout.BlockBytes(), 0);
-  DevicePool device_pool(host_pool.size());
-  if (device_pool.data() == nullptr) {
+  BenchPools pools(layout, kPromptTokens + kDecodeTokens);
+  if (pools.device.data() == nullptr) {
     std::fprintf(stderr, "cannot allocate the device pool\n");
     return 1;
   }
-  PagedKv host_kv(host_pool.data(), layout, table, blocks);
-  const DevicePagedKv device_kv{device_pool.data(), layout, table, blocks};
-  std::mt19937 rng(7);
-  std::vector<uint32_t> prompt(kPromptTokens);
-  for (uint32_t& token : prompt) token = rng() % model.config().vocab_size;
+  PagedKv host_kv = pools.HostKv();
+  const DevicePagedKv device_kv = pools.DeviceKv();
+  const std::vector<uint32_t> prompt = RandomPrompt(model.config().vocab_size);
 
   // Prefill, CPU and GPU alternating within each repetition so that they share the machine's
   // noise; repetition 0 warms the GPU (allocation of scratch buffers, module loading).
@@ -139,7 +169,67 @@ int Run(const Qwen3MoeModel& model, CudaQwen3MoeModel& gpu, int reps) {
   return 0;
 }
 
-int Main(const std::string& checkpoint, int reps) {
+// The hybrid's prefill of kPromptTokens from a zero state, CPU vs GPU; each repetition restarts
+// both states at 0 (and overwrites the same pool slots).
+int RunHybrid(const std::string& checkpoint, int reps) {
+  absl::StatusOr<Qwen3NextModel> model = Qwen3NextModel::Load(checkpoint);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<CudaQwen3NextModel> gpu = CudaQwen3NextModel::Create(*model, 0);
+  absl::StatusOr<DeviceLinearAttentionState> gpu_state =
+      DeviceLinearAttentionState::Create(0, model->config());
+  if (!gpu.ok() || !gpu_state.ok()) {
+    std::fprintf(stderr, "%s / %s\n", gpu.status().ToString().c_str(),
+                 gpu_state.status().ToString().c_str());
+    return 1;
+  }
+  const PoolLayout layout = model->KvLayout(kBlockSize, DType::kBFloat16);
+  BenchPools pools(layout, kPromptTokens);
+  if (pools.device.data() == nullptr) {
+    std::fprintf(stderr, "cannot allocate the device pool\n");
+    return 1;
+  }
+  PagedKv host_kv = pools.HostKv();
+  const DevicePagedKv device_kv = pools.DeviceKv();
+  const std::vector<uint32_t> prompt = RandomPrompt(model->config().base.vocab_size);
+  const std::vector<uint8_t> zero_state(LinearAttentionState::StateBytes(model->config()), 0);
+  LinearAttentionState cpu_state = model->NewState();
+  std::vector<absl::Duration> cpu_times, gpu_times;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms the GPU
+    cpu_state.Reset();
+    absl::Time start = absl::Now();
+    absl::StatusOr<std::vector<float>> cpu_logits = model->Forward(prompt, 0, host_kv, cpu_state);
+    const absl::Duration cpu = absl::Now() - start;
+    const absl::Status reset = gpu_state->RestoreFrom(zero_state, 0, nullptr);
+    start = absl::Now();
+    absl::StatusOr<std::vector<float>> gpu_logits =
+        reset.ok() ? gpu->Forward(prompt, 0, device_kv, *gpu_state) : reset;
+    const absl::Duration gpu_time = absl::Now() - start;
+    if (!cpu_logits.ok() || !gpu_logits.ok()) {
+      std::fprintf(stderr, "hybrid prefill: %s / %s\n", cpu_logits.status().ToString().c_str(),
+                   gpu_logits.status().ToString().c_str());
+      return 1;
+    }
+    if (rep == 0) continue;
+    cpu_times.push_back(cpu);
+    gpu_times.push_back(gpu_time);
+  }
+  const double cpu_ms = MedianMs(cpu_times);
+  const double gpu_ms = MedianMs(gpu_times);
+  std::printf("Qwen3-Next hybrid worker model, bf16 paged KV + float32 state, median of %d\n",
+              reps);
+  std::printf("%-34s %10.2fms %10.2fms %9.1fx\n", "prefill, 512 tokens (time)", cpu_ms, gpu_ms,
+              cpu_ms / gpu_ms);
+  std::printf("state bytes per page %llu, KV bytes per page %llu (%.2fx)\n",
+              static_cast<unsigned long long>(gpu_state->StateBytes()),
+              static_cast<unsigned long long>(layout.BlockBytes()),
+              static_cast<double>(gpu_state->StateBytes()) / layout.BlockBytes());
+  return 0;
+}
+
+int Main(const std::string& checkpoint, int reps, const std::string& hybrid_checkpoint) {
   absl::StatusOr<Qwen3MoeModel> model = Qwen3MoeModel::Load(checkpoint);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
@@ -154,7 +244,8 @@ int Main(const std::string& checkpoint, int reps) {
     std::fprintf(stderr, "%s\n", gpu.status().ToString().c_str());
     return 1;
   }
-  return Run(*model, *gpu, reps);
+  if (const int failed = Run(*model, *gpu, reps); failed != 0) return failed;
+  return hybrid_checkpoint.empty() ? 0 : RunHybrid(hybrid_checkpoint, reps);
 }
 
 }  // namespace
@@ -162,9 +253,9 @@ int Main(const std::string& checkpoint, int reps) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CHECKPOINT_DIR [reps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CHECKPOINT_DIR [reps [HYBRID_CHECKPOINT_DIR]]\n", argv[0]);
     return 2;
   }
   const int reps = argc > 2 ? std::max(1, atoi(argv[2])) : 5;
-  return kvcache::worker::Main(argv[1], reps);
+  return kvcache::worker::Main(argv[1], reps, argc > 3 ? argv[3] : "");
 }

@@ -110,6 +110,8 @@ absl::StatusOr<uint32_t> CacheManager::CloseSession(uint64_t session_id, uint64_
 size_t CacheManager::ExpireSessions() {
   const std::vector<std::shared_ptr<Session>> expired = sessions_.TakeExpired();
   for (const auto& session : expired) ReleaseSessionEverywhere(*session);
+  // Pins end on the same timer (an atomic read per pool while none has expired).
+  for (const auto& pool : pools_) pool->ExpirePins();
   return expired.size();
 }
 

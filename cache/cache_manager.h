@@ -77,7 +77,8 @@ class CacheManager {
   // session is PERMISSION_DENIED and stays open.
   absl::StatusOr<uint32_t> CloseSession(uint64_t session_id, uint64_t epoch,
                                         absl::string_view principal);
-  // Releases the sequences of every session whose lease has expired; returns how many sessions.
+  // Releases the sequences of every session whose lease has expired, and the pins whose TTL has
+  // passed (Pool::ExpirePins); returns how many sessions.
   size_t ExpireSessions();
 
   // Runs ExpireSessions every `period` on a background thread until the manager is destroyed.

@@ -87,6 +87,7 @@ Pool::Pool(const PoolOptions& options, uint32_t pool_index, std::unique_ptr<Pool
            const Clock* clock, std::unique_ptr<LowerTiers> tiers)
     : options_(options),
       parts_(options.parts.empty() ? SinglePagePart(options.layout.BlockBytes()) : options.parts),
+      token_parts_(!options.parts.empty()),
       pool_index_(pool_index),
       layout_fingerprint_(options.layout.Fingerprint()),
       memory_(std::move(memory)),
@@ -361,28 +362,67 @@ void Pool::HashNewBlocks(Sequence* sequence) const {
         same_for_every_block ? shared_digest
                              : hasher.ExtrasDigest(sequence->extras, start, start + block_size));
   }
+  if (token_parts_) {
+    // Until a commit says otherwise, a block holds every part.
+    const uint32_t all_parts = AllPartsMask(parts_.size());
+    for (size_t i = first_new; i < sequence->chain.size(); ++i) {
+      sequence->extras_digests[i] = WithPartMask(sequence->extras_digests[i], all_parts);
+    }
+  }
 }
 
-std::vector<BlockId> Pool::WalkLocked(const Sequence& sequence, size_t max_blocks) const {
+uint64_t Pool::ExpectedExtrasLocked(uint64_t ours, BlockId indexed) const {
+  if (!token_parts_ || indexed == kNoBlock) return ours;
+  const uint64_t theirs = pool_.IdentityOf(indexed).extras_digest;
+  return SameExtraKeys(ours, theirs) ? theirs : ours;
+}
+
+void Pool::ExpectAnyPartsFrom(Sequence* sequence, size_t first) const {
+  for (size_t i = first; i < sequence->extras_digests.size(); ++i) {
+    sequence->extras_digests[i] = kAnyPartMask;
+  }
+}
+
+size_t Pool::RestorableBlocks(const Sequence& sequence, absl::Span<const uint64_t> own,
+                              size_t found, uint32_t wanted) const {
+  // A record learned below with other extra keys (a prefix-digest collision) ends the hit.
+  size_t kept = 0;
+  while (kept < found && SameExtraKeys(sequence.extras_digests[kept], own[kept])) ++kept;
+  return RestorablePages(parts_, wanted, PartMasksOf(sequence, kept));
+}
+
+std::vector<uint32_t> Pool::PartMasksOf(const Sequence& sequence, size_t blocks) const {
+  std::vector<uint32_t> masks(blocks);
+  for (size_t i = 0; i < blocks; ++i) masks[i] = PartMaskIn(sequence.extras_digests[i]);
+  return masks;
+}
+
+std::vector<BlockId> Pool::WalkLocked(Sequence* sequence, size_t max_blocks) const {
   std::vector<BlockId> hits;
-  const size_t limit = std::min(max_blocks, sequence.chain.size());
+  const size_t limit = std::min(max_blocks, sequence->chain.size());
+  const bool learn_parts = token_parts_;
   for (size_t i = 0; i < limit; ++i) {
-    const BlockIdentity expected{
-        .hash = sequence.chain[i],
-        .parent_hash = i == 0 ? sequence.root : sequence.chain[i - 1],
+    BlockIdentity expected{
+        .hash = sequence->chain[i],
+        .parent_hash = i == 0 ? sequence->root : sequence->chain[i - 1],
         .parent_block = i == 0 ? kNoBlock : hits.back(),
-        .extras_digest = sequence.extras_digests[i],
-        .namespace_digest = sequence.namespace_digest,
-        .prefix_digest = sequence.prefix_digests[i],
+        .extras_digest = sequence->extras_digests[i],
+        .namespace_digest = sequence->namespace_digest,
+        .prefix_digest = sequence->prefix_digests[i],
     };
+    if (learn_parts) {
+      expected.extras_digest =
+          ExpectedExtrasLocked(expected.extras_digest, pool_.Indexed(expected.hash));
+    }
     const BlockId block =
-        pool_.FindVerified(expected, BlockTokens(sequence.tokens, i, options_.layout.block_size));
+        pool_.FindVerified(expected, BlockTokens(sequence->tokens, i, options_.layout.block_size));
     if (block == kNoBlock) {
       if (pool_.Indexed(expected.hash) != kNoBlock) {
         collisions_caught_.fetch_add(1, std::memory_order_relaxed);
       }
       break;
     }
+    if (learn_parts) sequence->extras_digests[i] = expected.extras_digest;
     hits.push_back(block);
   }
   return hits;
@@ -400,7 +440,7 @@ BlockId Pool::IndexedOwnPrefixLocked(const Sequence& sequence, size_t i) const {
         .hash = sequence.chain[j],
         .parent_hash = j == 0 ? sequence.root : sequence.chain[j - 1],
         .parent_block = pool_.ParentOf(block),
-        .extras_digest = sequence.extras_digests[j],
+        .extras_digest = ExpectedExtrasLocked(sequence.extras_digests[j], block),
         .namespace_digest = sequence.namespace_digest,
         .prefix_digest = sequence.prefix_digests[j],
     };
@@ -489,6 +529,11 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
   const size_t max_hit_blocks =
       mode == OpenMode::kCompute ? (spec.tokens.size() - 1) / block_size : total_blocks;
   std::vector<BelowRecord> below;  // tier-2 and tier-3 records continuing the tier-1 hits
+  // With declared parts: the hit rule's parts, and the sequence's own extras digests, which the
+  // walk and the probe overwrite with what they find.
+  const uint32_t wanted = wanted_parts(spec);
+  std::vector<uint64_t> own;
+  if (token_parts_) own = sequence->extras_digests;
   size_t num_hits = 0;
   size_t cluster_end = 0;  // records the cluster is asked for, after `below`'s (none: 0)
   const size_t requested_blocks = total_blocks;
@@ -501,12 +546,28 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       return absl::AbortedError(absl::StrCat("session ", session.id, " has ended"));
     }
     const PoolTicks now = NowTicks();
-    std::vector<BlockId> hits = WalkLocked(*sequence, max_hit_blocks);
+    if (token_parts_) sequence->extras_digests = own;  // a pass-down's retry learns again
+    std::vector<BlockId> hits = WalkLocked(sequence.get(), max_hit_blocks);
     num_hits = hits.size();
-    size_t evictable_hits = 0;
-    for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
+    if (token_parts_) ExpectAnyPartsFrom(sequence.get(), num_hits);
     below = tiers_->Probe([&](size_t i) { return ExpectedRecord(*sequence, num_hits + i); },
                           max_hit_blocks - num_hits);
+    // Whether every block found restores (the walk may then go on in the cluster).
+    bool all_restore = true;
+    if (token_parts_) {
+      for (size_t i = 0; i < below.size(); ++i) {
+        sequence->extras_digests[num_hits + i] = below[i].expected.extras_digest;
+      }
+      const size_t found = num_hits + below.size();
+      const size_t end = RestorableBlocks(*sequence, own, found, wanted);
+      all_restore = end == found;
+      // Blocks past the endpoint are computed: neither held nor loaded.
+      if (end < num_hits) hits.resize(end);
+      num_hits = hits.size();
+      below.resize(end - num_hits);
+    }
+    size_t evictable_hits = 0;
+    for (BlockId block : hits) evictable_hits += pool_.IsEvictable(block) ? 1 : 0;
     if (mode == OpenMode::kPinCached) {
       // A read loads only into blocks it can have without failing.
       const size_t available = pool_.num_free() + pool_.num_evictable() - evictable_hits;
@@ -544,12 +605,13 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
     ReportEvictionsLocked();
     // The cluster is asked only by a compute open whose walk may go on past what the node has:
     // its fresh blocks are where the cluster's blocks land.
-    if (tiers_->has_cluster() && mode == OpenMode::kCompute &&
+    if (tiers_->has_cluster() && mode == OpenMode::kCompute && all_restore &&
         num_hits + below.size() < max_hit_blocks) {
       cluster_end = max_hit_blocks - num_hits;
     }
     if (below.empty() && cluster_end == 0) {
-      return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, {});
+      return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, {}, wanted,
+                              own, below);
     }
     loading_.insert(sequence.get());
     break;
@@ -560,13 +622,18 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       absl::MakeConstSpan(sequence->blocks).subspan(num_hits), spec.max_load_ms);
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(EndLoadLocked(session, *sequence, "open"));
-  return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded);
+  return FinishOpenLocked(std::move(sequence), spec.tokens.size(), mode, num_hits, loaded, wanted,
+                          own, below);
 }
 
 OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                      OpenMode mode, size_t num_hits, TierLoaded loaded) {
+                                      OpenMode mode, size_t num_hits, TierLoaded loaded,
+                                      uint32_t wanted, absl::Span<const uint64_t> own,
+                                      absl::Span<const BelowRecord> below) {
   const uint32_t block_size = options_.layout.block_size;
-  const size_t cached = num_hits + loaded.total();
+  size_t cached = num_hits + loaded.total();
+  if (token_parts_)
+    ApplyHitRuleToLoadLocked(sequence.get(), mode, wanted, own, below, &num_hits, &loaded, &cached);
   if (mode == OpenMode::kPinCached) {
     // A read returns the cached prefix only: blocks whose load did not happen go back.
     const PoolTicks now = NowTicks();
@@ -609,8 +676,50 @@ OpenedSequence Pool::FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t
       .num_host_tier_tokens = static_cast<uint32_t>(loaded.host * block_size),
       .num_disk_tier_tokens = static_cast<uint32_t>(loaded.disk * block_size),
       .num_cluster_tier_tokens = static_cast<uint32_t>(loaded.cluster * block_size)};
+  if (token_parts_) opened.part_masks = PartMasksOf(*sequence, cached);
   opened.sequence_id = AddLocked(std::move(sequence));
   return opened;
+}
+
+void Pool::ApplyHitRuleToLoadLocked(Sequence* sequence, OpenMode mode, uint32_t wanted,
+                                    absl::Span<const uint64_t> own,
+                                    absl::Span<const BelowRecord> below, size_t* num_hits,
+                                    TierLoaded* loaded, size_t* cached) {
+  // The cluster's records tell their parts as they load; then the rule again over what verified.
+  const size_t from_below = loaded->host + loaded->disk;
+  for (size_t j = 0; j < loaded->cluster; ++j) {
+    sequence->extras_digests[*num_hits + from_below + j] = loaded->cluster_extras[j];
+  }
+  const size_t end = RestorableBlocks(*sequence, own, *cached, wanted);
+  if (end < *cached) {
+    // Loaded blocks past the endpoint stay unpublished, fresh for the caller to compute.
+    const size_t kept = end > *num_hits ? end - *num_hits : 0;
+    TierLoaded trimmed;
+    for (size_t j = 0; j < kept && j < from_below; ++j) {
+      ++(below[j].tier == BelowRecord::Tier::kHost ? trimmed.host : trimmed.disk);
+    }
+    trimmed.cluster = kept > from_below ? kept - from_below : 0;
+    trimmed.cluster_extras.assign(loaded->cluster_extras.begin(),
+                                  loaded->cluster_extras.begin() + trimmed.cluster);
+    *loaded = std::move(trimmed);
+    if (end < *num_hits) {
+      // A load that fell short can leave tier-1 hits past the endpoint: they are computed
+      // again, into fresh blocks (a published block is never written). A read releases them.
+      if (mode != OpenMode::kPinCached) {
+        const PoolTicks now = NowTicks();
+        for (size_t i = end; i < *num_hits; ++i) {
+          ReleaseBlockLocked(sequence->blocks[i], now);
+          sequence->blocks[i] = AllocateLocked(sequence->tenant, now);
+        }
+        ReportEvictionsLocked();
+      }
+      *num_hits = end;
+      sequence->committed_blocks = static_cast<uint32_t>(end);
+    }
+    *cached = end;
+  }
+  // Blocks past the hit are the caller's: they hold what its commit will say.
+  for (size_t i = *cached; i < own.size(); ++i) sequence->extras_digests[i] = own[i];
 }
 
 absl::Status Pool::EndLoadLocked(const Session& session, const Sequence& sequence,
@@ -691,9 +800,20 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
 }
 
 absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t sequence_id,
-                                          uint32_t num_written_tokens) {
+                                          uint32_t num_written_tokens,
+                                          absl::Span<const uint32_t> part_masks) {
   // Publishing blocks whose bytes a failed device may never have received would serve them.
   RETURN_IF_ERROR(faults_->status());
+  const uint32_t written_blocks = num_written_tokens / options_.layout.block_size;
+  if (!part_masks.empty()) {
+    if (part_masks.size() != written_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(part_masks.size(), " part masks for a commit of ", num_written_tokens,
+                       " tokens (", written_blocks, " full blocks of ", options_.layout.block_size,
+                       "); want one per full block from block 0"));
+    }
+    RETURN_IF_ERROR(ValidateBlockPartMasks(parts_, part_masks));
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));
   if (sequence->pages) return RefusePageSequence(sequence_id, "CommitSequence");
@@ -702,7 +822,12 @@ absl::StatusOr<CommitResult> Pool::Commit(const Session& session, uint64_t seque
                                                    " tokens but sequence ", sequence_id, " has ",
                                                    sequence->tokens.size()));
   }
-  const uint32_t written_blocks = num_written_tokens / options_.layout.block_size;
+  if (token_parts_ && !part_masks.empty()) {
+    // Blocks committed before keep theirs: a commit is idempotent.
+    for (uint32_t i = sequence->committed_blocks; i < written_blocks; ++i) {
+      sequence->extras_digests[i] = WithPartMask(sequence->extras_digests[i], part_masks[i]);
+    }
+  }
   CommitResult result;
   PublishWrittenLocked(sequence, written_blocks, &result);
   sequence->committed_blocks = std::max(sequence->committed_blocks, written_blocks);
@@ -749,12 +874,21 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
-    if (sequence->pages) SupersedePageLocked(*sequence, i);
+    const auto find_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (sequence->pages) return FindPageLocked(*sequence, i);
+      if (!token_parts_) return pool_.FindVerified(identity, tokens);
+      BlockIdentity any_parts = identity;
+      any_parts.extras_digest =
+          ExpectedExtrasLocked(identity.extras_digest, pool_.Indexed(identity.hash));
+      return pool_.FindVerified(any_parts, tokens);
+    };
+    if (sequence->pages || token_parts_) {
+      SupersedeLocked(find_present(), block, identity.extras_digest);
+    }
     const bool published = pool_.Publish(block, identity, tokens);
     // A hash indexed already is a duplicate when it holds the same content (looked up only
     // then: publishing is the common case).
-    if (!published && (sequence->pages ? FindPageLocked(*sequence, i)
-                                       : pool_.FindVerified(identity, tokens)) == kNoBlock) {
+    if (!published && find_present() == kNoBlock) {
       // The hash is indexed for other content: this block stays private.
       collisions_caught_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -861,24 +995,37 @@ absl::StatusOr<LookupResult> Pool::Lookup(absl::string_view tenant, const Sequen
   // A hit promises bytes this daemon can no longer vouch for or serve.
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidateSequenceKeys(spec.cache_salt, spec.extra_keys, spec.tokens.size()));
+  ExpirePins();
   Sequence probe;
   RETURN_IF_ERROR(SetRoot(tenant, spec.cache_salt, manifest, &probe));
   probe.extras = spec.extra_keys;
   probe.tokens.assign(spec.tokens.begin(), spec.tokens.end());
   HashNewBlocks(&probe);
+  std::vector<uint64_t> own;
+  if (token_parts_) own = probe.extras_digests;
   absl::ReaderMutexLock lock(&mu_);
-  const size_t hits = WalkLocked(probe, probe.chain.size()).size();
-  size_t host = 0, disk = 0;
+  size_t hits = WalkLocked(&probe, probe.chain.size()).size();
+  if (token_parts_) ExpectAnyPartsFrom(&probe, hits);
   const auto record_at = [&](size_t i) { return ExpectedRecord(probe, hits + i); };
-  for (const BelowRecord& record : tiers_->Probe(record_at, probe.chain.size() - hits)) {
-    ++(record.tier == BelowRecord::Tier::kHost ? host : disk);
+  std::vector<BelowRecord> below = tiers_->Probe(record_at, probe.chain.size() - hits);
+  if (token_parts_) {
+    for (size_t i = 0; i < below.size(); ++i) {
+      probe.extras_digests[hits + i] = below[i].expected.extras_digest;
+    }
+    const size_t end = RestorableBlocks(probe, own, hits + below.size(), wanted_parts(spec));
+    hits = std::min(hits, end);
+    below.resize(end - hits);
   }
+  size_t host = 0, disk = 0;
+  for (const BelowRecord& record : below) ++(record.tier == BelowRecord::Tier::kHost ? host : disk);
   const uint32_t block_size = options_.layout.block_size;
   const size_t cached = hits + host + disk;
-  return LookupResult{.num_cached_blocks = static_cast<uint32_t>(cached),
+  LookupResult result{.num_cached_blocks = static_cast<uint32_t>(cached),
                       .num_cached_tokens = static_cast<uint32_t>(cached * block_size),
                       .num_host_tier_tokens = static_cast<uint32_t>(host * block_size),
                       .num_disk_tier_tokens = static_cast<uint32_t>(disk * block_size)};
+  if (token_parts_) result.part_masks = PartMasksOf(probe, cached);
+  return result;
 }
 
 uint32_t Pool::ReleaseSession(uint64_t session_id) {

@@ -55,6 +55,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -125,6 +126,9 @@ struct SequenceSpec {
   // Open only: how long loading matched blocks from lower tiers may take (0: no bound). A load
   // under way when the bound passes completes; what remains is left to compute.
   uint32_t max_load_ms = 0;
+  // Open and Lookup: the parts the caller restores (a mask over Pool::parts()); 0: every part.
+  // The hit is the greatest block endpoint where each of them restores (RestorablePages).
+  uint32_t wanted_parts = 0;
 };
 
 // What Open allocates besides the verified cached prefix.
@@ -141,6 +145,8 @@ struct OpenedSequence {
   uint32_t num_host_tier_tokens = 0;     // of num_cached_tokens, loaded from tier 2 by this call
   uint32_t num_disk_tier_tokens = 0;     // of num_cached_tokens, loaded from tier 3 by this call
   uint32_t num_cluster_tier_tokens = 0;  // of num_cached_tokens, loaded from the cluster tier
+  // Each cached block's part mask; empty for a pool without declared parts (every part).
+  std::vector<uint32_t> part_masks;
 };
 
 struct ExtendedSequence {
@@ -182,6 +188,7 @@ struct LookupResult {
   uint32_t num_cached_tokens = 0;
   uint32_t num_host_tier_tokens = 0;  // of num_cached_tokens, found in tier 2 (not loaded)
   uint32_t num_disk_tier_tokens = 0;  // of num_cached_tokens, found in tier 3 (not loaded)
+  std::vector<uint32_t> part_masks;   // as OpenedSequence's
 };
 
 // A pool's figures, or one tenant's share of them (Stats(tenant)): then `referenced`, the
@@ -291,8 +298,13 @@ class Pool final : private OffloadSource {
                                       OpenMode mode = OpenMode::kCompute);
   absl::StatusOr<ExtendedSequence> Extend(const Session& session, uint64_t sequence_id,
                                           absl::Span<const uint32_t> tokens);
+  // `part_masks`: empty (every part), or one per full block written, from block 0, each naming
+  // only the pool's parts and every all-pages part (INVALID_ARGUMENT otherwise, nothing
+  // published); a block committed before keeps its mask. A block whose hash tier 1 holds with
+  // fewer parts supersedes that copy when nobody holds it (SupersedeLocked).
   absl::StatusOr<CommitResult> Commit(const Session& session, uint64_t sequence_id,
-                                      uint32_t num_written_tokens);
+                                      uint32_t num_written_tokens,
+                                      absl::Span<const uint32_t> part_masks = {});
   absl::Status Release(const Session& session, uint64_t sequence_id);
   absl::StatusOr<ForkedSequence> Fork(const Session& session, uint64_t sequence_id);
   // `manifest`: the one the looked-up blocks' sessions were bound to (null: none).
@@ -331,10 +343,21 @@ class Pool final : private OffloadSource {
 
   // Holds the leading present pages (loading them from below) until `ttl` has passed on the
   // pool's clock or the session ends; a ttl of 0 only touches them (most recently used). Returns
-  // how many. INVALID_ARGUMENT past kMaxPinTtl.
+  // how many. INVALID_ARGUMENT past kMaxPinTtl or kMaxPinPriority.
+  // `priority`: when the tenant's quota refuses the pin (RESOURCE_EXHAUSTED), the tenant's live
+  // pins of lower priority are released to make room, the lowest first and among equals the one
+  // ending first, one at a time until the pin fits; it is refused only when none is left (those
+  // released meanwhile stay released: a pin is a hint). Pins of equal or higher priority, other
+  // tenants' pins and every other call's holds are never displaced.
   absl::StatusOr<uint32_t> PinPages(const Session& session, absl::Span<const std::string> keys,
-                                    absl::Duration ttl);
+                                    absl::Duration ttl, uint32_t priority = 0);
   static constexpr absl::Duration kMaxPinTtl = absl::Hours(24);
+  static constexpr uint32_t kMaxPinPriority = 7;
+  // Releases the pins whose TTL has passed on the pool's clock. Besides every call that
+  // allocates, the daemon's reaper runs it each period, and Lookup, ExistsPages and GetStats
+  // first, so a pin's blocks are released soon after its TTL whether or not the pool is busy.
+  // An atomic read when no pin has expired.
+  void ExpirePins();
 
   // How many sequences `session_id` holds in this pool.
   uint32_t SequencesOfSession(uint64_t session_id) const;
@@ -420,8 +443,18 @@ class Pool final : private OffloadSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Open's end under mu_: trims a read to its cached prefix, publishes what was loaded from
   // below, counts and adds the sequence.
+  // With declared parts, the hit rule again over what loaded (`wanted`, `own`: Open's).
   OpenedSequence FinishOpenLocked(std::unique_ptr<Sequence> sequence, size_t prompt_tokens,
-                                  OpenMode mode, size_t num_hits, TierLoaded loaded)
+                                  OpenMode mode, size_t num_hits, TierLoaded loaded,
+                                  uint32_t wanted = 0, absl::Span<const uint64_t> own = {},
+                                  absl::Span<const BelowRecord> below = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With declared parts, Open's hit rule over what it holds and loaded: learns the cluster's
+  // masks, trims `loaded`, `num_hits` and `cached` to the endpoint (hits past it replaced by
+  // fresh blocks), and gives the blocks past it their own digests back.
+  void ApplyHitRuleToLoadLocked(Sequence* sequence, OpenMode mode, uint32_t wanted,
+                                absl::Span<const uint64_t> own, absl::Span<const BelowRecord> below,
+                                size_t* num_hits, TierLoaded* loaded, size_t* cached)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lower tiers' figures and rows, with tier 1's share of tier 2's.
   void FillTierStatsLocked(PoolStatsSnapshot* stats) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -462,11 +495,14 @@ class Pool final : private OffloadSource {
   BlockIdentity PageIdentity(const Sequence& sequence, size_t i) const;
   // The tier-1 block holding page `i` of a page sequence, with any parts; kNoBlock if none.
   BlockId FindPageLocked(const Sequence& sequence, size_t i) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Before page `i` of a put is published: a copy of the page tier 1 holds with fewer parts
-  // than it, and that nobody holds, is evicted, so the page gains its parts (a copy in use stays,
-  // and the put's is then a duplicate). Lower tiers keep their copy, with its own parts, until
-  // they drop it: a page found there never claims parts it does not hold.
-  void SupersedePageLocked(const Sequence& sequence, size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before `own` is published as `identity`: a copy tier 1 holds (`present`, verified with any
+  // parts) with fewer parts than it, and that nobody holds, is evicted, so the block gains its
+  // parts (a copy in use stays, and ours is then a duplicate); a token block's descendants leave
+  // the index with it, as at any eviction. Pages and token blocks alike. Lower tiers keep their
+  // copy, with its own parts, until they drop it: a block found there never claims parts it does
+  // not hold.
+  void SupersedeLocked(BlockId present, BlockId own, uint64_t identity_extras)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The leading pages of `sequence` the node holds, each in tier 1 or below (tier 1 first),
   // with its part mask (filled into sequence->extras_digests).
   PageWalk FindPagesLocked(Sequence* sequence) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -475,6 +511,11 @@ class Pool final : private OffloadSource {
 
   // Releases the pins whose TTL has passed. Cheap when there are none.
   void ExpirePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets next_pin_expiry_ from pins_ after a change.
+  void NotePinsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases `tenant`'s live pin of the lowest priority below `priority` (among equals, the one
+  // ending first); false when it has none.
+  bool DisplacePinBelow(absl::string_view tenant, uint32_t priority);
 
   // Hashes the sequence's full blocks not hashed yet. Touches only `sequence`.
   void HashNewBlocks(Sequence* sequence) const;
@@ -482,9 +523,26 @@ class Pool final : private OffloadSource {
   // FAILED_PRECONDITION when the manifest contradicts the pool's layout; nothing is set then.
   absl::Status SetRoot(absl::string_view tenant, absl::string_view cache_salt,
                        const CompatibilityManifest* manifest, Sequence* sequence) const;
-  // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain.
-  std::vector<BlockId> WalkLocked(const Sequence& sequence, size_t max_blocks) const
+  // Leading blocks, at most `max_blocks`, whose verified hits form an unbroken chain. With
+  // declared parts, each hit's extras digest (its part mask) is learned into `sequence`.
+  std::vector<BlockId> WalkLocked(Sequence* sequence, size_t max_blocks) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The extras digest a token block expects of tier 1's block `indexed`: with declared parts,
+  // that block's when it has the same extra keys (its parts are whatever it holds); else ours.
+  uint64_t ExpectedExtrasLocked(uint64_t ours, BlockId indexed) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // With declared parts: the records below tier 1 continuing the sequence's hit at `first`
+  // expect any parts (their masks are learned from the records found); `own` restores the
+  // sequence's own digests from `first` on.
+  void ExpectAnyPartsFrom(Sequence* sequence, size_t first) const;
+  // The leading blocks of `found` (learned digests in sequence->extras_digests from block
+  // `first`) that keep the sequence's extra keys (`own`), then the hit rule over them.
+  size_t RestorableBlocks(const Sequence& sequence, absl::Span<const uint64_t> own, size_t found,
+                          uint32_t wanted) const;
+  std::vector<uint32_t> PartMasksOf(const Sequence& sequence, size_t blocks) const;
+  uint32_t wanted_parts(const SequenceSpec& spec) const {
+    return spec.wanted_parts == 0 ? AllPartsMask(parts_.size()) : spec.wanted_parts;
+  }
   // The block indexed under the sequence's hash of block `i` if it holds the sequence's own
   // prefix through block i (its own block, or another copy of the same content); kNoBlock
   // otherwise. O(1) when that block is the sequence's own; else it follows the parent links back
@@ -523,6 +581,8 @@ class Pool final : private OffloadSource {
   // Constant after construction.
   const PoolOptions options_;
   const std::vector<PagePartLayout> parts_;
+  // Whether token blocks carry part masks (the pool declared parts; DESIGN §13).
+  const bool token_parts_;
   const uint32_t pool_index_;
   const uint64_t layout_fingerprint_;
   const std::unique_ptr<PoolMemory> memory_;
@@ -536,6 +596,9 @@ class Pool final : private OffloadSource {
   PageCounters page_counters_;      // own synchronization
   // Walks run under a shared lock, so the count is atomic.
   mutable std::atomic<uint64_t> collisions_caught_{0};
+  // When the earliest pin ends (absl::ToUnixNanos; INT64_MAX: none), written under mu_ and read
+  // without it by ExpirePins, which takes mu_ only once it has passed.
+  std::atomic<int64_t> next_pin_expiry_{std::numeric_limits<int64_t>::max()};
 
   mutable absl::Mutex mu_;
   BlockPool pool_ ABSL_GUARDED_BY(mu_);
@@ -559,7 +622,11 @@ class Pool final : private OffloadSource {
   // AllocateFresh's hashes leaving the index, kept to spare an allocation per eviction.
   std::vector<Hash128> removed_ ABSL_GUARDED_BY(mu_);
   // PinPages' sequences by the time they end (a sequence released before is skipped).
-  std::multimap<absl::Time, uint64_t> pins_ ABSL_GUARDED_BY(mu_);
+  struct Pin {
+    uint64_t sequence_id = 0;
+    uint32_t priority = 0;
+  };
+  std::multimap<absl::Time, Pin> pins_ ABSL_GUARDED_BY(mu_);
   // Sequences being opened whose blocks are loading from tier 2 (not in sequences_ yet).
   absl::flat_hash_set<const Sequence*> loading_ ABSL_GUARDED_BY(mu_);
   // Blocks pinned for a copy down: the mover's batch and requests' pass-downs in flight.

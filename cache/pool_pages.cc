@@ -4,6 +4,7 @@
 // publication, events, release) is the token sequences' machinery in cache/pool.cc.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,7 +24,7 @@ void AppendPageTokens(absl::string_view key, uint32_t block_size, std::vector<ui
 }
 
 uint32_t MaskOf(const std::vector<uint64_t>& extras_digests, size_t i) {
-  return static_cast<uint32_t>(extras_digests[i]);
+  return PartMaskIn(extras_digests[i]);
 }
 
 }  // namespace
@@ -77,11 +78,10 @@ BlockId Pool::FindPageLocked(const Sequence& sequence, size_t i) const {
   return block;
 }
 
-void Pool::SupersedePageLocked(const Sequence& sequence, size_t i) {
-  const BlockId present = FindPageLocked(sequence, i);
-  if (present == kNoBlock || present == sequence.blocks[i]) return;
-  const uint32_t ours = MaskOf(sequence.extras_digests, i);
-  const uint32_t theirs = static_cast<uint32_t>(pool_.IdentityOf(present).extras_digest);
+void Pool::SupersedeLocked(BlockId present, BlockId own, uint64_t identity_extras) {
+  if (present == kNoBlock || present == own) return;
+  const uint32_t ours = PartMaskIn(identity_extras);
+  const uint32_t theirs = PartMaskIn(pool_.IdentityOf(present).extras_digest);
   if ((theirs & ours) == ours || !pool_.IsEvictable(present)) return;
   removed_.clear();
   pool_.Evict(present, &removed_);
@@ -131,6 +131,7 @@ absl::StatusOr<PagesFound> Pool::ExistsPages(const Session& session,
   // A hit promises bytes this daemon can no longer vouch for or serve.
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidatePageKeys(keys));
+  ExpirePins();
   ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
   PageWalk walk;
   std::vector<uint32_t> masks;
@@ -419,29 +420,78 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
 }
 
 absl::StatusOr<uint32_t> Pool::PinPages(const Session& session, absl::Span<const std::string> keys,
-                                        absl::Duration ttl) {
+                                        absl::Duration ttl, uint32_t priority) {
   if (ttl < absl::ZeroDuration() || ttl > kMaxPinTtl) {
     return absl::InvalidArgumentError(absl::StrCat("pin TTL ", absl::FormatDuration(ttl),
                                                    "; at most ", absl::FormatDuration(kMaxPinTtl)));
   }
+  if (priority > kMaxPinPriority) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pin priority ", priority, "; at most ", kMaxPinPriority));
+  }
   // No part asked for: the leading pages present, whatever parts they hold.
-  ASSIGN_OR_RETURN(AcquiredPages acquired, AcquirePages(session, keys, /*wanted=*/0, 0));
+  absl::StatusOr<AcquiredPages> acquired = AcquirePages(session, keys, /*wanted=*/0, 0);
+  while (absl::IsResourceExhausted(acquired.status()) &&
+         DisplacePinBelow(session.tenant, priority)) {
+    acquired = AcquirePages(session, keys, /*wanted=*/0, 0);
+  }
+  RETURN_IF_ERROR(acquired.status());
   absl::MutexLock lock(&mu_);
   if (ttl == absl::ZeroDuration()) {
-    EraseLocked(acquired.sequence_id);  // a touch: released now, the most recently used
+    EraseLocked(acquired->sequence_id);  // a touch: released now, the most recently used
   } else {
-    pins_.emplace(clock_->Now() + ttl, acquired.sequence_id);
+    pins_.emplace(clock_->Now() + ttl,
+                  Pin{.sequence_id = acquired->sequence_id, .priority = priority});
+    NotePinsLocked();
   }
-  return static_cast<uint32_t>(acquired.block_ids.size());
+  return static_cast<uint32_t>(acquired->block_ids.size());
+}
+
+bool Pool::DisplacePinBelow(absl::string_view tenant, uint32_t priority) {
+  absl::MutexLock lock(&mu_);
+  const auto slot = tenant_slots_.find(tenant);
+  if (slot == tenant_slots_.end()) return false;
+  // O(pins): only a refused pin comes here.
+  auto lowest = pins_.end();
+  for (auto it = pins_.begin(); it != pins_.end(); ++it) {
+    const auto sequence = sequences_.find(it->second.sequence_id);
+    if (sequence == sequences_.end() || sequence->second->tenant != slot->second ||
+        it->second.priority >= priority) {
+      continue;
+    }
+    if (lowest == pins_.end() || it->second.priority < lowest->second.priority) lowest = it;
+  }
+  if (lowest == pins_.end()) return false;
+  EraseLocked(lowest->second.sequence_id);
+  pins_.erase(lowest);
+  NotePinsLocked();
+  return true;
 }
 
 void Pool::ExpirePinsLocked() {
   if (pins_.empty()) return;
   const absl::Time now = clock_->Now();
   while (!pins_.empty() && pins_.begin()->first <= now) {
-    EraseLocked(pins_.begin()->second);
+    EraseLocked(pins_.begin()->second.sequence_id);
     pins_.erase(pins_.begin());
   }
+  NotePinsLocked();
+}
+
+void Pool::NotePinsLocked() {
+  next_pin_expiry_.store(
+      pins_.empty() ? std::numeric_limits<int64_t>::max() : absl::ToUnixNanos(pins_.begin()->first),
+      std::memory_order_relaxed);
+}
+
+void Pool::ExpirePins() {
+  const int64_t next = next_pin_expiry_.load(std::memory_order_relaxed);
+  // No pin at all (the common case) costs no clock read.
+  if (next == std::numeric_limits<int64_t>::max() || absl::ToUnixNanos(clock_->Now()) < next) {
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  ExpirePinsLocked();
 }
 
 }  // namespace kvcache

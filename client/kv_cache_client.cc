@@ -353,8 +353,9 @@ absl::StatusOr<KvCacheClient::PoolDescription> KvCacheClient::DescribePool(absl:
 absl::StatusOr<KvCacheClient::LookupResult> KvCacheClient::Lookup(
     absl::string_view pool, absl::string_view tenant, absl::Span<const uint32_t> tokens,
     absl::string_view cache_salt, const ExtraKeys& extra_keys,
-    const std::optional<ManifestFields>& manifest) {
+    const std::optional<ManifestFields>& manifest, absl::Span<const std::string> restore_parts) {
   v1::LookupRequest request;
+  request.mutable_restore_parts()->Add(restore_parts.begin(), restore_parts.end());
   if (manifest.has_value()) ToProto(*manifest, request.mutable_manifest());
   request.set_pool(std::string(pool));
   request.set_tenant(std::string(tenant));
@@ -366,7 +367,8 @@ absl::StatusOr<KvCacheClient::LookupResult> KvCacheClient::Lookup(
                        CurrentSession(), false));
   return LookupResult{.num_cached_tokens = response.num_cached_tokens(),
                       .num_cached_blocks = response.num_cached_blocks(),
-                      .cached_tokens_by_tier = ToTierTokens(response.cached_tokens_by_tier())};
+                      .cached_tokens_by_tier = ToTierTokens(response.cached_tokens_by_tier()),
+                      .part_masks = ToVector(response.part_masks())};
 }
 
 absl::StatusOr<KvCacheClient::Stats> KvCacheClient::GetStats(absl::string_view pool) {
@@ -550,19 +552,22 @@ void KvCacheClient::KeepAliveLoop(SessionRef session, absl::Duration period) {
 
 absl::StatusOr<KvCacheClient::Sequence> KvCacheClient::OpenSequence(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
-    const ExtraKeys& extra_keys, uint32_t max_load_ms) {
+    const ExtraKeys& extra_keys, uint32_t max_load_ms,
+    absl::Span<const std::string> restore_parts) {
   const SessionRef session = CurrentSession();
   v1::OpenSequenceRequest request;
   FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys,
                     &request);
   request.set_max_load_ms(max_load_ms);
+  request.mutable_restore_parts()->Add(restore_parts.begin(), restore_parts.end());
   v1::OpenSequenceResponse response;
   RETURN_IF_ERROR(Call(&v1::KvCache::StubInterface::OpenSequence, "OpenSequence", request,
                        &response, session, true));
   return Sequence{.sequence_id = response.sequence_id(),
                   .block_ids = ToVector(response.block_ids()),
                   .num_cached_tokens = response.num_cached_tokens(),
-                  .cached_tokens_by_tier = ToTierTokens(response.cached_tokens_by_tier())};
+                  .cached_tokens_by_tier = ToTierTokens(response.cached_tokens_by_tier()),
+                  .part_masks = ToVector(response.part_masks())};
 }
 
 absl::StatusOr<KvCacheClient::Extension> KvCacheClient::ExtendSequence(
@@ -577,11 +582,12 @@ absl::StatusOr<KvCacheClient::Extension> KvCacheClient::ExtendSequence(
                    .num_tokens = response.num_tokens()};
 }
 
-absl::StatusOr<KvCacheClient::Commit> KvCacheClient::CommitSequence(uint64_t sequence_id,
-                                                                    uint32_t num_written_tokens) {
+absl::StatusOr<KvCacheClient::Commit> KvCacheClient::CommitSequence(
+    uint64_t sequence_id, uint32_t num_written_tokens, absl::Span<const uint32_t> part_masks) {
   v1::CommitSequenceRequest request;
   request.set_sequence_id(sequence_id);
   request.set_num_written_tokens(num_written_tokens);
+  request.mutable_part_masks()->Add(part_masks.begin(), part_masks.end());
   v1::CommitSequenceResponse response;
   RETURN_IF_ERROR(SessionCall(&v1::KvCache::StubInterface::CommitSequence, "CommitSequence",
                               CurrentSession(), &request, &response));

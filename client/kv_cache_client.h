@@ -234,6 +234,9 @@ class KvCacheClient {
     std::vector<uint32_t> block_ids;  // the block table, one id per block_size tokens
     uint32_t num_cached_tokens = 0;   // leading tokens whose KV is already in the pool
     TierTokens cached_tokens_by_tier;
+    // One per cached block: the parts it holds (bit i: the pool's part i, DescribePool's order);
+    // empty for a pool declared without parts.
+    std::vector<uint32_t> part_masks;
   };
   struct Extension {
     std::vector<uint32_t> new_block_ids;  // appended to the block table
@@ -252,6 +255,7 @@ class KvCacheClient {
     uint32_t num_cached_tokens = 0;  // num_cached_blocks * block_size; not capped
     uint32_t num_cached_blocks = 0;
     TierTokens cached_tokens_by_tier;
+    std::vector<uint32_t> part_masks;  // as Sequence's
   };
   // A pool's lower tier (v1.TierStats).
   struct TierStats {
@@ -390,11 +394,13 @@ class KvCacheClient {
   absl::StatusOr<std::vector<PoolInfo>> ListPools();
   absl::StatusOr<PoolDescription> DescribePool(absl::string_view pool);
   // `manifest`: the one the looked-up blocks' sessions are bound to (none: sessions without).
+  // `restore_parts`: as OpenSequence's.
   absl::StatusOr<LookupResult> Lookup(absl::string_view pool, absl::string_view tenant,
                                       absl::Span<const uint32_t> tokens,
                                       absl::string_view cache_salt = "",
                                       const ExtraKeys& extra_keys = {},
-                                      const std::optional<ManifestFields>& manifest = std::nullopt);
+                                      const std::optional<ManifestFields>& manifest = std::nullopt,
+                                      absl::Span<const std::string> restore_parts = {});
   // Every pool when `pool` is empty.
   absl::StatusOr<Stats> GetStats(absl::string_view pool = "");
   // The caller's tenant's open sessions (an admin's: every tenant's, or `tenant`'s).
@@ -421,12 +427,19 @@ class KvCacheClient {
   // idempotent; Commit is.
   // `max_load_ms` bounds loading the cached prefix from the pool's lower tiers (0: no bound);
   // what does not come up in time is left to compute.
+  // `restore_parts`: the pool's parts the caller restores (DESIGN §13; empty: every part). The
+  // hit ends at the greatest block endpoint where each of them restores; the blocks after it
+  // are fresh. INVALID_ARGUMENT for a part the pool lacks.
   absl::StatusOr<Sequence> OpenSequence(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                         absl::string_view cache_salt = "",
-                                        const ExtraKeys& extra_keys = {}, uint32_t max_load_ms = 0);
+                                        const ExtraKeys& extra_keys = {}, uint32_t max_load_ms = 0,
+                                        absl::Span<const std::string> restore_parts = {});
   absl::StatusOr<Extension> ExtendSequence(uint64_t sequence_id, absl::Span<const uint32_t> tokens);
   // REQUIRES: the KV of the first `num_written_tokens` tokens is written (and synchronized).
-  absl::StatusOr<Commit> CommitSequence(uint64_t sequence_id, uint32_t num_written_tokens);
+  // `part_masks`: empty (every block holds every part), or one per full block written from
+  // block 0, the parts written (bit i: the pool's part i; each holds every all-pages part).
+  absl::StatusOr<Commit> CommitSequence(uint64_t sequence_id, uint32_t num_written_tokens,
+                                        absl::Span<const uint32_t> part_masks = {});
   absl::Status ReleaseSequence(uint64_t sequence_id);
   absl::StatusOr<Fork> ForkSequence(uint64_t sequence_id);
 
@@ -548,8 +561,10 @@ class KvCacheClient {
   absl::StatusOr<GotPages> GetPages(absl::string_view pool, absl::Span<const std::string> keys,
                                     const PageReadOptions& options = {});
   // Keeps the leading present pages resident for `ttl` (zero: touches them); returns how many.
+  // `priority` (0 to 7): when the tenant's quota is tight, the tenant's pins of lower priority
+  // are released to make room for this one (kvcache.proto PinPagesRequest).
   absl::StatusOr<uint32_t> PinPages(absl::string_view pool, absl::Span<const std::string> keys,
-                                    absl::Duration ttl);
+                                    absl::Duration ttl, uint32_t priority = 0);
 
   // Same node, through `mapped` (a host mapping of the pool, of the session's epoch:
   // FAILED_PRECONDITION locally for a device mapping or one of another epoch). WritePages

@@ -189,7 +189,7 @@ absl::StatusOr<KvCacheClient::GotPages> KvCacheClient::GetPages(absl::string_vie
 
 absl::StatusOr<uint32_t> KvCacheClient::PinPages(absl::string_view pool,
                                                  absl::Span<const std::string> keys,
-                                                 absl::Duration ttl) {
+                                                 absl::Duration ttl, uint32_t priority) {
   RETURN_IF_ERROR(CheckPageBatch(keys, {}));
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PinPages"));
   v1::PinPagesRequest request;
@@ -197,6 +197,7 @@ absl::StatusOr<uint32_t> KvCacheClient::PinPages(absl::string_view pool,
   // Clamped, not wrapped: a TTL past what the field holds is still one the daemon refuses.
   request.set_ttl_ms(static_cast<uint32_t>(std::clamp<int64_t>(
       absl::ToInt64Milliseconds(ttl), 0, std::numeric_limits<uint32_t>::max())));
+  request.set_priority(priority);
   v1::PinPagesResponse response;
   RETURN_IF_ERROR(SessionCall(&Stub::PinPages, "PinPages", session, &request, &response));
   return response.num_pages();

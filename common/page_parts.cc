@@ -109,6 +109,38 @@ absl::StatusOr<uint32_t> PartMaskOf(absl::Span<const PagePartLayout> parts,
   return mask;
 }
 
+uint32_t RequiredPartsMask(absl::Span<const PagePartLayout> parts) {
+  uint32_t mask = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (parts[p].policy == PartHitPolicy::kAllPages) mask |= uint32_t{1} << p;
+  }
+  return mask;
+}
+
+absl::Status ValidateBlockPartMasks(absl::Span<const PagePartLayout> parts,
+                                    absl::Span<const uint32_t> masks) {
+  const uint32_t all = AllPartsMask(parts.size());
+  const uint32_t required = RequiredPartsMask(parts);
+  for (size_t i = 0; i < masks.size(); ++i) {
+    if ((masks[i] & ~all) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", i, " has part mask 0x", absl::Hex(masks[i]), " but the pool has ",
+                       parts.size(), " part(s), mask 0x", absl::Hex(all)));
+    }
+    if (masks[i] == 0 || (masks[i] & required) != required) {
+      for (size_t p = 0; p < parts.size(); ++p) {
+        if ((required & ~masks[i]) & (uint32_t{1} << p)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("block ", i, " has part mask 0x", absl::Hex(masks[i]), " without part '",
+                           parts[p].name, "', which every block up to a hit needs"));
+        }
+      }
+      return absl::InvalidArgumentError(absl::StrCat("block ", i, " has no parts"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 size_t RestorablePages(absl::Span<const PagePartLayout> parts, uint32_t wanted,
                        absl::Span<const uint32_t> page_masks) {
   size_t end = page_masks.size();

@@ -81,6 +81,32 @@ inline uint32_t AllPartsMask(size_t num_parts) {
 absl::StatusOr<uint32_t> PartMaskOf(absl::Span<const PagePartLayout> parts,
                                     absl::Span<const std::string> names);
 
+// The mask of the parts every page up to an endpoint needs (kAllPages): a token block without
+// them is no block.
+uint32_t RequiredPartsMask(absl::Span<const PagePartLayout> parts);
+
+// INVALID_ARGUMENT unless every mask (a token commit's, one per block from block 0) names only
+// the pool's parts and holds each all-pages part; the message names the first bad block.
+absl::Status ValidateBlockPartMasks(absl::Span<const PagePartLayout> parts,
+                                    absl::Span<const uint32_t> masks);
+
+// A block's part mask below tier 1 travels in its identity's extras digest (tiers/block_record.h):
+// a page's digest is its mask; a token block of a pool with declared parts keeps its extra keys'
+// digest in the high bits and its mask in the low kPartMaskBits (the prefix digest covers the
+// extra keys in full). A pool without declared parts keeps the whole digest: its blocks have
+// every part.
+inline constexpr int kPartMaskBits = 16;
+static_assert(kMaxPageParts <= kPartMaskBits);
+inline constexpr uint64_t kPartMaskField = (uint64_t{1} << kPartMaskBits) - 1;
+inline uint32_t PartMaskIn(uint64_t extras_digest) {
+  return static_cast<uint32_t>(extras_digest & kPartMaskField);
+}
+inline uint64_t WithPartMask(uint64_t extras_digest, uint32_t mask) {
+  return (extras_digest & ~kPartMaskField) | mask;
+}
+// Whether two extras digests name the same extra keys, whatever parts they carry.
+inline bool SameExtraKeys(uint64_t a, uint64_t b) { return ((a ^ b) & ~kPartMaskField) == 0; }
+
 // The greatest e <= page_masks.size() such that, for every part in `wanted`, the pages [0, e)
 // hold it where its policy needs it (see the file comment). page_masks[i]: the parts page i
 // holds. O(pages x parts).

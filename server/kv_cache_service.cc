@@ -80,6 +80,7 @@ void FillCounts(const PoolStatsSnapshot& stats, v1::BlockCounts* counts) {
 
 // `tenant` empty: the whole pool's figures (an admin's view).
 void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
+  pool.ExpirePins();  // the figures show expired pins released
   const PoolStatsSnapshot stats = tenant.empty() ? pool.Stats() : pool.Stats(tenant);
   out->set_pool(pool.options().name);
   out->set_tenant(std::string(tenant));
@@ -331,6 +332,7 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerConte
         SequenceSpec spec =
             ToSequenceSpec(request->tokens(), request->cache_salt(), request->extra_keys());
         spec.max_load_ms = request->max_load_ms();
+        ASSIGN_OR_RETURN(spec.wanted_parts, WantedParts(pool->parts(), request->restore_parts()));
         ASSIGN_OR_RETURN(OpenedSequence opened, pool->Open(*session, spec));
         response->set_sequence_id(opened.sequence_id);
         response->mutable_block_ids()->Add(opened.block_ids.begin(), opened.block_ids.end());
@@ -341,6 +343,7 @@ grpc::ServerUnaryReactor* KvCacheService::OpenSequence(grpc::CallbackServerConte
         by_tier->set_host(opened.num_host_tier_tokens);
         by_tier->set_disk(opened.num_disk_tier_tokens);
         by_tier->set_cluster(opened.num_cluster_tier_tokens);
+        response->mutable_part_masks()->Add(opened.part_masks.begin(), opened.part_masks.end());
         return absl::OkStatus();
       });
 }
@@ -374,8 +377,11 @@ grpc::ServerUnaryReactor* KvCacheService::CommitSequence(grpc::CallbackServerCon
         ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
                                                             caller.principal));
         ASSIGN_OR_RETURN(Pool * pool, manager_->PoolOfSequence(request->sequence_id()));
-        ASSIGN_OR_RETURN(CommitResult result, pool->Commit(*session, request->sequence_id(),
-                                                           request->num_written_tokens()));
+        ASSIGN_OR_RETURN(
+            CommitResult result,
+            pool->Commit(
+                *session, request->sequence_id(), request->num_written_tokens(),
+                absl::MakeConstSpan(request->part_masks().data(), request->part_masks_size())));
         response->set_num_committed_blocks(result.num_committed_blocks);
         response->set_num_published_blocks(result.num_published_blocks);
         return absl::OkStatus();
@@ -417,26 +423,26 @@ grpc::ServerUnaryReactor* KvCacheService::ForkSequence(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* context,
                                                  const v1::LookupRequest* request,
                                                  v1::LookupResponse* response) {
-  return HandleUnary(*this, context, response, manager_->epoch(), "Lookup", Role::kReader,
-                     [&](const Identity& caller) -> absl::Status {
-                       ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
-                       ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-                       ASSIGN_OR_RETURN(auto manifest, ManifestOf(*request));
-                       ASSIGN_OR_RETURN(
-                           LookupResult result,
-                           pool->Lookup(tenant,
-                                        ToSequenceSpec(request->tokens(), request->cache_salt(),
-                                                       request->extra_keys()),
-                                        manifest.get()));
-                       response->set_num_cached_tokens(result.num_cached_tokens);
-                       response->set_num_cached_blocks(result.num_cached_blocks);
-                       v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
-                       by_tier->set_pool(result.num_cached_tokens - result.num_host_tier_tokens -
-                                         result.num_disk_tier_tokens);
-                       by_tier->set_host(result.num_host_tier_tokens);
-                       by_tier->set_disk(result.num_disk_tier_tokens);
-                       return absl::OkStatus();
-                     });
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "Lookup", Role::kReader,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, request->tenant()));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(auto manifest, ManifestOf(*request));
+        SequenceSpec spec =
+            ToSequenceSpec(request->tokens(), request->cache_salt(), request->extra_keys());
+        ASSIGN_OR_RETURN(spec.wanted_parts, WantedParts(pool->parts(), request->restore_parts()));
+        ASSIGN_OR_RETURN(LookupResult result, pool->Lookup(tenant, spec, manifest.get()));
+        response->set_num_cached_tokens(result.num_cached_tokens);
+        response->set_num_cached_blocks(result.num_cached_blocks);
+        v1::TierTokens* by_tier = response->mutable_cached_tokens_by_tier();
+        by_tier->set_pool(result.num_cached_tokens - result.num_host_tier_tokens -
+                          result.num_disk_tier_tokens);
+        by_tier->set_host(result.num_host_tier_tokens);
+        by_tier->set_disk(result.num_disk_tier_tokens);
+        response->mutable_part_masks()->Add(result.part_masks.begin(), result.part_masks.end());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::GetStats(grpc::CallbackServerContext* context,

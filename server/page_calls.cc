@@ -11,6 +11,7 @@
 #include "common/block_checksum.h"
 #include "common/status_macros.h"
 #include "server/kv_cache_service.h"
+#include "server/proto_keys.h"
 #include "server/unary_call.h"
 
 namespace kvcache {
@@ -18,12 +19,6 @@ namespace {
 
 std::vector<std::string> KeysOf(const google::protobuf::RepeatedPtrField<std::string>& keys) {
   return std::vector<std::string>(keys.begin(), keys.end());
-}
-
-absl::StatusOr<uint32_t> WantedParts(const Pool& pool,
-                                     const google::protobuf::RepeatedPtrField<std::string>& names) {
-  const std::vector<std::string> wanted(names.begin(), names.end());
-  return PartMaskOf(pool.parts(), wanted);
 }
 
 // Counts `pages` of `op` in the session's namespace (the metrics' kvcache_pages_total).
@@ -66,7 +61,7 @@ absl::StatusOr<PageRead> AcquireFor(CacheManager& manager, const Identity& calle
   ASSIGN_OR_RETURN(read.session,
                    manager.SessionFor(request.session_id(), request.epoch(), caller.principal));
   ASSIGN_OR_RETURN(read.pool, manager.FindPool(request.pool()));
-  ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*read.pool, request.parts()));
+  ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(read.pool->parts(), request.parts()));
   ASSIGN_OR_RETURN(read.acquired, read.pool->AcquirePages(*read.session, KeysOf(request.keys()),
                                                           wanted, request.max_load_ms()));
   return read;
@@ -92,7 +87,7 @@ grpc::ServerUnaryReactor* KvCacheService::ExistsPages(grpc::CallbackServerContex
         ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
                                                             caller.principal));
         ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-        ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(*pool, request->parts()));
+        ASSIGN_OR_RETURN(const uint32_t wanted, WantedParts(pool->parts(), request->parts()));
         ASSIGN_OR_RETURN(PagesFound found,
                          pool->ExistsPages(*session, KeysOf(request->keys()), wanted));
         response->set_num_pages(found.num_pages);
@@ -249,18 +244,19 @@ grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* KvCacheService::PinPages(grpc::CallbackServerContext* context,
                                                    const v1::PinPagesRequest* request,
                                                    v1::PinPagesResponse* response) {
-  return HandleUnary(*this, context, response, manager_->epoch(), "PinPages", Role::kWorker,
-                     [&](const Identity& caller) -> absl::Status {
-                       ASSIGN_OR_RETURN(auto session,
-                                        manager_->SessionFor(request->session_id(),
-                                                             request->epoch(), caller.principal));
-                       ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-                       ASSIGN_OR_RETURN(const uint32_t pinned,
-                                        pool->PinPages(*session, KeysOf(request->keys()),
-                                                       absl::Milliseconds(request->ttl_ms())));
-                       response->set_num_pages(pinned);
-                       return absl::OkStatus();
-                     });
+  return HandleUnary(
+      *this, context, response, manager_->epoch(), "PinPages", Role::kWorker,
+      [&](const Identity& caller) -> absl::Status {
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                            caller.principal));
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
+        ASSIGN_OR_RETURN(
+            const uint32_t pinned,
+            pool->PinPages(*session, KeysOf(request->keys()), absl::Milliseconds(request->ttl_ms()),
+                           request->priority()));
+        response->set_num_pages(pinned);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace kvcache

@@ -4,10 +4,13 @@
 #define KVCACHE_SERVER_PROTO_KEYS_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/block_hash.h"
 #include "common/compatibility_manifest.h"
+#include "common/page_parts.h"
 #include "common/rpc/manifest_proto.h"
 #include "kvcache/v1/kvcache.pb.h"
 
@@ -27,6 +30,15 @@ template <typename Request>
 absl::StatusOr<std::shared_ptr<const CompatibilityManifest>> ManifestOf(const Request& request) {
   if (!request.has_manifest()) return nullptr;
   return CompatibilityManifest::Create(ToManifestFields(request.manifest()));
+}
+
+// The mask of the named parts of a pool (PartMaskOf: empty names, every part; INVALID_ARGUMENT
+// naming an unknown one): page calls' `parts`, token calls' `restore_parts`.
+inline absl::StatusOr<uint32_t> WantedParts(
+    absl::Span<const PagePartLayout> parts,
+    const google::protobuf::RepeatedPtrField<std::string>& names) {
+  if (names.empty()) return AllPartsMask(parts.size());
+  return PartMaskOf(parts, std::vector<std::string>(names.begin(), names.end()));
 }
 
 }  // namespace kvcache

@@ -9,9 +9,6 @@
 #include "model/cuda/device_kv_pool.h"
 
 namespace kvcache::worker {
-namespace {
-
-// Blocks 0, 1, ... of a private pool, enough for the prompt and every generated token.
 std::vector<uint32_t> PrivateBlockTable(size_t prompt_tokens, uint32_t max_new_tokens,
                                         uint32_t block_size) {
   const size_t positions = prompt_tokens + max_new_tokens;
@@ -19,8 +16,6 @@ std::vector<uint32_t> PrivateBlockTable(size_t prompt_tokens, uint32_t max_new_t
   std::iota(table.begin(), table.end(), 0);
   return table;
 }
-
-}  // namespace
 
 absl::StatusOr<GenerationResult> GenerateOver(const PoolForward& forward, uint32_t block_size,
                                               absl::Span<const uint32_t> block_table,

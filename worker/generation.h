@@ -55,6 +55,10 @@ class LogitsDigest {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
 };
 
+// Blocks 0, 1, ... of a private pool, enough for the prompt and every generated token.
+std::vector<uint32_t> PrivateBlockTable(size_t prompt_tokens, uint32_t max_new_tokens,
+                                        uint32_t block_size);
+
 // The cold generation loop over any pool: prefill the whole prompt in one forward pass, then
 // decode max_new_tokens - 1 steps (the last sampled token is not fed back; max_new_tokens 0
 // samples one token all the same), position p in block block_table[p / block_size]. Tests that

@@ -11,6 +11,13 @@
 // uploaded then), computes over the CUDA IPC mapping. The generation loop is the same for both;
 // only its forward pass over the pool (a PoolForward, worker/pool_forward.h) differs.
 //
+// The hybrid model (Qwen3NextModel, DESIGN §5, worker/hybrid_pages.h) runs over a host pool whose
+// pages are [kv | state]: Generate opens with restore_parts {kv, state}, so the daemon's hit ends
+// at a page holding a state; the worker restores the state from that page, computes on, saves the
+// state into every checkpoint_pages-th page it fills, and commits each block's part mask (kv, or
+// kv + state). Only the forward pass, the state's restore and the masks differ from Qwen3-MoE;
+// the loop is the same.
+//
 // Commit ordering: a forward pass returns only once its pool writes are complete — the CUDA
 // model synchronizes its stream before Forward returns — so the CommitSequence that follows
 // never publishes a block whose KV is still in flight, and an AfterPrefill hook (a transport,
@@ -30,8 +37,10 @@
 #include "client/mapped_pool.h"
 #include "model/cuda/qwen3_moe_cuda.h"
 #include "model/qwen3_moe.h"
+#include "model/qwen3_next.h"
 #include "model/sampler.h"
 #include "worker/generation.h"
+#include "worker/hybrid_pages.h"
 #include "worker/pool_forward.h"
 
 namespace kvcache::worker {
@@ -50,6 +59,14 @@ class KvWorker {
   static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client, std::string pool,
                                                           const Qwen3MoeModel* model);
 
+  // The hybrid model over a host pool laid out as HybridPoolGeometryFor gives, a state saved every
+  // `checkpoint_pages` pages (at least 1). Errors: DescribePool's and Map's, as above;
+  // INVALID_ARGUMENT for checkpoint_pages 0; FAILED_PRECONDITION for a device pool (the hybrid
+  // runs on the CPU only) or a pool whose pages do not hold the model's (HybridPagesIn).
+  static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client, std::string pool,
+                                                          const Qwen3NextModel* model,
+                                                          uint32_t checkpoint_pages = 1);
+
   // Called once the prompt's KV is written and committed, with the sequence's block table, while
   // the sequence still pins its blocks (a prefill worker ships them to a decode worker here).
   using AfterPrefill = std::function<absl::Status(absl::Span<const uint32_t> block_table)>;
@@ -64,7 +81,8 @@ class KvWorker {
   // The cold reference of Generate, computed the way this worker computes: the same generation
   // in this process over a private pool of the pool's layout, with no daemon and no cache —
   // GenerateCold (CPU model, host memory) for a host pool, GenerateColdCuda (this worker's CUDA
-  // model, a fresh device buffer on the pool's device) for a device pool. Generate's tokens and
+  // model, a fresh device buffer on the pool's device) for a device pool, GenerateColdHybrid for
+  // the hybrid model. Generate's tokens and
   // logits digest, prefix hit or not, must equal it bit for bit. Errors as those functions'.
   absl::StatusOr<GenerationResult> GenerateColdReference(absl::Span<const uint32_t> prompt,
                                                          uint32_t max_new_tokens, Sampler& sampler);
@@ -73,25 +91,40 @@ class KvWorker {
   const MappedPool& mapped() const { return *mapped_; }
   // True when the model runs on a GPU (the pool is device memory).
   bool on_device() const { return cuda_model_ != nullptr; }
+  // True for the hybrid model.
+  bool hybrid() const { return hybrid_model_ != nullptr; }
+
+  // The hybrid's pages and running state (absent for Qwen3-MoE); public for the forward pass
+  // built over them.
+  struct HybridParts {
+    HybridPages pages;
+    uint32_t checkpoint_pages;
+    LinearAttentionState state;  // the running generation's
+  };
 
  private:
   KvWorker(KvCacheClient* client, std::string pool, const Qwen3MoeModel* model,
-           std::unique_ptr<MappedPool> mapped, std::unique_ptr<CudaQwen3MoeModel> cuda_model);
+           const Qwen3NextModel* hybrid_model, std::unique_ptr<MappedPool> mapped,
+           std::unique_ptr<CudaQwen3MoeModel> cuda_model, std::unique_ptr<HybridParts> hybrid);
 
-  absl::StatusOr<GenerationResult> Run(uint64_t sequence_id, std::vector<uint32_t> table,
-                                       uint32_t cached, absl::Span<const uint32_t> prompt,
-                                       uint32_t max_new_tokens, Sampler& sampler,
-                                       const AfterPrefill& after_prefill);
+  absl::StatusOr<GenerationResult> Run(const KvCacheClient::Sequence& sequence,
+                                       absl::Span<const uint32_t> prompt, uint32_t max_new_tokens,
+                                       Sampler& sampler, const AfterPrefill& after_prefill);
+  // Commits the first `tokens` tokens; for the hybrid, with each full block's part mask (the
+  // cached blocks' as the daemon gave them in `masks`, which grows by the blocks written since).
+  absl::Status Commit(uint64_t sequence_id, uint32_t tokens, std::vector<uint32_t>& masks);
 
   // Constant after construction. Declared (so destroyed in reverse) in dependency order:
   // forward_ refers to cuda_model_ (or model_) and mapped_'s memory; cuda_model_'s destructor
   // waits for its stream before mapped_ closes the device mapping.
   KvCacheClient* const client_;
   const std::string pool_;
-  const Qwen3MoeModel* const model_;
+  const Qwen3MoeModel* const model_;          // null for the hybrid
+  const Qwen3NextModel* const hybrid_model_;  // null for Qwen3-MoE
   const std::unique_ptr<MappedPool> mapped_;
   const std::unique_ptr<CudaQwen3MoeModel> cuda_model_;  // null for a host pool
-  const PoolForward forward_;                            // over mapped_, on the right backend
+  const std::unique_ptr<HybridParts> hybrid_;            // null for Qwen3-MoE
+  const PoolForward forward_;  // over mapped_, on the right backend (and hybrid_->state)
 };
 
 }  // namespace kvcache::worker

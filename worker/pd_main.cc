@@ -15,11 +15,14 @@
 #include "transfer/block_transport.h"
 #include "transfer/nccl_transport.h"
 #include "worker/kv_worker.h"
+#include "worker/worker_model.h"
 
 ABSL_FLAG(std::string, prefill_target, "", "the prefill node's daemon");
 ABSL_FLAG(std::string, decode_target, "", "the decode node's daemon");
 ABSL_FLAG(std::string, pool, "qwen", "pool name on both daemons, laid out for the model");
-ABSL_FLAG(std::string, checkpoint, "", "directory with config.json and model.safetensors");
+ABSL_FLAG(std::string, checkpoint, "",
+          "directory with config.json and model.safetensors (Qwen3-MoE, or the hybrid "
+          "Qwen3-Next over pools of kv + state pages, its state in every page)");
 ABSL_FLAG(std::string, transport, "shm",
           "stream (any node), shm (same node, host pools) or nccl (same node and GPU, device "
           "pools: a single-rank NCCL channel, connected and warmed before the first request)");
@@ -40,12 +43,11 @@ struct Side {
 };
 
 absl::StatusOr<Side> Connect(const std::string& target, const ClientOptions& options,
-                             const Qwen3MoeModel& model) {
+                             const WorkerModel& model) {
   Side side;
   ASSIGN_OR_RETURN(side.client, KvCacheClient::Connect(target, options));
   RETURN_IF_ERROR(side.client->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-pd").status());
-  ASSIGN_OR_RETURN(side.worker,
-                   KvWorker::Create(side.client.get(), absl::GetFlag(FLAGS_pool), &model));
+  ASSIGN_OR_RETURN(side.worker, model.CreateWorker(side.client.get(), absl::GetFlag(FLAGS_pool)));
   return side;
 }
 
@@ -60,7 +62,7 @@ std::vector<uint32_t> RequestPrompt(uint32_t request) {
 }
 
 absl::Status Run() {
-  ASSIGN_OR_RETURN(Qwen3MoeModel model, Qwen3MoeModel::Load(absl::GetFlag(FLAGS_checkpoint)));
+  ASSIGN_OR_RETURN(WorkerModel model, WorkerModel::Load(absl::GetFlag(FLAGS_checkpoint)));
   ASSIGN_OR_RETURN(const ClientOptions options, ClientOptionsFromFlags());
   ASSIGN_OR_RETURN(Side prefill, Connect(absl::GetFlag(FLAGS_prefill_target), options, model));
   ASSIGN_OR_RETURN(Side decode, Connect(absl::GetFlag(FLAGS_decode_target), options, model));

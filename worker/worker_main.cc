@@ -4,7 +4,8 @@
 // turns hit their own history in the cache. With --check_cold every turn is also run cold in
 // this process and must match bit for bit, on the backend the worker computes with: the CPU model
 // over a private host pool for a host pool, and for a device pool (a daemon with --device cuda:N,
-// where the model runs on that GPU) the same GPU model over a fresh device buffer.
+// where the model runs on that GPU) the same GPU model over a fresh device buffer. A hybrid
+// checkpoint (Qwen3-Next) runs on the CPU over a host pool of kv + state pages (DESIGN §5).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,10 +26,16 @@
 #include "transfer/block_transport.h"
 #include "transfer/nccl_transport.h"
 #include "worker/kv_worker.h"
+#include "worker/worker_model.h"
 
 ABSL_FLAG(std::string, target, "", "daemon address (default: the daemon's default socket)");
 ABSL_FLAG(std::string, pool, "default", "pool laid out for this model");
-ABSL_FLAG(std::string, checkpoint, "", "directory with config.json and model.safetensors");
+ABSL_FLAG(std::string, checkpoint, "",
+          "directory with config.json and model.safetensors: Qwen3-MoE, or the hybrid "
+          "Qwen3-Next (model_type qwen3_next) over a pool of kv + state pages");
+ABSL_FLAG(uint32_t, state_every_pages, 1,
+          "hybrid model: save the recurrent state into every Nth page (a hit ends only at such a "
+          "page); the prefill role needs 1, as the transports publish every part of each page");
 ABSL_FLAG(std::string, tenant, "",
           "tenant of this worker's sessions; empty: the tenant of this caller's identity");
 ABSL_FLAG(std::string, prompt, "", "prompt text; its bytes are the tokens (byte-level vocab)");
@@ -149,14 +156,20 @@ absl::Status RunPrefill(KvCacheClient& client, KvWorker& worker,
 }
 
 absl::Status Run() {
-  ASSIGN_OR_RETURN(Qwen3MoeModel model, Qwen3MoeModel::Load(absl::GetFlag(FLAGS_checkpoint)));
+  ASSIGN_OR_RETURN(WorkerModel model, WorkerModel::Load(absl::GetFlag(FLAGS_checkpoint)));
   std::string target = absl::GetFlag(FLAGS_target);
   if (target.empty()) target = DefaultListenAddress();
   ASSIGN_OR_RETURN(const ClientOptions options, ClientOptionsFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<KvCacheClient> client, KvCacheClient::Connect(target, options));
   RETURN_IF_ERROR(client->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-worker").status());
+  const uint32_t state_every_pages = absl::GetFlag(FLAGS_state_every_pages);
+  if (model.hybrid() && state_every_pages != 1 && absl::GetFlag(FLAGS_role) == "prefill") {
+    return absl::InvalidArgumentError(
+        "--role=prefill ships whole pages, published with every part: give "
+        "--state_every_pages=1 so that each page holds its state");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<KvWorker> worker,
-                   KvWorker::Create(client.get(), absl::GetFlag(FLAGS_pool), &model));
+                   model.CreateWorker(client.get(), absl::GetFlag(FLAGS_pool), state_every_pages));
   const SamplerOptions sampling{.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature)),
                                 .seed = absl::GetFlag(FLAGS_seed)};
   ASSIGN_OR_RETURN(std::vector<uint32_t> prompt, PromptTokens());

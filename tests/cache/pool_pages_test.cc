@@ -71,7 +71,7 @@ class PoolPagesTest : public ::testing::Test {
     auto memory = HostPoolMemory::Create(128, num_blocks);
     ASSERT_OK(memory);
     auto pool =
-        Pool::Create(options, 0, *std::move(memory), nullptr, nullptr, events_.get(), &clock_);
+        Pool::Create(options, 0, *std::move(memory), nullptr, &quotas_, events_.get(), &clock_);
     ASSERT_OK(pool);
     pool_ = *std::move(pool);
   }
@@ -133,6 +133,7 @@ class PoolPagesTest : public ::testing::Test {
 
   testing::FakeClock clock_;
   testing::ScopedTempDir disk_dir_;
+  TenantQuotas quotas_;  // without limits unless a test sets them
   std::unique_ptr<KvEventLog> events_;
   Session session_{1, "uid:1", "tenant-a", "engine", absl::Seconds(10), Manifest()};
   std::unique_ptr<Pool> pool_;
@@ -353,6 +354,63 @@ TEST_F(PoolPagesTest, PinsHoldPagesUntilTheirTtl) {
   // A touch holds nothing.
   ASSERT_OK(pool_->PinPages(session_, Keys("more", 7), absl::ZeroDuration()));
   EXPECT_EQ(Referenced(), 0u);
+}
+
+// Pins end at their TTL even when no allocating call comes: the reaper's ExpirePins, a lookup and
+// the statistics release them.
+TEST_F(PoolPagesTest, ExpiredPinsAreReleasedWithoutAnAllocatingCall) {
+  const std::vector<std::string> keys = Keys("idle", 2);
+  ASSERT_OK(Put(session_, keys));
+  ASSERT_OK(pool_->PinPages(session_, keys, absl::Seconds(30)));
+  pool_->ExpirePins();
+  EXPECT_EQ(Referenced(), 2u);  // not yet
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_EQ(Referenced(), 2u);  // nothing has looked since
+  pool_->ExpirePins();
+  EXPECT_EQ(Referenced(), 0u);
+
+  ASSERT_OK(pool_->PinPages(session_, keys, absl::Seconds(30)));
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_EQ(Exists(keys), 2u);  // a lookup releases it first
+  EXPECT_EQ(Referenced(), 0u);
+  ASSERT_OK(pool_->PinPages(session_, keys, absl::Seconds(30)));
+  clock_.Advance(absl::Seconds(31));
+  const std::vector<uint32_t> tokens = {1, 2, 3, 4, 5};
+  ASSERT_OK(pool_->Lookup("tenant-a", SequenceSpec{.tokens = tokens}));
+  EXPECT_EQ(Referenced(), 0u);
+}
+
+// Under a tight quota a pin of higher priority releases the tenant's lower ones, the lowest first;
+// one of equal priority is refused, and so is one with no lower pin left.
+TEST_F(PoolPagesTest, AHigherPriorityPinDisplacesLowerOnesWhenTheQuotaIsTight) {
+  quotas_.SetLimits({{"tenant-a", TenantLimits{.max_referenced_blocks = 4}}});
+  const std::vector<std::string> low = Keys("low", 2), mid = Keys("mid", 2), high = Keys("high", 2);
+  ASSERT_OK(Put(session_, low));
+  ASSERT_OK(Put(session_, mid));
+  ASSERT_OK(Put(session_, high));
+  ASSERT_OK(pool_->PinPages(session_, low, absl::Seconds(60), /*priority=*/0));
+  ASSERT_OK(pool_->PinPages(session_, mid, absl::Seconds(30), /*priority=*/1));
+  EXPECT_EQ(Referenced(), 4u);
+  EXPECT_THAT(pool_->PinPages(session_, high, absl::Seconds(30), 0),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_referenced_blocks")));
+  EXPECT_EQ(Referenced(), 4u);  // an equal priority displaces nothing
+  absl::StatusOr<uint32_t> pinned = pool_->PinPages(session_, high, absl::Seconds(90), 2);
+  ASSERT_OK(pinned);
+  EXPECT_EQ(*pinned, 2u);  // "low" made room
+  EXPECT_EQ(Referenced(), 4u);
+  EXPECT_THAT(pool_->PinPages(session_, low, absl::Seconds(30), 1),
+              StatusIs(absl::StatusCode::kResourceExhausted));  // nothing below 1 is left
+  EXPECT_EQ(Referenced(), 4u);
+  ASSERT_OK(pool_->PinPages(session_, low, absl::Seconds(120), Pool::kMaxPinPriority));
+  // "mid" (1) went before "high" (2): past mid's TTL, "high" and "low" are still pinned.
+  clock_.Advance(absl::Seconds(31));
+  pool_->ExpirePins();
+  EXPECT_EQ(Referenced(), 4u);
+  clock_.Advance(absl::Seconds(90));
+  pool_->ExpirePins();
+  EXPECT_EQ(Referenced(), 0u);
+  EXPECT_THAT(pool_->PinPages(session_, low, absl::Seconds(30), Pool::kMaxPinPriority + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pin priority 8; at most 7")));
 }
 
 TEST_F(PoolPagesTest, PartsTravelThroughTierTwo) {

@@ -323,13 +323,16 @@ class Simulation {
   // `disk`: a disk tier below tier 2 (which `tier` then must ask for).
   // `staged`: the pool's memory is host bytes behind the device interface
   // (tests/testing/pool_memories.h), so every tier copy takes a device pool's batched path.
+  // `parts`: the pool declares a block of two parts, "kv" and a one-block trailing "state"; the
+  // commits name none, so every block holds both and the model's answers stand (DESIGN §13).
   Simulation(uint64_t seed, uint32_t hash_bits, bool tier, bool disk, int num_ops,
-             bool staged = false)
+             bool staged = false, bool parts = false)
       : rng_(seed),
         hash_bits_(hash_bits),
         tier_(tier || disk),
         disk_(disk),
         staged_(staged),
+        parts_(parts),
         num_ops_(num_ops) {}
 
   absl::Status Run(SimTotals* totals) {
@@ -345,6 +348,11 @@ class Simulation {
                                 .dtype = DType::kFloat16};
     options.num_blocks = num_blocks_;
     options.testing_hash_bits = hash_bits_;
+    if (parts_) {
+      const uint64_t bytes = options.layout.BlockBytes();
+      ASSIGN_OR_RETURN(options.parts,
+                       ParsePageParts(absl::StrCat("kv/", bytes - 2, "+state/2/trailing1"), bytes));
+    }
     if (tier_) {
       // From one block to twice the pool, so tier 2 evicts its own records too; over a disk
       // tier at most the pool, so records are passed down (and evicted) often.
@@ -1300,6 +1308,7 @@ class Simulation {
   const bool tier_;
   const bool disk_;
   const bool staged_;
+  const bool parts_;
   const int num_ops_;
   PoolOptions options_;
   // The disk tier's file, kept across restarts.
@@ -1392,6 +1401,7 @@ enum class Run {
   kWeakHashTier,  // a tier 2, 6-bit hashes, without the model
   kDisk,          // a tier 2 over a disk tier, restarts, full-width hashes, with the model
   kWeakHashDisk,  // a tier 2 over a disk tier, restarts, 6-bit hashes, without the model
+  kTierParts,     // kTier on a pool with declared parts, every block committed with all of them
 };
 
 // Runs `default_seeds` seeds (or the one KVCACHE_SIM_SEED names); stops at the first failure,
@@ -1416,8 +1426,9 @@ void RunSeeds(absl::string_view name, uint64_t first_seed, Run run, uint64_t def
     if (run == Run::kWeakHashTier || run == Run::kWeakHashDisk) hash_bits = 6;
     const bool disk = run == Run::kDisk || run == Run::kWeakHashDisk;
     const bool staged = run == Run::kTierStaged;
-    const bool tier = disk || staged || run == Run::kTier || run == Run::kWeakHashTier;
-    Simulation simulation(seed, hash_bits, tier, disk, ops, staged);
+    const bool parts = run == Run::kTierParts;
+    const bool tier = disk || staged || parts || run == Run::kTier || run == Run::kWeakHashTier;
+    Simulation simulation(seed, hash_bits, tier, disk, ops, staged, parts);
     const absl::Status status = simulation.Run(&totals);
     ++totals.seeds;
     if (status.ok() && disk && replay_every != 0 && seed % replay_every == 0) {
@@ -1491,6 +1502,13 @@ TEST(SimulationTest, Tier2KeepsTheContract) {
 // The same on a device pool's path: offloads and loads through the batched copies.
 TEST(SimulationTest, Tier2OnDeviceMemoryKeepsTheContract) {
   RunSeeds("Tier2OnDeviceMemoryKeepsTheContract", 2'500'000, Run::kTierStaged, kTierSeeds,
+           kTierOps);
+}
+
+// Token blocks of a pool with parts keep each block's part mask beside its extra keys' digest
+// (common/page_parts.h): with every part committed, the answers are the model's.
+TEST(SimulationTest, Tier2WithDeclaredPartsKeepsTheContract) {
+  RunSeeds("Tier2WithDeclaredPartsKeepsTheContract", 2'700'000, Run::kTierParts, kTierSeeds,
            kTierOps);
 }
 

@@ -556,5 +556,23 @@ TEST_F(PagesClientTest, PinsHoldPagesAndEveryCallNeedsASession) {
   EXPECT_THAT(sessionless->CommitPages(1), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+// An idle pool's expired pin is released by the time GetStats answers (or the reaper before it).
+TEST_F(PagesClientTest, GetStatsShowsAnExpiredPinReleased) {
+  const std::vector<std::string> keys = Keys("idle", 2);
+  ASSERT_OK(Put(*client_, keys));
+  ASSERT_OK(client_->PinPages(kPool, keys, absl::Seconds(30)));
+  clock_.Advance(absl::Seconds(31));
+  absl::StatusOr<KvCacheClient::Stats> stats = client_->GetStats(pool_);
+  ASSERT_OK(stats);
+  ASSERT_EQ(stats->pools.size(), 1u);
+  EXPECT_EQ(stats->pools[0].counts.referenced, 0u);
+  EXPECT_EQ(stats->pools[0].open_sequences, 0u);
+  // A priority travels with the pin; past the highest it is refused.
+  EXPECT_THAT(client_->PinPages(kPool, keys, absl::Seconds(30), /*priority=*/8),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pin priority 8; at most 7")));
+  ASSERT_OK(client_->PinPages(kPool, keys, absl::Seconds(30), /*priority=*/7));
+  EXPECT_EQ(Counts().referenced, 2u);
+}
+
 }  // namespace
 }  // namespace kvcache::testing

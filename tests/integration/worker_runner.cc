@@ -13,7 +13,7 @@ namespace kvcache::testing {
 
 absl::StatusOr<WorkerRunner> WorkerRunner::Create(std::string bin_dir, std::string checkpoint,
                                                   uint32_t block_size, uint32_t new_tokens) {
-  absl::StatusOr<worker::Qwen3MoeModel> model = worker::Qwen3MoeModel::Load(checkpoint);
+  absl::StatusOr<worker::WorkerModel> model = worker::WorkerModel::Load(checkpoint);
   if (!model.ok()) return model.status();
   return WorkerRunner(std::move(bin_dir), std::move(checkpoint), block_size, new_tokens,
                       *std::move(model));
@@ -53,7 +53,7 @@ void WorkerRunner::ExpectMatchesCold(const ClientResult& result,
                                      const std::vector<uint32_t>& prompt) const {
   worker::Sampler sampler = worker::Sampler::Greedy();
   absl::StatusOr<worker::GenerationResult> cold =
-      worker::GenerateCold(model_, prompt, new_tokens_, sampler, block_size_, DType::kBFloat16);
+      model_.GenerateCold(prompt, new_tokens_, sampler, block_size_, DType::kBFloat16);
   ASSERT_OK(cold);
   EXPECT_EQ(result.Field("tokens"), absl::StrJoin(cold->tokens, ","));
   EXPECT_EQ(result.Field("digest"), absl::StrFormat("%016x", cold->logits_digest));

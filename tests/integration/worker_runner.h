@@ -1,7 +1,7 @@
 // kvcache-worker processes for the integration tests, and the cold run their tokens and logits
-// must equal bit for bit: worker::GenerateCold over a private pool in this process (greedy, the
-// CPU model, bf16 KV), the reference every cached run — a prefix hit, a block loaded from a lower
-// tier or another node — is checked against.
+// must equal bit for bit: the checkpoint's cold run over a private pool in this process (greedy,
+// the CPU model, Qwen3-MoE or the hybrid, bf16 KV), the reference every cached run — a prefix hit,
+// a block loaded from a lower tier or another node — is checked against.
 //
 // Thread safety: thread-compatible.
 #ifndef KVCACHE_TESTS_INTEGRATION_WORKER_RUNNER_H_
@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "worker/generation.h"
+#include "worker/worker_model.h"
 
 namespace kvcache::testing {
 
@@ -34,11 +35,11 @@ class WorkerRunner {
   // Expects `result`'s tokens and logits digest to be those of a cold run of `prompt`.
   void ExpectMatchesCold(const ClientResult& result, const std::vector<uint32_t>& prompt) const;
 
-  const worker::Qwen3MoeModel& model() const { return model_; }
+  const worker::WorkerModel& model() const { return model_; }
 
  private:
   WorkerRunner(std::string bin_dir, std::string checkpoint, uint32_t block_size,
-               uint32_t new_tokens, worker::Qwen3MoeModel model)
+               uint32_t new_tokens, worker::WorkerModel model)
       : bin_dir_(std::move(bin_dir)),
         checkpoint_(std::move(checkpoint)),
         block_size_(block_size),
@@ -49,7 +50,7 @@ class WorkerRunner {
   std::string checkpoint_;
   uint32_t block_size_;
   uint32_t new_tokens_;
-  worker::Qwen3MoeModel model_;
+  worker::WorkerModel model_;
 };
 
 }  // namespace kvcache::testing

@@ -26,7 +26,7 @@
 #include "client/kv_cache_client.h"
 #include "server/daemon.h"
 #include "tests/testing/fake_session_service.h"
-#include "tests/testing/grpc_kept_alive.h"
+#include "tests/testing/in_process_daemon.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
@@ -54,39 +54,21 @@ void ExpectSameGeneration(const GenerationResult& got, const GenerationResult& w
 class KvWorkerHostPoolTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ::kvcache::testing::KeepGrpcInitialized();
-    DaemonOptions options;
-    options.listen = "unix://" + dir_.File("kv.sock");
     absl::StatusOr<PoolOptions> qwen = ParsePoolSpec(
         "qwen:model=tiny:layers=3:kv_heads=2:head_dim=16:block_size=16:dtype=bf16:blocks=32");
     ASSERT_OK(qwen);
-    options.pools.push_back(*qwen);
-    options.pools.push_back(DefaultPoolOptions());
-    absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
-    ASSERT_OK(daemon);
-    daemon_ = *std::move(daemon);
-    absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(options.listen);
-    ASSERT_OK(client);
-    client_ = *std::move(client);
-    ASSERT_OK(client_->OpenSession("", "kv_worker_test"));
+    ASSERT_NO_FATAL_FAILURE(daemon_.Start({*qwen, DefaultPoolOptions()}, "kv_worker_test"));
+    client_ = daemon_.client();
   }
+  void TearDown() override { daemon_.Stop(); }
 
-  void TearDown() override {
-    client_.reset();
-    if (daemon_ != nullptr) {
-      for (Pool* pool : daemon_->manager().pools()) EXPECT_OK(pool->CheckInvariants());
-      daemon_.reset();
-    }
-  }
-
-  ScopedTempDir dir_{"kvcache_kv_worker_test"};  // for the socket
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<KvCacheClient> client_;
+  ::kvcache::testing::InProcessDaemon daemon_;
+  KvCacheClient* client_ = nullptr;
 };
 
 TEST_F(KvWorkerHostPoolTest, CpuModelOverTheHostPoolMatchesTheColdReference) {
   absl::StatusOr<std::unique_ptr<KvWorker>> worker =
-      KvWorker::Create(client_.get(), "qwen", &TinyModel());
+      KvWorker::Create(client_, "qwen", &TinyModel());
   ASSERT_OK(worker);
   EXPECT_FALSE((*worker)->on_device());
   EXPECT_FALSE((*worker)->mapped().is_device());
@@ -133,9 +115,9 @@ TEST_F(KvWorkerHostPoolTest, CpuModelOverTheHostPoolMatchesTheColdReference) {
 }
 
 TEST_F(KvWorkerHostPoolTest, PoolOfAnotherModelIsFailedPrecondition) {
-  EXPECT_THAT(KvWorker::Create(client_.get(), "default", &TinyModel()),
+  EXPECT_THAT(KvWorker::Create(client_, "default", &TinyModel()),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("laid out for")));
-  EXPECT_THAT(KvWorker::Create(client_.get(), "nope", &TinyModel()),
+  EXPECT_THAT(KvWorker::Create(client_, "nope", &TinyModel()),
               StatusIs(absl::StatusCode::kNotFound));
 }
 

@@ -72,9 +72,11 @@ def describe_pool(pool: str) -> UnaryCall[PoolDescription]:
 
 def lookup(pool: str, tokens: Sequence[int], cache_salt: bytes,
            extra_keys: Optional[hashing.ExtraKeys], tenant: str,
-           manifest: Optional[CompatibilityManifest] = None) -> UnaryCall[LookupResult]:
+           manifest: Optional[CompatibilityManifest] = None,
+           restore_parts: Sequence[str] = ()) -> UnaryCall[LookupResult]:
     request = make_request("lookup", kvcache_pb2.LookupRequest, pool=pool, tenant=tenant,
-                           tokens=token_ids("lookup", tokens), cache_salt=cache_salt)
+                           tokens=token_ids("lookup", tokens), cache_salt=cache_salt,
+                           restore_parts=_pages.part_names("lookup", restore_parts))
     fill_extra_keys(extra_keys, request.extra_keys)
     if manifest is not None:
         request.manifest.CopyFrom(manifest.to_proto())
@@ -83,7 +85,8 @@ def lookup(pool: str, tokens: Sequence[int], cache_salt: bytes,
                          num_cached_tokens=response.num_cached_tokens,
                          num_cached_blocks=response.num_cached_blocks,
                          cached_tokens_by_tier=tier_tokens_from_proto(
-                             response.cached_tokens_by_tier)),
+                             response.cached_tokens_by_tier),
+                         part_masks=list(response.part_masks)),
                      True)
 
 
@@ -131,18 +134,20 @@ def close_session() -> UnaryCall[int]:
 
 
 def open_sequence(pool: str, tokens: Sequence[int], cache_salt: bytes,
-                  extra_keys: Optional[hashing.ExtraKeys],
-                  max_load_ms: int) -> UnaryCall[SequenceTable]:
+                  extra_keys: Optional[hashing.ExtraKeys], max_load_ms: int,
+                  restore_parts: Sequence[str] = ()) -> UnaryCall[SequenceTable]:
     request = make_request("open_sequence", kvcache_pb2.OpenSequenceRequest, pool=pool,
                            tokens=token_ids("open_sequence", tokens), cache_salt=cache_salt,
-                           max_load_ms=max_load_ms)
+                           max_load_ms=max_load_ms,
+                           restore_parts=_pages.part_names("open_sequence", restore_parts))
     fill_extra_keys(extra_keys, request.extra_keys)
     return UnaryCall("OpenSequence", request,
                      lambda response: SequenceTable(
                          sequence_id=response.sequence_id, block_ids=list(response.block_ids),
                          num_cached_tokens=response.num_cached_tokens,
                          cached_tokens_by_tier=tier_tokens_from_proto(
-                             response.cached_tokens_by_tier)),
+                             response.cached_tokens_by_tier),
+                         part_masks=list(response.part_masks)),
                      False)
 
 
@@ -155,10 +160,14 @@ def extend(sequence_id: int, tokens: Sequence[int]) -> UnaryCall[Extension]:
         False)
 
 
-def commit(sequence_id: int, num_written_tokens: int) -> UnaryCall[Commit]:
+def commit(sequence_id: int, num_written_tokens: int,
+           part_masks: Optional[Sequence[int]] = None) -> UnaryCall[Commit]:
+    # One mask per full block written: the daemon knows the block size and checks the count.
+    masks = None if part_masks is None else list(part_masks)
     return UnaryCall("CommitSequence", make_request(
         "commit", kvcache_pb2.CommitSequenceRequest, sequence_id=sequence_id,
-        num_written_tokens=num_written_tokens),
+        num_written_tokens=num_written_tokens,
+        part_masks=_pages.part_masks("commit", masks, len(masks or []))),
         lambda response: Commit(num_committed_blocks=response.num_committed_blocks,
                                 num_published_blocks=response.num_published_blocks),
         True)
@@ -256,9 +265,9 @@ def get_pages(pool: str, keys: Sequence[bytes], parts: Sequence[str],
                      lambda response: _pages.got_pages(num_keys, response), True)
 
 
-def pin_pages(pool: str, keys: Sequence[bytes], ttl: float) -> UnaryCall[int]:
+def pin_pages(pool: str, keys: Sequence[bytes], ttl: float, priority: int = 0) -> UnaryCall[int]:
     call = "pin_pages"
     return UnaryCall("PinPages", make_request(
         call, kvcache_pb2.PinPagesRequest, pool=pool, keys=_pages.page_keys(call, keys),
-        ttl_ms=_pages.ttl_ms(call, ttl)),
+        ttl_ms=_pages.ttl_ms(call, ttl), priority=priority),
         lambda response: response.num_pages, True)

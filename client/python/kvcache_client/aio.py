@@ -120,10 +120,11 @@ class Client(ClientBase):
     async def lookup(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                      extra_keys: Optional[hashing.ExtraKeys] = None,
                      tenant: str = "",
-                     manifest: Optional[CompatibilityManifest] = None) -> LookupResult:
+                     manifest: Optional[CompatibilityManifest] = None,
+                     restore_parts: Sequence[str] = ()) -> LookupResult:
         """As kvcache_client.Client.lookup."""
         return await self._unary(
-            _calls.lookup(pool, tokens, cache_salt, extra_keys, tenant, manifest))
+            _calls.lookup(pool, tokens, cache_salt, extra_keys, tenant, manifest, restore_parts))
 
     async def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
         """As kvcache_client.Client.stats."""
@@ -198,18 +199,22 @@ class Session(SessionCore):
 
     async def open_sequence(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                             extra_keys: Optional[hashing.ExtraKeys] = None,
-                            max_load_ms: int = 0) -> SequenceTable:
+                            max_load_ms: int = 0,
+                            restore_parts: Sequence[str] = ()) -> SequenceTable:
         """As kvcache_client.Session.open_sequence (not idempotent, never retried)."""
         return await self._session_call(_calls.open_sequence(pool, tokens, cache_salt,
-                                                             extra_keys, max_load_ms))
+                                                             extra_keys, max_load_ms,
+                                                             restore_parts))
 
     async def extend(self, sequence_id: int, tokens: Sequence[int]) -> Extension:
         """As kvcache_client.Session.extend."""
         return await self._session_call(_calls.extend(sequence_id, tokens))
 
-    async def commit(self, sequence_id: int, num_written_tokens: int) -> Commit:
+    async def commit(self, sequence_id: int, num_written_tokens: int,
+                     part_masks: Optional[Sequence[int]] = None) -> Commit:
         """As kvcache_client.Session.commit."""
-        return await self._session_call(_calls.commit(sequence_id, num_written_tokens))
+        return await self._session_call(_calls.commit(sequence_id, num_written_tokens,
+                                                      part_masks))
 
     async def release(self, sequence_id: int) -> None:
         """As kvcache_client.Session.release."""
@@ -305,9 +310,10 @@ class Session(SessionCore):
         return await self._session_call(
             call, self._get_pages_timeout(keys, await self._pool_shape(pool)))
 
-    async def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float) -> int:
+    async def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float,
+                        priority: int = 0) -> int:
         """As kvcache_client.Session.pin_pages."""
-        return await self._session_call(_calls.pin_pages(pool, keys, ttl))
+        return await self._session_call(_calls.pin_pages(pool, keys, ttl, priority))
 
     async def write_pages(self, pool: str, keys: Sequence[bytes], sources: Sequence[Any], *,
                           part_masks: Optional[Sequence[int]] = None) -> PagesPut:

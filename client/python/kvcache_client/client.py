@@ -386,12 +386,15 @@ class Client(ClientBase):
 
     def lookup(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                extra_keys: Optional[hashing.ExtraKeys] = None, tenant: str = "",
-               manifest: Optional[CompatibilityManifest] = None) -> LookupResult:
+               manifest: Optional[CompatibilityManifest] = None,
+               restore_parts: Sequence[str] = ()) -> LookupResult:
         """Longest cached prefix of `tokens`, acquiring nothing (for routers). `tokens`: a list
         of ints or a 1-D numpy integer array (checked without a Python loop). `tenant`: empty
         for the caller's own (another: PERMISSION_DENIED unless an admin). `manifest`: the one
-        the looked-up blocks' sessions are bound to (None: sessions without one)."""
-        return self._unary(_calls.lookup(pool, tokens, cache_salt, extra_keys, tenant, manifest))
+        the looked-up blocks' sessions are bound to (None: sessions without one).
+        `restore_parts`: as Session.open_sequence's."""
+        return self._unary(_calls.lookup(pool, tokens, cache_salt, extra_keys, tenant, manifest,
+                                         restore_parts))
 
     def stats(self, pool: str = "", *, tenant: str = "") -> Stats:
         """Every pool's statistics when `pool` is empty; NOT_FOUND for an unknown pool."""

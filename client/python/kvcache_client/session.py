@@ -88,26 +88,33 @@ class Session(SessionCore):
 
     def open_sequence(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                       extra_keys: Optional[hashing.ExtraKeys] = None,
-                      max_load_ms: int = 0) -> SequenceTable:
+                      max_load_ms: int = 0, restore_parts: Sequence[str] = ()) -> SequenceTable:
         """Opens a sequence for a prompt: the longest verified cached prefix is acquired, the
         rest freshly allocated (at least one token is left to compute). Not idempotent.
         `max_load_ms`: how long loading the prefix from the pool's lower tiers may take (0: no
         bound); what does not come up in time is left to compute. `cached_tokens_by_tier` says
         where the cached tokens came from. INVALID_ARGUMENT for an empty prompt or an oversize
         salt; NOT_FOUND for an unknown pool; RESOURCE_EXHAUSTED when the pool has too few blocks
-        or a quota would be passed."""
+        or a quota would be passed. `restore_parts`: the pool's parts the caller restores, by
+        name (empty: every part); the hit ends at the greatest block endpoint where each of them
+        restores (DESIGN §13), the blocks after it are fresh, and `part_masks` tells each cached
+        block's parts. INVALID_ARGUMENT for a part the pool lacks."""
         return self._session_call(_calls.open_sequence(pool, tokens, cache_salt, extra_keys,
-                                                       max_load_ms))
+                                                       max_load_ms, restore_parts))
 
     def extend(self, sequence_id: int, tokens: Sequence[int]) -> Extension:
         """Appends decoded tokens, allocating blocks as needed. Not idempotent."""
         return self._session_call(_calls.extend(sequence_id, tokens))
 
-    def commit(self, sequence_id: int, num_written_tokens: int) -> Commit:
+    def commit(self, sequence_id: int, num_written_tokens: int,
+               part_masks: Optional[Sequence[int]] = None) -> Commit:
         """Declares the first `num_written_tokens` tokens' KV written; full blocks among them are
         published. REQUIRES: that KV is written (device work synchronized). Idempotent.
-        INVALID_ARGUMENT for a count past the sequence."""
-        return self._session_call(_calls.commit(sequence_id, num_written_tokens))
+        `part_masks`: None (every block holds every part), or one per full block written from
+        block 0, the parts written (bit i: the pool's part i), each holding every all-pages part.
+        INVALID_ARGUMENT for a count past the sequence, or a bad mask or mask count (nothing is
+        published)."""
+        return self._session_call(_calls.commit(sequence_id, num_written_tokens, part_masks))
 
     def release(self, sequence_id: int) -> None:
         """Releases the sequence's blocks, tail first. A second call is NOT_FOUND."""
@@ -241,11 +248,14 @@ class Session(SessionCore):
         call = _calls.get_pages(pool, keys, parts, max_load_ms)
         return self._session_call(call, self._get_pages_timeout(keys, self._pool_shape(pool)))
 
-    def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float) -> int:
+    def pin_pages(self, pool: str, keys: Sequence[bytes], *, ttl: float,
+                  priority: int = 0) -> int:
         """Keeps the present leading pages resident for `ttl` seconds, at most a day (0: only
         touches them, most recently used), held by this session; returns how many. Each call is
-        a hold of its own: a page pinned twice is held until the later TTL."""
-        return self._session_call(_calls.pin_pages(pool, keys, ttl))
+        a hold of its own: a page pinned twice is held until the later TTL. `priority` (0 to
+        7): when the tenant's quota refuses the pin, the tenant's pins of lower priority are
+        released to make room, the lowest first (RESOURCE_EXHAUSTED when none is left)."""
+        return self._session_call(_calls.pin_pages(pool, keys, ttl, priority))
 
     def write_pages(self, pool: str, keys: Sequence[bytes], sources: Sequence[Any], *,
                     part_masks: Optional[Sequence[int]] = None) -> PagesPut:

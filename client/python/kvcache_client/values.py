@@ -213,6 +213,9 @@ class Sequence:
     block_ids: List[int]
     num_cached_tokens: int  # leading tokens whose KV is already in the pool
     cached_tokens_by_tier: TierTokens = TierTokens()
+    # One per cached block: the parts it holds (bit i: the pool's part i); empty for a pool
+    # declared without parts.
+    part_masks: List[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ class LookupResult:
     num_cached_tokens: int  # num_cached_blocks * block_size; not capped
     num_cached_blocks: int
     cached_tokens_by_tier: TierTokens = TierTokens()
+    part_masks: List[int] = field(default_factory=list)  # as Sequence's
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,16 @@ def error_code(call, *args, **kwargs) -> grpc.StatusCode:
     raise AssertionError(f"{getattr(call, '__name__', call)} raised no KvCacheError")
 
 
+def error_message(call, *args, **kwargs) -> str:
+    """The message of the KvCacheError that call(*args, **kwargs) raises (AssertionError if
+    none)."""
+    try:
+        call(*args, **kwargs)
+    except KvCacheError as error:
+        return error.message
+    raise AssertionError(f"{getattr(call, '__name__', call)} raised no KvCacheError")
+
+
 class RedisCluster:
     """A Redis Cluster of `masters` redis-server processes on loopback ports, made as
     tests/testing/redis_cluster_process.cc makes it (no replicas, partial coverage allowed, no

@@ -20,7 +20,7 @@ from unittest import mock
 import grpc
 import numpy
 
-from daemon import BOUND, Daemon, error_code
+from daemon import BOUND, Daemon, error_code, error_message as message_of
 
 from kvcache_client import (AcquiredPages, CompatibilityManifest, DType, KvCacheError,
                             MappingKind, PagePart, PagePartInfo, PageReservation, PoolInfo,
@@ -64,14 +64,6 @@ def page_bytes(seed: int, count: int = 1) -> bytes:
 
 def code_of(call, *args, **kwargs) -> grpc.StatusCode:
     return error_code(call, *args, **kwargs)
-
-
-def message_of(call, *args, **kwargs) -> str:
-    try:
-        call(*args, **kwargs)
-    except KvCacheError as error:
-        return error.message
-    raise AssertionError("no KvCacheError")
 
 
 def pool_info(shm_name: str = "", num_blocks: int = NUM_BLOCKS) -> PoolInfo:
@@ -494,6 +486,11 @@ class PagesDaemonTest(unittest.TestCase):
         self.assertEqual(session.pin_pages(POOL, names + keys("pin-absent", 1), ttl=5), 2)
         self.assertEqual(session.pin_pages(POOL, names, ttl=0), 2)
         self.assertEqual(session.pin_pages(POOL, keys("pin-absent", 1), ttl=1), 0)
+        self.assertEqual(session.pin_pages(POOL, names, ttl=5, priority=7), 2)
+        self.assertIn("pin priority 8; at most 7",
+                      message_of(session.pin_pages, POOL, names, ttl=5, priority=8))
+        self.assertEqual(code_of(session.pin_pages, POOL, names, ttl=5, priority=-1),
+                         Code.INVALID_ARGUMENT)  # the client's: out of a uint32's range
 
     def test_bad_input_codes(self):
         session = self.session()

@@ -159,16 +159,18 @@ class CommitPagesResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., num_published: _Optional[int] = ..., num_duplicates: _Optional[int] = ...) -> None: ...
 
 class CommitSequenceRequest(_message.Message):
-    __slots__ = ["epoch", "num_written_tokens", "sequence_id", "session_id"]
+    __slots__ = ["epoch", "num_written_tokens", "part_masks", "sequence_id", "session_id"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_WRITTEN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     num_written_tokens: int
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
     sequence_id: int
     session_id: int
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., num_written_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., num_written_tokens: _Optional[int] = ..., part_masks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitSequenceResponse(_message.Message):
     __slots__ = ["epoch", "num_committed_blocks", "num_published_blocks"]
@@ -437,32 +439,36 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ["cache_salt", "extra_keys", "manifest", "pool", "tenant", "tokens"]
+    __slots__ = ["cache_salt", "extra_keys", "manifest", "pool", "restore_parts", "tenant", "tokens"]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     EXTRA_KEYS_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_PARTS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     cache_salt: bytes
     extra_keys: ExtraKeys
     manifest: CompatibilityManifest
     pool: str
+    restore_parts: _containers.RepeatedScalarFieldContainer[str]
     tenant: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., manifest: _Optional[_Union[CompatibilityManifest, _Mapping]] = ...) -> None: ...
+    def __init__(self, pool: _Optional[str] = ..., tenant: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., manifest: _Optional[_Union[CompatibilityManifest, _Mapping]] = ..., restore_parts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ["cached_tokens_by_tier", "epoch", "num_cached_blocks", "num_cached_tokens"]
+    __slots__ = ["cached_tokens_by_tier", "epoch", "num_cached_blocks", "num_cached_tokens", "part_masks"]
     CACHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
     cached_tokens_by_tier: TierTokens
     epoch: int
     num_cached_blocks: int
     num_cached_tokens: int
-    def __init__(self, epoch: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Union[TierTokens, _Mapping]] = ...) -> None: ...
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Union[TierTokens, _Mapping]] = ..., part_masks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ManifestInUse(_message.Message):
     __slots__ = ["digest", "manifest", "sessions", "tenant"]
@@ -487,12 +493,13 @@ class MultimodalItem(_message.Message):
     def __init__(self, content_hash: _Optional[bytes] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class OpenSequenceRequest(_message.Message):
-    __slots__ = ["cache_salt", "epoch", "extra_keys", "max_load_ms", "pool", "session_id", "tokens"]
+    __slots__ = ["cache_salt", "epoch", "extra_keys", "max_load_ms", "pool", "restore_parts", "session_id", "tokens"]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EXTRA_KEYS_FIELD_NUMBER: _ClassVar[int]
     MAX_LOAD_MS_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_PARTS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     cache_salt: bytes
@@ -500,23 +507,26 @@ class OpenSequenceRequest(_message.Message):
     extra_keys: ExtraKeys
     max_load_ms: int
     pool: str
+    restore_parts: _containers.RepeatedScalarFieldContainer[str]
     session_id: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., max_load_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., max_load_ms: _Optional[int] = ..., restore_parts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSequenceResponse(_message.Message):
-    __slots__ = ["block_ids", "cached_tokens_by_tier", "epoch", "num_cached_tokens", "sequence_id"]
+    __slots__ = ["block_ids", "cached_tokens_by_tier", "epoch", "num_cached_tokens", "part_masks", "sequence_id"]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     cached_tokens_by_tier: TierTokens
     epoch: int
     num_cached_tokens: int
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
     sequence_id: int
-    def __init__(self, epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Union[TierTokens, _Mapping]] = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Union[TierTokens, _Mapping]] = ..., part_masks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ["client_name", "manifest", "tenant", "ttl_ms"]
@@ -584,18 +594,20 @@ class ParallelGeometry(_message.Message):
     def __init__(self, tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., cp_size: _Optional[int] = ..., cp_rank: _Optional[int] = ...) -> None: ...
 
 class PinPagesRequest(_message.Message):
-    __slots__ = ["epoch", "keys", "pool", "session_id", "ttl_ms"]
+    __slots__ = ["epoch", "keys", "pool", "priority", "session_id", "ttl_ms"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     pool: str
+    priority: int
     session_id: int
     ttl_ms: int
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_ms: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class PinPagesResponse(_message.Message):
     __slots__ = ["epoch", "num_pages"]
