@@ -131,8 +131,8 @@ absl::StatusOr<PagesFound> Pool::ExistsPages(const Session& session,
   // A hit promises bytes this daemon can no longer vouch for or serve.
   RETURN_IF_ERROR(faults_->status());
   RETURN_IF_ERROR(ValidatePageKeys(keys));
-  ExpirePins();
   ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence, NewPageSequence(session, keys, {}));
+  ExpirePins();
   PageWalk walk;
   std::vector<uint32_t> masks;
   {

@@ -2091,6 +2091,7 @@ class PageSimulation {
     ASSIGN_OR_RETURN(std::vector<PageProbe> probes, ProbeKeys(session_id, keys));
     const Expected expected = Expect(probes, wanted);
     ASSIGN_OR_RETURN(PagesFound found, pool_->ExistsPages(*info.session, keys, wanted));
+    pins_swept_at_ = clock_.Now();  // an exists releases expired pins first
     trace_.push_back(absl::StrCat("exists session ", session_id, " ", DescribeKeys(keys),
                                   " wanted 0x", absl::Hex(wanted), " -> ", found.num_pages,
                                   ", model ", DescribeExpected(expected), " of ",
@@ -2300,6 +2301,7 @@ class PageSimulation {
       Ended(id);
     }
     const size_t expired = manager_->ExpireSessions();
+    pins_swept_at_ = clock_.Now();  // the reaper's sweep releases expired pins too
     trace_.push_back(absl::StrCat("expire -> ", expired, ", model ", want));
     return expired == want ? absl::OkStatus() : Fail("expired sessions differ from the model");
   }
