@@ -23,12 +23,13 @@
 
 namespace kvcache {
 
-// The block data RPCs are served raw (grpc::ByteBuffer) so block bytes move between the socket
-// and pool memory without being copied into protobuf messages; their wire formats are the
-// messages' all the same.
+// The block data RPCs and the page calls that carry page bytes are served raw (grpc::ByteBuffer)
+// so the bytes move between the socket and pool memory without being copied into protobuf
+// messages; their wire formats are the messages' all the same.
 class KvCacheService final
     : public v1::KvCache::WithRawCallbackMethod_GetBlocks<
-          v1::KvCache::WithRawCallbackMethod_PutBlocks<v1::KvCache::CallbackService>> {
+          v1::KvCache::WithRawCallbackMethod_PutBlocks<v1::KvCache::WithRawCallbackMethod_GetPages<
+              v1::KvCache::WithRawCallbackMethod_PutPages<v1::KvCache::CallbackService>>>> {
  public:
   // `max_message_bytes` bounds the chunks GetBlocks sends. The pointers must outlive the
   // service.
@@ -113,12 +114,14 @@ class KvCacheService final
   grpc::ServerUnaryReactor* AcquirePages(grpc::CallbackServerContext* context,
                                          const v1::AcquirePagesRequest* request,
                                          v1::AcquirePagesResponse* response) override;
+  // PutPagesRequest in, PutPagesResponse out (server/page_calls.cc).
   grpc::ServerUnaryReactor* PutPages(grpc::CallbackServerContext* context,
-                                     const v1::PutPagesRequest* request,
-                                     v1::PutPagesResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  // GetPagesRequest in, GetPagesResponse out (server/page_calls.cc).
   grpc::ServerUnaryReactor* GetPages(grpc::CallbackServerContext* context,
-                                     const v1::GetPagesRequest* request,
-                                     v1::GetPagesResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PinPages(grpc::CallbackServerContext* context,
                                      const v1::PinPagesRequest* request,
                                      v1::PinPagesResponse* response) override;
