@@ -84,14 +84,6 @@ void FillRead(const PageRead& read, int asked, Response* response) {
   CountServed(*read.pool, *read.session, asked, acquired.block_ids.size());
 }
 
-// BlockChecksum of the bytes in `pieces`, in order.
-uint64_t ChecksumOfPieces(absl::Span<const absl::string_view> pieces) {
-  if (pieces.size() == 1) return BlockChecksum(pieces[0].data(), pieces[0].size());
-  thread_local xxh3::Stream stream;
-  for (const absl::string_view piece : pieces) stream.Update(piece.data(), piece.size());
-  return stream.DigestAndReset();
-}
-
 }  // namespace
 
 grpc::ServerUnaryReactor* KvCacheService::ExistsPages(grpc::CallbackServerContext* context,
@@ -202,38 +194,45 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
               absl::StrCat(request.keys_size(), " keys but ", pages.size(), " pages and ",
                            request.page_checksums_size(), " checksums; want one of each per key"));
         }
-        // Every page is checked before anything is reserved: a bad one publishes nothing.
         for (size_t i = 0; i < pages.size(); ++i) {
           if (pages[i].size != page_bytes) {
             return absl::InvalidArgumentError(absl::StrCat("page ", i, " has ", pages[i].size,
                                                            " bytes; pool '", request.pool(),
                                                            "' pages have ", page_bytes));
           }
-          if (ChecksumOfPieces(pages[i].pieces) != request.page_checksums(static_cast<int>(i))) {
-            return absl::DataLossError(absl::StrCat("page ", i, " does not match its checksum"));
-          }
         }
         ASSIGN_OR_RETURN(ReservedPages reserved,
                          pool->ReservePages(*session, keys,
                                             absl::MakeConstSpan(request.part_masks().data(),
                                                                 request.part_masks_size())));
-        // The pages' checksums were verified above: the commit takes them rather than reading
-        // every page back.
+        // Each page is checksummed while it is copied into its block, a cache-sized piece at a
+        // time, so its bytes are read from memory once (a separate pass before the copy cost as
+        // much as the copy). A page that does not match ends the put before its commit: the
+        // reservation is released and nothing is published. Duplicates are checked, not copied.
+        BlockStreamVerifier verifier(page_bytes,
+                                     std::vector<uint64_t>(request.page_checksums().begin(),
+                                                           request.page_checksums().end()));
         std::vector<uint64_t> verified;
-        for (size_t i = 0; i < reserved.block_ids.size(); ++i) {
-          if (reserved.block_ids[i] == kNoBlock) continue;
-          absl::Status written = absl::OkStatus();
-          uint64_t offset = 0;
+        for (size_t i = 0; i < pages.size(); ++i) {
+          const BlockId block = reserved.block_ids[i];
+          absl::Status write_failed = absl::OkStatus();  // else the verifier's error: a mismatch
+          absl::Status fed = absl::OkStatus();
           for (const absl::string_view piece : pages[i].pieces) {
-            written = pool->WriteBlock(reserved.block_ids[i], offset, piece);
-            if (!written.ok()) break;
-            offset += piece.size();
+            fed = verifier.Feed(
+                piece,
+                [&](uint32_t, uint64_t offset, absl::string_view part) {
+                  if (block != kNoBlock) write_failed = pool->WriteBlock(block, offset, part);
+                  return write_failed;
+                },
+                BlockStreamVerifier::Pieces::kCacheSized);
+            if (!fed.ok()) break;
           }
-          if (!written.ok()) {
+          if (!fed.ok()) {
             pool->Release(*session, reserved.sequence_id).IgnoreError();
-            return written;
+            if (!write_failed.ok()) return write_failed;
+            return absl::DataLossError(absl::StrCat("page ", i, " does not match its checksum"));
           }
-          verified.push_back(request.page_checksums(static_cast<int>(i)));
+          if (block != kNoBlock) verified.push_back(request.page_checksums(static_cast<int>(i)));
         }
         ASSIGN_OR_RETURN(CommittedPages committed,
                          pool->CommitPages(*session, reserved.sequence_id, verified));
