@@ -1,6 +1,8 @@
 // KvCacheClient's calls on pages named by the engine's keys (DESIGN §13): the unary page RPCs, with
 // the batch's shape checked before it leaves and each page's XXH3-64 computed on the way out and
 // verified on the way in, and the same-node helpers that copy pages through a mapped pool.
+#include <google/protobuf/arena.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -83,11 +85,14 @@ absl::StatusOr<KvCacheClient::PagesFound> KvCacheClient::ExistsPages(
     absl::Span<const std::string> parts) {
   RETURN_IF_ERROR(CheckPageBatch(keys, {}));
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("ExistsPages"));
-  v1::ExistsPagesRequest request;
-  FillPageRequest(pool, keys, &request);
-  request.mutable_parts()->Add(parts.begin(), parts.end());
+  // On an arena: up to thousands of keys, each a string of its own, allocated and freed at once
+  // (a malloc and a free per key took ~12% of this client's samples).
+  google::protobuf::Arena arena;
+  auto* request = google::protobuf::Arena::CreateMessage<v1::ExistsPagesRequest>(&arena);
+  FillPageRequest(pool, keys, request);
+  request->mutable_parts()->Add(parts.begin(), parts.end());
   v1::ExistsPagesResponse response;
-  RETURN_IF_ERROR(SessionCall(&Stub::ExistsPages, "ExistsPages", session, &request, &response));
+  RETURN_IF_ERROR(SessionCall(&Stub::ExistsPages, "ExistsPages", session, request, &response));
   return PagesFound{.num_pages = response.num_pages(),
                     .pages_by_tier = ToTierPages(response.pages_by_tier())};
 }

@@ -16,6 +16,7 @@
 
 #include "cache/cache_manager.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/arena_messages.h"
 #include "server/authenticator.h"
 #include "server/block_streams.h"
 #include "server/call_limits.h"
@@ -39,7 +40,9 @@ class KvCacheService final
         stream_leases_(stream_leases),
         authenticator_(authenticator),
         call_limits_(call_limits),
-        max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {}
+        max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {
+    SetMessageAllocatorFor_ExistsPages(&exists_pages_messages_);
+  }
 
   // The authenticated caller of a call to `method`, if its role reaches `needed`;
   // UNAUTHENTICATED or PERMISSION_DENIED otherwise. DEADLINE_EXCEEDED (or CANCELLED) first when
@@ -142,6 +145,7 @@ class KvCacheService final
   const Authenticator* const authenticator_;
   CallLimits* const call_limits_;
   const uint32_t max_chunk_bytes_;
+  ArenaMessageAllocator<v1::ExistsPagesRequest, v1::ExistsPagesResponse> exists_pages_messages_;
   std::atomic<int> watchers_{0};
   std::atomic<bool> stopping_{false};
 };
