@@ -2,7 +2,7 @@
 // session and pool, converts the request and answers with Pool's page operations. PutPages and
 // GetPages carry the bytes for clients on another node; the same-node calls hand out block ids
 // in the pool the caller maps.
-#include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -174,8 +174,8 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* raw_response) {
   return HandleRawUnary<v1::PutPagesResponse>(
       *this, context, raw_response, manager_->epoch(), "PutPages", Role::kWorker,
-      [&](const Identity& caller, v1::PutPagesResponse* response,
-          std::vector<grpc::Slice>*) -> absl::Status {
+      [&](const Identity& caller, v1::PutPagesResponse* response, std::vector<grpc::Slice>*,
+          std::function<void()>*) -> absl::Status {
         ASSIGN_OR_RETURN(const SplitMessage split,
                          SplitBytesField(*raw_request, v1::PutPagesRequest::kPagesFieldNumber));
         v1::PutPagesRequest request;
@@ -243,15 +243,16 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
       });
 }
 
-// Served raw: each page is copied once, from the pool into a slice of its own (after its field's
-// tag and length), rather than into a zeroed string and again into the serialized reply.
+// Served raw: the reply's pages are slices of the pool's own memory (host pools; a device pool's
+// are copied once into slices of their own), pinned until gRPC is done sending them, rather than
+// copied into zeroed strings and again into the serialized reply.
 grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* raw_request,
                                                    grpc::ByteBuffer* raw_response) {
   return HandleRawUnary<v1::GetPagesResponse>(
       *this, context, raw_response, manager_->epoch(), "GetPages", Role::kWorker,
-      [&](const Identity& caller, v1::GetPagesResponse* response,
-          std::vector<grpc::Slice>* pages) -> absl::Status {
+      [&](const Identity& caller, v1::GetPagesResponse* response, std::vector<grpc::Slice>* pages,
+          std::function<void()>* on_done) -> absl::Status {
         v1::GetPagesRequest request;
         RETURN_IF_ERROR(ParseByteBuffer(*raw_request, &request));
         ASSIGN_OR_RETURN(const PageRead read, AcquireFor(*manager_, caller, request));
@@ -259,22 +260,34 @@ grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* 
         const std::string prefix =
             BytesFieldPrefix(v1::GetPagesResponse::kPagesFieldNumber, page_bytes);
         absl::Status copied = absl::OkStatus();
-        pages->reserve(read.acquired.block_ids.size());
+        pages->reserve(2 * read.acquired.block_ids.size());
         for (BlockId block : read.acquired.block_ids) {
-          // Owned at once, so that a failed read frees it.
-          grpc::Slice page(grpc_slice_malloc(prefix.size() + page_bytes), grpc::Slice::STEAL_REF);
-          auto* bytes = reinterpret_cast<char*>(const_cast<uint8_t*>(page.begin()));
-          std::memcpy(bytes, prefix.data(), prefix.size());
-          copied = read.pool->ReadBlock(block, 0, page_bytes, bytes + prefix.size());
-          if (!copied.ok()) break;
           const absl::StatusOr<uint64_t> checksum = read.pool->BlockChecksum(block);
           copied = checksum.status();
           if (!copied.ok()) break;
           response->add_page_checksums(*checksum);
+          pages->emplace_back(prefix);
+          if (const uint8_t* host = read.pool->memory().HostBlock(block); host != nullptr) {
+            // Static: gRPC neither frees nor copies it. The page stays pinned until on_done.
+            pages->emplace_back(host, page_bytes, grpc::Slice::STATIC_SLICE);
+            continue;
+          }
+          // Owned at once, so that a failed read frees it.
+          grpc::Slice page(grpc_slice_malloc(page_bytes), grpc::Slice::STEAL_REF);
+          copied = read.pool->ReadBlock(
+              block, 0, page_bytes, reinterpret_cast<char*>(const_cast<uint8_t*>(page.begin())));
+          if (!copied.ok()) break;
           pages->push_back(std::move(page));
         }
-        read.pool->Release(*read.session, read.acquired.sequence_id).IgnoreError();
-        RETURN_IF_ERROR(copied);
+        const auto release = [pool = read.pool, session = read.session,
+                              sequence_id = read.acquired.sequence_id] {
+          pool->Release(*session, sequence_id).IgnoreError();
+        };
+        if (!copied.ok()) {
+          release();
+          return copied;
+        }
+        *on_done = release;
         FillRead(read, request.keys_size(), response);
         return absl::OkStatus();
       });

@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,10 +54,24 @@ grpc::ServerUnaryReactor* HandleUnary(const Service& service, grpc::CallbackServ
                      RunUnaryBody(service, context, response, epoch, method, needed, body));
 }
 
+// A unary call's reactor that runs `on_done` once gRPC is done with the call: for a reply whose
+// slices point into memory that must stay put until it is sent.
+class UnaryReactorWithCleanup final : public grpc::ServerUnaryReactor {
+ public:
+  explicit UnaryReactorWithCleanup(std::function<void()> on_done) : on_done_(std::move(on_done)) {}
+  void OnDone() override {
+    on_done_();
+    delete this;
+  }
+
+ private:
+  const std::function<void()> on_done_;
+};
+
 // HandleUnary for a call served raw (grpc::ByteBuffer in and out), whose bytes fields go
-// uncopied: `body(caller, &reply, &tail)` fills the reply's other fields and may add slices
-// that follow them on the wire, each a whole field (a tag and length, then bytes). The reply is
-// sent only when the body succeeds.
+// uncopied: `body(caller, &reply, &tail, &on_done)` fills the reply's other fields and may add
+// slices that follow them on the wire, each a whole field (a tag and length, then bytes), and set
+// `on_done` to run once gRPC is done with them. The reply is sent only when the body succeeds.
 template <typename Response, typename Service, typename Body>
 grpc::ServerUnaryReactor* HandleRawUnary(const Service& service,
                                          grpc::CallbackServerContext* context,
@@ -64,9 +79,10 @@ grpc::ServerUnaryReactor* HandleRawUnary(const Service& service,
                                          const char* method, Role needed, Body body) {
   Response response;
   std::vector<grpc::Slice> tail;
-  const absl::Status status =
-      RunUnaryBody(service, context, &response, epoch, method, needed,
-                   [&](const Identity& caller) { return body(caller, &response, &tail); });
+  std::function<void()> on_done;
+  const absl::Status status = RunUnaryBody(
+      service, context, &response, epoch, method, needed,
+      [&](const Identity& caller) { return body(caller, &response, &tail, &on_done); });
   if (status.ok()) {
     std::vector<grpc::Slice> slices;
     slices.reserve(tail.size() + 1);
@@ -74,7 +90,10 @@ grpc::ServerUnaryReactor* HandleRawUnary(const Service& service,
     for (grpc::Slice& slice : tail) slices.push_back(std::move(slice));
     *raw_response = grpc::ByteBuffer(slices.data(), slices.size());
   }
-  return FinishUnary(context, status);
+  if (!on_done) return FinishUnary(context, status);
+  grpc::ServerUnaryReactor* reactor = new UnaryReactorWithCleanup(std::move(on_done));
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 }  // namespace kvcache
