@@ -11,9 +11,9 @@
 // Writes use fresh keys each time (a key present already is a duplicate: nothing is copied);
 // Redis overwrites the same keys. Rates are medians of 5 interleaved slices, ratios the medians
 // of the slices' side-by-side ratios (bench/interleaved_rates.h).
-// Usage: pages_bench [seconds per comparison]; pages_bench SECONDS put|get|exists runs that path
-// alone, for perf. Exits 1 at the first failed call or wrong byte
-// (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 runs batches of 8 pages (and 64 keys to look up).
+// Usage: pages_bench [seconds per comparison]; pages_bench SECONDS write|read|put|get|exists runs
+// that alone, for perf. Exits 1 at the first failed call or wrong byte (bench/bench_run.h);
+// KVCACHE_BENCH_SMOKE=1 runs batches of 8 pages (and 64 keys to look up).
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -183,6 +183,14 @@ void Run(const std::string& dir, double seconds, const std::string& only) {
       check_stored(client->PutPages("pages", fresh_keys(), pages), "PutPages");
       return bytes.size();
     };
+    const auto write = [&] {
+      check_stored(client->WritePages(*mapped, fresh_keys(), pages), "WritePages");
+      return bytes.size();
+    };
+    if (only == "write") std::printf("WritePages: %.2f GB/s\n", bench::Bandwidth(seconds, write));
+    if (only == "read") {
+      std::printf("ReadPagesInto: %.2f GB/s\n", bench::Bandwidth(seconds, read_into));
+    }
     if (only == "put") std::printf("PutPages: %.2f GB/s\n", bench::Bandwidth(seconds, put));
     if (only == "get") std::printf("GetPages: %.2f GB/s\n", bench::Bandwidth(seconds, get));
     if (only == "exists") {

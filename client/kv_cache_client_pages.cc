@@ -19,6 +19,7 @@
 #include "common/block_checksum.h"
 #include "common/rpc/bytes_field_split.h"
 #include "common/status_macros.h"
+#include "common/streaming_copy.h"
 
 namespace kvcache {
 namespace {
@@ -322,7 +323,10 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
                    ReservePages(mapped.name(), keys, part_masks));
   absl::Status written = absl::OkStatus();
   // Each page is checksummed while it is copied in (in cache), so the daemon need not read the
-  // pages back to checksum them.
+  // pages back to checksum them. The copy streams (common/streaming_copy.h): the pool's blocks
+  // are for other processes and not in this one's cache, and a plain copy read each line of them
+  // in before writing it. Checksum and copy of 128 pages of 64 KiB into blocks spread over a
+  // 64 MiB region: 3.2-3.7 GB/s with memcpy, 4.3 GB/s streaming (memcpy alone: 4.3 GB/s).
   std::vector<uint64_t> checksums;
   for (size_t i = 0; i < keys.size() && written.ok(); ++i) {
     if (reservation.block_ids[i] == kDuplicatePage) continue;
@@ -333,7 +337,7 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
     uint8_t* destination = block->data();
     checksums.push_back(
         ChecksumWhileCopying(source, pages[i].size(), [&](uint64_t offset, uint64_t length) {
-          std::memcpy(destination + offset, source + offset, length);
+          StreamingCopy(destination + offset, source + offset, length);
         }));
   }
   if (written.ok()) {
