@@ -11,8 +11,9 @@
 // Writes use fresh keys each time (a key present already is a duplicate: nothing is copied);
 // Redis overwrites the same keys. Rates are medians of 5 interleaved slices, ratios the medians
 // of the slices' side-by-side ratios (bench/interleaved_rates.h).
-// Usage: pages_bench [seconds per comparison]. Exits 1 at the first failed call or wrong byte
-// (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 runs batches of 8 pages (and 64 keys to look up).
+// Usage: pages_bench [seconds per comparison]; pages_bench SECONDS write|read|put|get|exists runs
+// that alone, for perf. Exits 1 at the first failed call or wrong byte (bench/bench_run.h);
+// KVCACHE_BENCH_SMOKE=1 runs batches of 8 pages (and 64 keys to look up).
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -73,7 +74,7 @@ std::unique_ptr<KvCacheClient> Connect(const std::string& target, const std::str
   return client;
 }
 
-void Run(const std::string& dir, double seconds) {
+void Run(const std::string& dir, double seconds, const std::string& only) {
   const size_t batch = bench::FullOrSmoke<size_t>(128, 8);
   const size_t lookup_keys = bench::FullOrSmoke<size_t>(kMaxPagesPerCall, 64);
   const std::string target = "unix://" + dir + "/kv.sock";
@@ -161,6 +162,42 @@ void Run(const std::string& dir, double seconds) {
     bench::Fail("Redis MGET returned other bytes");
   }
 
+  // The lookup: every key present, so the daemon walks all of them.
+  const std::vector<std::string> lookup = Keys("lookup", lookup_keys);
+  const std::string lookup_page(kLookupPageBytes, 'p');
+  for (size_t first = 0; first < lookup.size(); first += kLookupBatch) {
+    const size_t count = std::min<size_t>(kLookupBatch, lookup.size() - first);
+    const std::vector<absl::string_view> lookup_pages(count, lookup_page);
+    bench::ValueOrFail(
+        lookup_client->PutPages("lookup", absl::MakeConstSpan(lookup).subspan(first, count),
+                                lookup_pages),
+        "PutPages (lookup pool)");
+  }
+  const auto exists = [&] {
+    const uint32_t found =
+        bench::ValueOrFail(lookup_client->ExistsPages("lookup", lookup), "ExistsPages").num_pages;
+    return found == lookup.size() ? uint64_t{1} : uint64_t{0};
+  };
+  if (!only.empty()) {  // one path alone, for a profiler
+    const auto put = [&] {
+      check_stored(client->PutPages("pages", fresh_keys(), pages), "PutPages");
+      return bytes.size();
+    };
+    const auto write = [&] {
+      check_stored(client->WritePages(*mapped, fresh_keys(), pages), "WritePages");
+      return bytes.size();
+    };
+    if (only == "write") std::printf("WritePages: %.2f GB/s\n", bench::Bandwidth(seconds, write));
+    if (only == "read") {
+      std::printf("ReadPagesInto: %.2f GB/s\n", bench::Bandwidth(seconds, read_into));
+    }
+    if (only == "put") std::printf("PutPages: %.2f GB/s\n", bench::Bandwidth(seconds, put));
+    if (only == "get") std::printf("GetPages: %.2f GB/s\n", bench::Bandwidth(seconds, get));
+    if (only == "exists") {
+      std::printf("ExistsPages: %.0f calls/s\n", bench::Bandwidth(seconds, exists) * 1e9);
+    }
+    return;
+  }
   enum { kWrite, kRead, kMemcpy };
   const InterleavedRates same_node(seconds, 5,
                                    {[&] {
@@ -189,30 +226,11 @@ void Run(const std::string& dir, double seconds) {
          return bench::ValueOrFail(redis->MGetInto(redis_keys, absl::MakeSpan(out)), "redis MGET");
        }});
 
-  // The lookup: every key present, so the daemon walks all of them.
-  const std::vector<std::string> lookup = Keys("lookup", lookup_keys);
-  const std::string lookup_page(kLookupPageBytes, 'p');
-  for (size_t first = 0; first < lookup.size(); first += kLookupBatch) {
-    const size_t count = std::min<size_t>(kLookupBatch, lookup.size() - first);
-    const std::vector<absl::string_view> lookup_pages(count, lookup_page);
-    bench::ValueOrFail(
-        lookup_client->PutPages("lookup", absl::MakeConstSpan(lookup).subspan(first, count),
-                                lookup_pages),
-        "PutPages (lookup pool)");
-  }
   enum { kExists, kPing };
-  const InterleavedRates lookups(
-      seconds, 5,
-      {[&] {
-         const uint32_t found =
-             bench::ValueOrFail(lookup_client->ExistsPages("lookup", lookup), "ExistsPages")
-                 .num_pages;
-         return found == lookup.size() ? uint64_t{1} : uint64_t{0};
-       },
-       [&] {
-         bench::ValueOrFail(lookup_client->Ping(), "Ping");
-         return uint64_t{1};
-       }});
+  const InterleavedRates lookups(seconds, 5, {exists, [&] {
+                                                bench::ValueOrFail(lookup_client->Ping(), "Ping");
+                                                return uint64_t{1};
+                                              }});
 
   std::printf("batch of %zu pages of %llu KiB (%.1f MiB); GB/s (1e9 bytes/s)\n", batch,
               static_cast<unsigned long long>(kPageBytes >> 10), bytes.size() / 1048576.0);
@@ -242,7 +260,7 @@ int main(int argc, char** argv) {
   kvcache::TuneMallocForBlockStreams();
   char dir_template[] = "/tmp/kvcache-pages-bench-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  kvcache::Run(dir, seconds);
+  kvcache::Run(dir, seconds, argc > 2 ? argv[2] : "");
   std::string cleanup = "rm -rf " + dir;
   return system(cleanup.c_str()) == 0 ? 0 : 1;
 }

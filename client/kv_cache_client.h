@@ -69,6 +69,7 @@
 
 namespace kvcache {
 
+class BlockStream;
 class MappedPool;
 
 // TLS for a TCP target (a unix:// target is local and takes no TLS). Files are PEM; Connect reads
@@ -613,6 +614,14 @@ class KvCacheClient {
   template <typename Request, typename Response>
   absl::Status SessionCall(StubMethod<Request, Response> method, const char* name,
                            const SessionRef& session, Request* request, Response* response);
+  // A unary call served raw (PutPages, GetPages), for requests and replies whose bytes fields
+  // should not be copied into or parsed out of messages: `request` builds the request, and may
+  // lend bytes to gRPC through `stream`; `read_reply` takes the reply apart and returns its
+  // epoch. Errors and the epoch fence as SessionCall's.
+  absl::Status RawSessionCall(
+      const char* method, const char* name, const SessionRef& session,
+      absl::FunctionRef<grpc::ByteBuffer(BlockStream& stream)> request,
+      absl::FunctionRef<absl::StatusOr<uint64_t>(const grpc::ByteBuffer& reply)> read_reply);
   // Sets the session id and epoch every session request carries.
   template <typename Request>
   static void StampSession(const SessionRef& session, Request* request) {
@@ -640,12 +649,14 @@ class KvCacheClient {
     uint64_t block_bytes = 0;
   };
   absl::StatusOr<BlockShape> PoolShape(absl::string_view pool, const SessionRef& session);
-  // The GetBlocks stream: `on_header` learns how many bytes follow, `sink` takes them in order.
+  // The GetBlocks stream: `on_header` learns how many bytes follow, `sink` takes them in order,
+  // in `pieces` (kCacheSized for a sink that copies).
   absl::StatusOr<GetInfo> ReadBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                      absl::string_view cache_salt, const ExtraKeys& extra_keys,
                                      uint32_t max_chunk_bytes,
                                      absl::FunctionRef<absl::Status(uint64_t total)> on_header,
-                                     BlockStreamVerifier::Sink sink);
+                                     BlockStreamVerifier::Sink sink,
+                                     BlockStreamVerifier::Pieces pieces);
   // The local checks of WritePages and ReadPagesInto (named `call` in errors): an open session,
   // `mapped` a host mapping of its epoch, and one page of block_bytes per key.
   absl::Status CheckMappedPages(const char* call, const MappedPool& mapped, size_t num_keys,

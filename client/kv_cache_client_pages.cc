@@ -1,6 +1,8 @@
 // KvCacheClient's calls on pages named by the engine's keys (DESIGN §13): the unary page RPCs, with
 // the batch's shape checked before it leaves and each page's XXH3-64 computed on the way out and
 // verified on the way in, and the same-node helpers that copy pages through a mapped pool.
+#include <google/protobuf/arena.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -10,16 +12,24 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "client/block_stream.h"
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
 #include "client/proto_convert.h"
 #include "common/block_checksum.h"
+#include "common/rpc/bytes_field_split.h"
 #include "common/status_macros.h"
+#include "common/streaming_copy.h"
 
 namespace kvcache {
 namespace {
 
 using Stub = v1::KvCache::StubInterface;
+
+// The page calls that carry page bytes travel raw (RawSessionCall); methods and fields as in
+// proto/kvcache/v1/kvcache.proto.
+constexpr char kPutPagesMethod[] = "/kvcache.v1.KvCache/PutPages";
+constexpr char kGetPagesMethod[] = "/kvcache.v1.KvCache/GetPages";
 
 // INVALID_ARGUMENT unless there are `count` `what` (part masks, pages...) for `num_keys` keys.
 absl::Status CheckOnePerKey(absl::string_view what, size_t count, size_t num_keys) {
@@ -76,11 +86,14 @@ absl::StatusOr<KvCacheClient::PagesFound> KvCacheClient::ExistsPages(
     absl::Span<const std::string> parts) {
   RETURN_IF_ERROR(CheckPageBatch(keys, {}));
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("ExistsPages"));
-  v1::ExistsPagesRequest request;
-  FillPageRequest(pool, keys, &request);
-  request.mutable_parts()->Add(parts.begin(), parts.end());
+  // On an arena: up to thousands of keys, each a string of its own, allocated and freed at once
+  // (a malloc and a free per key took ~12% of this client's samples).
+  google::protobuf::Arena arena;
+  auto* request = google::protobuf::Arena::CreateMessage<v1::ExistsPagesRequest>(&arena);
+  FillPageRequest(pool, keys, request);
+  request->mutable_parts()->Add(parts.begin(), parts.end());
   v1::ExistsPagesResponse response;
-  RETURN_IF_ERROR(SessionCall(&Stub::ExistsPages, "ExistsPages", session, &request, &response));
+  RETURN_IF_ERROR(SessionCall(&Stub::ExistsPages, "ExistsPages", session, request, &response));
   return PagesFound{.num_pages = response.num_pages(),
                     .pages_by_tier = ToTierPages(response.pages_by_tier())};
 }
@@ -139,50 +152,121 @@ absl::StatusOr<KvCacheClient::AcquiredPages> KvCacheClient::AcquirePages(
                        .pages_by_tier = ToTierPages(response.pages_by_tier())};
 }
 
+absl::Status KvCacheClient::RawSessionCall(
+    const char* method, const char* name, const SessionRef& session,
+    absl::FunctionRef<grpc::ByteBuffer(BlockStream& stream)> request,
+    absl::FunctionRef<absl::StatusOr<uint64_t>(const grpc::ByteBuffer& reply)> read_reply) {
+  BlockStream stream(&generic_stub_, method, [&](grpc::ClientContext* context) {
+    PrepareContext(context, options_.rpc_timeout);
+  });
+  // If the write fails, so does the Read, and Finish says why.
+  stream.WriteLast(request(stream));
+  // The reply (absent after an error) must be read before Finish: gRPC hands out the status only
+  // once every message that came before it was read.
+  grpc::ByteBuffer reply;
+  const bool replied = stream.Read(&reply);
+  const grpc::Status status = stream.Finish();
+  uint64_t reply_epoch = session.epoch;
+  if (status.ok()) {
+    if (!replied) return absl::InternalError(absl::StrCat(name, ": the daemon sent no reply"));
+    ASSIGN_OR_RETURN(reply_epoch, read_reply(reply));
+  }
+  return CheckReply(name, stream.context(), status, reply_epoch, session, true);
+}
+
+// Written raw: each page goes as its field's tag and length, then a slice lent from `pages`, so
+// the bytes are not copied into the message first.
 absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::PutPages(
     absl::string_view pool, absl::Span<const std::string> keys,
     absl::Span<const absl::string_view> pages, absl::Span<const uint32_t> part_masks) {
   RETURN_IF_ERROR(CheckPageBatch(keys, part_masks));
   RETURN_IF_ERROR(CheckOnePerKey("pages", pages.size(), keys.size()));
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutPages"));
-  v1::PutPagesRequest request;
+  v1::PutPagesRequest request;  // every field but the pages
+  StampSession(session, &request);
   FillPageRequest(pool, keys, &request);
   request.mutable_part_masks()->Add(part_masks.begin(), part_masks.end());
-  request.mutable_pages()->Reserve(static_cast<int>(pages.size()));
   request.mutable_page_checksums()->Reserve(static_cast<int>(pages.size()));
   for (const absl::string_view page : pages) {
-    // The copy is one page, left in cache for its checksum to read (a fused pass would need the
-    // string zero-filled first).
-    std::string* copy = request.add_pages();
-    copy->assign(page.data(), page.size());
-    request.add_page_checksums(BlockChecksum(copy->data(), copy->size()));
+    request.add_page_checksums(BlockChecksum(page.data(), page.size()));
   }
   v1::PutPagesResponse response;
-  RETURN_IF_ERROR(SessionCall(&Stub::PutPages, "PutPages", session, &request, &response));
+  RETURN_IF_ERROR(RawSessionCall(
+      kPutPagesMethod, "PutPages", session,
+      [&](BlockStream& stream) {
+        std::vector<grpc::Slice> slices;
+        slices.reserve(1 + 2 * pages.size());
+        slices.emplace_back(request.SerializeAsString());
+        for (const absl::string_view page : pages) {
+          slices.emplace_back(
+              BytesFieldPrefix(v1::PutPagesRequest::kPagesFieldNumber, page.size()));
+          slices.push_back(stream.Lend(page.data(), page.size()));
+        }
+        return grpc::ByteBuffer(slices.data(), slices.size());
+      },
+      [&](const grpc::ByteBuffer& reply) -> absl::StatusOr<uint64_t> {
+        if (!ParseByteBuffer(reply, &response).ok()) {
+          return absl::InternalError("PutPages: the daemon's reply is not a PutPagesResponse");
+        }
+        return response.epoch();
+      }));
   return PagesStored{.num_published = response.num_published(),
                      .num_duplicates = response.num_duplicates()};
 }
 
+// Read raw: each page is checksummed while it is copied, once, from the received slices into its
+// string, instead of being parsed into the message and read again for its checksum.
 absl::StatusOr<KvCacheClient::GotPages> KvCacheClient::GetPages(absl::string_view pool,
                                                                 absl::Span<const std::string> keys,
                                                                 const PageReadOptions& options) {
   RETURN_IF_ERROR(CheckPageBatch(keys, {}));
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("GetPages"));
   v1::GetPagesRequest request;
+  StampSession(session, &request);
   FillPageReadRequest(pool, keys, options, &request);
-  v1::GetPagesResponse response;
-  RETURN_IF_ERROR(SessionCall(&Stub::GetPages, "GetPages", session, &request, &response));
-  RETURN_IF_ERROR(CheckPagesReply("GetPages", response.pages_size(), response.page_checksums_size(),
+  v1::GetPagesResponse response;  // every field but the pages
+  SplitMessage split;
+  RETURN_IF_ERROR(RawSessionCall(
+      kGetPagesMethod, "GetPages", session,
+      [&](BlockStream&) {
+        grpc::Slice serialized(request.SerializeAsString());
+        return grpc::ByteBuffer(&serialized, 1);
+      },
+      [&](const grpc::ByteBuffer& reply) -> absl::StatusOr<uint64_t> {
+        absl::StatusOr<SplitMessage> pages =
+            SplitBytesField(reply, v1::GetPagesResponse::kPagesFieldNumber);
+        if (!pages.ok() || !response.ParseFromString(pages->rest)) {
+          return absl::InternalError("GetPages: the daemon's reply is not a GetPagesResponse");
+        }
+        split = *std::move(pages);
+        return response.epoch();
+      }));
+  const std::vector<SplitMessage::Value>& pages = split.values;
+  RETURN_IF_ERROR(CheckPagesReply("GetPages", pages.size(), response.page_checksums_size(),
                                   response.part_masks_size(), keys.size()));
   GotPages got{.part_masks = ToVector(response.part_masks()),
                .pages_by_tier = ToTierPages(response.pages_by_tier())};
-  got.pages.reserve(response.pages_size());
-  for (int i = 0; i < response.pages_size(); ++i) {
-    std::string& page = *response.mutable_pages(i);
-    if (BlockChecksum(page.data(), page.size()) != response.page_checksums(i)) {
-      return PageChecksumMismatch("GetPages", i, keys[i]);
+  got.pages.resize(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    std::string& page = got.pages[i];
+    const uint64_t checksum = response.page_checksums(static_cast<int>(i));
+    if (pages[i].size == 0) {  // the verifier checks blocks of at least a byte
+      if (BlockChecksum(page.data(), 0) != checksum)
+        return PageChecksumMismatch("GetPages", i, keys[i]);
+      continue;
     }
-    got.pages.push_back(std::move(page));
+    page.reserve(pages[i].size);
+    BlockStreamVerifier verifier(pages[i].size, {checksum});
+    for (const absl::string_view piece : pages[i].pieces) {
+      const absl::Status copied = verifier.Feed(
+          piece,
+          [&page](uint32_t, uint64_t, absl::string_view part) {
+            page.append(part.data(), part.size());
+            return absl::OkStatus();
+          },
+          BlockStreamVerifier::Pieces::kCacheSized);
+      if (!copied.ok()) return PageChecksumMismatch("GetPages", i, keys[i]);
+    }
   }
   return got;
 }
@@ -240,7 +324,10 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
                    ReservePages(mapped.name(), keys, part_masks));
   absl::Status written = absl::OkStatus();
   // Each page is checksummed while it is copied in (in cache), so the daemon need not read the
-  // pages back to checksum them.
+  // pages back to checksum them. The copy streams (common/streaming_copy.h): the pool's blocks
+  // are for other processes and not in this one's cache, and a plain copy read each line of them
+  // in before writing it. Checksum and copy of 128 pages of 64 KiB into blocks spread over a
+  // 64 MiB region: 3.2-3.7 GB/s with memcpy, 4.3 GB/s streaming (memcpy alone: 4.3 GB/s).
   std::vector<uint64_t> checksums;
   for (size_t i = 0; i < keys.size() && written.ok(); ++i) {
     if (reservation.block_ids[i] == kDuplicatePage) continue;
@@ -251,7 +338,7 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
     uint8_t* destination = block->data();
     checksums.push_back(
         ChecksumWhileCopying(source, pages[i].size(), [&](uint64_t offset, uint64_t length) {
-          std::memcpy(destination + offset, source + offset, length);
+          StreamingCopy(destination + offset, source + offset, length);
         }));
   }
   if (written.ok()) {

@@ -221,7 +221,8 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
                        [&result](uint32_t, uint64_t, absl::string_view piece) {
                          result.bytes.append(piece.data(), piece.size());
                          return absl::OkStatus();
-                       }));
+                       },
+                       BlockStreamVerifier::Pieces::kCacheSized));
   return result;
 }
 
@@ -250,7 +251,8 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
         }
         written += piece.size();
         return absl::OkStatus();
-      });
+      },
+      BlockStreamVerifier::Pieces::kCacheSized);
 }
 
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksVisit(
@@ -258,13 +260,14 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksVisit(
     absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes) {
   return ReadBlocks(
       pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
-      [](uint64_t) { return absl::OkStatus(); }, visit);
+      [](uint64_t) { return absl::OkStatus(); }, visit, BlockStreamVerifier::Pieces::kAsGiven);
 }
 
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
     const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
-    absl::FunctionRef<absl::Status(uint64_t total)> on_header, BlockStreamVerifier::Sink sink) {
+    absl::FunctionRef<absl::Status(uint64_t total)> on_header, BlockStreamVerifier::Sink sink,
+    BlockStreamVerifier::Pieces pieces) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("GetBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
   const size_t max_blocks = tokens.size() / shape.block_size;
@@ -323,7 +326,7 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
                                                verifier->expected_bytes(), " bytes announced"));
     } else {
       for (absl::string_view piece : split->pieces) {
-        local = verifier->Feed(piece, sink);
+        local = verifier->Feed(piece, sink, pieces);
         if (absl::IsDataLoss(local)) {
           local = absl::DataLossError(
               absl::StrCat("GetBlocks from pool '", pool, "': ", local.message()));

@@ -1,17 +1,24 @@
 #include "common/block_checksum.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvcache {
 
+namespace {
+
+// Half of a 32 KiB L1 data cache: a piece stays there between its checksum and its copy.
+constexpr uint64_t kCachedPieceBytes = 16 << 10;
+
+}  // namespace
+
 uint64_t ChecksumWhileCopying(
     const void* source, uint64_t size,
     absl::FunctionRef<void(uint64_t offset, uint64_t length)> copy_piece) {
-  // Half of a 32 KiB L1 data cache: the piece stays there between its checksum and its copy.
-  constexpr uint64_t kPieceBytes = 16 << 10;
+  constexpr uint64_t kPieceBytes = kCachedPieceBytes;
   thread_local xxh3::Stream stream;
   const auto* bytes = static_cast<const uint8_t*>(source);
   for (uint64_t offset = 0; offset < size; offset += kPieceBytes) {
@@ -26,14 +33,16 @@ BlockStreamVerifier::BlockStreamVerifier(uint64_t block_bytes, std::vector<uint6
                                          uint32_t first_block)
     : block_bytes_(block_bytes), checksums_(std::move(checksums)), first_block_(first_block) {}
 
-absl::Status BlockStreamVerifier::Feed(absl::string_view data, Sink sink) {
+absl::Status BlockStreamVerifier::Feed(absl::string_view data, Sink sink, Pieces pieces) {
+  const uint64_t max_piece =
+      pieces == Pieces::kCacheSized ? kCachedPieceBytes : std::numeric_limits<uint64_t>::max();
   while (!data.empty()) {
     const uint64_t index = received_ / block_bytes_;
     const uint64_t offset = received_ % block_bytes_;
-    const absl::string_view piece = data.substr(0, block_bytes_ - offset);
+    const absl::string_view piece = data.substr(0, std::min(block_bytes_ - offset, max_piece));
     const uint32_t block = first_block_ + static_cast<uint32_t>(index);
-    if (absl::Status status = sink(block, offset, piece); !status.ok()) return status;
     stream_.Update(piece.data(), piece.size());
+    if (absl::Status status = sink(block, offset, piece); !status.ok()) return status;
     received_ += piece.size();
     data.remove_prefix(piece.size());
     if (received_ % block_bytes_ != 0) continue;

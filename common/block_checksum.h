@@ -42,10 +42,16 @@ class BlockStreamVerifier {
   // Where a piece of a block goes: called before the block's checksum is checked.
   using Sink =
       absl::FunctionRef<absl::Status(uint32_t block, uint64_t offset, absl::string_view piece)>;
+  // How Feed cuts `data` for its sink, besides at block boundaries. kCacheSized: pieces of at
+  // most half an L1 cache, each checksummed and then handed to the sink while it is in cache — for
+  // a sink that copies: gRPC hands over pieces of up to a message (MiBs), and a sink that copied
+  // such a piece whole (into a pool, or a caller's buffer with streaming stores) left the checksum
+  // to read it all again from memory.
+  enum class Pieces { kAsGiven, kCacheSized };
   // Feeds the next bytes of the stream; REQUIRES: data.size() <= expected_bytes() -
   // received_bytes(). DATA_LOSS naming the block when a completed block's checksum differs;
   // the sink's error as it is.
-  absl::Status Feed(absl::string_view data, Sink sink);
+  absl::Status Feed(absl::string_view data, Sink sink, Pieces pieces = Pieces::kAsGiven);
 
  private:
   const uint64_t block_bytes_;

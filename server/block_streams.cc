@@ -13,16 +13,6 @@
 namespace kvcache {
 namespace {
 
-absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
-  grpc::Slice flat;
-  if (!buffer.DumpToSingleSlice(&flat).ok() ||
-      !message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request is not a valid ", message->GetDescriptor()->name()));
-  }
-  return absl::OkStatus();
-}
-
 // The bytes of a GetBlocksResponse up to its data: the epoch (field 1, fixed64), then the data
 // field's tag and length. The data itself follows as separate slices.
 grpc::Slice DataFraming(uint64_t epoch, uint64_t data_size) {
@@ -131,11 +121,13 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
 
 absl::Status PutBlocksReactor::Consume(absl::string_view data) {
   // Cached blocks keep their bytes; the client's copy is only checksummed.
-  const absl::Status status =
-      verifier_->Feed(data, [this](uint32_t block, uint64_t offset, absl::string_view piece) {
+  const absl::Status status = verifier_->Feed(
+      data,
+      [this](uint32_t block, uint64_t offset, absl::string_view piece) {
         if (block < cached_blocks_) return absl::OkStatus();
         return hold_.pool->WriteBlock(hold_.block_ids[block], offset, piece);
-      });
+      },
+      BlockStreamVerifier::Pieces::kCacheSized);
   if (absl::IsDataLoss(status)) return absl::DataLossError(absl::StrCat("put: ", status.message()));
   return status;
 }
@@ -260,7 +252,7 @@ GetBlocksReactor::GetBlocksReactor(CacheManager* manager, StreamLeases* leases,
   absl::Status status = caller.status();
   if (status.ok()) {
     stream_ticket_ = std::move(caller->stream);
-    status = ParseMessage(*request, &parsed);
+    status = ParseByteBuffer(*request, &parsed);
   }
   if (status.ok()) status = Begin(parsed, caller->identity.principal);
   if (!status.ok()) {

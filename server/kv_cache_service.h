@@ -16,6 +16,7 @@
 
 #include "cache/cache_manager.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/arena_messages.h"
 #include "server/authenticator.h"
 #include "server/block_streams.h"
 #include "server/call_limits.h"
@@ -23,12 +24,13 @@
 
 namespace kvcache {
 
-// The block data RPCs are served raw (grpc::ByteBuffer) so block bytes move between the socket
-// and pool memory without being copied into protobuf messages; their wire formats are the
-// messages' all the same.
+// The block data RPCs and the page calls that carry page bytes are served raw (grpc::ByteBuffer)
+// so the bytes move between the socket and pool memory without being copied into protobuf
+// messages; their wire formats are the messages' all the same.
 class KvCacheService final
     : public v1::KvCache::WithRawCallbackMethod_GetBlocks<
-          v1::KvCache::WithRawCallbackMethod_PutBlocks<v1::KvCache::CallbackService>> {
+          v1::KvCache::WithRawCallbackMethod_PutBlocks<v1::KvCache::WithRawCallbackMethod_GetPages<
+              v1::KvCache::WithRawCallbackMethod_PutPages<v1::KvCache::CallbackService>>>> {
  public:
   // `max_message_bytes` bounds the chunks GetBlocks sends. The pointers must outlive the
   // service.
@@ -38,7 +40,9 @@ class KvCacheService final
         stream_leases_(stream_leases),
         authenticator_(authenticator),
         call_limits_(call_limits),
-        max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {}
+        max_chunk_bytes_(static_cast<uint32_t>(max_message_bytes) - 4096) {
+    SetMessageAllocatorFor_ExistsPages(&exists_pages_messages_);
+  }
 
   // The authenticated caller of a call to `method`, if its role reaches `needed`;
   // UNAUTHENTICATED or PERMISSION_DENIED otherwise. DEADLINE_EXCEEDED (or CANCELLED) first when
@@ -113,12 +117,14 @@ class KvCacheService final
   grpc::ServerUnaryReactor* AcquirePages(grpc::CallbackServerContext* context,
                                          const v1::AcquirePagesRequest* request,
                                          v1::AcquirePagesResponse* response) override;
+  // PutPagesRequest in, PutPagesResponse out (server/page_calls.cc).
   grpc::ServerUnaryReactor* PutPages(grpc::CallbackServerContext* context,
-                                     const v1::PutPagesRequest* request,
-                                     v1::PutPagesResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  // GetPagesRequest in, GetPagesResponse out (server/page_calls.cc).
   grpc::ServerUnaryReactor* GetPages(grpc::CallbackServerContext* context,
-                                     const v1::GetPagesRequest* request,
-                                     v1::GetPagesResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PinPages(grpc::CallbackServerContext* context,
                                      const v1::PinPagesRequest* request,
                                      v1::PinPagesResponse* response) override;
@@ -139,6 +145,7 @@ class KvCacheService final
   const Authenticator* const authenticator_;
   CallLimits* const call_limits_;
   const uint32_t max_chunk_bytes_;
+  ArenaMessageAllocator<v1::ExistsPagesRequest, v1::ExistsPagesResponse> exists_pages_messages_;
   std::atomic<int> watchers_{0};
   std::atomic<bool> stopping_{false};
 };

@@ -2,13 +2,16 @@
 // session and pool, converts the request and answers with Pool's page operations. PutPages and
 // GetPages carry the bytes for clients on another node; the same-node calls hand out block ids
 // in the pool the caller maps.
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
+#include "common/rpc/bytes_field_split.h"
 #include "common/status_macros.h"
 #include "server/kv_cache_service.h"
 #include "server/proto_keys.h"
@@ -159,52 +162,72 @@ grpc::ServerUnaryReactor* KvCacheService::AcquirePages(grpc::CallbackServerConte
       });
 }
 
+// Served raw: the pages come as views into the received slices (SplitBytesField) and go from
+// there into pool memory, rather than being parsed into strings first.
 grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* context,
-                                                   const v1::PutPagesRequest* request,
-                                                   v1::PutPagesResponse* response) {
-  return HandleUnary(
-      *this, context, response, manager_->epoch(), "PutPages", Role::kWorker,
-      [&](const Identity& caller) -> absl::Status {
-        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request->session_id(), request->epoch(),
+                                                   const grpc::ByteBuffer* raw_request,
+                                                   grpc::ByteBuffer* raw_response) {
+  return HandleRawUnary<v1::PutPagesResponse>(
+      *this, context, raw_response, manager_->epoch(), "PutPages", Role::kWorker,
+      [&](const Identity& caller, v1::PutPagesResponse* response, std::vector<grpc::Slice>*,
+          std::function<void()>*) -> absl::Status {
+        ASSIGN_OR_RETURN(const SplitMessage split,
+                         SplitBytesField(*raw_request, v1::PutPagesRequest::kPagesFieldNumber));
+        v1::PutPagesRequest request;
+        if (!request.ParseFromString(split.rest)) {
+          return absl::InvalidArgumentError("request is not a valid PutPagesRequest");
+        }
+        const std::vector<SplitMessage::Value>& pages = split.values;
+        ASSIGN_OR_RETURN(auto session, manager_->SessionFor(request.session_id(), request.epoch(),
                                                             caller.principal));
-        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request->pool()));
-        const std::vector<std::string> keys = KeysOf(request->keys());
+        ASSIGN_OR_RETURN(Pool * pool, manager_->FindPool(request.pool()));
+        const std::vector<std::string> keys = KeysOf(request.keys());
         RETURN_IF_ERROR(ValidatePageKeys(keys));
         const uint64_t page_bytes = pool->options().layout.BlockBytes();
-        if (request->pages_size() != request->keys_size() ||
-            request->page_checksums_size() != request->keys_size()) {
+        if (pages.size() != keys.size() || request.page_checksums_size() != request.keys_size()) {
           return absl::InvalidArgumentError(
-              absl::StrCat(request->keys_size(), " keys but ", request->pages_size(), " pages and ",
-                           request->page_checksums_size(), " checksums; want one of each per key"));
+              absl::StrCat(request.keys_size(), " keys but ", pages.size(), " pages and ",
+                           request.page_checksums_size(), " checksums; want one of each per key"));
         }
-        // Every page is checked before anything is reserved: a bad one publishes nothing.
-        for (int i = 0; i < request->pages_size(); ++i) {
-          const std::string& page = request->pages(i);
-          if (page.size() != page_bytes) {
-            return absl::InvalidArgumentError(absl::StrCat("page ", i, " has ", page.size(),
-                                                           " bytes; pool '", request->pool(),
+        for (size_t i = 0; i < pages.size(); ++i) {
+          if (pages[i].size != page_bytes) {
+            return absl::InvalidArgumentError(absl::StrCat("page ", i, " has ", pages[i].size,
+                                                           " bytes; pool '", request.pool(),
                                                            "' pages have ", page_bytes));
-          }
-          if (BlockChecksum(page.data(), page.size()) != request->page_checksums(i)) {
-            return absl::DataLossError(absl::StrCat("page ", i, " does not match its checksum"));
           }
         }
         ASSIGN_OR_RETURN(ReservedPages reserved,
                          pool->ReservePages(*session, keys,
-                                            absl::MakeConstSpan(request->part_masks().data(),
-                                                                request->part_masks_size())));
-        // The pages' checksums were verified above: the commit takes them rather than reading
-        // every page back.
+                                            absl::MakeConstSpan(request.part_masks().data(),
+                                                                request.part_masks_size())));
+        // Each page is checksummed while it is copied into its block, a cache-sized piece at a
+        // time, so its bytes are read from memory once (a separate pass before the copy cost as
+        // much as the copy). A page that does not match ends the put before its commit: the
+        // reservation is released and nothing is published. Duplicates are checked, not copied.
+        BlockStreamVerifier verifier(page_bytes,
+                                     std::vector<uint64_t>(request.page_checksums().begin(),
+                                                           request.page_checksums().end()));
         std::vector<uint64_t> verified;
-        for (size_t i = 0; i < reserved.block_ids.size(); ++i) {
-          if (reserved.block_ids[i] == kNoBlock) continue;
-          const absl::Status written =
-              pool->WriteBlock(reserved.block_ids[i], 0, request->pages(static_cast<int>(i)));
-          if (!written.ok()) {
-            pool->Release(*session, reserved.sequence_id).IgnoreError();
-            return written;
+        for (size_t i = 0; i < pages.size(); ++i) {
+          const BlockId block = reserved.block_ids[i];
+          absl::Status write_failed = absl::OkStatus();  // else the verifier's error: a mismatch
+          absl::Status fed = absl::OkStatus();
+          for (const absl::string_view piece : pages[i].pieces) {
+            fed = verifier.Feed(
+                piece,
+                [&](uint32_t, uint64_t offset, absl::string_view part) {
+                  if (block != kNoBlock) write_failed = pool->WriteBlock(block, offset, part);
+                  return write_failed;
+                },
+                BlockStreamVerifier::Pieces::kCacheSized);
+            if (!fed.ok()) break;
           }
-          verified.push_back(request->page_checksums(static_cast<int>(i)));
+          if (!fed.ok()) {
+            pool->Release(*session, reserved.sequence_id).IgnoreError();
+            if (!write_failed.ok()) return write_failed;
+            return absl::DataLossError(absl::StrCat("page ", i, " does not match its checksum"));
+          }
+          if (block != kNoBlock) verified.push_back(request.page_checksums(static_cast<int>(i)));
         }
         ASSIGN_OR_RETURN(CommittedPages committed,
                          pool->CommitPages(*session, reserved.sequence_id, verified));
@@ -215,30 +238,54 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
       });
 }
 
+// Served raw: the reply's pages are slices of the pool's own memory (host pools; a device pool's
+// are copied once into slices of their own), pinned until gRPC is done sending them, rather than
+// copied into zeroed strings and again into the serialized reply.
 grpc::ServerUnaryReactor* KvCacheService::GetPages(grpc::CallbackServerContext* context,
-                                                   const v1::GetPagesRequest* request,
-                                                   v1::GetPagesResponse* response) {
-  return HandleUnary(*this, context, response, manager_->epoch(), "GetPages", Role::kWorker,
-                     [&](const Identity& caller) -> absl::Status {
-                       ASSIGN_OR_RETURN(const PageRead read,
-                                        AcquireFor(*manager_, caller, *request));
-                       const uint64_t page_bytes = read.pool->options().layout.BlockBytes();
-                       absl::Status copied = absl::OkStatus();
-                       for (BlockId block : read.acquired.block_ids) {
-                         std::string* page = response->add_pages();
-                         page->resize(page_bytes);
-                         copied = read.pool->ReadBlock(block, 0, page_bytes, page->data());
-                         if (!copied.ok()) break;
-                         const absl::StatusOr<uint64_t> checksum = read.pool->BlockChecksum(block);
-                         copied = checksum.status();
-                         if (!copied.ok()) break;
-                         response->add_page_checksums(*checksum);
-                       }
-                       read.pool->Release(*read.session, read.acquired.sequence_id).IgnoreError();
-                       RETURN_IF_ERROR(copied);
-                       FillRead(read, request->keys_size(), response);
-                       return absl::OkStatus();
-                     });
+                                                   const grpc::ByteBuffer* raw_request,
+                                                   grpc::ByteBuffer* raw_response) {
+  return HandleRawUnary<v1::GetPagesResponse>(
+      *this, context, raw_response, manager_->epoch(), "GetPages", Role::kWorker,
+      [&](const Identity& caller, v1::GetPagesResponse* response, std::vector<grpc::Slice>* pages,
+          std::function<void()>* on_done) -> absl::Status {
+        v1::GetPagesRequest request;
+        RETURN_IF_ERROR(ParseByteBuffer(*raw_request, &request));
+        ASSIGN_OR_RETURN(const PageRead read, AcquireFor(*manager_, caller, request));
+        const uint64_t page_bytes = read.pool->options().layout.BlockBytes();
+        const std::string prefix =
+            BytesFieldPrefix(v1::GetPagesResponse::kPagesFieldNumber, page_bytes);
+        absl::Status copied = absl::OkStatus();
+        pages->reserve(2 * read.acquired.block_ids.size());
+        for (BlockId block : read.acquired.block_ids) {
+          const absl::StatusOr<uint64_t> checksum = read.pool->BlockChecksum(block);
+          copied = checksum.status();
+          if (!copied.ok()) break;
+          response->add_page_checksums(*checksum);
+          pages->emplace_back(prefix);
+          if (const uint8_t* host = read.pool->memory().HostBlock(block); host != nullptr) {
+            // Static: gRPC neither frees nor copies it. The page stays pinned until on_done.
+            pages->emplace_back(host, page_bytes, grpc::Slice::STATIC_SLICE);
+            continue;
+          }
+          // Owned at once, so that a failed read frees it.
+          grpc::Slice page(grpc_slice_malloc(page_bytes), grpc::Slice::STEAL_REF);
+          copied = read.pool->ReadBlock(
+              block, 0, page_bytes, reinterpret_cast<char*>(const_cast<uint8_t*>(page.begin())));
+          if (!copied.ok()) break;
+          pages->push_back(std::move(page));
+        }
+        const auto release = [pool = read.pool, session = read.session,
+                              sequence_id = read.acquired.sequence_id] {
+          pool->Release(*session, sequence_id).IgnoreError();
+        };
+        if (!copied.ok()) {
+          release();
+          return copied;
+        }
+        *on_done = release;
+        FillRead(read, request.keys_size(), response);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::PinPages(grpc::CallbackServerContext* context,

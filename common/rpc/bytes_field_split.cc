@@ -77,6 +77,20 @@ void AppendVarint(uint64_t value, std::string* out) {
 
 }  // namespace
 
+absl::Status ParseByteBuffer(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
+  if (!buffer.Valid()) {  // nothing behind it: the empty message
+    message->Clear();
+    return absl::OkStatus();
+  }
+  grpc::Slice flat;
+  if (!buffer.DumpToSingleSlice(&flat).ok() ||
+      !message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a valid ", message->GetDescriptor()->name()));
+  }
+  return absl::OkStatus();
+}
+
 std::string BytesFieldPrefix(uint32_t field_number, uint64_t size) {
   std::string prefix;
   AppendVarint((uint64_t{field_number} << 3) | kLengthDelimited, &prefix);
@@ -106,11 +120,10 @@ absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer,
     if (wire_type == kLengthDelimited && field == field_number) {
       const absl::StatusOr<uint64_t> size = cursor.ReadVarint();
       if (!size.ok()) return size.status();
-      split.has_field = true;
-      split.field_size = *size;
-      split.pieces.clear();  // the last occurrence wins
+      SplitMessage::Value& value = split.values.emplace_back();
+      value.size = *size;
       const absl::Status taken =
-          cursor.Take(*size, [&split](absl::string_view piece) { split.pieces.push_back(piece); });
+          cursor.Take(*size, [&value](absl::string_view piece) { value.pieces.push_back(piece); });
       if (!taken.ok()) return taken;
       continue;
     }
@@ -141,6 +154,11 @@ absl::StatusOr<SplitMessage> SplitBytesField(const grpc::ByteBuffer& buffer,
             absl::StrCat("malformed message: wire type ", wire_type, " of field ", field));
     }
     if (!copied.ok()) return copied;
+  }
+  if (!split.values.empty()) {  // a singular field's last occurrence wins
+    split.has_field = true;
+    split.field_size = split.values.back().size;
+    split.pieces = split.values.back().pieces;
   }
   return split;
 }

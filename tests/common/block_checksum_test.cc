@@ -67,6 +67,31 @@ TEST(BlockStreamVerifierTest, RebuildsTheBlocksFromPiecesOfAnySize) {
   }
 }
 
+TEST(BlockStreamVerifierTest, CacheSizedPiecesRebuildTheBlocksInSmallPieces) {
+  constexpr uint64_t kLargeBlockBytes = 100 << 10;  // more than a cache-sized piece
+  const std::string bytes = Pattern(3 * kLargeBlockBytes);
+  std::vector<uint64_t> checksums;
+  for (int i = 0; i < 3; ++i) {
+    checksums.push_back(BlockChecksum(bytes.data() + i * kLargeBlockBytes, kLargeBlockBytes));
+  }
+  BlockStreamVerifier verifier(kLargeBlockBytes, checksums);
+  std::string rebuilt;
+  size_t largest_part = 0;
+  ASSERT_TRUE(verifier
+                  .Feed(
+                      bytes,
+                      [&](uint32_t block, uint64_t block_offset, absl::string_view part) {
+                        EXPECT_EQ(block * kLargeBlockBytes + block_offset, rebuilt.size());
+                        largest_part = std::max(largest_part, part.size());
+                        rebuilt.append(part.data(), part.size());
+                        return absl::OkStatus();
+                      },
+                      BlockStreamVerifier::Pieces::kCacheSized)
+                  .ok());
+  EXPECT_EQ(rebuilt, bytes);
+  EXPECT_LE(largest_part, size_t{16 << 10});
+}
+
 TEST(BlockStreamVerifierTest, NamesTheFirstBlockWhoseChecksumDiffers) {
   std::string bytes = Pattern(4 * kBlockBytes);
   const std::vector<uint64_t> checksums = ChecksumsOf(bytes);

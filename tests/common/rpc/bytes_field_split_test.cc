@@ -90,6 +90,46 @@ TEST(BytesFieldSplitTest, TheLastOccurrenceWinsAsInProtobuf) {
   EXPECT_EQ(split->field_size, parsed.data().size());
 }
 
+TEST(BytesFieldSplitTest, KeepsEveryOccurrenceOfARepeatedFieldInOrder) {
+  v1::GetPagesResponse message;
+  message.set_epoch(7);
+  message.add_pages("first page");
+  message.add_pages("");
+  message.add_page_checksums(1);
+  message.add_pages("third");
+  const std::string wire = message.SerializeAsString();
+  for (size_t cut = 0; cut <= wire.size(); ++cut) {
+    const absl::StatusOr<SplitMessage> split =
+        SplitBytesField(Sliced(wire, {cut}), v1::GetPagesResponse::kPagesFieldNumber);
+    ASSERT_TRUE(split.ok()) << split.status();
+    ASSERT_EQ(split->values.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      std::string joined;
+      for (absl::string_view piece : split->values[i].pieces)
+        joined.append(piece.data(), piece.size());
+      EXPECT_EQ(joined, message.pages(i)) << "cut at " << cut;
+      EXPECT_EQ(split->values[i].size, message.pages(i).size());
+    }
+    v1::GetPagesResponse rest;
+    ASSERT_TRUE(rest.ParseFromString(split->rest));
+    EXPECT_EQ(rest.epoch(), 7u);
+    EXPECT_EQ(rest.pages_size(), 0);
+    EXPECT_EQ(rest.page_checksums_size(), 1);
+  }
+}
+
+TEST(BytesFieldSplitTest, ParsesAWholeBufferOrNamesTheType) {
+  const std::string wire = DataMessage("bytes").SerializeAsString();
+  v1::GetBlocksResponse parsed;
+  ASSERT_TRUE(ParseByteBuffer(Sliced(wire, {2, 5}), &parsed).ok());
+  EXPECT_EQ(parsed.data(), "bytes");
+  ASSERT_TRUE(ParseByteBuffer(grpc::ByteBuffer(), &parsed).ok());
+  EXPECT_TRUE(parsed.data().empty());
+  const absl::Status truncated = ParseByteBuffer(Sliced(wire.substr(0, 12), {}), &parsed);
+  EXPECT_EQ(truncated.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(truncated.message(), HasSubstr("GetBlocksResponse"));
+}
+
 TEST(BytesFieldSplitTest, AnEmptyBufferIsAnEmptyMessage) {
   const absl::StatusOr<SplitMessage> split = SplitBytesField(grpc::ByteBuffer(), 3);
   ASSERT_TRUE(split.ok()) << split.status();
