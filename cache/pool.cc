@@ -371,6 +371,16 @@ void Pool::HashNewBlocks(Sequence* sequence) const {
   }
 }
 
+BlockId Pool::FindPresentLocked(const Sequence& sequence, size_t i, const BlockIdentity& identity,
+                                absl::Span<const uint32_t> tokens) const {
+  if (sequence.pages) return FindPageLocked(sequence, i);
+  if (!token_parts_) return pool_.FindVerified(identity, tokens);
+  BlockIdentity any_parts = identity;
+  any_parts.extras_digest =
+      ExpectedExtrasLocked(identity.extras_digest, pool_.Indexed(identity.hash));
+  return pool_.FindVerified(any_parts, tokens);
+}
+
 uint64_t Pool::ExpectedExtrasLocked(uint64_t ours, BlockId indexed) const {
   if (!token_parts_ || indexed == kNoBlock) return ours;
   const uint64_t theirs = pool_.IdentityOf(indexed).extras_digest;
@@ -874,21 +884,14 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
     const BlockId block = sequence->blocks[i];
     const bool was_published = pool_.IsPublished(block);
     const absl::Span<const uint32_t> tokens = BlockTokens(sequence->tokens, i, block_size);
-    const auto find_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (sequence->pages) return FindPageLocked(*sequence, i);
-      if (!token_parts_) return pool_.FindVerified(identity, tokens);
-      BlockIdentity any_parts = identity;
-      any_parts.extras_digest =
-          ExpectedExtrasLocked(identity.extras_digest, pool_.Indexed(identity.hash));
-      return pool_.FindVerified(any_parts, tokens);
-    };
     if (sequence->pages || token_parts_) {
-      SupersedeLocked(find_present(), block, identity.extras_digest);
+      SupersedeLocked(FindPresentLocked(*sequence, i, identity, tokens), block,
+                      identity.extras_digest);
     }
     const bool published = pool_.Publish(block, identity, tokens);
     // A hash indexed already is a duplicate when it holds the same content (looked up only
     // then: publishing is the common case).
-    if (!published && find_present() == kNoBlock) {
+    if (!published && FindPresentLocked(*sequence, i, identity, tokens) == kNoBlock) {
       // The hash is indexed for other content: this block stays private.
       collisions_caught_.fetch_add(1, std::memory_order_relaxed);
     }

@@ -527,6 +527,11 @@ class Pool final : private OffloadSource {
   // declared parts, each hit's extras digest (its part mask) is learned into `sequence`.
   std::vector<BlockId> WalkLocked(Sequence* sequence, size_t max_blocks) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The tier-1 block that holds block `i` of `sequence` (published as `identity`, `tokens`)
+  // with any parts; kNoBlock if none.
+  BlockId FindPresentLocked(const Sequence& sequence, size_t i, const BlockIdentity& identity,
+                            absl::Span<const uint32_t> tokens) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The extras digest a token block expects of tier 1's block `indexed`: with declared parts,
   // that block's when it has the same extra keys (its parts are whatever it holds); else ours.
   uint64_t ExpectedExtrasLocked(uint64_t ours, BlockId indexed) const
