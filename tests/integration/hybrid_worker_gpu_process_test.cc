@@ -28,6 +28,7 @@
 #include "common/cuda/cuda_device.h"
 #include "model/cuda/qwen3_next_cuda.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/integration/hybrid_worker_cases.h"
 #include "tests/integration/worker_runner.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/hybrid_pages.h"
@@ -43,17 +44,7 @@ constexpr uint32_t kHybridPoolBlocks = 24;
 // A GPU worker pays CUDA (and NCCL) initialization on top of its work: a generous bound.
 constexpr absl::Duration kGpuProcessBound = absl::Seconds(90);
 
-std::vector<uint32_t> Prompt(uint32_t seed, size_t length) {
-  std::vector<uint32_t> tokens(length);
-  for (size_t i = 0; i < length; ++i) tokens[i] = (seed * 131 + i * 7 + (i * i) % 13) % 256;
-  return tokens;
-}
-
-// What a worker process printed for one turn.
-struct WorkerRun {
-  ClientResult result;
-  std::string turn_line;  // "turn 1: ... cold check: ..."
-};
+using WorkerRun = WorkerTurn;
 
 class HybridWorkerGpuProcessTest : public DaemonProcessTest {
  protected:
@@ -81,27 +72,7 @@ class HybridWorkerGpuProcessTest : public DaemonProcessTest {
 
   // Runs a worker to its exit, which must be 0, reading its "turn 1:" and result lines.
   WorkerRun Run(const std::vector<std::string>& argv) {
-    WorkerRun run;
-    absl::StatusOr<Subprocess> process = Subprocess::Start(argv);
-    EXPECT_OK(process);
-    if (!process.ok()) return run;
-    absl::StatusOr<std::string> turn = process->ReadLineStartingWith("turn 1:", kGpuProcessBound);
-    EXPECT_OK(turn);
-    if (turn.ok()) run.turn_line = *turn;
-    absl::StatusOr<std::string> line = process->ReadLineStartingWith("result ", kGpuProcessBound);
-    EXPECT_OK(line);
-    if (line.ok()) {
-      std::optional<ClientResult> parsed = ParseResult(*line);
-      EXPECT_TRUE(parsed.has_value()) << "unparsable: " << *line;
-      if (parsed.has_value()) run.result = *std::move(parsed);
-    }
-    absl::StatusOr<int> status = process->Wait(kGpuProcessBound);
-    EXPECT_OK(status);
-    if (status.ok()) {
-      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-          << "kvcache-worker " << DescribeWaitStatus(*status);
-    }
-    return run;
+    return WorkerRunner::RunTurn(argv, kGpuProcessBound, /*read_turn_line=*/true);
   }
 
   WorkerRun RunWorker(const std::string& target, const std::vector<uint32_t>& prompt,
@@ -143,48 +114,29 @@ class HybridWorkerGpuProcessTest : public DaemonProcessTest {
   worker::HybridPoolGeometry geometry_;
 };
 
-// 0, 50 and 90% cached, each run a new worker process reusing the pages (KV and state) the ones
-// before computed on the GPU.
 TEST_F(HybridWorkerGpuProcessTest, SecondProcessesReuseAtZeroFiftyAndNinetyPercent) {
-  const std::vector<uint32_t> prompt = Prompt(1, 160);  // 10 pages
-  ExpectCold(std::vector<uint32_t>(prompt.begin(), prompt.begin() + 80), 0);
-  ExpectCold(prompt, 80);
-  std::vector<uint32_t> other(prompt.begin(), prompt.begin() + 144);
-  other.resize(160, 9);
-  ExpectCold(other, 144);
+  ReuseAtZeroFiftyAndNinetyPercent([this](const auto& prompt, uint32_t cached, const auto& flags) {
+    ExpectCold(prompt, cached, flags);
+  });
   EXPECT_TRUE(AwaitAllReleased());
 }
 
-// A worker saving the state every 4th page leaves pages without it: the next process's hit ends
-// at the last page that holds one, and continues from that page's state.
 TEST_F(HybridWorkerGpuProcessTest, AnEndpointWithoutItsStateIsNotAHit) {
-  const std::vector<uint32_t> prompt = Prompt(2, 98);  // 6 full pages
-  ExpectCold(prompt, 0, {"--state_every_pages=4"});
-  ExpectCold(prompt, 64);  // page 3 holds a state, pages 4 and 5 do not
-  ExpectCold(prompt, 96);  // the every-page worker saved them
+  AnEndpointWithoutItsStateIsNotAHit(
+      [this](const auto& prompt, uint32_t cached, const auto& flags) {
+        ExpectCold(prompt, cached, flags);
+      });
   EXPECT_TRUE(AwaitAllReleased());
 }
 
 // A conversation: each turn hits its own earlier answer, pages decode filled (and saved the
 // state into) on the GPU.
 TEST_F(HybridWorkerGpuProcessTest, MultiTurnConversationHitsItsOwnAnswers) {
-  const std::vector<uint32_t> prompt = Prompt(6, 40);
+  const std::vector<uint32_t> prompt = HybridPrompt(6, 40);
   std::vector<std::string> argv = runner_->Argv(target_, "next", prompt);
   argv.insert(argv.end(), {"--max_new_tokens=20", "--turns=3", "--check_cold"});
-  absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
-  ASSERT_OK(worker);
-  std::vector<ClientResult> turns;
-  for (int turn = 1; turn <= 3; ++turn) {
-    absl::StatusOr<std::string> line = worker->ReadLineStartingWith("result ", kGpuProcessBound);
-    ASSERT_OK(line);
-    std::optional<ClientResult> parsed = ParseResult(*line);
-    ASSERT_TRUE(parsed.has_value()) << *line;
-    turns.push_back(*std::move(parsed));
-  }
-  absl::StatusOr<int> status = worker->Wait(kGpuProcessBound);
-  ASSERT_OK(status);
   // Exit 0: every turn passed --check_cold against the GPU cold run.
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeWaitStatus(*status);
+  const std::vector<ClientResult> turns = WorkerRunner::RunTurns(argv, 3, kGpuProcessBound);
   EXPECT_EQ(turns[0].Field("compute"), "cuda:0");
   EXPECT_EQ(turns[0].num_cached_tokens, 0u);
   EXPECT_GT(turns[1].num_cached_tokens, prompt.size());
@@ -226,11 +178,9 @@ class HybridPdGpuProcessTest : public HybridWorkerGpuProcessTest {
 };
 
 TEST_F(HybridPdGpuProcessTest, DecodeContinuesFromKvAndStateShippedOverNcclIdenticalToOneWorker) {
-  const std::vector<uint32_t> prompt = Prompt(7, 100);  // 6 full pages and 4 tokens
-  std::vector<std::string> argv = runner_->Argv(target_, "next", prompt);
-  argv.insert(argv.end(),
-              {"--role=prefill", "--decode_target=" + decode_target_, "--transport=nccl"});
-  const ClientResult prefill = runner_->Run(argv, kGpuProcessBound);
+  const std::vector<uint32_t> prompt = HybridPrompt(7, 100);  // 6 full pages and 4 tokens
+  const ClientResult prefill =
+      runner_->Prefill(target_, "next", prompt, decode_target_, "nccl", kGpuProcessBound);
   EXPECT_EQ(prefill.Field("compute"), "cuda:0");
   EXPECT_EQ(prefill.Number("sent_blocks"), 6);
   EXPECT_EQ(prefill.Number("bytes"), static_cast<int64_t>(6 * PageBytes()));
