@@ -27,11 +27,11 @@ absl::Status DeviceLinearAttentionState::CopyToDevice(const uint8_t*, float*, ui
   return NotBuiltWith("CUDA");
 }
 
-absl::Status DeviceLinearAttentionState::CopyOnDevice(const void*, void*, uint64_t, void*) {
+absl::Status DeviceLinearAttentionState::CopyOnDevice(int, const void*, void*, uint64_t, void*) {
   return NotBuiltWith("CUDA");
 }
 
-absl::Status DeviceLinearAttentionState::ZeroOnDevice(float*, uint64_t, void*) {
+absl::Status DeviceLinearAttentionState::ZeroOnDevice(int, float*, uint64_t, void*) {
   return NotBuiltWith("CUDA");
 }
 

@@ -85,7 +85,7 @@ absl::Status DeviceLinearAttentionState::SaveToDevice(uint8_t* device_bytes, voi
   if (device_bytes == nullptr) {
     return absl::InvalidArgumentError("saving a linear-attention state into a null device address");
   }
-  return CopyOnDevice(base_, device_bytes, bytes_, stream);
+  return CopyOnDevice(device_, base_, device_bytes, bytes_, stream);
 }
 
 absl::Status DeviceLinearAttentionState::RestoreFromDevice(const uint8_t* device_bytes,
@@ -94,13 +94,13 @@ absl::Status DeviceLinearAttentionState::RestoreFromDevice(const uint8_t* device
     return absl::InvalidArgumentError(
         "restoring a linear-attention state from a null device address");
   }
-  RETURN_IF_ERROR(CopyOnDevice(device_bytes, base_, bytes_, stream));
+  RETURN_IF_ERROR(CopyOnDevice(device_, device_bytes, base_, bytes_, stream));
   position_ = position;
   return absl::OkStatus();
 }
 
 absl::Status DeviceLinearAttentionState::Reset(void* stream) {
-  RETURN_IF_ERROR(ZeroOnDevice(base_, bytes_, stream));
+  RETURN_IF_ERROR(ZeroOnDevice(device_, base_, bytes_, stream));
   position_ = 0;
   return absl::OkStatus();
 }

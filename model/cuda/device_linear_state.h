@@ -71,9 +71,10 @@ class DeviceLinearAttentionState {
                                  void* stream);
   static absl::Status CopyToDevice(const uint8_t* src, float* device_dst, uint64_t bytes,
                                    void* stream);
-  static absl::Status CopyOnDevice(const void* device_src, void* device_dst, uint64_t bytes,
-                                   void* stream);
-  static absl::Status ZeroOnDevice(float* device_dst, uint64_t bytes, void* stream);
+  // On `device` (made current for the call: the copy and the fill are that device's work).
+  static absl::Status CopyOnDevice(int device, const void* device_src, void* device_dst,
+                                   uint64_t bytes, void* stream);
+  static absl::Status ZeroOnDevice(int device, float* device_dst, uint64_t bytes, void* stream);
 
   float* base_ = nullptr;  // owned; nullptr when moved from
   int device_ = -1;
