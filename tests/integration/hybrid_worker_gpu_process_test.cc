@@ -13,8 +13,6 @@
 // the prefill/decode case is built only with NCCL.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
 
 #include <optional>
 #include <string>
@@ -156,20 +154,16 @@ class HybridPdGpuProcessTest : public HybridWorkerGpuProcessTest {
     if (IsSkipped()) return;
     decode_target_ = "unix://" + dir_.File("decode.sock");
     absl::StatusOr<Subprocess> decode_daemon =
-        Subprocess::Start({bin_dir_ + "/kvcache-manager", "--listen=" + decode_target_,
-                           "--pool=" + pool_flag_, "--device=cuda:0", "--session_ttl=2s"});
+        StartManager(bin_dir_,
+                     {"--listen=" + decode_target_, "--pool=" + pool_flag_, "--device=cuda:0",
+                      "--session_ttl=2s"},
+                     kStartBound);
     ASSERT_OK(decode_daemon);
     decode_daemon_.emplace(*std::move(decode_daemon));
-    ASSERT_OK(decode_daemon_->ReadLineStartingWith("kvcache-manager: listening on", kStartBound));
   }
 
   void TearDown() override {
-    if (decode_daemon_.has_value()) {
-      ASSERT_OK(decode_daemon_->Signal(SIGTERM));
-      absl::StatusOr<int> status = decode_daemon_->Wait(kStartBound);
-      ASSERT_OK(status);
-      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
-    }
+    if (decode_daemon_.has_value()) EXPECT_OK(StopManager(*decode_daemon_, kStartBound));
     HybridWorkerGpuProcessTest::TearDown();
   }
 
