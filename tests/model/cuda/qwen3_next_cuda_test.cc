@@ -327,6 +327,9 @@ TEST_F(CudaQwen3NextModelGpuTest, AStateSavedIntoDeviceMemoryHoldsTheHostBytes) 
       cudaMemcpy(resumed.pool.base(), first.pool.base(),
                  uint64_t{kBlocks} * first.pool.layout().BlockBytes(), cudaMemcpyDeviceToDevice),
       cudaSuccess);
+  // A device-to-device cudaMemcpy may still run when it returns; the model's stream would not
+  // wait for it.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(BitIdentical(RunTokens(resumed, table, all.subspan(32), 32), cold_logits));
   EXPECT_TRUE(BitIdentical(StateFloats(resumed.state), StateFloats(cold.state)));
 
