@@ -13,6 +13,7 @@
 // the prefill/decode case is built only with NCCL.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <optional>
 #include <string>
@@ -191,6 +192,24 @@ TEST_F(HybridPdGpuProcessTest, DecodeContinuesFromKvAndStateShippedOverNcclIdent
   EXPECT_EQ(single.result.num_cached_tokens, 96u);
   EXPECT_EQ(single.result.Field("tokens"), decode.result.Field("tokens"));
   EXPECT_EQ(single.result.Field("digest"), decode.result.Field("digest"));
+}
+
+// kvcache-pd, prefill and decode workers in one process over the two device pools: each request's
+// pages (KV and state) go over NCCL and the decode side's first token must be the prefill side's
+// (kvcache-pd fails otherwise); the second request hits the shared prefix on both sides.
+TEST_F(HybridPdGpuProcessTest, KvcachePdShipsHybridRequestsOverNccl) {
+  absl::StatusOr<Subprocess> pd = Subprocess::Start(
+      {bin_dir_ + "/kvcache-pd", "--prefill_target=" + target_, "--decode_target=" + decode_target_,
+       "--pool=next", "--checkpoint=" KVCACHE_TINY_HYBRID_CHECKPOINT_DIR, "--transport=nccl",
+       "--requests=2", "--prompt_tokens=100", "--shared_prefix=48", "--max_new_tokens=4"});
+  ASSERT_OK(pd);
+  absl::StatusOr<std::string> hits = pd->ReadLineStartingWith("prefix hits:", kGpuProcessBound);
+  ASSERT_OK(hits);
+  absl::StatusOr<int> status = pd->Wait(kGpuProcessBound);
+  ASSERT_OK(status);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "kvcache-pd " << DescribeWaitStatus(*status);
+  EXPECT_TRUE(AwaitAllReleased());
 }
 
 #endif  // KVCACHE_WITH_NCCL
