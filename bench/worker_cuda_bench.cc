@@ -3,7 +3,8 @@
 // a bf16 paged pool (device memory for the GPU, host memory for the CPU).
 // With a hybrid checkpoint (Qwen3-Next) as third argument, also the hybrid's 512-token prefill on
 // the GPU (model/cuda/qwen3_next_cuda.h, its state in a DeviceLinearAttentionState) vs the CPU,
-// and its state bytes per page vs its KV bytes per page.
+// as the worker runs it: over pages of [kv | state] (worker/hybrid_pages.h), the state saved into
+// every page (device to device on the GPU); and its state bytes per page vs its KV bytes.
 // Usage: worker_cuda_bench CHECKPOINT_DIR [reps [HYBRID_CHECKPOINT_DIR]]
 // Exits 1 on an error; without a CUDA device it says so and exits 77, skipped
 // (bench/bench_run.h). The tests' tiny model is
@@ -29,6 +30,7 @@
 #include "model/qwen3_moe.h"
 #include "model/qwen3_next.h"
 #include "model/sampler.h"
+#include "worker/hybrid_pages.h"
 
 namespace kvcache::worker {
 namespace {
@@ -63,12 +65,13 @@ class DevicePool {
 };
 
 // One sequence's KV twice, blocks 0, 1, ... of `layout` for `positions` tokens: a zero host pool
-// for the CPU model and a zero device pool for the GPU model.
+// for the CPU model and a zero device pool for the GPU model. Blocks are `page_bytes` apart (0:
+// layout.BlockBytes(); more for pages that hold a state after the KV).
 struct BenchPools {
-  BenchPools(const PoolLayout& pool_layout, uint32_t positions)
+  BenchPools(const PoolLayout& pool_layout, uint32_t positions, uint64_t page_bytes = 0)
       : layout(pool_layout),
         table((positions + layout.block_size - 1) / layout.block_size),
-        host(uint64_t{table.size()} * layout.BlockBytes(), 0),
+        host(uint64_t{table.size()} * (page_bytes == 0 ? layout.BlockBytes() : page_bytes), 0),
         device(host.size()) {
     for (uint32_t i = 0; i < table.size(); ++i) table[i] = i;
   }
@@ -185,27 +188,31 @@ int RunHybrid(const std::string& checkpoint, int reps) {
                  gpu_state.status().ToString().c_str());
     return 1;
   }
-  const PoolLayout layout = model->KvLayout(kBlockSize, DType::kBFloat16);
-  BenchPools pools(layout, kPromptTokens);
+  const HybridPages pages =
+      HybridPagesOf(HybridPoolGeometryFor(model->config(), kBlockSize, DType::kBFloat16));
+  const PoolLayout& layout = pages.kv_layout;
+  BenchPools pools(layout, kPromptTokens, pages.page_bytes);
   if (pools.device.data() == nullptr) {
     std::fprintf(stderr, "cannot allocate the device pool\n");
     return 1;
   }
-  PagedKv host_kv = pools.HostKv();
-  const DevicePagedKv device_kv = pools.DeviceKv();
-  const std::vector<uint32_t> prompt = RandomPrompt(model->config().base.vocab_size);
-  const std::vector<uint8_t> zero_state(LinearAttentionState::StateBytes(model->config()), 0);
+  const uint64_t num_pages = pools.table.size();
   LinearAttentionState cpu_state = model->NewState();
+  const PoolForward cpu_forward = HybridHostPoolForward(*model, pools.host.data(), pages, num_pages,
+                                                        /*checkpoint_pages=*/1, &cpu_state);
+  const PoolForward gpu_forward = HybridDevicePoolForward(
+      *gpu, pools.device.data(), pages, num_pages, /*checkpoint_pages=*/1, &*gpu_state);
+  const std::vector<uint32_t> prompt = RandomPrompt(model->config().base.vocab_size);
   std::vector<absl::Duration> cpu_times, gpu_times;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms the GPU
     cpu_state.Reset();
     absl::Time start = absl::Now();
-    absl::StatusOr<std::vector<float>> cpu_logits = model->Forward(prompt, 0, host_kv, cpu_state);
+    absl::StatusOr<std::vector<float>> cpu_logits = cpu_forward(prompt, 0, pools.table);
     const absl::Duration cpu = absl::Now() - start;
-    const absl::Status reset = gpu_state->RestoreFrom(zero_state, 0, nullptr);
+    const absl::Status reset = gpu_state->Reset(nullptr);
     start = absl::Now();
     absl::StatusOr<std::vector<float>> gpu_logits =
-        reset.ok() ? gpu->Forward(prompt, 0, device_kv, *gpu_state) : reset;
+        reset.ok() ? gpu_forward(prompt, 0, pools.table) : reset;
     const absl::Duration gpu_time = absl::Now() - start;
     if (!cpu_logits.ok() || !gpu_logits.ok()) {
       std::fprintf(stderr, "hybrid prefill: %s / %s\n", cpu_logits.status().ToString().c_str(),
@@ -218,8 +225,10 @@ int RunHybrid(const std::string& checkpoint, int reps) {
   }
   const double cpu_ms = MedianMs(cpu_times);
   const double gpu_ms = MedianMs(gpu_times);
-  std::printf("Qwen3-Next hybrid worker model, bf16 paged KV + float32 state, median of %d\n",
-              reps);
+  std::printf(
+      "Qwen3-Next hybrid worker model, [bf16 KV | float32 state] pages, a state saved into every "
+      "page, median of %d\n",
+      reps);
   std::printf("%-34s %10.2fms %10.2fms %9.1fx\n", "prefill, 512 tokens (time)", cpu_ms, gpu_ms,
               cpu_ms / gpu_ms);
   std::printf("state bytes per page %llu, KV bytes per page %llu (%.2fx)\n",

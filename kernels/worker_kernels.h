@@ -114,19 +114,24 @@ absl::Status PartialRopeCuda(float* x, const uint32_t* positions, uint32_t num_t
                              double theta, void* stream);
 
 // k, v: [num_tokens, num_kv_heads, head_dim] float; slot_mapping: [num_tokens] int64;
-// pool: [num_pool_blocks, layout.BlockBytes()] bytes, block-major as common/pool_layout.h.
-// For each token t with slot s = slot_mapping[t] in [0, num_pool_blocks * block_size): K and V of
-// `layer` go to block s / block_size, token slot s % block_size, converted to layout.dtype with
-// worker::EncodeKv's rounding (fp32 copy; bf16, fp16, fp8 E4M3 round to nearest even; NaN stays
-// NaN; fp16 overflows to inf, fp8 saturates to +-448): the bytes are those PagedKv::WriteK /
-// WriteV would write. kSkipSlot (-1) skips the token; so does any other slot outside the pool
-// (documented, memory-safe; ValidateSlotMapping rejects it on the host). Slots must not repeat
-// (repeats race). Every dtype of common/pool_layout.h is supported. INVALID_ARGUMENT for a layout
-// that fails PoolLayout::Validate, layer >= num_layers, num_pool_blocks == 0 or a pool size that
-// overflows uint64.
+// pool: [num_pool_blocks, page_stride_bytes] bytes, block-major as common/pool_layout.h: block b's
+// KV is layout.BlockBytes() bytes at pool + b * page_stride_bytes, where page_stride_bytes is 0
+// for layout.BlockBytes() (a pool of KV alone) or, for a pool whose pages hold more than the KV
+// (common/page_parts.h: the KV part first, then e.g. a recurrent state), the page's bytes; the
+// bytes past the KV are never touched. For each token t with slot s = slot_mapping[t] in [0,
+// num_pool_blocks * block_size): K and V of `layer` go to block s / block_size, token slot s %
+// block_size, converted to layout.dtype with worker::EncodeKv's rounding (fp32 copy; bf16, fp16,
+// fp8 E4M3 round to nearest even; NaN stays NaN; fp16 overflows to inf, fp8 saturates to +-448):
+// the bytes are those PagedKv::WriteK / WriteV would write. kSkipSlot (-1) skips the token; so does
+// any other slot outside the pool (documented, memory-safe; ValidateSlotMapping rejects it on the
+// host). Slots must not repeat (repeats race). Every dtype of common/pool_layout.h is supported.
+// INVALID_ARGUMENT for a layout that fails PoolLayout::Validate, layer >= num_layers,
+// num_pool_blocks == 0, a page stride other than 0 below layout.BlockBytes() or not a multiple of
+// the element size, or a pool size that overflows uint64.
 absl::Status WriteKvCuda(const float* k, const float* v, const int64_t* slot_mapping,
                          uint32_t num_tokens, uint32_t layer, const PoolLayout& layout,
-                         uint64_t num_pool_blocks, uint8_t* pool, void* stream);
+                         uint64_t num_pool_blocks, uint8_t* pool, void* stream,
+                         uint64_t page_stride_bytes = 0);
 
 // q, out: [num_tokens, num_q_heads, head_dim] float (head_dim = layout.head_dim);
 // positions: [num_tokens] uint32; seq_ids: [num_tokens] uint32 or nullptr (every token in
@@ -141,15 +146,16 @@ absl::Status WriteKvCuda(const float* k, const float* v, const int64_t* slot_map
 // read out of bounds: a position whose block id is >= num_pool_blocks is left out of the softmax;
 // a token whose seq id >= num_seqs or whose position is past max_blocks_per_seq * block_size gets
 // NaN in every output element (as does one with no position left). INVALID_ARGUMENT for a bad
-// layout, layer >= num_layers, num_q_heads == 0 or not a multiple of num_kv_heads, head_dim >
-// kMaxCudaHeadDim, num_seqs / max_blocks_per_seq / num_pool_blocks == 0, or a pool size that
-// overflows uint64.
+// layout or page stride (as WriteKvCuda), layer >= num_layers, num_q_heads == 0 or not a multiple
+// of num_kv_heads, head_dim > kMaxCudaHeadDim, num_seqs / max_blocks_per_seq / num_pool_blocks
+// == 0, or a pool size that overflows uint64.
 absl::Status PagedAttentionCuda(const float* q, const uint32_t* positions, const uint32_t* seq_ids,
                                 const uint32_t* block_tables, uint32_t num_tokens,
                                 uint32_t num_q_heads, uint32_t num_seqs,
                                 uint32_t max_blocks_per_seq, uint32_t layer,
                                 const PoolLayout& layout, uint64_t num_pool_blocks,
-                                const uint8_t* pool, float* out, void* stream);
+                                const uint8_t* pool, float* out, void* stream,
+                                uint64_t page_stride_bytes = 0);
 
 // logits: [num_tokens, num_experts] router logits; topk_ids: [num_tokens, top_k] uint32;
 // topk_weights: [num_tokens, top_k] float.

@@ -18,9 +18,11 @@ namespace {
 
 using internal::CheckNotNull;
 
-// PoolLayout::Validate, the layer, and the pool's size; fills `g`.
+// PoolLayout::Validate, the layer, the page stride (0: the KV block's bytes) and the pool's size;
+// fills `g`.
 absl::Status CheckPool(const char* op, const PoolLayout& layout, uint32_t layer,
-                       uint64_t num_pool_blocks, internal::KvGeometry& g) {
+                       uint64_t num_pool_blocks, uint64_t page_stride_bytes,
+                       internal::KvGeometry& g) {
   if (const absl::Status valid = layout.Validate(); !valid.ok()) {
     return absl::Status(valid.code(), absl::StrCat(op, ": ", valid.message()));
   }
@@ -31,7 +33,14 @@ absl::Status CheckPool(const char* op, const PoolLayout& layout, uint32_t layer,
   if (num_pool_blocks == 0) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: num_pool_blocks must be > 0", op));
   }
-  const uint64_t block_bytes = layout.BlockBytes();
+  const uint64_t kv_bytes = layout.BlockBytes();
+  const uint64_t block_bytes = page_stride_bytes == 0 ? kv_bytes : page_stride_bytes;
+  if (block_bytes < kv_bytes || block_bytes % DTypeBytes(layout.dtype) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: page stride %u is below the KV block's %u bytes or not a multiple of the %u-byte "
+        "elements",
+        op, block_bytes, kv_bytes, DTypeBytes(layout.dtype)));
+  }
   if (num_pool_blocks > std::numeric_limits<uint64_t>::max() / block_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: pool of %u blocks of %u bytes overflows uint64", op, num_pool_blocks, block_bytes));
@@ -103,10 +112,11 @@ absl::Status PartialRopeCuda(float* x, const uint32_t* positions, uint32_t num_t
 
 absl::Status WriteKvCuda(const float* k, const float* v, const int64_t* slot_mapping,
                          uint32_t num_tokens, uint32_t layer, const PoolLayout& layout,
-                         uint64_t num_pool_blocks, uint8_t* pool, void* stream) {
+                         uint64_t num_pool_blocks, uint8_t* pool, void* stream,
+                         uint64_t page_stride_bytes) {
   constexpr char kOp[] = "WriteKvCuda";
   internal::KvGeometry g;
-  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, g));
+  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, page_stride_bytes, g));
   if (num_tokens == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckNotNull(kOp, "k", k));
   RETURN_IF_ERROR(CheckNotNull(kOp, "v", v));
@@ -121,10 +131,11 @@ absl::Status PagedAttentionCuda(const float* q, const uint32_t* positions, const
                                 uint32_t num_q_heads, uint32_t num_seqs,
                                 uint32_t max_blocks_per_seq, uint32_t layer,
                                 const PoolLayout& layout, uint64_t num_pool_blocks,
-                                const uint8_t* pool, float* out, void* stream) {
+                                const uint8_t* pool, float* out, void* stream,
+                                uint64_t page_stride_bytes) {
   constexpr char kOp[] = "PagedAttentionCuda";
   internal::AttnParams p;
-  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, p.kv));
+  RETURN_IF_ERROR(CheckPool(kOp, layout, layer, num_pool_blocks, page_stride_bytes, p.kv));
   if (num_q_heads == 0 || num_q_heads % layout.num_kv_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: num_q_heads %u must be a positive multiple of num_kv_heads %u", kOp,

@@ -15,7 +15,7 @@ namespace kvcache::kernels::internal {
 
 // Byte geometry of one layer's K and V inside a block-major pool block.
 struct KvGeometry {
-  uint64_t block_bytes;  // bytes of one pool block
+  uint64_t block_bytes;  // bytes from one pool block (page) to the next: the page stride
   uint64_t k_offset;     // offset of `layer`'s K, token 0, inside a block
   uint64_t v_minus_k;    // offset of V minus offset of K (block_size * token_bytes)
   uint64_t token_bytes;  // bytes of one token's K (or V): num_kv_heads * head_dim * elem

@@ -1,7 +1,10 @@
 #include "worker/hybrid_pages.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/cuda/device_kv_pool.h"
 #include "model/paged_kv.h"
 
 namespace kvcache::worker {
@@ -114,19 +117,72 @@ PoolForward HybridHostPoolForward(const Qwen3NextModel& model, uint8_t* pool_bas
   };
 }
 
+PoolForward HybridDevicePoolForward(CudaQwen3NextModel& model, uint8_t* pool_base,
+                                    const HybridPages& pages, uint64_t num_pool_blocks,
+                                    uint32_t checkpoint_pages, DeviceLinearAttentionState* state) {
+  return [&model, pool_base, pages, num_pool_blocks, checkpoint_pages, state](
+             absl::Span<const uint32_t> tokens, uint32_t start_position,
+             absl::Span<const uint32_t> block_table) -> absl::StatusOr<std::vector<float>> {
+    const DevicePagedKv kv{.pool_base = pool_base,
+                           .layout = pages.kv_layout,
+                           .block_table = block_table,
+                           .num_pool_blocks = num_pool_blocks,
+                           .page_stride_bytes = pages.page_bytes};
+    if (checkpoint_pages == 0) return model.Forward(tokens, start_position, kv, *state);
+    const uint64_t interval = uint64_t{checkpoint_pages} * pages.kv_layout.block_size;
+    const uint64_t end = uint64_t{start_position} + tokens.size();
+    uint64_t position = start_position;
+    std::vector<float> logits;
+    // Chunks ending at each checkpoint inside (start, end], then the rest; an empty call still
+    // reaches Forward for its checks and codes.
+    do {
+      const uint64_t checkpoint = (position / interval + 1) * interval;
+      const uint64_t chunk_end = std::min(end, checkpoint);
+      ASSIGN_OR_RETURN(
+          logits, model.Forward(tokens.subspan(position - start_position, chunk_end - position),
+                                static_cast<uint32_t>(position), kv, *state));
+      position = chunk_end;
+      if (position == checkpoint) {
+        // Forward checked that the table covers every position it ran, this page's last included.
+        const uint32_t page = block_table[position / pages.kv_layout.block_size - 1];
+        RETURN_IF_ERROR(state->SaveToDevice(
+            pool_base + uint64_t{page} * pages.page_bytes + pages.state_offset, nullptr));
+      }
+    } while (position < end);
+    return logits;
+  };
+}
+
+namespace {
+
+// OK when a state may be restored after `position` tokens: at a page end.
+absl::Status CheckRestorePosition(const HybridPages& pages, uint32_t position) {
+  if (position % pages.kv_layout.block_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a state restores at a page end; ", position,
+                                                   " is inside a page of ",
+                                                   pages.kv_layout.block_size, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RestoreHybridState(const HybridPages& pages, const uint8_t* page, uint32_t position,
                                 LinearAttentionState& state) {
   if (position == 0) {
     state.Reset();
     return absl::OkStatus();
   }
-  if (position % pages.kv_layout.block_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a state restores at a page end; ", position,
-                                                   " is inside a page of ",
-                                                   pages.kv_layout.block_size, " tokens"));
-  }
+  RETURN_IF_ERROR(CheckRestorePosition(pages, position));
   return state.RestoreFrom(absl::MakeConstSpan(page + pages.state_offset, pages.state_bytes),
                            position);
+}
+
+absl::Status RestoreHybridStateOnDevice(const HybridPages& pages, const uint8_t* device_page,
+                                        uint32_t position, DeviceLinearAttentionState& state) {
+  if (position == 0) return state.Reset(nullptr);
+  RETURN_IF_ERROR(CheckRestorePosition(pages, position));
+  return state.RestoreFromDevice(device_page + pages.state_offset, position, nullptr);
 }
 
 absl::StatusOr<GenerationResult> GenerateColdHybrid(const Qwen3NextModel& model,
@@ -140,6 +196,25 @@ absl::StatusOr<GenerationResult> GenerateColdHybrid(const Qwen3NextModel& model,
   LinearAttentionState state = model.NewState();
   return GenerateOver(HybridHostPoolForward(model, pool.data(), pages, table.size(),
                                             /*checkpoint_pages=*/0, &state),
+                      block_size, table, prompt, max_new_tokens, sampler);
+}
+
+absl::StatusOr<GenerationResult> GenerateColdHybridCuda(CudaQwen3NextModel& model,
+                                                        const Qwen3NextConfig& config,
+                                                        absl::Span<const uint32_t> prompt,
+                                                        uint32_t max_new_tokens, Sampler& sampler,
+                                                        uint32_t block_size, DType dtype) {
+  const HybridPoolGeometry geometry = HybridPoolGeometryFor(config, block_size, dtype);
+  const HybridPages pages = HybridPagesOf(geometry);
+  RETURN_IF_ERROR(pages.kv_layout.Validate());
+  const std::vector<uint32_t> table = PrivateBlockTable(prompt.size(), max_new_tokens, block_size);
+  ASSIGN_OR_RETURN(DeviceKvPool pool, DeviceKvPool::Create(model.device(), geometry.pool_layout,
+                                                           static_cast<uint32_t>(table.size())));
+  ASSIGN_OR_RETURN(DeviceLinearAttentionState state,
+                   DeviceLinearAttentionState::Create(model.device(), config));
+  // Every Forward synchronized its stream before returning, so pool and state are idle when freed.
+  return GenerateOver(HybridDevicePoolForward(model, pool.base(), pages, pool.num_blocks(),
+                                              /*checkpoint_pages=*/0, &state),
                       block_size, table, prompt, max_new_tokens, sampler);
 }
 

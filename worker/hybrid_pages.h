@@ -15,8 +15,13 @@
 // (page i when (i + 1) % checkpoint_pages == 0), the worker's choice; the daemon's hit rule
 // then ends a hit only at such a page.
 //
-// Thread-safety: value types and free functions; a HybridHostPoolForward mutates the state it
-// was given, one call at a time.
+// On a GPU (a device pool) the same pages are computed by CudaQwen3NextModel: the KV part through
+// DevicePagedKv's page stride, the state part copied device to device from and into a
+// DeviceLinearAttentionState, in the host state's byte layout — a page written by a CPU worker
+// reads the same on a GPU one.
+//
+// Thread-safety: value types and free functions; a HybridHostPoolForward or
+// HybridDevicePoolForward mutates the state it was given, one call at a time.
 #ifndef KVCACHE_WORKER_HYBRID_PAGES_H_
 #define KVCACHE_WORKER_HYBRID_PAGES_H_
 
@@ -29,6 +34,8 @@
 #include "absl/types/span.h"
 #include "common/page_parts.h"
 #include "common/pool_layout.h"
+#include "model/cuda/device_linear_state.h"
+#include "model/cuda/qwen3_next_cuda.h"
 #include "model/linear_attention_state.h"
 #include "model/qwen3_next.h"
 #include "model/sampler.h"
@@ -87,10 +94,25 @@ PoolForward HybridHostPoolForward(const Qwen3NextModel& model, uint8_t* pool_bas
                                   const HybridPages& pages, uint64_t num_pool_blocks,
                                   uint32_t checkpoint_pages, LinearAttentionState* state);
 
+// The CUDA hybrid model over a device pool of `num_pool_blocks` pages at `pool_base` (device
+// memory of model.device()), continuing `*state`, as HybridHostPoolForward: with checkpoint_pages
+// > 0 the prefill runs in chunks that end at every checkpoint_pages-th page's last token, and the
+// state there is copied into that page's state part on the device (the CUDA model is
+// batch-invariant, so the chunks change no bit); 0 saves none (one Forward). When it returns, the
+// pool writes are complete. `model` and `state` must outlive the returned callable.
+PoolForward HybridDevicePoolForward(CudaQwen3NextModel& model, uint8_t* pool_base,
+                                    const HybridPages& pages, uint64_t num_pool_blocks,
+                                    uint32_t checkpoint_pages, DeviceLinearAttentionState* state);
+
 // Sets `state` to the state after `position` tokens: zero at 0, else the bytes in the state part
 // of `page` (the page ending at `position`). INVALID_ARGUMENT when position is not a page end.
 absl::Status RestoreHybridState(const HybridPages& pages, const uint8_t* page, uint32_t position,
                                 LinearAttentionState& state);
+
+// RestoreHybridState on a GPU: `device_page` is the page's device address; the state bytes are
+// copied device to device.
+absl::Status RestoreHybridStateOnDevice(const HybridPages& pages, const uint8_t* device_page,
+                                        uint32_t position, DeviceLinearAttentionState& state);
 
 // The hybrid's cold reference: GenerateOver with the CPU model over a private, zero-filled pool
 // of HybridPoolGeometryFor's pages, a fresh state, and no checkpoints (the prompt in one Forward).
@@ -98,6 +120,18 @@ absl::StatusOr<GenerationResult> GenerateColdHybrid(const Qwen3NextModel& model,
                                                     absl::Span<const uint32_t> prompt,
                                                     uint32_t max_new_tokens, Sampler& sampler,
                                                     uint32_t block_size, DType dtype);
+
+// GenerateColdHybrid on a GPU: the CUDA model (of `config`, its CPU model's) over a fresh,
+// zero-filled device pool of HybridPoolGeometryFor's pages on model.device() (DeviceKvPool) and a
+// fresh DeviceLinearAttentionState, freed on return; no checkpoints. The reference of cached GPU
+// runs of the hybrid on the same device and build, which it equals bit for bit. Errors:
+// DeviceKvPool::Create's and DeviceLinearAttentionState::Create's (FAILED_PRECONDITION without
+// CUDA or a device), then as CudaQwen3NextModel::Forward / Sample.
+absl::StatusOr<GenerationResult> GenerateColdHybridCuda(CudaQwen3NextModel& model,
+                                                        const Qwen3NextConfig& config,
+                                                        absl::Span<const uint32_t> prompt,
+                                                        uint32_t max_new_tokens, Sampler& sampler,
+                                                        uint32_t block_size, DType dtype);
 
 }  // namespace kvcache::worker
 

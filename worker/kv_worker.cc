@@ -12,6 +12,11 @@ namespace {
 PoolForward ForwardOver(const MappedPool& mapped, const Qwen3MoeModel* model,
                         const Qwen3NextModel* hybrid_model, CudaQwen3MoeModel* cuda_model,
                         KvWorker::HybridParts* hybrid) {
+  if (hybrid != nullptr && hybrid->cuda_model != nullptr) {
+    return HybridDevicePoolForward(*hybrid->cuda_model, mapped.Block(0), hybrid->pages,
+                                   mapped.num_blocks(), hybrid->checkpoint_pages,
+                                   hybrid->device_state.get());
+  }
   if (hybrid != nullptr) {
     return HybridHostPoolForward(*hybrid_model, mapped.Block(0), hybrid->pages, mapped.num_blocks(),
                                  hybrid->checkpoint_pages, &hybrid->state);
@@ -76,15 +81,27 @@ absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Create(KvCacheClient* client
   }
   ASSIGN_OR_RETURN(KvCacheClient::PoolDescription description, client->DescribePool(pool));
   ASSIGN_OR_RETURN(std::unique_ptr<MappedPool> mapped, MappedPool::Map(description));
-  if (mapped->is_device()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool '", pool, "' is device memory (cuda:", mapped->device(),
-                     "); the hybrid model runs on the CPU only: give it a host pool"));
-  }
   ASSIGN_OR_RETURN(HybridPages pages, HybridPagesIn(model->config(), pool, mapped->layout(),
                                                     mapped->block_bytes(), mapped->parts()));
   auto hybrid = std::make_unique<HybridParts>(HybridParts{
       .pages = pages, .checkpoint_pages = checkpoint_pages, .state = model->NewState()});
+  if (mapped->is_device()) {
+    // The pages live on the GPU: the model and its state go there too (weights uploaded once).
+    auto on_device = [&](const absl::Status& status) {
+      return absl::Status(
+          status.code(),
+          absl::StrCat("pool '", pool, "' is device memory (cuda:", mapped->device(),
+                       ") and the hybrid model cannot run there: ", status.message()));
+    };
+    absl::StatusOr<CudaQwen3NextModel> created =
+        CudaQwen3NextModel::Create(*model, mapped->device());
+    if (!created.ok()) return on_device(created.status());
+    absl::StatusOr<DeviceLinearAttentionState> state =
+        DeviceLinearAttentionState::Create(mapped->device(), model->config());
+    if (!state.ok()) return on_device(state.status());
+    hybrid->cuda_model = std::make_unique<CudaQwen3NextModel>(*std::move(created));
+    hybrid->device_state = std::make_unique<DeviceLinearAttentionState>(*std::move(state));
+  }
   return std::unique_ptr<KvWorker>(new KvWorker(client, std::move(pool), nullptr, model,
                                                 std::move(mapped), nullptr, std::move(hybrid)));
 }
@@ -139,7 +156,12 @@ absl::StatusOr<GenerationResult> KvWorker::Run(const KvCacheClient::Sequence& se
     masks.resize(cached / block_size, hybrid_->pages.kv_mask);
     const uint8_t* endpoint_page =
         cached == 0 ? nullptr : mapped_->Block(table[cached / block_size - 1]);
-    RETURN_IF_ERROR(RestoreHybridState(hybrid_->pages, endpoint_page, cached, hybrid_->state));
+    if (hybrid_->device_state != nullptr) {
+      RETURN_IF_ERROR(RestoreHybridStateOnDevice(hybrid_->pages, endpoint_page, cached,
+                                                 *hybrid_->device_state));
+    } else {
+      RETURN_IF_ERROR(RestoreHybridState(hybrid_->pages, endpoint_page, cached, hybrid_->state));
+    }
   }
   GenerationResult result{.prompt_tokens = static_cast<uint32_t>(prompt.size()),
                           .cached_tokens = cached};
@@ -186,6 +208,10 @@ absl::StatusOr<GenerationResult> KvWorker::Run(const KvCacheClient::Sequence& se
 absl::StatusOr<GenerationResult> KvWorker::GenerateColdReference(absl::Span<const uint32_t> prompt,
                                                                  uint32_t max_new_tokens,
                                                                  Sampler& sampler) {
+  if (hybrid_ != nullptr && hybrid_->cuda_model != nullptr) {
+    return GenerateColdHybridCuda(*hybrid_->cuda_model, hybrid_model_->config(), prompt,
+                                  max_new_tokens, sampler, layout().block_size, layout().dtype);
+  }
   if (hybrid_ != nullptr) {
     return GenerateColdHybrid(*hybrid_model_, prompt, max_new_tokens, sampler, layout().block_size,
                               layout().dtype);

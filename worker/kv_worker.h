@@ -11,12 +11,14 @@
 // uploaded then), computes over the CUDA IPC mapping. The generation loop is the same for both;
 // only its forward pass over the pool (a PoolForward, worker/pool_forward.h) differs.
 //
-// The hybrid model (Qwen3NextModel, DESIGN §5, worker/hybrid_pages.h) runs over a host pool whose
-// pages are [kv | state]: Generate opens with restore_parts {kv, state}, so the daemon's hit ends
-// at a page holding a state; the worker restores the state from that page, computes on, saves the
-// state into every checkpoint_pages-th page it fills, and commits each block's part mask (kv, or
-// kv + state). Only the forward pass, the state's restore and the masks differ from Qwen3-MoE;
-// the loop is the same.
+// The hybrid model (Qwen3NextModel, DESIGN §5, worker/hybrid_pages.h) runs over a pool whose
+// pages are [kv | state] — on the CPU over a host pool, as a CudaQwen3NextModel on the pool's
+// device over a device pool, its state then in a DeviceLinearAttentionState copied device to
+// device from and into the pages: Generate opens with restore_parts {kv, state}, so the daemon's
+// hit ends at a page holding a state; the worker restores the state from that page, computes on,
+// saves the state into every checkpoint_pages-th page it fills, and commits each block's part mask
+// (kv, or kv + state). Only the forward pass, the state's restore and the masks differ from
+// Qwen3-MoE; the loop is the same.
 //
 // Commit ordering: a forward pass returns only once its pool writes are complete — the CUDA
 // model synchronizes its stream before Forward returns — so the CommitSequence that follows
@@ -59,10 +61,12 @@ class KvWorker {
   static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client, std::string pool,
                                                           const Qwen3MoeModel* model);
 
-  // The hybrid model over a host pool laid out as HybridPoolGeometryFor gives, a state saved every
-  // `checkpoint_pages` pages (at least 1). Errors: DescribePool's and Map's, as above;
-  // INVALID_ARGUMENT for checkpoint_pages 0; FAILED_PRECONDITION for a device pool (the hybrid
-  // runs on the CPU only) or a pool whose pages do not hold the model's (HybridPagesIn).
+  // The hybrid model over a pool laid out as HybridPoolGeometryFor gives, a state saved every
+  // `checkpoint_pages` pages (at least 1); for a device pool, a CudaQwen3NextModel and a
+  // DeviceLinearAttentionState on the pool's device, created here. Errors: DescribePool's and
+  // Map's, as above; INVALID_ARGUMENT for checkpoint_pages 0; FAILED_PRECONDITION for a pool
+  // whose pages do not hold the model's (HybridPagesIn); CudaQwen3NextModel::Create's and
+  // DeviceLinearAttentionState::Create's codes for a device pool, the message naming the pool.
   static absl::StatusOr<std::unique_ptr<KvWorker>> Create(KvCacheClient* client, std::string pool,
                                                           const Qwen3NextModel* model,
                                                           uint32_t checkpoint_pages = 1);
@@ -82,7 +86,7 @@ class KvWorker {
   // in this process over a private pool of the pool's layout, with no daemon and no cache —
   // GenerateCold (CPU model, host memory) for a host pool, GenerateColdCuda (this worker's CUDA
   // model, a fresh device buffer on the pool's device) for a device pool, GenerateColdHybrid for
-  // the hybrid model. Generate's tokens and
+  // the hybrid model (GenerateColdHybridCuda over a device pool). Generate's tokens and
   // logits digest, prefix hit or not, must equal it bit for bit. Errors as those functions'.
   absl::StatusOr<GenerationResult> GenerateColdReference(absl::Span<const uint32_t> prompt,
                                                          uint32_t max_new_tokens, Sampler& sampler);
@@ -90,7 +94,7 @@ class KvWorker {
   const PoolLayout& layout() const { return mapped_->layout(); }
   const MappedPool& mapped() const { return *mapped_; }
   // True when the model runs on a GPU (the pool is device memory).
-  bool on_device() const { return cuda_model_ != nullptr; }
+  bool on_device() const { return mapped_->is_device(); }
   // True for the hybrid model.
   bool hybrid() const { return hybrid_model_ != nullptr; }
 
@@ -99,7 +103,11 @@ class KvWorker {
   struct HybridParts {
     HybridPages pages;
     uint32_t checkpoint_pages;
-    LinearAttentionState state;  // the running generation's
+    LinearAttentionState state;  // the running generation's, over a host pool
+    // Over a device pool: the model on the pool's device and the running generation's state
+    // there (declared after the model: destroyed first, while its device work is long done).
+    std::unique_ptr<CudaQwen3NextModel> cuda_model;
+    std::unique_ptr<DeviceLinearAttentionState> device_state;
   };
 
  private:
@@ -115,8 +123,9 @@ class KvWorker {
   absl::Status Commit(uint64_t sequence_id, uint32_t tokens, std::vector<uint32_t>& masks);
 
   // Constant after construction. Declared (so destroyed in reverse) in dependency order:
-  // forward_ refers to cuda_model_ (or model_) and mapped_'s memory; cuda_model_'s destructor
-  // waits for its stream before mapped_ closes the device mapping.
+  // forward_ refers to cuda_model_ (or model_, or hybrid_'s models and states) and mapped_'s
+  // memory; the CUDA models' destructors wait for their streams before mapped_ closes the device
+  // mapping.
   KvCacheClient* const client_;
   const std::string pool_;
   const Qwen3MoeModel* const model_;          // null for the hybrid

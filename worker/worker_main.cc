@@ -5,7 +5,8 @@
 // this process and must match bit for bit, on the backend the worker computes with: the CPU model
 // over a private host pool for a host pool, and for a device pool (a daemon with --device cuda:N,
 // where the model runs on that GPU) the same GPU model over a fresh device buffer. A hybrid
-// checkpoint (Qwen3-Next) runs on the CPU over a host pool of kv + state pages (DESIGN §5).
+// checkpoint (Qwen3-Next) runs over a pool of kv + state pages, on the CPU for a host pool and on
+// the pool's GPU for a device pool (DESIGN §5).
 #include <cstdio>
 #include <string>
 #include <vector>

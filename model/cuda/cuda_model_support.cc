@@ -111,10 +111,11 @@ absl::Status NormRopeWriteAttend(const ModelConfig& config, uint32_t rotary_dim,
   // K/V go to the pool first; attention then reads every position, the new ones included, back
   // from it (same stream: the write is complete before attention starts).
   RETURN_IF_ERROR(kernels::WriteKvCuda(k, v, slots, n, pool_layer, kv.layout, kv.num_pool_blocks,
-                                       kv.pool_base, stream));
+                                       kv.pool_base, stream, kv.page_stride_bytes));
   return kernels::PagedAttentionCuda(q, positions, /*seq_ids=*/nullptr, block_table, n, heads,
                                      /*num_seqs=*/1, blocks, pool_layer, kv.layout,
-                                     kv.num_pool_blocks, kv.pool_base, attn, stream);
+                                     kv.num_pool_blocks, kv.pool_base, attn, stream,
+                                     kv.page_stride_bytes);
 }
 
 absl::Status NormAndRoute(const ModelConfig& config, const float* x, const float* post_norm,

@@ -67,4 +67,24 @@ absl::Status DeviceLinearAttentionState::CopyToDevice(const uint8_t* src, float*
                      "copying the linear-attention state to the device");
 }
 
+absl::Status DeviceLinearAttentionState::CopyOnDevice(int device, const void* device_src,
+                                                      void* device_dst, uint64_t bytes,
+                                                      void* stream) {
+  ScopedCudaDevice scoped;
+  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  return CopyAndWait(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream,
+                     "copying a linear-attention state on the device");
+}
+
+absl::Status DeviceLinearAttentionState::ZeroOnDevice(int device, float* device_dst, uint64_t bytes,
+                                                      void* stream) {
+  ScopedCudaDevice scoped;
+  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  constexpr char kWhat[] = "zeroing the linear-attention state";
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device_dst, 0, bytes, cuda_stream), kWhat);
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_stream), kWhat);
+  return absl::OkStatus();
+}
+
 }  // namespace kvcache::worker

@@ -27,4 +27,12 @@ absl::Status DeviceLinearAttentionState::CopyToDevice(const uint8_t*, float*, ui
   return NotBuiltWith("CUDA");
 }
 
+absl::Status DeviceLinearAttentionState::CopyOnDevice(int, const void*, void*, uint64_t, void*) {
+  return NotBuiltWith("CUDA");
+}
+
+absl::Status DeviceLinearAttentionState::ZeroOnDevice(int, float*, uint64_t, void*) {
+  return NotBuiltWith("CUDA");
+}
+
 }  // namespace kvcache::worker

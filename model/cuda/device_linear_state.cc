@@ -81,4 +81,28 @@ absl::Status DeviceLinearAttentionState::RestoreFrom(absl::Span<const uint8_t> b
   return absl::OkStatus();
 }
 
+absl::Status DeviceLinearAttentionState::SaveToDevice(uint8_t* device_bytes, void* stream) const {
+  if (device_bytes == nullptr) {
+    return absl::InvalidArgumentError("saving a linear-attention state into a null device address");
+  }
+  return CopyOnDevice(device_, base_, device_bytes, bytes_, stream);
+}
+
+absl::Status DeviceLinearAttentionState::RestoreFromDevice(const uint8_t* device_bytes,
+                                                           uint64_t position, void* stream) {
+  if (device_bytes == nullptr) {
+    return absl::InvalidArgumentError(
+        "restoring a linear-attention state from a null device address");
+  }
+  RETURN_IF_ERROR(CopyOnDevice(device_, device_bytes, base_, bytes_, stream));
+  position_ = position;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceLinearAttentionState::Reset(void* stream) {
+  RETURN_IF_ERROR(ZeroOnDevice(device_, base_, bytes_, stream));
+  position_ = 0;
+  return absl::OkStatus();
+}
+
 }  // namespace kvcache::worker

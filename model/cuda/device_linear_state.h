@@ -53,6 +53,16 @@ class DeviceLinearAttentionState {
   // unchanged on error.
   absl::Status RestoreFrom(absl::Span<const uint8_t> bytes, uint64_t position, void* stream);
 
+  // The same StateBytes() bytes to and from device memory of this state's device — a pool page's
+  // state part (worker/hybrid_pages.h) — with a device-to-device copy: no host round trip, and
+  // the bytes a host SaveTo would give. Ordered and waited for as SaveTo / RestoreFrom.
+  // `device_bytes` must hold StateBytes() bytes (unchecked: device memory); INVALID_ARGUMENT for a
+  // null pointer; a CUDA error as common/cuda/cuda_status.h maps it.
+  absl::Status SaveToDevice(uint8_t* device_bytes, void* stream) const;
+  absl::Status RestoreFromDevice(const uint8_t* device_bytes, uint64_t position, void* stream);
+  // The zero state at position 0, as Create leaves it; ordered and waited for as RestoreFrom.
+  absl::Status Reset(void* stream);
+
  private:
   DeviceLinearAttentionState(float* base, int device, const Qwen3NextConfig& config);
   void Free();
@@ -61,6 +71,10 @@ class DeviceLinearAttentionState {
                                  void* stream);
   static absl::Status CopyToDevice(const uint8_t* src, float* device_dst, uint64_t bytes,
                                    void* stream);
+  // On `device` (made current for the call: the copy and the fill are that device's work).
+  static absl::Status CopyOnDevice(int device, const void* device_src, void* device_dst,
+                                   uint64_t bytes, void* stream);
+  static absl::Status ZeroOnDevice(int device, float* device_dst, uint64_t bytes, void* stream);
 
   float* base_ = nullptr;  // owned; nullptr when moved from
   int device_ = -1;

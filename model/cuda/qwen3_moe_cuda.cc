@@ -317,7 +317,8 @@ absl::StatusOr<std::vector<float>> CudaQwen3MoeModel::Forward(absl::Span<const u
   }
   // The CPU model's checks, codes and messages. The view is inspected (layout, table, pool size),
   // never dereferenced.
-  const PagedKv view(kv.pool_base, kv.layout, kv.block_table, kv.num_pool_blocks);
+  const PagedKv view(kv.pool_base, kv.layout, kv.block_table, kv.num_pool_blocks,
+                     kv.page_stride_bytes);
   RETURN_IF_ERROR(CheckForwardRequest(impl_->config, tokens, start_position, view));
   return RunForwardOnDevice(impl_->device, impl_->stream, kv, start_position, tokens.size(),
                             impl_->host_slots,

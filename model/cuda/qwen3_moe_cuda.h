@@ -56,6 +56,10 @@ struct DevicePagedKv {
   PoolLayout layout;                       // the pool's block layout
   absl::Span<const uint32_t> block_table;  // host memory: position p is in block_table[p / bs]
   uint64_t num_pool_blocks = 0;            // pool size in blocks (required: bounds the kernels)
+  // Bytes from one block to the next, as PagedKv's page_stride_bytes: 0 for layout.BlockBytes()
+  // (a pool of KV alone); a pool whose pages hold more than the KV (the hybrid's [kv | state])
+  // gives its page bytes. The bytes past each block's KV are never touched.
+  uint64_t page_stride_bytes = 0;
 };
 
 class CudaQwen3MoeModel {

@@ -491,7 +491,8 @@ absl::StatusOr<std::vector<float>> CudaQwen3NextModel::Forward(absl::Span<const 
     return absl::FailedPreconditionError("CudaQwen3NextModel::Forward on a moved-from model");
   }
   // The CPU model's checks, codes and messages; the view is inspected, never dereferenced.
-  const PagedKv view(kv.pool_base, kv.layout, kv.block_table, kv.num_pool_blocks);
+  const PagedKv view(kv.pool_base, kv.layout, kv.block_table, kv.num_pool_blocks,
+                     kv.page_stride_bytes);
   RETURN_IF_ERROR(CheckForwardRequest(impl_->kv_config, tokens, start_position, view));
   RETURN_IF_ERROR(
       CheckStateRequest(impl_->config, state.StateBytes(), state.position(), start_position));

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/integration/hybrid_worker_cases.h"
 #include "tests/integration/worker_runner.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/redis_cluster_process.h"
@@ -25,12 +26,6 @@ namespace {
 
 constexpr uint32_t kNewTokens = 12;
 constexpr uint32_t kHybridPoolBlocks = 24;
-
-std::vector<uint32_t> Prompt(uint32_t seed, size_t length) {
-  std::vector<uint32_t> tokens(length);
-  for (size_t i = 0; i < length; ++i) tokens[i] = (seed * 131 + i * 7 + (i * i) % 13) % 256;
-  return tokens;
-}
 
 class HybridWorkerProcessTest : public DaemonProcessTest {
  protected:
@@ -53,14 +48,13 @@ class HybridWorkerProcessTest : public DaemonProcessTest {
   virtual std::string ExtraPoolFields() const { return ""; }
   virtual void BeforeDaemon() {}
 
-  ClientResult RunWorker(const std::vector<uint32_t>& prompt) {
-    return runner_->Run(runner_->Argv(target_, "next", prompt), kClientBound);
-  }
-
-  // Runs kvcache-worker on `prompt` and expects `cached` tokens from the cache and the cold run's
-  // tokens and logits.
-  ClientResult ExpectCold(const std::vector<uint32_t>& prompt, uint32_t cached) {
-    const ClientResult result = RunWorker(prompt);
+  // Runs kvcache-worker on `prompt` (with `extra_flags`) and expects `cached` tokens from the
+  // cache and the cold run's tokens and logits.
+  ClientResult ExpectCold(const std::vector<uint32_t>& prompt, uint32_t cached,
+                          const std::vector<std::string>& extra_flags = {}) {
+    std::vector<std::string> argv = runner_->Argv(target_, "next", prompt);
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    const ClientResult result = runner_->Run(argv, kClientBound);
     EXPECT_EQ(result.num_cached_tokens, cached);
     runner_->ExpectMatchesCold(result, prompt);
     return result;
@@ -88,27 +82,18 @@ class HybridWorkerProcessTest : public DaemonProcessTest {
   worker::HybridPoolGeometry geometry_;
 };
 
-// 0, 50 and 90% cached, each run a new worker process reusing what the ones before committed.
 TEST_F(HybridWorkerProcessTest, SecondProcessesReuseAtZeroFiftyAndNinetyPercent) {
-  const std::vector<uint32_t> prompt = Prompt(1, 160);  // 10 pages
-  ExpectCold(std::vector<uint32_t>(prompt.begin(), prompt.begin() + 80), 0);
-  ExpectCold(prompt, 80);
-  std::vector<uint32_t> other(prompt.begin(), prompt.begin() + 144);
-  other.resize(160, 9);
-  ExpectCold(other, 144);
+  ReuseAtZeroFiftyAndNinetyPercent([this](const auto& prompt, uint32_t cached, const auto& flags) {
+    ExpectCold(prompt, cached, flags);
+  });
   EXPECT_TRUE(AwaitAllReleased());
 }
 
-// A worker saving the state every 4th page leaves pages without it: the next process's hit ends
-// at the last page that holds one.
 TEST_F(HybridWorkerProcessTest, AnEndpointWithoutItsStateIsNotAHit) {
-  const std::vector<uint32_t> prompt = Prompt(2, 98);  // 6 full pages
-  std::vector<std::string> argv = runner_->Argv(target_, "next", prompt);
-  argv.push_back("--state_every_pages=4");
-  const ClientResult sparse = runner_->Run(argv, kClientBound);
-  runner_->ExpectMatchesCold(sparse, prompt);
-  ExpectCold(prompt, 64);  // page 3 holds a state, pages 4 and 5 do not
-  ExpectCold(prompt, 96);  // the every-page worker saved them
+  AnEndpointWithoutItsStateIsNotAHit(
+      [this](const auto& prompt, uint32_t cached, const auto& flags) {
+        ExpectCold(prompt, cached, flags);
+      });
 }
 
 // Tier 2 of 200 pages, never full: the prompt's pages are pushed down by fillers (the counts of
@@ -123,12 +108,12 @@ class HybridWorkerTierProcessTest : public HybridWorkerProcessTest {
 };
 
 TEST_F(HybridWorkerTierProcessTest, PrefixLoadedFromTier2IsIdenticalToAColdRun) {
-  const std::vector<uint32_t> prompt = Prompt(20, 98);
+  const std::vector<uint32_t> prompt = HybridPrompt(20, 98);
   ExpectCold(prompt, 0);
-  const std::vector<uint32_t> first_filler = Prompt(21, 16 * 10 + 5);
+  const std::vector<uint32_t> first_filler = HybridPrompt(21, 16 * 10 + 5);
   ExpectCold(first_filler, 0);
   ASSERT_TRUE(PollUntil([&] { return PoolTier("host").stored_blocks >= 8; }));
-  const std::vector<uint32_t> second_filler = Prompt(22, 16 * 12 + 5);
+  const std::vector<uint32_t> second_filler = HybridPrompt(22, 16 * 12 + 5);
   ExpectCold(second_filler, 0);
   ExpectLoadedFrom("host", prompt, 96);
 }
@@ -147,9 +132,9 @@ class HybridWorkerDiskTierProcessTest : public HybridWorkerProcessTest {
 };
 
 TEST_F(HybridWorkerDiskTierProcessTest, PrefixFromDiskAfterKill9IsIdenticalToAColdRun) {
-  const std::vector<uint32_t> prompt = Prompt(20, 98);
+  const std::vector<uint32_t> prompt = HybridPrompt(20, 98);
   ExpectCold(prompt, 0);
-  const std::vector<uint32_t> filler = Prompt(21, 16 * 10 + 5);
+  const std::vector<uint32_t> filler = HybridPrompt(21, 16 * 10 + 5);
   ExpectCold(filler, 0);
   ASSERT_TRUE(PollUntil([&] { return PoolTier("disk").stored_blocks >= 8; }));
 
@@ -184,7 +169,7 @@ class HybridClusterProcessTest : public HybridWorkerProcessTest {
 };
 
 TEST_F(HybridClusterProcessTest, APrefixFromAnotherDaemonIsIdenticalToAColdRun) {
-  const std::vector<uint32_t> prompt = Prompt(30, 98);  // 6 full pages
+  const std::vector<uint32_t> prompt = HybridPrompt(30, 98);  // 6 full pages
   ExpectCold(prompt, 0);
   ASSERT_TRUE(PollUntil([&] {
     const KvCacheClient::TierStats tier = PoolTier("cluster");
@@ -230,11 +215,9 @@ class HybridPdProcessTest : public HybridWorkerProcessTest,
 };
 
 TEST_P(HybridPdProcessTest, DecodeContinuesFromShippedKvAndStateIdenticalToAColdRun) {
-  const std::vector<uint32_t> prompt = Prompt(7, 100);  // 6 full pages and 4 tokens
-  std::vector<std::string> argv = runner_->Argv(target_, "next", prompt);
-  argv.insert(argv.end(),
-              {"--role=prefill", "--decode_target=" + decode_target_, "--transport=" + GetParam()});
-  const ClientResult prefill = runner_->Run(argv, kClientBound);
+  const std::vector<uint32_t> prompt = HybridPrompt(7, 100);  // 6 full pages and 4 tokens
+  const ClientResult prefill =
+      runner_->Prefill(target_, "next", prompt, decode_target_, GetParam(), kClientBound);
   EXPECT_EQ(prefill.Number("sent_blocks"), 6);
   EXPECT_EQ(prefill.Number("bytes"), static_cast<int64_t>(6 * PageBytes()));
 
@@ -249,7 +232,7 @@ TEST_P(HybridPdProcessTest, DecodeContinuesFromShippedKvAndStateIdenticalToACold
 // The prefill role ships whole pages, published with every part: a state saved only every few
 // pages would be claimed where it is not, so the worker refuses.
 TEST_F(HybridWorkerProcessTest, PrefillRoleNeedsAStateInEveryPage) {
-  std::vector<std::string> argv = runner_->Argv(target_, "next", Prompt(8, 40));
+  std::vector<std::string> argv = runner_->Argv(target_, "next", HybridPrompt(8, 40));
   argv.insert(argv.end(),
               {"--role=prefill", "--decode_target=" + target_, "--state_every_pages=2"});
   absl::StatusOr<Subprocess> prefill = Subprocess::Start(argv);

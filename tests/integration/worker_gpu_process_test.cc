@@ -25,6 +25,7 @@
 #include "common/cuda/cuda_device.h"
 #include "model/cuda/qwen3_moe_cuda.h"
 #include "tests/integration/daemon_process_fixture.h"
+#include "tests/integration/worker_runner.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
@@ -52,11 +53,7 @@ std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t
   return a;
 }
 
-// What a worker process printed for one turn (or its prefill).
-struct WorkerRun {
-  ClientResult result;
-  std::string turn_line;  // "turn 1: ... cold check: ..."; empty for the prefill role
-};
+using WorkerRun = WorkerTurn;
 
 class WorkerGpuProcessTest : public DaemonProcessTest {
  protected:
@@ -92,29 +89,7 @@ class WorkerGpuProcessTest : public DaemonProcessTest {
 
   // Runs a worker to its exit, which must be 0; reads its "turn 1:" line unless `prefill`.
   WorkerRun Run(const std::vector<std::string>& argv, bool prefill = false) {
-    WorkerRun run;
-    absl::StatusOr<Subprocess> process = Subprocess::Start(argv);
-    EXPECT_OK(process);
-    if (!process.ok()) return run;
-    if (!prefill) {
-      absl::StatusOr<std::string> turn = process->ReadLineStartingWith("turn 1:", kGpuProcessBound);
-      EXPECT_OK(turn);
-      if (turn.ok()) run.turn_line = *turn;
-    }
-    absl::StatusOr<std::string> line = process->ReadLineStartingWith("result ", kGpuProcessBound);
-    EXPECT_OK(line);
-    if (line.ok()) {
-      std::optional<ClientResult> parsed = ParseResult(*line);
-      EXPECT_TRUE(parsed.has_value()) << "unparsable: " << *line;
-      if (parsed.has_value()) run.result = *std::move(parsed);
-    }
-    absl::StatusOr<int> status = process->Wait(kGpuProcessBound);
-    EXPECT_OK(status);
-    if (status.ok()) {
-      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-          << "kvcache-worker " << DescribeWaitStatus(*status);
-    }
-    return run;
+    return WorkerRunner::RunTurn(argv, kGpuProcessBound, /*read_turn_line=*/!prefill);
   }
 
   WorkerRun RunWorker(const std::vector<uint32_t>& prompt,
@@ -175,20 +150,8 @@ TEST_F(WorkerGpuProcessTest, MultiTurnConversationOnTheGpuHitsItsOwnAnswers) {
   const std::vector<uint32_t> prompt = Prompt(6, 40);
   std::vector<std::string> argv = WorkerArgs(target_, prompt);
   argv.insert(argv.end(), {"--max_new_tokens=20", "--turns=3", "--check_cold"});
-  absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
-  ASSERT_OK(worker);
-  std::vector<ClientResult> turns;
-  for (int turn = 1; turn <= 3; ++turn) {
-    absl::StatusOr<std::string> line = worker->ReadLineStartingWith("result ", kGpuProcessBound);
-    ASSERT_OK(line);
-    std::optional<ClientResult> parsed = ParseResult(*line);
-    ASSERT_TRUE(parsed.has_value()) << *line;
-    turns.push_back(*std::move(parsed));
-  }
-  absl::StatusOr<int> status = worker->Wait(kGpuProcessBound);
-  ASSERT_OK(status);
   // Exit 0: every turn passed --check_cold against the GPU cold run.
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeWaitStatus(*status);
+  const std::vector<ClientResult> turns = WorkerRunner::RunTurns(argv, 3, kGpuProcessBound);
   EXPECT_EQ(turns[0].Field("compute"), "cuda:0");
   EXPECT_EQ(turns[0].num_cached_tokens, 0u);
   // Turn 2 hits past the first prompt into the answer: blocks that decode filled on the GPU and

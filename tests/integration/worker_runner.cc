@@ -29,16 +29,33 @@ std::vector<std::string> WorkerRunner::Argv(const std::string& target, const std
           "--max_new_tokens=" + std::to_string(new_tokens_)};
 }
 
-ClientResult WorkerRunner::Run(const std::vector<std::string>& argv, absl::Duration bound) const {
+ClientResult WorkerRunner::Prefill(const std::string& target, const std::string& pool,
+                                   const std::vector<uint32_t>& prompt,
+                                   const std::string& decode_target, const std::string& transport,
+                                   absl::Duration bound) const {
+  std::vector<std::string> argv = Argv(target, pool, prompt);
+  argv.insert(argv.end(),
+              {"--role=prefill", "--decode_target=" + decode_target, "--transport=" + transport});
+  return Run(argv, bound);
+}
+
+WorkerTurn WorkerRunner::RunTurn(const std::vector<std::string>& argv, absl::Duration bound,
+                                 bool read_turn_line) {
+  WorkerTurn run;
   absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
   EXPECT_OK(worker);
-  if (!worker.ok()) return {};
+  if (!worker.ok()) return run;
+  if (read_turn_line) {
+    absl::StatusOr<std::string> turn = worker->ReadLineStartingWith("turn 1:", bound);
+    EXPECT_OK(turn);
+    if (turn.ok()) run.turn_line = *turn;
+  }
   absl::StatusOr<std::string> line = worker->ReadLineStartingWith("result ", bound);
   EXPECT_OK(line);
-  std::optional<ClientResult> result;
   if (line.ok()) {
-    result = ParseResult(*line);
-    EXPECT_TRUE(result.has_value()) << "unparsable: " << *line;
+    std::optional<ClientResult> parsed = ParseResult(*line);
+    EXPECT_TRUE(parsed.has_value()) << "unparsable: " << *line;
+    if (parsed.has_value()) run.result = *std::move(parsed);
   }
   absl::StatusOr<int> status = worker->Wait(bound);
   EXPECT_OK(status);
@@ -46,7 +63,31 @@ ClientResult WorkerRunner::Run(const std::vector<std::string>& argv, absl::Durat
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
         << "kvcache-worker " << DescribeWaitStatus(*status);
   }
-  return result.value_or(ClientResult{});
+  return run;
+}
+
+std::vector<ClientResult> WorkerRunner::RunTurns(const std::vector<std::string>& argv, int turns,
+                                                 absl::Duration bound) {
+  std::vector<ClientResult> results;
+  absl::StatusOr<Subprocess> worker = Subprocess::Start(argv);
+  EXPECT_OK(worker);
+  if (!worker.ok()) return results;
+  for (int turn = 1; turn <= turns; ++turn) {
+    absl::StatusOr<std::string> line = worker->ReadLineStartingWith("result ", bound);
+    EXPECT_OK(line) << "turn " << turn;
+    if (!line.ok()) break;
+    std::optional<ClientResult> parsed = ParseResult(*line);
+    EXPECT_TRUE(parsed.has_value()) << "unparsable: " << *line;
+    results.push_back(parsed.value_or(ClientResult{}));
+  }
+  absl::StatusOr<int> status = worker->Wait(bound);
+  EXPECT_OK(status);
+  if (status.ok()) {
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << "kvcache-worker " << DescribeWaitStatus(*status);
+  }
+  results.resize(turns);  // a failed test still indexes every turn
+  return results;
 }
 
 void WorkerRunner::ExpectMatchesCold(const ClientResult& result,

@@ -19,6 +19,12 @@
 
 namespace kvcache::testing {
 
+// What a worker process printed for its first turn.
+struct WorkerTurn {
+  ClientResult result;
+  std::string turn_line;  // "turn 1: ... cold check: ..."; empty when not read
+};
+
 class WorkerRunner {
  public:
   // Loads the checkpoint (for the cold runs); NOT_FOUND without one.
@@ -29,9 +35,26 @@ class WorkerRunner {
   // appends its own flags (a role, a token file).
   std::vector<std::string> Argv(const std::string& target, const std::string& pool,
                                 const std::vector<uint32_t>& prompt) const;
+  // The prefill role on `target`'s pool `pool`: computes `prompt` and ships its full blocks to
+  // `decode_target`'s pool of the same name over `transport` (stream, shm or nccl); its result
+  // line, as Run.
+  ClientResult Prefill(const std::string& target, const std::string& pool,
+                       const std::vector<uint32_t>& prompt, const std::string& decode_target,
+                       const std::string& transport, absl::Duration bound) const;
   // Runs `argv` to its end: its (first) result line. A missing line, or an exit status other
   // than 0 within `bound`, fails the test.
-  ClientResult Run(const std::vector<std::string>& argv, absl::Duration bound) const;
+  ClientResult Run(const std::vector<std::string>& argv, absl::Duration bound) const {
+    return RunTurn(argv, bound, /*read_turn_line=*/false).result;
+  }
+  // Run, also reading its "turn 1:" line first when `read_turn_line` (the prefill role prints
+  // none).
+  static WorkerTurn RunTurn(const std::vector<std::string>& argv, absl::Duration bound,
+                            bool read_turn_line);
+  // Runs `argv` (a worker with --turns=`turns`) to its end: the result line of each turn. A
+  // missing line, or an exit status other than 0 within `bound` (with --check_cold: a turn that
+  // differed from its cold run), fails the test.
+  static std::vector<ClientResult> RunTurns(const std::vector<std::string>& argv, int turns,
+                                            absl::Duration bound);
   // Expects `result`'s tokens and logits digest to be those of a cold run of `prompt`.
   void ExpectMatchesCold(const ClientResult& result, const std::vector<uint32_t>& prompt) const;
 

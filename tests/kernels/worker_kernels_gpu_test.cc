@@ -492,6 +492,70 @@ TEST_F(PagedAttentionGpuTest, WriteThenAttendOnOneStream) {
   ExpectAllNear(d_out.Download(), want, kSummed, "write then attend");
 }
 
+// A pool of pages with bytes past the KV (the hybrid's [kv | state], page stride > KV block):
+// WriteKvCuda and PagedAttentionCuda give bit-identical attention and KV bytes to an unstrided
+// pool, the KV at each page's start, and leave the bytes past it untouched.
+TEST_F(PagedAttentionGpuTest, AStridedPoolIsBitIdenticalToAnUnstridedOne) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFp8E4M3}) {
+    const std::string what(DTypeName(dtype));
+    const PoolLayout layout = MakeLayout(PoolCase{2, 2, 64, 16}, dtype);
+    constexpr uint64_t kPoolBlocks = 6;
+    const std::vector<uint32_t> table = {4, 1, 3};
+    constexpr uint32_t kLen = 40, kQHeads = 4, kLayer = 1;
+    const uint64_t kv_bytes = layout.BlockBytes();
+    const uint64_t stride = kv_bytes + 3 * 256;  // a state part of 768 bytes after each page's KV
+    const uint32_t kv_dim = layout.num_kv_heads * layout.head_dim;
+    const std::vector<float> k = Uniform(size_t{kLen} * kv_dim, -1, 1);
+    const std::vector<float> v = Uniform(size_t{kLen} * kv_dim, -1, 1);
+    const std::vector<float> q = Uniform(size_t{kLen} * kQHeads * layout.head_dim, -1, 1);
+    std::vector<int64_t> slots(kLen);
+    for (uint32_t p = 0; p < kLen; ++p) slots[p] = int64_t{table[p / 16]} * 16 + p % 16;
+    std::vector<uint32_t> positions(kLen);
+    std::iota(positions.begin(), positions.end(), 0u);
+    DeviceArray<float> d_k(k), d_v(v), d_q(q), d_plain_out(q.size()), d_strided_out(q.size());
+    DeviceArray<int64_t> d_slots(slots);
+    DeviceArray<uint32_t> d_pos(positions), d_table(table);
+
+    DeviceArray<uint8_t> d_plain(std::vector<uint8_t>(kPoolBlocks * kv_bytes, 0));
+    ASSERT_OK(WriteKvCuda(d_k.get(), d_v.get(), d_slots.get(), kLen, kLayer, layout, kPoolBlocks,
+                          d_plain.get(), stream_));
+    ASSERT_OK(PagedAttentionCuda(d_q.get(), d_pos.get(), nullptr, d_table.get(), kLen, kQHeads, 1,
+                                 3, kLayer, layout, kPoolBlocks, d_plain.get(), d_plain_out.get(),
+                                 stream_));
+    // Zero KV (as the plain pool's), random bytes past it.
+    std::vector<uint8_t> strided_before = RandomBytes(kPoolBlocks * stride);
+    for (uint64_t b = 0; b < kPoolBlocks; ++b) {
+      std::fill_n(strided_before.begin() + b * stride, kv_bytes, uint8_t{0});
+    }
+    DeviceArray<uint8_t> d_strided(strided_before);
+    ASSERT_OK(WriteKvCuda(d_k.get(), d_v.get(), d_slots.get(), kLen, kLayer, layout, kPoolBlocks,
+                          d_strided.get(), stream_, stride));
+    ASSERT_OK(PagedAttentionCuda(d_q.get(), d_pos.get(), nullptr, d_table.get(), kLen, kQHeads, 1,
+                                 3, kLayer, layout, kPoolBlocks, d_strided.get(),
+                                 d_strided_out.get(), stream_, stride));
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+
+    const std::vector<float> plain_out = d_plain_out.Download();
+    const std::vector<float> strided_out = d_strided_out.Download();
+    ASSERT_EQ(plain_out.size(), strided_out.size());
+    EXPECT_EQ(std::memcmp(plain_out.data(), strided_out.data(), plain_out.size() * sizeof(float)),
+              0)
+        << what;
+    const std::vector<uint8_t> plain = d_plain.Download();
+    const std::vector<uint8_t> strided = d_strided.Download();
+    for (uint64_t b = 0; b < kPoolBlocks; ++b) {
+      const bool written = std::find(table.begin(), table.end(), b) != table.end();
+      const uint8_t* page = strided.data() + b * stride;
+      const uint8_t* page_before = strided_before.data() + b * stride;
+      // The KV is the plain pool's block, byte for byte; every byte past it is untouched.
+      EXPECT_EQ(std::memcmp(page, plain.data() + b * kv_bytes, kv_bytes), 0)
+          << what << " block " << b << (written ? " (written)" : " (not in the table)");
+      EXPECT_EQ(std::memcmp(page + kv_bytes, page_before + kv_bytes, stride - kv_bytes), 0)
+          << what << " block " << b << ": the bytes past the KV";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // MoE routing: worker::Softmax + worker::TopK + Qwen3MoeModel::Moe's renormalization.
 // ---------------------------------------------------------------------------------------------

@@ -217,6 +217,34 @@ TEST(WorkerKernelArgsTest, WriteKvLayoutAndPool) {
   EXPECT_OK(WriteKvCuda(nullptr, nullptr, nullptr, 0, 0, SmallLayout(), 8, nullptr, nullptr));
 }
 
+// A pool whose pages hold more than the KV (the hybrid's [kv | state]) gives its page stride; one
+// below the KV block, or not a multiple of the element size, is refused by both kernels.
+TEST(WorkerKernelArgsTest, PageStrideBelowTheKvBlockOrMisalignedIsRefused) {
+  const float* k = Fake<const float>();
+  const float* v = Fake<const float>();
+  const int64_t* slots = Fake<const int64_t>();
+  const uint32_t* pos = Fake<const uint32_t>();
+  const uint32_t* tables = Fake<const uint32_t>();
+  const float* q = Fake<const float>();
+  float* out = Fake<float>();
+  uint8_t* pool = Fake<uint8_t>();
+  const PoolLayout layout = SmallLayout();
+  const uint64_t kv_bytes = layout.BlockBytes();
+  const std::string below = "page stride " + std::to_string(kv_bytes - 2) + " is below";
+  ExpectArgError(WriteKvCuda(k, v, slots, 3, 0, layout, 8, pool, nullptr, kv_bytes - 2), below);
+  ExpectArgError(PagedAttentionCuda(q, pos, nullptr, tables, 2, 4, 1, 3, 0, layout, 8, pool, out,
+                                    nullptr, kv_bytes - 2),
+                 below);
+  if (DTypeBytes(layout.dtype) > 1) {
+    ExpectArgError(WriteKvCuda(k, v, slots, 3, 0, layout, 8, pool, nullptr, kv_bytes + 1),
+                   "not a multiple");
+  }
+  // The pool size counts pages, not KV blocks.
+  ExpectArgError(WriteKvCuda(k, v, slots, 3, 0, layout, std::numeric_limits<uint64_t>::max() / 4,
+                             pool, nullptr, kv_bytes * 8),
+                 "overflows uint64");
+}
+
 TEST(WorkerKernelArgsTest, WriteKvPointers) {
   const float* k = Fake<const float>();
   const float* v = Fake<const float>();

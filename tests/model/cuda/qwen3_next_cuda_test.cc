@@ -10,7 +10,14 @@
 //    after m tokens (through host bytes, into a fresh device state) with the KV copied to other
 //    blocks, are bit-identical on the GPU: logits, state bytes and KV bytes;
 //  - a CPU state and CPU KV bytes carried onto the GPU continue within tolerance of the CPU;
-//  - a state at the wrong position is FAILED_PRECONDITION, with nothing written.
+//  - a state at the wrong position is FAILED_PRECONDITION, with nothing written;
+//  - over [kv | state] pages (DevicePagedKv's page stride) the logits, state and KV bytes are
+//    those of a KV-only pool, and the bytes past each page's KV are untouched;
+//  - a state saved into device memory (a page's state part) holds the host SaveTo's bytes, and
+//    restored from there continues bit-identically; Reset gives the zero state;
+//  - HybridDevicePoolForward saving every page's state leaves in each page the state a resumed
+//    run restores (RestoreHybridStateOnDevice) to continue bit-identically to the cold run
+//    (GenerateColdHybridCuda's forward pass).
 #include "model/cuda/qwen3_next_cuda.h"
 
 #include <gmock/gmock.h>
@@ -28,6 +35,7 @@
 #include "model/ops.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
+#include "worker/hybrid_pages.h"
 
 #if KVCACHE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -224,6 +232,168 @@ TEST_F(CudaQwen3NextModelGpuTest, AStateAtTheWrongPositionIsRefused) {
                        HasSubstr("state is at position 0, not at start position 8")));
   EXPECT_EQ(DownloadPool(seq.pool), before);
   EXPECT_EQ(seq.state.position(), 0u);
+}
+
+// [kv | state] pages, as a hybrid daemon pool lays them out (HybridPoolGeometryFor).
+struct DevicePages {
+  HybridPages pages;
+  DeviceKvPool pool;  // of the geometry's pool layout: blocks of page_bytes
+  DevicePagedKv View(const std::vector<uint32_t>& table) const {
+    return DevicePagedKv{.pool_base = pool.base(),
+                         .layout = pages.kv_layout,
+                         .block_table = table,
+                         .num_pool_blocks = pool.num_blocks(),
+                         .page_stride_bytes = pages.page_bytes};
+  }
+};
+
+DevicePages NewPages(DType dtype) {
+  const HybridPoolGeometry geometry =
+      HybridPoolGeometryFor(TinyHybrid().config(), kBlockSize, dtype);
+  absl::StatusOr<DeviceKvPool> pool = DeviceKvPool::Create(0, geometry.pool_layout, kBlocks);
+  EXPECT_OK(pool);
+  return DevicePages{HybridPagesOf(geometry), std::move(*pool)};
+}
+
+TEST_F(CudaQwen3NextModelGpuTest, PagesOfKvAndStateGiveTheResultsOfAKvOnlyPool) {
+  const std::vector<uint32_t> prompt = MakePrompt(70, 6);
+  const std::vector<uint32_t> table = {7, 2, 11, 0, 5};
+  DeviceSequence plain = NewSequence(DType::kBFloat16);
+  const std::vector<float> plain_logits = RunTokens(plain, table, prompt, 0);
+  const std::vector<uint8_t> plain_pool = DownloadPool(plain.pool);
+
+  DevicePages pages = NewPages(DType::kBFloat16);
+  // A pattern in every byte past the KV: the model must leave it alone.
+  const uint64_t page_bytes = pages.pages.page_bytes;
+  const uint64_t kv_bytes = pages.pages.kv_layout.BlockBytes();
+  ASSERT_GT(page_bytes, kv_bytes);
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    ASSERT_EQ(cudaMemset(pages.pool.base() + uint64_t{b} * page_bytes + kv_bytes, 0xA5,
+                         page_bytes - kv_bytes),
+              cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  absl::StatusOr<DeviceLinearAttentionState> state =
+      DeviceLinearAttentionState::Create(0, TinyHybrid().config());
+  ASSERT_OK(state);
+  absl::StatusOr<std::vector<float>> logits = gpu_->Forward(prompt, 0, pages.View(table), *state);
+  ASSERT_OK(logits);
+  EXPECT_TRUE(BitIdentical(*logits, plain_logits));
+  EXPECT_TRUE(BitIdentical(StateFloats(*state), StateFloats(plain.state)));
+  const std::vector<uint8_t> paged = DownloadPool(pages.pool);
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    const uint8_t* page = paged.data() + uint64_t{b} * page_bytes;
+    EXPECT_EQ(std::memcmp(page, plain_pool.data() + uint64_t{b} * kv_bytes, kv_bytes), 0)
+        << "block " << b;
+    EXPECT_TRUE(
+        std::all_of(page + kv_bytes, page + page_bytes, [](uint8_t byte) { return byte == 0xA5; }))
+        << "block " << b << ": the bytes past the KV were written";
+  }
+  // A stride below the KV block is the CPU model's INVALID_ARGUMENT, nothing written.
+  DevicePagedKv short_stride = pages.View(table);
+  short_stride.page_stride_bytes = kv_bytes - 2;
+  EXPECT_THAT(gpu_->Forward(absl::MakeConstSpan(prompt).first(4), 70, short_stride, *state),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page stride")));
+}
+
+TEST_F(CudaQwen3NextModelGpuTest, AStateSavedIntoDeviceMemoryHoldsTheHostBytes) {
+  const std::vector<uint32_t> prompt = MakePrompt(64, 7);
+  const absl::Span<const uint32_t> all(prompt);
+  const std::vector<uint32_t> table = Iota(0, 4);
+  DeviceSequence cold = NewSequence(DType::kBFloat16);
+  const std::vector<float> cold_logits = RunTokens(cold, table, prompt, 0);
+
+  DeviceSequence first = NewSequence(DType::kBFloat16);
+  RunTokens(first, table, all.subspan(0, 32), 0);
+  std::vector<uint8_t> host_bytes(first.state.StateBytes());
+  ASSERT_OK(first.state.SaveTo(absl::MakeSpan(host_bytes), nullptr));
+  absl::StatusOr<DeviceKvPool> part =
+      DeviceKvPool::Create(0, TinyHybrid().KvLayout(kBlockSize, DType::kFloat32), 8);
+  ASSERT_OK(part);
+  ASSERT_GE(uint64_t{8} * part->layout().BlockBytes(), first.state.StateBytes());
+  ASSERT_OK(first.state.SaveToDevice(part->base(), nullptr));
+  std::vector<uint8_t> device_bytes(first.state.StateBytes());
+  ASSERT_EQ(
+      cudaMemcpy(device_bytes.data(), part->base(), device_bytes.size(), cudaMemcpyDeviceToHost),
+      cudaSuccess);
+  EXPECT_EQ(device_bytes, host_bytes);
+
+  // Restored from the device bytes into a state that ran elsewhere: continues as the cold run.
+  DeviceSequence resumed = NewSequence(DType::kBFloat16);
+  RunTokens(resumed, table, MakePrompt(5, 9), 0);
+  ASSERT_OK(resumed.state.RestoreFromDevice(part->base(), 32, nullptr));
+  EXPECT_EQ(resumed.state.position(), 32u);
+  ASSERT_EQ(
+      cudaMemcpy(resumed.pool.base(), first.pool.base(),
+                 uint64_t{kBlocks} * first.pool.layout().BlockBytes(), cudaMemcpyDeviceToDevice),
+      cudaSuccess);
+  // A device-to-device cudaMemcpy may still run when it returns; the model's stream would not
+  // wait for it.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(BitIdentical(RunTokens(resumed, table, all.subspan(32), 32), cold_logits));
+  EXPECT_TRUE(BitIdentical(StateFloats(resumed.state), StateFloats(cold.state)));
+
+  ASSERT_OK(resumed.state.Reset(nullptr));
+  EXPECT_EQ(resumed.state.position(), 0u);
+  const std::vector<float> zero = StateFloats(resumed.state);
+  EXPECT_TRUE(std::all_of(zero.begin(), zero.end(), [](float x) { return x == 0.0f; }));
+  EXPECT_THAT(resumed.state.SaveToDevice(nullptr, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(resumed.state.RestoreFromDevice(nullptr, 16, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(resumed.state.position(), 0u);
+}
+
+// The worker's forward pass over device pages: a prefill saving the state into every page, then a
+// run resumed at each page end from that page's state and the pages' KV, continue bit-identically
+// to the cold run's forward pass (no checkpoints).
+TEST_F(CudaQwen3NextModelGpuTest, StatesSavedIntoPagesResumeBitIdentically) {
+  const std::vector<uint32_t> prompt = MakePrompt(70, 8);
+  const absl::Span<const uint32_t> all(prompt);
+  const std::vector<uint32_t> table = {3, 9, 1, 12, 6};
+
+  DevicePages cold_pages = NewPages(DType::kBFloat16);
+  absl::StatusOr<DeviceLinearAttentionState> cold_state =
+      DeviceLinearAttentionState::Create(0, TinyHybrid().config());
+  ASSERT_OK(cold_state);
+  const PoolForward cold = HybridDevicePoolForward(*gpu_, cold_pages.pool.base(), cold_pages.pages,
+                                                   kBlocks, /*checkpoint_pages=*/0, &*cold_state);
+  absl::StatusOr<std::vector<float>> cold_logits = cold(prompt, 0, table);
+  ASSERT_OK(cold_logits);
+
+  DevicePages pages = NewPages(DType::kBFloat16);
+  absl::StatusOr<DeviceLinearAttentionState> state =
+      DeviceLinearAttentionState::Create(0, TinyHybrid().config());
+  ASSERT_OK(state);
+  const PoolForward saving = HybridDevicePoolForward(*gpu_, pages.pool.base(), pages.pages, kBlocks,
+                                                     /*checkpoint_pages=*/1, &*state);
+  // Resumed mid-page (at 5) so that the first chunk is not a whole page.
+  ASSERT_OK(saving(all.subspan(0, 5), 0, table).status());
+  absl::StatusOr<std::vector<float>> logits = saving(all.subspan(5), 5, table);
+  ASSERT_OK(logits);
+  EXPECT_TRUE(BitIdentical(*logits, *cold_logits));
+  EXPECT_TRUE(BitIdentical(StateFloats(*state), StateFloats(*cold_state)));
+
+  for (uint32_t m : {16u, 32u, 48u, 64u}) {
+    absl::StatusOr<DeviceLinearAttentionState> resumed =
+        DeviceLinearAttentionState::Create(0, TinyHybrid().config());
+    ASSERT_OK(resumed);
+    const uint8_t* endpoint_page =
+        pages.pool.base() + uint64_t{table[m / kBlockSize - 1]} * pages.pages.page_bytes;
+    ASSERT_OK(RestoreHybridStateOnDevice(pages.pages, endpoint_page, m, *resumed));
+    const PoolForward plain = HybridDevicePoolForward(*gpu_, pages.pool.base(), pages.pages,
+                                                      kBlocks, /*checkpoint_pages=*/0, &*resumed);
+    absl::StatusOr<std::vector<float>> resumed_logits = plain(all.subspan(m), m, table);
+    ASSERT_OK(resumed_logits);
+    EXPECT_TRUE(BitIdentical(*resumed_logits, *cold_logits)) << m;
+  }
+  absl::StatusOr<DeviceLinearAttentionState> inside =
+      DeviceLinearAttentionState::Create(0, TinyHybrid().config());
+  ASSERT_OK(inside);
+  EXPECT_THAT(RestoreHybridStateOnDevice(pages.pages, pages.pool.base(), 20, *inside),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inside a page")));
+  ASSERT_OK(RestoreHybridStateOnDevice(pages.pages, nullptr, 0, *inside));
+  EXPECT_EQ(inside->position(), 0u);
 }
 
 #endif  // KVCACHE_WITH_CUDA
