@@ -31,7 +31,7 @@ run() {
   timeout "${PART_TIMEOUT:-300}" "$@" 2>&1 | tee "$results/$part.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 }
-for mode in ${MODES:-tests kernels transport data_plane tiers}; do
+for mode in ${MODES:-tests kernels transport data_plane tiers worker}; do
   case $mode in
     tests) run gpu_tests ctest -L gpu -j4 --timeout 200 --output-on-failure ;;
     kernels) run kernels_bench bin/kernels_bench ;;
@@ -39,9 +39,10 @@ for mode in ${MODES:-tests kernels transport data_plane tiers}; do
     data_plane) run data_plane_bench bin/data_plane_bench "${DATA_PLANE_SECONDS:-3}" ;;
     # Tier 2 loads into a CUDA pool vs cudaMemcpyAsync from the same page-locked memory.
     tiers) run tier_bench bin/tier_bench 1 device ;;
+    # The Qwen3-MoE worker on a wider tiny checkpoint, then the hybrid (Qwen3-Next) over state pages.
     worker)
       python3 ../scripts/make_tiny_checkpoint.py wide --hidden 512 --moe_intermediate 512 \
-        >/dev/null && run worker_cuda_bench bin/worker_cuda_bench wide 3 ;;
+        >/dev/null && run worker_cuda_bench bin/worker_cuda_bench wide 3 tiny_qwen3_next ;;
     *) echo "unknown part '$mode'" >&2; status=2 ;;
   esac
 done
