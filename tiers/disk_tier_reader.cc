@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
+#include "common/status_macros.h"
 #include "tiers/disk_tier_impl.h"
 #include "tiers/record_codec.h"
 
@@ -28,7 +29,7 @@ std::vector<absl::Status> DiskTier::Impl::LoadMany(absl::Span<const LoadRequest>
   {
     absl::MutexLock lock(&mu_);
     for (const Pinned& pin : pinned) {
-      UnpinLocked(pin, results[pin.request]);
+      UnpinLocked(pin, results[pin.request], requests[pin.request].expected->tenant);
       if (results[pin.request].ok() && ReadsInPlace(requests[pin.request].out)) {
         ++stats_.loads_in_place;
       }
@@ -61,12 +62,16 @@ absl::Status DiskTier::Impl::PinLocked(const LoadRequest& request, size_t i,
   return absl::OkStatus();
 }
 
-void DiskTier::Impl::UnpinLocked(const Pinned& pin, const absl::Status& result) {
+void DiskTier::Impl::UnpinLocked(const Pinned& pin, const absl::Status& result,
+                                 absl::string_view tenant) {
   if (result.ok()) {
     ++stats_.load_hits;
     stats_.bytes_read += slot_bytes_;
   } else if (absl::IsDataLoss(result)) {
     ++stats_.load_corrupt;
+  } else if (absl::IsUnauthenticated(result)) {
+    ++stats_.load_unopened;
+    open_failures_.Add(tenant);
   } else {
     ++stats_.read_errors;
   }
@@ -149,12 +154,10 @@ void DiskTier::Impl::Answer(const Pinned& pin, const char* slot, int read_result
                  : absl::InternalError(absl::StrCat("short read of a slot of ", options_.path));
     return;
   }
-  if (ReadsInPlace(request.out)) {
-    result = Verify(slot, request.out.data(), pin.sequence, *request.expected, request.checksum);
-    return;
-  }
-  result = Verify(slot, slot + header_bytes_, pin.sequence, *request.expected, request.checksum);
-  if (result.ok()) std::memcpy(request.out.data(), slot + header_bytes_, request.out.size());
+  // Read in place, or into the buffer and from there into the caller's memory.
+  const char* bytes = ReadsInPlace(request.out) ? request.out.data() : slot + header_bytes_;
+  result =
+      Verify(slot, bytes, request.out.data(), pin.sequence, *request.expected, request.checksum);
 }
 
 bool DiskTier::Impl::ReadsInPlace(absl::Span<char> out) const {
@@ -162,26 +165,51 @@ bool DiskTier::Impl::ReadsInPlace(absl::Span<char> out) const {
          reinterpret_cast<uintptr_t>(out.data()) % kRecordAlignment == 0;
 }
 
-absl::Status DiskTier::Impl::Verify(const char* header_bytes, const char* bytes, uint64_t sequence,
-                                    const BlockRecordIdentity& expected, uint64_t* checksum) const {
-  absl::StatusOr<RecordHeader> header =
-      DecodeRecordHeader(absl::string_view(header_bytes, header_bytes_));
-  if (!header.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("disk record header unreadable: ", header.status().message()));
+absl::Status DiskTier::Impl::ReadHeader(const char* header_bytes, const std::string* tenant,
+                                        OpenedHead* opened) const {
+  const absl::string_view head(header_bytes, header_bytes_);
+  if (!sealer_.has_value()) {
+    absl::StatusOr<RecordHeader> header = DecodeRecordHeader(head);
+    if (!header.ok()) return header.status();
+    opened->header = *std::move(header);
+    return absl::OkStatus();
   }
-  absl::string_view foreign = PoolMismatch(header->pool, options_.pool);
+  absl::StatusOr<OpenedHead> open =
+      tenant == nullptr ? sealer_->OpenHead(head) : sealer_->OpenHead(head, *tenant);
+  if (!open.ok()) return open.status();
+  *opened = *std::move(open);
+  return absl::OkStatus();
+}
+
+absl::Status DiskTier::Impl::Verify(const char* header_bytes, const char* bytes, char* out,
+                                    uint64_t sequence, const BlockRecordIdentity& expected,
+                                    uint64_t* checksum) const {
+  OpenedHead opened;
+  const absl::Status read = ReadHeader(header_bytes, &expected.tenant, &opened);
+  if (absl::IsUnauthenticated(read)) return read;  // sealed for another tenant, or changed
+  if (!read.ok()) {
+    return absl::DataLossError(absl::StrCat("disk record header unreadable: ", read.message()));
+  }
+  const RecordHeader& header = opened.header;
+  absl::string_view foreign = PoolMismatch(header.pool, options_.pool);
   if (!foreign.empty()) return absl::DataLossError(absl::StrCat("disk record of ", foreign));
   // The index said this slot holds `sequence`: anything else means the slot changed under it.
-  if (header->sequence != sequence) return absl::DataLossError("disk record replaced");
-  absl::string_view mismatch = RecordMismatch(header->block, expected);
+  if (header.sequence != sequence) return absl::DataLossError("disk record replaced");
+  absl::string_view mismatch = RecordMismatch(header.block, expected);
   if (!mismatch.empty()) {
     return absl::DataLossError(absl::StrCat("disk record differs in ", mismatch));
   }
-  if (BlockChecksum(bytes, options_.pool.block_bytes) != header->block.checksum) {
+  const uint64_t block_bytes = options_.pool.block_bytes;
+  if (sealer_.has_value()) {
+    // Decrypted into the caller's memory (in place when read there), authenticated as a whole.
+    RETURN_IF_ERROR(sealer_->OpenBody(opened, expected, {SealPiece{bytes, out, block_bytes}}));
+    bytes = out;
+  }
+  if (BlockChecksum(bytes, block_bytes) != header.block.checksum) {
     return absl::DataLossError("disk record bytes fail their checksum");
   }
-  if (checksum != nullptr) *checksum = header->block.checksum;
+  if (bytes != out) std::memcpy(out, bytes, block_bytes);
+  if (checksum != nullptr) *checksum = header.block.checksum;
   return absl::OkStatus();
 }
 
