@@ -366,6 +366,10 @@ DiskOnlyPool MakeDiskOnlyPool(const PoolLayout& layout, uint32_t prefix_blocks,
   made.disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
   made.options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
   made.options.disk_tier_path = path;
+  if (keyring != nullptr) {
+    static const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+    made.options.tier_seal_workers = workers;  // the daemon's
+  }
   made.options.tier_keyring = std::move(keyring);
   made.slot_bytes =
       DiskTier::SlotBytesFor(DiskTierOptions{.pool = {.block_bytes = layout.BlockBytes()},

@@ -60,7 +60,8 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
                          .pool = identity,
                          .tokens_per_block = options.layout.block_size,
                          .on_change = listener(kKvMediumDisk),
-                         .keyring = options.tier_keyring};
+                         .keyring = options.tier_keyring,
+                         .seal_workers = options.tier_seal_workers};
     if (options.testing_disk_tier_options) options.testing_disk_tier_options(&disk);
     absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(std::move(disk));
     if (!tier.ok()) return TierError(tier.status(), options.name, " disk_tier");
@@ -74,7 +75,8 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
         ClusterTier::Create(ClusterTierOptions{.redis = *options.cluster_tier,
                                                .pool = identity,
                                                .tokens_per_block = options.layout.block_size,
-                                               .keyring = options.tier_keyring});
+                                               .keyring = options.tier_keyring,
+                                               .seal_workers = options.tier_seal_workers});
     if (!tier.ok()) return TierError(tier.status(), options.name, "");
     cluster_tier = *std::move(tier);
   }

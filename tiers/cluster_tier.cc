@@ -101,6 +101,47 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   const bool split = head_data_bytes_ < options_.pool.block_bytes;
   const uint32_t key_id = KeyIds().front();
   std::vector<absl::Status> results(records.size());
+  // Each record's key and values; sealed, the records are sealed side by side (seal workers).
+  struct Values {
+    std::string key, head, tail;
+  };
+  std::vector<Values> values(records.size());
+  {
+    SealWorkers::Group sealing(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
+    for (size_t i = 0; i < records.size(); ++i) {
+      const Record& record = records[i];
+      if (record.bytes.size() != options_.pool.block_bytes) {
+        results[i] = absl::InvalidArgumentError(absl::StrCat("a record of ", record.bytes.size(),
+                                                             " bytes in a pool of ",
+                                                             options_.pool.block_bytes));
+        continue;
+      }
+      absl::StatusOr<std::string> key = NameOf(record.identity, key_id);
+      if (!key.ok()) {
+        results[i] = key.status();
+        continue;
+      }
+      Values& value = values[i];
+      value.key = *std::move(key);
+      value.head.assign(header_bytes_ + head_data_bytes_, '\0');
+      value.tail.assign(split ? options_.pool.block_bytes - head_data_bytes_ : 0, '\0');
+      if (!sealer_.has_value()) {
+        results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
+                                        absl::MakeSpan(value.head.data(), header_bytes_));
+        std::memcpy(value.head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
+        std::memcpy(value.tail.data(), record.bytes.data() + head_data_bytes_, value.tail.size());
+        continue;
+      }
+      // The bytes are encrypted straight into the two values.
+      sealing.Run([this, &record, &value, &result = results[i]] {
+        const SealPiece pieces[] = {
+            {record.bytes.data(), value.head.data() + header_bytes_, head_data_bytes_},
+            {record.bytes.data() + head_data_bytes_, value.tail.data(), value.tail.size()}};
+        result = sealer_->Seal({.pool = options_.pool, .block = record.identity}, pieces,
+                               absl::MakeSpan(value.head.data(), header_bytes_));
+      });
+    }
+  }
   // One batch: each record's tail, then its head. Both keys share a hash tag, so they go to one
   // node, down one connection, in this order, and Redis runs one connection's commands in order:
   // a head (which names the record) is never stored before its tail. One round trip per node.
@@ -108,38 +149,13 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   std::vector<size_t> owner;  // the record of each entry
   std::vector<bool> is_tail;
   for (size_t i = 0; i < records.size(); ++i) {
-    const Record& record = records[i];
-    if (record.bytes.size() != options_.pool.block_bytes) {
-      results[i] = absl::InvalidArgumentError(absl::StrCat(
-          "a record of ", record.bytes.size(), " bytes in a pool of ", options_.pool.block_bytes));
-      continue;
-    }
-    absl::StatusOr<std::string> key = NameOf(record.identity, key_id);
-    if (!key.ok()) {
-      results[i] = key.status();
-      continue;
-    }
-    std::string head(header_bytes_ + head_data_bytes_, '\0');
-    std::string tail(split ? options_.pool.block_bytes - head_data_bytes_ : 0, '\0');
-    const RecordHeader header{.pool = options_.pool, .block = record.identity, .sequence = 0};
-    if (sealer_.has_value()) {
-      // The bytes are encrypted straight into the two values.
-      const SealPiece pieces[] = {
-          {record.bytes.data(), head.data() + header_bytes_, head_data_bytes_},
-          {record.bytes.data() + head_data_bytes_, tail.data(), tail.size()}};
-      results[i] = sealer_->Seal(header, pieces, absl::MakeSpan(head.data(), header_bytes_));
-    } else {
-      results[i] = EncodeRecordHeader(header, absl::MakeSpan(head.data(), header_bytes_));
-      std::memcpy(head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
-      std::memcpy(tail.data(), record.bytes.data() + head_data_bytes_, tail.size());
-    }
     if (!results[i].ok()) continue;
     if (split) {
-      entries.emplace_back(TailKeyOf(*key), std::move(tail));
+      entries.emplace_back(TailKeyOf(values[i].key), std::move(values[i].tail));
       owner.push_back(i);
       is_tail.push_back(true);
     }
-    entries.emplace_back(*std::move(key), std::move(head));
+    entries.emplace_back(std::move(values[i].key), std::move(values[i].head));
     owner.push_back(i);
     is_tail.push_back(false);
   }
@@ -204,8 +220,25 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
   std::vector<Found> head(named, Found::kNothing);
   std::vector<Found> tail(named, Found::kNothing);
   std::vector<OpenedHead> opened(named);
-  // Views are valid only inside the visitor: each value is checked and copied there (sealed, its
-  // ciphertext: decrypted below, once the whole body is in).
+  // The whole block's verdict, once both its halves are in: sealed, it opens as a whole or not at
+  // all (a head and a tail of two different writes do not), then the checksum its header was
+  // written with decides. Checked from inside the visitor (sealed, on the seal workers), so that
+  // a block's decryption overlaps the arrival of the replies after it.
+  std::vector<Found> body(named, Found::kNothing);
+  const auto check_body = [&](size_t record) {
+    char* const bytes = reinterpret_cast<char*>(out[record]);
+    if (sealer_.has_value() &&
+        !sealer_->OpenBody(opened[record], expected[record], {SealPiece{bytes, bytes, block_bytes}})
+             .ok()) {
+      body[record] = Found::kUnopened;
+      return;
+    }
+    body[record] = BlockChecksum(bytes, block_bytes) == opened[record].header.block.checksum
+                       ? Found::kGood
+                       : Found::kCorrupt;
+  };
+  SealWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
+  // Views are valid only inside the visitor: each value is checked and copied there.
   const std::vector<absl::Status> results = redis_->Get(
       keys,
       [&](size_t index, absl::string_view value) {
@@ -218,14 +251,18 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
           }
           std::memcpy(out[record] + head_data_bytes_, value.data(), tail_bytes);
           tail[record] = Found::kGood;
-          return;
-        }
-        head[record] = CheckHead(value, expected[record], &opened[record]);
-        if (head[record] == Found::kGood) {
+        } else {
+          head[record] = CheckHead(value, expected[record], &opened[record]);
+          if (head[record] != Found::kGood) return;
           std::memcpy(out[record], value.data() + header_bytes_, head_data_bytes_);
+        }
+        // Once both halves are in (each comes once), and only then: the task owns out[record].
+        if (head[record] == Found::kGood && (!split || tail[record] == Found::kGood)) {
+          opening.Run([&check_body, record] { check_body(record); });
         }
       },
       deadline);
+  opening.Wait();
   for (; run.loaded < named; ++run.loaded) {
     const size_t i = run.loaded;
     const absl::Status& head_status = results[i * per_record];
@@ -242,16 +279,8 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
         return run;
       }
     }
-    // The whole block is in out[i]. Sealed, it opens as a whole or not at all (a head and a tail
-    // of two different writes do not); then the checksum its header was written with decides.
-    char* const bytes = reinterpret_cast<char*>(out[i]);
-    if (sealer_.has_value() &&
-        !sealer_->OpenBody(opened[i], expected[i], {SealPiece{bytes, bytes, block_bytes}}).ok()) {
-      run.found = Found::kUnopened;
-      return run;
-    }
-    if (BlockChecksum(bytes, block_bytes) != opened[i].header.block.checksum) {
-      run.found = Found::kCorrupt;
+    if (body[i] != Found::kGood) {
+      run.found = body[i];
       return run;
     }
     loaded_.fetch_add(1, std::memory_order_relaxed);

@@ -51,6 +51,7 @@
 #include "redis/redis_cluster.h"
 #include "tiers/block_record.h"
 #include "tiers/record_seal.h"
+#include "tiers/seal_workers.h"
 #include "tiers/tenant_counters.h"
 #include "tiers/tier_keyring.h"
 
@@ -63,6 +64,9 @@ struct ClusterTierOptions {
   bool fit_size_classes = true;
   // Set: values are sealed and named with the keyring's keys (see the header comment).
   std::shared_ptr<const TierKeyring> keyring;
+  // Sealed: the threads that seal stored values and open loaded ones beside the thread talking to
+  // Redis (may be null: on that thread). Shared; must outlive the tier.
+  std::shared_ptr<SealWorkers> seal_workers;
 };
 
 struct ClusterTierCounters {

@@ -122,17 +122,23 @@ class DiskTier::Impl {
   void ReadPinned(absl::Span<const Pinned> pinned, absl::Span<const LoadRequest> requests,
                   std::vector<absl::Status>* results) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Answers a pinned load from its completed read: verified bytes are copied (or, sealed,
-  // decrypted) out.
+  // decrypted) out. A sealed record read in place has its bytes opened in `opening` (beside this
+  // thread, with seal workers): its answer is final once `opening` has been waited for.
   void Answer(const Pinned& pin, const char* slot, int read_result,
-              absl::Span<const LoadRequest> requests, std::vector<absl::Status>* results) const;
+              absl::Span<const LoadRequest> requests, std::vector<absl::Status>* results,
+              SealWorkers::Group* opening) const;
   // Whether a load reads the block's bytes straight into `out`: O_DIRECT needs the memory and
   // the length aligned (a pool's blocks are page-aligned, and real blocks whole pages).
   bool ReadsInPlace(absl::Span<char> out) const;
-  // Checks a slot's header (`header`, header_bytes_) and block bytes (`bytes`, block_bytes) and
-  // puts the verified bytes into `out` (which may be `bytes`: sealed, decrypted in place); on OK
-  // sets *checksum (if given) to the record's. `out` holds nothing to use unless OK.
-  absl::Status Verify(const char* header_bytes, const char* bytes, char* out, uint64_t sequence,
-                      const BlockRecordIdentity& expected, uint64_t* checksum) const;
+  // Checks a slot's header (`header_bytes`, header_bytes_) against the pool, the index's
+  // `sequence` and the request; on OK `opened` holds it (sealed: opened for expected.tenant).
+  absl::Status VerifyHeader(const char* header_bytes, uint64_t sequence,
+                            const BlockRecordIdentity& expected, OpenedHead* opened) const;
+  // Checks a verified header's block bytes (`bytes`, block_bytes) and puts them into `out` (which
+  // may be `bytes`: sealed, decrypted in place); on OK sets *checksum (if given) to the record's.
+  // `out` holds nothing to use unless OK.
+  absl::Status VerifyBytes(const OpenedHead& opened, const char* bytes, char* out,
+                           const BlockRecordIdentity& expected, uint64_t* checksum) const;
   // The header of a slot (header_bytes_ at `header_bytes`) into opened->header: sealed, opened
   // for `tenant` (null: the tenant its box names; see RecordSealer::OpenHead), else decoded.
   absl::Status ReadHeader(const char* header_bytes, const std::string* tenant,

@@ -133,7 +133,8 @@ void DiskTier::Impl::WriterLoop() {
     }
     errors.assign(batch.size(), 0);
     uint32_t submitted = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
+    absl::Status ring_status;
+    for (size_t i = 0; i < batch.size() && ring_status.ok(); ++i) {
       // Sealed here, on the writer's thread: a record that cannot be sealed is dropped alone.
       if (sealer_.has_value() && !SealSlot(batch[i]).ok()) errors[i] = kNotSealed;
       if (errors[i] == 0 && options_.testing_write_errno)
@@ -141,9 +142,11 @@ void DiskTier::Impl::WriterLoop() {
       if (errors[i] != 0) continue;
       write_ring_->QueueWrite(fd_, batch[i].buffer, slot_bytes_, SlotOffset(slots[i]), i, dsync);
       ++submitted;
+      // A sealed record goes to the disk at once: the next one is sealed while it is written.
+      if (sealer_.has_value()) ring_status = write_ring_->Submit();
     }
     done.clear();
-    absl::Status ring_status = write_ring_->SubmitAndWait(&done);
+    if (ring_status.ok()) ring_status = write_ring_->SubmitAndWait(&done);
     for (const IoRing::Completion& completion : done) {
       if (completion.result != static_cast<int>(slot_bytes_)) {
         errors[completion.tag] = completion.result < 0 ? -completion.result : EIO;

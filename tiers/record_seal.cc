@@ -28,12 +28,12 @@ static_assert(SealedHeadBytes(0) == kHeaderOffset + RecordHeaderBytes(0) + 2 * k
 // The record's three messages: each its own nonce (N with these low bits).
 enum Part : uint8_t { kHeaderPart = 0, kBodyPart = 1, kBoxPart = 2 };
 
-uint64_t LoadU64(const char* in) {
+uint64_t LoadLe(const char* in, int bytes) {
   uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
+  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
   return value;
 }
-uint32_t LoadU32(const char* in) { return static_cast<uint32_t>(LoadU64(in) & 0xffffffffu); }
+uint32_t LoadU32(const char* in) { return static_cast<uint32_t>(LoadLe(in, 4)); }
 void StoreLe(char* out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>(value >> (8 * i));
 }
@@ -142,7 +142,7 @@ absl::Status CheckSealed(absl::string_view head, uint64_t size) {
 
 RecordSealing RecordSealingOf(absl::string_view head) {
   if (head.size() < 8) return RecordSealing::kOther;
-  const uint64_t magic = LoadU64(head.data());
+  const uint64_t magic = LoadLe(head.data(), 8);
   if (magic == 0) return RecordSealing::kEmpty;
   if (magic == kRecordMagic) return RecordSealing::kUnsealed;
   if (magic == kSealedRecordMagic) return RecordSealing::kSealed;

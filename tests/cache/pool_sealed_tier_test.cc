@@ -55,6 +55,7 @@ class PoolSealedTierTest : public ::testing::Test {
     options.disk_tier_path = dir_.File("pool.tier");
     options.disk_tier_bytes = 64 * (4096 + 4096);
     options.tier_keyring = std::move(keyring);
+    options.tier_seal_workers = workers_;
     block_bytes_ = options.layout.BlockBytes();
     auto memory = testing::CreatePoolMemory(testing::PoolMemoryKind::kHost, block_bytes_, 8);
     ASSERT_OK(memory);
@@ -119,6 +120,7 @@ class PoolSealedTierTest : public ::testing::Test {
   Session other_{2, "uid:2", "globex", "test", absl::Seconds(10)};
   uint64_t block_bytes_ = 0;
   std::shared_ptr<const TierKeyring> keys_ = Keyring({Key(1, 'k')});
+  std::shared_ptr<SealWorkers> workers_ = std::make_shared<SealWorkers>(1);
   std::unique_ptr<Pool> pool_;
 };
 

@@ -95,6 +95,7 @@ class SealedClusterTierTest : public ::testing::Test {
     options.pool = Pool();
     options.tokens_per_block = kTokensPerBlock;
     options.keyring = std::move(keyring);
+    options.seal_workers = workers_;
     absl::StatusOr<std::unique_ptr<ClusterTier>> tier = ClusterTier::Create(options);
     EXPECT_OK(tier);
     return tier.ok() ? *std::move(tier) : nullptr;
@@ -132,6 +133,7 @@ class SealedClusterTierTest : public ::testing::Test {
   static ScopedTempDir* dir_;
   static RedisClusterProcess* redis_;
   std::shared_ptr<const TierKeyring> keys_ = Keyring({Key(1, 'a')});
+  std::shared_ptr<SealWorkers> workers_ = std::make_shared<SealWorkers>(2);
 };
 
 ScopedTempDir* SealedClusterTierTest::dir_ = nullptr;

@@ -56,6 +56,7 @@ class SealedDiskTierTest : public ::testing::TestWithParam<DiskTierOptions::Io> 
     DiskTierOptions options = testing::TestTierOptions(path(), 32);
     options.io = GetParam();
     options.keyring = std::move(keyring);
+    options.seal_workers = workers_;  // records read in place are opened on them
     return options;
   }
 
@@ -113,6 +114,7 @@ class SealedDiskTierTest : public ::testing::TestWithParam<DiskTierOptions::Io> 
 
   ScopedTempDir dir_{"kvcache-sealed-disk"};
   std::shared_ptr<const TierKeyring> keys_ = Keyring({Key(1, 'a')});
+  std::shared_ptr<SealWorkers> workers_ = std::make_shared<SealWorkers>(2);
 };
 
 TEST_P(SealedDiskTierTest, RecordsRoundTripAndTheFileHoldsNothingInTheClear) {
@@ -267,20 +269,40 @@ TEST_P(SealedDiskTierTest, AnotherPoolsRecordsDoNotOpen) {
   EXPECT_EQ(tier->stats().restart_unopened, 3u);
 }
 
-TEST_P(SealedDiskTierTest, PageAlignedBlocksAreDecryptedInPlace) {
+TEST_P(SealedDiskTierTest, PageAlignedBlocksAreDecryptedInPlaceOnTheSealWorkers) {
   DiskTierOptions options = Options(keys_);
   options.pool.block_bytes = 8192;
+  options.read_depth = 4;
   auto tier = OpenTier(options);
   ASSERT_NE(tier, nullptr);
-  const std::string bytes = TestBytes(TestHash(1), 8192);
-  BlockRecordIdentity identity = Identity(1);
-  identity.checksum = BlockChecksum(bytes.data(), bytes.size());
-  ASSERT_OK(tier->Store(identity, bytes));
+  std::vector<BlockRecordIdentity> identities;
+  std::vector<std::string> bytes;
+  for (uint64_t i = 0; i < 12; ++i) {
+    bytes.push_back(TestBytes(TestHash(i), 8192));
+    identities.push_back(Identity(i));
+    identities.back().checksum = BlockChecksum(bytes.back().data(), 8192);
+    ASSERT_OK(tier->Store(identities.back(), bytes.back()));
+  }
   tier->Flush();
-  AlignedBuffer out(8192);
-  ASSERT_OK(tier->Load(identity, absl::MakeSpan(out.data(), 8192)));
-  EXPECT_EQ(std::string(out.data(), 8192), bytes);
-  EXPECT_EQ(tier->stats().loads_in_place, 1u);
+  FlipByte(tier->SlotOffset(7) + 4096 + 100);  // record 7's bytes
+  AlignedBuffer out(12 * 8192);
+  std::vector<DiskTier::LoadRequest> requests;
+  for (uint64_t i = 0; i < 12; ++i) {
+    requests.push_back({&identities[i], absl::MakeSpan(out.data() + i * 8192, 8192)});
+  }
+  const std::vector<absl::Status> results = tier->LoadMany(requests);
+  for (uint64_t i = 0; i < 12; ++i) {
+    if (i == 7) {
+      EXPECT_THAT(results[i], StatusIs(absl::StatusCode::kUnauthenticated));
+      continue;
+    }
+    ASSERT_OK(results[i]) << i;
+    EXPECT_EQ(std::string(out.data() + i * 8192, 8192), bytes[i]) << i;
+  }
+  EXPECT_EQ(tier->stats().loads_in_place, 11u);
+  EXPECT_EQ(tier->stats().load_unopened, 1u);
+  EXPECT_EQ(tier->open_failures().Of(kTenant), 1u);
+  EXPECT_OK(tier->CheckInvariants());
 }
 
 INSTANTIATE_TEST_SUITE_P(Io, SealedDiskTierTest,
