@@ -6,7 +6,10 @@
 // - store: N blocks through DiskTier::Store until durable, with batched fdatasync and with
 //   RWF_DSYNC per write, vs raw O_DIRECT writes of the same slots into a fresh preallocated file
 //   and one fdatasync;
-// - warm restart: the time Open takes to scan a file's slot headers.
+// - warm restart: the time Open takes to scan a file's slot headers;
+// - sealed (--tier_key_file: AES-256-GCM, tiers/record_seal.h) vs unsealed: the same loads from
+//   a second file written sealed, in the same alternating rounds, and the same batched stores
+//   (target >= 0.9x each).
 // Usage: disk_tier_bench [DIR] [BLOCK_KIB] [BLOCKS]; DIR defaults to $TMPDIR or /tmp and must be
 // on the disk to measure (not tmpfs). No timing is asserted. Exits 1 at the first error
 // (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 scans 1024 slots at restart, not 65536.
@@ -29,6 +32,7 @@
 #include "tiers/disk_tier.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_codec.h"
+#include "tiers/tier_keyring.h"
 
 namespace kvcache {
 namespace {
@@ -44,6 +48,7 @@ double Seconds(std::chrono::steady_clock::time_point start) {
 
 BlockRecordIdentity Identity(uint64_t i, const std::string& bytes) {
   BlockRecordIdentity identity;
+  identity.tenant = "bench";
   identity.hash = {i * 0x9e3779b97f4a7c15ULL + 1, ~i};
   identity.parent_hash = {i, i};
   for (uint32_t t = 0; t < kTokens; ++t) identity.tokens.push_back(i * kTokens + t);
@@ -51,13 +56,28 @@ BlockRecordIdentity Identity(uint64_t i, const std::string& bytes) {
   return identity;
 }
 
-DiskTierOptions Options(const std::string& path, uint64_t block_bytes, uint64_t blocks) {
+// The keys of the sealed runs: one master key, as a key file of one line gives.
+std::shared_ptr<const TierKeyring> BenchKeyring() {
+  TierMasterKey key{.id = 1};
+  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(i * 131 + 1);
+  return bench::ValueOrFail(TierKeyring::FromKeys({key}), "TierKeyring::FromKeys");
+}
+
+// The daemon's seal workers (SealWorkers::DefaultThreads()).
+std::shared_ptr<SealWorkers> BenchSealWorkers() {
+  static const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+  return workers;
+}
+
+DiskTierOptions Options(const std::string& path, uint64_t block_bytes, uint64_t blocks,
+                        std::shared_ptr<const TierKeyring> keyring = nullptr) {
   DiskTierOptions options;
   options.path = path;
   options.pool = {.model_id = "bench", .layout_fingerprint = 1, .block_bytes = block_bytes};
   options.tokens_per_block = kTokens;
-  options.capacity_bytes =
-      blocks * (RecordHeaderSlotBytes(kTokens) + RoundUpToRecordAlignment(block_bytes));
+  if (keyring != nullptr) options.seal_workers = BenchSealWorkers();
+  options.keyring = std::move(keyring);
+  options.capacity_bytes = blocks * DiskTier::SlotBytesFor(options);
   options.read_depth = kDepth;
   options.read_rings = 1;
   return options;
@@ -125,8 +145,10 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
               static_cast<unsigned long long>(blocks),
               static_cast<unsigned long long>(block_bytes >> 10), gib, dir.c_str(), kDepth);
 
-  // Stores: batched fdatasync, then RWF_DSYNC per write, each on a fresh file.
-  double store_batch = 1e9, store_dsync = 1e9, raw_write = 1e9;
+  // Stores: batched fdatasync, then RWF_DSYNC per write, then batched sealed, each on a fresh
+  // file.
+  const std::shared_ptr<const TierKeyring> keyring = BenchKeyring();
+  double store_batch = 1e9, store_dsync = 1e9, store_sealed = 1e9, raw_write = 1e9;
   uint64_t slot_bytes = 0, syncs = 0;
   auto ring = IoRing::Create(kDepth + 1);
   bench::CheckOk(ring.status(), "IoRing::Create");
@@ -148,6 +170,12 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
         store_dsync = std::min(store_dsync, seconds);
       }
     }
+    {
+      std::filesystem::remove(path);
+      auto tier = DiskTier::Open(Options(path, block_bytes, blocks, keyring));
+      bench::CheckOk(tier.status(), "DiskTier::Open");
+      store_sealed = std::min(store_sealed, StoreAll(**tier, identities, bytes));
+    }
     // Raw writes of the same slots into a fresh preallocated file, as the tier's first stores.
     const std::string raw_path = path + ".raw";
     const int fd = ::open(raw_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
@@ -164,18 +192,32 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
               gib / store_batch, raw_write / store_batch, static_cast<unsigned long long>(syncs));
   std::printf("store   RWF_DSYNC per write        %7.2f GiB/s  %.2fx raw\n", gib / store_dsync,
               raw_write / store_dsync);
+  std::printf(
+      "store   sealed, batched fdatasync  %7.2f GiB/s  %.2fx unsealed (sealed by the "
+      "writer)\n",
+      gib / store_sealed, store_batch / store_sealed);
 
-  // Loads: a file written by the tier, read by the tier and raw, alternating.
+  // Loads: a file written by the tier, read by the tier and raw, alternating; and a second file
+  // written sealed, read by a sealed tier in the same rounds.
+  const std::string sealed_path = path + ".sealed";
   std::filesystem::remove(path);
-  double scan_seconds = 0;
+  std::filesystem::remove(sealed_path);
+  double scan_seconds = 0, sealed_scan_seconds = 0;
   {
     auto tier = DiskTier::Open(Options(path, block_bytes, blocks));
     bench::CheckOk(tier.status(), "DiskTier::Open");
     StoreAll(**tier, identities, bytes);
+    auto sealed = DiskTier::Open(Options(sealed_path, block_bytes, blocks, keyring));
+    bench::CheckOk(sealed.status(), "DiskTier::Open");
+    StoreAll(**sealed, identities, bytes);
   }
   auto tier = DiskTier::Open(Options(path, block_bytes, blocks));
   bench::CheckOk(tier.status(), "DiskTier::Open");
   scan_seconds = absl::ToDoubleSeconds((*tier)->stats().restart_scan_time);
+  auto sealed_tier = DiskTier::Open(Options(sealed_path, block_bytes, blocks, keyring));
+  bench::CheckOk(sealed_tier.status(), "DiskTier::Open");
+  sealed_scan_seconds = absl::ToDoubleSeconds((*sealed_tier)->stats().restart_scan_time);
+  if ((*sealed_tier)->stats().restart_records != blocks) bench::Fail("sealed records lost");
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) bench::Fail("cannot open " + path + " with O_DIRECT");
   AlignedBuffer raw_buffers(slot_bytes * kDepth);
@@ -185,30 +227,47 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
   // Paired: each run of kLoadBatch slots is read both ways back to back, so both see the same
   // device state (a VM's disk varies widely from run to run), in alternating order, so neither
   // gains from a cache below the guest having just read the same slots.
-  double raw = 0, loaded = 0;
+  // The sealed loads alternate with the unsealed ones the same way.
+  double raw = 0, loaded = 0, sealed_loaded = 0;
   bool raw_first = true;
   for (int round = 0; round < kRounds; ++round) {
     for (uint64_t first = 0; first < blocks; first += kLoadBatch, raw_first = !raw_first) {
       const uint64_t count = std::min<uint64_t>(kLoadBatch, blocks - first);
-      if (!raw_first) loaded += TierLoads(**tier, identities, first, count, out);
+      if (!raw_first) {
+        loaded += TierLoads(**tier, identities, first, count, out);
+        sealed_loaded += TierLoads(**sealed_tier, identities, first, count, out);
+      }
       std::vector<uint64_t> slots(count);
       std::iota(slots.begin(), slots.end(), first);
       raw += bench::RawDirectReads(fd, slot_bytes, slots, kDepth, **ring, raw_buffers);
-      if (raw_first) loaded += TierLoads(**tier, identities, first, count, out);
+      if (raw_first) {
+        sealed_loaded += TierLoads(**sealed_tier, identities, first, count, out);
+        loaded += TierLoads(**tier, identities, first, count, out);
+      }
     }
   }
   raw /= kRounds;
   loaded /= kRounds;
+  sealed_loaded /= kRounds;
   ::close(fd);
   std::printf("load    raw O_DIRECT reads         %7.2f GiB/s\n", gib / raw);
   std::printf(
       "load    DiskTier::LoadMany         %7.2f GiB/s  %.2fx raw (verified, read in place)\n",
       gib / loaded, raw / loaded);
+  std::printf(
+      "load    DiskTier::LoadMany sealed  %7.2f GiB/s  %.2fx unsealed (opened, decrypted in "
+      "place; %d seal workers)\n",
+      gib / sealed_loaded, loaded / sealed_loaded, BenchSealWorkers()->threads());
   std::printf("restart scan of %llu slots         %7.1f ms (%.1f us a slot)\n",
               static_cast<unsigned long long>(blocks), scan_seconds * 1e3,
               scan_seconds * 1e6 / blocks);
+  std::printf("restart scan of %llu sealed slots  %7.1f ms (%.1f us a slot)\n",
+              static_cast<unsigned long long>(blocks), sealed_scan_seconds * 1e3,
+              sealed_scan_seconds * 1e6 / blocks);
   tier->reset();
+  sealed_tier->reset();
   std::filesystem::remove(path);
+  std::filesystem::remove(sealed_path);
 
   // Warm restart at a realistic slot count: 65536 slots is a 128 GiB file of 2 MiB blocks; the
   // scan reads one 4 KiB header a slot, so 4 KiB blocks give the same scan at 1/256 of the disk.

@@ -4,7 +4,9 @@
 // the bytes of Redis memory per byte of KV stored: for raw values on a jemalloc size class and
 // just below one, and for the tier's records of 32 KiB blocks whole and split to fit the classes
 // (shared/research/peers_2026.md §5, the size-class trap); and stores in the mover's batches
-// against one pipelined SET batch of the same values per batch.
+// against one pipelined SET batch of the same values per batch. Loads and stores of the tier
+// sealed (--tier_key_file: AES-256-GCM, tiers/record_seal.h) against the tier unsealed, in the
+// same alternating rounds (target >= 0.9x each).
 //
 //   redis_cluster_bench [BLOCK_BYTES] [BLOCKS] [ROUNDS]   (defaults 262144 400 9)
 //
@@ -29,6 +31,7 @@
 #include "tests/testing/redis_cluster_process.h"
 #include "tiers/cluster_tier.h"
 #include "tiers/record_codec.h"
+#include "tiers/tier_keyring.h"
 
 namespace kvcache {
 namespace {
@@ -85,9 +88,25 @@ void FlushAll(const RedisClusterProcess& redis) {
   for (int node = 0; node < redis.size(); ++node) redis.Cli(node, {"FLUSHALL"}).IgnoreError();
 }
 
+// The keys of the sealed runs: one master key, as a key file of one line gives.
+std::shared_ptr<const TierKeyring> BenchKeyring() {
+  TierMasterKey key{.id = 1};
+  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(i * 29 + 3);
+  return bench::ValueOrFail(TierKeyring::FromKeys({key}), "TierKeyring::FromKeys");
+}
+
+// The daemon's seal workers (SealWorkers::DefaultThreads()).
+std::shared_ptr<SealWorkers> BenchSealWorkers() {
+  static const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+  return workers;
+}
+
 std::unique_ptr<ClusterTier> MakeTier(const RedisClusterProcess& redis, uint64_t block_bytes,
-                                      bool fit_size_classes) {
+                                      bool fit_size_classes,
+                                      std::shared_ptr<const TierKeyring> keyring = nullptr) {
   ClusterTierOptions options;
+  if (keyring != nullptr) options.seal_workers = BenchSealWorkers();
+  options.keyring = std::move(keyring);
   options.redis.seeds = redis.addresses();
   options.redis.io_timeout = absl::Seconds(10);
   options.pool = PoolIdentity{.model_id = "bench",
@@ -114,7 +133,8 @@ Chain MakeChain(uint64_t block_bytes, int blocks, uint64_t space) {
                                  .namespace_digest = space,
                                  .extras_digest = 0,
                                  .tokens = std::vector<uint32_t>(16, static_cast<uint32_t>(i)),
-                                 .checksum = BlockChecksum(bytes.data(), bytes.size())};
+                                 .checksum = BlockChecksum(bytes.data(), bytes.size()),
+                                 .tenant = "bench"};
     parent = identity.hash;
     chain.identities.push_back(std::move(identity));
     chain.bytes.push_back(std::move(bytes));
@@ -153,6 +173,7 @@ void MeasureStores(const RedisClusterProcess& redis, RedisCluster& cluster, uint
                    int blocks, int rounds) {
   FlushAll(redis);
   std::unique_ptr<ClusterTier> tier = MakeTier(redis, block_bytes, true);
+  std::unique_ptr<ClusterTier> sealed = MakeTier(redis, block_bytes, true, BenchKeyring());
   const Chain chain = MakeChain(block_bytes, blocks, 7);
   const uint64_t head_bytes = RecordHeaderBytes(16) + tier->HeadDataBytes();
   const uint64_t tail_bytes = block_bytes - tier->HeadDataBytes();
@@ -165,33 +186,46 @@ void MeasureStores(const RedisClusterProcess& redis, RedisCluster& cluster, uint
       batch.emplace_back(key, std::string(head_bytes, 'h'));
     }
   }
-  std::vector<double> ratios;
-  double tier_best = 1e9, floor_best = 1e9;
+  std::vector<double> ratios, sealed_ratios;
+  double tier_best = 1e9, floor_best = 1e9, sealed_best = 1e9;
   for (int round = 0; round < rounds; ++round) {
-    double stored = 0, floor = 0;
+    double stored = 0, floor = 0, sealed_stored = 0;
     const auto run_floor = [&] {
       const absl::Time start = absl::Now();
       for (const auto& batch : floor_batches) CheckAllOk(cluster.Set(batch), "RedisCluster::Set");
       floor = absl::ToDoubleSeconds(absl::Now() - start);
     };
-    if (round % 2 == 0) {
-      run_floor();
-      stored = StoreInBatches(*tier, chain, kMoverBatch);
-    } else {
-      stored = StoreInBatches(*tier, chain, kMoverBatch);
-      run_floor();
+    // Each of the three goes first, second and third in turn.
+    for (int step = 0; step < 3; ++step) {
+      switch ((round + step) % 3) {
+        case 0:
+          run_floor();
+          break;
+        case 1:
+          stored = StoreInBatches(*tier, chain, kMoverBatch);
+          break;
+        default:
+          sealed_stored = StoreInBatches(*sealed, chain, kMoverBatch);
+      }
     }
     ratios.push_back(floor / stored);
+    sealed_ratios.push_back(stored / sealed_stored);
     tier_best = std::min(tier_best, stored);
     floor_best = std::min(floor_best, floor);
+    sealed_best = std::min(sealed_best, sealed_stored);
   }
   std::sort(ratios.begin(), ratios.end());
+  std::sort(sealed_ratios.begin(), sealed_ratios.end());
   std::printf(
       "store %d blocks of %llu bytes in batches of %zu: cluster tier %.0f blocks/s, one "
       "pipelined SET batch per batch (%s) %.0f blocks/s (best of %d); median ratio %.2fx\n",
       blocks, static_cast<unsigned long long>(block_bytes), kMoverBatch, blocks / tier_best,
       tail_bytes > 0 ? "head and tail" : "one value", blocks / floor_best, rounds,
       ratios[ratios.size() / 2]);
+  std::printf(
+      "store sealed (AES-256-GCM): %.0f blocks/s vs unsealed %.0f blocks/s (best of %d); median "
+      "ratio %.2fx\n",
+      blocks / sealed_best, blocks / tier_best, rounds, sealed_ratios[sealed_ratios.size() / 2]);
 }
 
 int Main(int argc, char** argv) {
@@ -242,10 +276,13 @@ int Main(int argc, char** argv) {
 
   MeasureStores(**redis, **cluster, block_bytes, blocks, rounds);
 
-  // Loads: the tier (verified, copied out) vs raw pipelined GETs of the same values.
+  // Loads: the tier (verified, copied out) vs raw pipelined GETs of the same values; and the
+  // sealed tier (opened, decrypted) vs the tier, the same chain under its own names.
   FlushAll(**redis);
   std::unique_ptr<ClusterTier> tier = MakeTier(**redis, block_bytes, true);
+  std::unique_ptr<ClusterTier> sealed = MakeTier(**redis, block_bytes, true, BenchKeyring());
   const std::vector<BlockRecordIdentity> identities = StoreChain(*tier, block_bytes, blocks);
+  StoreChain(*sealed, block_bytes, blocks);
   std::map<int, std::vector<std::string>> keys_by_node;
   for (const BlockRecordIdentity& identity : identities) {
     std::vector<std::string> keys = {tier->KeyOf(identity)};
@@ -267,30 +304,39 @@ int Main(int argc, char** argv) {
   std::vector<uint8_t*> pointers;
   for (std::string& block : out) pointers.push_back(reinterpret_cast<uint8_t*>(block.data()));
 
-  std::vector<double> ratios;
-  double tier_best = 1e9, raw_best = 1e9;
+  std::vector<double> ratios, sealed_ratios;
+  double tier_best = 1e9, raw_best = 1e9, sealed_best = 1e9;
   for (int round = 0; round < rounds; ++round) {
     uint64_t raw_bytes = 0;
-    double raw = 0, loaded = 0;
-    const auto run_tier = [&] {
+    double raw = 0, loaded = 0, sealed_loaded = 0;
+    const auto run_tier = [&](ClusterTier& which, double* seconds) {
       const absl::Time start = absl::Now();
-      if (tier->LoadPrefix(identities, pointers) != identities.size()) {
+      if (which.LoadPrefix(identities, pointers) != identities.size()) {
         bench::Fail("ClusterTier::LoadPrefix loaded a short prefix");
       }
-      loaded = absl::ToDoubleSeconds(absl::Now() - start);
+      *seconds = absl::ToDoubleSeconds(absl::Now() - start);
     };
-    if (round % 2 == 0) {
-      raw = RawPipelinedGets(keys_by_node, contexts, &raw_bytes);
-      run_tier();
-    } else {
-      run_tier();
-      raw = RawPipelinedGets(keys_by_node, contexts, &raw_bytes);
+    // Each of the three goes first, second and third in turn.
+    for (int step = 0; step < 3; ++step) {
+      switch ((round + step) % 3) {
+        case 0:
+          raw = RawPipelinedGets(keys_by_node, contexts, &raw_bytes);
+          break;
+        case 1:
+          run_tier(*tier, &loaded);
+          break;
+        default:
+          run_tier(*sealed, &sealed_loaded);
+      }
     }
     ratios.push_back(raw / loaded);  // the tier's throughput over the baseline's
+    sealed_ratios.push_back(loaded / sealed_loaded);
     tier_best = std::min(tier_best, loaded);
     raw_best = std::min(raw_best, raw);
+    sealed_best = std::min(sealed_best, sealed_loaded);
   }
   std::sort(ratios.begin(), ratios.end());
+  std::sort(sealed_ratios.begin(), sealed_ratios.end());
   const double gb = static_cast<double>(block_bytes) * blocks / 1e9;
   std::printf(
       "load %d blocks of %llu bytes from a 3-master cluster: cluster tier (verified, copied out) "
@@ -298,8 +344,15 @@ int Main(int argc, char** argv) {
       "ratio %.2fx\n",
       blocks, static_cast<unsigned long long>(block_bytes), gb / tier_best, gb / raw_best, rounds,
       ratios[ratios.size() / 2]);
+  std::printf(
+      "load sealed (AES-256-GCM: opened, decrypted in place; %d seal workers): %.2f GB/s vs "
+      "unsealed %.2f GB/s (best of %d); median ratio %.2fx\n",
+      BenchSealWorkers()->threads(), gb / sealed_best, gb / tier_best, rounds,
+      sealed_ratios[sealed_ratios.size() / 2]);
+  if (sealed->counters().unopened != 0) bench::Fail("sealed values did not open");
   for (auto& [node, context] : contexts) redisFree(context);
   tier.reset();
+  sealed.reset();
   cluster->reset();
   redis->reset();
   std::filesystem::remove_all(dir);

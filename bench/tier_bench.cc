@@ -11,7 +11,9 @@
 //   Pool::Open       the same with the prefix only on disk (evicted from tiers 1 and 2), vs raw
 //   from tier 3      io_uring O_DIRECT reads of as many slots of the same file at the tier's read
 //                    depth (target >= 0.8x), and raw reads in drained batches of that depth (what
-//                    a walk that loads one LoadMany batch at a time can reach at best).
+//                    a walk that loads one LoadMany batch at a time can reach at best);
+//   Pool::Open       the same opens from a sealed tier 3 (--tier_key_file: AES-256-GCM, each
+//   tier 3 sealed    record opened for its tenant) vs from an unsealed one (target >= 0.9x).
 // Working sets exceed the last-level cache (both sides stream from memory). Then the offload
 // window sweep: which share of tier 1 the mover should keep copied below (counts, no times).
 // Last, puts larger than the offload window (issue 29): puts/s into a pool with tiers 2 and 3 and
@@ -48,6 +50,7 @@
 #include "tiers/host_tier.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_codec.h"
+#include "tiers/tier_keyring.h"
 
 namespace kvcache {
 namespace {
@@ -343,28 +346,63 @@ std::vector<uint64_t> SlotsOf(const std::string& path, uint64_t slot_bytes, uint
 // them. Tier 1 holds prefix_blocks + 1 blocks, so each open evicts the other prompt, and the
 // mover never runs, so nothing comes back to tier 2. Per byte loaded, vs raw io_uring O_DIRECT
 // reads of as many slots of the same file at the tier's read depth.
-void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
-                            const std::string& dir) {
-  constexpr uint32_t kTier2Slots = 8;
-  const uint64_t block_bytes = layout.BlockBytes();
-  const uint64_t slot_bytes =
-      RecordHeaderSlotBytes(layout.block_size) + RoundUpToRecordAlignment(block_bytes);
-  const uint32_t disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
-  PoolOptions options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
-  options.disk_tier_path = dir + "/tier_bench.kvt";
-  options.disk_tier_bytes = disk_records * slot_bytes;
+// A pool whose prompts `prompts` lie on disk only: each computed once and passed down through an
+// 8-slot tier 2 (its demotion window is all of it, so each record is passed on to disk before
+// tier 2 evicts it), the last (a filler of tier 2's size) taking tier 2's slots. Tier 1 holds
+// prefix_blocks + 1 blocks, and the mover never runs, so nothing comes back to tier 2. Sealed
+// with `keyring` when it is set.
+struct DiskOnlyPool {
+  std::unique_ptr<Pool> pool;
+  PoolOptions options;
+  uint64_t slot_bytes = 0;
+  uint32_t disk_records = 0;
+};
+constexpr uint32_t kTier2Slots = 8;
+DiskOnlyPool MakeDiskOnlyPool(const PoolLayout& layout, uint32_t prefix_blocks,
+                              const std::string& path, std::shared_ptr<const TierKeyring> keyring,
+                              const Session& session,
+                              std::initializer_list<const std::vector<uint32_t>*> prompts) {
+  DiskOnlyPool made;
+  made.disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
+  made.options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
+  made.options.disk_tier_path = path;
+  if (keyring != nullptr) {
+    static const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+    made.options.tier_seal_workers = workers;  // the daemon's
+  }
+  made.options.tier_keyring = std::move(keyring);
+  made.slot_bytes =
+      DiskTier::SlotBytesFor(DiskTierOptions{.pool = {.block_bytes = layout.BlockBytes()},
+                                             .tokens_per_block = layout.block_size,
+                                             .keyring = made.options.tier_keyring});
+  made.options.disk_tier_bytes = made.disk_records * made.slot_bytes;
   // One offload pass queues a whole prefix for the disk; a full queue would end the pass and let
   // tier 2 evict records that never reached the disk.
-  options.testing_disk_tier_options = [&](DiskTierOptions* disk) {
-    disk->max_queued_stores = disk_records;
+  const uint32_t queue = made.disk_records;
+  made.options.testing_disk_tier_options = [queue](DiskTierOptions* disk) {
+    disk->max_queued_stores = queue;
   };
-  options.offload_window = options.num_blocks;  // the whole prefix goes down
-  std::filesystem::create_directories(dir);
-  std::filesystem::remove(options.disk_tier_path);
-  auto memory = HostPoolMemory::Create(block_bytes, options.num_blocks);
-  auto pool = Pool::Create(options, 0, *std::move(memory));
+  made.options.offload_window = made.options.num_blocks;  // the whole prefix goes down
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::filesystem::remove(path);
+  auto memory = HostPoolMemory::Create(layout.BlockBytes(), made.options.num_blocks);
+  auto pool = Pool::Create(made.options, 0, *std::move(memory));
   bench::CheckOk(pool.status(), "Pool::Create");
-  DiskTier& disk = *(*pool)->disk_tier();
+  made.pool = *std::move(pool);
+  for (const std::vector<uint32_t>* which : prompts) {
+    if (!ComputeOnce(*made.pool, session, *which)) bench::Fail("a prompt could not be computed");
+    made.pool->OffloadForTesting();
+    made.pool->disk_tier()->Flush();
+  }
+  return made;
+}
+
+// Open of a prompt whose `prefix_blocks` come up from tier 3 each time (MakeDiskOnlyPool: two
+// prompts on disk only; each open evicts the other prompt). Per byte loaded, vs raw io_uring
+// O_DIRECT reads of as many slots of the same file at the tier's read depth.
+void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
+                            const std::string& dir) {
+  const uint64_t block_bytes = layout.BlockBytes();
   Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
   const uint32_t tokens = prefix_blocks * layout.block_size;
   std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1),
@@ -372,11 +410,13 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
   std::iota(prompt.begin(), prompt.end(), 0);
   std::iota(other.begin(), other.end(), 1u << 30);
   std::iota(tier2_filler.begin(), tier2_filler.end(), 2u << 30);
-  for (const std::vector<uint32_t>* which : {&prompt, &other, &tier2_filler}) {
-    if (!ComputeOnce(**pool, session, *which)) bench::Fail("a prompt could not be computed");
-    (*pool)->OffloadForTesting();
-    disk.Flush();
-  }
+  DiskOnlyPool made = MakeDiskOnlyPool(layout, prefix_blocks, dir + "/tier_bench.kvt", nullptr,
+                                       session, {&prompt, &other, &tier2_filler});
+  std::unique_ptr<Pool>* const pool = &made.pool;
+  const PoolOptions& options = made.options;
+  const uint64_t slot_bytes = made.slot_bytes;
+  const uint32_t disk_records = made.disk_records;
+  DiskTier& disk = *(*pool)->disk_tier();
   const uint32_t depth = disk.read_depth();
   const int fd = ::open(options.disk_tier_path.c_str(), O_RDONLY | O_DIRECT);
   auto ring = IoRing::Create(depth);
@@ -506,6 +546,53 @@ void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, do
                  static_cast<unsigned long long>(short_loads));
     std::exit(1);
   }
+}
+
+// The same opens from a sealed disk tier (--tier_key_file: each record's header opened and its
+// bytes decrypted and authenticated, AES-256-GCM) vs from an unsealed one, in alternating rounds
+// of one run, each pool on a file of its own in `dir`.
+void OpenFromSealedVsUnsealedDisk(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
+                                  const std::string& dir) {
+  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
+  const uint32_t tokens = prefix_blocks * layout.block_size;
+  std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1),
+      tier2_filler(kTier2Slots * layout.block_size + 1);
+  std::iota(prompt.begin(), prompt.end(), 0);
+  std::iota(other.begin(), other.end(), 1u << 30);
+  std::iota(tier2_filler.begin(), tier2_filler.end(), 2u << 30);
+  TierMasterKey key{.id = 1};
+  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(i * 97 + 5);
+  auto keyring = TierKeyring::FromKeys({key});
+  bench::CheckOk(keyring.status(), "TierKeyring::FromKeys");
+  DiskOnlyPool plain = MakeDiskOnlyPool(layout, prefix_blocks, dir + "/tier_bench_plain.kvt",
+                                        nullptr, session, {&prompt, &other, &tier2_filler});
+  DiskOnlyPool sealed = MakeDiskOnlyPool(layout, prefix_blocks, dir + "/tier_bench_sealed.kvt",
+                                         *keyring, session, {&prompt, &other, &tier2_filler});
+  if (!sealed.pool->disk_tier()->sealed()) bench::Fail("the sealed pool's disk tier is not sealed");
+  uint64_t short_loads = 0;
+  const Comparison c = Compare(
+      seconds, 2 * layout.BlockBytes() * prefix_blocks,
+      [&] {
+        short_loads += OpenAndRelease(*sealed.pool, session, {&prompt, &other}, tokens,
+                                      &OpenedSequence::num_disk_tier_tokens);
+      },
+      [&] {
+        short_loads += OpenAndRelease(*plain.pool, session, {&prompt, &other}, tokens,
+                                      &OpenedSequence::num_disk_tier_tokens);
+      });
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%% %s\n",
+              "Pool::Open tier 3 sealed",
+              static_cast<unsigned long long>(layout.BlockBytes() >> 10), prefix_blocks,
+              c.a_rate / 1e9, c.b_rate / 1e9, c.median_ratio, 100 * c.a_cpu, 100 * c.b_cpu,
+              100 * c.a_wait, 100 * c.b_wait, short_loads == 0 ? "(vs unsealed)" : "SHORT LOADS");
+  if (sealed.pool->disk_tier()->stats().load_unopened != 0)
+    bench::Fail("sealed records did not open");
+  plain.pool.reset();
+  sealed.pool.reset();
+  std::filesystem::remove(dir + "/tier_bench_plain.kvt");
+  std::filesystem::remove(dir + "/tier_bench_sealed.kvt");
+  std::filesystem::remove(dir);  // only if nothing else is in it
+  if (short_loads != 0) bench::Fail("opens fell short of a whole prefix from tier 3");
 }
 
 // Where a replay's prompt tokens came from.
@@ -813,6 +900,13 @@ int main(int argc, char** argv) {
         "CPU per second, wait: its time runnable but waiting for one)\n");
     kvcache::OpenFromDiskVsRawReads(small, small_prefix, seconds, dir + "/kvcache_tier_bench");
     kvcache::OpenFromDiskVsRawReads(large, 2 * large_prefix, seconds, dir + "/kvcache_tier_bench");
+    std::printf("\nsealed tier 3 (--tier_key_file, AES-256-GCM) vs unsealed, the same opens\n");
+    std::printf("%-22s %13s %8s %10s %10s %8s %6s %6s %6s %6s\n", "path", "block", "blocks", "GB/s",
+                "unsealed", "ratio", "cpu", "unseal", "wait", "unseal");
+    kvcache::OpenFromSealedVsUnsealedDisk(small, small_prefix, seconds,
+                                          dir + "/kvcache_tier_bench");
+    kvcache::OpenFromSealedVsUnsealedDisk(large, 2 * large_prefix, seconds,
+                                          dir + "/kvcache_tier_bench");
   }
   if (runs("sweep")) {
     for (uint32_t lag : {1u, 8u}) kvcache::WindowSweep(lag);

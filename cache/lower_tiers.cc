@@ -59,7 +59,9 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
                          .capacity_bytes = options.disk_tier_bytes,
                          .pool = identity,
                          .tokens_per_block = options.layout.block_size,
-                         .on_change = listener(kKvMediumDisk)};
+                         .on_change = listener(kKvMediumDisk),
+                         .keyring = options.tier_keyring,
+                         .seal_workers = options.tier_seal_workers};
     if (options.testing_disk_tier_options) options.testing_disk_tier_options(&disk);
     absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(std::move(disk));
     if (!tier.ok()) return TierError(tier.status(), options.name, " disk_tier");
@@ -72,7 +74,9 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
     absl::StatusOr<std::unique_ptr<ClusterTier>> tier =
         ClusterTier::Create(ClusterTierOptions{.redis = *options.cluster_tier,
                                                .pool = identity,
-                                               .tokens_per_block = options.layout.block_size});
+                                               .tokens_per_block = options.layout.block_size,
+                                               .keyring = options.tier_keyring,
+                                               .seal_workers = options.tier_seal_workers});
     if (!tier.ok()) return TierError(tier.status(), options.name, "");
     cluster_tier = *std::move(tier);
   }
@@ -656,6 +660,33 @@ std::optional<PoolClusterTierStats> LowerTiers::ClusterStats() const {
       .backlog_dropped = cluster_backlog_dropped_.load(std::memory_order_relaxed),
       .store = cluster_tier_->counters(),
       .redis = cluster_tier_->redis().counters()};
+}
+
+uint64_t LowerTiers::OpenFailures(absl::string_view tier, absl::string_view tenant) const {
+  if (tier == "disk" && disk_tier_ != nullptr) return disk_tier_->open_failures().Of(tenant);
+  if (tier == "cluster" && cluster_tier_ != nullptr) {
+    return cluster_tier_->open_failures().Of(tenant);
+  }
+  return 0;
+}
+
+std::vector<LowerTiers::TenantOpenFailures> LowerTiers::OpenFailuresByTenant() const {
+  std::vector<TenantOpenFailures> failures;
+  const auto add = [&failures](absl::string_view tier, const TenantCounters& counters) {
+    for (auto& [tenant, count] : counters.Snapshot()) {
+      failures.push_back({tier, std::move(tenant), count});
+    }
+  };
+  if (disk_tier_ != nullptr) add("disk", disk_tier_->open_failures());
+  if (cluster_tier_ != nullptr) add("cluster", cluster_tier_->open_failures());
+  return failures;
+}
+
+std::vector<absl::string_view> LowerTiers::SealedTiers() const {
+  std::vector<absl::string_view> sealed;
+  if (disk_tier_ != nullptr && disk_tier_->sealed()) sealed.push_back("disk");
+  if (cluster_tier_ != nullptr && cluster_tier_->sealed()) sealed.push_back("cluster");
+  return sealed;
 }
 
 absl::Status LowerTiers::CheckInvariants() const {

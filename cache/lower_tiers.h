@@ -201,6 +201,18 @@ class LowerTiers {
   std::optional<PoolHostTierStats> HostStats() const;
   std::optional<PoolDiskTierStats> DiskStats() const;
   std::optional<PoolClusterTierStats> ClusterStats() const;
+  // Sealed tiers' records that did not open for `tenant` in tier `tier` ("disk", "cluster"); 0
+  // for any other tier, or a tier the pool lacks.
+  uint64_t OpenFailures(absl::string_view tier, absl::string_view tenant) const;
+  // Every (tier, tenant) with records that did not open, for /metrics.
+  struct TenantOpenFailures {
+    absl::string_view tier;
+    std::string tenant;
+    uint64_t count = 0;
+  };
+  std::vector<TenantOpenFailures> OpenFailuresByTenant() const;
+  // Which of the tiers below seal their records: "disk", "cluster" (empty: none).
+  std::vector<absl::string_view> SealedTiers() const;
   absl::Status CheckInvariants() const;
 
  private:

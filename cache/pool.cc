@@ -289,7 +289,8 @@ void Pool::TakeForOffloadLocked(BlockId block, std::vector<OffloadCandidate>* ba
                                                      .namespace_digest = identity.namespace_digest,
                                                      .extras_digest = identity.extras_digest,
                                                      .prefix_digest = identity.prefix_digest,
-                                                     .tokens = {tokens.begin(), tokens.end()}},
+                                                     .tokens = {tokens.begin(), tokens.end()},
+                                                     .tenant = tenants_[block_tenant_[block]].name},
                        .checksum = pool_.CachedChecksum(block),
                        .to_cluster = tiers_->has_cluster() && !in_cluster,
                        .reused = pool_.IsReused(block)});
@@ -342,6 +343,7 @@ absl::Status Pool::SetRoot(absl::string_view tenant, absl::string_view cache_sal
   BlockHasher hasher(options_.hash_algorithm, options_.testing_hash_bits);
   sequence->root = hasher.Root(ns);
   sequence->namespace_digest = hasher.NamespaceDigest(ns);
+  sequence->tenant_name = std::string(tenant);
   return absl::OkStatus();
 }
 
@@ -754,7 +756,8 @@ BlockRecordIdentity Pool::ExpectedRecord(const Sequence& sequence, size_t i) con
       .namespace_digest = sequence.namespace_digest,
       .extras_digest = sequence.extras_digests[i],
       .prefix_digest = sequence.prefix_digests[i],
-      .tokens = {tokens.begin(), tokens.end()}};
+      .tokens = {tokens.begin(), tokens.end()},
+      .tenant = sequence.tenant_name};
 }
 
 namespace {
@@ -1103,6 +1106,8 @@ PoolStatsSnapshot Pool::Stats(absl::string_view tenant) const {
   absl::ReaderMutexLock lock(&mu_);
   PoolStatsSnapshot stats{.free = pool_.num_free(), .evictable = pool_.num_evictable()};
   FillTierStatsLocked(&stats);  // pool-wide, a stranger's view included
+  // But for the records that did not open: the tenant's own (whose key was asked).
+  for (TierStatsRow& row : stats.tiers) row.open_failures = tiers_->OpenFailures(row.tier, tenant);
   auto slot = tenant_slots_.find(tenant);
   if (slot == tenant_slots_.end()) return stats;
   const TenantUsage& usage = tenants_[slot->second];

@@ -208,7 +208,9 @@ struct PoolStatsSnapshot {
   std::optional<PoolHostTierStats> host_tier;        // set when the pool has a tier 2
   std::optional<PoolDiskTierStats> disk_tier;        // set when the pool has a tier 3
   std::optional<PoolClusterTierStats> cluster_tier;  // set when the pool has a cluster tier
-  std::vector<TierStatsRow> tiers;                   // the same, one row per tier (pool-wide)
+  // The same, one row per tier: pool-wide, but for a tenant's share its open_failures are the
+  // tenant's own.
+  std::vector<TierStatsRow> tiers;
 };
 
 // INVALID_ARGUMENT unless salt and extra keys are within limits and every multimodal item lies
@@ -285,6 +287,7 @@ class Pool final : private OffloadSource {
   PoolMemory& memory() { return *memory_; }
   // The tiers below (LowerTiers), and the parts tests and the daemon's start-up line read.
   LowerTiers& lower_tiers() { return *tiers_; }
+  const LowerTiers& lower_tiers() const { return *tiers_; }
   HostTier* host_tier() { return tiers_->host_tier(); }
   DiskTier* disk_tier() { return tiers_->disk_tier(); }
   uint32_t offload_window() const { return tiers_->offload_window(); }
@@ -392,7 +395,8 @@ class Pool final : private OffloadSource {
   struct Sequence {
     uint64_t id = 0;
     uint64_t session_id = 0;
-    uint32_t tenant = 0;  // slot in tenants_
+    uint32_t tenant = 0;      // slot in tenants_
+    std::string tenant_name;  // the same tenant's name (SetRoot): what records below carry
     Hash128 root;
     uint64_t namespace_digest = 0;
     ExtraKeys extras;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "common/pool_layout.h"
 #include "redis/redis_cluster.h"
 #include "tiers/disk_tier.h"
+#include "tiers/seal_workers.h"
+#include "tiers/tier_keyring.h"
 
 namespace kvcache {
 
@@ -61,6 +64,13 @@ struct PoolOptions {
   // mover also writes there what it offloads; an open continues its verified prefix there after
   // the tiers of the node.
   std::optional<RedisClusterOptions> cluster_tier;
+  // Set (--tier_key_file): the disk tier's records and the cluster tier's values are sealed with
+  // AES-256-GCM under keys of each block's tenant (tiers/record_seal.h); null: plaintext. Tiers 1
+  // and 2 stay in memory and are never sealed. One keyring may serve every pool.
+  std::shared_ptr<const TierKeyring> tier_keyring;
+  // With a keyring: the threads that seal and open those records beside the threads moving them
+  // (tiers/seal_workers.h; null: on those threads). One pool may serve every pool's tiers.
+  std::shared_ptr<SealWorkers> tier_seal_workers;
 };
 
 }  // namespace kvcache

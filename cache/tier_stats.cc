@@ -34,6 +34,7 @@ std::vector<TierStatsRow> TierStatsRows(const std::optional<PoolHostTierStats>& 
                      .evicted_from_above = disk->evicted_from_above,
                      .lost_from_above = disk->evicted_unsaved,
                      .verify_failures = store.load_corrupt,
+                     .open_failures = store.load_unopened,
                      .load_failures = disk->load_failures,
                      .deadline_blocks = disk->deadline_blocks,
                      .records = store.records,
@@ -41,23 +42,25 @@ std::vector<TierStatsRow> TierStatsRows(const std::optional<PoolHostTierStats>& 
                      .capacity_bytes = store.slots * store.slot_bytes,
                      .restored_records = store.restart_records,
                      .restore_skipped = store.restart_torn + store.restart_foreign +
-                                        store.restart_old_format + store.restart_duplicates,
+                                        store.restart_old_format + store.restart_duplicates +
+                                        store.restart_unopened + store.restart_other_sealing,
                      .write_errors = store.write_errors});
   }
   if (cluster.has_value()) {
     const ClusterTierCounters& store = cluster->store;
-    rows.push_back(TierStatsRow{
-        .tier = "cluster",
-        .hit_blocks = cluster->hit_blocks,
-        .stored_blocks = cluster->stored_blocks,
-        .store_failures = store.store_failures,
-        .lost_from_above = cluster->backlog_dropped,
-        .verify_failures = store.corrupt,
-        .load_failures = store.corrupt + store.foreign + store.mismatched + store.unavailable,
-        .deadline_blocks = store.past_deadline,
-        .node_failures = cluster->redis.node_failures,
-        .skipped_commands = cluster->redis.skipped,
-        .redirects = cluster->redis.moved + cluster->redis.ask});
+    rows.push_back(TierStatsRow{.tier = "cluster",
+                                .hit_blocks = cluster->hit_blocks,
+                                .stored_blocks = cluster->stored_blocks,
+                                .store_failures = store.store_failures,
+                                .lost_from_above = cluster->backlog_dropped,
+                                .verify_failures = store.corrupt,
+                                .open_failures = store.unopened,
+                                .load_failures = store.corrupt + store.foreign + store.mismatched +
+                                                 store.unavailable + store.unopened,
+                                .deadline_blocks = store.past_deadline,
+                                .node_failures = cluster->redis.node_failures,
+                                .skipped_commands = cluster->redis.skipped,
+                                .redirects = cluster->redis.moved + cluster->redis.ask});
   }
   return rows;
 }

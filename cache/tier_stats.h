@@ -81,8 +81,13 @@ struct TierStatsRow {
   uint64_t lost_from_above = 0;
   // Loads whose bytes failed their checksum (dropped; recomputed).
   uint64_t verify_failures = 0;
+  // Sealed disk and cluster tiers (--tier_key_file): records that did not open for the tenant
+  // asking — another tenant's, changed, moved, or sealed with a key no longer in the key file —
+  // each a miss. Pool-wide in a pool's row; a tenant's own in its share (Pool::Stats(tenant)).
+  uint64_t open_failures = 0;
   // Matched records that did not load: host and disk, runs an open could not finish (verify
-  // failures, records gone, I/O); cluster, corrupt + foreign + mismatched + unavailable values.
+  // failures, records that did not open, records gone, I/O); cluster, corrupt + foreign +
+  // mismatched + unavailable + unopened values.
   uint64_t load_failures = 0;
   // Matched records left to compute because the request's max_load_ms passed.
   uint64_t deadline_blocks = 0;
@@ -92,8 +97,9 @@ struct TierStatsRow {
   uint64_t bytes_used = 0;      // host, disk: records' bytes (disk: whole slots)
   uint64_t capacity_bytes = 0;  // host, disk
   // Disk: what the daemon found in the tier's file when it started (a warm restart) — records
-  // indexed, and slots skipped as torn, foreign, of an older format or superseded; and failed
-  // writes (after one the tier stops storing).
+  // indexed, and slots skipped as torn, foreign, of an older format, superseded, sealed and not
+  // opening with the key file, or of the other sealing; and failed writes (after one the tier
+  // stops storing).
   uint64_t restored_records = 0;
   uint64_t restore_skipped = 0;
   uint64_t write_errors = 0;

@@ -279,6 +279,7 @@ class KvCacheClient {
     uint64_t skipped_commands = 0;  // cluster: commands skipped while their node rested
     uint64_t redirects = 0;         // cluster: MOVED and ASK followed
     uint64_t lost_from_above = 0;   // evictions above whose block the tier refused (v1.TierStats)
+    uint64_t open_failures = 0;  // sealed records that did not open for the tenant (v1.TierStats)
   };
   struct PoolStats {
     std::string pool;

@@ -102,7 +102,8 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .node_failures = tier.node_failures(),
                                                    .skipped_commands = tier.skipped_commands(),
                                                    .redirects = tier.redirects(),
-                                                   .lost_from_above = tier.lost_from_above()});
+                                                   .lost_from_above = tier.lost_from_above(),
+                                                   .open_failures = tier.open_failures()});
   }
   return stats;
 }

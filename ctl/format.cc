@@ -404,6 +404,7 @@ Json StatsJson(const v1::GetStatsResponse& stats) {
       entry["bytes_used"] = tier.bytes_used();
       entry["capacity_bytes"] = tier.capacity_bytes();
       entry["verify_failures"] = tier.verify_failures();
+      if (tier.tier() != "host") entry["open_failures"] = tier.open_failures();
       entry["load_failures"] = tier.load_failures();
       entry["deadline_blocks"] = tier.deadline_blocks();
       entry["evicted_from_above"] = tier.evicted_from_above();

@@ -104,6 +104,7 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     tier->set_evicted_from_above(row.evicted_from_above);
     tier->set_lost_from_above(row.lost_from_above);
     tier->set_verify_failures(row.verify_failures);
+    tier->set_open_failures(row.open_failures);
     tier->set_load_failures(row.load_failures);
     tier->set_deadline_blocks(row.deadline_blocks);
     tier->set_request_waits(row.request_waits);

@@ -28,6 +28,7 @@
 #include "events/zmq_publisher.h"
 #include "redis/redis_cluster.h"
 #include "server/daemon.h"
+#include "tiers/tier_keyring.h"
 
 ABSL_FLAG(std::string, listen, "",
           "unix:///path/kv.sock or HOST:PORT (TCP needs --insecure); default: a Unix socket "
@@ -128,6 +129,15 @@ ABSL_FLAG(absl::Duration, cluster_tier_timeout, absl::Milliseconds(500),
 ABSL_FLAG(absl::Duration, cluster_tier_retry_after, absl::Seconds(1),
           "how long a failed or hung Redis node is left alone (its keys are misses, its copies "
           "skipped) before one request probes it again");
+ABSL_FLAG(std::string, tier_key_file, "",
+          "file of master keys that seal what leaves the daemon's memory: every pool's disk tier "
+          "records and cluster tier values, AES-256-GCM under a key per tenant derived with "
+          "HKDF-SHA-256, never stored (docs/security.md). One key a line, ID:HEX (ID 1 to "
+          "4294967295, HEX 64 hex digits: openssl rand -hex 32), newest first: the first seals "
+          "new records, every one listed still opens its own (rotation: add a line on top, "
+          "SIGHUP, remove the old one later). Refused unless owner-only (0600, 0400), or root's "
+          "and readable by its group only (0440); reread on SIGHUP. Default: none, records below "
+          "tier 2 are plaintext");
 ABSL_FLAG(std::string, device, "host",
           "where pools live: host (POSIX shared memory) or cuda:N (GPU N, shared over CUDA IPC)");
 
@@ -246,8 +256,9 @@ std::string DefaultKvEventsTopic(const PoolOptions& first) {
   return absl::StrCat("kv@", host, "@", first.model_id.empty() ? first.name : first.model_id);
 }
 
-// The daemon's options as the flags give them. INVALID_ARGUMENT naming the flag at fault.
-absl::StatusOr<DaemonOptions> OptionsFromFlags() {
+// The daemon's options as the flags give them, and the tier keyring (--tier_key_file) they
+// share, null without one. An error naming the flag at fault.
+absl::StatusOr<DaemonOptions> OptionsFromFlags(std::shared_ptr<TierKeyring>* keyring) {
   DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   if (options.listen.empty()) options.listen = DefaultListenAddress();
@@ -279,20 +290,30 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     ASSIGN_OR_RETURN(const RedisClusterOptions cluster, ClusterTierFromFlags());
     for (PoolOptions& pool : options.pools) pool.cluster_tier = cluster;
   }
+  if (!absl::GetFlag(FLAGS_tier_key_file).empty()) {
+    // Missing, unreadable, open to others or malformed: the daemon does not start.
+    ASSIGN_OR_RETURN(*keyring, TierKeyring::Load(absl::GetFlag(FLAGS_tier_key_file)));
+    const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+    for (PoolOptions& pool : options.pools) {
+      pool.tier_keyring = *keyring;
+      pool.tier_seal_workers = workers;
+    }
+  }
   if (options.kv_events.topic.empty()) {
     options.kv_events.topic = DefaultKvEventsTopic(options.pools.front());
   }
   return options;
 }
 
-// Blocks the stop signals (and SIGHUP, which reloads the identity file) and returns them. Called
+// Blocks the stop signals (and SIGHUP, which reloads the identity and tier key files) and returns
+// them. Called
 // before any server thread exists, so that only ServeUntilStopSignal's sigwait sees them.
 sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGHUP);  // reloads the identity file
+  sigaddset(&stop_signals, SIGHUP);  // reloads the identity and tier key files
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   return stop_signals;
 }
@@ -337,6 +358,46 @@ void PrintPool(Pool& pool) {
         static_cast<unsigned long long>(stats.restart_torn + stats.restart_foreign +
                                         stats.restart_old_format + stats.restart_duplicates),
         absl::ToDoubleMilliseconds(stats.restart_scan_time));
+    // Said once, here: what the file holds that this daemon does not serve, and why.
+    if (stats.restart_unopened > 0) {
+      std::printf(
+          "    WARNING: disk tier: %llu sealed records do not open with --tier_key_file's keys "
+          "(sealed with another master key or one the file no longer lists, another pool's, or "
+          "changed): none is served, their slots are reused\n",
+          static_cast<unsigned long long>(stats.restart_unopened));
+    }
+    if (stats.restart_other_sealing > 0) {
+      std::printf(disk->sealed() ? "    WARNING: disk tier: %llu records written unsealed (without "
+                                   "--tier_key_file) are not read as sealed: none is served\n"
+                                 : "    WARNING: disk tier: %llu sealed records (written with "
+                                   "--tier_key_file) are not read without it: none is served\n",
+                  static_cast<unsigned long long>(stats.restart_other_sealing));
+    }
+  }
+}
+
+// Which tiers seal what leaves the daemon's memory (with a key file every pool's disk and cluster
+// tiers do), or that none does.
+void PrintSealing(Daemon& daemon, const TierKeyring* keyring) {
+  std::vector<std::string> tiers;
+  for (Pool* pool : daemon.manager().pools()) {
+    const std::string& name = pool->options().name;
+    if (pool->disk_tier() != nullptr)
+      tiers.push_back(absl::StrCat("disk tier of pool '", name, "'"));
+    if (pool->lower_tiers().has_cluster()) {
+      tiers.push_back(absl::StrCat("cluster tier of pool '", name, "'"));
+    }
+  }
+  if (keyring != nullptr) {
+    const std::vector<uint32_t> ids = keyring->key_ids();
+    std::printf(
+        "  sealed (AES-256-GCM, a key per tenant): %s; key file %s, sealing with key %u (%zu "
+        "key%s)\n",
+        tiers.empty() ? "nothing (no disk or cluster tier)" : absl::StrJoin(tiers, ", ").c_str(),
+        keyring->path().c_str(), ids.front(), ids.size(), ids.size() == 1 ? "" : "s");
+  } else if (!tiers.empty()) {
+    std::printf("  unsealed: %s hold plaintext KV and tokens (--tier_key_file seals them)\n",
+                absl::StrJoin(tiers, ", ").c_str());
   }
 }
 
@@ -376,9 +437,10 @@ void PrintClusterReach(const RedisCluster::Reach& reach) {
   }
 }
 
-// What the daemon serves, where: its addresses, event sockets, pools and warnings.
+// What the daemon serves, where: its addresses, event sockets, pools, sealing and warnings.
 void PrintStartup(Daemon& daemon, const DaemonOptions& options,
-                  const std::optional<RedisCluster::Reach>& cluster_reach) {
+                  const std::optional<RedisCluster::Reach>& cluster_reach,
+                  const TierKeyring* keyring) {
   std::printf("kvcache-manager: listening on %s, epoch %llu\n", daemon.address().c_str(),
               static_cast<unsigned long long>(daemon.manager().epoch()));
   if (!daemon.tcp_address().empty()) {
@@ -402,6 +464,7 @@ void PrintStartup(Daemon& daemon, const DaemonOptions& options,
   }
   for (Pool* pool : daemon.manager().pools()) PrintPool(*pool);
   if (cluster_reach.has_value()) PrintClusterReach(*cluster_reach);
+  PrintSealing(daemon, keyring);
   if (options.identities_path.empty()) {
     std::printf("  no --identities: every caller is tenant 'default', role worker\n");
   }
@@ -414,9 +477,10 @@ void PrintStartup(Daemon& daemon, const DaemonOptions& options,
   std::fflush(stdout);
 }
 
-// Reloads the identity file on each SIGHUP until SIGTERM or SIGINT, which it returns.
+// Reloads the identity file and the tier key file (`keyring`, when there is one) on each SIGHUP
+// until SIGTERM or SIGINT, which it returns.
 int ServeUntilStopSignal(Daemon& daemon, const sigset_t& stop_signals,
-                         const std::string& identities_path) {
+                         const std::string& identities_path, TierKeyring* keyring) {
   int signal_number = 0;
   while (sigwait(&stop_signals, &signal_number) == 0 && signal_number == SIGHUP) {
     const absl::Status reloaded = daemon.ReloadIdentities();
@@ -425,6 +489,17 @@ int ServeUntilStopSignal(Daemon& daemon, const sigset_t& stop_signals,
     } else {
       std::printf("kvcache-manager: SIGHUP: %s; the previous identities stay\n",
                   std::string(reloaded.message()).c_str());
+    }
+    if (keyring != nullptr) {
+      const absl::Status keys = keyring->Reload();
+      if (keys.ok()) {
+        const std::vector<uint32_t> ids = keyring->key_ids();
+        std::printf("kvcache-manager: reloaded %s: sealing with key %u (%zu key%s)\n",
+                    keyring->path().c_str(), ids.front(), ids.size(), ids.size() == 1 ? "" : "s");
+      } else {
+        std::printf("kvcache-manager: SIGHUP: %s; the previous tier keys stay\n",
+                    std::string(keys.message()).c_str());
+      }
     }
     std::fflush(stdout);
   }
@@ -470,7 +545,8 @@ int CheckPoolsWhole(Daemon& daemon) {
 }
 
 int Run() {
-  const absl::StatusOr<DaemonOptions> options = OptionsFromFlags();
+  std::shared_ptr<TierKeyring> keyring;
+  const absl::StatusOr<DaemonOptions> options = OptionsFromFlags(&keyring);
   if (!options.ok()) {
     std::fprintf(stderr, "kvcache-manager: %s\n", std::string(options.status().message()).c_str());
     return 2;
@@ -494,8 +570,9 @@ int Run() {
     std::fprintf(stderr, "kvcache-manager: %s\n", std::string(daemon.status().message()).c_str());
     return 1;
   }
-  PrintStartup(**daemon, *options, cluster_reach);
-  const int signal_number = ServeUntilStopSignal(**daemon, stop_signals, options->identities_path);
+  PrintStartup(**daemon, *options, cluster_reach, keyring.get());
+  const int signal_number =
+      ServeUntilStopSignal(**daemon, stop_signals, options->identities_path, keyring.get());
   DrainAndShutDown(**daemon, signal_number);
   return CheckPoolsWhole(**daemon);
 }

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -153,6 +154,11 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   const size_t tier_verify = out.Family(
       "kvcache_tier_verify_failures_total",
       "Loads from a lower tier whose bytes failed their checksum (dropped, recomputed).", counter);
+  const size_t tier_open_failures = out.Family(
+      "kvcache_tier_open_failures_total",
+      "Records of a sealed lower tier (--tier_key_file) that did not open for the tenant asking "
+      "(another tenant's, changed, moved, or sealed with a key no longer in the file): misses.",
+      counter);
   const size_t tier_load_failures = out.Family(
       "kvcache_tier_load_failures_total",
       "Matched lower-tier records that did not load (verify failures, records gone).", counter);
@@ -243,6 +249,21 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
         out.Gauge(disk_restored, {{"pool", name}}, row.restored_records);
         out.Gauge(disk_skipped, {{"pool", name}}, row.restore_skipped);
       }
+    }
+    // Sealed tiers, per tenant: every tenant of the pool (0 until one fails), and whoever else
+    // a record failed to open for.
+    std::map<std::pair<std::string, std::string>, uint64_t> open_failures;
+    for (absl::string_view tier : pool->lower_tiers().SealedTiers()) {
+      for (const std::string& tenant : pool->Tenants()) open_failures[{std::string(tier), tenant}];
+    }
+    for (const LowerTiers::TenantOpenFailures& failed :
+         pool->lower_tiers().OpenFailuresByTenant()) {
+      open_failures[{std::string(failed.tier), failed.tenant}] = failed.count;
+    }
+    for (const auto& [tier_tenant, count] : open_failures) {
+      out.Counter(tier_open_failures,
+                  {{"pool", name}, {"tier", tier_tenant.first}, {"tenant", tier_tenant.second}},
+                  count);
     }
     const double total = pool->options().num_blocks;
     out.Gauge(blocks, {{"pool", name}, {"state", "free"}}, whole.free);

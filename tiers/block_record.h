@@ -58,6 +58,11 @@ struct BlockRecordIdentity {
   uint64_t prefix_digest = 0;    // BlockHasher::PrefixDigest through this block
   std::vector<uint32_t> tokens;  // the block's block_size tokens
   uint64_t checksum = 0;         // BlockChecksum of the block's bytes
+  // The tenant whose block it is (empty where unknown: a record an unsealed disk tier found at a
+  // restart). Sealed tiers (tiers/record_seal.h) seal the record with the tenant's key and open it
+  // with the key of the tenant that asks; RecordMismatch leaves it to them (namespace_digest
+  // already covers the tenant).
+  std::string tenant;
 
   bool operator==(const BlockRecordIdentity&) const = default;
 };

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
 #include "common/byte_writer.h"
+#include "common/status_macros.h"
 #include "tiers/record_codec.h"
 
 namespace kvcache {
@@ -42,7 +43,12 @@ absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTier::Create(ClusterTierOpti
 ClusterTier::ClusterTier(ClusterTierOptions options, std::unique_ptr<RedisCluster> redis)
     : options_(std::move(options)),
       redis_(std::move(redis)),
-      header_bytes_(RecordHeaderBytes(options_.tokens_per_block)),
+      sealer_(options_.keyring == nullptr
+                  ? std::nullopt
+                  : std::make_optional<RecordSealer>(options_.keyring, options_.pool,
+                                                     options_.tokens_per_block)),
+      header_bytes_(sealer_.has_value() ? sealer_->head_bytes()
+                                        : RecordHeaderBytes(options_.tokens_per_block)),
       head_data_bytes_([this] {
         const uint64_t whole = header_bytes_ + options_.pool.block_bytes;
         if (!options_.fit_size_classes) return options_.pool.block_bytes;
@@ -54,7 +60,13 @@ ClusterTier::ClusterTier(ClusterTierOptions options, std::unique_ptr<RedisCluste
         return fitting - kRedisValueOverhead - header_bytes_;
       }()) {}
 
-std::string ClusterTier::KeyOf(const BlockRecordIdentity& identity) const {
+std::vector<uint32_t> ClusterTier::KeyIds() const {
+  if (!sealer_.has_value()) return {0};
+  return sealer_->keyring().key_ids();
+}
+
+absl::StatusOr<std::string> ClusterTier::NameOf(const BlockRecordIdentity& identity,
+                                                uint32_t key_id) const {
   ByteWriter writer;
   writer.String(options_.pool.model_id);
   writer.U64(options_.pool.layout_fingerprint);
@@ -64,8 +76,15 @@ std::string ClusterTier::KeyOf(const BlockRecordIdentity& identity) const {
   writer.U64(identity.hash.hi);
   writer.U64(identity.hash.lo);
   writer.U64(identity.prefix_digest);
-  const XXH128_hash_t digest = XXH3_128bits(writer.data(), writer.size());
   char raw[16];
+  if (sealer_.has_value()) {
+    ASSIGN_OR_RETURN(const auto digest,
+                     sealer_->NameDigest(key_id, identity.tenant,
+                                         absl::string_view(writer.data(), writer.size())));
+    std::memcpy(raw, digest.data(), sizeof(raw));
+    return absl::StrCat("kvcs1:{", absl::BytesToHexString(absl::string_view(raw, 16)), "}");
+  }
+  const XXH128_hash_t digest = XXH3_128bits(writer.data(), writer.size());
   for (int i = 0; i < 8; ++i) {
     raw[i] = static_cast<char>(digest.high64 >> (56 - 8 * i));
     raw[8 + i] = static_cast<char>(digest.low64 >> (56 - 8 * i));
@@ -73,9 +92,56 @@ std::string ClusterTier::KeyOf(const BlockRecordIdentity& identity) const {
   return absl::StrCat("kvc2:{", absl::BytesToHexString(absl::string_view(raw, 16)), "}");
 }
 
+std::string ClusterTier::KeyOf(const BlockRecordIdentity& identity) const {
+  absl::StatusOr<std::string> name = NameOf(identity, KeyIds().front());
+  return name.ok() ? *std::move(name) : "";
+}
+
 std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   const bool split = head_data_bytes_ < options_.pool.block_bytes;
+  const uint32_t key_id = KeyIds().front();
   std::vector<absl::Status> results(records.size());
+  // Each record's key and values; sealed, the records are sealed side by side (seal workers).
+  struct Values {
+    std::string key, head, tail;
+  };
+  std::vector<Values> values(records.size());
+  {
+    SealWorkers::Group sealing(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
+    for (size_t i = 0; i < records.size(); ++i) {
+      const Record& record = records[i];
+      if (record.bytes.size() != options_.pool.block_bytes) {
+        results[i] = absl::InvalidArgumentError(absl::StrCat("a record of ", record.bytes.size(),
+                                                             " bytes in a pool of ",
+                                                             options_.pool.block_bytes));
+        continue;
+      }
+      absl::StatusOr<std::string> key = NameOf(record.identity, key_id);
+      if (!key.ok()) {
+        results[i] = key.status();
+        continue;
+      }
+      Values& value = values[i];
+      value.key = *std::move(key);
+      value.head.assign(header_bytes_ + head_data_bytes_, '\0');
+      value.tail.assign(split ? options_.pool.block_bytes - head_data_bytes_ : 0, '\0');
+      if (!sealer_.has_value()) {
+        results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
+                                        absl::MakeSpan(value.head.data(), header_bytes_));
+        std::memcpy(value.head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
+        std::memcpy(value.tail.data(), record.bytes.data() + head_data_bytes_, value.tail.size());
+        continue;
+      }
+      // The bytes are encrypted straight into the two values.
+      sealing.Run([this, &record, &value, &result = results[i]] {
+        const SealPiece pieces[] = {
+            {record.bytes.data(), value.head.data() + header_bytes_, head_data_bytes_},
+            {record.bytes.data() + head_data_bytes_, value.tail.data(), value.tail.size()}};
+        result = sealer_->Seal({.pool = options_.pool, .block = record.identity}, pieces,
+                               absl::MakeSpan(value.head.data(), header_bytes_));
+      });
+    }
+  }
   // One batch: each record's tail, then its head. Both keys share a hash tag, so they go to one
   // node, down one connection, in this order, and Redis runs one connection's commands in order:
   // a head (which names the record) is never stored before its tail. One round trip per node.
@@ -83,25 +149,13 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   std::vector<size_t> owner;  // the record of each entry
   std::vector<bool> is_tail;
   for (size_t i = 0; i < records.size(); ++i) {
-    const Record& record = records[i];
-    if (record.bytes.size() != options_.pool.block_bytes) {
-      results[i] = absl::InvalidArgumentError(absl::StrCat(
-          "a record of ", record.bytes.size(), " bytes in a pool of ", options_.pool.block_bytes));
-      continue;
-    }
-    std::string head(header_bytes_ + head_data_bytes_, '\0');
-    results[i] = EncodeRecordHeader(
-        RecordHeader{.pool = options_.pool, .block = record.identity, .sequence = 0},
-        absl::MakeSpan(head.data(), header_bytes_));
     if (!results[i].ok()) continue;
-    std::memcpy(head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
-    std::string key = KeyOf(record.identity);
     if (split) {
-      entries.emplace_back(TailKeyOf(key), std::string(record.bytes.substr(head_data_bytes_)));
+      entries.emplace_back(TailKeyOf(values[i].key), std::move(values[i].tail));
       owner.push_back(i);
       is_tail.push_back(true);
     }
-    entries.emplace_back(std::move(key), std::move(head));
+    entries.emplace_back(std::move(values[i].key), std::move(values[i].head));
     owner.push_back(i);
     is_tail.push_back(false);
   }
@@ -122,112 +176,201 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   return results;
 }
 
-size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
-                               absl::Span<uint8_t* const> out, absl::Time deadline,
-                               std::vector<uint64_t>* found_extras) {
-  const bool split = head_data_bytes_ < options_.pool.block_bytes;
+ClusterTier::Found ClusterTier::CheckHead(absl::string_view value,
+                                          const BlockRecordIdentity& expected,
+                                          OpenedHead* opened) const {
+  if (sealer_.has_value()) {
+    absl::StatusOr<OpenedHead> open =
+        sealer_->OpenHead(value.substr(0, header_bytes_), expected.tenant);
+    // An unsealed value under a sealed name was put there by hand: it does not open either.
+    if (absl::IsUnauthenticated(open.status()) || absl::IsFailedPrecondition(open.status())) {
+      return Found::kUnopened;
+    }
+    if (!open.ok()) return Found::kCorrupt;
+    *opened = *std::move(open);
+  } else {
+    absl::StatusOr<RecordHeader> header = DecodeRecordHeader(value);
+    // An older record format's: intact, not ours to serve.
+    if (absl::IsFailedPrecondition(header.status())) return Found::kForeign;
+    if (!header.ok()) return Found::kCorrupt;
+    opened->header = *std::move(header);
+  }
+  if (value.size() != header_bytes_ + head_data_bytes_) return Found::kCorrupt;
+  if (!PoolMismatch(opened->header.pool, options_.pool).empty()) return Found::kForeign;
+  if (!RecordMismatch(opened->header.block, expected).empty()) return Found::kOtherBlock;
+  return Found::kGood;
+}
+
+ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
+                                      absl::Span<const BlockRecordIdentity> expected,
+                                      absl::Span<uint8_t* const> out, absl::Time deadline,
+                                      std::vector<uint64_t>* found_extras) {
+  const uint64_t block_bytes = options_.pool.block_bytes;
+  const bool split = head_data_bytes_ < block_bytes;
   const size_t per_record = split ? 2 : 1;
+  Run run;
   std::vector<std::string> keys;
   for (const BlockRecordIdentity& identity : expected) {
-    keys.push_back(KeyOf(identity));
+    absl::StatusOr<std::string> key = NameOf(identity, key_id);
+    if (!key.ok()) break;  // OpenSSL failed: the prefix ends here
+    keys.push_back(*std::move(key));
     if (split) keys.push_back(TailKeyOf(keys.back()));
   }
-  enum class Found : uint8_t { kNothing, kGood, kCorrupt, kForeign, kOtherBlock };
-  std::vector<Found> head(expected.size(), Found::kNothing);
-  std::vector<Found> tail(expected.size(), Found::kNothing);
-  std::vector<uint64_t> checksum(expected.size(), 0);  // the bytes', as their header says
-  std::vector<uint64_t> extras(expected.size(), 0);
+  const size_t named = keys.size() / per_record;
+  std::vector<Found> head(named, Found::kNothing);
+  std::vector<Found> tail(named, Found::kNothing);
+  std::vector<OpenedHead> opened(named);
+  // The whole block's verdict, once both its halves are in: sealed, it opens as a whole or not at
+  // all (a head and a tail of two different writes do not), then the checksum its header was
+  // written with decides. Checked from inside the visitor (sealed, on the seal workers), so that
+  // a block's decryption overlaps the arrival of the replies after it.
+  std::vector<Found> body(named, Found::kNothing);
+  const auto check_body = [&](size_t record) {
+    char* const bytes = reinterpret_cast<char*>(out[record]);
+    if (sealer_.has_value() &&
+        !sealer_->OpenBody(opened[record], expected[record], {SealPiece{bytes, bytes, block_bytes}})
+             .ok()) {
+      body[record] = Found::kUnopened;
+      return;
+    }
+    body[record] = BlockChecksum(bytes, block_bytes) == opened[record].header.block.checksum
+                       ? Found::kGood
+                       : Found::kCorrupt;
+  };
+  SealWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
   // Views are valid only inside the visitor: each value is checked and copied there.
   const std::vector<absl::Status> results = redis_->Get(
       keys,
       [&](size_t index, absl::string_view value) {
         const size_t record = index / per_record;
         if (split && index % 2 == 1) {
-          const uint64_t tail_bytes = options_.pool.block_bytes - head_data_bytes_;
+          const uint64_t tail_bytes = block_bytes - head_data_bytes_;
           if (value.size() != tail_bytes) {
             tail[record] = Found::kCorrupt;
             return;
           }
           std::memcpy(out[record] + head_data_bytes_, value.data(), tail_bytes);
           tail[record] = Found::kGood;
-          return;
-        }
-        absl::StatusOr<RecordHeader> header = DecodeRecordHeader(value);
-        if (absl::IsFailedPrecondition(header.status())) {
-          head[record] = Found::kForeign;  // an older record format's: intact, not ours to serve
-        } else if (!header.ok() || value.size() != header_bytes_ + head_data_bytes_) {
-          head[record] = Found::kCorrupt;
-        } else if (!PoolMismatch(header->pool, options_.pool).empty()) {
-          head[record] = Found::kForeign;
-        } else if (!RecordMismatch(header->block, expected[record]).empty()) {
-          head[record] = Found::kOtherBlock;
         } else {
+          head[record] = CheckHead(value, expected[record], &opened[record]);
+          if (head[record] != Found::kGood) return;
           std::memcpy(out[record], value.data() + header_bytes_, head_data_bytes_);
-          checksum[record] = header->block.checksum;
-          extras[record] = header->block.extras_digest;
-          head[record] = Found::kGood;
+        }
+        // Once both halves are in (each comes once), and only then: the task owns out[record].
+        if (head[record] == Found::kGood && (!split || tail[record] == Found::kGood)) {
+          opening.Run([&check_body, record] { check_body(record); });
         }
       },
       deadline);
-  const auto miss = [&](const absl::Status& status, Found found) {
-    if (!status.ok()) {
-      (absl::IsNotFound(status)           ? absent_
-       : absl::IsDeadlineExceeded(status) ? past_deadline_
-                                          : unavailable_)
-          .fetch_add(1, std::memory_order_relaxed);
-    } else if (found == Found::kForeign) {
-      foreign_.fetch_add(1, std::memory_order_relaxed);
-    } else if (found == Found::kOtherBlock) {
-      mismatched_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      corrupt_.fetch_add(1, std::memory_order_relaxed);
-    }
-  };
-  size_t loaded = 0;
-  for (; loaded < expected.size(); ++loaded) {
-    const absl::Status& head_status = results[loaded * per_record];
-    if (!head_status.ok() || head[loaded] != Found::kGood) {
-      miss(head_status, head[loaded]);
-      break;
+  opening.Wait();
+  for (; run.loaded < named; ++run.loaded) {
+    const size_t i = run.loaded;
+    const absl::Status& head_status = results[i * per_record];
+    if (!head_status.ok() || head[i] != Found::kGood) {
+      run.status = head_status;
+      run.found = head[i];
+      return run;
     }
     if (split) {
-      const absl::Status& tail_status = results[loaded * per_record + 1];
-      if (!tail_status.ok() || tail[loaded] != Found::kGood) {
-        miss(tail_status, tail[loaded]);
-        break;
+      const absl::Status& tail_status = results[i * per_record + 1];
+      if (!tail_status.ok() || tail[i] != Found::kGood) {
+        run.status = tail_status;
+        run.found = tail[i];
+        return run;
       }
     }
-    // The whole block is in out[loaded]; the checksum its header was written with decides (a
-    // head and a tail of two different writes fail here).
-    if (BlockChecksum(out[loaded], options_.pool.block_bytes) != checksum[loaded]) {
-      corrupt_.fetch_add(1, std::memory_order_relaxed);
-      break;
+    if (body[i] != Found::kGood) {
+      run.found = body[i];
+      return run;
     }
     loaded_.fetch_add(1, std::memory_order_relaxed);
-    if (found_extras != nullptr) found_extras->push_back(extras[loaded]);
+    if (found_extras != nullptr) found_extras->push_back(opened[i].header.block.extras_digest);
   }
+  if (named < expected.size()) run.found = Found::kCorrupt;  // a name could not be made
+  return run;
+}
+
+void ClusterTier::CountMiss(const Run& run, const BlockRecordIdentity& stopped_at) {
+  if (!run.status.ok()) {
+    (absl::IsNotFound(run.status)           ? absent_
+     : absl::IsDeadlineExceeded(run.status) ? past_deadline_
+                                            : unavailable_)
+        .fetch_add(1, std::memory_order_relaxed);
+  } else if (run.found == Found::kForeign) {
+    foreign_.fetch_add(1, std::memory_order_relaxed);
+  } else if (run.found == Found::kOtherBlock) {
+    mismatched_.fetch_add(1, std::memory_order_relaxed);
+  } else if (run.found == Found::kUnopened) {
+    unopened_.fetch_add(1, std::memory_order_relaxed);
+    open_failures_.Add(stopped_at.tenant);
+  } else {
+    corrupt_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
+                               absl::Span<uint8_t* const> out, absl::Time deadline,
+                               std::vector<uint64_t>* found_extras) {
+  // Under the newest key's names first. A record found under none of them may be under an older
+  // key's (sealed before a rotation): only then are the older names asked, from that record on;
+  // a run that loads some under an older name goes back to the newest for what follows.
+  const std::vector<uint32_t> key_ids = KeyIds();
+  size_t loaded = 0;
+  Run run;
+  for (size_t k = 0; k < key_ids.size() && loaded < expected.size();) {
+    run =
+        LoadRun(key_ids[k], expected.subspan(loaded), out.subspan(loaded), deadline, found_extras);
+    loaded += run.loaded;
+    if (loaded == expected.size() || !absl::IsNotFound(run.status)) break;
+    k = k > 0 && run.loaded > 0 ? 0 : k + 1;
+  }
+  if (loaded < expected.size()) CountMiss(run, expected[loaded]);
   return loaded;
+}
+
+std::vector<uint64_t> ClusterTier::ProbeRun(uint32_t key_id,
+                                            absl::Span<const BlockRecordIdentity> expected,
+                                            absl::Time deadline, bool* stopped_absent) {
+  std::vector<std::string> keys;
+  for (const BlockRecordIdentity& identity : expected) {
+    absl::StatusOr<std::string> key = NameOf(identity, key_id);
+    if (!key.ok()) break;
+    keys.push_back(*std::move(key));
+  }
+  std::vector<std::optional<uint64_t>> extras(keys.size());
+  std::vector<Found> verdicts(keys.size(), Found::kNothing);
+  const std::vector<absl::Status> results = redis_->Get(
+      keys,
+      [&](size_t index, absl::string_view value) {
+        OpenedHead opened;
+        verdicts[index] = CheckHead(value, expected[index], &opened);
+        if (verdicts[index] == Found::kGood) extras[index] = opened.header.block.extras_digest;
+      },
+      deadline);
+  std::vector<uint64_t> found;
+  for (size_t i = 0; i < keys.size() && results[i].ok() && extras[i].has_value(); ++i) {
+    found.push_back(*extras[i]);
+  }
+  *stopped_absent = found.size() < keys.size() && absl::IsNotFound(results[found.size()]);
+  if (found.size() < keys.size() && verdicts[found.size()] == Found::kUnopened) {
+    unopened_.fetch_add(1, std::memory_order_relaxed);
+    open_failures_.Add(expected[found.size()].tenant);
+  }
+  return found;
 }
 
 std::vector<uint64_t> ClusterTier::ProbePrefix(absl::Span<const BlockRecordIdentity> expected,
                                                absl::Time deadline) {
-  std::vector<std::string> keys;
-  keys.reserve(expected.size());
-  for (const BlockRecordIdentity& identity : expected) keys.push_back(KeyOf(identity));
-  std::vector<std::optional<uint64_t>> extras(expected.size());
-  const std::vector<absl::Status> results = redis_->Get(
-      keys,
-      [&](size_t index, absl::string_view value) {
-        absl::StatusOr<RecordHeader> header = DecodeRecordHeader(value);
-        if (header.ok() && PoolMismatch(header->pool, options_.pool).empty() &&
-            RecordMismatch(header->block, expected[index]).empty()) {
-          extras[index] = header->block.extras_digest;
-        }
-      },
-      deadline);
+  // As LoadPrefix, the older keys' names only for what the newest's lack.
+  const std::vector<uint32_t> key_ids = KeyIds();
   std::vector<uint64_t> found;
-  for (size_t i = 0; i < expected.size() && results[i].ok() && extras[i].has_value(); ++i) {
-    found.push_back(*extras[i]);
+  for (size_t k = 0; k < key_ids.size() && found.size() < expected.size();) {
+    bool stopped_absent = false;
+    const std::vector<uint64_t> run =
+        ProbeRun(key_ids[k], expected.subspan(found.size()), deadline, &stopped_absent);
+    found.insert(found.end(), run.begin(), run.end());
+    if (!stopped_absent) break;
+    k = k > 0 && !run.empty() ? 0 : k + 1;
   }
   return found;
 }
@@ -241,7 +384,8 @@ ClusterTierCounters ClusterTier::counters() const {
                              .past_deadline = past_deadline_.load(),
                              .foreign = foreign_.load(),
                              .mismatched = mismatched_.load(),
-                             .corrupt = corrupt_.load()};
+                             .corrupt = corrupt_.load(),
+                             .unopened = unopened_.load()};
 }
 
 }  // namespace kvcache

@@ -11,6 +11,18 @@
 // value's header (tiers/record_codec.h) against the request: pool identity, chain and parent
 // hash, namespace, extra keys, tokens, prefix digest, and the bytes' checksum.
 //
+// Sealed (ClusterTierOptions::keyring set, tiers/record_seal.h): a value is the sealed head in
+// place of the header, then the block's bytes encrypted under the tenant's key
+// (BlockRecordIdentity::tenant), split the same way; and its key is "kvcs1:{D}", D the first 16
+// bytes of HMAC-SHA-256 over the same identity under the tenant's name key, so that neither the
+// values nor their names tell whoever reads the cluster anything, and a guessed prompt cannot be
+// confirmed by its name. A load opens the head with the key of the tenant asking: a value
+// sealed for another tenant, moved under another name, of another pool or changed anywhere does
+// not open — a miss, counted per tenant (open_failures()). The names of a rotated key's records
+// are those of its key: a load that finds nothing under the newest key's name asks under the
+// older keys' names (one more round trip, only while the key file lists more than one key).
+// Sealed and unsealed daemons sharing a cluster never see each other's values (other names).
+//
 // Values: the record header, then the block's bytes. Redis allocates values in jemalloc size
 // classes (four per doubling), so a value just over a class — a 32 KiB block plus its header —
 // would take 25% more memory than it holds, and maxmemory would evict that much early. With
@@ -28,6 +40,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +50,10 @@
 #include "absl/types/span.h"
 #include "redis/redis_cluster.h"
 #include "tiers/block_record.h"
+#include "tiers/record_seal.h"
+#include "tiers/seal_workers.h"
+#include "tiers/tenant_counters.h"
+#include "tiers/tier_keyring.h"
 
 namespace kvcache {
 
@@ -45,6 +62,11 @@ struct ClusterTierOptions {
   PoolIdentity pool;
   uint32_t tokens_per_block = 16;
   bool fit_size_classes = true;
+  // Set: values are sealed and named with the keyring's keys (see the header comment).
+  std::shared_ptr<const TierKeyring> keyring;
+  // Sealed: the threads that seal stored values and open loaded ones beside the thread talking to
+  // Redis (may be null: on that thread). Shared; must outlive the tier.
+  std::shared_ptr<SealWorkers> seal_workers;
 };
 
 struct ClusterTierCounters {
@@ -57,6 +79,9 @@ struct ClusterTierCounters {
   uint64_t foreign = 0;         // a value of another pool identity or record format under the key
   uint64_t mismatched = 0;      // a value of another block (a key collision) under the key
   uint64_t corrupt = 0;         // a torn, truncated or garbled value, or bytes failing the checksum
+  // Sealed: values under the record's name that did not open for the tenant asking (another
+  // tenant's, moved, changed, or sealed with a key no longer in the key file).
+  uint64_t unopened = 0;
 };
 
 // The largest jemalloc size class (4 per doubling above 128 bytes) that is at most `bytes`.
@@ -70,8 +95,12 @@ class ClusterTier {
   const PoolIdentity& pool() const { return options_.pool; }
   RedisCluster& redis() { return *redis_; }
 
-  // "kvc2:{H}", the key of the record's first value.
+  // The key of the record's first value: "kvc2:{H}", or sealed "kvcs1:{D}" under the newest key
+  // (empty if OpenSSL fails, which it does not).
   std::string KeyOf(const BlockRecordIdentity& identity) const;
+  bool sealed() const { return sealer_.has_value(); }
+  // Sealed: loads and probes whose value did not open, by the tenant that asked.
+  const TenantCounters& open_failures() const { return open_failures_; }
   // How many of a record's bytes go into its first value (all of them unless it is split).
   uint64_t HeadDataBytes() const { return head_data_bytes_; }
 
@@ -105,12 +134,39 @@ class ClusterTier {
   ClusterTierCounters counters() const;
 
  private:
+  // Why a record's value did not load.
+  enum class Found : uint8_t { kNothing, kGood, kCorrupt, kForeign, kOtherBlock, kUnopened };
+  // What one pass of pipelined GETs under one key's names loaded, and why it stopped.
+  struct Run {
+    size_t loaded = 0;
+    absl::Status status;  // the stopping record's GET
+    Found found = Found::kNothing;
+  };
+
   ClusterTier(ClusterTierOptions options, std::unique_ptr<RedisCluster> redis);
   std::string TailKeyOf(const std::string& key) const { return key + ":t"; }
+  // The key ids whose names a load tries, newest first: {0} when unsealed (one name).
+  std::vector<uint32_t> KeyIds() const;
+  // The record's first key under master key `key_id` (ignored when unsealed).
+  absl::StatusOr<std::string> NameOf(const BlockRecordIdentity& identity, uint32_t key_id) const;
+  // LoadPrefix under the names of `key_id`: the leading records it loaded.
+  Run LoadRun(uint32_t key_id, absl::Span<const BlockRecordIdentity> expected,
+              absl::Span<uint8_t* const> out, absl::Time deadline,
+              std::vector<uint64_t>* found_extras);
+  // ProbePrefix under the names of `key_id`; `stopped_absent`: it stopped at a record with no
+  // value under that name.
+  std::vector<uint64_t> ProbeRun(uint32_t key_id, absl::Span<const BlockRecordIdentity> expected,
+                                 absl::Time deadline, bool* stopped_absent);
+  // A head value's verdict; on kGood its header (and, sealed, what its body needs) in `opened`.
+  Found CheckHead(absl::string_view value, const BlockRecordIdentity& expected,
+                  OpenedHead* opened) const;
+  // Counts a load that stopped short.
+  void CountMiss(const Run& run, const BlockRecordIdentity& stopped_at);
 
   const ClusterTierOptions options_;
   const std::unique_ptr<RedisCluster> redis_;
-  const uint64_t header_bytes_;
+  const std::optional<RecordSealer> sealer_;  // set: values are sealed
+  const uint64_t header_bytes_;               // the (sealed) header's share of a head value
   const uint64_t head_data_bytes_;
 
   std::atomic<uint64_t> stored_{0};
@@ -122,6 +178,8 @@ class ClusterTier {
   std::atomic<uint64_t> foreign_{0};
   std::atomic<uint64_t> mismatched_{0};
   std::atomic<uint64_t> corrupt_{0};
+  std::atomic<uint64_t> unopened_{0};
+  TenantCounters open_failures_;  // own synchronization
 };
 
 }  // namespace kvcache

@@ -48,8 +48,12 @@ DiskTier::Impl::Impl(DiskTierOptions options, int fd, bool direct_io, uint32_t s
       io_backend_(options_.io == DiskTierOptions::Io::kIoUring    ? IoBackend::kIoUring
                   : options_.io == DiskTierOptions::Io::kSyscalls ? IoBackend::kSyscalls
                                                                   : IoRing::Probe()),
-      header_bytes_(RecordHeaderSlotBytes(options_.tokens_per_block)),
-      slot_bytes_(header_bytes_ + RoundUpToRecordAlignment(options_.pool.block_bytes)),
+      sealer_(options_.keyring == nullptr
+                  ? std::nullopt
+                  : std::make_optional<RecordSealer>(options_.keyring, options_.pool,
+                                                     options_.tokens_per_block)),
+      header_bytes_(SlotBytesFor(options_) - RoundUpToRecordAlignment(options_.pool.block_bytes)),
+      slot_bytes_(SlotBytesFor(options_)),
       slots_(slots),
       table_(slots),
       records_(slots),
@@ -164,37 +168,48 @@ DiskTierStats DiskTier::Impl::stats() const {
 
 void DiskTier::Impl::IndexScannedLocked(uint32_t slot, const char* header_bytes,
                                         absl::flat_hash_map<Hash128, uint32_t>* found) {
-  absl::StatusOr<RecordHeader> header =
-      DecodeRecordHeader(absl::string_view(header_bytes, header_bytes_));
-  if (absl::IsNotFound(header.status())) {
+  OpenedHead opened;
+  const absl::Status read = ReadHeader(header_bytes, nullptr, &opened);
+  if (absl::IsNotFound(read)) {
     ++stats_.restart_empty;
     return;
   }
-  if (absl::IsFailedPrecondition(header.status())) {
+  // The other sealing's records and sealed ones that do not open are never served: their slots
+  // are free.
+  const RecordSealing sealing = RecordSealingOf(absl::string_view(header_bytes, 8));
+  if (sealing == (sealer_.has_value() ? RecordSealing::kUnsealed : RecordSealing::kSealed)) {
+    ++stats_.restart_other_sealing;
+    return;
+  }
+  if (absl::IsUnauthenticated(read)) {
+    ++stats_.restart_unopened;
+    return;
+  }
+  if (absl::IsFailedPrecondition(read)) {
     ++stats_.restart_old_format;  // intact, but not verifiable by this build: its slot is free
     return;
   }
-  if (!header.ok()) {
+  if (!read.ok()) {
     ++stats_.restart_torn;
     return;
   }
-  if (!PoolMismatch(header->pool, options_.pool).empty() ||
-      header->block.tokens.size() != options_.tokens_per_block) {
+  if (!PoolMismatch(opened.header.pool, options_.pool).empty() ||
+      opened.header.block.tokens.size() != options_.tokens_per_block) {
     ++stats_.restart_foreign;
     return;
   }
-  next_sequence_ = std::max(next_sequence_, header->sequence + 1);
-  auto [it, inserted] = found->try_emplace(header->block.hash, slot);
+  next_sequence_ = std::max(next_sequence_, opened.header.sequence + 1);
+  auto [it, inserted] = found->try_emplace(opened.header.block.hash, slot);
   if (inserted) {
     ++stats_.restart_records;
   } else {
     // Two slots under one hash: a record stored again after its first slot was evicted but not
     // yet overwritten. The newer one stays; the other slot is free.
     ++stats_.restart_duplicates;
-    if (records_[it->second].sequence > header->sequence) return;
+    if (records_[it->second].sequence > opened.header.sequence) return;
     it->second = slot;
   }
-  records_[slot] = Record{header->sequence, std::move(header->block)};
+  records_[slot] = Record{opened.header.sequence, std::move(opened.header.block)};
 }
 
 void DiskTier::Impl::DropLocked(uint32_t slot) {
@@ -237,8 +252,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options
     return absl::InvalidArgumentError(
         "disk tier: max_queued_stores, read_rings and read_depth must be > 0");
   }
-  const uint64_t slot_bytes = RecordHeaderSlotBytes(options.tokens_per_block) +
-                              RoundUpToRecordAlignment(options.pool.block_bytes);
+  const uint64_t slot_bytes = SlotBytesFor(options);
   const uint64_t slots = options.capacity_bytes / slot_bytes;
   if (slots == 0) {
     return absl::InvalidArgumentError(
@@ -305,6 +319,12 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options
   return std::unique_ptr<DiskTier>(new DiskTier(std::move(impl)));
 }
 
+uint64_t DiskTier::SlotBytesFor(const DiskTierOptions& options) {
+  const uint64_t header = options.keyring != nullptr ? SealedHeadBytes(options.tokens_per_block)
+                                                     : RecordHeaderBytes(options.tokens_per_block);
+  return RoundUpToRecordAlignment(header) + RoundUpToRecordAlignment(options.pool.block_bytes);
+}
+
 DiskTier::DiskTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DiskTier::~DiskTier() = default;
 
@@ -324,6 +344,8 @@ std::vector<absl::Status> DiskTier::LoadMany(absl::Span<const LoadRequest> reque
 absl::Status DiskTier::Erase(const Hash128& hash) { return impl_->Erase(hash); }
 void DiskTier::Flush() { impl_->Flush(); }
 DiskTierStats DiskTier::stats() const { return impl_->stats(); }
+const TenantCounters& DiskTier::open_failures() const { return impl_->open_failures(); }
+bool DiskTier::sealed() const { return impl_->sealed(); }
 std::vector<BlockRecordIdentity> DiskTier::Records() const { return impl_->Records(); }
 uint32_t DiskTier::read_depth() const { return impl_->read_depth(); }
 IoBackend DiskTier::io_backend() const { return impl_->io_backend(); }

@@ -13,6 +13,17 @@
 // once per batch. A crash leaves at most torn slots, which a restart skips (header checksum) or
 // a load catches (bytes checksum): never wrong bytes.
 //
+// Sealed (DiskTierOptions::keyring set, tiers/record_seal.h): each slot holds a sealed head in
+// place of the plaintext header and the block's bytes encrypted under the tenant's key
+// (BlockRecordIdentity::tenant); the writer thread seals each record just before writing it, so
+// neither Store nor a load's caller pays for it. Open learns each record's tenant from its head
+// (the tenant box); a record whose head does not open with the keyring (another master key, a
+// key removed, a changed byte) is skipped, and so is a record of the other sealing: an unsealed
+// one when the tier is sealed, a sealed one when it is not (counted apart, never served either
+// way). A load opens the head with the key of the tenant that asks (LoadRequest::expected's
+// tenant): a record sealed for another tenant, or changed anywhere, does not open — a miss,
+// counted per tenant (open_failures()) and dropped like a corrupt one.
+//
 // Back-pressure: Store never waits. Past `max_queued_stores` records not yet durable it answers
 // RESOURCE_EXHAUSTED at once, so a mover backs off and requests never wait on the disk. After a
 // write fails (ENOSPC, EIO, ...) the tier stops storing (UNAVAILABLE) and goes on serving loads.
@@ -49,6 +60,9 @@
 #include "tiers/block_record.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_changes.h"
+#include "tiers/seal_workers.h"
+#include "tiers/tenant_counters.h"
+#include "tiers/tier_keyring.h"
 
 namespace kvcache {
 
@@ -82,6 +96,13 @@ struct DiskTierOptions {
   // Hears of every record made visible or removed after Open (may be empty).
   RecordChangeListener on_change;
 
+  // Set: every record is sealed with the keyring's keys (see the header comment); null: records
+  // are plaintext, as before sealing existed.
+  std::shared_ptr<const TierKeyring> keyring;
+  // Sealed: the threads that open loaded records' bytes beside the reading thread (may be null:
+  // on the reading thread). Shared; must outlive the tier.
+  std::shared_ptr<SealWorkers> seal_workers;
+
   // Test seam: called before each slot write; a nonzero errno fails that write as the kernel
   // would (ENOSPC: a full disk) without touching the file.
   std::function<int()> testing_write_errno;
@@ -113,7 +134,10 @@ struct DiskTierStats {
   uint64_t load_misses = 0;      // not indexed
   uint64_t load_mismatches = 0;  // indexed under the hash with another identity (NOT_FOUND)
   uint64_t load_corrupt = 0;     // header or bytes failed verification (DATA_LOSS; dropped)
-  uint64_t read_errors = 0;      // the read itself failed (INTERNAL)
+  // Sealed: records that did not open for the tenant asking (UNAUTHENTICATED; dropped); per
+  // tenant in DiskTier::open_failures().
+  uint64_t load_unopened = 0;
+  uint64_t read_errors = 0;  // the read itself failed (INTERNAL)
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
 
@@ -124,11 +148,21 @@ struct DiskTierStats {
   uint64_t restart_foreign = 0;     // another pool identity
   uint64_t restart_old_format = 0;  // an older record format (version 1: no prefix digest)
   uint64_t restart_duplicates = 0;  // a hash already indexed from a newer record
+  // Sealed records the keyring did not open (another master key, a key removed from the file, a
+  // changed byte): none of them is served.
+  uint64_t restart_unopened = 0;
+  // Records of the other sealing: unsealed ones found by a sealed tier, sealed ones by a tier
+  // without a keyring.
+  uint64_t restart_other_sealing = 0;
   absl::Duration restart_scan_time;
 };
 
 class DiskTier {
  public:
+  // The bytes of a slot of a tier with these options: the (sealed) header and the block, each
+  // padded to 4 KiB.
+  static uint64_t SlotBytesFor(const DiskTierOptions& options);
+
   // Opens or creates the file and indexes the records already in it (see the header comment).
   // INVALID_ARGUMENT: bad options (no path, a capacity below one slot, block_bytes 0, a model id
   // longer than kMaxRecordModelIdBytes); RESOURCE_EXHAUSTED: the file system has less free space
@@ -152,12 +186,14 @@ class DiskTier {
   // The identity of the durable record under `hash`, from memory. NOT_FOUND when there is none.
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const;
 
-  // Reads the record under expected.hash into `out` (block_bytes bytes) and verifies it; `out`
-  // is left unspecified unless OK. When `out` is 4 KiB-aligned and block_bytes a multiple of
-  // 4 KiB (a pool's blocks), the bytes are read straight into it; otherwise through a buffer.
-  // NOT_FOUND: no record, or one whose identity differs from `expected` (the message names the
-  // field). DATA_LOSS: the slot's header or bytes failed verification. INTERNAL: the read failed.
-  // After either the record is dropped. INVALID_ARGUMENT: out.size() != block_bytes.
+  // Reads the record under expected.hash into `out` (block_bytes bytes) and verifies it (and,
+  // sealed, opens it for expected.tenant); `out` is left unspecified unless OK. When `out` is 4
+  // KiB-aligned and block_bytes a multiple of 4 KiB (a pool's blocks), the bytes are read straight
+  // into it; otherwise through a buffer. NOT_FOUND: no record, or one whose identity differs from
+  // `expected` (the message names the field). DATA_LOSS: the slot's header or bytes failed
+  // verification. UNAUTHENTICATED: sealed, and the record did not open for expected.tenant.
+  // INTERNAL: the read failed. After any of these three the record is dropped. INVALID_ARGUMENT:
+  // out.size() != block_bytes.
   absl::Status Load(const BlockRecordIdentity& expected, absl::Span<char> out);
 
   struct LoadRequest {
@@ -183,6 +219,9 @@ class DiskTier {
   void Flush();
 
   DiskTierStats stats() const;
+  // Sealed: loads whose record did not open, by the tenant that asked.
+  const TenantCounters& open_failures() const;
+  bool sealed() const;
   // Index, LRU, free slots and queue agree. O(slots). For tests.
   absl::Status CheckInvariants() const;
   // False when the file system refused O_DIRECT (tmpfs before Linux 6.6) and the tier uses

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,8 @@
 #include "tiers/disk_tier.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_changes.h"
+#include "tiers/record_codec.h"
+#include "tiers/record_seal.h"
 #include "tiers/slot_table.h"
 
 namespace kvcache {
@@ -53,6 +56,8 @@ class DiskTier::Impl {
   DiskTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  const TenantCounters& open_failures() const { return open_failures_; }
+  bool sealed() const { return sealer_.has_value(); }
   bool direct_io() const { return direct_io_; }
   IoBackend io_backend() const { return io_backend_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -107,7 +112,8 @@ class DiskTier::Impl {
   // disk_tier_reader.cc.
   absl::Status PinLocked(const LoadRequest& request, size_t i, std::vector<Pinned>* pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UnpinLocked(const Pinned& pin, const absl::Status& result)
+  // Counts the load's result (a failed open against `tenant`, the tenant that asked) and unpins.
+  void UnpinLocked(const Pinned& pin, const absl::Status& result, absl::string_view tenant)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads and verifies the pinned slots on a free Reader (or waits for one), keeping read_depth
   // reads in flight: each completion queues the next read (into a free one of the reader's
@@ -115,23 +121,38 @@ class DiskTier::Impl {
   // follow a mutex picked at run time; the reader's lock is held throughout.
   void ReadPinned(absl::Span<const Pinned> pinned, absl::Span<const LoadRequest> requests,
                   std::vector<absl::Status>* results) ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  // Answers a pinned load from its completed read: verified bytes are copied out.
+  // Answers a pinned load from its completed read: verified bytes are copied (or, sealed,
+  // decrypted) out. A sealed record read in place has its bytes opened in `opening` (beside this
+  // thread, with seal workers): its answer is final once `opening` has been waited for.
   void Answer(const Pinned& pin, const char* slot, int read_result,
-              absl::Span<const LoadRequest> requests, std::vector<absl::Status>* results) const;
+              absl::Span<const LoadRequest> requests, std::vector<absl::Status>* results,
+              SealWorkers::Group* opening) const;
   // Whether a load reads the block's bytes straight into `out`: O_DIRECT needs the memory and
   // the length aligned (a pool's blocks are page-aligned, and real blocks whole pages).
   bool ReadsInPlace(absl::Span<char> out) const;
-  // Checks a slot's header (`header`, header_bytes_) and block bytes (`bytes`, block_bytes); on
-  // OK sets *checksum (if given) to the record's.
-  absl::Status Verify(const char* header_bytes, const char* bytes, uint64_t sequence,
-                      const BlockRecordIdentity& expected, uint64_t* checksum) const;
+  // Checks a slot's header (`header_bytes`, header_bytes_) against the pool, the index's
+  // `sequence` and the request; on OK `opened` holds it (sealed: opened for expected.tenant).
+  absl::Status VerifyHeader(const char* header_bytes, uint64_t sequence,
+                            const BlockRecordIdentity& expected, OpenedHead* opened) const;
+  // Checks a verified header's block bytes (`bytes`, block_bytes) and puts them into `out` (which
+  // may be `bytes`: sealed, decrypted in place); on OK sets *checksum (if given) to the record's.
+  // `out` holds nothing to use unless OK.
+  absl::Status VerifyBytes(const OpenedHead& opened, const char* bytes, char* out,
+                           const BlockRecordIdentity& expected, uint64_t* checksum) const;
+  // The header of a slot (header_bytes_ at `header_bytes`) into opened->header: sealed, opened
+  // for `tenant` (null: the tenant its box names; see RecordSealer::OpenHead), else decoded.
+  absl::Status ReadHeader(const char* header_bytes, const std::string* tenant,
+                          OpenedHead* opened) const;
+  // Sealed: seals a queued record's slot in place (its block bytes are in the buffer already).
+  absl::Status SealSlot(const Queued& queued) const;
 
   // Constant after construction.
   const DiskTierOptions options_;
   const int fd_;
   const bool direct_io_;
   const IoBackend io_backend_;
-  const uint64_t header_bytes_;  // the header's share of a slot, 4 KiB-aligned
+  const std::optional<RecordSealer> sealer_;  // set: records are sealed
+  const uint64_t header_bytes_;  // the (sealed) header's share of a slot, 4 KiB-aligned
   const uint64_t slot_bytes_;
   const uint32_t slots_;
 
@@ -159,6 +180,7 @@ class DiskTier::Impl {
   absl::Status write_error_ ABSL_GUARDED_BY(mu_);  // latched: stores stop
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   DiskTierStats stats_ ABSL_GUARDED_BY(mu_);
+  TenantCounters open_failures_;  // own synchronization
 };
 
 }  // namespace kvcache

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
+#include "common/status_macros.h"
 #include "tiers/disk_tier_impl.h"
 #include "tiers/record_codec.h"
 
@@ -28,7 +29,7 @@ std::vector<absl::Status> DiskTier::Impl::LoadMany(absl::Span<const LoadRequest>
   {
     absl::MutexLock lock(&mu_);
     for (const Pinned& pin : pinned) {
-      UnpinLocked(pin, results[pin.request]);
+      UnpinLocked(pin, results[pin.request], requests[pin.request].expected->tenant);
       if (results[pin.request].ok() && ReadsInPlace(requests[pin.request].out)) {
         ++stats_.loads_in_place;
       }
@@ -61,12 +62,16 @@ absl::Status DiskTier::Impl::PinLocked(const LoadRequest& request, size_t i,
   return absl::OkStatus();
 }
 
-void DiskTier::Impl::UnpinLocked(const Pinned& pin, const absl::Status& result) {
+void DiskTier::Impl::UnpinLocked(const Pinned& pin, const absl::Status& result,
+                                 absl::string_view tenant) {
   if (result.ok()) {
     ++stats_.load_hits;
     stats_.bytes_read += slot_bytes_;
   } else if (absl::IsDataLoss(result)) {
     ++stats_.load_corrupt;
+  } else if (absl::IsUnauthenticated(result)) {
+    ++stats_.load_unopened;
+    open_failures_.Add(tenant);
   } else {
     ++stats_.read_errors;
   }
@@ -91,6 +96,8 @@ void DiskTier::Impl::ReadPinned(absl::Span<const Pinned> pinned,
     reader->mu.Lock();
   }
   IoRing& ring = *reader->ring;
+  // Sealed records' bytes, opened beside this thread (Answer).
+  SealWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
   const size_t buffers = 2 * options_.read_depth;
   auto buffer = [&](size_t i) { return reader->buffers->data() + i * slot_bytes_; };
   std::vector<size_t> free_buffers(buffers);
@@ -127,10 +134,11 @@ void DiskTier::Impl::ReadPinned(absl::Span<const Pinned> pinned,
       status = ring.Submit();
     }
     const size_t i = completion->tag;
-    Answer(pinned[owner[i]], buffer(i), completion->result, requests, results);
+    Answer(pinned[owner[i]], buffer(i), completion->result, requests, results, &opening);
     answered[owner[i]] = true;
     free_buffers.push_back(i);
   }
+  opening.Wait();
   // A failed ring fails every load not yet answered.
   for (size_t p = 0; p < pinned.size(); ++p) {
     if (!answered[p]) (*results)[pinned[p].request] = status;
@@ -140,7 +148,7 @@ void DiskTier::Impl::ReadPinned(absl::Span<const Pinned> pinned,
 
 void DiskTier::Impl::Answer(const Pinned& pin, const char* slot, int read_result,
                             absl::Span<const LoadRequest> requests,
-                            std::vector<absl::Status>* results) const {
+                            std::vector<absl::Status>* results, SealWorkers::Group* opening) const {
   const LoadRequest& request = requests[pin.request];
   absl::Status& result = (*results)[pin.request];
   if (read_result != static_cast<int>(slot_bytes_)) {
@@ -149,12 +157,20 @@ void DiskTier::Impl::Answer(const Pinned& pin, const char* slot, int read_result
                  : absl::InternalError(absl::StrCat("short read of a slot of ", options_.path));
     return;
   }
-  if (ReadsInPlace(request.out)) {
-    result = Verify(slot, request.out.data(), pin.sequence, *request.expected, request.checksum);
+  OpenedHead opened;
+  result = VerifyHeader(slot, pin.sequence, *request.expected, &opened);
+  if (!result.ok()) return;
+  if (sealer_.has_value() && ReadsInPlace(request.out)) {
+    // Decrypted in the caller's memory, beside this thread: it goes on reaping and issuing reads.
+    opening->Run([this, opened = std::move(opened), &request, &result] {
+      result = VerifyBytes(opened, request.out.data(), request.out.data(), *request.expected,
+                           request.checksum);
+    });
     return;
   }
-  result = Verify(slot, slot + header_bytes_, pin.sequence, *request.expected, request.checksum);
-  if (result.ok()) std::memcpy(request.out.data(), slot + header_bytes_, request.out.size());
+  // Read in place, or into the buffer and from there into the caller's memory.
+  const char* bytes = ReadsInPlace(request.out) ? request.out.data() : slot + header_bytes_;
+  result = VerifyBytes(opened, bytes, request.out.data(), *request.expected, request.checksum);
 }
 
 bool DiskTier::Impl::ReadsInPlace(absl::Span<char> out) const {
@@ -162,26 +178,56 @@ bool DiskTier::Impl::ReadsInPlace(absl::Span<char> out) const {
          reinterpret_cast<uintptr_t>(out.data()) % kRecordAlignment == 0;
 }
 
-absl::Status DiskTier::Impl::Verify(const char* header_bytes, const char* bytes, uint64_t sequence,
-                                    const BlockRecordIdentity& expected, uint64_t* checksum) const {
-  absl::StatusOr<RecordHeader> header =
-      DecodeRecordHeader(absl::string_view(header_bytes, header_bytes_));
-  if (!header.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("disk record header unreadable: ", header.status().message()));
+absl::Status DiskTier::Impl::ReadHeader(const char* header_bytes, const std::string* tenant,
+                                        OpenedHead* opened) const {
+  const absl::string_view head(header_bytes, header_bytes_);
+  if (!sealer_.has_value()) {
+    absl::StatusOr<RecordHeader> header = DecodeRecordHeader(head);
+    if (!header.ok()) return header.status();
+    opened->header = *std::move(header);
+    return absl::OkStatus();
   }
-  absl::string_view foreign = PoolMismatch(header->pool, options_.pool);
+  absl::StatusOr<OpenedHead> open =
+      tenant == nullptr ? sealer_->OpenHead(head) : sealer_->OpenHead(head, *tenant);
+  if (!open.ok()) return open.status();
+  *opened = *std::move(open);
+  return absl::OkStatus();
+}
+
+absl::Status DiskTier::Impl::VerifyHeader(const char* header_bytes, uint64_t sequence,
+                                          const BlockRecordIdentity& expected,
+                                          OpenedHead* opened) const {
+  const absl::Status read = ReadHeader(header_bytes, &expected.tenant, opened);
+  if (absl::IsUnauthenticated(read)) return read;  // sealed for another tenant, or changed
+  if (!read.ok()) {
+    return absl::DataLossError(absl::StrCat("disk record header unreadable: ", read.message()));
+  }
+  const RecordHeader& header = opened->header;
+  absl::string_view foreign = PoolMismatch(header.pool, options_.pool);
   if (!foreign.empty()) return absl::DataLossError(absl::StrCat("disk record of ", foreign));
   // The index said this slot holds `sequence`: anything else means the slot changed under it.
-  if (header->sequence != sequence) return absl::DataLossError("disk record replaced");
-  absl::string_view mismatch = RecordMismatch(header->block, expected);
+  if (header.sequence != sequence) return absl::DataLossError("disk record replaced");
+  absl::string_view mismatch = RecordMismatch(header.block, expected);
   if (!mismatch.empty()) {
     return absl::DataLossError(absl::StrCat("disk record differs in ", mismatch));
   }
-  if (BlockChecksum(bytes, options_.pool.block_bytes) != header->block.checksum) {
+  return absl::OkStatus();
+}
+
+absl::Status DiskTier::Impl::VerifyBytes(const OpenedHead& opened, const char* bytes, char* out,
+                                         const BlockRecordIdentity& expected,
+                                         uint64_t* checksum) const {
+  const uint64_t block_bytes = options_.pool.block_bytes;
+  if (sealer_.has_value()) {
+    // Decrypted into the caller's memory (in place when read there), authenticated as a whole.
+    RETURN_IF_ERROR(sealer_->OpenBody(opened, expected, {SealPiece{bytes, out, block_bytes}}));
+    bytes = out;
+  }
+  if (BlockChecksum(bytes, block_bytes) != opened.header.block.checksum) {
     return absl::DataLossError("disk record bytes fail their checksum");
   }
-  if (checksum != nullptr) *checksum = header->block.checksum;
+  if (bytes != out) std::memcpy(out, bytes, block_bytes);
+  if (checksum != nullptr) *checksum = opened.header.block.checksum;
   return absl::OkStatus();
 }
 

@@ -10,6 +10,12 @@
 #include "tiers/record_codec.h"
 
 namespace kvcache {
+namespace {
+
+// A batch entry's error when the writer could not seal it (never an errno).
+constexpr int kNotSealed = -1;
+
+}  // namespace
 
 absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
                                    absl::Span<const char> bytes) {
@@ -46,12 +52,13 @@ absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
     sequence = next_sequence_++;
     ++outstanding_;
   }
-  // Outside the lock: the copy and the checksum are the expensive part of a store.
+  // Outside the lock: the copy and the checksum are the expensive part of a store. A sealed
+  // record's header is sealed with its bytes by the writer (SealSlot), off the caller's thread.
   std::memcpy(buffer + header_bytes_, bytes.data(), bytes.size());
   absl::Status status;
   if (BlockChecksum(buffer + header_bytes_, bytes.size()) != identity.checksum) {
     status = absl::DataLossError("block bytes do not match the record's checksum");
-  } else {
+  } else if (!sealer_.has_value()) {
     std::memset(buffer, 0, header_bytes_);
     status = EncodeRecordHeader({options_.pool, identity, sequence},
                                 absl::MakeSpan(buffer, header_bytes_));
@@ -75,6 +82,14 @@ void DiskTier::Impl::Flush() {
   // The writer may not have delivered its last batch's changes yet: after this, it has (or
   // this call did).
   changes_.Deliver();
+}
+
+absl::Status DiskTier::Impl::SealSlot(const Queued& queued) const {
+  char* const body = queued.buffer + header_bytes_;
+  std::memset(queued.buffer, 0, header_bytes_);
+  return sealer_->Seal({options_.pool, queued.identity, queued.sequence},
+                       {SealPiece{body, body, options_.pool.block_bytes}},
+                       absl::MakeSpan(queued.buffer, header_bytes_));
 }
 
 void DiskTier::Impl::ReleaseStoreLocked(const Hash128& hash, char* buffer) {
@@ -118,14 +133,20 @@ void DiskTier::Impl::WriterLoop() {
     }
     errors.assign(batch.size(), 0);
     uint32_t submitted = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (options_.testing_write_errno) errors[i] = options_.testing_write_errno();
+    absl::Status ring_status;
+    for (size_t i = 0; i < batch.size() && ring_status.ok(); ++i) {
+      // Sealed here, on the writer's thread: a record that cannot be sealed is dropped alone.
+      if (sealer_.has_value() && !SealSlot(batch[i]).ok()) errors[i] = kNotSealed;
+      if (errors[i] == 0 && options_.testing_write_errno)
+        errors[i] = options_.testing_write_errno();
       if (errors[i] != 0) continue;
       write_ring_->QueueWrite(fd_, batch[i].buffer, slot_bytes_, SlotOffset(slots[i]), i, dsync);
       ++submitted;
+      // A sealed record goes to the disk at once: the next one is sealed while it is written.
+      if (sealer_.has_value()) ring_status = write_ring_->Submit();
     }
     done.clear();
-    absl::Status ring_status = write_ring_->SubmitAndWait(&done);
+    if (ring_status.ok()) ring_status = write_ring_->SubmitAndWait(&done);
     for (const IoRing::Completion& completion : done) {
       if (completion.result != static_cast<int>(slot_bytes_)) {
         errors[completion.tag] = completion.result < 0 ? -completion.result : EIO;
@@ -144,6 +165,12 @@ void DiskTier::Impl::WriterLoop() {
     absl::MutexLock lock(&mu_);
     if (!dsync && submitted > 0) ++stats_.syncs;
     for (size_t i = 0; i < batch.size(); ++i) {
+      if (errors[i] == kNotSealed) {
+        ++stats_.stores_dropped;  // nothing was written: the slot is free, the tier goes on
+        table_.Free(slots[i]);
+        ReleaseStoreLocked(batch[i].identity.hash, batch[i].buffer);
+        continue;
+      }
       absl::Status error = ring_status;
       if (error.ok() && errors[i] != 0) error = ErrnoError("writing", options_.path, errors[i]);
       if (error.ok() && synced) {

@@ -54,7 +54,7 @@ TEST(HelpTest, ManagerListsItsFlagsWithDefaults) {
               AllOf(HasSubstr("KV-cache manager daemon"), Not(HasSubstr("No flags matched")),
                     HasSubstr("-listen"), HasSubstr("-pool"), HasSubstr("-session_ttl"),
                     HasSubstr("default: 10s"), HasSubstr("-device"), HasSubstr("default: \"host\""),
-                    HasSubstr("-insecure")));
+                    HasSubstr("-insecure"), HasSubstr("-tier_key_file")));
 }
 
 TEST(HelpTest, ManagerRefusesANonPositiveClusterTierTimeout) {

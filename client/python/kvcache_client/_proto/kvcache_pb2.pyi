@@ -887,7 +887,7 @@ class TierPages(_message.Message):
     def __init__(self, pool: _Optional[int] = ..., host: _Optional[int] = ..., disk: _Optional[int] = ..., cluster: _Optional[int] = ...) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ["bytes_used", "capacity_bytes", "deadline_blocks", "evicted_blocks", "evicted_from_above", "hit_blocks", "load_failures", "lost_from_above", "node_failures", "records", "redirects", "request_waits", "restore_skipped", "restored_records", "skipped_commands", "store_failures", "stored_blocks", "tier", "verify_failures"]
+    __slots__ = ["bytes_used", "capacity_bytes", "deadline_blocks", "evicted_blocks", "evicted_from_above", "hit_blocks", "load_failures", "lost_from_above", "node_failures", "open_failures", "records", "redirects", "request_waits", "restore_skipped", "restored_records", "skipped_commands", "store_failures", "stored_blocks", "tier", "verify_failures"]
     BYTES_USED_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -897,6 +897,7 @@ class TierStats(_message.Message):
     LOAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
     LOST_FROM_ABOVE_FIELD_NUMBER: _ClassVar[int]
     NODE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FAILURES_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     REDIRECTS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_WAITS_FIELD_NUMBER: _ClassVar[int]
@@ -916,6 +917,7 @@ class TierStats(_message.Message):
     load_failures: int
     lost_from_above: int
     node_failures: int
+    open_failures: int
     records: int
     redirects: int
     request_waits: int
@@ -926,7 +928,7 @@ class TierStats(_message.Message):
     stored_blocks: int
     tier: str
     verify_failures: int
-    def __init__(self, tier: _Optional[str] = ..., hit_blocks: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., bytes_used: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_failures: _Optional[int] = ..., load_failures: _Optional[int] = ..., deadline_blocks: _Optional[int] = ..., evicted_from_above: _Optional[int] = ..., records: _Optional[int] = ..., request_waits: _Optional[int] = ..., store_failures: _Optional[int] = ..., restored_records: _Optional[int] = ..., restore_skipped: _Optional[int] = ..., node_failures: _Optional[int] = ..., skipped_commands: _Optional[int] = ..., redirects: _Optional[int] = ..., lost_from_above: _Optional[int] = ...) -> None: ...
+    def __init__(self, tier: _Optional[str] = ..., hit_blocks: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., bytes_used: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_failures: _Optional[int] = ..., load_failures: _Optional[int] = ..., deadline_blocks: _Optional[int] = ..., evicted_from_above: _Optional[int] = ..., records: _Optional[int] = ..., request_waits: _Optional[int] = ..., store_failures: _Optional[int] = ..., restored_records: _Optional[int] = ..., restore_skipped: _Optional[int] = ..., node_failures: _Optional[int] = ..., skipped_commands: _Optional[int] = ..., redirects: _Optional[int] = ..., lost_from_above: _Optional[int] = ..., open_failures: _Optional[int] = ...) -> None: ...
 
 class TierTokens(_message.Message):
     __slots__ = ["cluster", "disk", "host", "pool"]

@@ -1,0 +1,79 @@
+// SealWorkers: a few threads that seal and open sealed records' bodies (tiers/record_seal.h)
+// beside the thread that moves them. AES-256-GCM runs at a few GB/s a core, slower than a fast
+// disk or a Redis Cluster on a fast network delivers bytes: done on the reading thread, it would
+// stall the reads it should keep in flight. One pool serves every sealed tier of a daemon.
+//
+// A caller hands out tasks in a Group and waits for them; while it waits it runs its group's
+// queued tasks itself, so a pool busy with other callers' work never stalls it, and a pool of
+// no threads (or no pool) runs everything on the caller's thread.
+//
+// Thread safety: thread-safe; a Group belongs to the one thread that made it.
+#ifndef KVCACHE_TIERS_SEAL_WORKERS_H_
+#define KVCACHE_TIERS_SEAL_WORKERS_H_
+
+#include <cstdint>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvcache {
+
+class SealWorkers {
+ public:
+  // The daemon's choice: a quarter of the machine's cores, 1 to 4.
+  static int DefaultThreads();
+
+  explicit SealWorkers(int threads);
+  // Runs what is queued, then joins.
+  ~SealWorkers();
+  SealWorkers(const SealWorkers&) = delete;
+  SealWorkers& operator=(const SealWorkers&) = delete;
+
+  int threads() const { return static_cast<int>(threads_.size()); }
+
+  class Group {
+   public:
+    // `workers` null: every task runs inside Run.
+    explicit Group(SealWorkers* workers) : workers_(workers) {}
+    // Waits for the group's tasks.
+    ~Group() { Wait(); }
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+
+    // Queues `task`, which must not touch what the caller uses until Wait returns.
+    void Run(absl::AnyInvocable<void() &&> task);
+    // Returns once every task Run queued has run, running the group's queued ones meanwhile.
+    void Wait();
+
+   private:
+    SealWorkers* const workers_;
+  };
+
+ private:
+  struct Task {
+    const Group* group;
+    absl::AnyInvocable<void() &&> run;
+  };
+  void Enqueue(const Group* group, absl::AnyInvocable<void() &&> task) ABSL_LOCKS_EXCLUDED(mu_);
+  void WaitFor(const Group* group) ABSL_LOCKS_EXCLUDED(mu_);
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `task` outside mu_, then counts it done in its group.
+  void RunTask(Task task) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Mutex mu_;
+  absl::CondVar work_;  // a task queued, or stopping
+  absl::CondVar done_;  // a task finished
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const Group*, uint64_t> pending_ ABSL_GUARDED_BY(mu_);  // queued or running
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;  // constant after construction
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_TIERS_SEAL_WORKERS_H_
