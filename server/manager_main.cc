@@ -306,8 +306,8 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags(std::shared_ptr<TierKeyring>* key
 }
 
 // Blocks the stop signals (and SIGHUP, which reloads the identity and tier key files) and returns
-// them. Called
-// before any server thread exists, so that only ServeUntilStopSignal's sigwait sees them.
+// them. Called before any server thread exists, so that only ServeUntilStopSignal's sigwait sees
+// them.
 sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -382,8 +382,9 @@ void PrintSealing(Daemon& daemon, const TierKeyring* keyring) {
   std::vector<std::string> tiers;
   for (Pool* pool : daemon.manager().pools()) {
     const std::string& name = pool->options().name;
-    if (pool->disk_tier() != nullptr)
+    if (pool->disk_tier() != nullptr) {
       tiers.push_back(absl::StrCat("disk tier of pool '", name, "'"));
+    }
     if (pool->lower_tiers().has_cluster()) {
       tiers.push_back(absl::StrCat("cluster tier of pool '", name, "'"));
     }

@@ -42,8 +42,11 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   // value; empty: none declared).
   std::unique_ptr<Pool> MakePool(const std::string& name, bool host_tier,
                                  absl::Duration retry_down_after = absl::Seconds(1),
-                                 absl::string_view parts = "") {
+                                 absl::string_view parts = "",
+                                 std::shared_ptr<const TierKeyring> keyring = nullptr) {
     PoolOptions options = testing::SmallPoolOptions(name, 8, kBlockSize);
+    options.tier_keyring = std::move(keyring);
+    if (options.tier_keyring != nullptr) options.tier_seal_workers = seal_workers_;
     if (host_tier) options.host_tier_bytes = 16 * options.layout.BlockBytes();
     if (!parts.empty()) {
       absl::StatusOr<std::vector<PagePartLayout>> parsed =
@@ -94,12 +97,47 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   }
 
   ::kvcache::testing::ScopedTempDir dir_;
+  std::shared_ptr<SealWorkers> seal_workers_ = std::make_shared<SealWorkers>(2);
   std::unique_ptr<testing::RedisClusterProcess> cluster_;
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
 };
 
 INSTANTIATE_TEST_SUITE_P(Memories, PoolClusterTierTest, testing::AllPoolMemories(),
                          testing::PoolMemoryName);
+
+// Issue 33: nodes sealing with the same key file share blocks through the cluster, identical;
+// a node with another master key, or one that does not seal, finds nothing there.
+TEST_P(PoolClusterTierTest, SealedNodesShareOnlyWithTheSameKeys) {
+  const auto keyring = [](uint8_t fill) {
+    TierMasterKey key{.id = 1};
+    key.bytes.fill(fill);
+    return *TierKeyring::FromKeys({key});
+  };
+  std::unique_ptr<Pool> a = MakePool("node-a", true, absl::Seconds(1), "", keyring(1));
+  std::unique_ptr<Pool> b = MakePool("node-b", false, absl::Seconds(1), "", keyring(1));
+  std::unique_ptr<Pool> other_key = MakePool("node-c", false, absl::Seconds(1), "", keyring(2));
+  std::unique_ptr<Pool> unsealed = MakePool("node-d", false);
+  ASSERT_TRUE(a && b && other_key && unsealed);
+  const std::vector<uint32_t> prompt = Tokens(700, 17);
+  OffloadPrompt(*a, prompt);
+  for (Pool* miss : {other_key.get(), unsealed.get()}) {
+    auto opened = miss->Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+    ASSERT_OK(opened);
+    EXPECT_EQ(opened->num_cluster_tier_tokens, 0u) << miss->options().name;
+    ASSERT_OK(miss->Release(session_, opened->sequence_id));
+  }
+  auto hit = b->Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->num_cluster_tier_tokens, 16u);
+  for (size_t i = 0; i < 4; ++i) {
+    std::string bytes(b->options().layout.BlockBytes(), '\0');
+    ASSERT_OK(b->ReadBlock(hit->block_ids[i], 0, bytes.size(), bytes.data()));
+    EXPECT_EQ(bytes, BlockBytes(*b, prompt, i)) << "block " << i;
+  }
+  ASSERT_OK(b->Release(session_, hit->sequence_id));
+  EXPECT_EQ(ClusterRow(*b).open_failures, 0u);
+  EXPECT_OK(b->CheckInvariants());
+}
 
 // Pools with and without a tier 2 (one cluster start for both).
 TEST_P(PoolClusterTierTest, APrefixOffloadedByOnePoolIsAVerifiedHitInAnother) {

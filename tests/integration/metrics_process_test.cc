@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -106,6 +107,24 @@ TEST_F(MetricsProcessTest, TheContentTypeNamesTheTextFormatVersion) {
               ::testing::Contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"))
       << head;
   EXPECT_THAT(response, ::testing::HasSubstr("kvcache_blocks_capacity{pool=\"default\"} "));
+}
+
+// Issue 33: a sealed disk tier's records that do not open, per tenant: a series for every tenant
+// of the pool from the start (0), none for a pool without sealed tiers.
+TEST_F(MetricsProcessTest, SealedTiersExposeTheirOpenFailuresPerTenant) {
+  const std::string key_file = dir_.File("tier.key");
+  std::ofstream(key_file) << "1:" << std::string(64, 'c') << "\n";
+  ASSERT_EQ(chmod(key_file.c_str(), 0600), 0);
+  extra_daemon_flags_.push_back("--tier_key_file=" + key_file);
+  StartWithMetrics();
+  RunClient({"write-kv", "tiered", "40", "7000"});  // tenant default uses the pool
+  const std::string exposition = Scrape(metrics_address_);
+  EXPECT_THAT(exposition, ::testing::HasSubstr("# TYPE kvcache_tier_open_failures_total counter"));
+  EXPECT_EQ(
+      Sample(exposition,
+             R"(kvcache_tier_open_failures_total{pool="tiered",tier="disk",tenant="default"})"),
+      0);
+  EXPECT_FALSE(absl::StrContains(exposition, R"(kvcache_tier_open_failures_total{pool="default")"));
 }
 
 TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExposition) {

@@ -1,7 +1,8 @@
 // kvcache-manager with --tier_key_file (issue 33): a key file missing, unreadable, open to others
 // or malformed stops the start with the reason; the start-up line says which tiers are sealed;
-// KV written through the pool comes back from the sealed disk tier after a kill -9; a restart
-// with another master key serves nothing from disk and says so once; SIGHUP rereads the file, and
+// KV written through the pool comes back from the sealed disk tier after a kill -9, and a byte
+// changed there is a miss GetStats counts for the tenant; a restart with another master key
+// serves nothing from disk and says so once; SIGHUP rereads the file, and
 // new records are sealed with the new key while the old ones still load.
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -112,6 +113,20 @@ class SealedTiersProcessTest : public DaemonProcessTest {
     ASSERT_GE(PoolTier("disk").stored_blocks, records);
   }
 
+  // Flips the first KV byte of the disk file's slots [0, count).
+  void FlipKvBytes(uint64_t count) {
+    const int fd = open(DiskPath().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    for (uint64_t slot = 0; slot < count; ++slot) {
+      char byte = 0;
+      const off_t offset = static_cast<off_t>(slot * kSlotBytes + 4096);
+      ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+      byte ^= 0x01;
+      ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+    }
+    close(fd);
+  }
+
   // The key ids of the disk file's written slots (tiers/record_seal.h: bytes 8-11 of a head).
   std::multiset<uint32_t> KeyIdsOnDisk() {
     std::ifstream in(DiskPath(), std::ios::binary);
@@ -176,6 +191,17 @@ TEST_F(SealedTiersProcessTest, SealedDiskKvSurvivesAKillAndAnotherKeyServesNothi
   EXPECT_EQ(restored.num_cached_tokens, 96u);
   EXPECT_EQ(restored.Number("mismatched_blocks"), 0);
   EXPECT_GE(PoolTier("disk").hit_blocks, 1u);
+  EXPECT_EQ(PoolTier("disk").open_failures, 0u);
+
+  // A byte changed in every record's KV: the prompt's six records, read in one batch, do not
+  // open, misses GetStats counts for the tenant; the prompt is computed again, never served.
+  KillAndRestartDaemon();
+  LinesFor(absl::Seconds(1));
+  FlipKvBytes(stored);
+  const ClientResult changed = RunClient({"read-kv", "default", "98", "1000"});
+  EXPECT_EQ(changed.num_cached_tokens, 0u);
+  EXPECT_EQ(PoolTier("disk").open_failures, 6u);
+  EXPECT_EQ(PoolTier("disk").hit_blocks, 0u);
 
   // Another master key under the same id: nothing from disk, said once at the start.
   observer_.reset();
