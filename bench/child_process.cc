@@ -28,10 +28,12 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(std::vector<std::string> args,
   close(log_fd);
   if (!pid.ok()) return pid.status();
   ChildProcess child(*pid);
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  // Generous: a daemon pre-faulting its pool on a loaded 2-core machine (CI, a build beside it)
+  // takes seconds; this bounds a child that never starts, it times nothing.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
   while (!ready()) {
     if (absl::Now() > give_up) {
-      return absl::UnavailableError(absl::StrCat(args[0], " did not become ready in 10 s"));
+      return absl::UnavailableError(absl::StrCat(args[0], " did not become ready in 60 s"));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
