@@ -1,8 +1,9 @@
 #include "tiers/record_seal.h"
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 
 #include <algorithm>
@@ -43,11 +44,85 @@ const EVP_CIPHER* Aes256Gcm() {
   return cipher;
 }
 
-// The calling thread's GCM context, reused: a record is three messages.
-EVP_CIPHER_CTX* ThreadContext() {
-  thread_local std::unique_ptr<EVP_CIPHER_CTX, void (*)(EVP_CIPHER_CTX*)> context(
-      EVP_CIPHER_CTX_new(), EVP_CIPHER_CTX_free);
-  return context.get();
+// A calling thread's contexts, one per key it used last (a few: a record takes the names key and
+// its tenant's), each set up with its key once. OpenSSL expands an AES key schedule and GHASH's
+// table, or an HMAC key's inner and outer states, on every keyed init: at 32 KiB records that set-
+// up cost as much as a third of the cipher pass. Entries are cleansed when replaced and at thread
+// exit (EVP's free functions cleanse), and a key is compared in constant time.
+template <typename Context, void (*Free)(Context*)>
+class ThreadKeyedContexts {
+ public:
+  ThreadKeyedContexts() = default;
+  ThreadKeyedContexts(const ThreadKeyedContexts&) = delete;
+  ThreadKeyedContexts& operator=(const ThreadKeyedContexts&) = delete;
+  ~ThreadKeyedContexts() {
+    for (Entry& entry : entries_) Clear(entry);
+  }
+
+  // The context keyed with `key`; `init` keys a fresh one (false: OpenSSL failed). Null on failure.
+  template <typename Init>
+  Context* For(const TierKeyBytes& key, Context* (*make)(), Init init) {
+    for (Entry& entry : entries_) {
+      if (entry.context != nullptr &&
+          CRYPTO_memcmp(entry.key.data(), key.data(), key.size()) == 0) {
+        return entry.context;
+      }
+    }
+    Entry& entry = entries_[next_];
+    next_ = (next_ + 1) % kEntries;
+    Clear(entry);
+    entry.context = make();
+    if (entry.context == nullptr || !init(entry.context, key)) {
+      Clear(entry);
+      return nullptr;
+    }
+    entry.key = key;
+    return entry.context;
+  }
+
+ private:
+  static constexpr size_t kEntries = 4;
+  struct Entry {
+    TierKeyBytes key{};
+    Context* context = nullptr;
+  };
+  static void Clear(Entry& entry) {
+    if (entry.context != nullptr) Free(entry.context);
+    entry.context = nullptr;
+    OPENSSL_cleanse(entry.key.data(), entry.key.size());
+  }
+
+  Entry entries_[kEntries];
+  size_t next_ = 0;
+};
+
+// The calling thread's GCM context keyed with `key`, ready for a message's nonce.
+EVP_CIPHER_CTX* GcmContextFor(const TierKeyBytes& key) {
+  thread_local ThreadKeyedContexts<EVP_CIPHER_CTX, EVP_CIPHER_CTX_free> contexts;
+  if (Aes256Gcm() == nullptr) return nullptr;
+  return contexts.For(key, EVP_CIPHER_CTX_new, [](EVP_CIPHER_CTX* ctx, const TierKeyBytes& key) {
+    return EVP_CipherInit_ex(ctx, Aes256Gcm(), nullptr, key.data(), nullptr, 1) == 1;
+  });
+}
+
+EVP_MAC* HmacMac() {
+  static EVP_MAC* const mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  return mac;
+}
+EVP_MAC_CTX* NewHmacContext() {
+  return HmacMac() == nullptr ? nullptr : EVP_MAC_CTX_new(HmacMac());
+}
+
+// The calling thread's HMAC-SHA-256 context keyed with `key`; EVP_MAC_init with no key restarts
+// it from the key's saved states.
+EVP_MAC_CTX* HmacContextFor(const TierKeyBytes& key) {
+  thread_local ThreadKeyedContexts<EVP_MAC_CTX, EVP_MAC_CTX_free> contexts;
+  return contexts.For(key, NewHmacContext, [](EVP_MAC_CTX* ctx, const TierKeyBytes& key) {
+    char digest[] = "SHA256";
+    const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                                 OSSL_PARAM_construct_end()};
+    return EVP_MAC_init(ctx, key.data(), key.size(), params) == 1;
+  });
 }
 
 // One AES-256-GCM message: `aad`'s parts, then `pieces` in order, each from `in` to `out`.
@@ -56,10 +131,10 @@ EVP_CIPHER_CTX* ThreadContext() {
 bool Gcm(bool encrypt, const TierKeyBytes& key, const uint8_t* nonce,
          std::initializer_list<absl::string_view> aad, absl::Span<const SealPiece> pieces,
          uint8_t* tag) {
-  EVP_CIPHER_CTX* ctx = ThreadContext();
-  if (ctx == nullptr || Aes256Gcm() == nullptr) return false;
+  EVP_CIPHER_CTX* ctx = GcmContextFor(key);
+  if (ctx == nullptr) return false;
   const int enc = encrypt ? 1 : 0;
-  if (EVP_CipherInit_ex(ctx, Aes256Gcm(), nullptr, key.data(), nonce, enc) != 1) return false;
+  if (EVP_CipherInit_ex(ctx, nullptr, nullptr, nullptr, nonce, enc) != 1) return false;
   int length = 0;
   for (absl::string_view part : aad) {
     if (part.empty()) continue;
@@ -285,10 +360,11 @@ absl::StatusOr<std::array<uint8_t, 16>> RecordSealer::NameDigest(uint32_t key_id
                                                                  absl::string_view bytes) const {
   ASSIGN_OR_RETURN(const TierKeyring::TenantKeys keys, keyring_->TenantKeysFor(key_id, tenant));
   uint8_t mac[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (HMAC(EVP_sha256(), keys.name.data(), static_cast<int>(keys.name.size()),
-           reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), mac, &length) == nullptr ||
-      length < 16) {
+  size_t length = 0;
+  EVP_MAC_CTX* ctx = HmacContextFor(keys.name);
+  if (ctx == nullptr || EVP_MAC_init(ctx, nullptr, 0, nullptr) != 1 ||
+      EVP_MAC_update(ctx, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()) != 1 ||
+      EVP_MAC_final(ctx, mac, &length, sizeof(mac)) != 1 || length < 16) {
     return absl::InternalError("HMAC-SHA-256 failed (OpenSSL)");
   }
   std::array<uint8_t, 16> digest;
