@@ -9,21 +9,19 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "common/block_checksum.h"
-#include "tests/testing/redis_cluster_process.h"
-#include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/tiers/cluster_test_chains.h"
 #include "tiers/cluster_tier.h"
 
 namespace kvcache {
 namespace {
 
-using ::kvcache::testing::RedisClusterProcess;
-using ::kvcache::testing::ScopedTempDir;
 using ::testing::StartsWith;
 
-constexpr uint32_t kTokensPerBlock = 16;
-constexpr uint64_t kBlockBytes = 32 << 10;  // the default pool's: a split record
+using ::kvcache::testing::Chain;
+
+constexpr uint32_t kTokensPerBlock = testing::kChainTokensPerBlock;
+constexpr uint64_t kBlockBytes = testing::kChainBlockBytes;
 
 PoolIdentity Pool() {
   return PoolIdentity{.model_id = "sealed-model",
@@ -44,51 +42,11 @@ std::shared_ptr<const TierKeyring> Keyring(std::vector<TierMasterKey> keys) {
   return *std::move(keyring);
 }
 
-struct Chain {
-  std::vector<BlockRecordIdentity> identities;
-  std::vector<std::string> bytes;
-};
+// A chain of tenant acme's.
+Chain MakeChain(int blocks, uint64_t ns) { return testing::MakeChain(blocks, ns, "acme"); }
 
-// A chain of `blocks` blocks of `tenant` in namespace `ns`.
-Chain MakeChain(int blocks, uint64_t ns, const std::string& tenant = "acme") {
-  Chain chain;
-  Hash128 parent{0, ns};
-  for (int i = 0; i < blocks; ++i) {
-    BlockRecordIdentity identity;
-    identity.hash = Hash128{7000 + static_cast<uint64_t>(i), ns};
-    identity.parent_hash = parent;
-    identity.namespace_digest = ns;
-    identity.prefix_digest = (ns << 8) ^ i;
-    identity.tenant = tenant;
-    for (uint32_t t = 0; t < kTokensPerBlock; ++t)
-      identity.tokens.push_back(0x51ed0000 + i * 100 + t);
-    std::string bytes(kBlockBytes, '\0');
-    for (uint64_t b = 0; b < kBlockBytes; ++b) bytes[b] = static_cast<char>((b * 13 + i) & 0xff);
-    identity.checksum = BlockChecksum(bytes.data(), bytes.size());
-    parent = identity.hash;
-    chain.identities.push_back(identity);
-    chain.bytes.push_back(std::move(bytes));
-  }
-  return chain;
-}
-
-class SealedClusterTierTest : public ::testing::Test {
+class SealedClusterTierTest : public testing::RedisClusterSuite {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new ScopedTempDir("kvcache-sealed-cluster");
-    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
-        RedisClusterProcess::Start(dir_->path());
-    ASSERT_OK(redis);
-    redis_ = redis->release();
-  }
-  static void TearDownTestSuite() {
-    delete redis_;
-    redis_ = nullptr;
-    delete dir_;
-    dir_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(redis_, nullptr); }
-
   std::unique_ptr<ClusterTier> MakeTier(std::shared_ptr<const TierKeyring> keyring) {
     ClusterTierOptions options;
     options.redis.seeds = {redis_->address(0)};
@@ -110,15 +68,9 @@ class SealedClusterTierTest : public ::testing::Test {
     for (const absl::Status& status : tier.Store(records)) ASSERT_OK(status);
   }
 
-  // Loads `expected`; every loaded block's bytes checked against `chain`.
   static size_t Load(ClusterTier& tier, const std::vector<BlockRecordIdentity>& expected,
                      const Chain& chain) {
-    std::vector<std::string> out(expected.size(), std::string(kBlockBytes, '\0'));
-    std::vector<uint8_t*> pointers;
-    for (std::string& block : out) pointers.push_back(reinterpret_cast<uint8_t*>(block.data()));
-    const size_t loaded = tier.LoadPrefix(expected, pointers);
-    for (size_t i = 0; i < loaded; ++i) EXPECT_TRUE(out[i] == chain.bytes[i]) << "block " << i;
-    return loaded;
+    return testing::LoadChecked(tier, expected, chain);
   }
 
   static std::string Get(ClusterTier& tier, const std::string& key) {
@@ -130,14 +82,9 @@ class SealedClusterTierTest : public ::testing::Test {
     for (const absl::Status& status : tier.redis().Set({{key, value}})) ASSERT_OK(status);
   }
 
-  static ScopedTempDir* dir_;
-  static RedisClusterProcess* redis_;
   std::shared_ptr<const TierKeyring> keys_ = Keyring({Key(1, 'a')});
   std::shared_ptr<SealWorkers> workers_ = std::make_shared<SealWorkers>(2);
 };
-
-ScopedTempDir* SealedClusterTierTest::dir_ = nullptr;
-RedisClusterProcess* SealedClusterTierTest::redis_ = nullptr;
 
 TEST_F(SealedClusterTierTest, ValuesAndNamesRoundTripAndHoldNothingInTheClear) {
   std::unique_ptr<ClusterTier> tier = MakeTier(keys_);

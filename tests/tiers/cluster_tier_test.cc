@@ -16,6 +16,7 @@
 #include "tests/testing/redis_cluster_process.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/tiers/cluster_test_chains.h"
 #include "tests/tiers/test_blocks.h"
 #include "tiers/record_codec.h"
 
@@ -23,12 +24,13 @@ namespace kvcache {
 namespace {
 
 using ::kvcache::testing::PollUntil;
-using ::kvcache::testing::RedisClusterProcess;
-using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
 
-constexpr uint32_t kTokensPerBlock = 16;
-constexpr uint64_t kBlockBytes = 32 << 10;  // the default pool's: a split record
+using ::kvcache::testing::Chain;
+using ::kvcache::testing::MakeChain;
+
+constexpr uint32_t kTokensPerBlock = testing::kChainTokensPerBlock;
+constexpr uint64_t kBlockBytes = testing::kChainBlockBytes;
 
 TEST(SizeClassTest, RoundsDownToJemallocClasses) {
   EXPECT_EQ(SizeClassAtMost(100), 96u);
@@ -48,52 +50,12 @@ PoolIdentity Pool(const std::string& model = "test-model") {
                       .block_bytes = kBlockBytes};
 }
 
-struct Chain {
-  std::vector<BlockRecordIdentity> identities;
-  std::vector<std::string> bytes;
-};
-
-// A chain of `blocks` blocks in namespace `ns`, each block's bytes derived from its position.
-Chain MakeChain(int blocks, uint64_t ns, uint64_t seed = 1) {
-  Chain chain;
-  Hash128 parent{0, ns};
-  for (int i = 0; i < blocks; ++i) {
-    BlockRecordIdentity identity;
-    identity.hash = Hash128{seed * 1000 + i, ns};
-    identity.parent_hash = parent;
-    identity.namespace_digest = ns;
-    identity.prefix_digest = (seed << 32) ^ (ns << 8) ^ i;
-    for (uint32_t t = 0; t < kTokensPerBlock; ++t) identity.tokens.push_back(i * 100 + t);
-    std::string bytes(kBlockBytes, '\0');
-    for (uint64_t b = 0; b < kBlockBytes; ++b)
-      bytes[b] = static_cast<char>((b * 31 + i + seed) & 0xff);
-    identity.checksum = BlockChecksum(bytes.data(), bytes.size());
-    parent = identity.hash;
-    chain.identities.push_back(identity);
-    chain.bytes.push_back(std::move(bytes));
-  }
-  return chain;
-}
-
-// One cluster for the suite (each start takes seconds); tests use namespaces of their own, and
-// one that kills a master restarts it.
-class ClusterTierTest : public ::testing::Test {
+// One cluster for the suite; tests use namespaces of their own, and one that kills a master
+// restarts it.
+class ClusterTierTest : public testing::RedisClusterSuite {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new ScopedTempDir("kvcache-cluster-tier");
-    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
-        RedisClusterProcess::Start(dir_->path());
-    ASSERT_OK(redis);
-    redis_ = redis->release();
-  }
-  static void TearDownTestSuite() {
-    delete redis_;
-    redis_ = nullptr;
-    delete dir_;
-    dir_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_NE(redis_, nullptr);
+    RedisClusterSuite::SetUp();
     tier_ = MakeTier(Pool(), true);
   }
   void TearDown() override { tier_.reset(); }
@@ -119,24 +81,13 @@ class ClusterTierTest : public ::testing::Test {
     for (const absl::Status& status : tier.Store(records)) ASSERT_OK(status);
   }
 
-  // Loads `expected` and checks every loaded block's bytes against `chain`.
-  size_t Load(ClusterTier& tier, const std::vector<BlockRecordIdentity>& expected,
-              const Chain& chain) {
-    std::vector<std::string> out(expected.size(), std::string(kBlockBytes, '\0'));
-    std::vector<uint8_t*> pointers;
-    for (std::string& block : out) pointers.push_back(reinterpret_cast<uint8_t*>(block.data()));
-    const size_t loaded = tier.LoadPrefix(expected, pointers);
-    for (size_t i = 0; i < loaded; ++i) EXPECT_TRUE(out[i] == chain.bytes[i]) << "block " << i;
-    return loaded;
+  static size_t Load(ClusterTier& tier, const std::vector<BlockRecordIdentity>& expected,
+                     const Chain& chain) {
+    return testing::LoadChecked(tier, expected, chain);
   }
 
-  static ScopedTempDir* dir_;  // the Redis nodes' files; outlives redis_
-  static RedisClusterProcess* redis_;
   std::unique_ptr<ClusterTier> tier_;
 };
-
-ScopedTempDir* ClusterTierTest::dir_ = nullptr;
-RedisClusterProcess* ClusterTierTest::redis_ = nullptr;
 
 TEST_F(ClusterTierTest, StoresAndLoadsAChainVerified) {
   EXPECT_LT(tier_->HeadDataBytes(), kBlockBytes);  // a 32 KiB block plus its header is split
