@@ -3,8 +3,10 @@
 # unpacked (at the build's own path): the GPU tests, then the benchmarks that want a GPU or a
 # bigger machine than CI's. Each part's output also lands in RESULTS_DIR/<part>.log.
 #
-# Usage: [MODES="tests kernels transport data_plane tiers worker"] [RESULTS_DIR=dir] [PART_TIMEOUT=300] \
-#          [DATA_PLANE_SECONDS=3] scripts/run_on_gpu_host.sh [BUILD_DIR]
+# Usage: [MODES="tests kernels transport data_plane tiers sealed worker"] [RESULTS_DIR=dir] \
+#          [PART_TIMEOUT=300] [DATA_PLANE_SECONDS=3] [DISK_BENCH_DIR=dir] \
+#          scripts/run_on_gpu_host.sh [BUILD_DIR]
+# DISK_BENCH_DIR (default BUILD_DIR/bench-disk) holds the disk benches' files: on a disk, not tmpfs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
@@ -31,7 +33,7 @@ run() {
   timeout "${PART_TIMEOUT:-300}" "$@" 2>&1 | tee "$results/$part.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 }
-for mode in ${MODES:-tests kernels transport data_plane tiers worker}; do
+for mode in ${MODES:-tests kernels transport data_plane tiers sealed worker}; do
   case $mode in
     tests) run gpu_tests ctest -L gpu -j4 --timeout 200 --output-on-failure ;;
     kernels) run kernels_bench bin/kernels_bench ;;
@@ -39,6 +41,16 @@ for mode in ${MODES:-tests kernels transport data_plane tiers worker}; do
     data_plane) run data_plane_bench bin/data_plane_bench "${DATA_PLANE_SECONDS:-3}" ;;
     # Tier 2 loads into a CUDA pool vs cudaMemcpyAsync from the same page-locked memory.
     tiers) run tier_bench bin/tier_bench 1 device ;;
+    # Sealed tiers vs unsealed (--tier_key_file), on the host's cores: the seal workers' share.
+    sealed)
+      disk_dir=${DISK_BENCH_DIR:-$PWD/bench-disk}
+      mkdir -p "$disk_dir"
+      run record_seal_bench bin/record_seal_bench
+      run redis_cluster_bench_256k bin/redis_cluster_bench 262144 400 9
+      run redis_cluster_bench_32k bin/redis_cluster_bench 32768 400 9
+      run disk_tier_bench bin/disk_tier_bench "$disk_dir"
+      run tier_bench_disk bin/tier_bench 1 disk "$disk_dir"
+      rm -rf "$disk_dir" ;;
     # The Qwen3-MoE worker on a wider tiny checkpoint, then the hybrid (Qwen3-Next) over state pages.
     worker)
       python3 ../scripts/make_tiny_checkpoint.py wide --hidden 512 --moe_intermediate 512 \
