@@ -123,17 +123,20 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
       }
       Values& value = values[i];
       value.key = *std::move(key);
-      value.head.assign(header_bytes_ + head_data_bytes_, '\0');
-      value.tail.assign(split ? options_.pool.block_bytes - head_data_bytes_ : 0, '\0');
+      const uint64_t tail_bytes = split ? options_.pool.block_bytes - head_data_bytes_ : 0;
       if (!sealer_.has_value()) {
+        value.head.resize(header_bytes_ + head_data_bytes_);
+        value.tail.resize(tail_bytes);
         results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
                                         absl::MakeSpan(value.head.data(), header_bytes_));
         std::memcpy(value.head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
         std::memcpy(value.tail.data(), record.bytes.data() + head_data_bytes_, value.tail.size());
         continue;
       }
-      // The bytes are encrypted straight into the two values.
-      sealing.Run([this, &record, &value, &result = results[i]] {
+      // The bytes are encrypted straight into the two values, made on the worker too.
+      sealing.Run([this, &record, &value, &result = results[i], tail_bytes] {
+        value.head.resize(header_bytes_ + head_data_bytes_);
+        value.tail.resize(tail_bytes);
         const SealPiece pieces[] = {
             {record.bytes.data(), value.head.data() + header_bytes_, head_data_bytes_},
             {record.bytes.data() + head_data_bytes_, value.tail.data(), value.tail.size()}};
@@ -177,8 +180,8 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
 }
 
 ClusterTier::Found ClusterTier::CheckHead(absl::string_view value,
-                                          const BlockRecordIdentity& expected,
-                                          OpenedHead* opened) const {
+                                          const BlockRecordIdentity& expected, OpenedHead* opened,
+                                          bool with_data) const {
   if (sealer_.has_value()) {
     absl::StatusOr<OpenedHead> open =
         sealer_->OpenHead(value.substr(0, header_bytes_), expected.tenant);
@@ -195,7 +198,7 @@ ClusterTier::Found ClusterTier::CheckHead(absl::string_view value,
     if (!header.ok()) return Found::kCorrupt;
     opened->header = *std::move(header);
   }
-  if (value.size() != header_bytes_ + head_data_bytes_) return Found::kCorrupt;
+  if (value.size() != header_bytes_ + (with_data ? head_data_bytes_ : 0)) return Found::kCorrupt;
   if (!PoolMismatch(opened->header.pool, options_.pool).empty()) return Found::kForeign;
   if (!RecordMismatch(opened->header.block, expected).empty()) return Found::kOtherBlock;
   return Found::kGood;
@@ -220,6 +223,9 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
   std::vector<Found> head(named, Found::kNothing);
   std::vector<Found> tail(named, Found::kNothing);
   std::vector<OpenedHead> opened(named);
+  // Sealed, a head of the right size is copied here and opened on the seal workers with its
+  // body, so that the thread reading the replies only copies: it sets the pace of the load.
+  std::string sealed_heads(sealer_.has_value() ? named * header_bytes_ : 0, '\0');
   // The whole block's verdict, once both its halves are in: sealed, it opens as a whole or not at
   // all (a head and a tail of two different writes do not), then the checksum its header was
   // written with decides. Checked from inside the visitor (sealed, on the seal workers), so that
@@ -227,6 +233,12 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
   std::vector<Found> body(named, Found::kNothing);
   const auto check_body = [&](size_t record) {
     char* const bytes = reinterpret_cast<char*>(out[record]);
+    if (head[record] == Found::kArrived) {
+      head[record] =
+          CheckHead(absl::string_view(sealed_heads.data() + record * header_bytes_, header_bytes_),
+                    expected[record], &opened[record], /*with_data=*/false);
+      if (head[record] != Found::kGood) return;
+    }
     if (sealer_.has_value() &&
         !sealer_->OpenBody(opened[record], expected[record], {SealPiece{bytes, bytes, block_bytes}})
              .ok()) {
@@ -251,13 +263,18 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
           }
           std::memcpy(out[record] + head_data_bytes_, value.data(), tail_bytes);
           tail[record] = Found::kGood;
+        } else if (sealer_.has_value() && value.size() == header_bytes_ + head_data_bytes_) {
+          std::memcpy(sealed_heads.data() + record * header_bytes_, value.data(), header_bytes_);
+          std::memcpy(out[record], value.data() + header_bytes_, head_data_bytes_);
+          head[record] = Found::kArrived;
         } else {
           head[record] = CheckHead(value, expected[record], &opened[record]);
           if (head[record] != Found::kGood) return;
           std::memcpy(out[record], value.data() + header_bytes_, head_data_bytes_);
         }
         // Once both halves are in (each comes once), and only then: the task owns out[record].
-        if (head[record] == Found::kGood && (!split || tail[record] == Found::kGood)) {
+        const bool head_in = head[record] == Found::kGood || head[record] == Found::kArrived;
+        if (head_in && (!split || tail[record] == Found::kGood)) {
           opening.Run([&check_body, record] { check_body(record); });
         }
       },
@@ -265,6 +282,11 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
   opening.Wait();
   for (; run.loaded < named; ++run.loaded) {
     const size_t i = run.loaded;
+    // A sealed head whose tail never came, or came wrong, was not opened: its verdict first.
+    if (head[i] == Found::kArrived) {
+      head[i] = CheckHead(absl::string_view(sealed_heads.data() + i * header_bytes_, header_bytes_),
+                          expected[i], &opened[i], /*with_data=*/false);
+    }
     const absl::Status& head_status = results[i * per_record];
     if (!head_status.ok() || head[i] != Found::kGood) {
       run.status = head_status;

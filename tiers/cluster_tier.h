@@ -135,7 +135,16 @@ class ClusterTier {
 
  private:
   // Why a record's value did not load.
-  enum class Found : uint8_t { kNothing, kGood, kCorrupt, kForeign, kOtherBlock, kUnopened };
+  // kArrived: a sealed head of the right size, in, its opening left to the seal workers.
+  enum class Found : uint8_t {
+    kNothing,
+    kArrived,
+    kGood,
+    kCorrupt,
+    kForeign,
+    kOtherBlock,
+    kUnopened
+  };
   // What one pass of pipelined GETs under one key's names loaded, and why it stopped.
   struct Run {
     size_t loaded = 0;
@@ -158,8 +167,9 @@ class ClusterTier {
   std::vector<uint64_t> ProbeRun(uint32_t key_id, absl::Span<const BlockRecordIdentity> expected,
                                  absl::Time deadline, bool* stopped_absent);
   // A head value's verdict; on kGood its header (and, sealed, what its body needs) in `opened`.
-  Found CheckHead(absl::string_view value, const BlockRecordIdentity& expected,
-                  OpenedHead* opened) const;
+  // `with_data` false: `value` is the head's header alone (its data copied out already).
+  Found CheckHead(absl::string_view value, const BlockRecordIdentity& expected, OpenedHead* opened,
+                  bool with_data = true) const;
   // Counts a load that stopped short.
   void CountMiss(const Run& run, const BlockRecordIdentity& stopped_at);
 

@@ -9,7 +9,12 @@ int SealWorkers::DefaultThreads() {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 4), 1, 4);
 }
 
-SealWorkers::SealWorkers(int threads) {
+SealWorkers::SealWorkers(int threads)
+    : SealWorkers(threads, static_cast<int>(std::thread::hardware_concurrency()) >= 4 * threads
+                               ? kSpin
+                               : absl::ZeroDuration()) {}
+
+SealWorkers::SealWorkers(int threads, absl::Duration spin) : spin_(spin) {
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
@@ -17,6 +22,7 @@ SealWorkers::~SealWorkers() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    stopping_now_.store(true);
     work_.SignalAll();
   }
   for (std::thread& thread : threads_) thread.join();
@@ -38,7 +44,10 @@ void SealWorkers::Enqueue(const Group* group, absl::AnyInvocable<void() &&> task
   absl::MutexLock lock(&mu_);
   ++pending_[group];
   queue_.push_back(Task{group, std::move(task)});
-  work_.Signal();
+  queued_.store(queue_.size());
+  // A worker still looking takes it (it checks the queue under mu_ before it sleeps); only the
+  // tasks past the lookers' number need a sleeper woken.
+  if (static_cast<size_t>(looking_.load()) < queue_.size()) work_.Signal();
 }
 
 void SealWorkers::WaitFor(const Group* group) {
@@ -52,6 +61,7 @@ void SealWorkers::WaitFor(const Group* group) {
     }
     Task task = std::move(*it);
     queue_.erase(it);
+    queued_.store(queue_.size());
     mu_.Unlock();
     RunTask(std::move(task));
     mu_.Lock();
@@ -61,8 +71,26 @@ void SealWorkers::WaitFor(const Group* group) {
   mu_.Unlock();
 }
 
+void SealWorkers::LookForWork() {
+  looking_.fetch_add(1);
+  const absl::Time until = absl::Now() + spin_;
+  for (int i = 1; queued_.load(std::memory_order_relaxed) == 0 &&
+                  !stopping_now_.load(std::memory_order_relaxed);
+       ++i) {
+    if (i % 64 == 0 && absl::Now() >= until) break;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  // Enqueue reads looking_ under mu_ after it queued: a task it left unsignalled is in the queue
+  // when this worker, having stopped looking, takes mu_.
+  looking_.fetch_sub(1);
+}
+
 void SealWorkers::Loop() {
+  bool ran = false;
   while (true) {
+    if (ran && spin_ > absl::ZeroDuration()) LookForWork();
     Task task;
     {
       absl::MutexLock lock(&mu_);
@@ -70,8 +98,10 @@ void SealWorkers::Loop() {
       if (queue_.empty()) return;  // stopping, nothing left to run
       task = std::move(queue_.front());
       queue_.pop_front();
+      queued_.store(queue_.size());
     }
     RunTask(std::move(task));
+    ran = true;
   }
 }
 

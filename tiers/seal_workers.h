@@ -7,10 +7,17 @@
 // queued tasks itself, so a pool busy with other callers' work never stalls it, and a pool of
 // no threads (or no pool) runs everything on the caller's thread.
 //
+// A load hands out one task per record as its replies arrive, usually slower than the workers
+// finish them: a worker that slept after each task would cost the handing thread a wake-up (a
+// futex call) per record. So where the machine has cores to spare (four a worker), a worker that
+// ran a task looks for the next one for kSpin before it sleeps, and a task finds a looking
+// worker without waking one.
+//
 // Thread safety: thread-safe; a Group belongs to the one thread that made it.
 #ifndef KVCACHE_TIERS_SEAL_WORKERS_H_
 #define KVCACHE_TIERS_SEAL_WORKERS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <thread>
@@ -20,6 +27,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace kvcache {
 
@@ -29,6 +37,10 @@ class SealWorkers {
   static int DefaultThreads();
 
   explicit SealWorkers(int threads);
+  // As above, with the time a worker looks for the next task before it sleeps (zero: never).
+  SealWorkers(int threads, absl::Duration spin);
+
+  static constexpr absl::Duration kSpin = absl::Microseconds(50);
   // Runs what is queued, then joins.
   ~SealWorkers();
   SealWorkers(const SealWorkers&) = delete;
@@ -64,6 +76,14 @@ class SealWorkers {
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `task` outside mu_, then counts it done in its group.
   void RunTask(Task task) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Waits up to spin_ for a task to be queued, without the mutex.
+  void LookForWork();
+
+  const absl::Duration spin_;
+  std::atomic<int> looking_{0};            // workers in LookForWork
+  std::atomic<size_t> queued_{0};          // queue_.size(), for LookForWork
+  std::atomic<bool> stopping_now_{false};  // stopping_, for LookForWork
 
   absl::Mutex mu_;
   absl::CondVar work_;  // a task queued, or stopping

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 
 namespace kvcache {
 namespace {
@@ -61,6 +62,30 @@ TEST(SealWorkersTest, ACallerRunsItsOwnTasksWhileTheWorkersAreBusy) {
   EXPECT_EQ(ran, 8);
   release.Notify();
   other.Wait();
+}
+
+// Workers that look for the next task before they sleep: tasks handed out one at a time, some
+// while a worker still looks and some after every worker slept, each run by a worker without the
+// caller waiting for it (a task left queued unsignalled would only run inside Wait).
+TEST(SealWorkersTest, TasksHandedOutWhileWorkersLookOrSleepAllRunOnWorkers) {
+  for (const absl::Duration spin : {absl::Milliseconds(5), absl::ZeroDuration()}) {
+    SealWorkers workers(2, spin);
+    SealWorkers::Group group(&workers);
+    const std::thread::id caller = std::this_thread::get_id();
+    for (int i = 0; i < 40; ++i) {
+      absl::Notification ran;
+      std::atomic<bool> on_worker{false};
+      group.Run([&] {
+        on_worker = std::this_thread::get_id() != caller;
+        ran.Notify();
+      });
+      ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10))) << i;
+      EXPECT_TRUE(on_worker.load()) << i;
+      // Next task: at once, while the worker looks; a little later; or after it slept.
+      absl::SleepFor(absl::Milliseconds(i % 3 == 0 ? 0 : (i % 3 == 1 ? 2 : 12)));
+    }
+    group.Wait();
+  }
 }
 
 }  // namespace
