@@ -63,6 +63,7 @@ void SealWorkers::WaitFor(const Group* group) {
     queue_.erase(it);
     queued_.store(queue_.size());
     mu_.Unlock();
+    ran_by_callers_.fetch_add(1, std::memory_order_relaxed);
     RunTask(std::move(task));
     mu_.Lock();
     it = queue_.begin();
@@ -100,6 +101,7 @@ void SealWorkers::Loop() {
       queue_.pop_front();
       queued_.store(queue_.size());
     }
+    ran_on_workers_.fetch_add(1, std::memory_order_relaxed);
     RunTask(std::move(task));
     ran = true;
   }

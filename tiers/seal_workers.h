@@ -47,6 +47,12 @@ class SealWorkers {
   SealWorkers& operator=(const SealWorkers&) = delete;
 
   int threads() const { return static_cast<int>(threads_.size()); }
+  absl::Duration spin() const { return spin_; }
+
+  // Queued tasks so far, by who ran them: a worker, or the group's owner while it waited (the
+  // workers busy, or slow to wake). Tasks of a pool of no threads are not counted.
+  uint64_t ran_on_workers() const { return ran_on_workers_.load(std::memory_order_relaxed); }
+  uint64_t ran_by_callers() const { return ran_by_callers_.load(std::memory_order_relaxed); }
 
   class Group {
    public:
@@ -84,6 +90,8 @@ class SealWorkers {
   std::atomic<int> looking_{0};            // workers in LookForWork
   std::atomic<size_t> queued_{0};          // queue_.size(), for LookForWork
   std::atomic<bool> stopping_now_{false};  // stopping_, for LookForWork
+  std::atomic<uint64_t> ran_on_workers_{0};
+  std::atomic<uint64_t> ran_by_callers_{0};
 
   absl::Mutex mu_;
   absl::CondVar work_;  // a task queued, or stopping
