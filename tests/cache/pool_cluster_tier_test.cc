@@ -28,13 +28,29 @@ constexpr uint32_t kBlockSize = 4;
 
 class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
  protected:
+  // One cluster for the suite (a start takes seconds); each test begins with it empty and every
+  // node running.
+  static void SetUpTestSuite() {
+    dir_ = new ::kvcache::testing::ScopedTempDir("kvcache-pool-cluster");
+    auto cluster = testing::RedisClusterProcess::Start(dir_->path());
+    ASSERT_OK(cluster);
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+    delete dir_;
+    dir_ = nullptr;
+  }
   void SetUp() override {
     if (GetParam() == PoolMemoryKind::kCuda && !CudaDeviceAvailable()) {
       GTEST_SKIP() << "no CUDA device";
     }
-    auto cluster = testing::RedisClusterProcess::Start(dir_.path());
-    ASSERT_OK(cluster);
-    cluster_ = *std::move(cluster);
+    ASSERT_NE(cluster_, nullptr);
+    for (int node = 0; node < cluster_->size(); ++node) {
+      ASSERT_OK(cluster_->Resume(node));
+      ASSERT_OK(cluster_->Cli(node, {"FLUSHALL"}));
+    }
   }
 
   // A node's pool: 8 blocks, a 16-slot tier 2 if `host_tier`, the cluster below (its nodes
@@ -96,9 +112,9 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     return {};
   }
 
-  ::kvcache::testing::ScopedTempDir dir_;
+  static inline ::kvcache::testing::ScopedTempDir* dir_ = nullptr;
+  static inline testing::RedisClusterProcess* cluster_ = nullptr;
   std::shared_ptr<SealWorkers> seal_workers_ = std::make_shared<SealWorkers>(2);
-  std::unique_ptr<testing::RedisClusterProcess> cluster_;
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
 };
 
@@ -236,6 +252,55 @@ TEST_P(PoolClusterTierTest, PagesPassedDownByOneNodeAreHitsOnAnotherWithTheirPar
   EXPECT_OK(a->CheckInvariants());
   EXPECT_OK(b->CheckInvariants());
   EXPECT_OK(c->CheckInvariants());
+}
+
+// Token blocks with parts (DESIGN §13): what node A committed with a state on its third block
+// only is, on node B, a hit that ends where every asked part restores (three blocks with the
+// state asked for, four without), with A's masks and bytes.
+TEST_P(PoolClusterTierTest, TokenBlocksPassedDownKeepTheirPartsAndTheHitRule) {
+  const auto make = [&](const std::string& name) {
+    return MakePool(name, /*host_tier=*/false, absl::Seconds(1), "kv/96+state/32/trailing1");
+  };
+  std::unique_ptr<Pool> a = make("node-a");
+  std::unique_ptr<Pool> b = make("node-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  constexpr uint32_t kKv = 1, kBoth = 3;
+  const std::vector<uint32_t> prompt = Tokens(500, 17);  // four full blocks
+  auto opened = a->Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+  ASSERT_OK(opened);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_OK(a->WriteBlock(opened->block_ids[i], 0, BlockBytes(*a, prompt, i)));
+  }
+  ASSERT_OK(a->Commit(session_, opened->sequence_id, 16, {kKv, kKv, kBoth, kKv}));
+  ASSERT_OK(a->Release(session_, opened->sequence_id));
+  a->OffloadForTesting();
+  ASSERT_EQ(a->Stats().cluster_tier->stored_blocks, 4u);
+
+  const SequenceSpec with_state{.tokens = prompt, .wanted_parts = kBoth};
+  auto found = b->Lookup("tenant-a", with_state);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_cached_tokens, 0u);  // Lookup does not ask the cluster
+  auto hit = b->Open(session_, with_state, OpenMode::kCompute);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->num_cached_tokens, 12u);
+  EXPECT_EQ(hit->num_cluster_tier_tokens, 12u);
+  EXPECT_EQ(hit->part_masks, (std::vector<uint32_t>{kKv, kKv, kBoth}));
+  for (size_t i = 0; i < 3; ++i) {
+    std::string bytes(b->options().layout.BlockBytes(), '\0');
+    ASSERT_OK(b->ReadBlock(hit->block_ids[i], 0, bytes.size(), bytes.data()));
+    EXPECT_EQ(bytes, BlockBytes(*b, prompt, i)) << "block " << i;
+  }
+  ASSERT_OK(b->Release(session_, hit->sequence_id));
+  // The KV alone restores all four; the fourth comes up from the cluster now.
+  auto kv_only =
+      b->Open(session_, SequenceSpec{.tokens = prompt, .wanted_parts = kKv}, OpenMode::kCompute);
+  ASSERT_OK(kv_only);
+  EXPECT_EQ(kv_only->num_cached_tokens, 16u);
+  EXPECT_EQ(kv_only->part_masks, (std::vector<uint32_t>{kKv, kKv, kBoth, kKv}));
+  ASSERT_OK(b->Release(session_, kv_only->sequence_id));
+  EXPECT_OK(a->CheckInvariants());
+  EXPECT_OK(b->CheckInvariants());
 }
 
 // Regression (issue 29): without a tier 2, a put evicting blocks the mover had not sent yet lost
