@@ -13,7 +13,7 @@
 #include "common/cuda/cuda_device.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/pool_memories.h"
-#include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/redis_cluster_suite.h"
 #include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_files.h"
@@ -26,30 +26,18 @@ using ::kvcache::testing::Tokens;
 
 constexpr uint32_t kBlockSize = 4;
 
-class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
+class PoolClusterTierTest
+    : public testing::RedisClusterSuite<::testing::TestWithParam<PoolMemoryKind>> {
  protected:
-  // One cluster for the suite (a start takes seconds); each test begins with it empty and every
-  // node running.
-  static void SetUpTestSuite() {
-    dir_ = new ::kvcache::testing::ScopedTempDir("kvcache-pool-cluster");
-    auto cluster = testing::RedisClusterProcess::Start(dir_->path());
-    ASSERT_OK(cluster);
-    cluster_ = cluster->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-    delete dir_;
-    dir_ = nullptr;
-  }
+  // Each test begins with the suite's cluster empty and every node running.
   void SetUp() override {
     if (GetParam() == PoolMemoryKind::kCuda && !CudaDeviceAvailable()) {
       GTEST_SKIP() << "no CUDA device";
     }
-    ASSERT_NE(cluster_, nullptr);
-    for (int node = 0; node < cluster_->size(); ++node) {
-      ASSERT_OK(cluster_->Resume(node));
-      ASSERT_OK(cluster_->Cli(node, {"FLUSHALL"}));
+    RedisClusterSuite::SetUp();
+    for (int node = 0; node < redis_->size(); ++node) {
+      ASSERT_OK(redis_->Resume(node));
+      ASSERT_OK(redis_->Cli(node, {"FLUSHALL"}));
     }
   }
 
@@ -70,7 +58,7 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
       EXPECT_OK(parsed);
       if (parsed.ok()) options.parts = *std::move(parsed);
     }
-    options.cluster_tier = RedisClusterOptions{.seeds = cluster_->addresses()};
+    options.cluster_tier = RedisClusterOptions{.seeds = redis_->addresses()};
     options.cluster_tier->io_timeout = absl::Seconds(30);  // only a request's deadline cuts
     options.cluster_tier->retry_down_after = retry_down_after;
     options.testing_manual_offload = true;
@@ -112,8 +100,6 @@ class PoolClusterTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     return {};
   }
 
-  static inline ::kvcache::testing::ScopedTempDir* dir_ = nullptr;
-  static inline testing::RedisClusterProcess* cluster_ = nullptr;
   std::shared_ptr<SealWorkers> seal_workers_ = std::make_shared<SealWorkers>(2);
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
 };
@@ -419,7 +405,7 @@ TEST_P(PoolClusterTierTest, AHungClusterCostsOneOpenItsBudgetThenIsSkippedUntilI
   auto other = b->Open(session_, SequenceSpec{.tokens = Tokens(900, 17)}, OpenMode::kCompute);
   ASSERT_OK(other);
   ASSERT_OK(b->Release(session_, other->sequence_id));
-  for (int node = 0; node < cluster_->size(); ++node) ASSERT_OK(cluster_->Pause(node));
+  for (int node = 0; node < redis_->size(); ++node) ASSERT_OK(redis_->Pause(node));
   EXPECT_EQ(open(), 0u);
   const TierStatsRow first = ClusterRow(*b);
   EXPECT_EQ(first.deadline_blocks, 1u);
@@ -431,7 +417,7 @@ TEST_P(PoolClusterTierTest, AHungClusterCostsOneOpenItsBudgetThenIsSkippedUntilI
   EXPECT_GE(after.skipped_commands, 4u);
   EXPECT_EQ(after.hit_blocks, 0u);
 
-  for (int node = 0; node < cluster_->size(); ++node) ASSERT_OK(cluster_->Resume(node));
+  for (int node = 0; node < redis_->size(); ++node) ASSERT_OK(redis_->Resume(node));
   EXPECT_TRUE(testing::PollUntil([&] { return open() == 16; }))
       << "the cluster did not serve again after its rest";
   EXPECT_OK(b->CheckInvariants());

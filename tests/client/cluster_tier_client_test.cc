@@ -19,7 +19,7 @@
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
 #include "tests/testing/poll_until.h"
-#include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/redis_cluster_suite.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
@@ -37,20 +37,11 @@ struct Node {
   std::unique_ptr<KvCacheClient> client;
 };
 
-class ClusterTierClientTest : public ::testing::Test {
+class ClusterTierClientTest : public testing::RedisClusterSuite<> {
  protected:
   static void SetUpTestSuite() {
     KeepGrpcInitialized();
-    redis_dir_ = new ScopedTempDir("kvcache-cluster-nodes");
-    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
-        RedisClusterProcess::Start(redis_dir_->path());
-    ASSERT_OK(redis);
-    redis_ = redis->release();
-  }
-  static void TearDownTestSuite() {
-    delete redis_;
-    redis_ = nullptr;
-    delete redis_dir_;
+    StartRedisCluster();
   }
 
   void TearDown() override {
@@ -116,15 +107,10 @@ class ClusterTierClientTest : public ::testing::Test {
         << "node A's mover wrote " << ClusterStats(a_).stored_blocks << " of " << stored;
   }
 
-  static ScopedTempDir* redis_dir_;  // the Redis nodes' files; outlives redis_
-  static RedisClusterProcess* redis_;
   uint64_t block_bytes_ = 0;
   Node a_;
   Node b_;
 };
-
-ScopedTempDir* ClusterTierClientTest::redis_dir_ = nullptr;
-RedisClusterProcess* ClusterTierClientTest::redis_ = nullptr;
 
 TEST_F(ClusterTierClientTest, APrefixPutOnOneNodeIsAHitOnAnother) {
   ASSERT_NO_FATAL_FAILURE(StartNode(a_, {redis_->address(0)}));

@@ -28,7 +28,7 @@
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/integration/worker_runner.h"
 #include "tests/testing/poll_until.h"
-#include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/redis_cluster_suite.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tiers/record_codec.h"
@@ -68,16 +68,12 @@ struct Node {
   std::unique_ptr<KvCacheClient> observer;
 };
 
-class ClusterTierProcessTest : public ::testing::Test {
+class ClusterTierProcessTest : public testing::RedisClusterSuite<> {
  protected:
   static void SetUpTestSuite() {
     const char* bin_dir = std::getenv("KVCACHE_BIN_DIR");
     ASSERT_NE(bin_dir, nullptr) << "KVCACHE_BIN_DIR must name the folder of kvcache-manager";
-    redis_dir_ = new ScopedTempDir("kvcache-cluster-redis");
-    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
-        RedisClusterProcess::Start(redis_dir_->path());
-    ASSERT_OK(redis);
-    redis_ = redis->release();
+    StartRedisCluster();
     absl::StatusOr<WorkerRunner> runner =
         WorkerRunner::Create(bin_dir, KVCACHE_TINY_CHECKPOINT_DIR, kBlockSize, kNewTokens);
     ASSERT_OK(runner);
@@ -86,10 +82,7 @@ class ClusterTierProcessTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete runner_;
     runner_ = nullptr;
-    delete redis_;
-    redis_ = nullptr;
-    delete redis_dir_;
-    redis_dir_ = nullptr;
+    StopRedisCluster();
   }
 
   void SetUp() override {
@@ -191,16 +184,12 @@ class ClusterTierProcessTest : public ::testing::Test {
     return owners;
   }
 
-  static ScopedTempDir* redis_dir_;  // the Redis nodes' files; outlives redis_
-  static RedisClusterProcess* redis_;
   static WorkerRunner* runner_;
   ScopedTempDir dir_{"kvcache-cluster-nodes"};  // sockets, identities, tokens
   Node a_;
   Node b_;
 };
 
-ScopedTempDir* ClusterTierProcessTest::redis_dir_ = nullptr;
-RedisClusterProcess* ClusterTierProcessTest::redis_ = nullptr;
 WorkerRunner* ClusterTierProcessTest::runner_ = nullptr;
 
 TEST_F(ClusterTierProcessTest, APromptComputedOnNodeAIsAClusterHitOnNodeBIdenticalToAColdRun) {

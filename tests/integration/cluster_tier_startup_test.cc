@@ -22,7 +22,7 @@
 #include "absl/time/clock.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/testing/poll_until.h"
-#include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/redis_cluster_suite.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/spawn_process.h"
 #include "tests/testing/status_matchers.h"
@@ -47,20 +47,10 @@ struct Ended {
   std::string output;  // stdout and stderr
 };
 
-class ClusterTierStartupTest : public ::testing::Test {
+class ClusterTierStartupTest : public testing::RedisClusterSuite<> {
  protected:
   static void SetUpTestSuite() {
-    redis_dir_ = new ScopedTempDir("kvcache-cluster-startup");
-    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis = RedisClusterProcess::Start(
-        redis_dir_->path(), 3, {"--requirepass", kPassword, "--masterauth", kPassword});
-    ASSERT_OK(redis);
-    redis_ = redis->release();
-  }
-  static void TearDownTestSuite() {
-    delete redis_;
-    redis_ = nullptr;
-    delete redis_dir_;
-    redis_dir_ = nullptr;
+    StartRedisCluster(3, {"--requirepass", kPassword, "--masterauth", kPassword});
   }
 
   // A password file holding `password`, with `mode`.
@@ -121,13 +111,8 @@ class ClusterTierStartupTest : public ::testing::Test {
     return ended;
   }
 
-  static ScopedTempDir* redis_dir_;  // the Redis nodes' files; outlives redis_
-  static RedisClusterProcess* redis_;
   ScopedTempDir dir_{"kvcache-cluster-startup-daemon"};
 };
-
-ScopedTempDir* ClusterTierStartupTest::redis_dir_ = nullptr;
-RedisClusterProcess* ClusterTierStartupTest::redis_ = nullptr;
 
 TEST_F(ClusterTierStartupTest, SaysEveryMasterReachedAndEverySlotCovered) {
   absl::StatusOr<Subprocess> daemon =

@@ -1,20 +1,15 @@
 // What the cluster tier's tests share: chains of 32 KiB blocks (the default pool's, so a record is
 // split to fit jemalloc's size classes) whose identities and bytes derive from their namespace,
-// a check that a load brought each block's own bytes, and one 3-master Redis Cluster per suite
-// (a start takes seconds; tests keep to namespaces of their own).
+// and a check that a load brought each block's own bytes.
 #ifndef KVCACHE_TESTS_TIERS_CLUSTER_TEST_CHAINS_H_
 #define KVCACHE_TESTS_TIERS_CLUSTER_TEST_CHAINS_H_
 
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/block_checksum.h"
-#include "tests/testing/redis_cluster_process.h"
-#include "tests/testing/scoped_temp_dir.h"
-#include "tests/testing/status_matchers.h"
 #include "tiers/cluster_tier.h"
 
 namespace kvcache::testing {
@@ -65,29 +60,6 @@ inline size_t LoadChecked(ClusterTier& tier, const std::vector<BlockRecordIdenti
   for (size_t i = 0; i < loaded; ++i) EXPECT_TRUE(out[i] == chain.bytes[i]) << "block " << i;
   return loaded;
 }
-
-// A test suite with one Redis Cluster for all its tests: redis_ (and the nodes' folder, which
-// outlives it) from SetUpTestSuite to TearDownTestSuite.
-class RedisClusterSuite : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new ScopedTempDir("kvcache-cluster-tier");
-    absl::StatusOr<std::unique_ptr<RedisClusterProcess>> redis =
-        RedisClusterProcess::Start(dir_->path());
-    ASSERT_OK(redis);
-    redis_ = redis->release();
-  }
-  static void TearDownTestSuite() {
-    delete redis_;
-    redis_ = nullptr;
-    delete dir_;
-    dir_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(redis_, nullptr); }
-
-  static inline ScopedTempDir* dir_ = nullptr;
-  static inline RedisClusterProcess* redis_ = nullptr;
-};
 
 }  // namespace kvcache::testing
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "tests/testing/redis_cluster_suite.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/tiers/cluster_test_chains.h"
 #include "tiers/cluster_tier.h"
@@ -45,7 +46,7 @@ std::shared_ptr<const TierKeyring> Keyring(std::vector<TierMasterKey> keys) {
 // A chain of tenant acme's.
 Chain MakeChain(int blocks, uint64_t ns) { return testing::MakeChain(blocks, ns, "acme"); }
 
-class SealedClusterTierTest : public testing::RedisClusterSuite {
+class SealedClusterTierTest : public testing::RedisClusterSuite<> {
  protected:
   std::unique_ptr<ClusterTier> MakeTier(std::shared_ptr<const TierKeyring> keyring) {
     ClusterTierOptions options;

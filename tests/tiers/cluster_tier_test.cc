@@ -14,6 +14,7 @@
 #include "common/block_checksum.h"
 #include "tests/testing/poll_until.h"
 #include "tests/testing/redis_cluster_process.h"
+#include "tests/testing/redis_cluster_suite.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/tiers/cluster_test_chains.h"
@@ -52,7 +53,7 @@ PoolIdentity Pool(const std::string& model = "test-model") {
 
 // One cluster for the suite; tests use namespaces of their own, and one that kills a master
 // restarts it.
-class ClusterTierTest : public testing::RedisClusterSuite {
+class ClusterTierTest : public testing::RedisClusterSuite<> {
  protected:
   void SetUp() override {
     RedisClusterSuite::SetUp();
