@@ -5,12 +5,30 @@
 // own copy of the index included). Printed per block, and extrapolated to 100M blocks from the
 // per-block figure. Measured in process with the daemon's own Pool and KvEventLog: the gRPC layer
 // keeps nothing per block. Baseline: the bar of 128 bytes per block. No timing.
+// Prompts are random ids of Llama 3's vocabulary (128,256 tokens, 17 bits): the pool stores
+// tokens at the width its vocabulary needs (PackedTokens), so a counter running past 2^18
+// would measure a vocabulary no model has.
+//
+// Where the bytes go, per block of the pool (16 tokens a block; "held": blocks an open sequence
+// holds, half the pool here):
+//   BlockPool::BlockMeta                  80  hash, 4 digests incl. checksum, 6 links, ref, flags
+//   BlockPool tokens (PackedTokens)       36  16 tokens x 18 bits (64 as uint32)
+//   BlockPool index (block id set)         8  4 B slot + 1 control byte, at most half full
+//   BlockPool roots_                      <1  one per chain root (1 in 128 blocks here)
+//   Pool tenant slot + 3 residency ticks  16  block_tenant_, allocated_at_, last_access_,
+//                                             released_at_
+//   Pool sequences, per held block       100  tokens 64, chain hash 16, 2 digests 16, id 4
+//                                             (50 per pool block at half held)
+//   KvEventLog index entry                98  (pool, medium, hash) -> (event, position), 48 B
+//                                             slots at most half full
+//   KvEventLog retained StoredBlock      128  hash, extras, tokens vector (64 B + heap header)
 // Usage: block_memory_bench [blocks, default 4194304]
 #include <malloc.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +42,7 @@ namespace {
 
 constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kPromptBlocks = 128;  // 2,048-token prompts
+constexpr uint32_t kVocabulary = 128256;  // Llama 3's
 
 // Anonymous resident memory of this process (heap and anonymous mappings), in bytes.
 uint64_t RssAnonBytes() {
@@ -52,10 +71,10 @@ int Run(uint32_t num_blocks) {
   const uint64_t empty = RssAnonBytes();
 
   std::vector<uint32_t> prompt(kPromptBlocks * kBlockSize);
-  uint32_t next_token = 0;
+  std::minstd_rand random(1);
   const uint32_t num_prompts = num_blocks / kPromptBlocks;
   for (uint32_t i = 0; i < num_prompts; ++i) {
-    for (uint32_t& token : prompt) token = next_token++;
+    for (uint32_t& token : prompt) token = random() % kVocabulary;
     absl::StatusOr<OpenedSequence> opened = pool->Open(session, SequenceSpec{prompt});
     absl::Status done = opened.status();
     if (done.ok()) {
