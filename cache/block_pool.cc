@@ -11,7 +11,7 @@ BlockPool::BlockPool(uint32_t num_blocks, uint32_t block_size)
     : block_size_(block_size),
       blocks_(num_blocks),
       tokens_(num_blocks, block_size),
-      index_(/*bucket_count=*/0, IndexHash{&blocks_}, IndexEq{&blocks_}) {
+      index_(/*bucket_count=*/0, IndexHash{&blocks_}, IndexEq{&blocks_, &tokens_}) {
   // Reverse order so that blocks are handed out from id 0 upwards, which keeps tests readable.
   for (uint32_t i = num_blocks; i > 0; --i) PushFree(i - 1);
   index_.reserve(num_blocks);

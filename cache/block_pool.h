@@ -208,12 +208,18 @@ class BlockPool {
     size_t operator()(const Hash128& hash) const { return absl::Hash<Hash128>()(hash); }
     size_t operator()(BlockId block) const { return (*this)((*blocks)[block].hash); }
   };
+  // A lookup by hash usually precedes a verification, which compares the candidate's tokens:
+  // their load starts with the candidate's hash's rather than after it.
   struct IndexEq {
     using is_transparent = void;
     const std::vector<BlockMeta>* blocks;
+    const PackedTokens* tokens;
     bool operator()(BlockId a, BlockId b) const { return a == b; }
-    bool operator()(BlockId a, const Hash128& b) const { return (*blocks)[a].hash == b; }
-    bool operator()(const Hash128& a, BlockId b) const { return (*blocks)[b].hash == a; }
+    bool operator()(BlockId a, const Hash128& b) const {
+      tokens->Prefetch(a);
+      return (*blocks)[a].hash == b;
+    }
+    bool operator()(const Hash128& a, BlockId b) const { return (*this)(b, a); }
   };
 
   auto LruLinks() {

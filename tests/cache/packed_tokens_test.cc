@@ -22,7 +22,7 @@ std::vector<uint32_t> Get(const PackedTokens& packed, uint32_t slot) {
   return tokens;
 }
 
-// Tokens of exactly `width` bits (the top one set), the largest first.
+// 16 tokens of exactly `width` bits (the top one set), the largest first.
 std::vector<uint32_t> TokensOfWidth(uint32_t width, uint32_t seed) {
   std::mt19937 random(seed);
   const uint64_t top = uint64_t{1} << (width - 1);
@@ -38,12 +38,17 @@ TEST(PackedTokensTest, StartsAtTheInitialWidth) {
   EXPECT_EQ(packed.slot_bytes(), kTokensPerSlot * PackedTokens::kInitialWidth / 8);
 }
 
-TEST(PackedTokensTest, RoundTripsEveryWidthInEverySlot) {
+// Block sizes of whole groups of 8 tokens, of groups and a rest, and of a rest only.
+class PackedTokensSizeTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(PackedTokensSizeTest, RoundTripsEveryWidthInEverySlot) {
+  const uint32_t tokens_per_slot = GetParam();
   for (uint32_t width = 1; width <= 32; ++width) {
-    PackedTokens packed(kSlots, kTokensPerSlot);
+    PackedTokens packed(kSlots, tokens_per_slot);
     std::vector<std::vector<uint32_t>> stored;
     for (uint32_t slot = 0; slot < kSlots; ++slot) {
       stored.push_back(TokensOfWidth(width, width * 100 + slot));
+      stored.back().resize(tokens_per_slot, 1);
       packed.Store(slot, stored.back(), AllLive);
     }
     EXPECT_EQ(packed.width(), std::max(width, PackedTokens::kInitialWidth));
@@ -51,9 +56,14 @@ TEST(PackedTokensTest, RoundTripsEveryWidthInEverySlot) {
     for (uint32_t slot = 0; slot < kSlots; ++slot) {
       EXPECT_EQ(Get(packed, slot), stored[slot]) << "width " << width << " slot " << slot;
       EXPECT_TRUE(packed.Equals(slot, stored[slot]));
+      std::vector<uint32_t> other = stored[slot];
+      other.back() ^= 1;
+      EXPECT_FALSE(packed.Equals(slot, other)) << "width " << width << " slot " << slot;
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(BlockSizes, PackedTokensSizeTest, ::testing::Values(16u, 11u, 3u));
 
 TEST(PackedTokensTest, KeepsTheLargestToken) {
   PackedTokens packed(kSlots, kTokensPerSlot);
