@@ -139,7 +139,7 @@ void PackedTokens::Store(uint32_t slot, absl::Span<const uint32_t> tokens,
   assert(slot < num_slots_ && tokens.size() == tokens_per_slot_);
   uint32_t all = 0;
   for (uint32_t token : tokens) all |= token;
-  if ((all & ~mask_) != 0) Widen(static_cast<uint32_t>(std::bit_width(all)), live);
+  if ((all & ~mask_) != 0) Widen(WidthFor(static_cast<uint32_t>(std::bit_width(all))), live);
   kPackAtWidth[width_](tokens.data(), tokens_per_slot_, bytes_.get() + slot * slot_bytes_);
 }
 

@@ -1,8 +1,8 @@
 // PackedTokens: the tokens of a pool's published blocks, `tokens_per_slot` of them per slot (a
 // block id), each stored in `width` bits, one width for the whole store. A vocabulary of up to
 // 2^18 ids (every common model's) takes 18 bits a token: 36 bytes for a 16-token block instead
-// of 64. Storing a token that needs more bits widens the store: every live slot is repacked once
-// (O(slots); at most 32 - kInitialWidth times in the store's life, in practice never).
+// of 64. Storing a token that needs more bits widens the store to 24 bits, or 32: every live
+// slot is repacked (O(slots); at most twice in the store's life, in practice never).
 //
 // Exact: Get returns what Store stored, and Equals compares every token in full (a token wider
 // than the store never equals a stored one).
@@ -27,6 +27,10 @@ namespace kvcache {
 class PackedTokens {
  public:
   static constexpr uint32_t kInitialWidth = 18;
+  // The width a store takes for tokens of `bits` bits: few widths, so few repacks.
+  static uint32_t WidthFor(uint32_t bits) {
+    return bits <= kInitialWidth ? kInitialWidth : bits <= 24 ? 24 : 32;
+  }
 
   PackedTokens(uint32_t num_slots, uint32_t tokens_per_slot);
 
