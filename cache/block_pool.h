@@ -95,8 +95,11 @@ class BlockPool {
   bool IsPublished(BlockId block) const { return blocks_[block].published; }
   // What Publish recorded for a published block, and its tokens.
   BlockIdentity IdentityOf(BlockId block) const;
+  // IdentityOf(block).hash and .extras_digest, without building the identity.
   const Hash128& HashOf(BlockId block) const { return blocks_[block].hash; }
-  uint64_t ExtrasDigestOf(BlockId block) const { return blocks_[block].extras_digest; }
+  uint64_t ExtrasDigestOf(BlockId block) const {
+    return blocks_[block].published ? blocks_[block].extras_digest : 0;
+  }
   std::vector<uint32_t> TokensOf(BlockId block) const;
   // A published block's parent link (BlockIdentity::parent_block).
   BlockId ParentOf(BlockId block) const { return blocks_[block].parent_block; }
