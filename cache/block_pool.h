@@ -12,8 +12,9 @@
 // to the free list. Normally children are evicted first (they are released first); a child
 // published under another sequence's copy of its parent can outlive it, and is dropped with it.
 // Allocation takes the free list first and evicts the LRU front only when the free list is empty.
-// Every operation is O(1) or O(tokens of one block); nothing scans the pool, but for the one
-// widening of the token store a token id past 2^18 causes (PackedTokens).
+// Every operation is O(1) or O(tokens of one block); nothing scans the pool, but for the
+// widenings of the token store a token id past 2^18, then 2^24, causes (PackedTokens: at most two
+// in the pool's life, none for any common vocabulary).
 //
 // Memory (docs/design.md "Block metadata"): per block a BlockMeta (80 bytes: its hash, digests,
 // links), its tokens packed (PackedTokens: 36 bytes at 16 tokens of up to 18 bits), and one
@@ -202,6 +203,7 @@ class BlockPool {
     bool offload_pinned : 1 = false;     // see PinForOffload
     bool used_while_pinned : 1 = false;  // acquired by a sequence during the offload pin
   };
+  static_assert(sizeof(BlockMeta) == 80, "docs/design.md and block_memory_bench count 80 bytes");
 
   // The index: a set of block ids, hashed and compared by their BlockMeta's hash, and looked up
   // by a Hash128 directly (a slot is a block id, 4 bytes).

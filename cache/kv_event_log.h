@@ -227,6 +227,7 @@ class KvEventLog {
     bool packed : 1 = false;      // tokens in the pool's token chunks; else in odd_tokens
     bool has_tokens : 1 = false;  // false: no tokens (a page's)
   };
+  static_assert(sizeof(Entry) == 48, "the class comment and block_memory_bench count 48 bytes");
   // An entry's key: its medium and hash (the pool is the PoolInfo holding it).
   struct EntryKey {
     uint32_t medium = 0;
