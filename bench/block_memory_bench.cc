@@ -5,6 +5,28 @@
 // own copy of the index included). Printed per block, and extrapolated to 100M blocks from the
 // per-block figure. Measured in process with the daemon's own Pool and KvEventLog: the gRPC layer
 // keeps nothing per block. Baseline: the bar of 128 bytes per block. No timing.
+// Prompts are random ids of Llama 3's vocabulary (128,256 tokens, 17 bits): the pool stores
+// tokens at the width its vocabulary needs (PackedTokens), so a counter running past 2^18
+// would measure a vocabulary no model has.
+//
+// Where the bytes go, per block of the pool at 4M blocks (16 tokens a block; "held": blocks an
+// open sequence holds, half the pool here). Measured full: 328 B (527 B at 1a33682).
+//   BlockPool::BlockMeta                  80  hash, 4 digests incl. checksum, 6 links, ref, flags
+//   BlockPool tokens (PackedTokens)       36  16 tokens x 18 bits (64 B as uint32)
+//   BlockPool index (block id set)        10  4 B slot + 1 control byte, at most half full
+//   BlockPool roots_                      <1  one per chain root (1 in 128 blocks here)
+//   Pool tenant slot + 3 residency ticks  16  block_tenant_, allocated_at_, last_access_,
+//                                             released_at_
+//   Pool sequences, per held block       100  tokens 64, chain hash 16, 2 digests 16, id 4
+//                                             (50 per pool block at half held)
+//   KvEventLog entry                      48  hash, parent hash, extras, tenant id, medium
+//   KvEventLog tokens (PackedTokens)      36
+//   KvEventLog index (entry id set)       10
+//   KvEventLog buffer                    ~39  its last 10,000 events of 128 blocks: 164 MB
+//                                             whatever the pool's size (fixed, not per block)
+// Empty, only BlockMeta, the index's control bytes and the Pool's vectors are resident (98 B).
+// The bench also prints what a published block adds over the second half of the prompts, when
+// the buffer is full (pools over 2.56M blocks), and extrapolates to 100M blocks from it.
 // Usage: block_memory_bench [blocks, default 4194304]
 #include <malloc.h>
 
@@ -12,6 +34,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -23,7 +46,8 @@ namespace kvcache {
 namespace {
 
 constexpr uint32_t kBlockSize = 16;
-constexpr uint32_t kPromptBlocks = 128;  // 2,048-token prompts
+constexpr uint32_t kPromptBlocks = 128;   // 2,048-token prompts
+constexpr uint32_t kVocabulary = 128256;  // Llama 3's
 
 // Anonymous resident memory of this process (heap and anonymous mappings), in bytes.
 uint64_t RssAnonBytes() {
@@ -52,10 +76,15 @@ int Run(uint32_t num_blocks) {
   const uint64_t empty = RssAnonBytes();
 
   std::vector<uint32_t> prompt(kPromptBlocks * kBlockSize);
-  uint32_t next_token = 0;
+  std::minstd_rand random(1);
   const uint32_t num_prompts = num_blocks / kPromptBlocks;
+  uint64_t half = 0;  // after the first half of the prompts
   for (uint32_t i = 0; i < num_prompts; ++i) {
-    for (uint32_t& token : prompt) token = next_token++;
+    if (i == num_prompts / 2) {
+      malloc_trim(0);
+      half = RssAnonBytes();
+    }
+    for (uint32_t& token : prompt) token = random() % kVocabulary;
     absl::StatusOr<OpenedSequence> opened = pool->Open(session, SequenceSpec{prompt});
     absl::Status done = opened.status();
     if (done.ok()) {
@@ -80,13 +109,22 @@ int Run(uint32_t num_blocks) {
   }
   const double empty_per_block = double(empty - before) / num_blocks;
   const double full_per_block = double(full - before) / num_blocks;
+  // What a published block adds, from the second half of the prompts: by then the event log's
+  // buffer (its last 10,000 events, whatever the pool's size) is full, so this is what grows
+  // with the pool. The rest of the full figure past the empty pool is that fixed part.
+  const uint64_t second_half = published - uint64_t{num_prompts / 2} * kPromptBlocks;
+  const double marginal = double(full - half) / second_half;
+  const double fixed = double(full - empty) - marginal * published;
   std::printf("pool of %u blocks (block_size %u), %llu published, half of them evictable\n",
               num_blocks, kBlockSize, static_cast<unsigned long long>(published));
   std::printf(
       "anonymous memory per block: empty %.0f B, full %.0f B (%.0f B per published block)"
       "  bar: <= 128 B full\n",
       empty_per_block, full_per_block, double(full - empty) / published);
-  std::printf("at 100M blocks: %.1f GB\n", full_per_block * 100e6 / 1e9);
+  std::printf("per published block past the first half: %.0f B; fixed: %.0f MB\n", marginal,
+              fixed / 1e6);
+  std::printf("at 100M blocks: %.1f GB (empty + that per block + fixed)\n",
+              ((empty_per_block + marginal) * 100e6 + fixed) / 1e9);
   return 0;
 }
 

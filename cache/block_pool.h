@@ -2,7 +2,7 @@
 // index (hash -> block), the free list and the evictable LRU.
 //
 // Every block is in exactly one state:
-//   free        ref 0, no hash; on free_list_
+//   free        ref 0, no hash; on the free list
 //   evictable   ref 0, hashed (still findable); on the LRU, least recently released at the front
 //   referenced  ref > 0, hashed or not
 // A block's hash is set only by Publish() (its contents are written) and dropped only by eviction.
@@ -12,7 +12,15 @@
 // to the free list. Normally children are evicted first (they are released first); a child
 // published under another sequence's copy of its parent can outlive it, and is dropped with it.
 // Allocation takes the free list first and evicts the LRU front only when the free list is empty.
-// Every operation is O(1) or O(tokens of one block); nothing scans the pool.
+// Every operation is O(1) or O(tokens of one block); nothing scans the pool, but for the
+// widenings of the token store a token id past 2^18, then 2^24, causes (PackedTokens: at most two
+// in the pool's life, none for any common vocabulary).
+//
+// Memory (docs/design.md "Block metadata"): per block a BlockMeta (80 bytes: its hash, digests,
+// links), its tokens packed (PackedTokens: 36 bytes at 16 tokens of up to 18 bits), and one
+// 4-byte slot of the index (a set of block ids hashed by their BlockMeta's hash, at most half
+// full). The free list is threaded through the LRU links, and a chain's root hash is kept only
+// for blocks without a parent block (roots_): a child's parent hash is its parent block's hash.
 //
 // Thread safety: none. The owning Pool serializes all calls under its mutex.
 #ifndef KVCACHE_CACHE_BLOCK_POOL_H_
@@ -24,8 +32,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "cache/packed_tokens.h"
 #include "common/block_hash.h"
 #include "common/index_list.h"
 
@@ -71,7 +82,7 @@ class BlockPool {
 
   uint32_t num_blocks() const { return static_cast<uint32_t>(blocks_.size()); }
   uint32_t block_size() const { return block_size_; }
-  uint32_t num_free() const { return static_cast<uint32_t>(free_list_.size()); }
+  uint32_t num_free() const { return num_free_; }
   uint32_t num_evictable() const { return lru_.size(); }
   uint32_t num_referenced() const { return num_blocks() - num_free() - lru_.size(); }
   const BlockPoolCounters& counters() const { return counters_; }
@@ -84,10 +95,15 @@ class BlockPool {
   bool IsEvictable(BlockId block) const { return blocks_[block].state == State::kEvictable; }
   bool IsPublished(BlockId block) const { return blocks_[block].published; }
   // What Publish recorded for a published block, and its tokens.
-  const BlockIdentity& IdentityOf(BlockId block) const { return blocks_[block].identity; }
-  absl::Span<const uint32_t> TokensOf(BlockId block) const;
+  BlockIdentity IdentityOf(BlockId block) const;
+  // IdentityOf(block).hash and .extras_digest, without building the identity.
+  const Hash128& HashOf(BlockId block) const { return blocks_[block].hash; }
+  uint64_t ExtrasDigestOf(BlockId block) const {
+    return blocks_[block].published ? blocks_[block].extras_digest : 0;
+  }
+  std::vector<uint32_t> TokensOf(BlockId block) const;
   // A published block's parent link (BlockIdentity::parent_block).
-  BlockId ParentOf(BlockId block) const { return blocks_[block].identity.parent_block; }
+  BlockId ParentOf(BlockId block) const { return blocks_[block].parent_block; }
   uint32_t RefCount(BlockId block) const { return blocks_[block].ref_count; }
   // A published block's bytes never change, so their checksum is computed once and kept until
   // the block is reused. SetChecksum ignores unpublished blocks.
@@ -161,26 +177,54 @@ class BlockPool {
   using Lru = IndexList<BlockId, kNoBlock>;
   enum class State : uint8_t { kFree, kEvictable, kReferenced };
 
+  // 80 bytes: the flags are bit fields, the parent hash is roots_' or the parent block's.
   struct BlockMeta {
-    uint32_t ref_count = 0;
-    State state = State::kFree;
-    bool published = false;
-    bool has_checksum = false;
-    bool offloaded = false;          // bytes copied below; see IsOffloaded
-    bool in_cluster = false;         // see IsInCluster
-    bool reused = false;             // see IsReused
-    bool offload_pinned = false;     // see PinForOffload
-    bool used_while_pinned = false;  // acquired by a sequence during the offload pin
-    BlockId pinned_next = kNoBlock;  // its LRU successor when pinned for offload
-    // The blocks published under this one (identity.parent_block == this), as a list threaded
-    // through them: unpublishing a block unlinks it in O(1) with no allocation.
+    Hash128 hash;  // BlockIdentity::hash; the index finds blocks by it
+    uint64_t extras_digest = 0;
+    uint64_t namespace_digest = 0;
+    uint64_t prefix_digest = 0;
+    uint64_t checksum = 0;
+    BlockId parent_block = kNoBlock;
+    // The blocks published under this one (parent_block == this), as a list threaded through
+    // them: unpublishing a block unlinks it in O(1) with no allocation.
     BlockId first_child = kNoBlock;
     BlockId next_sibling = kNoBlock;
     BlockId prev_sibling = kNoBlock;
-    uint64_t checksum = 0;
-    BlockIdentity identity;
-    // Doubly linked LRU of evictable blocks, by block id.
+    // Doubly linked LRU of evictable blocks, by block id. A free block's `next` links the free
+    // list; an offload-pinned block's `next` is its LRU successor when it was pinned.
     Lru::Links lru;
+    uint32_t ref_count = 0;
+    State state = State::kFree;
+    bool published : 1 = false;
+    bool has_checksum : 1 = false;
+    bool offloaded : 1 = false;          // bytes copied below; see IsOffloaded
+    bool in_cluster : 1 = false;         // see IsInCluster
+    bool reused : 1 = false;             // see IsReused
+    bool offload_pinned : 1 = false;     // see PinForOffload
+    bool used_while_pinned : 1 = false;  // acquired by a sequence during the offload pin
+  };
+  static_assert(sizeof(BlockMeta) == 80, "docs/design.md and block_memory_bench count 80 bytes");
+
+  // The index: a set of block ids, hashed and compared by their BlockMeta's hash, and looked up
+  // by a Hash128 directly (a slot is a block id, 4 bytes).
+  struct IndexHash {
+    using is_transparent = void;
+    const std::vector<BlockMeta>* blocks;
+    size_t operator()(const Hash128& hash) const { return absl::Hash<Hash128>()(hash); }
+    size_t operator()(BlockId block) const { return (*this)((*blocks)[block].hash); }
+  };
+  // A lookup by hash usually precedes a verification, which compares the candidate's tokens:
+  // their load starts with the candidate's hash's rather than after it.
+  struct IndexEq {
+    using is_transparent = void;
+    const std::vector<BlockMeta>* blocks;
+    const PackedTokens* tokens;
+    bool operator()(BlockId a, BlockId b) const { return a == b; }
+    bool operator()(BlockId a, const Hash128& b) const {
+      tokens->Prefetch(a);
+      return (*blocks)[a].hash == b;
+    }
+    bool operator()(const Hash128& a, BlockId b) const { return (*this)(b, a); }
   };
 
   auto LruLinks() {
@@ -195,13 +239,20 @@ class BlockPool {
   void Unpublish(BlockId block, std::vector<Hash128>* removed);
   // Takes a published block out of its parent block's list of children.
   void UnlinkFromParent(BlockId block);
+  // BlockIdentity::parent_hash of a published block.
+  const Hash128& ParentHashOf(BlockId block) const;
+  void PushFree(BlockId block);
 
   const uint32_t block_size_;
   std::vector<BlockMeta> blocks_;
-  std::vector<uint32_t> tokens_;  // block_size_ tokens per published block, by block id
-  std::vector<BlockId> free_list_;
+  PackedTokens tokens_;  // block_size_ tokens per published block, by block id
+  // The free list, a stack threaded through BlockMeta::lru.next.
+  BlockId free_head_ = kNoBlock;
+  uint32_t num_free_ = 0;
   Lru lru_;  // evictable blocks, least recently released at the front: evicted first
-  absl::flat_hash_map<Hash128, BlockId> index_;
+  absl::flat_hash_set<BlockId, IndexHash, IndexEq> index_;
+  // The parent hash (the chain's root) of each published block without a parent block.
+  absl::flat_hash_map<BlockId, Hash128> roots_;
   // Unpublish's work list, kept to spare an allocation per eviction.
   std::vector<BlockId> unpublishing_;
   BlockPoolCounters counters_;

@@ -3,8 +3,6 @@
 #include <cassert>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
-
 namespace kvcache {
 
 bool KvEventFilter::Matches(const KvEvent& event) const {
@@ -25,28 +23,39 @@ KvEventLog::KvEventLog(size_t capacity, const Clock* clock) : capacity_(capacity
   AppendLocked(std::move(cleared));
 }
 
+KvEventLog::PoolInfo::PoolInfo(std::string name, std::string medium, uint32_t block_size)
+    : name(std::move(name)),
+      media{std::move(medium)},
+      block_size(block_size),
+      index(/*bucket_count=*/0, EntryHash{&entries}, EntryEq{&entries}) {}
+
 void KvEventLog::AddPool(uint32_t pool_index, std::string name, std::string medium,
                          uint32_t block_size) {
   absl::MutexLock lock(&mu_);
-  pools_[pool_index] =
-      PoolInfo{.name = std::move(name), .media = {std::move(medium)}, .block_size = block_size};
+  pools_[pool_index] = std::make_unique<PoolInfo>(std::move(name), std::move(medium), block_size);
 }
 
-const KvEventLog::PoolInfo& KvEventLog::PoolLocked(uint32_t pool_index) const {
+KvEventLog::PoolInfo& KvEventLog::PoolLocked(uint32_t pool_index) const {
   auto it = pools_.find(pool_index);
   assert(it != pools_.end());
-  return it->second;
+  return *it->second;
 }
 
 uint32_t KvEventLog::MediumLocked(uint32_t pool_index, absl::string_view medium) {
-  auto it = pools_.find(pool_index);
-  assert(it != pools_.end());
-  std::vector<std::string>& media = it->second.media;
+  std::vector<std::string>& media = PoolLocked(pool_index).media;
   for (uint32_t i = 0; i < media.size(); ++i) {
     if (media[i] == medium) return i;
   }
   media.emplace_back(medium);
+  assert(media.size() <= 256);  // Entry::medium is a byte: a pool has a handful of tiers
   return static_cast<uint32_t>(media.size() - 1);
+}
+
+uint32_t KvEventLog::TenantLocked(absl::string_view tenant) {
+  auto [it, inserted] =
+      tenant_ids_.try_emplace(std::string(tenant), static_cast<uint32_t>(tenants_.size()));
+  if (inserted) tenants_.emplace_back(tenant);
+  return it->second;
 }
 
 void KvEventLog::AppendLocked(std::shared_ptr<KvEvent> event) {
@@ -114,17 +123,89 @@ void KvEventLog::BlocksStoredIn(uint32_t pool_index, absl::string_view medium,
 
 void KvEventLog::StoredLocked(uint32_t pool_index, uint32_t medium, std::shared_ptr<KvEvent> event,
                               KvEventRetention retention) {
-  const PoolInfo& pool = PoolLocked(pool_index);
+  PoolInfo& pool = PoolLocked(pool_index);
   event->pool = pool.name;
   event->medium = pool.media[medium];
   event->block_size = pool.block_size;
   if (retention == KvEventRetention::kIndexed) {
+    const uint32_t tenant = TenantLocked(event->tenant);
     for (uint32_t position = 0; position < event->blocks.size(); ++position) {
-      index_.insert_or_assign(IndexKey{pool_index, medium, event->blocks[position].hash},
-                              IndexEntry{.stored_in = event, .position = position});
+      IndexLocked(pool, medium, tenant, *event, position);
     }
   }
   AppendLocked(std::move(event));
+}
+
+void KvEventLog::IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, const KvEvent& event,
+                             uint32_t position) {
+  const StoredBlock& block = event.blocks[position];
+  uint32_t id = kNoEntry;
+  if (auto it = pool.index.find(EntryKey{medium, block.hash}); it != pool.index.end()) {
+    id = *it;  // announced again: the new announcement replaces the old
+    pool.odd_tokens.erase(id);
+    pool.pages.erase(id);
+  } else if (!pool.free_entries.empty()) {
+    id = pool.free_entries.back();
+    pool.free_entries.pop_back();
+  } else {
+    id = static_cast<uint32_t>(pool.entries.size());
+    pool.entries.emplace_back();
+    if (id % kTokenChunk == 0) {
+      pool.token_chunks.push_back(std::make_unique<PackedTokens>(kTokenChunk, pool.block_size));
+    }
+  }
+  Entry& entry = pool.entries[id];
+  const bool indexed = entry.in_use;
+  const std::optional<Hash128> parent =
+      position == 0 ? event.parent_hash : std::optional<Hash128>(event.blocks[position - 1].hash);
+  entry.hash = block.hash;
+  entry.parent_hash = parent.value_or(Hash128{});
+  entry.has_parent = parent.has_value();
+  entry.extras_digest = block.extras_digest;
+  entry.tenant = tenant;
+  entry.medium = static_cast<uint8_t>(medium);
+  entry.in_use = true;
+  entry.has_tokens = !block.token_ids.empty();
+  entry.packed = entry.has_tokens && block.token_ids.size() == pool.block_size;
+  if (entry.packed) {
+    const uint32_t chunk = id / kTokenChunk;
+    pool.token_chunks[chunk]->Store(id % kTokenChunk, block.token_ids, [&](uint32_t slot) {
+      const size_t other = size_t{chunk} * kTokenChunk + slot;  // the last chunk is not full
+      return other < pool.entries.size() && pool.entries[other].in_use &&
+             pool.entries[other].packed;
+    });
+  } else if (entry.has_tokens) {
+    pool.odd_tokens[id] = block.token_ids;
+  }
+  entry.is_page = !event.page_keys.empty() && !event.page_keys[position].empty();
+  if (entry.is_page) {
+    pool.pages[id] =
+        PageName{.key = event.page_keys[position], .manifest_digest = event.manifest_digest};
+  }
+  if (!indexed) pool.index.insert(id);
+}
+
+void KvEventLog::EraseLocked(PoolInfo& pool, uint32_t entry) {
+  pool.index.erase(entry);
+  pool.odd_tokens.erase(entry);
+  pool.pages.erase(entry);
+  pool.entries[entry].in_use = false;
+  pool.free_entries.push_back(entry);
+}
+
+std::vector<uint32_t> KvEventLog::TokensOf(const PoolInfo& pool, uint32_t entry) {
+  const Entry& e = pool.entries[entry];
+  if (!e.has_tokens) return {};
+  if (!e.packed) return pool.odd_tokens.find(entry)->second;
+  std::vector<uint32_t> tokens(pool.block_size);
+  pool.token_chunks[entry / kTokenChunk]->CopyTo(entry % kTokenChunk, tokens.data());
+  return tokens;
+}
+
+const std::string& KvEventLog::PageKeyOf(const PoolInfo& pool, uint32_t entry) const {
+  static const std::string kNone;
+  if (!pool.entries[entry].is_page) return kNone;
+  return pool.pages.find(entry)->second.key;
 }
 
 void KvEventLog::BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> hashes) {
@@ -142,64 +223,62 @@ void KvEventLog::BlocksRemovedFrom(uint32_t pool_index, absl::string_view medium
 
 void KvEventLog::RemovedLocked(uint32_t pool_index, uint32_t medium,
                                absl::Span<const Hash128> hashes) {
-  const PoolInfo& pool = PoolLocked(pool_index);
+  PoolInfo& pool = PoolLocked(pool_index);
   // Usually one tenant; keep the owners in first-seen order so events are deterministic.
   std::vector<std::shared_ptr<KvEvent>> by_tenant;
+  std::vector<uint32_t> owners;  // by_tenant's tenant ids
   for (const Hash128& hash : hashes) {
-    auto it = index_.find(IndexKey{pool_index, medium, hash});
-    if (it == index_.end()) continue;
-    std::shared_ptr<KvEvent>* owner = nullptr;
-    const std::string& block_tenant = it->second.stored_in->tenant;
-    for (auto& event : by_tenant) {
-      if (event->tenant == block_tenant) owner = &event;
-    }
-    if (owner == nullptr) {
+    auto it = pool.index.find(EntryKey{medium, hash});
+    if (it == pool.index.end()) continue;
+    const uint32_t entry = *it;
+    const uint32_t block_tenant = pool.entries[entry].tenant;
+    size_t owner = 0;
+    while (owner < owners.size() && owners[owner] != block_tenant) ++owner;
+    if (owner == owners.size()) {
       auto event = std::make_shared<KvEvent>();
       event->kind = KvEventKind::kBlocksRemoved;
       event->pool = pool.name;
-      event->tenant = block_tenant;
+      event->tenant = tenants_[block_tenant];
       event->medium = pool.media[medium];
       event->block_size = pool.block_size;
       by_tenant.push_back(std::move(event));
-      owner = &by_tenant.back();
+      owners.push_back(block_tenant);
     }
-    KvEvent& removed = **owner;
+    KvEvent& removed = *by_tenant[owner];
     removed.removed.push_back(hash);
     // The key a router stored the page by, from the event that announced it: only pages pay.
-    const std::string& page_key = it->second.page_key();
+    const std::string& page_key = PageKeyOf(pool, entry);
     if (!page_key.empty() || !removed.page_keys.empty()) {
       removed.page_keys.resize(removed.removed.size() - 1);  // "" for the token blocks before
       removed.page_keys.push_back(page_key);
     }
-    index_.erase(it);
+    EraseLocked(pool, entry);
   }
   for (auto& event : by_tenant) AppendLocked(std::move(event));
 }
 
-const KvEventLog::IndexSlot* KvEventLog::FindLocked(uint32_t pool_index, uint32_t preferred,
-                                                    const Hash128& hash) const {
-  auto it = index_.find(IndexKey{pool_index, preferred, hash});
-  if (it != index_.end()) return &*it;
-  const uint32_t media = static_cast<uint32_t>(PoolLocked(pool_index).media.size());
-  for (uint32_t medium = 0; medium < media; ++medium) {
+uint32_t KvEventLog::FindEntry(const PoolInfo& pool, uint32_t preferred, const Hash128& hash) {
+  auto it = pool.index.find(EntryKey{preferred, hash});
+  if (it != pool.index.end()) return *it;
+  for (uint32_t medium = 0; medium < pool.media.size(); ++medium) {
     if (medium == preferred) continue;
-    it = index_.find(IndexKey{pool_index, medium, hash});
-    if (it != index_.end()) return &*it;
+    it = pool.index.find(EntryKey{medium, hash});
+    if (it != pool.index.end()) return *it;
   }
-  return nullptr;
+  return kNoEntry;
 }
 
 std::optional<KvEventLog::Announcement> KvEventLog::FindAnnounced(uint32_t pool_index,
                                                                   const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
-  const IndexSlot* found = FindLocked(pool_index, 0, hash);
-  if (found == nullptr) return std::nullopt;
-  Announcement announcement{.tenant = found->second.stored_in->tenant,
-                            .parent_hash = found->second.parent_hash()};
-  if (const std::string& key = found->second.page_key(); !key.empty()) {
-    announcement.page =
-        PageName{.key = key, .manifest_digest = found->second.stored_in->manifest_digest};
-  }
+  const PoolInfo& pool = PoolLocked(pool_index);
+  const uint32_t found = FindEntry(pool, 0, hash);
+  if (found == kNoEntry) return std::nullopt;
+  const Entry& entry = pool.entries[found];
+  Announcement announcement{
+      .tenant = tenants_[entry.tenant],
+      .parent_hash = entry.has_parent ? std::optional<Hash128>(entry.parent_hash) : std::nullopt};
+  if (entry.is_page) announcement.page = pool.pages.find(found)->second;
   return announcement;
 }
 
@@ -255,45 +334,48 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
   snapshot.next_sequence = next_sequence_;
   const uint64_t sequence = next_sequence_ - 1;
   const absl::Time now = clock_->Now();
-  // A parent before its children: emit each entry after its parent, when the parent is indexed
-  // (in the child's medium if it is there, else in another: a block in tier 2 whose parent is
-  // still in tier 1 only).
-  absl::flat_hash_set<IndexKey> emitted;
-  emitted.reserve(index_.size());
-  std::vector<const IndexSlot*> chain;
-  for (const auto& entry : index_) {
-    chain.clear();
-    const IndexSlot* current = &entry;
-    // The length bound stops a cycle, which only colliding test-weakened hashes could make.
-    while (current != nullptr && !emitted.contains(current->first) &&
-           chain.size() < index_.size()) {
-      chain.push_back(current);
-      const std::optional<Hash128> parent = current->second.parent_hash();
-      if (!parent.has_value()) break;
-      current = FindLocked(current->first.pool_index, current->first.medium, *parent);
-    }
-    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-      const auto& [key, value] = **it;
-      emitted.insert(key);
-      const PoolInfo& pool = PoolLocked(key.pool_index);
-      if (!filter.pool.empty() && filter.pool != pool.name) continue;
-      const std::string& tenant = value.stored_in->tenant;
-      if (!filter.tenant.empty() && filter.tenant != tenant) continue;
-      KvEvent event;
-      event.sequence = sequence;
-      event.time = now;
-      event.kind = KvEventKind::kBlocksStored;
-      event.pool = pool.name;
-      event.tenant = tenant;
-      event.medium = pool.media[key.medium];
-      event.block_size = pool.block_size;
-      event.parent_hash = value.parent_hash();
-      event.blocks.push_back(value.block());
-      if (const std::string& key = value.page_key(); !key.empty()) {
-        event.page_keys.push_back(key);
-        event.manifest_digest = value.stored_in->manifest_digest;
+  for (const auto& [pool_index, pool_info] : pools_) {
+    const PoolInfo& pool = *pool_info;
+    if (!filter.pool.empty() && filter.pool != pool.name) continue;
+    // A parent before its children: emit each entry after its parent, when the parent is
+    // indexed (in the child's medium if it is there, else in another: a block in tier 2 whose
+    // parent is still in tier 1 only).
+    std::vector<bool> emitted(pool.entries.size(), false);
+    std::vector<uint32_t> chain;
+    for (uint32_t id : pool.index) {
+      chain.clear();
+      uint32_t current = id;
+      // The length bound stops a cycle, which only colliding test-weakened hashes could make.
+      while (current != kNoEntry && !emitted[current] && chain.size() < pool.index.size()) {
+        chain.push_back(current);
+        const Entry& entry = pool.entries[current];
+        if (!entry.has_parent) break;
+        current = FindEntry(pool, entry.medium, entry.parent_hash);
       }
-      snapshot.events.push_back(std::move(event));
+      for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+        emitted[*it] = true;
+        const Entry& entry = pool.entries[*it];
+        const std::string& tenant = tenants_[entry.tenant];
+        if (!filter.tenant.empty() && filter.tenant != tenant) continue;
+        KvEvent event;
+        event.sequence = sequence;
+        event.time = now;
+        event.kind = KvEventKind::kBlocksStored;
+        event.pool = pool.name;
+        event.tenant = tenant;
+        event.medium = pool.media[entry.medium];
+        event.block_size = pool.block_size;
+        if (entry.has_parent) event.parent_hash = entry.parent_hash;
+        event.blocks.push_back(StoredBlock{.hash = entry.hash,
+                                           .token_ids = TokensOf(pool, *it),
+                                           .extras_digest = entry.extras_digest});
+        if (entry.is_page) {
+          const PageName& name = pool.pages.find(*it)->second;
+          event.page_keys.push_back(name.key);
+          event.manifest_digest = name.manifest_digest;
+        }
+        snapshot.events.push_back(std::move(event));
+      }
     }
   }
   return snapshot;
@@ -301,7 +383,9 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
 
 size_t KvEventLog::indexed_blocks() const {
   absl::MutexLock lock(&mu_);
-  return index_.size();
+  size_t blocks = 0;
+  for (const auto& [pool_index, pool] : pools_) blocks += pool->index.size();
+  return blocks;
 }
 
 }  // namespace kvcache

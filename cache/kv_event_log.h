@@ -5,9 +5,11 @@
 //
 // Pools append under their own mutex, so the log's order is the order the index changed in
 // (lock order: a pool's mutex, then the log's). The log keeps the last `capacity` events for
-// watchers to resume from, and its own copy of every indexed block (pool, tenant, tokens,
-// parent) so that a watcher too far behind gets a snapshot exactly as of one sequence number,
-// atomically across pools, without stopping them.
+// watchers to resume from, and its own compact copy of every indexed block (tenant, parent,
+// extras digest, tokens packed as the pool packs them, page name) so that a watcher too far
+// behind gets a snapshot exactly as of one sequence number, atomically across pools, without
+// stopping them. It keeps no event for the index: an indexed block costs about 96 bytes (a
+// 48-byte entry, 36 bytes of tokens, a 4-byte index slot at most half full).
 //
 // Removal: a pool reports a hash as removed only when it leaves the pool's index (eviction), not
 // when a block holding a duplicate of it is freed; the log drops hashes it never announced.
@@ -35,10 +37,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cache/packed_tokens.h"
 #include "common/block_hash.h"
 #include "common/clock.h"
 
@@ -209,55 +214,88 @@ class KvEventLog {
   uint64_t snapshots() const { return snapshots_.load(std::memory_order_relaxed); }
 
  private:
+  // One indexed block of a pool, in one medium.
+  struct Entry {
+    Hash128 hash;
+    Hash128 parent_hash;  // when has_parent: the block before it in its chain
+    uint64_t extras_digest = 0;
+    uint32_t tenant = 0;  // into tenants_
+    uint8_t medium = 0;   // into PoolInfo::media
+    bool in_use : 1 = false;
+    bool has_parent : 1 = false;
+    bool is_page : 1 = false;     // named in PoolInfo::pages
+    bool packed : 1 = false;      // tokens in the pool's token chunks; else in odd_tokens
+    bool has_tokens : 1 = false;  // false: no tokens (a page's)
+  };
+  static_assert(sizeof(Entry) == 48, "the class comment and block_memory_bench count 48 bytes");
+  // An entry's key: its medium and hash (the pool is the PoolInfo holding it).
+  struct EntryKey {
+    uint32_t medium = 0;
+    Hash128 hash;
+  };
+  // The index of a pool's entries: a set of entry ids hashed by their key, looked up by one.
+  struct EntryHash {
+    using is_transparent = void;
+    const std::vector<Entry>* entries;
+    size_t operator()(const EntryKey& key) const {
+      return absl::Hash<std::pair<uint32_t, Hash128>>()({key.medium, key.hash});
+    }
+    size_t operator()(uint32_t entry) const {
+      const Entry& e = (*entries)[entry];
+      return (*this)(EntryKey{e.medium, e.hash});
+    }
+  };
+  struct EntryEq {
+    using is_transparent = void;
+    const std::vector<Entry>* entries;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(uint32_t a, const EntryKey& b) const { return Matches((*entries)[a], b); }
+    bool operator()(const EntryKey& a, uint32_t b) const { return Matches((*entries)[b], a); }
+    static bool Matches(const Entry& e, const EntryKey& key) {
+      return e.medium == key.medium && e.hash == key.hash;
+    }
+  };
+  // Tokens of entries `kTokenChunk` at a time: each chunk packs at its own width, so a wide
+  // token repacks one chunk, not the pool.
+  static constexpr uint32_t kTokenChunk = 4096;
+
+  // Not movable: the index's functors point at `entries`.
   struct PoolInfo {
+    PoolInfo(std::string name, std::string medium, uint32_t block_size);
+    PoolInfo(const PoolInfo&) = delete;
+    PoolInfo& operator=(const PoolInfo&) = delete;
+
     std::string name;
     std::vector<std::string> media;  // [0]: tier 1's; then lower tiers' as they first appear
     uint32_t block_size = 0;
+    std::vector<Entry> entries;  // by entry id
+    std::vector<uint32_t> free_entries;
+    absl::flat_hash_set<uint32_t, EntryHash, EntryEq> index;
+    std::vector<std::unique_ptr<PackedTokens>> token_chunks;  // block_size tokens per entry
+    // Tokens of entries whose count is neither 0 nor block_size (not seen from a pool).
+    absl::flat_hash_map<uint32_t, std::vector<uint32_t>> odd_tokens;
+    absl::flat_hash_map<uint32_t, PageName> pages;  // the entries that are pages
   };
-  struct IndexKey {
-    uint32_t pool_index = 0;
-    uint32_t medium = 0;  // into PoolInfo::media
-    Hash128 hash;
-    friend bool operator==(const IndexKey& a, const IndexKey& b) {
-      return a.pool_index == b.pool_index && a.medium == b.medium && a.hash == b.hash;
-    }
-    template <typename H>
-    friend H AbslHashValue(H state, const IndexKey& key) {
-      return H::combine(std::move(state), key.pool_index, key.medium, key.hash);
-    }
-  };
-  // The BlocksStored event that announced the block, and the block's place in it: the tenant,
-  // tokens, extras digest and parent (the block before it, or the event's parent) are read from
-  // there, so recording a block copies nothing. An event lives while any of its blocks is
-  // indexed, so the index holds at most its block count of events.
-  struct IndexEntry {
-    std::shared_ptr<const KvEvent> stored_in;
-    uint32_t position = 0;
-    const StoredBlock& block() const { return stored_in->blocks[position]; }
-    // The page's key; empty for a token block.
-    const std::string& page_key() const {
-      static const std::string kNone;
-      return stored_in->page_keys.empty() ? kNone : stored_in->page_keys[position];
-    }
-    std::optional<Hash128> parent_hash() const {
-      return position == 0 ? stored_in->parent_hash : stored_in->blocks[position - 1].hash;
-    }
-  };
-
-  using IndexSlot = std::pair<const IndexKey, IndexEntry>;
 
   void AppendLocked(std::shared_ptr<KvEvent> event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  const PoolInfo& PoolLocked(uint32_t pool_index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  PoolInfo& PoolLocked(uint32_t pool_index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint32_t MediumLocked(uint32_t pool_index, absl::string_view medium)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t TenantLocked(absl::string_view tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StoredLocked(uint32_t pool_index, uint32_t medium, std::shared_ptr<KvEvent> event,
                     KvEventRetention retention) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Indexes (or re-announces) block `position` of `event`, a BlocksStored of the pool's.
+  void IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, const KvEvent& event,
+                   uint32_t position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(PoolInfo& pool, uint32_t entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemovedLocked(uint32_t pool_index, uint32_t medium, absl::Span<const Hash128> hashes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The indexed block under `hash` in the pool, in `preferred` medium if it is there, else in
-  // the first medium that has it; null when none does.
-  const IndexSlot* FindLocked(uint32_t pool_index, uint32_t preferred, const Hash128& hash) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The entry of the pool's block under `hash`, in `preferred` medium if it is there, else in
+  // the first medium that has it; kNoEntry when none does.
+  static constexpr uint32_t kNoEntry = ~uint32_t{0};
+  static uint32_t FindEntry(const PoolInfo& pool, uint32_t preferred, const Hash128& hash);
+  static std::vector<uint32_t> TokensOf(const PoolInfo& pool, uint32_t entry);
+  const std::string& PageKeyOf(const PoolInfo& pool, uint32_t entry) const;
 
   const size_t capacity_;
   const Clock* const clock_;
@@ -265,8 +303,10 @@ class KvEventLog {
   mutable absl::Mutex mu_;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::shared_ptr<const KvEvent>> buffer_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint32_t, PoolInfo> pools_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<IndexKey, IndexEntry> index_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, std::unique_ptr<PoolInfo>> pools_ ABSL_GUARDED_BY(mu_);
+  // Every tenant an indexed block has had, by the id entries hold.
+  std::vector<std::string> tenants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> tenant_ids_ ABSL_GUARDED_BY(mu_);
 
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> dropped_{};
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> replays_{};

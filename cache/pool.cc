@@ -155,7 +155,7 @@ BlockId Pool::AllocateLocked(uint32_t tenant, PoolTicks now) {
   const BlockId victim =
       pool_.num_free() == 0 && tiers_->takes_blocks() ? pool_.LruFront() : kNoBlock;
   if (victim != kNoBlock && !pool_.IsOffloaded(victim) &&
-      !tiers_->HoldsBelow(pool_.IdentityOf(victim).hash, pool_.IsInCluster(victim))) {
+      !tiers_->HoldsBelow(pool_.HashOf(victim), pool_.IsInCluster(victim))) {
     ++evicted_unsaved_;
   }
   removed_.clear();
@@ -213,7 +213,7 @@ bool Pool::PassDownVictimsLocked(size_t allocations, absl::Span<const BlockId> h
     if (!std::binary_search(resurrected.begin(), resurrected.end(), block)) {
       --evictions;
       if (!pool_.IsOffloaded(block) &&
-          !tiers_->HoldsBelow(pool_.IdentityOf(block).hash, pool_.IsInCluster(block))) {
+          !tiers_->HoldsBelow(pool_.HashOf(block), pool_.IsInCluster(block))) {
         TakeForOffloadLocked(block, &batch);
       }
     }
@@ -275,13 +275,13 @@ bool Pool::PickOffload(size_t max, std::vector<OffloadCandidate>* batch) {
 }
 
 void Pool::TakeForOffloadLocked(BlockId block, std::vector<OffloadCandidate>* batch) {
-  const BlockIdentity& identity = pool_.IdentityOf(block);
+  const BlockIdentity identity = pool_.IdentityOf(block);
   const bool in_cluster = pool_.IsInCluster(block);
   if (!tiers_->NeedsOffload(identity.hash, in_cluster)) {
     pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
     return;
   }
-  const absl::Span<const uint32_t> tokens = pool_.TokensOf(block);
+  std::vector<uint32_t> tokens = pool_.TokensOf(block);
   batch->push_back(
       OffloadCandidate{.block = block,
                        .record = BlockRecordIdentity{.hash = identity.hash,
@@ -289,7 +289,7 @@ void Pool::TakeForOffloadLocked(BlockId block, std::vector<OffloadCandidate>* ba
                                                      .namespace_digest = identity.namespace_digest,
                                                      .extras_digest = identity.extras_digest,
                                                      .prefix_digest = identity.prefix_digest,
-                                                     .tokens = {tokens.begin(), tokens.end()},
+                                                     .tokens = std::move(tokens),
                                                      .tenant = tenants_[block_tenant_[block]].name},
                        .checksum = pool_.CachedChecksum(block),
                        .to_cluster = tiers_->has_cluster() && !in_cluster,
@@ -385,7 +385,7 @@ BlockId Pool::FindPresentLocked(const Sequence& sequence, size_t i, const BlockI
 
 uint64_t Pool::ExpectedExtrasLocked(uint64_t ours, BlockId indexed) const {
   if (!token_parts_ || indexed == kNoBlock) return ours;
-  const uint64_t theirs = pool_.IdentityOf(indexed).extras_digest;
+  const uint64_t theirs = pool_.ExtrasDigestOf(indexed);
   return SameExtraKeys(ours, theirs) ? theirs : ours;
 }
 
@@ -605,7 +605,7 @@ absl::StatusOr<OpenedSequence> Pool::Open(const Session& session, const Sequence
       AcquireLocked(block, sequence->tenant, /*prefix_hit=*/mode == OpenMode::kCompute, now);
       // A hit after the block went down to tier 2: its record there is reused too (once).
       if (!pool_.IsReused(block) && pool_.IsOffloaded(block)) {
-        tiers_->MarkReused(pool_.IdentityOf(block).hash);
+        tiers_->MarkReused(pool_.HashOf(block));
       }
       pool_.SetReused(block);
     }

@@ -70,7 +70,7 @@ BlockId Pool::FindPageLocked(const Sequence& sequence, size_t i) const {
   const BlockId indexed = pool_.Indexed(sequence.chain[i]);
   if (indexed == kNoBlock) return kNoBlock;
   BlockIdentity expected = PageIdentity(sequence, i);
-  expected.extras_digest = pool_.IdentityOf(indexed).extras_digest;  // any parts
+  expected.extras_digest = pool_.ExtrasDigestOf(indexed);  // any parts
   const uint32_t block_size = options_.layout.block_size;
   const BlockId block = pool_.FindVerified(
       expected, absl::MakeConstSpan(sequence.tokens).subspan(i * block_size, block_size));
@@ -81,7 +81,7 @@ BlockId Pool::FindPageLocked(const Sequence& sequence, size_t i) const {
 void Pool::SupersedeLocked(BlockId present, BlockId own, uint64_t identity_extras) {
   if (present == kNoBlock || present == own) return;
   const uint32_t ours = PartMaskIn(identity_extras);
-  const uint32_t theirs = PartMaskIn(pool_.IdentityOf(present).extras_digest);
+  const uint32_t theirs = PartMaskIn(pool_.ExtrasDigestOf(present));
   if ((theirs & ours) == ours || !pool_.IsEvictable(present)) return;
   removed_.clear();
   pool_.Evict(present, &removed_);
@@ -97,7 +97,7 @@ PageWalk Pool::FindPagesLocked(Sequence* sequence) const {
     // went below (an older page is evicted first).
     const BlockId block = FindPageLocked(*sequence, i);
     if (block != kNoBlock) {
-      sequence->extras_digests[i] = pool_.IdentityOf(block).extras_digest;
+      sequence->extras_digests[i] = pool_.ExtrasDigestOf(block);
       walk.tier1.push_back(block);
       continue;
     }
@@ -190,7 +190,7 @@ absl::StatusOr<ReservedPages> Pool::ReservePages(const Session& session,
     std::vector<size_t> fresh;
     for (size_t i = 0; i < keys.size(); ++i) {
       const BlockId present = FindPageLocked(*probe, i);
-      if (present == kNoBlock || (pool_.IdentityOf(present).extras_digest & masks[i]) != masks[i]) {
+      if (present == kNoBlock || (pool_.ExtrasDigestOf(present) & masks[i]) != masks[i]) {
         fresh.push_back(i);
       }
     }
@@ -328,7 +328,7 @@ absl::StatusOr<AcquiredPages> Pool::AcquirePages(const Session& session,
     for (BlockId block : walk.Hits()) {
       AcquireLocked(block, sequence->tenant, /*prefix_hit=*/false, now);
       if (!pool_.IsReused(block) && pool_.IsOffloaded(block)) {
-        tiers_->MarkReused(pool_.IdentityOf(block).hash);
+        tiers_->MarkReused(pool_.HashOf(block));
       }
       pool_.SetReused(block);
     }

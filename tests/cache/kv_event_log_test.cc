@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -22,6 +23,9 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
 Hash128 H(uint64_t n) { return Hash128{.hi = n * 7, .lo = n}; }
+// An ordered key for a Hash128.
+using Hash128Key = std::pair<uint64_t, uint64_t>;
+Hash128Key Key(const Hash128& hash) { return {hash.hi, hash.lo}; }
 
 StoredBlock Block(uint64_t n) {
   return StoredBlock{.hash = H(n), .token_ids = {uint32_t(n), uint32_t(n + 1)}, .extras_digest = 0};
@@ -238,6 +242,48 @@ TEST(KvEventLogTest, APageCarriesItsKeyInItsStoreItsRemovalAndTheSnapshot) {
   log.BlocksStored(0, "a", std::nullopt, {Block(4)});
   log.BlocksRemoved(0, {H(4)});
   EXPECT_THAT(log.Read(5, 1).events[0]->page_keys, IsEmpty());
+}
+
+// The log keeps its own compact copy of each indexed block, not the event that announced it: a
+// snapshot must still give back every field exactly — tokens of any width (the largest uint32
+// included) and count, extras digests, parents — after the events have left the buffer and
+// entries have been freed and reused.
+TEST(KvEventLogTest, TheSnapshotGivesBackExactlyWhatWasStored) {
+  KvEventLog log(/*capacity=*/1);
+  log.AddPool(0, "p", "CPU", 2);
+  std::map<Hash128Key, StoredBlock> expected;
+  std::map<Hash128Key, std::optional<Hash128>> parents;
+  auto store = [&](uint64_t n, std::vector<uint32_t> tokens, std::optional<Hash128> parent) {
+    StoredBlock block{.hash = H(n), .token_ids = std::move(tokens), .extras_digest = n * 3};
+    expected[Key(H(n))] = block;
+    parents[Key(H(n))] = parent;
+    log.BlocksStored(0, "a", parent, {block});
+  };
+  // Enough blocks for two token chunks, the second widened to 32 bits by its last block.
+  const uint64_t num_blocks = 5000;
+  for (uint64_t n = 1; n <= num_blocks; ++n) {
+    store(n, {uint32_t(n), uint32_t(n % 7)}, n == 1 ? std::nullopt : std::optional(H(n - 1)));
+  }
+  store(num_blocks + 1, {0xffffffffu, 1}, H(num_blocks));
+  store(num_blocks + 2, {1, 2, 3}, std::nullopt);  // a count other than the block size
+  // Freed entries are reused for new blocks.
+  std::vector<Hash128> gone;
+  for (uint64_t n = 100; n < 200; ++n) gone.push_back(H(n));
+  log.BlocksRemoved(0, gone);
+  for (const Hash128& hash : gone) expected.erase(Key(hash));
+  for (uint64_t n = 1; n <= 50; ++n) store(num_blocks + 10 + n, {uint32_t(1u << 30), 5}, H(n));
+
+  KvEventLog::Snapshot snapshot = log.TakeSnapshot({});
+  EXPECT_EQ(log.indexed_blocks(), expected.size());
+  ASSERT_EQ(snapshot.events.size(), expected.size());
+  for (const KvEvent& event : snapshot.events) {
+    const auto it = expected.find(Key(event.blocks[0].hash));
+    ASSERT_NE(it, expected.end());
+    EXPECT_EQ(event.blocks[0].token_ids, it->second.token_ids);
+    EXPECT_EQ(event.blocks[0].extras_digest, it->second.extras_digest);
+    EXPECT_EQ(event.parent_hash, parents[it->first]);
+    EXPECT_EQ(event.tenant, "a");
+  }
 }
 
 TEST(KvEventLogTest, FilterLetsEveryoneSeeAClearOfAllPools) {
