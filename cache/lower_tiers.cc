@@ -174,7 +174,7 @@ bool LowerTiers::NeedsOffload(const Hash128& hash, bool in_cluster) const {
 bool LowerTiers::HoldsBelow(const Hash128& hash, bool in_cluster) const {
   if (cluster_tier_ != nullptr && in_cluster) return true;
   if (host_tier_ != nullptr && host_tier_->Contains(hash)) return true;
-  return disk_tier_ != nullptr && disk_tier_->Find(hash).ok();
+  return disk_tier_ != nullptr && disk_tier_->Contains(hash);
 }
 
 void LowerTiers::MarkReused(const Hash128& hash) {
@@ -312,7 +312,7 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       if (stored.ok()) ++stored_below;
       // Saved only if durable on disk (a record accepted for writing may yet fail its write).
       if (stored.ok() && pending[i]->evicted.has_value() && disk_tier_ != nullptr &&
-          disk_tier_->Find(pending[i]->evicted->hash).ok()) {
+          disk_tier_->Contains(pending[i]->evicted->hash)) {
         disk_evicted_from_above_.fetch_add(1, std::memory_order_relaxed);
       }
     }
@@ -324,15 +324,16 @@ void LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
   if (disk_tier_ == nullptr || !slot.evicted.has_value() || slot.evicted_below) return;
   // The demotion window keeps tier 2's next victims on disk ahead of time; a store that outran
   // it passes its victim down now, from the slot it is about to overwrite.
-  absl::Status stored = absl::FailedPreconditionError("not admitted");
   if (options_.disk_admission == DiskAdmission::kAll || slot.evicted_reused) {
-    stored = disk_tier_->Store(
+    // A full queue refuses it at the cost of a lookup (DiskTier::Store): a disk slower than the
+    // evictions costs the mover little per record it cannot take.
+    const absl::Status stored = disk_tier_->Store(
         *slot.evicted,
         absl::MakeConstSpan(reinterpret_cast<const char*>(slot.bytes), host_tier_->block_bytes()));
-  }
-  if (stored.ok() || absl::IsAlreadyExists(stored)) {
-    demoted_blocks_.fetch_add(stored.ok() ? 1 : 0, std::memory_order_relaxed);
-    return;
+    if (stored.ok() || absl::IsAlreadyExists(stored)) {
+      demoted_blocks_.fetch_add(stored.ok() ? 1 : 0, std::memory_order_relaxed);
+      return;
+    }
   }
   disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -367,8 +368,13 @@ void LowerTiers::WriteThroughToCluster(absl::Span<const OffloadCandidate> batch)
 
 bool LowerTiers::DemoteBatch() {
   if (disk_tier_ == nullptr) return false;
+  // Paced to the disk's writer: only as many records as its queue takes now are pinned and
+  // offered, so none is built to be refused (the writer frees places as its batches land, and
+  // the next round offers more).
+  const size_t room = std::min<size_t>(kOffloadBatch, disk_tier_->StoreRoom());
+  if (room == 0) return false;
   const std::vector<HostTier::Demotion> batch = host_tier_->PinForDemotion(
-      demotion_window_, kOffloadBatch, options_.disk_admission == DiskAdmission::kReused);
+      demotion_window_, room, options_.disk_admission == DiskAdmission::kReused);
   bool more = !batch.empty();
   for (const HostTier::Demotion& demotion : batch) {
     absl::Status stored = absl::UnavailableError("the disk tier refused this round");

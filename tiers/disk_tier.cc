@@ -55,6 +55,8 @@ DiskTier::Impl::Impl(DiskTierOptions options, int fd, bool direct_io, uint32_t s
       header_bytes_(SlotBytesFor(options_) - RoundUpToRecordAlignment(options_.pool.block_bytes)),
       slot_bytes_(SlotBytesFor(options_)),
       slots_(slots),
+      queue_full_(absl::ResourceExhaustedError(absl::StrCat(
+          "disk tier queue full (", options_.max_queued_stores, " records being written)"))),
       table_(slots),
       records_(slots),
       store_buffers_(slot_bytes_ * options_.max_queued_stores),
@@ -74,6 +76,7 @@ absl::Status DiskTier::Impl::Start() {
   for (uint32_t i = options_.max_queued_stores; i > 0; --i) {
     free_buffers_.push_back(store_buffers_.data() + (i - 1) * slot_bytes_);
   }
+  store_room_.store(options_.max_queued_stores, std::memory_order_relaxed);
   ASSIGN_OR_RETURN(write_ring_, IoRing::Create(options_.max_queued_stores + 1, io_backend_));
   for (uint32_t i = 0; i < options_.read_rings; ++i) {
     auto reader = std::make_unique<Reader>();
@@ -132,6 +135,11 @@ absl::StatusOr<BlockRecordIdentity> DiskTier::Impl::Find(const Hash128& hash) co
   const uint32_t slot = table_.Find(hash);
   if (slot == kNoSlot) return absl::NotFoundError("not in the disk tier");
   return records_[slot].identity;
+}
+
+bool DiskTier::Impl::Contains(const Hash128& hash) const {
+  absl::MutexLock lock(&mu_);
+  return table_.Find(hash) != kNoSlot;
 }
 
 absl::Status DiskTier::Impl::Erase(const Hash128& hash) {
@@ -341,6 +349,8 @@ absl::Status DiskTier::Load(const BlockRecordIdentity& expected, absl::Span<char
 std::vector<absl::Status> DiskTier::LoadMany(absl::Span<const LoadRequest> requests) {
   return impl_->LoadMany(requests);
 }
+bool DiskTier::Contains(const Hash128& hash) const { return impl_->Contains(hash); }
+uint32_t DiskTier::StoreRoom() const { return impl_->store_room(); }
 absl::Status DiskTier::Erase(const Hash128& hash) { return impl_->Erase(hash); }
 void DiskTier::Flush() { impl_->Flush(); }
 DiskTierStats DiskTier::stats() const { return impl_->stats(); }

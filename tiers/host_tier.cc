@@ -105,10 +105,11 @@ absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const Hash128& hash)
       return absl::ResourceExhaustedError("host tier: every slot is being read or filled");
     }
     if (taken.evicted) {
-      pending.evicted = records_[taken.slot].identity;
       pending.evicted_below = records_[taken.slot].below;
       pending.evicted_reused = records_[taken.slot].reused;
       RemovedLocked(taken.slot);
+      // Moved, not copied: the record is reset below (a mover evicts one per block it stores).
+      pending.evicted = std::move(records_[taken.slot].identity);
       ++counters_.evicted;
     }
     pending.slot = taken.slot;

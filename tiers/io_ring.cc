@@ -112,7 +112,7 @@ void IoRing::QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offs
   ++queued_;
 }
 
-void IoRing::QueueFdatasync(int fd, uint64_t tag) {
+void IoRing::QueueFdatasync(int fd, uint64_t tag, bool after_earlier) {
   if (ring_ == nullptr) {
     pending_.push_back({Queued::Kind::kFdatasync, fd, nullptr, nullptr, 0, 0, tag, false});
     ++queued_;
@@ -120,6 +120,8 @@ void IoRing::QueueFdatasync(int fd, uint64_t tag) {
   }
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+  // The system-call backend performs its queue in order, which is the same.
+  if (after_earlier) sqe->flags |= IOSQE_IO_DRAIN;
   io_uring_sqe_set_data64(sqe, tag);
   ++queued_;
 }
@@ -164,6 +166,21 @@ absl::StatusOr<IoRing::Completion> IoRing::WaitOne() {
 }
 
 absl::Status IoRing::Wait(std::vector<Completion>* completions) {
+  if (ring_ != nullptr && in_flight_ > 0) {
+    // The kernel wakes this thread once all of them are done; then they are collected without
+    // waiting.
+    io_uring_cqe* cqe = nullptr;
+    int error = io_uring_wait_cqe_nr(ring_.get(), &cqe, in_flight_);
+    while (error == -EINTR) error = io_uring_wait_cqe_nr(ring_.get(), &cqe, in_flight_);
+    if (error < 0) {
+      return absl::InternalError(absl::StrCat("io_uring_wait_cqe_nr: ", std::strerror(-error)));
+    }
+    while (in_flight_ > 0 && io_uring_peek_cqe(ring_.get(), &cqe) == 0) {
+      completions->push_back(Completion{io_uring_cqe_get_data64(cqe), cqe->res});
+      io_uring_cqe_seen(ring_.get(), cqe);
+      --in_flight_;
+    }
+  }
   while (in_flight_ > 0) {
     absl::StatusOr<Completion> completion = WaitOne();
     if (!completion.ok()) return completion.status();

@@ -72,7 +72,9 @@ class IoRing {
   // dsync: RWF_DSYNC, durable when it completes.
   void QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
                   bool dsync);
-  void QueueFdatasync(int fd, uint64_t tag);
+  // after_earlier: it starts only once every operation submitted before it completed (a batch's
+  // writes and their fdatasync in one submission, waited for once).
+  void QueueFdatasync(int fd, uint64_t tag, bool after_earlier = false);
 
   struct Completion {
     uint64_t tag;
@@ -80,8 +82,9 @@ class IoRing {
   };
   // Submits everything queued; it is in flight until Wait. INTERNAL when the kernel refuses.
   absl::Status Submit();
-  // Waits until everything in flight completed, appending one Completion per operation (in
-  // completion order) to `completions`. INTERNAL when waiting fails (the ring is then unusable).
+  // Waits until everything in flight completed (one wake-up, not one per operation), appending
+  // one Completion per operation (in completion order) to `completions`. INTERNAL when waiting
+  // fails (the ring is then unusable).
   absl::Status Wait(std::vector<Completion>* completions);
   // Waits for one operation in flight (REQUIRES: one is) and returns its Completion.
   absl::StatusOr<Completion> WaitOne();
