@@ -254,6 +254,8 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
   // Pinned and published: the bytes cannot change during the copies. Tier 2's slots are filled
   // in one batch (a device pool's D2H copies, one synchronization).
   std::vector<std::optional<HostTier::PendingStore>> pending(batch.size());
+  // Per slot: whether the record it evicted may be on disk (else the disk is not asked again).
+  std::vector<bool> evicted_maybe_on_disk(batch.size());
   std::vector<PoolMemory::HostCopy> copies;
   for (size_t i = 0; i < batch.size(); ++i) {
     OffloadCandidate& candidate = batch[i];
@@ -263,7 +265,7 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       // tier put it there).
       candidate.below = absl::IsAlreadyExists(slot.status());
       if (slot.ok()) {
-        PassEvictedDown(*slot);
+        evicted_maybe_on_disk[i] = PassEvictedDown(*slot);
         copies.push_back(PoolMemory::HostCopy{.block = candidate.block, .host = slot->bytes});
         pending[i] = *std::move(slot);
         continue;
@@ -312,7 +314,7 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       if (stored.ok()) ++stored_below;
       // Saved only if durable on disk (a record accepted for writing may yet fail its write).
       if (stored.ok() && pending[i]->evicted.has_value() && disk_tier_ != nullptr &&
-          disk_tier_->Contains(pending[i]->evicted->hash)) {
+          evicted_maybe_on_disk[i] && disk_tier_->Contains(pending[i]->evicted->hash)) {
         disk_evicted_from_above_.fetch_add(1, std::memory_order_relaxed);
       }
     }
@@ -320,8 +322,8 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
   return stored_below;
 }
 
-void LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
-  if (disk_tier_ == nullptr || !slot.evicted.has_value() || slot.evicted_below) return;
+bool LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
+  if (disk_tier_ == nullptr || !slot.evicted.has_value() || slot.evicted_below) return true;
   // The demotion window keeps tier 2's next victims on disk ahead of time; a store that outran
   // it passes its victim down now, from the slot it is about to overwrite.
   if (options_.disk_admission == DiskAdmission::kAll || slot.evicted_reused) {
@@ -332,10 +334,13 @@ void LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
         absl::MakeConstSpan(reinterpret_cast<const char*>(slot.bytes), host_tier_->block_bytes()));
     if (stored.ok() || absl::IsAlreadyExists(stored)) {
       demoted_blocks_.fetch_add(stored.ok() ? 1 : 0, std::memory_order_relaxed);
-      return;
+      return true;
     }
+    disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
+    return !absl::IsResourceExhausted(stored);
   }
   disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void LowerTiers::WriteThroughToCluster(absl::Span<const OffloadCandidate> batch) {

@@ -236,8 +236,10 @@ class LowerTiers {
   size_t CopyDown(std::vector<OffloadCandidate>& batch);
   // A tier-2 slot just taken: the record it evicted goes to tier 3 from the slot's bytes, unless
   // tier 3 has it or does not admit it (counted in PoolDiskTierStats::evicted_unsaved when it
-  // refuses). Call before the slot is filled.
-  void PassEvictedDown(const HostTier::PendingStore& slot);
+  // refuses). Call before the slot is filled. False when the disk certainly lacks the evicted
+  // record (its full queue refused it, which it answers only for a record neither indexed nor
+  // queued), so the caller need not ask.
+  bool PassEvictedDown(const HostTier::PendingStore& slot);
   // Sends the batch's blocks not in the cluster yet, in one pipelined batch, and announces them.
   void WriteThroughToCluster(absl::Span<const OffloadCandidate> batch);
   // The mover's second stage: passes up to kOffloadBatch of tier 2's oldest records to tier 3.
