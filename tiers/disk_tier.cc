@@ -57,6 +57,7 @@ DiskTier::Impl::Impl(DiskTierOptions options, int fd, bool direct_io, uint32_t s
       slots_(slots),
       queue_full_(absl::ResourceExhaustedError(absl::StrCat(
           "disk tier queue full (", options_.max_queued_stores, " records being written)"))),
+      not_found_(absl::NotFoundError("not in the disk tier")),
       table_(slots),
       records_(slots),
       store_buffers_(slot_bytes_ * options_.max_queued_stores),
@@ -133,7 +134,7 @@ absl::Status DiskTier::Impl::Scan(uint64_t old_size) {
 absl::StatusOr<BlockRecordIdentity> DiskTier::Impl::Find(const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
   const uint32_t slot = table_.Find(hash);
-  if (slot == kNoSlot) return absl::NotFoundError("not in the disk tier");
+  if (slot == kNoSlot) return not_found_;  // shared: every open's probe past tier 2 may miss
   return records_[slot].identity;
 }
 

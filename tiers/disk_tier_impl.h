@@ -160,6 +160,7 @@ class DiskTier::Impl {
   const uint64_t slot_bytes_;
   const uint32_t slots_;
   const absl::Status queue_full_;  // Store's RESOURCE_EXHAUSTED, made once
+  const absl::Status not_found_;   // Find's NOT_FOUND, made once
 
   // Own synchronization: each Reader's mutex. Lock order: a Reader's mu, then mu_ (never both
   // held today: loads pin under mu_, read under the reader's, unpin under mu_).

@@ -1,6 +1,9 @@
 // The disk tier's write queue and writer thread (tiers/disk_tier_impl.h): Store only queues a
 // copy; the writer writes queued records in batches, syncs once per batch and only then
 // publishes them.
+#include <limits.h>
+#include <sys/uio.h>
+
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -15,6 +18,10 @@ namespace {
 
 // A batch entry's error when the writer could not seal it (never an errno).
 constexpr int kNotSealed = -1;
+// One write of consecutive slots stays within what one system call writes whole (Linux stops
+// at 2 GiB, and at IOV_MAX buffers).
+constexpr size_t kMaxRunBytes = size_t{1} << 30;
+constexpr size_t kMaxRunRecords = IOV_MAX;
 
 }  // namespace
 
@@ -109,6 +116,10 @@ void DiskTier::Impl::WriterLoop() {
   std::vector<Queued> batch;
   std::vector<uint32_t> slots;
   std::vector<int> errors;
+  std::vector<size_t> run_ends;  // by a write's first record (its tag): one past its last
+  // The unsealed writes' buffers; never grows past the batch, so pointers into it hold.
+  std::vector<iovec> iovecs;
+  iovecs.reserve(options_.max_queued_stores);
   std::vector<IoRing::Completion> done;
   const bool dsync = options_.durability == DiskTierOptions::Durability::kDsyncPerWrite;
   while (true) {
@@ -139,6 +150,8 @@ void DiskTier::Impl::WriterLoop() {
       }
     }
     errors.assign(batch.size(), 0);
+    run_ends.assign(batch.size(), 0);
+    iovecs.clear();
     uint32_t submitted = 0;
     absl::Status ring_status;
     for (size_t i = 0; i < batch.size() && ring_status.ok(); ++i) {
@@ -146,11 +159,33 @@ void DiskTier::Impl::WriterLoop() {
       if (sealer_.has_value() && !SealSlot(batch[i]).ok()) errors[i] = kNotSealed;
       if (errors[i] == 0 && options_.testing_write_errno)
         errors[i] = options_.testing_write_errno();
-      if (errors[i] != 0) continue;
+      if (errors[i] != 0 || !sealer_.has_value()) continue;
       write_ring_->QueueWrite(fd_, batch[i].buffer, slot_bytes_, SlotOffset(slots[i]), i, dsync);
+      run_ends[i] = i + 1;
       ++submitted;
       // A sealed record goes to the disk at once: the next one is sealed while it is written.
-      if (sealer_.has_value()) ring_status = write_ring_->Submit();
+      ring_status = write_ring_->Submit();
+    }
+    // Unsealed: records in consecutive slots (a new file fills them in order, and evictions free
+    // runs) go down as one write: one request, one extent update and one doorbell of a virtual
+    // disk instead of one each, on the CPU the requests run on.
+    for (size_t i = 0; i < batch.size() && !sealer_.has_value();) {
+      if (errors[i] != 0) {
+        ++i;
+        continue;
+      }
+      size_t end = i + 1;
+      while (end < batch.size() && errors[end] == 0 && slots[end] == slots[end - 1] + 1 &&
+             end - i < kMaxRunRecords && (end - i + 1) * slot_bytes_ <= kMaxRunBytes) {
+        ++end;
+      }
+      const size_t first_iovec = iovecs.size();
+      for (size_t k = i; k < end; ++k) iovecs.push_back(iovec{batch[k].buffer, slot_bytes_});
+      write_ring_->QueueWritev(fd_, &iovecs[first_iovec], static_cast<uint32_t>(end - i),
+                               SlotOffset(slots[i]), i, dsync);
+      run_ends[i] = end;
+      ++submitted;
+      i = end;
     }
     // The batch's fdatasync goes in the same submission, started once the writes are done, and
     // the writer wakes once for all of it: each wake-up costs the CPU the requests run on.
@@ -163,8 +198,14 @@ void DiskTier::Impl::WriterLoop() {
     for (const IoRing::Completion& completion : done) {
       if (completion.tag == sync_tag) {
         sync_result = completion.result;
-      } else if (completion.result != static_cast<int>(slot_bytes_)) {
-        errors[completion.tag] = completion.result < 0 ? -completion.result : EIO;
+        continue;
+      }
+      // A write of a run fails (or comes up short) for all of its records.
+      const size_t end = run_ends[completion.tag];
+      if (completion.result != static_cast<int>((end - completion.tag) * slot_bytes_)) {
+        for (size_t k = completion.tag; k < end; ++k) {
+          errors[k] = completion.result < 0 ? -completion.result : EIO;
+        }
       }
     }
     bool synced = dsync;

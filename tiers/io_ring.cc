@@ -63,6 +63,10 @@ int IoRing::Perform(const Queued& op) {
             ::pwritev2(op.fd, &one, 1, static_cast<off_t>(op.offset), op.dsync ? RWF_DSYNC : 0);
         break;
       }
+      case Queued::Kind::kWritev:
+        result = ::pwritev2(op.fd, op.iovecs, static_cast<int>(op.size),
+                            static_cast<off_t>(op.offset), op.dsync ? RWF_DSYNC : 0);
+        break;
       case Queued::Kind::kFdatasync:
         result = ::fdatasync(op.fd);
         break;
@@ -107,6 +111,20 @@ void IoRing::QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offs
   }
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   io_uring_prep_write(sqe, fd, buffer, size, offset);
+  if (dsync) sqe->rw_flags = RWF_DSYNC;
+  io_uring_sqe_set_data64(sqe, tag);
+  ++queued_;
+}
+
+void IoRing::QueueWritev(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                         uint64_t tag, bool dsync) {
+  if (ring_ == nullptr) {
+    pending_.push_back({Queued::Kind::kWritev, fd, nullptr, iovecs, count, offset, tag, dsync});
+    ++queued_;
+    return;
+  }
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  io_uring_prep_writev(sqe, fd, iovecs, count, offset);
   if (dsync) sqe->rw_flags = RWF_DSYNC;
   io_uring_sqe_set_data64(sqe, tag);
   ++queued_;

@@ -72,6 +72,10 @@ class IoRing {
   // dsync: RWF_DSYNC, durable when it completes.
   void QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
                   bool dsync);
+  // Writes `count` buffers in turn from `offset` (one request for the disk, not `count`);
+  // `iovecs` must stay valid until the write completes.
+  void QueueWritev(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                   uint64_t tag, bool dsync);
   // after_earlier: it starts only once every operation submitted before it completed (a batch's
   // writes and their fdatasync in one submission, waited for once).
   void QueueFdatasync(int fd, uint64_t tag, bool after_earlier = false);
@@ -96,11 +100,11 @@ class IoRing {
  private:
   // An operation kept for Submit (kSyscalls).
   struct Queued {
-    enum class Kind : uint8_t { kRead, kReadv, kWrite, kFdatasync } kind;
+    enum class Kind : uint8_t { kRead, kReadv, kWrite, kWritev, kFdatasync } kind;
     int fd = -1;
     void* buffer = nullptr;
     const struct iovec* iovecs = nullptr;
-    uint32_t size = 0;  // bytes, or iovec count for kReadv
+    uint32_t size = 0;  // bytes, or iovec count for kReadv and kWritev
     uint64_t offset = 0;
     uint64_t tag = 0;
     bool dsync = false;
