@@ -308,8 +308,10 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       if (host_tier_ == nullptr) candidate.below = true;
     }
     if (pending[i].has_value()) {
-      const absl::Status stored =
-          host_tier_->FinishStore(*pending[i], candidate.record, candidate.reused, true);
+      // Tier 2 keeps the identity; only the cluster's copies need it afterwards.
+      const absl::Status stored = host_tier_->FinishStore(
+          *pending[i], candidate.to_cluster ? candidate.record : std::move(candidate.record),
+          candidate.reused, true);
       candidate.below = stored.ok() || absl::IsAlreadyExists(stored);
       if (stored.ok()) ++stored_below;
       // Saved only if durable on disk (a record accepted for writing may yet fail its write).
