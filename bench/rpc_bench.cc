@@ -10,7 +10,8 @@
 // and every open's probe) vs without (the bar: >= 0.9x), then with tiers 2 and 3 (the mover
 // passing tier 2's oldest records on to a disk file as fast as the pool evicts). Usage: rpc_bench
 // [seconds] [clients] [rounds] [mix: only the mix vs Ping | observed: only events+metrics on vs
-// off | tier: only the tier comparisons]. Exits 1 when any call failed (bench/bench_run.h);
+// off | tier: only the tier comparisons | alone-NAME: one daemon of MakeDaemon's alone, for a
+// profiler]. Exits 1 when any call failed (bench/bench_run.h);
 // KVCACHE_BENCH_SMOKE=1 lets phases be shorter than 0.25 s.
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
@@ -34,6 +35,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_run.h"
@@ -254,13 +256,17 @@ class BenchDaemon {
           static_cast<unsigned long long>(stats.host_tier->hit_blocks));
       if (!stats.disk_tier.has_value()) continue;
       std::printf(
-          "disk tier: %llu records passed down, %llu durable, %llu refused (queue full), %llu "
-          "tier-2 evictions already on disk, %llu disk hits\n",
+          "disk tier: %llu records passed down, %llu durable in %llu syncs, %llu refused (queue "
+          "full), %llu tier-2 evictions already on disk, %llu lost, %llu disk hits; tier 2 "
+          "scanned %llu for demotion\n",
           static_cast<unsigned long long>(stats.disk_tier->demoted_blocks),
           static_cast<unsigned long long>(stats.disk_tier->store.stores_durable),
+          static_cast<unsigned long long>(stats.disk_tier->store.syncs),
           static_cast<unsigned long long>(stats.disk_tier->store.stores_refused_full),
           static_cast<unsigned long long>(stats.disk_tier->evicted_from_above),
-          static_cast<unsigned long long>(stats.disk_tier->hit_blocks));
+          static_cast<unsigned long long>(stats.disk_tier->evicted_unsaved),
+          static_cast<unsigned long long>(stats.disk_tier->hit_blocks),
+          static_cast<unsigned long long>(stats.host_tier->store.demotion_scanned));
     }
   }
 
@@ -398,6 +404,29 @@ void CompareDaemons(BenchDaemon& off, BenchDaemon& on, double phase, int rounds)
               Median(ratios), Median(cpu_ratios));
 }
 
+// The tier comparisons' pool: small enough to evict all the time (512-byte blocks).
+constexpr uint32_t kTierPoolBlocks = 4096;
+
+// The daemons compared: "unwatched" and "watched" (a 64Ki-block pool without and with events and
+// metrics), and over the small evicting pool "plain" (no tiers), "tier2" (a host tier of 4x the
+// pool: its mover offloads ahead of every eviction, every open probes it) and "tier3" (a host tier
+// as large as the pool, so it passes its oldest records on to a disk tier all the time; 8 KiB
+// slots: a header page and the block's page). Null for another name.
+std::unique_ptr<BenchDaemon> MakeDaemon(absl::string_view name, int clients) {
+  if (name == "unwatched") return std::make_unique<BenchDaemon>(clients, false);
+  if (name == "watched") return std::make_unique<BenchDaemon>(clients, true);
+  if (name == "plain") return std::make_unique<BenchDaemon>(clients, false, 0, kTierPoolBlocks);
+  if (name == "tier2") {
+    return std::make_unique<BenchDaemon>(clients, false, uint64_t{4 * kTierPoolBlocks} * 512,
+                                         kTierPoolBlocks);
+  }
+  if (name == "tier3") {
+    return std::make_unique<BenchDaemon>(clients, false, uint64_t{kTierPoolBlocks} * 512,
+                                         kTierPoolBlocks, uint64_t{16 * kTierPoolBlocks} * 8192);
+  }
+  return nullptr;
+}
+
 // Watched vs not: two daemons side by side for the whole run, measured in turn in short phases
 // (off-on, then on-off) so that the machine's drift hits both alike; each round's ratio comes
 // from two neighbouring phases, and the verdict is the median of the rounds', which one noisy
@@ -407,43 +436,47 @@ void CompareObserved(int clients, double phase, int rounds) {
       "\nKV events + metrics on vs off (open+commit+release mix, calls/s): %d rounds of two %.2f s "
       "phases, two live daemons\n",
       rounds, phase);
-  BenchDaemon off(clients, false);
-  BenchDaemon on(clients, true);
-  CompareDaemons(off, on, phase, rounds);
+  const std::unique_ptr<BenchDaemon> off = MakeDaemon("unwatched", clients);
+  const std::unique_ptr<BenchDaemon> on = MakeDaemon("watched", clients);
+  CompareDaemons(*off, *on, phase, rounds);
   std::printf("observed daemon: %llu events watched, %llu ZeroMQ messages, %llu scrapes\n",
-              static_cast<unsigned long long>(on.events_watched()),
-              static_cast<unsigned long long>(on.zmq_messages()),
-              static_cast<unsigned long long>(on.scrapes()));
+              static_cast<unsigned long long>(on->events_watched()),
+              static_cast<unsigned long long>(on->zmq_messages()),
+              static_cast<unsigned long long>(on->scrapes()));
 }
 
 void CompareTiers(int clients, double phase, int rounds) {
-  // Tier 2: the same mix against a pool small enough to evict all the time, with a
-  // host tier (its mover offloading ahead of every eviction, every open probing it) and without.
-  constexpr uint32_t kTierPoolBlocks = 4096;
-  const uint64_t tier_bytes = uint64_t{4 * kTierPoolBlocks} * 512;  // 512-byte blocks
   std::printf(
-      "\ntier 2 on vs off (open+commit+release mix, %u-block pool evicting, host tier of %llu "
+      "\ntier 2 on vs off (open+commit+release mix, %u-block pool evicting, host tier of %u "
       "blocks): %d rounds of two %.2f s phases, two live daemons\n",
-      kTierPoolBlocks, static_cast<unsigned long long>(tier_bytes / 512), rounds, phase);
-  BenchDaemon plain_pool(clients, false, 0, kTierPoolBlocks);
+      kTierPoolBlocks, 4 * kTierPoolBlocks, rounds, phase);
+  const std::unique_ptr<BenchDaemon> plain_pool = MakeDaemon("plain", clients);
   {
-    BenchDaemon tiered_pool(clients, false, tier_bytes, kTierPoolBlocks);
-    CompareDaemons(plain_pool, tiered_pool, phase, rounds);
-    tiered_pool.PrintTier();
+    const std::unique_ptr<BenchDaemon> tiered_pool = MakeDaemon("tier2", clients);
+    CompareDaemons(*plain_pool, *tiered_pool, phase, rounds);
+    tiered_pool->PrintTier();
   }
-  // Tiers 2 and 3: a tier 2 as large as the pool, so it passes its oldest records on to disk
-  // all the time (8 KiB slots: a header page and the 512-byte block's page).
   std::printf(
       "\ntiers 2+3 on vs off (the same mix; host tier of %u blocks, disk tier of %u records)\n",
       kTierPoolBlocks, 16 * kTierPoolBlocks);
-  BenchDaemon disk_pool(clients, false, uint64_t{kTierPoolBlocks} * 512, kTierPoolBlocks,
-                        uint64_t{16 * kTierPoolBlocks} * 8192);
-  CompareDaemons(plain_pool, disk_pool, phase, rounds);
-  disk_pool.PrintTier();
+  const std::unique_ptr<BenchDaemon> disk_pool = MakeDaemon("tier3", clients);
+  CompareDaemons(*plain_pool, *disk_pool, phase, rounds);
+  disk_pool->PrintTier();
 }
 
 int Main(double seconds, int clients, int rounds, absl::string_view only) {
   const double phase = std::max(bench::FullOrSmoke(0.25, 0.02), seconds / 4);
+  if (absl::ConsumePrefix(&only, "alone-")) {
+    // One daemon alone for `seconds`, for a profiler to tell its threads' costs apart.
+    std::unique_ptr<BenchDaemon> daemon = MakeDaemon(only, clients);
+    if (daemon == nullptr) bench::Fail("no daemon '" + std::string(only) + "'");
+    daemon->RunMix(bench::FullOrSmoke(0.5, 0.02));
+    const BenchDaemon::Phase alone = daemon->RunMix(seconds);
+    std::printf("%s daemon alone: %.0f calls/s, %.0f calls per CPU second\n",
+                std::string(only).c_str(), alone.calls_per_second, alone.calls_per_cpu_second);
+    daemon->PrintTier();
+    return 0;
+  }
   if (only == "tier") {
     CompareTiers(clients, phase, rounds);
     return 0;

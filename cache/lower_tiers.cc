@@ -174,7 +174,7 @@ bool LowerTiers::NeedsOffload(const Hash128& hash, bool in_cluster) const {
 bool LowerTiers::HoldsBelow(const Hash128& hash, bool in_cluster) const {
   if (cluster_tier_ != nullptr && in_cluster) return true;
   if (host_tier_ != nullptr && host_tier_->Contains(hash)) return true;
-  return disk_tier_ != nullptr && disk_tier_->Find(hash).ok();
+  return disk_tier_ != nullptr && disk_tier_->Contains(hash);
 }
 
 void LowerTiers::MarkReused(const Hash128& hash) {
@@ -254,6 +254,8 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
   // Pinned and published: the bytes cannot change during the copies. Tier 2's slots are filled
   // in one batch (a device pool's D2H copies, one synchronization).
   std::vector<std::optional<HostTier::PendingStore>> pending(batch.size());
+  // Per slot: whether the record it evicted may be on disk (else the disk is not asked again).
+  std::vector<bool> evicted_maybe_on_disk(batch.size());
   std::vector<PoolMemory::HostCopy> copies;
   for (size_t i = 0; i < batch.size(); ++i) {
     OffloadCandidate& candidate = batch[i];
@@ -263,7 +265,7 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       // tier put it there).
       candidate.below = absl::IsAlreadyExists(slot.status());
       if (slot.ok()) {
-        PassEvictedDown(*slot);
+        evicted_maybe_on_disk[i] = PassEvictedDown(*slot);
         copies.push_back(PoolMemory::HostCopy{.block = candidate.block, .host = slot->bytes});
         pending[i] = *std::move(slot);
         continue;
@@ -306,13 +308,15 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
       if (host_tier_ == nullptr) candidate.below = true;
     }
     if (pending[i].has_value()) {
-      const absl::Status stored =
-          host_tier_->FinishStore(*pending[i], candidate.record, candidate.reused, true);
+      // Tier 2 keeps the identity; only the cluster's copies need it afterwards.
+      const absl::Status stored = host_tier_->FinishStore(
+          *pending[i], candidate.to_cluster ? candidate.record : std::move(candidate.record),
+          candidate.reused, true);
       candidate.below = stored.ok() || absl::IsAlreadyExists(stored);
       if (stored.ok()) ++stored_below;
       // Saved only if durable on disk (a record accepted for writing may yet fail its write).
       if (stored.ok() && pending[i]->evicted.has_value() && disk_tier_ != nullptr &&
-          disk_tier_->Find(pending[i]->evicted->hash).ok()) {
+          evicted_maybe_on_disk[i] && disk_tier_->Contains(pending[i]->evicted->hash)) {
         disk_evicted_from_above_.fetch_add(1, std::memory_order_relaxed);
       }
     }
@@ -320,21 +324,25 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
   return stored_below;
 }
 
-void LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
-  if (disk_tier_ == nullptr || !slot.evicted.has_value() || slot.evicted_below) return;
+bool LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
+  if (disk_tier_ == nullptr || !slot.evicted.has_value() || slot.evicted_below) return true;
   // The demotion window keeps tier 2's next victims on disk ahead of time; a store that outran
   // it passes its victim down now, from the slot it is about to overwrite.
-  absl::Status stored = absl::FailedPreconditionError("not admitted");
   if (options_.disk_admission == DiskAdmission::kAll || slot.evicted_reused) {
-    stored = disk_tier_->Store(
+    // A full queue refuses it at the cost of a lookup (DiskTier::Store): a disk slower than the
+    // evictions costs the mover little per record it cannot take.
+    const absl::Status stored = disk_tier_->Store(
         *slot.evicted,
         absl::MakeConstSpan(reinterpret_cast<const char*>(slot.bytes), host_tier_->block_bytes()));
-  }
-  if (stored.ok() || absl::IsAlreadyExists(stored)) {
-    demoted_blocks_.fetch_add(stored.ok() ? 1 : 0, std::memory_order_relaxed);
-    return;
+    if (stored.ok() || absl::IsAlreadyExists(stored)) {
+      demoted_blocks_.fetch_add(stored.ok() ? 1 : 0, std::memory_order_relaxed);
+      return true;
+    }
+    disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
+    return !absl::IsResourceExhausted(stored);
   }
   disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void LowerTiers::WriteThroughToCluster(absl::Span<const OffloadCandidate> batch) {
@@ -367,8 +375,13 @@ void LowerTiers::WriteThroughToCluster(absl::Span<const OffloadCandidate> batch)
 
 bool LowerTiers::DemoteBatch() {
   if (disk_tier_ == nullptr) return false;
+  // Paced to the disk's writer: only as many records as its queue takes now are pinned and
+  // offered, so none is built to be refused (the writer frees places as its batches land, and
+  // the next round offers more).
+  const size_t room = std::min<size_t>(kOffloadBatch, disk_tier_->StoreRoom());
+  if (room == 0) return false;
   const std::vector<HostTier::Demotion> batch = host_tier_->PinForDemotion(
-      demotion_window_, kOffloadBatch, options_.disk_admission == DiskAdmission::kReused);
+      demotion_window_, room, options_.disk_admission == DiskAdmission::kReused);
   bool more = !batch.empty();
   for (const HostTier::Demotion& demotion : batch) {
     absl::Status stored = absl::UnavailableError("the disk tier refused this round");

@@ -1,10 +1,17 @@
 #include "server/watch_events.h"
 
+#include <google/protobuf/arena.h>
+
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvcache {
 namespace {
 
+// A live response's first arena block, per watcher (the daemon bounds them): kMaxEventsPerResponse
+// events of a commit's blocks each fit, so a watcher's responses are built without allocating.
+constexpr size_t kArenaBlockBytes = 1 << 20;
 // How long the thread waits for the log before it looks at cancellation again.
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(200);
 // Once an event arrives, more gather until its flush deadline (KvEventLog::FlushDeadline, 20 ms
@@ -141,6 +148,11 @@ void WatchEventsReactor::Run(uint64_t start_sequence, uint64_t start_epoch, bool
   uint64_t cursor_epoch = start_epoch;
   bool snapshot = need_snapshot;
   bool unsent_progress = false;  // the cursor passed events this watcher does not see
+  std::vector<char> arena_block(kArenaBlockBytes);
+  google::protobuf::ArenaOptions arena_options;
+  arena_options.initial_block = arena_block.data();
+  arena_options.initial_block_size = arena_block.size();
+  google::protobuf::Arena arena(arena_options);
   while (!ending()) {
     if (snapshot) {
       std::optional<uint64_t> next = SendSnapshot(cursor, cursor_epoch);
@@ -168,7 +180,11 @@ void WatchEventsReactor::Run(uint64_t start_sequence, uint64_t start_epoch, bool
       if (log_->WaitFor(cursor, kPollPeriod)) log_->WaitForFlush(cursor);
       continue;
     }
-    v1::WatchEventsResponse response;
+    // Built in the arena, emptied once the response is sent: a commit's event holds a message per
+    // block, and thousands of small allocations per response would cost the requests' CPU.
+    arena.Reset();
+    v1::WatchEventsResponse& response =
+        *google::protobuf::Arena::CreateMessage<v1::WatchEventsResponse>(&arena);
     response.set_epoch(epoch_);
     for (const auto& event : read.events) {
       if (filter_.Matches(*event)) ToProto(*event, response.add_events());

@@ -55,6 +55,9 @@ DiskTier::Impl::Impl(DiskTierOptions options, int fd, bool direct_io, uint32_t s
       header_bytes_(SlotBytesFor(options_) - RoundUpToRecordAlignment(options_.pool.block_bytes)),
       slot_bytes_(SlotBytesFor(options_)),
       slots_(slots),
+      queue_full_(absl::ResourceExhaustedError(absl::StrCat(
+          "disk tier queue full (", options_.max_queued_stores, " records being written)"))),
+      not_found_(absl::NotFoundError("not in the disk tier")),
       table_(slots),
       records_(slots),
       store_buffers_(slot_bytes_ * options_.max_queued_stores),
@@ -74,6 +77,7 @@ absl::Status DiskTier::Impl::Start() {
   for (uint32_t i = options_.max_queued_stores; i > 0; --i) {
     free_buffers_.push_back(store_buffers_.data() + (i - 1) * slot_bytes_);
   }
+  store_room_.store(options_.max_queued_stores, std::memory_order_relaxed);
   ASSIGN_OR_RETURN(write_ring_, IoRing::Create(options_.max_queued_stores + 1, io_backend_));
   for (uint32_t i = 0; i < options_.read_rings; ++i) {
     auto reader = std::make_unique<Reader>();
@@ -130,8 +134,13 @@ absl::Status DiskTier::Impl::Scan(uint64_t old_size) {
 absl::StatusOr<BlockRecordIdentity> DiskTier::Impl::Find(const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
   const uint32_t slot = table_.Find(hash);
-  if (slot == kNoSlot) return absl::NotFoundError("not in the disk tier");
+  if (slot == kNoSlot) return not_found_;  // shared: every open's probe past tier 2 may miss
   return records_[slot].identity;
+}
+
+bool DiskTier::Impl::Contains(const Hash128& hash) const {
+  absl::MutexLock lock(&mu_);
+  return table_.Find(hash) != kNoSlot;
 }
 
 absl::Status DiskTier::Impl::Erase(const Hash128& hash) {
@@ -341,6 +350,8 @@ absl::Status DiskTier::Load(const BlockRecordIdentity& expected, absl::Span<char
 std::vector<absl::Status> DiskTier::LoadMany(absl::Span<const LoadRequest> requests) {
   return impl_->LoadMany(requests);
 }
+bool DiskTier::Contains(const Hash128& hash) const { return impl_->Contains(hash); }
+uint32_t DiskTier::StoreRoom() const { return impl_->store_room(); }
 absl::Status DiskTier::Erase(const Hash128& hash) { return impl_->Erase(hash); }
 void DiskTier::Flush() { impl_->Flush(); }
 DiskTierStats DiskTier::stats() const { return impl_->stats(); }

@@ -25,8 +25,9 @@
 // counted per tenant (open_failures()) and dropped like a corrupt one.
 //
 // Back-pressure: Store never waits. Past `max_queued_stores` records not yet durable it answers
-// RESOURCE_EXHAUSTED at once, so a mover backs off and requests never wait on the disk. After a
-// write fails (ENOSPC, EIO, ...) the tier stops storing (UNAVAILABLE) and goes on serving loads.
+// RESOURCE_EXHAUSTED at once, so a mover backs off and requests never wait on the disk; StoreRoom
+// tells a mover beforehand how much the queue takes. After a write fails (ENOSPC, EIO, ...) the
+// tier stops storing (UNAVAILABLE) and goes on serving loads.
 //
 // Loads: Find answers from memory (no I/O). Load reads the slot, decodes the header, checks the
 // pool identity, the block identity against what the caller expects (RecordMismatch) and the
@@ -185,6 +186,13 @@ class DiskTier {
 
   // The identity of the durable record under `hash`, from memory. NOT_FOUND when there is none.
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const;
+  // Whether Find would answer `hash`, without copying the identity out (a mover asks it per
+  // eviction).
+  bool Contains(const Hash128& hash) const;
+  // How many stores the queue would accept now: its free places, 0 once stopped after a write
+  // error. A hint read without the tier's mutex (the writer may free places at any moment), so
+  // that a mover offers only what the writer can take instead of building records to be refused.
+  uint32_t StoreRoom() const;
 
   // Reads the record under expected.hash into `out` (block_bytes bytes) and verifies it (and,
   // sealed, opens it for expected.tenant); `out` is left unspecified unless OK. When `out` is 4

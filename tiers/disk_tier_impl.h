@@ -48,6 +48,8 @@ class DiskTier::Impl {
   absl::Status Store(const BlockRecordIdentity& identity, absl::Span<const char> bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool Contains(const Hash128& hash) const ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t store_room() const { return store_room_.load(std::memory_order_relaxed); }
   std::vector<absl::Status> LoadMany(absl::Span<const LoadRequest> requests)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Erase(const Hash128& hash) ABSL_LOCKS_EXCLUDED(mu_);
@@ -108,6 +110,8 @@ class DiskTier::Impl {
   void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseStoreLocked(const Hash128& hash, char* buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Mirrors the free places (none once a write failed) into store_room_.
+  void UpdateStoreRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // disk_tier_reader.cc.
   absl::Status PinLocked(const LoadRequest& request, size_t i, std::vector<Pinned>* pinned)
@@ -155,6 +159,8 @@ class DiskTier::Impl {
   const uint64_t header_bytes_;  // the (sealed) header's share of a slot, 4 KiB-aligned
   const uint64_t slot_bytes_;
   const uint32_t slots_;
+  const absl::Status queue_full_;  // Store's RESOURCE_EXHAUSTED, made once
+  const absl::Status not_found_;   // Find's NOT_FOUND, made once
 
   // Own synchronization: each Reader's mutex. Lock order: a Reader's mu, then mu_ (never both
   // held today: loads pin under mu_, read under the reader's, unpin under mu_).
@@ -175,7 +181,9 @@ class DiskTier::Impl {
   AlignedBuffer store_buffers_;  // max_queued_stores slots
   RecordChanges changes_;        // added to under mu_, delivered without it
   std::vector<char*> free_buffers_ ABSL_GUARDED_BY(mu_);  // into store_buffers_
-  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;         // accepted or reserved, not finished
+  // StoreRoom's answer, written under mu_ by UpdateStoreRoomLocked and read without it.
+  std::atomic<uint32_t> store_room_{0};
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // accepted or reserved, not finished
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status write_error_ ABSL_GUARDED_BY(mu_);  // latched: stores stop
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

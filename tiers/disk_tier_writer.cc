@@ -1,7 +1,11 @@
 // The disk tier's write queue and writer thread (tiers/disk_tier_impl.h): Store only queues a
 // copy; the writer writes queued records in batches, syncs once per batch and only then
 // publishes them.
+#include <limits.h>
+#include <sys/uio.h>
+
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +18,10 @@ namespace {
 
 // A batch entry's error when the writer could not seal it (never an errno).
 constexpr int kNotSealed = -1;
+// One write of consecutive slots stays within what one system call writes whole (Linux stops
+// at 2 GiB, and at IOV_MAX buffers).
+constexpr size_t kMaxRunBytes = size_t{1} << 30;
+constexpr size_t kMaxRunRecords = IOV_MAX;
 
 }  // namespace
 
@@ -43,11 +51,11 @@ absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
     }
     if (free_buffers_.empty()) {
       ++stats_.stores_refused_full;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "disk tier queue full (", options_.max_queued_stores, " records being written)"));
+      return queue_full_;  // a shared copy: a mover may be refused for every eviction
     }
     buffer = free_buffers_.back();
     free_buffers_.pop_back();
+    UpdateStoreRoomLocked();
     queued_hashes_.insert(identity.hash);
     sequence = next_sequence_++;
     ++outstanding_;
@@ -96,12 +104,22 @@ void DiskTier::Impl::ReleaseStoreLocked(const Hash128& hash, char* buffer) {
   queued_hashes_.erase(hash);
   free_buffers_.push_back(buffer);
   --outstanding_;
+  UpdateStoreRoomLocked();
+}
+
+void DiskTier::Impl::UpdateStoreRoomLocked() {
+  store_room_.store(write_error_.ok() ? static_cast<uint32_t>(free_buffers_.size()) : 0,
+                    std::memory_order_relaxed);
 }
 
 void DiskTier::Impl::WriterLoop() {
   std::vector<Queued> batch;
   std::vector<uint32_t> slots;
   std::vector<int> errors;
+  std::vector<size_t> run_ends;  // by a write's first record (its tag): one past its last
+  // The unsealed writes' buffers; never grows past the batch, so pointers into it hold.
+  std::vector<iovec> iovecs;
+  iovecs.reserve(options_.max_queued_stores);
   std::vector<IoRing::Completion> done;
   const bool dsync = options_.durability == DiskTierOptions::Durability::kDsyncPerWrite;
   while (true) {
@@ -132,6 +150,8 @@ void DiskTier::Impl::WriterLoop() {
       }
     }
     errors.assign(batch.size(), 0);
+    run_ends.assign(batch.size(), 0);
+    iovecs.clear();
     uint32_t submitted = 0;
     absl::Status ring_status;
     for (size_t i = 0; i < batch.size() && ring_status.ok(); ++i) {
@@ -139,28 +159,60 @@ void DiskTier::Impl::WriterLoop() {
       if (sealer_.has_value() && !SealSlot(batch[i]).ok()) errors[i] = kNotSealed;
       if (errors[i] == 0 && options_.testing_write_errno)
         errors[i] = options_.testing_write_errno();
-      if (errors[i] != 0) continue;
+      if (errors[i] != 0 || !sealer_.has_value()) continue;
       write_ring_->QueueWrite(fd_, batch[i].buffer, slot_bytes_, SlotOffset(slots[i]), i, dsync);
+      run_ends[i] = i + 1;
       ++submitted;
       // A sealed record goes to the disk at once: the next one is sealed while it is written.
-      if (sealer_.has_value()) ring_status = write_ring_->Submit();
+      ring_status = write_ring_->Submit();
     }
+    // Unsealed: records in consecutive slots (a new file fills them in order, and evictions free
+    // runs) go down as one write: one request, one extent update and one doorbell of a virtual
+    // disk instead of one each, on the CPU the requests run on.
+    for (size_t i = 0; i < batch.size() && !sealer_.has_value();) {
+      if (errors[i] != 0) {
+        ++i;
+        continue;
+      }
+      size_t end = i + 1;
+      while (end < batch.size() && errors[end] == 0 && slots[end] == slots[end - 1] + 1 &&
+             end - i < kMaxRunRecords && (end - i + 1) * slot_bytes_ <= kMaxRunBytes) {
+        ++end;
+      }
+      const size_t first_iovec = iovecs.size();
+      for (size_t k = i; k < end; ++k) iovecs.push_back(iovec{batch[k].buffer, slot_bytes_});
+      write_ring_->QueueWritev(fd_, &iovecs[first_iovec], static_cast<uint32_t>(end - i),
+                               SlotOffset(slots[i]), i, dsync);
+      run_ends[i] = end;
+      ++submitted;
+      i = end;
+    }
+    // The batch's fdatasync goes in the same submission, started once the writes are done, and
+    // the writer wakes once for all of it: each wake-up costs the CPU the requests run on.
+    const bool syncing = ring_status.ok() && !dsync && submitted > 0;
+    const uint64_t sync_tag = batch.size();
+    if (syncing) write_ring_->QueueFdatasync(fd_, sync_tag, /*after_earlier=*/true);
     done.clear();
     if (ring_status.ok()) ring_status = write_ring_->SubmitAndWait(&done);
+    std::optional<int> sync_result;
     for (const IoRing::Completion& completion : done) {
-      if (completion.result != static_cast<int>(slot_bytes_)) {
-        errors[completion.tag] = completion.result < 0 ? -completion.result : EIO;
+      if (completion.tag == sync_tag) {
+        sync_result = completion.result;
+        continue;
+      }
+      // A write of a run fails (or comes up short) for all of its records.
+      const size_t end = run_ends[completion.tag];
+      if (completion.result != static_cast<int>((end - completion.tag) * slot_bytes_)) {
+        for (size_t k = completion.tag; k < end; ++k) {
+          errors[k] = completion.result < 0 ? -completion.result : EIO;
+        }
       }
     }
     bool synced = dsync;
-    if (ring_status.ok() && !dsync && submitted > 0) {
-      write_ring_->QueueFdatasync(fd_, 0);
-      done.clear();
-      ring_status = write_ring_->SubmitAndWait(&done);
-      synced = ring_status.ok() && !done.empty() && done[0].result == 0;
-      if (ring_status.ok() && !synced) {
-        ring_status = ErrnoError("fdatasync", options_.path, -done[0].result);
-      }
+    if (syncing && ring_status.ok()) {
+      synced = sync_result == 0;
+      if (!synced)
+        ring_status = ErrnoError("fdatasync", options_.path, -sync_result.value_or(-EIO));
     }
     absl::MutexLock lock(&mu_);
     if (!dsync && submitted > 0) ++stats_.syncs;
@@ -186,6 +238,7 @@ void DiskTier::Impl::WriterLoop() {
         ++stats_.write_errors;
         ++stats_.stores_dropped;
         if (write_error_.ok()) write_error_ = error;
+        UpdateStoreRoomLocked();
         table_.Free(slots[i]);
         ReleaseStoreLocked(batch[i].identity.hash, batch[i].buffer);
       }

@@ -105,10 +105,11 @@ absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const Hash128& hash)
       return absl::ResourceExhaustedError("host tier: every slot is being read or filled");
     }
     if (taken.evicted) {
-      pending.evicted = records_[taken.slot].identity;
       pending.evicted_below = records_[taken.slot].below;
       pending.evicted_reused = records_[taken.slot].reused;
       RemovedLocked(taken.slot);
+      // Moved, not copied: the record is reset below (a mover evicts one per block it stores).
+      pending.evicted = std::move(records_[taken.slot].identity);
       ++counters_.evicted;
     }
     pending.slot = taken.slot;
@@ -121,7 +122,7 @@ absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const Hash128& hash)
   return pending;
 }
 
-absl::Status HostTier::FinishStore(const PendingStore& pending, const BlockRecordIdentity& identity,
+absl::Status HostTier::FinishStore(const PendingStore& pending, BlockRecordIdentity identity,
                                    bool reused, bool filled) {
   {
     // The slot was private until now: its bytes needed no lock.
@@ -138,9 +139,9 @@ absl::Status HostTier::FinishStore(const PendingStore& pending, const BlockRecor
     }
     Record& record = records_[pending.slot];
     record.reused = reused;
-    record.identity = identity;
-    table_.Publish(pending.slot, identity.hash);
-    changes_.Add(RecordChange::Kind::kStored, identity);
+    record.identity = std::move(identity);
+    table_.Publish(pending.slot, record.identity.hash);
+    changes_.Add(RecordChange::Kind::kStored, record.identity);
     ++counters_.stored;
     ++counters_.records;
     counters_.bytes_used += block_bytes_;

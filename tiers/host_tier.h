@@ -113,8 +113,9 @@ class HostTier {
     bool evicted_reused = false;  // `evicted` was reused (see PinForDemotion's `reused_only`)
   };
   absl::StatusOr<PendingStore> BeginStore(const Hash128& hash);
-  absl::Status FinishStore(const PendingStore& pending, const BlockRecordIdentity& identity,
-                           bool reused, bool filled);
+  // `identity` is taken by value: a caller done with it moves it in (no copy per record).
+  absl::Status FinishStore(const PendingStore& pending, BlockRecordIdentity identity, bool reused,
+                           bool filled);
 
   // The identity stored under `hash`, if any. Changes nothing.
   std::optional<BlockRecordIdentity> Find(const Hash128& hash) const;

@@ -63,6 +63,10 @@ int IoRing::Perform(const Queued& op) {
             ::pwritev2(op.fd, &one, 1, static_cast<off_t>(op.offset), op.dsync ? RWF_DSYNC : 0);
         break;
       }
+      case Queued::Kind::kWritev:
+        result = ::pwritev2(op.fd, op.iovecs, static_cast<int>(op.size),
+                            static_cast<off_t>(op.offset), op.dsync ? RWF_DSYNC : 0);
+        break;
       case Queued::Kind::kFdatasync:
         result = ::fdatasync(op.fd);
         break;
@@ -112,7 +116,21 @@ void IoRing::QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offs
   ++queued_;
 }
 
-void IoRing::QueueFdatasync(int fd, uint64_t tag) {
+void IoRing::QueueWritev(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                         uint64_t tag, bool dsync) {
+  if (ring_ == nullptr) {
+    pending_.push_back({Queued::Kind::kWritev, fd, nullptr, iovecs, count, offset, tag, dsync});
+    ++queued_;
+    return;
+  }
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  io_uring_prep_writev(sqe, fd, iovecs, count, offset);
+  if (dsync) sqe->rw_flags = RWF_DSYNC;
+  io_uring_sqe_set_data64(sqe, tag);
+  ++queued_;
+}
+
+void IoRing::QueueFdatasync(int fd, uint64_t tag, bool after_earlier) {
   if (ring_ == nullptr) {
     pending_.push_back({Queued::Kind::kFdatasync, fd, nullptr, nullptr, 0, 0, tag, false});
     ++queued_;
@@ -120,6 +138,8 @@ void IoRing::QueueFdatasync(int fd, uint64_t tag) {
   }
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+  // The system-call backend performs its queue in order, which is the same.
+  if (after_earlier) sqe->flags |= IOSQE_IO_DRAIN;
   io_uring_sqe_set_data64(sqe, tag);
   ++queued_;
 }
@@ -164,6 +184,21 @@ absl::StatusOr<IoRing::Completion> IoRing::WaitOne() {
 }
 
 absl::Status IoRing::Wait(std::vector<Completion>* completions) {
+  if (ring_ != nullptr && in_flight_ > 0) {
+    // The kernel wakes this thread once all of them are done; then they are collected without
+    // waiting.
+    io_uring_cqe* cqe = nullptr;
+    int error = io_uring_wait_cqe_nr(ring_.get(), &cqe, in_flight_);
+    while (error == -EINTR) error = io_uring_wait_cqe_nr(ring_.get(), &cqe, in_flight_);
+    if (error < 0) {
+      return absl::InternalError(absl::StrCat("io_uring_wait_cqe_nr: ", std::strerror(-error)));
+    }
+    while (in_flight_ > 0 && io_uring_peek_cqe(ring_.get(), &cqe) == 0) {
+      completions->push_back(Completion{io_uring_cqe_get_data64(cqe), cqe->res});
+      io_uring_cqe_seen(ring_.get(), cqe);
+      --in_flight_;
+    }
+  }
   while (in_flight_ > 0) {
     absl::StatusOr<Completion> completion = WaitOne();
     if (!completion.ok()) return completion.status();

@@ -72,7 +72,13 @@ class IoRing {
   // dsync: RWF_DSYNC, durable when it completes.
   void QueueWrite(int fd, const void* buffer, uint32_t size, uint64_t offset, uint64_t tag,
                   bool dsync);
-  void QueueFdatasync(int fd, uint64_t tag);
+  // Writes `count` buffers in turn from `offset` (one request for the disk, not `count`);
+  // `iovecs` must stay valid until the write completes.
+  void QueueWritev(int fd, const struct iovec* iovecs, uint32_t count, uint64_t offset,
+                   uint64_t tag, bool dsync);
+  // after_earlier: it starts only once every operation submitted before it completed (a batch's
+  // writes and their fdatasync in one submission, waited for once).
+  void QueueFdatasync(int fd, uint64_t tag, bool after_earlier = false);
 
   struct Completion {
     uint64_t tag;
@@ -80,8 +86,9 @@ class IoRing {
   };
   // Submits everything queued; it is in flight until Wait. INTERNAL when the kernel refuses.
   absl::Status Submit();
-  // Waits until everything in flight completed, appending one Completion per operation (in
-  // completion order) to `completions`. INTERNAL when waiting fails (the ring is then unusable).
+  // Waits until everything in flight completed (one wake-up, not one per operation), appending
+  // one Completion per operation (in completion order) to `completions`. INTERNAL when waiting
+  // fails (the ring is then unusable).
   absl::Status Wait(std::vector<Completion>* completions);
   // Waits for one operation in flight (REQUIRES: one is) and returns its Completion.
   absl::StatusOr<Completion> WaitOne();
@@ -93,11 +100,11 @@ class IoRing {
  private:
   // An operation kept for Submit (kSyscalls).
   struct Queued {
-    enum class Kind : uint8_t { kRead, kReadv, kWrite, kFdatasync } kind;
+    enum class Kind : uint8_t { kRead, kReadv, kWrite, kWritev, kFdatasync } kind;
     int fd = -1;
     void* buffer = nullptr;
     const struct iovec* iovecs = nullptr;
-    uint32_t size = 0;  // bytes, or iovec count for kReadv
+    uint32_t size = 0;  // bytes, or iovec count for kReadv and kWritev
     uint64_t offset = 0;
     uint64_t tag = 0;
     bool dsync = false;
