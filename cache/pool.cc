@@ -782,7 +782,10 @@ absl::StatusOr<ExtendedSequence> Pool::Extend(const Session& session, uint64_t s
   // At most this many new blocks (one more than the sequence may need: it is not looked at yet).
   const size_t most_blocks = tokens.size() / options_.layout.block_size + 1;
   WaitOutOffloadLocked(most_blocks);
-  if (PassDownVictimsLocked(most_blocks, {})) {
+  // As Open: a copy down releases mu_, and other requests may take free blocks meanwhile, so
+  // this extend's victims are looked for again (a victim not passed down is lost on its way).
+  for (int pass_downs = 0; pass_downs < kMaxPassDowns && PassDownVictimsLocked(most_blocks, {});
+       ++pass_downs) {
     RETURN_IF_ERROR(faults_->status());
     WaitOutOffloadLocked(most_blocks);
   }
@@ -943,7 +946,8 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
   {
     absl::MutexLock lock(&mu_);
     WaitOutOffloadLocked(1);
-    if (PassDownVictimsLocked(1, {})) {
+    for (int pass_downs = 0; pass_downs < kMaxPassDowns && PassDownVictimsLocked(1, {});
+         ++pass_downs) {
       RETURN_IF_ERROR(faults_->status());
       WaitOutOffloadLocked(1);
     }
