@@ -98,10 +98,10 @@ void Run(uint64_t block_bytes, int rounds) {
     for (size_t r = 0; r < records; ++r) {
       char* body = bodies.data() + r * block_bytes;
       const SealPiece piece{body, body, block_bytes};
-      bench::CheckOk(sealer.Seal(headers[r], {&piece, 1},
-                                 absl::MakeSpan(heads.data() + r * sealer.head_bytes(),
-                                                sealer.head_bytes())),
-                     "RecordSealer::Seal");
+      bench::CheckOk(
+          sealer.Seal(headers[r], {&piece, 1},
+                      absl::MakeSpan(heads.data() + r * sealer.head_bytes(), sealer.head_bytes())),
+          "RecordSealer::Seal");
     }
     best_seal = std::min(best_seal, absl::ToDoubleSeconds(absl::Now() - start));
 
