@@ -29,11 +29,16 @@ constexpr uint32_t kBlockSize = 4;
 class PoolClusterTierTest
     : public testing::RedisClusterSuite<::testing::TestWithParam<PoolMemoryKind>> {
  protected:
+  // Started by the first test that runs, so that a run whose every case skips (the CUDA ones
+  // without a device) starts no cluster.
+  static void SetUpTestSuite() {}
+
   // Each test begins with the suite's cluster empty and every node running.
   void SetUp() override {
     if (GetParam() == PoolMemoryKind::kCuda && !CudaDeviceAvailable()) {
       GTEST_SKIP() << "no CUDA device";
     }
+    if (redis_ == nullptr && redis_dir_ == nullptr) StartRedisCluster();
     RedisClusterSuite::SetUp();
     for (int node = 0; node < redis_->size(); ++node) {
       ASSERT_OK(redis_->Resume(node));
