@@ -17,6 +17,7 @@
 #include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_files.h"
+#include "tests/testing/tier_keys.h"
 
 namespace kvcache {
 namespace {
@@ -84,14 +85,16 @@ class PoolClusterTierTest
     return bytes;
   }
 
-  // A's copy of `prompt`'s four full blocks, offloaded to the cluster.
-  void OffloadPrompt(Pool& a, const std::vector<uint32_t>& prompt) {
+  // A's copy of `prompt`'s four full blocks, committed with `part_masks` (none: every part),
+  // offloaded to the cluster.
+  void OffloadPrompt(Pool& a, const std::vector<uint32_t>& prompt,
+                     std::vector<uint32_t> part_masks = {}) {
     auto opened = a.Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
     ASSERT_OK(opened);
     for (size_t i = 0; i < 4; ++i) {
       ASSERT_OK(a.WriteBlock(opened->block_ids[i], 0, BlockBytes(a, prompt, i)));
     }
-    ASSERT_OK(a.Commit(session_, opened->sequence_id, prompt.size()));
+    ASSERT_OK(a.Commit(session_, opened->sequence_id, prompt.size(), std::move(part_masks)));
     ASSERT_OK(a.Release(session_, opened->sequence_id));
     a.OffloadForTesting();
     ASSERT_EQ(a.Stats().cluster_tier->stored_blocks, 4u);
@@ -115,10 +118,8 @@ INSTANTIATE_TEST_SUITE_P(Memories, PoolClusterTierTest, testing::AllPoolMemories
 // Issue 33: nodes sealing with the same key file share blocks through the cluster, identical;
 // a node with another master key, or one that does not seal, finds nothing there.
 TEST_P(PoolClusterTierTest, SealedNodesShareOnlyWithTheSameKeys) {
-  const auto keyring = [](uint8_t fill) {
-    TierMasterKey key{.id = 1};
-    key.bytes.fill(fill);
-    return *TierKeyring::FromKeys({key});
+  const auto keyring = [](char fill) {
+    return testing::TestTierKeyring({testing::TestTierKey(1, fill)});
   };
   std::unique_ptr<Pool> a = MakePool("node-a", true, absl::Seconds(1), "", keyring(1));
   std::unique_ptr<Pool> b = MakePool("node-b", false, absl::Seconds(1), "", keyring(1));
@@ -258,15 +259,7 @@ TEST_P(PoolClusterTierTest, TokenBlocksPassedDownKeepTheirPartsAndTheHitRule) {
   ASSERT_NE(b, nullptr);
   constexpr uint32_t kKv = 1, kBoth = 3;
   const std::vector<uint32_t> prompt = Tokens(500, 17);  // four full blocks
-  auto opened = a->Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
-  ASSERT_OK(opened);
-  for (size_t i = 0; i < 4; ++i) {
-    ASSERT_OK(a->WriteBlock(opened->block_ids[i], 0, BlockBytes(*a, prompt, i)));
-  }
-  ASSERT_OK(a->Commit(session_, opened->sequence_id, 16, {kKv, kKv, kBoth, kKv}));
-  ASSERT_OK(a->Release(session_, opened->sequence_id));
-  a->OffloadForTesting();
-  ASSERT_EQ(a->Stats().cluster_tier->stored_blocks, 4u);
+  ASSERT_NO_FATAL_FAILURE(OffloadPrompt(*a, prompt, {kKv, kKv, kBoth, kKv}));
 
   const SequenceSpec with_state{.tokens = prompt, .wanted_parts = kBoth};
   auto found = b->Lookup("tenant-a", with_state);

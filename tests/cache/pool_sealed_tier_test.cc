@@ -17,6 +17,7 @@
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tier_keys.h"
 
 namespace kvcache {
 namespace {
@@ -25,16 +26,9 @@ using ::kvcache::testing::Tokens;
 
 constexpr uint32_t kBlockSize = 4;
 
-TierMasterKey Key(uint32_t id, char fill) {
-  TierMasterKey key{.id = id};
-  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(fill + 5 * i);
-  return key;
-}
-
+TierMasterKey Key(uint32_t id, char fill) { return testing::TestTierKey(id, fill); }
 std::shared_ptr<const TierKeyring> Keyring(std::vector<TierMasterKey> keys) {
-  auto keyring = TierKeyring::FromKeys(std::move(keys));
-  EXPECT_OK(keyring);
-  return *std::move(keyring);
+  return testing::TestTierKeyring(std::move(keys));
 }
 
 const TierStatsRow* Row(const PoolStatsSnapshot& stats, absl::string_view tier) {

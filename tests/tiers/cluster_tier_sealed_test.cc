@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "tests/testing/redis_cluster_suite.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tier_keys.h"
 #include "tests/tiers/cluster_test_chains.h"
 #include "tiers/cluster_tier.h"
 
@@ -31,16 +32,9 @@ PoolIdentity Pool() {
                       .block_bytes = kBlockBytes};
 }
 
-TierMasterKey Key(uint32_t id, char fill) {
-  TierMasterKey key{.id = id};
-  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(fill * 3 + i);
-  return key;
-}
-
+TierMasterKey Key(uint32_t id, char fill) { return testing::TestTierKey(id, fill); }
 std::shared_ptr<const TierKeyring> Keyring(std::vector<TierMasterKey> keys) {
-  auto keyring = TierKeyring::FromKeys(std::move(keys));
-  EXPECT_OK(keyring);
-  return *std::move(keyring);
+  return testing::TestTierKeyring(std::move(keys));
 }
 
 // A chain of tenant acme's.

@@ -13,6 +13,7 @@
 
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tier_keys.h"
 #include "tests/tiers/test_blocks.h"
 #include "tiers/disk_tier.h"
 #include "tiers/io_ring.h"
@@ -29,16 +30,9 @@ using ::kvcache::testing::TestHash;
 constexpr uint64_t kSlotBytes = testing::kTestSlotBytes;
 constexpr char kTenant[] = "acme";
 
-TierMasterKey Key(uint32_t id, char fill) {
-  TierMasterKey key{.id = id};
-  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(fill * 7 + i);
-  return key;
-}
-
+TierMasterKey Key(uint32_t id, char fill) { return testing::TestTierKey(id, fill); }
 std::shared_ptr<const TierKeyring> Keyring(std::vector<TierMasterKey> keys) {
-  auto keyring = TierKeyring::FromKeys(std::move(keys));
-  EXPECT_OK(keyring);
-  return *std::move(keyring);
+  return testing::TestTierKeyring(std::move(keys));
 }
 
 BlockRecordIdentity Identity(uint64_t i, const std::string& tenant = kTenant) {

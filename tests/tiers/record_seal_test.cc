@@ -8,6 +8,7 @@
 
 #include "common/tenant.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tier_keys.h"
 #include "tests/tiers/test_blocks.h"
 
 namespace kvcache {
@@ -21,16 +22,9 @@ using ::testing::HasSubstr;
 
 constexpr uint32_t kTokens = testing::kTestTokensPerBlock;
 
-TierMasterKey Key(uint32_t id, char fill) {
-  TierMasterKey key{.id = id};
-  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(fill + i);
-  return key;
-}
-
+TierMasterKey Key(uint32_t id, char fill) { return testing::TestTierKey(id, fill); }
 std::shared_ptr<const TierKeyring> Keyring(std::vector<TierMasterKey> keys) {
-  auto keyring = TierKeyring::FromKeys(std::move(keys));
-  EXPECT_OK(keyring);
-  return *std::move(keyring);
+  return testing::TestTierKeyring(std::move(keys));
 }
 
 // A record and its sealing, for one tenant.
