@@ -1,6 +1,6 @@
 // Tiers 2 and 3: loading blocks from them vs the plain copy or read of the same bytes,
 // measured in one run. Per block size:
-//   HostTier::Load   copy out of the tier's slot + XXH3-64 verify of the copy, vs memcpy of the
+//   HostTier::Load   copy out of the tier's slot, XXH3-64 verified as it copies, vs memcpy of the
 //                    same bytes between the same kind of buffers (target >= 0.8x);
 //   Pool::Open       an OpenSequence whose whole prefix comes up from tier 2 (probe under the
 //   from tier 2      pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,

@@ -99,6 +99,12 @@ absl::Status PoolMemory::CopyFromHost(absl::Span<const HostCopy> copies,
       continue;
     }
     RETURN_IF_ERROR(CheckRange(copy.block, 0, block_bytes_));
+    // Host memory: one pass that checksums the bytes from the registers the copy went through.
+    if (uint8_t* block = MutableHostBlock(copy.block); block != nullptr) {
+      host_checksums[i] =
+          ChecksumWhileCopying(block, copy.host, block_bytes_, CopyStores::kStreaming);
+      continue;
+    }
     absl::Status written;
     host_checksums[i] =
         ChecksumWhileCopying(copy.host, block_bytes_, [&](uint64_t offset, uint64_t length) {

@@ -70,9 +70,10 @@ class PoolMemory {
   // Copies each block into its host memory. REQUIRES: the blocks are pinned and published.
   virtual absl::Status CopyToHost(absl::Span<const HostCopy> copies) const;
   // Copies each host memory into its block. With `host_checksums` (one per copy; empty: none
-  // wanted), also each source's BlockChecksum, to verify what was loaded: the defaults compute it
-  // a piece at a time as they copy (ChecksumWhileCopying: the source is read from memory once), a
-  // device pool on the host while its copy engine runs. The sources must not change until this
+  // wanted), also each source's BlockChecksum, to verify what was loaded: the default computes it
+  // as it copies (ChecksumWhileCopying: the source is read from memory once; into host memory in
+  // one pass, checksummed from the copy's registers), a device pool on the host while its copy
+  // engine runs. The sources must not change until this
   // returns. REQUIRES: the caller holds the blocks' only references.
   virtual absl::Status CopyFromHost(absl::Span<const HostCopy> copies,
                                     absl::Span<uint64_t> host_checksums);

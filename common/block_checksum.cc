@@ -1,10 +1,13 @@
 #include "common/block_checksum.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/streaming_copy.h"
 
 namespace kvcache {
 
@@ -27,6 +30,24 @@ uint64_t ChecksumWhileCopying(
     copy_piece(offset, length);
   }
   return stream.DigestAndReset();
+}
+
+uint64_t ChecksumWhileCopying(void* destination, const void* source, uint64_t size,
+                              CopyStores stores) {
+  const bool streaming = stores == CopyStores::kStreaming;
+  if (const std::optional<uint64_t> checksum =
+          xxh3::CopyAndHash64(destination, source, size, streaming)) {
+    return *checksum;
+  }
+  auto* out = static_cast<char*>(destination);
+  const auto* in = static_cast<const char*>(source);
+  return ChecksumWhileCopying(source, size, [&](uint64_t offset, uint64_t length) {
+    if (streaming) {
+      StreamingCopy(out + offset, in + offset, length);
+    } else {
+      std::memcpy(out + offset, in + offset, length);
+    }
+  });
 }
 
 BlockStreamVerifier::BlockStreamVerifier(uint64_t block_bytes, std::vector<uint64_t> checksums,

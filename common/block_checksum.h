@@ -29,6 +29,17 @@ inline uint64_t BlockChecksum(const void* data, uint64_t size) { return xxh3::Ha
 uint64_t ChecksumWhileCopying(const void* source, uint64_t size,
                               absl::FunctionRef<void(uint64_t offset, uint64_t length)> copy_piece);
 
+// How a host copy writes its destination: through the cache (a buffer its caller reads next), or
+// streaming (common/streaming_copy.h: a pool block another process reads).
+enum class CopyStores { kCached, kStreaming };
+
+// memcpy of `size` bytes from `source` to `destination`, returning their BlockChecksum, with the
+// source read once (xxh3::CopyAndHash64: the hash is taken from the registers the copy went
+// through; elsewhere ChecksumWhileCopying's pieces). For host-to-host copies; the one above serves
+// copies that are not a memcpy (a CUDA pool's). The source must not change until this returns.
+uint64_t ChecksumWhileCopying(void* destination, const void* source, uint64_t size,
+                              CopyStores stores);
+
 class BlockStreamVerifier {
  public:
   // Expects checksums.size() blocks of `block_bytes`, numbered first_block, first_block + 1, ...

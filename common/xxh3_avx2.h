@@ -13,6 +13,8 @@ void* NewState();
 void FreeState(void* state);
 void Update(void* state, const void* data, size_t size);
 uint64_t DigestAndReset(void* state);
+// xxh3_fast.h's CopyAndHash64 (streaming: non-temporal stores, fenced).
+uint64_t CopyAndHash64(void* destination, const void* source, size_t size, bool streaming);
 
 }  // namespace kvcache::xxh3::avx2
 

@@ -24,6 +24,14 @@ uint64_t Hash64(const void* data, size_t size) {
   return XXH3_64bits_withSeed(data, size, 0);
 }
 
+std::optional<uint64_t> CopyAndHash64(void* destination, const void* source, size_t size,
+                                      bool streaming) {
+#if defined(KVCACHE_XXH3_AVX2)
+  if (kUseAvx2) return avx2::CopyAndHash64(destination, source, size, streaming);
+#endif
+  return std::nullopt;
+}
+
 Stream::Stream() {
 #if defined(KVCACHE_XXH3_AVX2)
   if (kUseAvx2) {

@@ -8,10 +8,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace kvcache::xxh3 {
 
 uint64_t Hash64(const void* data, size_t size);
+
+// memcpy's contract, and Hash64 of the bytes copied, reading the source once: each 64-byte stripe
+// is stored and hashed from the registers it was loaded into, so the hash's arithmetic runs while
+// the copy waits on memory. `streaming`: the destination is written with non-temporal stores and
+// fenced, as StreamingCopy does (common/streaming_copy.h). The source must not change meanwhile.
+// Nullopt, having done nothing, where this CPU lacks the vector build (block_checksum.h's
+// ChecksumWhileCopying then copies in cache-sized pieces).
+std::optional<uint64_t> CopyAndHash64(void* destination, const void* source, size_t size,
+                                      bool streaming);
 
 // The streaming form: Update any number of times, then DigestAndReset gives Hash64 of all the
 // bytes since the last reset. Thread-compatible.

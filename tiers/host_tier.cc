@@ -172,13 +172,10 @@ bool HostTier::Contains(const Hash128& hash) const {
 
 absl::Status HostTier::Load(const BlockRecordIdentity& expected, uint8_t* out) {
   ASSIGN_OR_RETURN(const PinnedRecord pinned, PinForLoad(expected));
-  // A copy, then the checksum of the copy: a block that fits in L2 is checksummed from there, which
-  // beat checksumming pieces between the copy's (ChecksumWhileCopying: 0.72-0.74x of memcpy at
-  // 256 KiB vs 0.79x in tier_bench, 2026-11-26).
-  std::memcpy(out, pinned.bytes, block_bytes_);
-  return FinishLoad(pinned, BlockChecksum(out, block_bytes_) == pinned.checksum
-                                ? LoadVerdict::kVerified
-                                : LoadVerdict::kCorrupt);
+  const uint64_t checksum =
+      ChecksumWhileCopying(out, pinned.bytes, block_bytes_, CopyStores::kCached);
+  return FinishLoad(pinned,
+                    checksum == pinned.checksum ? LoadVerdict::kVerified : LoadVerdict::kCorrupt);
 }
 
 absl::StatusOr<HostTier::PinnedRecord> HostTier::PinForLoad(const BlockRecordIdentity& expected) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -41,6 +43,44 @@ TEST(BlockChecksumTest, EqualsTheLibrarysXxh3OneShotAndStreamed) {
       stream.Update(bytes.data() + offset, std::min<size_t>(7, size - offset));
     }
     EXPECT_EQ(stream.DigestAndReset(), expected) << size;
+  }
+}
+
+// The copy that checksums what it copies gives the library's XXH3 and memcpy's bytes at every
+// size around XXH3's thresholds (240 bytes: short inputs; 1 KiB: a block of stripes; 64 bytes:
+// a stripe, the tail copied apart), at aligned and unaligned ends, with either kind of store.
+TEST(BlockChecksumTest, ChecksumWhileCopyingEqualsMemcpyAndTheLibrarysXxh3) {
+  const std::string bytes = Pattern((1 << 20) + 200);
+  std::vector<size_t> sizes = {0,    1,         63,       64,        240,    241,  255,
+                               256,  1023,      1024,     1025,      1088,   2047, 2048,
+                               2049, 4096 + 65, 32 << 10, 256 << 10, 1 << 20};
+  for (size_t size = 241; size < 1400; size += 37) sizes.push_back(size);
+  for (const CopyStores stores : {CopyStores::kCached, CopyStores::kStreaming}) {
+    for (const size_t size : sizes) {
+      for (const size_t source_offset : {0, 3, 32}) {
+        for (const size_t destination_offset : {0, 1, 32}) {
+          std::vector<char> destination(size + 64, '\x5a');
+          const char* source = bytes.data() + source_offset;
+          const uint64_t checksum =
+              ChecksumWhileCopying(destination.data() + destination_offset, source, size, stores);
+          const std::string where =
+              absl::StrCat(size, " bytes from +", source_offset, " to +", destination_offset,
+                           " streaming ", stores == CopyStores::kStreaming);
+          EXPECT_EQ(checksum, XXH3_64bits_withSeed(source, size, 0)) << where;
+          EXPECT_EQ(absl::string_view(destination.data() + destination_offset, size),
+                    absl::string_view(source, size))
+              << where;
+          // Nothing written past either end.
+          EXPECT_EQ(std::string(destination.data(), destination_offset),
+                    std::string(destination_offset, '\x5a'))
+              << where;
+          EXPECT_EQ(std::string(destination.data() + destination_offset + size,
+                                destination.size() - destination_offset - size),
+                    std::string(destination.size() - destination_offset - size, '\x5a'))
+              << where;
+        }
+      }
+    }
   }
 }
 
