@@ -358,6 +358,7 @@ class KvCacheClient {
     uint32_t num_blocks = 0;         // cached full blocks matched, from the front
     uint32_t num_cached_tokens = 0;  // num_blocks * block_size
     uint64_t block_bytes = 0;
+    std::vector<uint32_t> part_masks;  // one per block, as Sequence's
   };
   struct GetResult : GetInfo {
     std::string bytes;  // num_blocks * block_bytes: the blocks' bytes, concatenated in order
@@ -460,11 +461,14 @@ class KvCacheClient {
   // With `first_block` > 0, `bytes` holds only blocks [first_block, full blocks): the daemon must
   // already hold the blocks before it cached (FAILED_PRECONDITION otherwise), as a receiver
   // that has a prefix is not sent it again.
+  // `part_masks`: as CommitSequence's, one per full block of `tokens` from block 0 (also with
+  // `first_block` > 0); empty: every part. INVALID_ARGUMENT from the daemon for a bad one.
   absl::StatusOr<PutResult> PutBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                       absl::string_view bytes, absl::string_view cache_salt = "",
                                       const ExtraKeys& extra_keys = {},
                                       size_t chunk_bytes = size_t{1} << 20,
-                                      uint32_t first_block = 0);
+                                      uint32_t first_block = 0,
+                                      absl::Span<const uint32_t> part_masks = {});
   // Same, with each block's bytes where they already are (a mapped pool's blocks, say): blocks[i]
   // is block options.first_block + i, block_bytes long (INVALID_ARGUMENT locally otherwise). The
   // bytes are handed to gRPC without a copy and must stay unchanged until the call returns.
@@ -473,6 +477,7 @@ class KvCacheClient {
     ExtraKeys extra_keys;
     size_t chunk_bytes = size_t{1} << 20;
     uint32_t first_block = 0;
+    absl::Span<const uint32_t> part_masks;  // as above
     // Called after each data message is handed to gRPC, with the bytes sent so far (progress;
     // tests that interrupt a put halfway). An error cancels the put, which then stores nothing,
     // and PutBlocks returns that error.
@@ -485,10 +490,13 @@ class KvCacheClient {
   // none), each block verified against the checksum the daemon computed (DATA_LOSS on a mismatch
   // or a stream that ends early). `max_chunk_bytes` of 0 takes the daemon's default chunk size.
   // Read-only; the blocks stay pinned on the daemon while they stream.
+  // `restore_parts`: as OpenSequence's; the prefix ends where the hit rule ends it, and
+  // part_masks tells each block's parts (empty for a pool without parts).
   absl::StatusOr<GetResult> GetBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                       absl::string_view cache_salt = "",
                                       const ExtraKeys& extra_keys = {},
-                                      uint32_t max_chunk_bytes = 0);
+                                      uint32_t max_chunk_bytes = 0,
+                                      absl::Span<const std::string> restore_parts = {});
   // Same, writing the bytes into `destination` instead (a staging buffer, a pool the caller
   // owns: no allocation, one copy from the received bytes). OUT_OF_RANGE, and the stream is
   // cancelled, when the daemon has more cached blocks than `destination` holds; its contents are
@@ -498,7 +506,8 @@ class KvCacheClient {
                                         absl::Span<char> destination,
                                         absl::string_view cache_salt = "",
                                         const ExtraKeys& extra_keys = {},
-                                        uint32_t max_chunk_bytes = 0);
+                                        uint32_t max_chunk_bytes = 0,
+                                        absl::Span<const std::string> restore_parts = {});
 
   // Same, handing each piece of the stream to `visit` where gRPC received it: no copy and no
   // allocation by the client, for a consumer that moves the bytes on anyway (a staging copy into
@@ -510,7 +519,8 @@ class KvCacheClient {
   absl::StatusOr<GetInfo> GetBlocksVisit(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                          BlockVisitor visit, absl::string_view cache_salt = "",
                                          const ExtraKeys& extra_keys = {},
-                                         uint32_t max_chunk_bytes = 0);
+                                         uint32_t max_chunk_bytes = 0,
+                                         absl::Span<const std::string> restore_parts = {});
 
   // Rendezvous: small values peers exchange through the daemon before they can talk to each
   // other (an NCCL unique id, say). Keys (1 to 256 bytes) are scoped to the session's tenant;
@@ -655,6 +665,7 @@ class KvCacheClient {
   absl::StatusOr<GetInfo> ReadBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
                                      absl::string_view cache_salt, const ExtraKeys& extra_keys,
                                      uint32_t max_chunk_bytes,
+                                     absl::Span<const std::string> restore_parts,
                                      absl::FunctionRef<absl::Status(uint64_t total)> on_header,
                                      BlockStreamVerifier::Sink sink,
                                      BlockStreamVerifier::Pieces pieces);

@@ -53,13 +53,16 @@ absl::Status CheckGetHeader(const v1::GetBlocksHeader& header, uint32_t block_si
                             uint64_t block_bytes, size_t max_blocks) {
   if (header.num_blocks() > max_blocks ||
       static_cast<size_t>(header.block_checksums_size()) != header.num_blocks() ||
+      (!header.part_masks().empty() &&
+       static_cast<size_t>(header.part_masks_size()) != header.num_blocks()) ||
       header.num_cached_tokens() != uint64_t{header.num_blocks()} * block_size ||
       (header.num_blocks() > 0 && header.block_bytes() != block_bytes)) {
     return absl::InternalError(absl::StrCat(
         "GetBlocks: inconsistent header from the daemon: ", header.num_blocks(), " blocks (",
-        header.num_cached_tokens(), " tokens, ", header.block_checksums_size(), " checksums) of ",
-        header.block_bytes(), " bytes for a prompt of at most ", max_blocks, " full blocks of ",
-        block_size, " tokens and ", block_bytes, " bytes"));
+        header.num_cached_tokens(), " tokens, ", header.block_checksums_size(), " checksums, ",
+        header.part_masks_size(), " part masks) of ", header.block_bytes(),
+        " bytes for a prompt of at most ", max_blocks, " full blocks of ", block_size,
+        " tokens and ", block_bytes, " bytes"));
   }
   return absl::OkStatus();
 }
@@ -99,7 +102,7 @@ absl::StatusOr<KvCacheClient::BlockShape> KvCacheClient::PoolShape(absl::string_
 absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view bytes,
     absl::string_view cache_salt, const ExtraKeys& extra_keys, size_t chunk_bytes,
-    uint32_t first_block) {
+    uint32_t first_block, absl::Span<const uint32_t> part_masks) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("PutBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
   const size_t full_blocks = tokens.size() / shape.block_size;
@@ -119,7 +122,8 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
                    PutOptions{.cache_salt = cache_salt,
                               .extra_keys = extra_keys,
                               .chunk_bytes = chunk_bytes,
-                              .first_block = first_block});
+                              .first_block = first_block,
+                              .part_masks = part_masks});
 }
 
 absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
@@ -144,6 +148,7 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
   FillPromptRequest(session.session_id, session.epoch, pool, tokens, options.cache_salt,
                     options.extra_keys, header);
   header->set_first_block(options.first_block);
+  header->mutable_part_masks()->Add(options.part_masks.begin(), options.part_masks.end());
   header->mutable_block_checksums()->Reserve(num_blocks);
   for (size_t i = 0; i < num_blocks; ++i) {
     if (blocks[i].size() != shape.block_bytes) {
@@ -205,15 +210,14 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
                    .num_stored = response.num_stored()};
 }
 
-absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_view pool,
-                                                                  absl::Span<const uint32_t> tokens,
-                                                                  absl::string_view cache_salt,
-                                                                  const ExtraKeys& extra_keys,
-                                                                  uint32_t max_chunk_bytes) {
+absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(
+    absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
+    const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
+    absl::Span<const std::string> restore_parts) {
   GetResult result;
   ASSIGN_OR_RETURN(static_cast<GetInfo&>(result),
                    ReadBlocks(
-                       pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+                       pool, tokens, cache_salt, extra_keys, max_chunk_bytes, restore_parts,
                        [&result](uint64_t total) {
                          result.bytes.reserve(total);
                          return absl::OkStatus();
@@ -228,11 +232,12 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(absl::string_v
 
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::Span<char> destination,
-    absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes) {
+    absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
+    absl::Span<const std::string> restore_parts) {
   uint64_t written = 0;  // pieces arrive in order
   bool streaming = false;
   return ReadBlocks(
-      pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+      pool, tokens, cache_salt, extra_keys, max_chunk_bytes, restore_parts,
       [&](uint64_t total) {
         if (total > destination.size()) {
           return absl::OutOfRangeError(absl::StrCat("GetBlocksInto: the daemon has ", total,
@@ -257,15 +262,17 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
 
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksVisit(
     absl::string_view pool, absl::Span<const uint32_t> tokens, BlockVisitor visit,
-    absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes) {
+    absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
+    absl::Span<const std::string> restore_parts) {
   return ReadBlocks(
-      pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+      pool, tokens, cache_salt, extra_keys, max_chunk_bytes, restore_parts,
       [](uint64_t) { return absl::OkStatus(); }, visit, BlockStreamVerifier::Pieces::kAsGiven);
 }
 
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
     const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
+    absl::Span<const std::string> restore_parts,
     absl::FunctionRef<absl::Status(uint64_t total)> on_header, BlockStreamVerifier::Sink sink,
     BlockStreamVerifier::Pieces pieces) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("GetBlocks"));
@@ -275,6 +282,7 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
   v1::GetBlocksRequest request;
   FillPromptRequest(session.session_id, session.epoch, pool, tokens, cache_salt, extra_keys,
                     &request);
+  request.mutable_restore_parts()->Add(restore_parts.begin(), restore_parts.end());
   // Chunks must fit this client's receive limit; 0 leaves the daemon's default when it fits.
   const uint32_t max_chunk = static_cast<uint32_t>(MaxChunkBytes(options_.max_message_bytes));
   if (max_chunk_bytes != 0 || max_chunk < kDefaultChunkBytes) {
@@ -316,6 +324,7 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
       result.num_blocks = header.num_blocks();
       result.num_cached_tokens = header.num_cached_tokens();
       result.block_bytes = shape.block_bytes;
+      result.part_masks.assign(header.part_masks().begin(), header.part_masks().end());
       verifier.emplace(shape.block_bytes, std::vector<uint64_t>(header.block_checksums().begin(),
                                                                 header.block_checksums().end()));
       local = on_header(verifier->expected_bytes());

@@ -38,6 +38,7 @@ absl::StatusOr<uint32_t> StreamHold::OpenSequence(const SequenceSpec& spec, Open
   ASSIGN_OR_RETURN(OpenedSequence opened, pool->Open(*transfer_session, spec, mode));
   sequence_id = opened.sequence_id;
   block_ids = std::move(opened.block_ids);
+  part_masks = std::move(opened.part_masks);
   return opened.num_cached_tokens;
 }
 
@@ -94,6 +95,19 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
                      full_blocks - first_block_, " blocks sent of ", full_blocks,
                      " full blocks of ", header.tokens_size(), " tokens"));
   }
+  if (!header.part_masks().empty()) {
+    // Checked before any byte is taken, as the commit at the end checks them again.
+    if (static_cast<size_t>(header.part_masks_size()) != full_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("put header carries ", header.part_masks_size(), " part masks for ",
+                       full_blocks, " full blocks of ", header.tokens_size(),
+                       " tokens; want one per full block from block 0"));
+    }
+    RETURN_IF_ERROR(ValidateBlockPartMasks(
+        hold_.pool->parts(),
+        absl::MakeConstSpan(header.part_masks().data(), header.part_masks_size())));
+    part_masks_.assign(header.part_masks().begin(), header.part_masks().end());
+  }
   const uint64_t put_bytes =
       (full_blocks - first_block_) * hold_.pool->options().layout.BlockBytes();
   ASSIGN_OR_RETURN(put_bytes_ticket_, limits_->AdmitPutBytes(context_->peer(), put_bytes));
@@ -143,7 +157,8 @@ absl::Status PutBlocksReactor::Complete() {
   ASSIGN_OR_RETURN(
       CommitResult committed,
       hold_.pool->Commit(*hold_.transfer_session, hold_.sequence_id,
-                         hold_.block_ids.size() * hold_.pool->options().layout.block_size));
+                         hold_.block_ids.size() * hold_.pool->options().layout.block_size,
+                         part_masks_));
   hold_.pool->transfers().put_bytes.fetch_add(verifier_->received_bytes(),
                                               std::memory_order_relaxed);
   reply_.set_num_blocks(hold_.block_ids.size());
@@ -272,12 +287,10 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request,
   const uint32_t requested = request.max_chunk_bytes();
   chunk_bytes_ = std::clamp<uint32_t>(requested == 0 ? kDefaultChunkBytes : requested,
                                       kMinChunkBytes, max_chunk_bytes_);
-  ASSIGN_OR_RETURN(
-      const uint32_t cached_tokens,
-      hold_.OpenSequence(
-          SequenceSpec{absl::MakeConstSpan(request.tokens().data(), request.tokens_size()),
-                       request.cache_salt(), ToExtraKeys(request.extra_keys())},
-          OpenMode::kPinCached));
+  SequenceSpec spec{absl::MakeConstSpan(request.tokens().data(), request.tokens_size()),
+                    request.cache_salt(), ToExtraKeys(request.extra_keys())};
+  ASSIGN_OR_RETURN(spec.wanted_parts, WantedParts(hold_.pool->parts(), request.restore_parts()));
+  ASSIGN_OR_RETURN(const uint32_t cached_tokens, hold_.OpenSequence(spec, OpenMode::kPinCached));
   block_bytes_ = hold_.pool->options().layout.BlockBytes();
   v1::GetBlocksResponse response;
   response.set_epoch(manager_->epoch());
@@ -289,6 +302,7 @@ absl::Status GetBlocksReactor::Begin(const v1::GetBlocksRequest& request,
     ASSIGN_OR_RETURN(uint64_t checksum, hold_.pool->BlockChecksum(block));
     header->add_block_checksums(checksum);
   }
+  header->mutable_part_masks()->Add(hold_.part_masks.begin(), hold_.part_masks.end());
   const std::string serialized = response.SerializeAsString();
   grpc::Slice slice(serialized);
   message_ = grpc::ByteBuffer(&slice, 1);

@@ -62,8 +62,8 @@ struct StreamHold {
   absl::Status Attach(CacheManager* manager, StreamLeases* leases, uint64_t session_id,
                       uint64_t epoch, absl::string_view principal,
                       std::function<void()> on_lease_end);
-  // Opens the stream's own sequence in `pool` (set) under the transfer session. Returns its
-  // num_cached_tokens.
+  // Opens the stream's own sequence in `pool` (set) under the transfer session, the hit rule
+  // asking spec.wanted_parts. Returns its num_cached_tokens.
   absl::StatusOr<uint32_t> OpenSequence(const SequenceSpec& spec, OpenMode mode);
   // ABORTED: the lease ended during the `stream` ("put", "get"); its blocks are released.
   absl::Status LeaseEnded(absl::string_view stream) const;
@@ -78,6 +78,8 @@ struct StreamHold {
   std::unique_ptr<Session> transfer_session;
   uint64_t sequence_id = 0;
   std::vector<BlockId> block_ids;
+  // The cached blocks' part masks, as the open gave them (empty for a pool without parts).
+  std::vector<uint32_t> part_masks;
 };
 
 // Reads PutBlocksRequest messages raw: the data field's bytes go from the received slices
@@ -124,6 +126,7 @@ class PutBlocksReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   uint64_t put_bytes_reserved_ = 0;      // of the tenant's max_put_bytes_in_flight
   CallLimits::Ticket put_bytes_ticket_;  // the same bytes, of the connection's and daemon's bound
   std::optional<BlockStreamVerifier> verifier_;  // of the blocks sent
+  std::vector<uint32_t> part_masks_;             // the header's, checked; empty: every part
 };
 
 // Serves GetBlocksResponse messages encoded by hand: each data message is a few bytes of framing

@@ -22,6 +22,11 @@ absl::Status CheckShipment(const Shipment& shipment) {
                                                    " source blocks for ", full_blocks,
                                                    " full blocks"));
   }
+  if (!shipment.part_masks.empty() && shipment.part_masks.size() < full_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("shipment has ", shipment.part_masks.size(),
+                                                   " part masks for ", full_blocks,
+                                                   " full blocks"));
+  }
   for (size_t i = 0; i < full_blocks; ++i) {
     if (shipment.source_blocks[i] >= source.num_blocks()) {
       return absl::OutOfRangeError(
@@ -30,6 +35,11 @@ absl::Status CheckShipment(const Shipment& shipment) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Span<const uint32_t> ShippedPartMasks(const Shipment& shipment) {
+  if (shipment.part_masks.empty()) return {};
+  return shipment.part_masks.first(shipment.tokens.size() / shipment.source->layout().block_size);
 }
 
 namespace {
@@ -79,7 +89,8 @@ class StreamTransport final : public BlockTransport {
       const uint64_t half = (blocks.size() + 1) / 2 * block_bytes;
       KvCacheClient::PutOptions options{.cache_salt = shipment.cache_salt,
                                         .chunk_bytes = std::min<uint64_t>(kChunkBytes, half),
-                                        .first_block = first};
+                                        .first_block = first,
+                                        .part_masks = ShippedPartMasks(shipment)};
       // Midway runs inside the stream, once half of the bytes are out: the receiver holds a
       // half-received put when a test stops or kills this process there.
       options.after_chunk = [&](uint64_t sent) {

@@ -44,6 +44,10 @@ struct Shipment {
   absl::string_view cache_salt;
   const MappedPool* source = nullptr;        // the sender's pool, mapped
   absl::Span<const uint32_t> source_blocks;  // the sender's block table for `tokens`
+  // The parts each full block holds, as CommitSequence takes them: one per full block from
+  // block 0 (more are ignored), or empty for every part. The receiver publishes the blocks it
+  // is sent with these masks, so its hit rule sees the parts the sender wrote and no more.
+  absl::Span<const uint32_t> part_masks;
 };
 
 struct ShipmentStats {
@@ -72,10 +76,13 @@ class BlockTransport {
   std::function<absl::Status()> midway_hook_;
 };
 
-// Checks a shipment's shape: a source pool whose layout matches its block size, a block id for
-// each full block of the prompt, and every such id inside the source pool. INVALID_ARGUMENT or
-// OUT_OF_RANGE otherwise (FAILED_PRECONDITION for a source whose layout disagrees with itself).
+// Checks a shipment's shape: a source pool whose layout matches its block size, a block id (and,
+// when there are masks, a part mask) for each full block of the prompt, and every such id inside
+// the source pool. INVALID_ARGUMENT or OUT_OF_RANGE otherwise (FAILED_PRECONDITION for a source
+// whose layout disagrees with itself). The receiver checks the masks themselves.
 absl::Status CheckShipment(const Shipment& shipment);
+// The masks of a checked shipment's full blocks: what the receiver's commit takes.
+absl::Span<const uint32_t> ShippedPartMasks(const Shipment& shipment);
 
 // `receiver` has an open session of `tenant` (the sender's, for the hashes to match) and outlives
 // the transport. Ship refuses a device source pool (FAILED_PRECONDITION: use the nccl transport).

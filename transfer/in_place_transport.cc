@@ -38,7 +38,10 @@ absl::StatusOr<ShipmentStats> InPlaceTransport::Ship(const Shipment& shipment) {
       receiver_->OpenSequence(pool_, shipment.tokens.first(open_tokens), shipment.cache_salt));
   absl::Status status = Fill(shipment, sequence, full_blocks, &stats);
   if (status.ok()) {
-    status = receiver_->CommitSequence(sequence.sequence_id, full_blocks * block_size).status();
+    status = receiver_
+                 ->CommitSequence(sequence.sequence_id, full_blocks * block_size,
+                                  ShippedPartMasks(shipment))
+                 .status();
   }
   // Released either way: committed blocks stay cached on the receiver, the rest go free.
   const absl::Status released = receiver_->ReleaseSequence(sequence.sequence_id);

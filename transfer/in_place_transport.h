@@ -7,8 +7,8 @@
 //      sequence;
 //   2. copies the missing blocks, source block table -> the sequence's block table, in two
 //      halves with the midway hook between them, and waits until every byte is in (Finish);
-//   3. commits the full blocks — their hashes are registered only now — and releases the
-//      sequence, which leaves them cached on the receiver.
+//   3. commits the full blocks with the shipment's part masks — their hashes are registered only
+//      now — and releases the sequence, which leaves them cached on the receiver.
 // On any error after step 1 it still waits for the copies it started (Finish) and releases the
 // sequence without committing: no hash points at partial data and no block stays pinned.
 //

@@ -171,7 +171,11 @@ absl::StatusOr<GenerationResult> KvWorker::Run(const KvCacheClient::Sequence& se
   // The prompt's KV is written (and, on a GPU, synchronized): its full blocks may be published.
   RETURN_IF_ERROR(Commit(sequence_id, prompt.size(), masks));
   result.prefill_time = absl::Now() - start;
-  if (after_prefill) RETURN_IF_ERROR(after_prefill(table));
+  // Only the hybrid commits masks; every other block was committed with every part.
+  if (after_prefill) {
+    RETURN_IF_ERROR(after_prefill(
+        table, hybrid_ != nullptr ? absl::MakeConstSpan(masks) : absl::Span<const uint32_t>()));
+  }
 
   // Decode talks to the daemon per block, not per token: sampled tokens wait in `pending` until
   // a new block is needed (ExtendSequence hands it out) or their block is full (they are sent,

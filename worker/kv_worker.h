@@ -71,9 +71,11 @@ class KvWorker {
                                                           const Qwen3NextModel* model,
                                                           uint32_t checkpoint_pages = 1);
 
-  // Called once the prompt's KV is written and committed, with the sequence's block table, while
-  // the sequence still pins its blocks (a prefill worker ships them to a decode worker here).
-  using AfterPrefill = std::function<absl::Status(absl::Span<const uint32_t> block_table)>;
+  // Called once the prompt's KV is written and committed, with the sequence's block table and
+  // the part masks its full blocks were committed with (empty: every part), while the sequence
+  // still pins its blocks (a prefill worker ships them, masks and all, to a decode worker here).
+  using AfterPrefill = std::function<absl::Status(absl::Span<const uint32_t> block_table,
+                                                  absl::Span<const uint32_t> part_masks)>;
 
   // Errors: the daemon's (e.g. RESOURCE_EXHAUSTED when the pool is full), the model's, the
   // hook's, or FAILED_PRECONDITION after a daemon restart (the mapping belongs to the old epoch).

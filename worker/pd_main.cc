@@ -33,6 +33,9 @@ ABSL_FLAG(uint32_t, prompt_tokens, 512, "tokens per prompt");
 ABSL_FLAG(uint32_t, shared_prefix, 256, "leading tokens every prompt shares");
 ABSL_FLAG(uint32_t, max_new_tokens, 32, "tokens generated per request");
 ABSL_FLAG(uint32_t, seed, 1, "varies the requests' own suffixes between runs");
+ABSL_FLAG(uint32_t, state_every_pages, 1,
+          "hybrid model: both sides save the recurrent state into every Nth page; the transport "
+          "ships each page's part mask with it");
 
 namespace kvcache::worker {
 namespace {
@@ -47,7 +50,8 @@ absl::StatusOr<Side> Connect(const std::string& target, const ClientOptions& opt
   Side side;
   ASSIGN_OR_RETURN(side.client, KvCacheClient::Connect(target, options));
   RETURN_IF_ERROR(side.client->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-pd").status());
-  ASSIGN_OR_RETURN(side.worker, model.CreateWorker(side.client.get(), absl::GetFlag(FLAGS_pool)));
+  ASSIGN_OR_RETURN(side.worker, model.CreateWorker(side.client.get(), absl::GetFlag(FLAGS_pool),
+                                                   absl::GetFlag(FLAGS_state_every_pages)));
   return side;
 }
 
@@ -92,14 +96,17 @@ absl::Status Run() {
     Sampler prefill_sampler = Sampler::Greedy();
     ASSIGN_OR_RETURN(
         GenerationResult first,
-        prefill.worker->Generate(
-            prompt, 1, prefill_sampler, "", [&](absl::Span<const uint32_t> table) -> absl::Status {
-              ASSIGN_OR_RETURN(shipped,
-                               transport->Ship(Shipment{.tokens = prompt,
-                                                        .source = &prefill.worker->mapped(),
-                                                        .source_blocks = table}));
-              return absl::OkStatus();
-            }));
+        prefill.worker->Generate(prompt, 1, prefill_sampler, "",
+                                 [&](absl::Span<const uint32_t> table,
+                                     absl::Span<const uint32_t> part_masks) -> absl::Status {
+                                   ASSIGN_OR_RETURN(
+                                       shipped,
+                                       transport->Ship(Shipment{.tokens = prompt,
+                                                                .source = &prefill.worker->mapped(),
+                                                                .source_blocks = table,
+                                                                .part_masks = part_masks}));
+                                   return absl::OkStatus();
+                                 }));
     const absl::Duration ttft = first.prefill_time;
     Sampler decode_sampler = Sampler::Greedy();
     ASSIGN_OR_RETURN(GenerationResult rest,

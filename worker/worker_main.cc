@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, checkpoint, "",
           "Qwen3-Next (model_type qwen3_next) over a pool of kv + state pages");
 ABSL_FLAG(uint32_t, state_every_pages, 1,
           "hybrid model: save the recurrent state into every Nth page (a hit ends only at such a "
-          "page); the prefill role needs 1, as the transports publish every part of each page");
+          "page); the prefill role ships each page's part mask, so the decode side hits as far "
+          "as the states go");
 ABSL_FLAG(std::string, tenant, "",
           "tenant of this worker's sessions; empty: the tenant of this caller's identity");
 ABSL_FLAG(std::string, prompt, "", "prompt text; its bytes are the tokens (byte-level vocab)");
@@ -128,13 +129,15 @@ absl::Status RunPrefill(KvCacheClient& client, KvWorker& worker,
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
   ASSIGN_OR_RETURN(GenerationResult result,
                    worker.Generate(prompt, 1, sampler, absl::GetFlag(FLAGS_cache_salt),
-                                   [&](absl::Span<const uint32_t> table) -> absl::Status {
+                                   [&](absl::Span<const uint32_t> table,
+                                       absl::Span<const uint32_t> part_masks) -> absl::Status {
                                      ASSIGN_OR_RETURN(
                                          shipped, transport->Ship(Shipment{
                                                       .tokens = prompt,
                                                       .cache_salt = absl::GetFlag(FLAGS_cache_salt),
                                                       .source = &worker.mapped(),
-                                                      .source_blocks = table}));
+                                                      .source_blocks = table,
+                                                      .part_masks = part_masks}));
                                      return absl::OkStatus();
                                    }));
   std::printf(
@@ -164,11 +167,6 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<KvCacheClient> client, KvCacheClient::Connect(target, options));
   RETURN_IF_ERROR(client->OpenSession(absl::GetFlag(FLAGS_tenant), "kvcache-worker").status());
   const uint32_t state_every_pages = absl::GetFlag(FLAGS_state_every_pages);
-  if (model.hybrid() && state_every_pages != 1 && absl::GetFlag(FLAGS_role) == "prefill") {
-    return absl::InvalidArgumentError(
-        "--role=prefill ships whole pages, published with every part: give "
-        "--state_every_pages=1 so that each page holds its state");
-  }
   ASSIGN_OR_RETURN(std::unique_ptr<KvWorker> worker,
                    model.CreateWorker(client.get(), absl::GetFlag(FLAGS_pool), state_every_pages));
   const SamplerOptions sampling{.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature)),

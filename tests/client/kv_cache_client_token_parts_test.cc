@@ -2,7 +2,9 @@
 // pool "hybrid" of "kv" on every block and a one-block trailing "state", with a host tier moved
 // by hand. A commit names each block's parts; OpenSequence and Lookup restore the parts asked
 // for and answer each hit block's mask, through tier 2 too; bad input is INVALID_ARGUMENT over
-// the wire, publishing and holding nothing; a pool without parts answers as before.
+// the wire, publishing and holding nothing; a pool without parts answers as before. The data
+// streams carry the same masks: PutBlocks publishes them, GetBlocks ends where the hit rule ends
+// and tells them.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -56,6 +58,16 @@ class TokenPartsClientTest : public DaemonFixture {
     const uint32_t full = static_cast<uint32_t>(prompt.size() / kBlockSize * kBlockSize);
     ASSERT_OK(client_->CommitSequence(opened->sequence_id, full, masks));
     ASSERT_OK(client_->ReleaseSequence(opened->sequence_id));
+  }
+
+  // `blocks` blocks of distinct bytes, each filled with its own byte.
+  std::string BlockBytes(size_t blocks, char first) {
+    absl::StatusOr<KvCacheClient::PoolDescription> description = client_->DescribePool(kPool);
+    EXPECT_OK(description);
+    const uint64_t block_bytes = description.ok() ? description->pool.block_bytes : 0;
+    std::string bytes;
+    for (size_t i = 0; i < blocks; ++i) bytes.append(block_bytes, static_cast<char>(first + i));
+    return bytes;
   }
 
   uint32_t Referenced(const std::string& pool = kPool) {
@@ -152,6 +164,112 @@ TEST_F(TokenPartsClientTest, APoolWithoutPartsAnswersAsBefore) {
   EXPECT_EQ(opened->num_cached_tokens, 2 * kBlockSize);
   EXPECT_THAT(opened->part_masks, IsEmpty());
   ASSERT_OK(client_->ReleaseSequence(opened->sequence_id));
+}
+
+TEST_F(TokenPartsClientTest, PutBlocksMasksComeBackFromGetBlocksAndOpenSequence) {
+  const std::vector<uint32_t> prompt = Prompt(6, 100);
+  const std::string bytes = BlockBytes(6, 'a');
+  const uint64_t block_bytes = bytes.size() / 6;
+  absl::StatusOr<KvCacheClient::PutResult> put = client_->PutBlocks(
+      kPool, prompt, bytes, "", {}, size_t{1} << 20, 0, {kKv, kKv, kKv, kBoth, kKv, kKv});
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_stored, 6u);
+
+  absl::StatusOr<KvCacheClient::GetResult> got = client_->GetBlocks(kPool, prompt);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->num_blocks, 4u);
+  EXPECT_THAT(got->part_masks, ElementsAre(kKv, kKv, kKv, kBoth));
+  EXPECT_EQ(got->bytes, bytes.substr(0, 4 * block_bytes));
+  got = client_->GetBlocks(kPool, prompt, "", {}, 0, kKvOnly);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->num_blocks, 6u);
+  EXPECT_THAT(got->part_masks, ElementsAre(kKv, kKv, kKv, kBoth, kKv, kKv));
+  EXPECT_EQ(got->bytes, bytes);
+
+  std::string into(6 * block_bytes, '\0');
+  absl::StatusOr<KvCacheClient::GetInfo> info =
+      client_->GetBlocksInto(kPool, prompt, absl::MakeSpan(into), "", {}, 0, kKvAndState);
+  ASSERT_OK(info);
+  EXPECT_EQ(info->num_blocks, 4u);
+  EXPECT_THAT(info->part_masks, ElementsAre(kKv, kKv, kKv, kBoth));
+  uint64_t visited = 0;
+  info = client_->GetBlocksVisit(
+      kPool, prompt,
+      [&](uint32_t, uint64_t, absl::string_view piece) {
+        visited += piece.size();
+        return absl::OkStatus();
+      },
+      "", {}, 0, kKvOnly);
+  ASSERT_OK(info);
+  EXPECT_EQ(visited, 6 * block_bytes);
+  EXPECT_THAT(info->part_masks, ElementsAre(kKv, kKv, kKv, kBoth, kKv, kKv));
+
+  absl::StatusOr<KvCacheClient::Sequence> opened =
+      client_->OpenSequence(kPool, prompt, "", {}, 0, kKvAndState);
+  ASSERT_OK(opened);
+  EXPECT_EQ(opened->num_cached_tokens, 4 * kBlockSize);
+  EXPECT_THAT(opened->part_masks, ElementsAre(kKv, kKv, kKv, kBoth));
+  ASSERT_OK(client_->ReleaseSequence(opened->sequence_id));
+  EXPECT_EQ(Referenced(), 0u);
+}
+
+TEST_F(TokenPartsClientTest, APutThatSkipsItsPrefixStillMasksFromBlockZero) {
+  const std::vector<uint32_t> prompt = Prompt(4, 100);
+  const std::string bytes = BlockBytes(4, 'k');
+  const uint64_t block_bytes = bytes.size() / 4;
+  ASSERT_OK(client_->PutBlocks(kPool, Tokens(2 * kBlockSize, 100), bytes.substr(0, 2 * block_bytes),
+                               "", {}, size_t{1} << 20, 0, {kKv, kBoth}));
+  std::vector<absl::string_view> rest = {
+      absl::string_view(bytes).substr(2 * block_bytes, block_bytes),
+      absl::string_view(bytes).substr(3 * block_bytes)};
+  const std::vector<uint32_t> masks = {kKv, kBoth, kKv, kBoth};
+  absl::StatusOr<KvCacheClient::PutResult> put = client_->PutBlocks(
+      kPool, prompt, rest, KvCacheClient::PutOptions{.first_block = 2, .part_masks = masks});
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_already_cached, 2u);
+  EXPECT_EQ(put->num_stored, 2u);
+  absl::StatusOr<KvCacheClient::GetResult> got = client_->GetBlocks(kPool, prompt);
+  ASSERT_OK(got);
+  EXPECT_THAT(got->part_masks, ElementsAre(kKv, kBoth, kKv, kBoth));
+  EXPECT_EQ(got->bytes, bytes);
+}
+
+TEST_F(TokenPartsClientTest, BadPutMasksOrGetPartsAreInvalidArgumentAndHoldNothing) {
+  const std::vector<uint32_t> prompt = Prompt(2, 100);
+  const std::string bytes = BlockBytes(2, 'x');
+  EXPECT_THAT(client_->PutBlocks(kPool, prompt, bytes, "", {}, size_t{1} << 20, 0, {kKv, 4}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block 1 has part mask 0x4 but the pool has 2 part(s)")));
+  EXPECT_THAT(client_->PutBlocks(kPool, prompt, bytes, "", {}, size_t{1} << 20, 0, {kState, kKv}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block 0 has part mask 0x2 without part 'kv'")));
+  EXPECT_THAT(client_->PutBlocks(kPool, prompt, bytes, "", {}, size_t{1} << 20, 0, {kKv}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 part masks for 2")));
+  EXPECT_THAT(client_->GetBlocks(kPool, prompt, "", {}, 0, {"kv", "ssm"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown part 'ssm'")));
+  absl::StatusOr<KvCacheClient::LookupResult> found =
+      client_->Lookup(kPool, "", prompt, "", {}, std::nullopt, kKvOnly);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_cached_tokens, 0u);  // nothing was published
+  // The streams' reactors release as they finish, after the client saw the status.
+  EXPECT_TRUE(PollUntil([&] { return Referenced() == 0; }));
+}
+
+TEST_F(TokenPartsClientTest, DataStreamsOfAPoolWithoutPartsAnswerAsBefore) {
+  const std::vector<uint32_t> prompt = Prompt(2, 100);
+  const std::string bytes = BlockBytes(2, 'p');
+  EXPECT_THAT(
+      client_->PutBlocks("default", prompt, bytes, "", {}, size_t{1} << 20, 0, {kBoth, kBoth}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("block 0 has part mask 0x3 but the pool has 1 part(s)")));
+  ASSERT_OK(client_->PutBlocks("default", prompt, bytes, "", {}, size_t{1} << 20, 0, {kKv, kKv}));
+  absl::StatusOr<KvCacheClient::GetResult> got = client_->GetBlocks("default", prompt);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->num_blocks, 2u);
+  EXPECT_THAT(got->part_masks, IsEmpty());
+  EXPECT_EQ(got->bytes, bytes);
+  EXPECT_THAT(client_->GetBlocks("default", prompt, "", {}, 0, {"state"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown part 'state'")));
 }
 
 }  // namespace

@@ -229,18 +229,25 @@ TEST_P(HybridPdProcessTest, DecodeContinuesFromShippedKvAndStateIdenticalToACold
   EXPECT_THAT(decode.Field("tokens"), ::testing::StartsWith(prefill.Field("first_token") + ","));
 }
 
-// The prefill role ships whole pages, published with every part: a state saved only every few
-// pages would be claimed where it is not, so the worker refuses.
-TEST_F(HybridWorkerProcessTest, PrefillRoleNeedsAStateInEveryPage) {
-  std::vector<std::string> argv = runner_->Argv(target_, "next", HybridPrompt(8, 40));
-  argv.insert(argv.end(),
-              {"--role=prefill", "--decode_target=" + target_, "--state_every_pages=2"});
-  absl::StatusOr<Subprocess> prefill = Subprocess::Start(argv);
-  ASSERT_OK(prefill);
-  absl::StatusOr<std::string> error = prefill->ReadLineStartingWith("error ", kClientBound);
-  ASSERT_OK(error);
-  EXPECT_EQ(*error, "error code=INVALID_ARGUMENT");
-  ASSERT_OK(prefill->Wait(kClientBound).status());
+// A prefill worker that saves a state only every second page ships each page's part mask: the
+// decode side's hit ends at the last page that holds a state, never at one that does not, and
+// its output equals a cold run. (Before the transports carried masks every page was published
+// with every part, and the prefill role refused --state_every_pages other than 1.)
+TEST_P(HybridPdProcessTest, AStateEveryFewPagesShipsItsMasksAndDecodeHitsWhatTheRuleAllows) {
+  const std::vector<uint32_t> prompt = HybridPrompt(8, 84);  // 5 full pages and 4 tokens
+  std::vector<std::string> prefill_argv = runner_->Argv(target_, "next", prompt);
+  prefill_argv.insert(prefill_argv.end(), {"--role=prefill", "--decode_target=" + decode_target_,
+                                           "--transport=" + GetParam(), "--state_every_pages=2"});
+  const ClientResult prefill = runner_->Run(prefill_argv, kClientBound);
+  EXPECT_EQ(prefill.Number("sent_blocks"), 5);
+
+  std::vector<std::string> decode_argv = runner_->Argv(decode_target_, "next", prompt);
+  decode_argv.push_back("--role=decode");
+  const ClientResult decode = runner_->Run(decode_argv, kClientBound);
+  // States after pages 2 and 4; page 5 holds KV only, so the hit ends after page 4.
+  EXPECT_EQ(decode.num_cached_tokens, 64u);
+  runner_->ExpectMatchesCold(decode, prompt);
+  EXPECT_THAT(decode.Field("tokens"), ::testing::StartsWith(prefill.Field("first_token") + ","));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, HybridPdProcessTest, ::testing::Values("stream", "shm"),

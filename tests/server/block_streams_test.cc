@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/block_stream.h"
 #include "common/block_hash.h"
+#include "common/page_parts.h"
 #include "common/rpc/grpc_status.h"
 #include "server/daemon.h"
 #include "tests/testing/grpc_kept_alive.h"
@@ -32,7 +33,9 @@ namespace {
 using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 constexpr uint32_t kBlockSize = 4;
 constexpr uint32_t kNumBlocks = 16;
@@ -61,6 +64,11 @@ class BlockStreamsTest : public ::testing::Test {
     // More bytes than gRPC and the socket buffer between a sender and a reader that stalls.
     pool.name = "big";
     pool.num_blocks = kBigBlocks;
+    options.pools.push_back(pool);
+    // A hybrid model's pages: KV on every block, a state the hit needs on the last one.
+    pool.name = "parts";
+    pool.num_blocks = kNumBlocks;
+    pool.parts = *ParsePageParts("kv/3K+state/1K/trailing1", pool.layout.BlockBytes());
     options.pools.push_back(pool);
     auto daemon = Daemon::Start(options);
     ASSERT_OK(daemon);
@@ -139,13 +147,15 @@ class BlockStreamsTest : public ::testing::Test {
     int messages = 0;
   };
   absl::StatusOr<Got> Get(const std::vector<uint32_t>& tokens, uint64_t session,
-                          uint32_t max_chunk = 0) {
+                          uint32_t max_chunk = 0, const std::string& pool = "p",
+                          const std::vector<std::string>& restore_parts = {}) {
     grpc::ClientContext context;
     v1::GetBlocksRequest request;
     request.set_session_id(session);
-    request.set_pool("p");
+    request.set_pool(pool);
     request.mutable_tokens()->Add(tokens.begin(), tokens.end());
     request.set_max_chunk_bytes(max_chunk);
+    request.mutable_restore_parts()->Add(restore_parts.begin(), restore_parts.end());
     auto reader = stub_->GetBlocks(&context, request);
     Got got;
     v1::GetBlocksResponse response;
@@ -240,6 +250,151 @@ TEST_F(BlockStreamsTest, PutCanSkipTheBlocksTheDaemonHolds) {
   EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{other})->num_cached_blocks, 0);
   bad.set_first_block(4);
   EXPECT_THAT(Put(bad, ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 4")));
+}
+
+// Part masks (DESIGN §13) through the data streams, in pool "parts" (kv on every block, a state
+// on the last one of a hit): the put publishes each block's mask, and the get ends where the hit
+// rule ends it, telling each block's mask, as OpenSequence does.
+constexpr uint32_t kKv = 1;
+constexpr uint32_t kState = 2;
+constexpr uint32_t kBoth = kKv | kState;
+
+TEST_F(BlockStreamsTest, PutPublishesPartMasksAndGetEndsWhereTheHitRuleEnds) {
+  std::vector<uint32_t> tokens(4 * kBlockSize + 1);
+  std::iota(tokens.begin(), tokens.end(), 300);
+  const std::string bytes = RandomBlocks(4, 21);
+  v1::PutBlocksHeader header = Header(tokens, bytes, "parts");
+  for (uint32_t mask : {kKv, kKv, kBoth, kKv}) header.add_part_masks(mask);
+  auto put = Put(header, bytes);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_stored(), 4);
+
+  // Every part: the state of block 2 ends the hit there; blocks 0 and 1 need none.
+  auto got = Get(tokens, session_, 0, "parts");
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 3);
+  EXPECT_EQ(got->header.num_cached_tokens(), 3 * kBlockSize);
+  EXPECT_THAT(got->header.part_masks(), ElementsAre(kKv, kKv, kBoth));
+  EXPECT_EQ(got->bytes, bytes.substr(0, 3 * block_bytes_));
+  got = Get(tokens, session_, 0, "parts", {"kv", "state"});
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 3);
+  got = Get(tokens, session_, 0, "parts", {"kv"});
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 4);
+  EXPECT_THAT(got->header.part_masks(), ElementsAre(kKv, kKv, kBoth, kKv));
+  EXPECT_EQ(got->bytes, bytes);
+
+  // The token API sees the same masks.
+  grpc::ClientContext context;
+  v1::OpenSequenceRequest open;
+  open.set_session_id(session_);
+  open.set_pool("parts");
+  open.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  v1::OpenSequenceResponse opened;
+  ASSERT_TRUE(stub_->OpenSequence(&context, open, &opened).ok());
+  EXPECT_EQ(opened.num_cached_tokens(), 3 * kBlockSize);
+  EXPECT_THAT(opened.part_masks(), ElementsAre(kKv, kKv, kBoth));
+  grpc::ClientContext release_context;
+  v1::ReleaseSequenceRequest release;
+  release.set_session_id(session_);
+  release.set_sequence_id(opened.sequence_id());
+  v1::ReleaseSequenceResponse released;
+  ASSERT_TRUE(stub_->ReleaseSequence(&release_context, release, &released).ok());
+
+  // Without a state anywhere nothing restores every part.
+  std::vector<uint32_t> plain = tokens;
+  plain[0] = 1;
+  header = Header(plain, bytes, "parts");
+  for (int i = 0; i < 4; ++i) header.add_part_masks(kKv);
+  ASSERT_OK(Put(header, bytes));
+  got = Get(plain, session_, 0, "parts");
+  ASSERT_OK(got);
+  EXPECT_EQ(got->header.num_blocks(), 0);
+  EXPECT_TRUE(got->bytes.empty());
+}
+
+TEST_F(BlockStreamsTest, APutWithMorePartsSupersedesThePoorerCopy) {
+  std::vector<uint32_t> tokens(3 * kBlockSize);
+  std::iota(tokens.begin(), tokens.end(), 500);
+  const std::string kv_only = RandomBlocks(3, 22);
+  v1::PutBlocksHeader header = Header(tokens, kv_only, "parts");
+  for (int i = 0; i < 3; ++i) header.add_part_masks(kKv);
+  ASSERT_OK(Put(header, kv_only));
+  // The same KV, now with the state written into block 2.
+  const std::string with_state = kv_only.substr(0, 2 * block_bytes_) + RandomBlocks(1, 23);
+  header = Header(tokens, with_state, "parts");
+  for (uint32_t mask : {kKv, kKv, kBoth}) header.add_part_masks(mask);
+  auto put = Put(header, with_state);
+  ASSERT_OK(put);
+  EXPECT_EQ(put->num_already_cached(), 0);  // no cached block restores every part
+  auto got = Get(tokens, session_, 0, "parts");
+  ASSERT_OK(got);
+  EXPECT_THAT(got->header.part_masks(), ElementsAre(kKv, kKv, kBoth));
+  EXPECT_EQ(got->bytes, with_state);
+}
+
+TEST_F(BlockStreamsTest, BadPartMasksOrPartsAreInvalidArgumentAndChangeNothing) {
+  Pool& parts = **daemon_->manager().FindPool("parts");
+  const std::string bytes = RandomBlocks(3, 24);
+  const std::vector<uint32_t> tokens(tokens_.begin(), tokens_.begin() + 3 * kBlockSize);
+  const auto put_with = [&](std::vector<uint32_t> masks) {
+    v1::PutBlocksHeader header = Header(tokens, bytes, "parts");
+    header.mutable_part_masks()->Add(masks.begin(), masks.end());
+    return Put(header, bytes);
+  };
+  EXPECT_THAT(put_with({kKv, kKv}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("2 part masks for 3 full blocks of 12 tokens; want one per full "
+                                 "block from block 0")));
+  EXPECT_THAT(put_with({kKv, 4, kKv}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block 1 has part mask 0x4 but the pool has 2 part(s)")));
+  EXPECT_THAT(put_with({kKv, kKv, kState}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block 2 has part mask 0x2 without part 'kv'")));
+  // A put that skips blocks still gives a mask for each block from block 0.
+  v1::PutBlocksHeader skipping = Header(tokens, bytes.substr(block_bytes_), "parts");
+  skipping.set_first_block(1);
+  skipping.add_part_masks(kKv);
+  skipping.add_part_masks(kBoth);
+  EXPECT_THAT(Put(skipping, bytes.substr(block_bytes_)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 part masks for 3")));
+  EXPECT_THAT(Get(tokens, session_, 0, "parts", {"kv", "ssm"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown part 'ssm'; the pool has kv, state")));
+  EXPECT_EQ(parts.Lookup("default", SequenceSpec{tokens})->num_cached_blocks, 0);
+  // Nothing published, and once the reactors are done, nothing held.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (parts.Stats().referenced != 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(parts.Stats().referenced, 0);
+  EXPECT_EQ(parts.Stats().free, kNumBlocks);
+  EXPECT_OK(parts.CheckInvariants());
+}
+
+TEST_F(BlockStreamsTest, APoolWithoutPartsTakesOnlyItsOnePartsMaskAndAnswersNone) {
+  const std::string bytes = RandomBlocks(3, 25);
+  v1::PutBlocksHeader header = Header(tokens_, bytes);
+  for (int i = 0; i < 3; ++i) header.add_part_masks(kKv | kState);
+  EXPECT_THAT(Put(header, bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block 0 has part mask 0x3 but the pool has 1 part(s)")));
+  EXPECT_EQ(FirstPool().Lookup("default", SequenceSpec{tokens_})->num_cached_blocks, 0);
+  header.clear_part_masks();
+  for (int i = 0; i < 3; ++i) header.add_part_masks(kKv);
+  ASSERT_OK(Put(header, bytes));
+  for (const std::vector<std::string>& restore :
+       {std::vector<std::string>{}, std::vector<std::string>{"kv"}}) {
+    auto got = Get(tokens_, session_, 0, "p", restore);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->header.num_blocks(), 3);
+    EXPECT_THAT(got->header.part_masks(), IsEmpty());
+    EXPECT_EQ(got->bytes, bytes);
+  }
+  EXPECT_THAT(Get(tokens_, session_, 0, "p", {"state"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown part 'state'")));
 }
 
 // Regression (issue 17): GetBlocks of a prompt with more full blocks than the pool answered

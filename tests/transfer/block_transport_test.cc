@@ -2,7 +2,8 @@
 // the shm transport (whose sequence bookkeeping, transfer/in_place_transport.h, the nccl transport
 // shares) and the stream transport. Each ships a committed source sequence, then a longer prompt
 // (only the new blocks go), and is aborted midway through its hook (no hash and no pinned block
-// remain on the receiver). Runs everywhere (label unit); the device pools' version is
+// remain on the receiver); a shipment of a pool with parts keeps each block's part mask. Runs
+// everywhere (label unit); the device pools' version is
 // tests/transfer/nccl_transport_test.cc.
 #include "transfer/block_transport.h"
 
@@ -27,11 +28,15 @@ namespace {
 using ::kvcache::testing::PollUntil;
 using ::kvcache::testing::ScopedTempDir;
 using ::kvcache::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr char kTenant[] = "default";  // the default identity's tenant
 constexpr uint32_t kBlockSize = 16;
 constexpr uint32_t kBlocks = 32;
+// Pool "parts": a hybrid model's pages, KV on every block and a state on the last of a hit.
+constexpr uint32_t kKv = 1;
+constexpr uint32_t kBoth = 3;
 
 struct Node {
   std::unique_ptr<Daemon> daemon;
@@ -49,6 +54,11 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
     absl::StatusOr<std::unique_ptr<MappedPool>> source = MappedPool::Map(*described);
     ASSERT_OK(source);
     source_ = *std::move(source);
+    described = sender_.client->DescribePool("parts");
+    ASSERT_OK(described);
+    source = MappedPool::Map(*described);
+    ASSERT_OK(source);
+    parts_source_ = *std::move(source);
   }
 
   void TearDown() override {
@@ -70,6 +80,9 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
     pool.name = "p";
     pool.num_blocks = kBlocks;
     options.pools.push_back(pool);
+    pool.name = "parts";
+    pool.parts = *ParsePageParts("kv/28K+state/4K/trailing1", pool.layout.BlockBytes());
+    options.pools.push_back(pool);
     absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
     ASSERT_OK(daemon);
     node->daemon = *std::move(daemon);
@@ -79,9 +92,9 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
     ASSERT_OK(node->client->OpenSession(kTenant, name));
   }
 
-  absl::StatusOr<std::unique_ptr<BlockTransport>> MakeTransport() {
-    if (GetParam() == "shm") return MakeShmTransport(receiver_.client.get(), "p");
-    return MakeStreamTransport(receiver_.client.get(), kTenant, "p");
+  absl::StatusOr<std::unique_ptr<BlockTransport>> MakeTransport(const std::string& pool = "p") {
+    if (GetParam() == "shm") return MakeShmTransport(receiver_.client.get(), pool);
+    return MakeStreamTransport(receiver_.client.get(), kTenant, pool);
   }
 
   static std::vector<uint32_t> Prompt(uint32_t length, uint32_t first = 100) {
@@ -102,16 +115,23 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
 
   // Opens the prompt on the sender, writes every full block's pattern and commits: the sequence
   // that a prefill worker holds while it ships.
-  KvCacheClient::Sequence Source(const std::vector<uint32_t>& prompt) {
-    absl::StatusOr<KvCacheClient::Sequence> sequence = sender_.client->OpenSequence("p", prompt);
+  // In pool "parts" (`masks` given): each full block committed with its mask.
+  KvCacheClient::Sequence Source(const std::vector<uint32_t>& prompt,
+                                 absl::Span<const uint32_t> masks = {}) {
+    const bool parts = !masks.empty();
+    const MappedPool& mapped = parts ? *parts_source_ : *source_;
+    absl::StatusOr<KvCacheClient::Sequence> sequence =
+        sender_.client->OpenSequence(mapped.name(), prompt);
     EXPECT_OK(sequence);
     if (!sequence.ok()) return {};
     for (uint32_t b = sequence->num_cached_tokens / kBlockSize; b < prompt.size() / kBlockSize;
          ++b) {
       const std::string bytes = Pattern(prompt, b);
-      std::memcpy(source_->Block(sequence->block_ids[b]), bytes.data(), bytes.size());
+      std::memcpy(mapped.Block(sequence->block_ids[b]), bytes.data(), bytes.size());
     }
-    EXPECT_OK(sender_.client->CommitSequence(sequence->sequence_id, prompt.size()));
+    EXPECT_OK(sender_.client->CommitSequence(
+        sequence->sequence_id, prompt.size(),
+        parts ? masks.first(prompt.size() / kBlockSize) : absl::Span<const uint32_t>()));
     return *sequence;
   }
 
@@ -154,6 +174,7 @@ class BlockTransportTest : public ::testing::TestWithParam<std::string> {
   Node sender_;
   Node receiver_;
   std::unique_ptr<MappedPool> source_;
+  std::unique_ptr<MappedPool> parts_source_;  // the sender's pool "parts"
 };
 
 TEST_P(BlockTransportTest, ShipsTheFullBlocksAndThenOnlyTheNewOnes) {
@@ -212,6 +233,71 @@ TEST_P(BlockTransportTest, AbortAtTheMidwayHookLeavesNoHashAndNoPin) {
   ASSERT_OK(shipped);
   EXPECT_EQ(shipped->blocks_sent, 4u);
   ASSERT_NO_FATAL_FAILURE(ExpectReceiverHolds(prompt, 4));
+}
+
+TEST_P(BlockTransportTest, AShipmentKeepsEachBlocksPartMask) {
+  absl::StatusOr<std::unique_ptr<BlockTransport>> transport = MakeTransport("parts");
+  ASSERT_OK(transport);
+  // A state saved every second page, as a prefill worker with --state_every_pages=2 commits.
+  const std::vector<uint32_t> masks = {kKv, kBoth, kKv, kBoth, kKv, kBoth, kKv};
+  const std::vector<uint32_t> prompt = Prompt(5 * kBlockSize + 3);
+  const KvCacheClient::Sequence source = Source(prompt, masks);
+  const auto ship = [&](const std::vector<uint32_t>& tokens, const KvCacheClient::Sequence& from,
+                        absl::Span<const uint32_t> part_masks) {
+    return (*transport)
+        ->Ship(Shipment{.tokens = tokens,
+                        .source = parts_source_.get(),
+                        .source_blocks = from.block_ids,
+                        .part_masks = part_masks});
+  };
+  absl::StatusOr<ShipmentStats> shipped = ship(prompt, source, masks);
+  ASSERT_OK(shipped);
+  EXPECT_EQ(shipped->blocks_sent, 5u);
+  const auto receiver_lookup = [&](const std::vector<uint32_t>& tokens,
+                                   absl::Span<const std::string> parts) {
+    absl::StatusOr<KvCacheClient::LookupResult> found =
+        receiver_.client->Lookup("parts", kTenant, tokens, "", {}, std::nullopt, parts);
+    EXPECT_OK(found);
+    return found.ok() ? *found : KvCacheClient::LookupResult{};
+  };
+  // Every part: the hit ends at block 3, the last with a state; KV alone reaches every block.
+  EXPECT_THAT(receiver_lookup(prompt, {}).part_masks, ElementsAre(kKv, kBoth, kKv, kBoth));
+  const std::vector<std::string> kv = {"kv"};
+  EXPECT_THAT(receiver_lookup(prompt, kv).part_masks, ElementsAre(kKv, kBoth, kKv, kBoth, kKv));
+  ASSERT_OK(sender_.client->ReleaseSequence(source.sequence_id));
+
+  // The conversation goes on: the blocks up to the receiver's hit are not sent again.
+  const std::vector<uint32_t> longer = Prompt(7 * kBlockSize + 1);
+  const KvCacheClient::Sequence longer_source = Source(longer, masks);
+  shipped = ship(longer, longer_source, masks);
+  ASSERT_OK(shipped);
+  EXPECT_EQ(shipped->blocks_already_there, 4u);
+  EXPECT_EQ(shipped->blocks_sent, 3u);
+  EXPECT_THAT(receiver_lookup(longer, {}).part_masks,
+              ElementsAre(kKv, kBoth, kKv, kBoth, kKv, kBoth));
+  EXPECT_THAT(receiver_lookup(longer, kv).part_masks,
+              ElementsAre(kKv, kBoth, kKv, kBoth, kKv, kBoth, kKv));
+
+  // Masks the receiver's pool cannot hold: refused there, nothing published and nothing held.
+  const std::vector<uint32_t> other = Prompt(2 * kBlockSize, 5000);
+  const KvCacheClient::Sequence other_source = Source(other, masks);
+  const std::vector<uint32_t> past_the_parts = {kKv, 4};
+  EXPECT_THAT(ship(other, other_source, past_the_parts),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block 1 has part mask 0x4 but the pool has 2 part(s)")));
+  const std::vector<uint32_t> too_few = {kKv};
+  EXPECT_THAT(ship(other, other_source, too_few),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 part masks for 2")));
+  EXPECT_EQ(receiver_lookup(other, kv).num_cached_blocks, 0u);
+  const auto receiver_referenced = [&] {
+    absl::StatusOr<KvCacheClient::PoolDescription> described =
+        receiver_.client->DescribePool("parts");
+    EXPECT_OK(described);
+    return described.ok() ? described->counts.referenced : 0;
+  };
+  EXPECT_TRUE(PollUntil([&] { return receiver_referenced() == 0; }));
+  ASSERT_OK(sender_.client->ReleaseSequence(longer_source.sequence_id));
+  ASSERT_OK(sender_.client->ReleaseSequence(other_source.sequence_id));
 }
 
 TEST_P(BlockTransportTest, MalformedShipmentsAreRejectedBeforeAnyByteMoves) {

@@ -162,12 +162,10 @@ def extend(sequence_id: int, tokens: Sequence[int]) -> UnaryCall[Extension]:
 
 def commit(sequence_id: int, num_written_tokens: int,
            part_masks: Optional[Sequence[int]] = None) -> UnaryCall[Commit]:
-    # One mask per full block written: the daemon knows the block size and checks the count.
-    masks = None if part_masks is None else list(part_masks)
     return UnaryCall("CommitSequence", make_request(
         "commit", kvcache_pb2.CommitSequenceRequest, sequence_id=sequence_id,
         num_written_tokens=num_written_tokens,
-        part_masks=_pages.part_masks("commit", masks, len(masks or []))),
+        part_masks=_pages.block_part_masks("commit", part_masks)),
         lambda response: Commit(num_committed_blocks=response.num_committed_blocks,
                                 num_published_blocks=response.num_published_blocks),
         True)

@@ -87,6 +87,14 @@ def part_masks(call: str, masks: Optional[Sequence[int]], num_keys: int) -> List
     return listed
 
 
+def block_part_masks(call: str, masks: Optional[Sequence[int]]) -> List[int]:
+    """A token call's masks (commit, put_blocks): one per full block from block 0, each checked
+    as part_masks checks it; None: empty (every part). The daemon knows the block size and
+    checks the count."""
+    listed = None if masks is None else list(masks)
+    return part_masks(call, listed, len(listed or []))
+
+
 def page_views(call: str, pages: Any, num_keys: int, block_bytes: int) -> List[memoryview]:
     """`pages` as one view per key, each exactly block_bytes: a sequence of per-page buffers,
     or one buffer of num_keys * block_bytes. INVALID_ARGUMENT naming the page of the wrong

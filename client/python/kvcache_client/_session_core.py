@@ -118,6 +118,7 @@ class GetBlocksReader:
                                "carry one header, first, alone")
         if (header.num_blocks > self._max_blocks
                 or len(header.block_checksums) != header.num_blocks
+                or len(header.part_masks) not in (0, header.num_blocks)
                 or header.num_cached_tokens != header.num_blocks * self._block_size
                 or (header.num_blocks > 0 and header.block_bytes != self._block_bytes)):
             raise KvCacheError(grpc.StatusCode.INTERNAL,
@@ -126,7 +127,8 @@ class GetBlocksReader:
                                f"{self._block_bytes} bytes")
         self.info = GetInfo(num_blocks=header.num_blocks,
                             num_cached_tokens=header.num_cached_tokens,
-                            block_bytes=self._block_bytes)
+                            block_bytes=self._block_bytes,
+                            part_masks=list(header.part_masks))
         destination = self._on_header(header.num_blocks * self._block_bytes)
 
         def sink(offset: int, piece: memoryview) -> None:
@@ -400,7 +402,7 @@ class SessionCore:
     def _put_plan(self, session: SessionKey, shape: Tuple[int, int], pool: str,
                   tokens: Sequence[int], view: memoryview, cache_salt: bytes,
                   extra_keys: Optional[hashing.ExtraKeys], first_block: int,
-                  chunk_bytes: int) -> PutPlan:
+                  chunk_bytes: int, part_masks: Optional[Sequence[int]]) -> PutPlan:
         block_size, block_bytes = shape
         full_blocks = len(tokens) // block_size
         if not 0 <= first_block <= full_blocks:
@@ -415,17 +417,18 @@ class SessionCore:
         header = kvcache_pb2.PutBlocksRequest(header=make_request(
             "put_blocks", kvcache_pb2.PutBlocksHeader, session_id=session[0], epoch=session[1],
             pool=pool, tokens=tokens, cache_salt=cache_salt, first_block=first_block,
-            block_checksums=block_checksums(view, block_bytes)))
+            block_checksums=block_checksums(view, block_bytes),
+            part_masks=_pages.block_part_masks("put_blocks", part_masks)))
         fill_extra_keys(extra_keys, header.header.extra_keys)
         chunk = max(1, min(chunk_bytes, self._max_chunk_bytes()))
         return PutPlan(header.SerializeToString(), view, chunk, self._stream_timeout(len(view)))
 
     def _get_request(self, pool: str, tokens: Sequence[int], cache_salt: bytes,
-                     extra_keys: Optional[hashing.ExtraKeys], max_chunk_bytes: int
-                     ) -> kvcache_pb2.GetBlocksRequest:
+                     extra_keys: Optional[hashing.ExtraKeys], max_chunk_bytes: int,
+                     restore_parts: Sequence[str]) -> kvcache_pb2.GetBlocksRequest:
         request = self._stamp(make_request(
             "get_blocks", kvcache_pb2.GetBlocksRequest, pool=pool, tokens=tokens,
-            cache_salt=cache_salt,
+            cache_salt=cache_salt, restore_parts=_pages.part_names("get_blocks", restore_parts),
             max_chunk_bytes=min(max_chunk_bytes or GET_CHUNK_BYTES, self._max_chunk_bytes())))
         fill_extra_keys(extra_keys, request.extra_keys)
         return request

@@ -234,13 +234,14 @@ class Session(SessionCore):
 
     async def put_blocks(self, pool: str, tokens: Sequence[int], data: Any, *,
                          cache_salt: bytes = b"", extra_keys: Optional[hashing.ExtraKeys] = None,
-                         first_block: int = 0, chunk_bytes: int = 1 << 20) -> PutResult:
+                         first_block: int = 0, chunk_bytes: int = 1 << 20,
+                         part_masks: Optional[Sequence[int]] = None) -> PutResult:
         """As kvcache_client.Session.put_blocks."""
         tokens = token_ids("put_blocks", tokens)
         view = as_bytes_view("put_blocks", data, writable=False)
         session = self._require_open("put_blocks")
         plan = self._put_plan(session, await self._pool_shape(pool), pool, tokens, view,
-                              cache_salt, extra_keys, first_block, chunk_bytes)
+                              cache_salt, extra_keys, first_block, chunk_bytes, part_masks)
         try:
             response = await self._client._start("PutBlocks", self._client._put_blocks,
                                                  plan.messages(), plan.timeout)
@@ -252,19 +253,21 @@ class Session(SessionCore):
     async def get_blocks_into(self, pool: str, tokens: Sequence[int], destination: Any, *,
                               cache_salt: bytes = b"",
                               extra_keys: Optional[hashing.ExtraKeys] = None,
-                              max_chunk_bytes: int = 0) -> GetInfo:
+                              max_chunk_bytes: int = 0,
+                              restore_parts: Sequence[str] = ()) -> GetInfo:
         """As kvcache_client.Session.get_blocks_into."""
         view = as_bytes_view("get_blocks_into", destination, writable=True)
         return await self._read_blocks(pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
-                                       destination_of(view))
+                                       restore_parts, destination_of(view))
 
     async def get_blocks(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                          extra_keys: Optional[hashing.ExtraKeys] = None,
-                         max_chunk_bytes: int = 0) -> Tuple[GetInfo, bytearray]:
+                         max_chunk_bytes: int = 0,
+                         restore_parts: Sequence[str] = ()) -> Tuple[GetInfo, bytearray]:
         """As kvcache_client.Session.get_blocks."""
         result: List[bytearray] = []
         info = await self._read_blocks(pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
-                                       new_buffer_into(result))
+                                       restore_parts, new_buffer_into(result))
         return info, result[0] if result else bytearray()
 
     async def map_pool(self, pool: str) -> "MappedPool":
@@ -379,6 +382,7 @@ class Session(SessionCore):
 
     async def _read_blocks(self, pool: str, tokens: Sequence[int], cache_salt: bytes,
                            extra_keys: Optional[hashing.ExtraKeys], max_chunk_bytes: int,
+                           restore_parts: Sequence[str],
                            on_header: Callable[[int], memoryview]) -> GetInfo:
         tokens = token_ids("get_blocks", tokens)
         session = self._require_open("get_blocks")
@@ -386,7 +390,8 @@ class Session(SessionCore):
                                            len(tokens), on_header)
         stream = self._client._start(
             "GetBlocks", self._client._get_blocks,
-            self._get_request(pool, tokens, cache_salt, extra_keys, max_chunk_bytes), timeout)
+            self._get_request(pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+                              restore_parts), timeout)
         with self._reading(stream, session):
             async for message in stream:
                 self._read_message(reader, message, session)

@@ -140,7 +140,8 @@ class Session(SessionCore):
 
     def put_blocks(self, pool: str, tokens: Sequence[int], data: Any, *,
                    cache_salt: bytes = b"", extra_keys: Optional[hashing.ExtraKeys] = None,
-                   first_block: int = 0, chunk_bytes: int = 1 << 20) -> PutResult:
+                   first_block: int = 0, chunk_bytes: int = 1 << 20,
+                   part_masks: Optional[Sequence[int]] = None) -> PutResult:
         """Stores the KV of `tokens`' full blocks [first_block, len(tokens) // block_size):
         `data` is their bytes concatenated in order (bytes, bytearray, memoryview or a
         C-contiguous numpy array; INVALID_ARGUMENT locally for another size), sent after each
@@ -148,12 +149,14 @@ class Session(SessionCore):
         only once every byte arrived and matched (DATA_LOSS otherwise): a failed put stores
         nothing. Blocks already cached are kept. Idempotent (but not retried: the bytes are not
         kept for a second try). FAILED_PRECONDITION when first_block > 0 and the daemon does not
-        hold the blocks before it."""
+        hold the blocks before it. `part_masks`: as commit's, one per full block of `tokens` from
+        block 0 (also when first_block > 0), the parts each block's bytes hold; None: every part.
+        INVALID_ARGUMENT for a bad mask or count (nothing is published)."""
         tokens = token_ids("put_blocks", tokens)
         view = as_bytes_view("put_blocks", data, writable=False)
         session = self._require_open("put_blocks")
         plan = self._put_plan(session, self._pool_shape(pool), pool, tokens, view, cache_salt,
-                              extra_keys, first_block, chunk_bytes)
+                              extra_keys, first_block, chunk_bytes, part_masks)
         try:
             response = self._client._put_blocks_stream(plan.messages(), plan.timeout)
         except grpc.RpcError as error:
@@ -163,25 +166,28 @@ class Session(SessionCore):
 
     def get_blocks_into(self, pool: str, tokens: Sequence[int], destination: Any, *,
                         cache_salt: bytes = b"", extra_keys: Optional[hashing.ExtraKeys] = None,
-                        max_chunk_bytes: int = 0) -> GetInfo:
+                        max_chunk_bytes: int = 0, restore_parts: Sequence[str] = ()) -> GetInfo:
         """Writes the bytes of the longest cached full-block prefix of `tokens` into
         `destination` (a writable buffer: bytearray, memoryview, numpy array, a mapped pool's
         block...), each block verified against the daemon's checksum (DATA_LOSS on a mismatch or
         a stream that ends early). The bytes are copied once, from what gRPC received into the
         destination. OUT_OF_RANGE, and the stream is cancelled, when the daemon has more cached
         blocks than `destination` holds; its contents are unspecified after an error.
-        `max_chunk_bytes` of 0 asks for 256 KiB messages (GET_CHUNK_BYTES). Read-only."""
+        `max_chunk_bytes` of 0 asks for 256 KiB messages (GET_CHUNK_BYTES). Read-only.
+        `restore_parts`: as open_sequence's; the prefix ends where the hit rule ends it, and the
+        result's `part_masks` tells each block's parts."""
         view = as_bytes_view("get_blocks_into", destination, writable=True)
         return self._read_blocks(pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
-                                 destination_of(view))
+                                 restore_parts, destination_of(view))
 
     def get_blocks(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                    extra_keys: Optional[hashing.ExtraKeys] = None,
-                   max_chunk_bytes: int = 0) -> Tuple[GetInfo, bytearray]:
+                   max_chunk_bytes: int = 0,
+                   restore_parts: Sequence[str] = ()) -> Tuple[GetInfo, bytearray]:
         """Same as get_blocks_into, into a new bytearray of exactly the cached blocks' bytes."""
         result: List[bytearray] = []
         info = self._read_blocks(pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
-                                 new_buffer_into(result))
+                                 restore_parts, new_buffer_into(result))
         return info, result[0] if result else bytearray()
 
     def map_pool(self, pool: str) -> "MappedPool":
@@ -336,14 +342,15 @@ class Session(SessionCore):
 
     def _read_blocks(self, pool: str, tokens: Sequence[int], cache_salt: bytes,
                      extra_keys: Optional[hashing.ExtraKeys], max_chunk_bytes: int,
-                     on_header: Any) -> GetInfo:
+                     restore_parts: Sequence[str], on_header: Any) -> GetInfo:
         """The GetBlocks stream: `on_header(total)` returns where the bytes go (or raises)."""
         tokens = token_ids("get_blocks", tokens)
         session = self._require_open("get_blocks")
         reader, timeout = self._get_reader(session, self._pool_shape(pool), pool, len(tokens),
                                            on_header)
         stream = self._client._get_blocks_stream(
-            self._get_request(pool, tokens, cache_salt, extra_keys, max_chunk_bytes), timeout)
+            self._get_request(pool, tokens, cache_salt, extra_keys, max_chunk_bytes,
+                              restore_parts), timeout)
         with self._reading(stream, session):
             for message in stream:
                 self._read_message(reader, message, session)

@@ -343,6 +343,8 @@ class GetInfo:
     num_blocks: int  # cached full blocks matched, from the front
     num_cached_tokens: int  # num_blocks * block_size
     block_bytes: int
+    # One per block: the parts it holds, as Sequence's; empty for a pool declared without parts.
+    part_masks: List[int] = field(default_factory=list)
 
 
 _HIT_POLICIES = {kvcache_pb2.PagePartInfo.HIT_POLICY_ALL_PAGES: "all",

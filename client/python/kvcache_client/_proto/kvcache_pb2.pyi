@@ -297,24 +297,27 @@ class ForkSequenceResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., sequence_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., copied_from_block: _Optional[int] = ...) -> None: ...
 
 class GetBlocksHeader(_message.Message):
-    __slots__ = ["block_bytes", "block_checksums", "num_blocks", "num_cached_tokens"]
+    __slots__ = ["block_bytes", "block_checksums", "num_blocks", "num_cached_tokens", "part_masks"]
     BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
     block_bytes: int
     block_checksums: _containers.RepeatedScalarFieldContainer[int]
     num_blocks: int
     num_cached_tokens: int
-    def __init__(self, num_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., block_bytes: _Optional[int] = ..., block_checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., block_bytes: _Optional[int] = ..., block_checksums: _Optional[_Iterable[int]] = ..., part_masks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetBlocksRequest(_message.Message):
-    __slots__ = ["cache_salt", "epoch", "extra_keys", "max_chunk_bytes", "pool", "session_id", "tokens"]
+    __slots__ = ["cache_salt", "epoch", "extra_keys", "max_chunk_bytes", "pool", "restore_parts", "session_id", "tokens"]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EXTRA_KEYS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_PARTS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     cache_salt: bytes
@@ -322,9 +325,10 @@ class GetBlocksRequest(_message.Message):
     extra_keys: ExtraKeys
     max_chunk_bytes: int
     pool: str
+    restore_parts: _containers.RepeatedScalarFieldContainer[str]
     session_id: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., max_chunk_bytes: _Optional[int] = ..., restore_parts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetBlocksResponse(_message.Message):
     __slots__ = ["data", "epoch", "header"]
@@ -737,12 +741,13 @@ class PublishRendezvousResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
 
 class PutBlocksHeader(_message.Message):
-    __slots__ = ["block_checksums", "cache_salt", "epoch", "extra_keys", "first_block", "pool", "session_id", "tokens"]
+    __slots__ = ["block_checksums", "cache_salt", "epoch", "extra_keys", "first_block", "part_masks", "pool", "session_id", "tokens"]
     BLOCK_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EXTRA_KEYS_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    PART_MASKS_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -751,10 +756,11 @@ class PutBlocksHeader(_message.Message):
     epoch: int
     extra_keys: ExtraKeys
     first_block: int
+    part_masks: _containers.RepeatedScalarFieldContainer[int]
     pool: str
     session_id: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., block_checksums: _Optional[_Iterable[int]] = ..., first_block: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pool: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[bytes] = ..., extra_keys: _Optional[_Union[ExtraKeys, _Mapping]] = ..., block_checksums: _Optional[_Iterable[int]] = ..., first_block: _Optional[int] = ..., part_masks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PutBlocksRequest(_message.Message):
     __slots__ = ["data", "header"]

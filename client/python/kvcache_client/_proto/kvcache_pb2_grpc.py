@@ -276,7 +276,8 @@ class KvCacheServicer(object):
         all full blocks, concatenated in order, in chunks of any size under the message limit. The
         daemon registers the hashes only after every byte arrived and every checksum matched; a put
         that fails or is cut off registers nothing and leaks nothing. Blocks already cached are kept
-        as they are (their bytes are read and dropped). Idempotent.
+        as they are (their bytes are read and dropped). Idempotent. The header may carry each
+        block's part mask (DESIGN §13), published as CommitSequence publishes it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -286,7 +287,8 @@ class KvCacheServicer(object):
         """GetBlocks: the longest cached prefix of a prompt — a header (how many blocks matched, their
         checksums), then their bytes in order, in chunks of at most max_chunk_bytes (4096 at least,
         see GetBlocksRequest). The blocks are pinned while they stream. Read-only. A prompt longer
-        than the pool is fine: only its cached prefix is read.
+        than the pool is fine: only its cached prefix is read. With restore_parts the prefix ends
+        where the hit rule ends it, as OpenSequence's; the header tells each block's part mask.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
