@@ -660,15 +660,17 @@ class KvCacheClient {
     uint64_t block_bytes = 0;
   };
   absl::StatusOr<BlockShape> PoolShape(absl::string_view pool, const SessionRef& session);
-  // The GetBlocks stream: `on_header` learns how many bytes follow, `sink` takes them in order,
-  // in `pieces` (kCacheSized for a sink that copies).
-  absl::StatusOr<GetInfo> ReadBlocks(absl::string_view pool, absl::Span<const uint32_t> tokens,
-                                     absl::string_view cache_salt, const ExtraKeys& extra_keys,
-                                     uint32_t max_chunk_bytes,
-                                     absl::Span<const std::string> restore_parts,
-                                     absl::FunctionRef<absl::Status(uint64_t total)> on_header,
-                                     BlockStreamVerifier::Sink sink,
-                                     BlockStreamVerifier::Pieces pieces);
+  // The GetBlocks stream: `on_header` learns how many bytes follow, in blocks of how many bytes,
+  // `sink` takes them in order,
+  // in `pieces` (kCacheSized for a sink that copies); with `targets`, the blocks it names are
+  // copied there by the verifier instead (BlockStreamVerifier::FeedInto).
+  absl::StatusOr<GetInfo> ReadBlocks(
+      absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
+      const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
+      absl::Span<const std::string> restore_parts,
+      absl::FunctionRef<absl::Status(uint64_t total, uint64_t block_bytes)> on_header,
+      BlockStreamVerifier::Sink sink, BlockStreamVerifier::Pieces pieces,
+      const BlockStreamVerifier::Targets* targets = nullptr);
   // The local checks of WritePages and ReadPagesInto (named `call` in errors): an open session,
   // `mapped` a host mapping of its epoch, and one page of block_bytes per key.
   absl::Status CheckMappedPages(const char* call, const MappedPool& mapped, size_t num_keys,

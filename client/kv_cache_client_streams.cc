@@ -218,7 +218,7 @@ absl::StatusOr<KvCacheClient::GetResult> KvCacheClient::GetBlocks(
   ASSIGN_OR_RETURN(static_cast<GetInfo&>(result),
                    ReadBlocks(
                        pool, tokens, cache_salt, extra_keys, max_chunk_bytes, restore_parts,
-                       [&result](uint64_t total) {
+                       [&result](uint64_t total, uint64_t) {
                          result.bytes.reserve(total);
                          return absl::OkStatus();
                        },
@@ -234,30 +234,31 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::Span<char> destination,
     absl::string_view cache_salt, const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
     absl::Span<const std::string> restore_parts) {
-  uint64_t written = 0;  // pieces arrive in order
-  bool streaming = false;
+  uint64_t block_bytes = 0;
+  CopyStores stores = CopyStores::kCached;
+  // Each block is copied into place by the verifier as it checksums it: one pass over its bytes.
+  const BlockStreamVerifier::Targets targets = [&](uint32_t block) {
+    return BlockStreamVerifier::CopyTarget{.bytes = destination.data() + block * block_bytes,
+                                           .stores = stores};
+  };
   return ReadBlocks(
       pool, tokens, cache_salt, extra_keys, max_chunk_bytes, restore_parts,
-      [&](uint64_t total) {
+      [&](uint64_t total, uint64_t bytes_per_block) {
         if (total > destination.size()) {
           return absl::OutOfRangeError(absl::StrCat("GetBlocksInto: the daemon has ", total,
                                                     " bytes of cached blocks for the prompt, the "
                                                     "destination holds ",
                                                     destination.size()));
         }
-        streaming = total >= kStreamingCopyMinTotalBytes;
+        block_bytes = bytes_per_block;
+        stores =
+            total >= kStreamingCopyMinTotalBytes ? CopyStores::kStreaming : CopyStores::kCached;
         return absl::OkStatus();
       },
-      [&](uint32_t, uint64_t, absl::string_view piece) {
-        if (streaming) {
-          StreamingCopy(destination.data() + written, piece.data(), piece.size());
-        } else {
-          std::memcpy(destination.data() + written, piece.data(), piece.size());
-        }
-        written += piece.size();
-        return absl::OkStatus();
+      [](uint32_t block, uint64_t, absl::string_view) {
+        return absl::InternalError(absl::StrCat("GetBlocksInto: block ", block, " has no target"));
       },
-      BlockStreamVerifier::Pieces::kCacheSized);
+      BlockStreamVerifier::Pieces::kCacheSized, &targets);
 }
 
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksVisit(
@@ -266,15 +267,17 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksVisit(
     absl::Span<const std::string> restore_parts) {
   return ReadBlocks(
       pool, tokens, cache_salt, extra_keys, max_chunk_bytes, restore_parts,
-      [](uint64_t) { return absl::OkStatus(); }, visit, BlockStreamVerifier::Pieces::kAsGiven);
+      [](uint64_t, uint64_t) { return absl::OkStatus(); }, visit,
+      BlockStreamVerifier::Pieces::kAsGiven);
 }
 
 absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
     absl::string_view pool, absl::Span<const uint32_t> tokens, absl::string_view cache_salt,
     const ExtraKeys& extra_keys, uint32_t max_chunk_bytes,
     absl::Span<const std::string> restore_parts,
-    absl::FunctionRef<absl::Status(uint64_t total)> on_header, BlockStreamVerifier::Sink sink,
-    BlockStreamVerifier::Pieces pieces) {
+    absl::FunctionRef<absl::Status(uint64_t total, uint64_t block_bytes)> on_header,
+    BlockStreamVerifier::Sink sink, BlockStreamVerifier::Pieces pieces,
+    const BlockStreamVerifier::Targets* targets) {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession("GetBlocks"));
   ASSIGN_OR_RETURN(const BlockShape shape, PoolShape(pool, session));
   const size_t max_blocks = tokens.size() / shape.block_size;
@@ -327,7 +330,7 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
       result.part_masks.assign(header.part_masks().begin(), header.part_masks().end());
       verifier.emplace(shape.block_bytes, std::vector<uint64_t>(header.block_checksums().begin(),
                                                                 header.block_checksums().end()));
-      local = on_header(verifier->expected_bytes());
+      local = on_header(verifier->expected_bytes(), shape.block_bytes);
     } else if (!verifier.has_value() || message.has_header()) {
       local = absl::InternalError("GetBlocks: the daemon's stream must carry one header, first");
     } else if (split->field_size > verifier->expected_bytes() - verifier->received_bytes()) {
@@ -335,7 +338,8 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::ReadBlocks(
                                                verifier->expected_bytes(), " bytes announced"));
     } else {
       for (absl::string_view piece : split->pieces) {
-        local = verifier->Feed(piece, sink, pieces);
+        local = targets != nullptr ? verifier->FeedInto(piece, *targets, sink)
+                                   : verifier->Feed(piece, sink, pieces);
         if (absl::IsDataLoss(local)) {
           local = absl::DataLossError(
               absl::StrCat("GetBlocks from pool '", pool, "': ", local.message()));

@@ -1,13 +1,10 @@
 #include "common/block_checksum.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/streaming_copy.h"
 
 namespace kvcache {
 
@@ -34,40 +31,52 @@ uint64_t ChecksumWhileCopying(
 
 uint64_t ChecksumWhileCopying(void* destination, const void* source, uint64_t size,
                               CopyStores stores) {
-  const bool streaming = stores == CopyStores::kStreaming;
-  if (const std::optional<uint64_t> checksum =
-          xxh3::CopyAndHash64(destination, source, size, streaming)) {
-    return *checksum;
-  }
-  auto* out = static_cast<char*>(destination);
-  const auto* in = static_cast<const char*>(source);
-  return ChecksumWhileCopying(source, size, [&](uint64_t offset, uint64_t length) {
-    if (streaming) {
-      StreamingCopy(out + offset, in + offset, length);
-    } else {
-      std::memcpy(out + offset, in + offset, length);
-    }
-  });
+  xxh3::CopyingHash hash(size);
+  hash.Copy(destination, source, size, stores == CopyStores::kStreaming);
+  return hash.Finish();
 }
 
 BlockStreamVerifier::BlockStreamVerifier(uint64_t block_bytes, std::vector<uint64_t> checksums,
                                          uint32_t first_block)
-    : block_bytes_(block_bytes), checksums_(std::move(checksums)), first_block_(first_block) {}
+    : block_bytes_(block_bytes),
+      checksums_(std::move(checksums)),
+      first_block_(first_block),
+      hash_(block_bytes) {}
 
 absl::Status BlockStreamVerifier::Feed(absl::string_view data, Sink sink, Pieces pieces) {
+  return FeedPieces(data, nullptr, sink, pieces);
+}
+
+absl::Status BlockStreamVerifier::FeedInto(absl::string_view data, Targets targets, Sink sink) {
+  return FeedPieces(data, &targets, sink, Pieces::kCacheSized);
+}
+
+absl::Status BlockStreamVerifier::FeedPieces(absl::string_view data, const Targets* targets,
+                                             Sink sink, Pieces pieces) {
   const uint64_t max_piece =
       pieces == Pieces::kCacheSized ? kCachedPieceBytes : std::numeric_limits<uint64_t>::max();
   while (!data.empty()) {
     const uint64_t index = received_ / block_bytes_;
     const uint64_t offset = received_ % block_bytes_;
-    const absl::string_view piece = data.substr(0, std::min(block_bytes_ - offset, max_piece));
     const uint32_t block = first_block_ + static_cast<uint32_t>(index);
-    stream_.Update(piece.data(), piece.size());
-    if (absl::Status status = sink(block, offset, piece); !status.ok()) return status;
+    if (offset == 0) {
+      hash_ = xxh3::CopyingHash(block_bytes_);
+      target_ = targets != nullptr ? (*targets)(block) : CopyTarget{};
+    }
+    const uint64_t room = block_bytes_ - offset;
+    const absl::string_view piece =
+        data.substr(0, target_.bytes != nullptr ? room : std::min(room, max_piece));
+    if (target_.bytes != nullptr) {
+      hash_.Copy(target_.bytes + offset, piece.data(), piece.size(),
+                 target_.stores == CopyStores::kStreaming);
+    } else {
+      hash_.Copy(nullptr, piece.data(), piece.size(), false);
+      if (absl::Status status = sink(block, offset, piece); !status.ok()) return status;
+    }
     received_ += piece.size();
     data.remove_prefix(piece.size());
     if (received_ % block_bytes_ != 0) continue;
-    const uint64_t checksum = stream_.DigestAndReset();
+    const uint64_t checksum = hash_.Finish();
     if (checksum != checksums_[index]) {
       return absl::DataLossError(absl::StrCat("block ", block, " of ",
                                               first_block_ + checksums_.size(), " has checksum ",

@@ -34,9 +34,9 @@ uint64_t ChecksumWhileCopying(const void* source, uint64_t size,
 enum class CopyStores { kCached, kStreaming };
 
 // memcpy of `size` bytes from `source` to `destination`, returning their BlockChecksum, with the
-// source read once (xxh3::CopyAndHash64: the hash is taken from the registers the copy went
-// through; elsewhere ChecksumWhileCopying's pieces). For host-to-host copies; the one above serves
-// copies that are not a memcpy (a CUDA pool's). The source must not change until this returns.
+// source read once (xxh3::CopyingHash: the hash is taken from the registers the copy goes
+// through). For host-to-host copies; the one above serves copies that are not a memcpy (a CUDA
+// pool's). The source must not change until this returns.
 uint64_t ChecksumWhileCopying(void* destination, const void* source, uint64_t size,
                               CopyStores stores);
 
@@ -64,12 +64,27 @@ class BlockStreamVerifier {
   // the sink's error as it is.
   absl::Status Feed(absl::string_view data, Sink sink, Pieces pieces = Pieces::kAsGiven);
 
+  // Host memory a block's bytes are copied into by the verifier itself, each stripe checksummed
+  // from the registers that copy it (xxh3::CopyingHash: one pass over the bytes, where a sink's
+  // copy after the checksum was a second). Null: the block's pieces go to the sink instead.
+  struct CopyTarget {
+    char* bytes = nullptr;  // block_bytes
+    CopyStores stores = CopyStores::kCached;
+  };
+  using Targets = absl::FunctionRef<CopyTarget(uint32_t block)>;
+  // Feed, with each block copied to targets(block) (asked once, when the block's first byte
+  // arrives) where that is not null, else handed to `sink` in cache-sized pieces.
+  absl::Status FeedInto(absl::string_view data, Targets targets, Sink sink);
+
  private:
+  absl::Status FeedPieces(absl::string_view data, const Targets* targets, Sink sink, Pieces pieces);
+
   const uint64_t block_bytes_;
   const std::vector<uint64_t> checksums_;
   const uint32_t first_block_;
   uint64_t received_ = 0;
-  xxh3::Stream stream_;
+  xxh3::CopyingHash hash_;  // of the block being received
+  CopyTarget target_;       // of the block being received
 };
 
 }  // namespace kvcache

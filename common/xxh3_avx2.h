@@ -13,8 +13,9 @@ void* NewState();
 void FreeState(void* state);
 void Update(void* state, const void* data, size_t size);
 uint64_t DigestAndReset(void* state);
-// xxh3_fast.h's CopyAndHash64 (streaming: non-temporal stores, fenced).
-uint64_t CopyAndHash64(void* destination, const void* source, size_t size, bool streaming);
+// xxh3_fast.cc's CopyStripes, each stripe stored and accumulated from the same registers.
+void CopyStripes(uint64_t* lanes, void* out, const void* in, size_t stripes, uint64_t first_stripe,
+                 bool streaming);
 
 }  // namespace kvcache::xxh3::avx2
 

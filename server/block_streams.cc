@@ -134,14 +134,21 @@ absl::Status PutBlocksReactor::Begin(const v1::PutBlocksHeader& header) {
 }
 
 absl::Status PutBlocksReactor::Consume(absl::string_view data) {
-  // Cached blocks keep their bytes; the client's copy is only checksummed.
-  const absl::Status status = verifier_->Feed(
+  // Cached blocks keep their bytes; the client's copy is only checksummed. A host pool's block is
+  // written by the verifier as it checksums (streaming: the bytes are for the pool's readers).
+  const absl::Status status = verifier_->FeedInto(
       data,
+      [this](uint32_t block) {
+        if (block < cached_blocks_) return BlockStreamVerifier::CopyTarget{};
+        return BlockStreamVerifier::CopyTarget{
+            .bytes = reinterpret_cast<char*>(
+                hold_.pool->memory().MutableHostBlock(hold_.block_ids[block])),
+            .stores = CopyStores::kStreaming};
+      },
       [this](uint32_t block, uint64_t offset, absl::string_view piece) {
         if (block < cached_blocks_) return absl::OkStatus();
         return hold_.pool->WriteBlock(hold_.block_ids[block], offset, piece);
-      },
-      BlockStreamVerifier::Pieces::kCacheSized);
+      });
   if (absl::IsDataLoss(status)) return absl::DataLossError(absl::StrCat("put: ", status.message()));
   return status;
 }

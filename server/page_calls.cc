@@ -200,10 +200,11 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
                          pool->ReservePages(*session, keys,
                                             absl::MakeConstSpan(request.part_masks().data(),
                                                                 request.part_masks_size())));
-        // Each page is checksummed while it is copied into its block, a cache-sized piece at a
-        // time, so its bytes are read from memory once (a separate pass before the copy cost as
-        // much as the copy). A page that does not match ends the put before its commit: the
-        // reservation is released and nothing is published. Duplicates are checked, not copied.
+        // Each page is checksummed while it is copied into its block (a host pool's from the
+        // copy's own registers, a device pool's a cache-sized piece at a time), so its bytes are
+        // read from memory once (a separate pass before the copy cost as much as the copy). A page
+        // that does not match ends the put before its commit: the reservation is released and
+        // nothing is published. Duplicates are checked, not copied.
         BlockStreamVerifier verifier(page_bytes,
                                      std::vector<uint64_t>(request.page_checksums().begin(),
                                                            request.page_checksums().end()));
@@ -213,13 +214,18 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
           absl::Status write_failed = absl::OkStatus();  // else the verifier's error: a mismatch
           absl::Status fed = absl::OkStatus();
           for (const absl::string_view piece : pages[i].pieces) {
-            fed = verifier.Feed(
+            fed = verifier.FeedInto(
                 piece,
+                [&](uint32_t) {
+                  if (block == kNoBlock) return BlockStreamVerifier::CopyTarget{};
+                  return BlockStreamVerifier::CopyTarget{
+                      .bytes = reinterpret_cast<char*>(pool->memory().MutableHostBlock(block)),
+                      .stores = CopyStores::kStreaming};
+                },
                 [&](uint32_t, uint64_t offset, absl::string_view part) {
                   if (block != kNoBlock) write_failed = pool->WriteBlock(block, offset, part);
                   return write_failed;
-                },
-                BlockStreamVerifier::Pieces::kCacheSized);
+                });
             if (!fed.ok()) break;
           }
           if (!fed.ok()) {

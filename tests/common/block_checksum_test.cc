@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,39 @@ TEST(BlockChecksumTest, ChecksumWhileCopyingEqualsMemcpyAndTheLibrarysXxh3) {
   }
 }
 
+// Fed in pieces of every shape (shorter than a stripe, straddling stripes and XXH3's 1 KiB blocks,
+// ending on the last stripe), CopyingHash copies each piece and gives the library's XXH3 of the
+// whole, with the AVX2 code where the CPU has it and with the code of CPUs without it.
+TEST(BlockChecksumTest, CopyingHashInPiecesEqualsTheLibrarysXxh3) {
+  const std::string bytes = Pattern(300 << 10);
+  std::mt19937 random(7);
+  for (const bool baseline : {false, true}) {
+    xxh3::CopyingHash::UseBaselineCodeForTesting(baseline);
+    for (const size_t size : {0, 5, 240, 241, 300, 1024, 1025, 1088, 5000, 65536, 300 << 10}) {
+      for (int trial = 0; trial < 20; ++trial) {
+        std::string copy(size, '\0');
+        xxh3::CopyingHash hash(size);
+        size_t offset = 0;
+        std::vector<size_t> pieces;
+        while (offset < size) {
+          // Mostly short pieces, so that stripes straddle; now and then a long run of stripes.
+          const size_t most = trial % 4 == 0 ? size : (trial % 2 == 0 ? 200 : 70);
+          const size_t piece =
+              std::min(size - offset, std::uniform_int_distribution<size_t>(1, most)(random));
+          hash.Copy(copy.data() + offset, bytes.data() + offset, piece, trial % 3 == 0);
+          pieces.push_back(piece);
+          offset += piece;
+        }
+        EXPECT_EQ(hash.fed(), size);
+        EXPECT_EQ(hash.Finish(), XXH3_64bits_withSeed(bytes.data(), size, 0))
+            << size << " bytes in " << pieces.size() << " pieces, baseline " << baseline;
+        EXPECT_EQ(copy, bytes.substr(0, size)) << size << " bytes, baseline " << baseline;
+      }
+    }
+  }
+  xxh3::CopyingHash::UseBaselineCodeForTesting(false);
+}
+
 TEST(BlockStreamVerifierTest, RebuildsTheBlocksFromPiecesOfAnySize) {
   const std::string bytes = Pattern(5 * kBlockBytes);
   for (size_t piece_size : {1, 7, 63, 64, 65, 200, 320}) {
@@ -130,6 +164,67 @@ TEST(BlockStreamVerifierTest, CacheSizedPiecesRebuildTheBlocksInSmallPieces) {
                   .ok());
   EXPECT_EQ(rebuilt, bytes);
   EXPECT_LE(largest_part, size_t{16 << 10});
+}
+
+// FeedInto copies the blocks that have a target itself (cached or streaming stores) and hands the
+// others to the sink, from pieces of any size, blocks of 1 KiB + 1 byte (XXH3's stripes and
+// blocks straddled), and checks each against its checksum.
+TEST(BlockStreamVerifierTest, FeedIntoCopiesTargetedBlocksAndSinksTheRest) {
+  constexpr uint64_t kOddBlockBytes = 1025;
+  const std::string bytes = Pattern(6 * kOddBlockBytes);
+  std::vector<uint64_t> checksums;
+  for (int i = 0; i < 6; ++i) {
+    checksums.push_back(BlockChecksum(bytes.data() + i * kOddBlockBytes, kOddBlockBytes));
+  }
+  for (size_t piece_size : {1, 63, 64, 100, 1025, 3000, 6 * 1025}) {
+    BlockStreamVerifier verifier(kOddBlockBytes, checksums, /*first_block=*/2);
+    std::string copied(bytes.size(), '\0');
+    std::string sunk(bytes.size(), '\0');
+    std::vector<uint32_t> asked;
+    const auto targets = [&](uint32_t block) {
+      asked.push_back(block);
+      if (block % 3 == 0) return BlockStreamVerifier::CopyTarget{};  // blocks 3 and 6: the sink
+      return BlockStreamVerifier::CopyTarget{
+          .bytes = copied.data() + (block - 2) * kOddBlockBytes,
+          .stores = block % 2 == 0 ? CopyStores::kStreaming : CopyStores::kCached};
+    };
+    const auto sink = [&](uint32_t block, uint64_t offset, absl::string_view piece) {
+      EXPECT_EQ(block % 3, 0u);
+      sunk.replace((block - 2) * kOddBlockBytes + offset, piece.size(), piece.data(), piece.size());
+      return absl::OkStatus();
+    };
+    for (size_t offset = 0; offset < bytes.size(); offset += piece_size) {
+      ASSERT_TRUE(
+          verifier.FeedInto(absl::string_view(bytes).substr(offset, piece_size), targets, sink)
+              .ok())
+          << "pieces of " << piece_size;
+    }
+    EXPECT_EQ(asked, (std::vector<uint32_t>{2, 3, 4, 5, 6, 7}));
+    for (uint32_t block = 2; block < 8; ++block) {
+      const std::string& where = block % 3 == 0 ? sunk : copied;
+      EXPECT_EQ(where.substr((block - 2) * kOddBlockBytes, kOddBlockBytes),
+                bytes.substr((block - 2) * kOddBlockBytes, kOddBlockBytes))
+          << "block " << block << ", pieces of " << piece_size;
+    }
+  }
+}
+
+TEST(BlockStreamVerifierTest, FeedIntoNamesACopiedBlockWhoseChecksumDiffers) {
+  std::string bytes = Pattern(3 * 4096);
+  std::vector<uint64_t> checksums;
+  for (int i = 0; i < 3; ++i) checksums.push_back(BlockChecksum(bytes.data() + i * 4096, 4096));
+  bytes[4096 + 4000] ^= 1;
+  std::string copied(bytes.size(), '\0');
+  BlockStreamVerifier verifier(4096, checksums);
+  const absl::Status status = verifier.FeedInto(
+      bytes,
+      [&](uint32_t block) {
+        return BlockStreamVerifier::CopyTarget{.bytes = copied.data() + block * 4096};
+      },
+      [](uint32_t, uint64_t, absl::string_view) { return absl::InternalError("not called"); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("block 1 of 3 has checksum"));
+  EXPECT_EQ(verifier.received_bytes(), 2 * 4096);
 }
 
 TEST(BlockStreamVerifierTest, NamesTheFirstBlockWhoseChecksumDiffers) {
