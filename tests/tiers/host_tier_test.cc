@@ -259,7 +259,7 @@ TEST_F(HostTierTest, PinnedRecordIsNotEvictedAndAFullyPinnedTierRefusesStores) {
 // published, an unfilled one goes back, and a store that lost a race to the same hash is refused.
 TEST_F(HostTierTest, TwoStepStorePublishesOnlyWhatWasFilled) {
   MakeTier(2);
-  auto pending = tier_->BeginStore(Identity(1, Bytes(1)).hash);
+  auto pending = tier_->BeginStore(Identity(1, Bytes(1)));
   ASSERT_OK(pending);
   EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));  // private until finished
   const std::vector<uint8_t> bytes = Bytes(1);
@@ -268,16 +268,16 @@ TEST_F(HostTierTest, TwoStepStorePublishesOnlyWhatWasFilled) {
   StoreBlock(1);
   EXPECT_THAT(tier_->FinishStore(*pending, Identity(1, Bytes(1)), false, true),
               StatusIs(absl::StatusCode::kAlreadyExists));
-  EXPECT_THAT(tier_->BeginStore(Identity(1, Bytes(1)).hash).status(),
+  EXPECT_THAT(tier_->BeginStore(Identity(1, Bytes(1))).status(),
               StatusIs(absl::StatusCode::kAlreadyExists));
   // An unfilled slot (its copy failed) is freed, and nothing is published.
-  pending = tier_->BeginStore(Identity(2, Bytes(2)).hash);
+  pending = tier_->BeginStore(Identity(2, Bytes(2)));
   ASSERT_OK(pending);
   EXPECT_OK(tier_->FinishStore(*pending, Identity(2, Bytes(2)), false, false));
   EXPECT_FALSE(tier_->Contains(Identity(2, Bytes(2)).hash));
   // A full tier evicts its oldest for the new slot and says which record left.
   StoreBlock(3);
-  pending = tier_->BeginStore(Identity(4, Bytes(4)).hash);
+  pending = tier_->BeginStore(Identity(4, Bytes(4)));
   ASSERT_OK(pending);
   ASSERT_TRUE(pending->evicted.has_value());
   EXPECT_EQ(pending->evicted->hash, Identity(1, Bytes(1)).hash);
