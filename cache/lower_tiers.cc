@@ -396,7 +396,9 @@ void LowerTiers::KeepBackPoorerThanCluster(std::vector<ClusterTier::Record>& rec
   }
   size_t next = 0;
   for (size_t i = 0; i < records.size(); ++i) {
-    if (!kept_back[i]) records[next++] = std::move(records[i]);
+    if (kept_back[i]) continue;
+    if (next != i) records[next] = std::move(records[i]);  // never onto itself: that empties it
+    ++next;
   }
   cluster_poorer_kept_back_.fetch_add(records.size() - next, std::memory_order_relaxed);
   records.resize(next);
