@@ -18,6 +18,7 @@
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/small_pool_options.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tier_keys.h"
 
 namespace kvcache {
 namespace {
@@ -69,6 +70,7 @@ class PoolTokenPartsTest : public ::testing::Test {
     ASSERT_EQ(options.layout.BlockBytes(), kBlockBytes);
     if (with_parts) options.parts = *ParsePageParts("kv/96+state/32/trailing1", kBlockBytes);
     options.testing_manual_offload = true;
+    options.tier_keyring = keyring_;
     options.host_tier_bytes = uint64_t{tier_blocks} * kBlockBytes;
     if (disk_records != 0) {
       options.disk_tier_path = disk_dir_.path() + "/tokens.tier";
@@ -164,10 +166,15 @@ class PoolTokenPartsTest : public ::testing::Test {
     return found.ok() ? PartMaskIn(found->extras_digest) : 0;
   }
 
+  // The disk tier's half of superseding, sealed or not (keyring_).
+  void CheckARicherCopySupersedesTheDisksAcrossARestart();
+
   testing::FakeClock clock_;
   testing::ScopedTempDir disk_dir_;
   // Run once by the disk tier before its next read (after the load pinned its slots).
   std::function<void()> before_disk_read_;
+  // Seals the disk tier's records when set (before MakePool).
+  std::shared_ptr<const TierKeyring> keyring_;
   ExtraKeys extras_;
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
   std::unique_ptr<Pool> pool_;
@@ -450,7 +457,7 @@ TEST_F(PoolTokenPartsTest, ATierTwoSlotBeingReadIsNotOverwrittenBySuperseding) {
 // The disk tier supersedes the same way: the richer copy passed down from tier 2 replaces the
 // poorer record, and a daemon restarted over the file keeps the richer of the two records it
 // finds there (the newer), so an open asking for the state hits all of it from disk.
-TEST_F(PoolTokenPartsTest, ARicherCopySupersedesTheDisksAcrossARestart) {
+void PoolTokenPartsTest::CheckARicherCopySupersedesTheDisksAcrossARestart() {
   MakePool(8, /*tier_blocks=*/8, /*disk_records=*/64);
   ASSERT_OK(Store(27, 4, {kKv, kKv, kKv, kKv}));
   PassEverythingDown();
@@ -473,6 +480,19 @@ TEST_F(PoolTokenPartsTest, ARicherCopySupersedesTheDisksAcrossARestart) {
   EXPECT_EQ(reloaded.num_cached_tokens, 4 * kBlockSize);
   EXPECT_EQ(reloaded.num_disk_tier_tokens, 4 * kBlockSize);
   EXPECT_THAT(reloaded.part_masks, ElementsAre(kKv, kKv, kKv, kBoth));
+}
+
+TEST_F(PoolTokenPartsTest, ARicherCopySupersedesTheDisksAcrossARestart) {
+  CheckARicherCopySupersedesTheDisksAcrossARestart();
+}
+
+// A sealed disk (--tier_key_file) seals the superseding record like any other, and a restart
+// with the same keys opens and keeps it.
+TEST_F(PoolTokenPartsTest, ARicherCopySupersedesASealedDisksAcrossARestart) {
+  keyring_ = testing::TestTierKeyring({testing::TestTierKey(1, 'a')});
+  CheckARicherCopySupersedesTheDisksAcrossARestart();
+  EXPECT_TRUE(pool_->disk_tier()->sealed());
+  EXPECT_EQ(pool_->disk_tier()->stats().restart_unopened, 0u);
 }
 
 // A poorer copy passed down to the disk later (here straight to the tier, as a mover would)
