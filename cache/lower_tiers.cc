@@ -341,7 +341,8 @@ bool LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
       return true;
     }
     disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
-    return !absl::IsResourceExhausted(stored);
+    // ABORTED: the disk is writing a poorer copy; the evicted one's parts are lost all the same.
+    return !absl::IsResourceExhausted(stored) && !absl::IsAborted(stored);
   }
   disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
   return true;

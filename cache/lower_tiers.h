@@ -247,7 +247,7 @@ class LowerTiers {
   // tier 3 has it or does not admit it (counted in PoolDiskTierStats::evicted_unsaved when it
   // refuses). Call before the slot is filled. False when the disk certainly lacks the evicted
   // record (its full queue refused it, which it answers only for a record neither indexed nor
-  // queued), so the caller need not ask.
+  // queued; or it was writing a copy with fewer parts, ABORTED), so the caller need not ask.
   bool PassEvictedDown(const HostTier::PendingStore& slot);
   // Sends the batch's blocks not in the cluster yet, in one pipelined batch, and announces them.
   void WriteThroughToCluster(absl::Span<const OffloadCandidate> batch);
