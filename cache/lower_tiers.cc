@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
+#include "common/page_parts.h"
 
 namespace kvcache {
 namespace {
@@ -95,6 +96,7 @@ LowerTiers::LowerTiers(const PoolOptions& options, PoolMemory* memory, DeviceFau
       faults_(faults),
       clock_(clock),
       host_memory_(memory->HostBlock(0) != nullptr),
+      parts_declared_(!options.parts.empty()),
       host_tier_(std::move(host_tier)),
       offload_window_(
           std::min(options.num_blocks,
@@ -166,15 +168,15 @@ bool LowerTiers::MoverRound() {
   return offloading || demoting || sending;
 }
 
-bool LowerTiers::NeedsOffload(const Hash128& hash, bool in_cluster) const {
+bool LowerTiers::NeedsOffload(const Hash128& hash, uint64_t extras_digest, bool in_cluster) const {
   if (cluster_tier_ != nullptr && !in_cluster) return true;
-  return host_tier_ != nullptr && !host_tier_->Contains(hash);
+  return host_tier_ != nullptr && !HoldsCopy(*host_tier_, hash, extras_digest);
 }
 
-bool LowerTiers::HoldsBelow(const Hash128& hash, bool in_cluster) const {
+bool LowerTiers::HoldsBelow(const Hash128& hash, uint64_t extras_digest, bool in_cluster) const {
   if (cluster_tier_ != nullptr && in_cluster) return true;
-  if (host_tier_ != nullptr && host_tier_->Contains(hash)) return true;
-  return disk_tier_ != nullptr && disk_tier_->Contains(hash);
+  if (host_tier_ != nullptr && HoldsCopy(*host_tier_, hash, extras_digest)) return true;
+  return disk_tier_ != nullptr && HoldsCopy(*disk_tier_, hash, extras_digest);
 }
 
 void LowerTiers::MarkReused(const Hash128& hash) {
@@ -260,9 +262,9 @@ size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     OffloadCandidate& candidate = batch[i];
     if (host_tier_ != nullptr) {
-      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(candidate.record.hash);
-      // ALREADY_EXISTS: below already (loaded from there, or a concurrent load from the disk
-      // tier put it there).
+      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(candidate.record);
+      // ALREADY_EXISTS: below already, with no fewer parts (loaded from there, or a concurrent
+      // load from the disk tier put it there).
       candidate.below = absl::IsAlreadyExists(slot.status());
       if (slot.ok()) {
         evicted_maybe_on_disk[i] = PassEvictedDown(*slot);
@@ -339,7 +341,8 @@ bool LowerTiers::PassEvictedDown(const HostTier::PendingStore& slot) {
       return true;
     }
     disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
-    return !absl::IsResourceExhausted(stored);
+    // ABORTED: the disk is writing a poorer copy; the evicted one's parts are lost all the same.
+    return !absl::IsResourceExhausted(stored) && !absl::IsAborted(stored);
   }
   disk_evicted_unsaved_.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -354,6 +357,7 @@ void LowerTiers::WriteThroughToCluster(absl::Span<const OffloadCandidate> batch)
       to_cluster.push_back(ClusterTier::Record{candidate.record, candidate.cluster_copy});
     }
   }
+  if (parts_declared_) KeepBackPoorerThanCluster(to_cluster);
   if (to_cluster.empty()) return;
   const std::vector<absl::Status> stored = cluster_tier_->Store(to_cluster);
   // Announced live only: the cluster evicts silently, so no removal would ever follow.
@@ -371,6 +375,34 @@ void LowerTiers::WriteThroughToCluster(absl::Span<const OffloadCandidate> batch)
     tier_events_->Announce(kKvMediumExternal, in_cluster, KvEventRetention::kLiveOnly);
   }
   cluster_stored_blocks_.fetch_add(written, std::memory_order_relaxed);
+}
+
+void LowerTiers::KeepBackPoorerThanCluster(std::vector<ClusterTier::Record>& records) {
+  // A copy with every part is never poorer: only the others are looked up, in one pipeline.
+  const uint32_t every_part = AllPartsMask(options_.parts.size());
+  std::vector<size_t> partial;
+  std::vector<BlockRecordIdentity> identities;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (PartMaskIn(records[i].identity.extras_digest) == every_part) continue;
+    partial.push_back(i);
+    identities.push_back(records[i].identity);
+  }
+  if (partial.empty()) return;
+  const std::vector<std::optional<uint64_t>> stored =
+      cluster_tier_->StoredExtras(identities, absl::InfiniteFuture());
+  std::vector<bool> kept_back(records.size(), false);
+  for (size_t k = 0; k < partial.size(); ++k) {
+    kept_back[partial[k]] =
+        stored[k].has_value() && !HasMoreParts(identities[k].extras_digest, *stored[k]);
+  }
+  size_t next = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (kept_back[i]) continue;
+    if (next != i) records[next] = std::move(records[i]);  // never onto itself: that empties it
+    ++next;
+  }
+  cluster_poorer_kept_back_.fetch_add(records.size() - next, std::memory_order_relaxed);
+  records.resize(next);
 }
 
 bool LowerTiers::DemoteBatch() {
@@ -393,8 +425,10 @@ bool LowerTiers::DemoteBatch() {
       if (stored.ok()) demoted_blocks_.fetch_add(1, std::memory_order_relaxed);
       // A full queue or a stopped disk is the disk's back-pressure: the rest of the batch goes
       // back unmarked (offered again next pass, or evicted from tier 2 unsaved), and the mover
-      // stops passing down for this round.
-      more = !absl::IsResourceExhausted(stored) && !absl::IsUnavailable(stored);
+      // stops passing down for this round. So does a copy with more parts of a record still
+      // being written (ABORTED), offered again once the writer has made that one durable.
+      more = !absl::IsResourceExhausted(stored) && !absl::IsUnavailable(stored) &&
+             !absl::IsAborted(stored);
     }
     host_tier_->FinishDemotion(demotion.slot, stored);
   }
@@ -568,7 +602,7 @@ size_t LowerTiers::LoadDiskBatch(absl::Span<const BelowRecord> below, size_t nex
       out = memory_->MutableHostBlock(blocks[i]);
     } else {
       // Device memory: into a tier-2 slot (page-locked), copied up in one batch afterwards.
-      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected.hash);
+      absl::StatusOr<HostTier::PendingStore> slot = host_tier_->BeginStore(below[i].expected);
       if (!slot.ok()) break;
       PassEvictedDown(*slot);
       out = slot->bytes;
@@ -671,6 +705,7 @@ std::optional<PoolClusterTierStats> LowerTiers::ClusterStats() const {
       .hit_blocks = cluster_hit_blocks_.load(std::memory_order_relaxed),
       .stored_blocks = cluster_stored_blocks_.load(std::memory_order_relaxed),
       .backlog_dropped = cluster_backlog_dropped_.load(std::memory_order_relaxed),
+      .poorer_kept_back = cluster_poorer_kept_back_.load(std::memory_order_relaxed),
       .store = cluster_tier_->counters(),
       .redis = cluster_tier_->redis().counters()};
 }

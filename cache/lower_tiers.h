@@ -10,6 +10,12 @@
 // It lives in cache/, not tiers/: it moves bytes between tier 1's PoolMemory and the stores of
 // tiers/, which sit below cache/.
 //
+// Superseding (DESIGN §13): in a pool with declared parts, a tier-1 block with more parts than
+// the copy a tier below holds (a block committed again with them, which superseded tier 1's
+// copy) has somewhere to go: each tier takes it in place of the poorer copy (HostTier, DiskTier:
+// Supersedes), and the cluster is sent only copies with more parts than the one it holds
+// (ClusterTier::StoredExtras). A pool without declared parts asks only whether a hash is there.
+//
 // Any failure below is a miss: a load that fails or runs past max_load_ms ends the loaded run and
 // the rest is computed; a store the tier refuses is not retried. A device fault during a copy
 // latches in the pool's DeviceFaultLatch.
@@ -166,14 +172,15 @@ class LowerTiers {
   // For tests and the simulation (PoolOptions::testing_manual_offload).
   size_t OffloadForTesting();
 
-  // Whether a tier-1 block with this hash has somewhere to go: the cluster when it is not there
-  // yet (`in_cluster`), else tier 2 when it does not hold the hash.
-  bool NeedsOffload(const Hash128& hash, bool in_cluster) const;
+  // Whether a tier-1 block with this hash and extras digest has somewhere to go: the cluster when
+  // it is not there yet (`in_cluster`), else tier 2 when it does not hold the hash, or holds it
+  // with fewer parts.
+  bool NeedsOffload(const Hash128& hash, uint64_t extras_digest, bool in_cluster) const;
   // Whether evicting the block from tier 1 loses nothing: tier 2, the disk or (`in_cluster`) the
-  // cluster holds its bytes. The mover still copies such a block into tier 2 ahead of eviction
-  // when tier 2 lacks it (NeedsOffload: a block loaded from disk is hot), but a request passing
-  // its victims down does not pay for that copy.
-  bool HoldsBelow(const Hash128& hash, bool in_cluster) const;
+  // cluster holds its bytes, with no fewer parts. The mover still copies such a block into tier 2
+  // ahead of eviction when tier 2 lacks it (NeedsOffload: a block loaded from disk is hot), but a
+  // request passing its victims down does not pay for that copy.
+  bool HoldsBelow(const Hash128& hash, uint64_t extras_digest, bool in_cluster) const;
   // A tier-1 hit on a block already offloaded: its tier-2 record counts as reused too (admission).
   void MarkReused(const Hash128& hash);
 
@@ -240,10 +247,20 @@ class LowerTiers {
   // tier 3 has it or does not admit it (counted in PoolDiskTierStats::evicted_unsaved when it
   // refuses). Call before the slot is filled. False when the disk certainly lacks the evicted
   // record (its full queue refused it, which it answers only for a record neither indexed nor
-  // queued), so the caller need not ask.
+  // queued; or it was writing a copy with fewer parts, ABORTED), so the caller need not ask.
   bool PassEvictedDown(const HostTier::PendingStore& slot);
   // Sends the batch's blocks not in the cluster yet, in one pipelined batch, and announces them.
   void WriteThroughToCluster(absl::Span<const OffloadCandidate> batch);
+  // Takes out of `records` the copies without every part that the cluster holds with no fewer
+  // parts (counted), so that a poorer copy never overwrites a richer one.
+  void KeepBackPoorerThanCluster(std::vector<ClusterTier::Record>& records);
+  // Whether a tier below holding `hash` (HostTier::Contains, DiskTier::Contains) holds a copy of
+  // it that a copy with `extras_digest` would not supersede: with declared parts, one with no
+  // fewer parts.
+  template <typename Tier>
+  bool HoldsCopy(const Tier& tier, const Hash128& hash, uint64_t extras_digest) const {
+    return parts_declared_ ? tier.ContainsCopyOf(hash, extras_digest) : tier.Contains(hash);
+  }
   // The mover's second stage: passes up to kOffloadBatch of tier 2's oldest records to tier 3.
   // False when there is nothing to pass, or tier 3 refuses (queue full, stopped).
   bool DemoteBatch();
@@ -276,6 +293,7 @@ class LowerTiers {
   DeviceFaultLatch* const faults_;  // the pool's; own synchronization
   const Clock* const clock_;
   const bool host_memory_;            // tier 1 is host memory (loads land in it directly)
+  const bool parts_declared_;         // blocks carry part masks (PoolOptions::parts)
   PoolTierLoadLatency load_latency_;  // own synchronization
   mutable std::atomic<uint64_t> collisions_caught_{0};
   OffloadSource* source_ = nullptr;  // set by Start
@@ -306,6 +324,7 @@ class LowerTiers {
   // only counted.
   static constexpr uint64_t kClusterBacklogBytes = uint64_t{64} << 20;
   std::atomic<uint64_t> cluster_backlog_dropped_{0};
+  std::atomic<uint64_t> cluster_poorer_kept_back_{0};
   absl::Mutex cluster_backlog_mu_;
   std::vector<OffloadCandidate> cluster_backlog_ ABSL_GUARDED_BY(cluster_backlog_mu_);
   uint64_t cluster_backlog_bytes_ ABSL_GUARDED_BY(cluster_backlog_mu_) = 0;

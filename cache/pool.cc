@@ -155,7 +155,8 @@ BlockId Pool::AllocateLocked(uint32_t tenant, PoolTicks now) {
   const BlockId victim =
       pool_.num_free() == 0 && tiers_->takes_blocks() ? pool_.LruFront() : kNoBlock;
   if (victim != kNoBlock && !pool_.IsOffloaded(victim) &&
-      !tiers_->HoldsBelow(pool_.HashOf(victim), pool_.IsInCluster(victim))) {
+      !tiers_->HoldsBelow(pool_.HashOf(victim), pool_.ExtrasDigestOf(victim),
+                          pool_.IsInCluster(victim))) {
     ++evicted_unsaved_;
   }
   removed_.clear();
@@ -213,7 +214,8 @@ bool Pool::PassDownVictimsLocked(size_t allocations, absl::Span<const BlockId> h
     if (!std::binary_search(resurrected.begin(), resurrected.end(), block)) {
       --evictions;
       if (!pool_.IsOffloaded(block) &&
-          !tiers_->HoldsBelow(pool_.HashOf(block), pool_.IsInCluster(block))) {
+          !tiers_->HoldsBelow(pool_.HashOf(block), pool_.ExtrasDigestOf(block),
+                              pool_.IsInCluster(block))) {
         TakeForOffloadLocked(block, &batch);
       }
     }
@@ -277,7 +279,7 @@ bool Pool::PickOffload(size_t max, std::vector<OffloadCandidate>* batch) {
 void Pool::TakeForOffloadLocked(BlockId block, std::vector<OffloadCandidate>* batch) {
   const BlockIdentity identity = pool_.IdentityOf(block);
   const bool in_cluster = pool_.IsInCluster(block);
-  if (!tiers_->NeedsOffload(identity.hash, in_cluster)) {
+  if (!tiers_->NeedsOffload(identity.hash, identity.extras_digest, in_cluster)) {
     pool_.SetOffloaded(block);  // already below (loaded from there, or stored before)
     return;
   }

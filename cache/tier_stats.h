@@ -55,6 +55,9 @@ struct PoolClusterTierStats {
   // Blocks requests passed down on evicting them whose copies the mover could not send: its
   // backlog was full (LowerTiers::kClusterBacklogBytes).
   uint64_t backlog_dropped = 0;
+  // Copies without every part not sent because the cluster held the block with no fewer parts
+  // (DESIGN §13: a poorer copy never overwrites a richer one).
+  uint64_t poorer_kept_back = 0;
   ClusterTierCounters store;   // the store's own counters (misses by kind)
   RedisClusterCounters redis;  // its client's: node failures, redirects, reconnects
 };

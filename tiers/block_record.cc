@@ -1,5 +1,7 @@
 #include "tiers/block_record.h"
 
+#include "common/page_parts.h"
+
 namespace kvcache {
 
 absl::string_view RecordMismatch(const BlockRecordIdentity& found,
@@ -14,6 +16,20 @@ absl::string_view RecordMismatch(const BlockRecordIdentity& found,
   // Last: with every field above equal, only another prefix than ours differs here.
   if (found.prefix_digest != expected.prefix_digest) return "prefix";
   return "";
+}
+
+bool HasMoreParts(uint64_t incoming_extras, uint64_t stored_extras) {
+  const uint32_t incoming = PartMaskIn(incoming_extras);
+  const uint32_t stored = PartMaskIn(stored_extras);
+  return SameExtraKeys(incoming_extras, stored_extras) && incoming != stored &&
+         (incoming & stored) == stored;
+}
+
+bool Supersedes(const BlockRecordIdentity& incoming, const BlockRecordIdentity& stored) {
+  if (!HasMoreParts(incoming.extras_digest, stored.extras_digest)) return false;
+  BlockRecordIdentity any_parts = incoming;
+  any_parts.extras_digest = kAnyPartMask;
+  return RecordMismatch(stored, any_parts).empty();
 }
 
 }  // namespace kvcache

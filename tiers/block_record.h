@@ -74,6 +74,18 @@ struct BlockRecordIdentity {
 absl::string_view RecordMismatch(const BlockRecordIdentity& found,
                                  const BlockRecordIdentity& expected);
 
+// Superseding (DESIGN §13): a block stored again with more parts replaces the copy a tier holds
+// with fewer, in every tier, by one rule. HasMoreParts: whether a copy whose extras digest is
+// `incoming` names the same extra keys as one whose digest is `stored` and strictly more parts
+// (its part mask, common/page_parts.h, a strict superset); equal or incomparable masks are not
+// more. A pool without declared parts never has two such digests for one block (its token
+// blocks' digests are their extra keys' alone, its pages all hold the one part), so for it this
+// is always false and a stored record always stays.
+bool HasMoreParts(uint64_t incoming_extras, uint64_t stored_extras);
+// Whether `incoming` supersedes `stored`, a record under the same hash: the same block
+// (RecordMismatch, whatever parts either holds) with more parts (HasMoreParts).
+bool Supersedes(const BlockRecordIdentity& incoming, const BlockRecordIdentity& stored);
+
 }  // namespace kvcache
 
 #endif  // KVCACHE_TIERS_BLOCK_RECORD_H_

@@ -350,35 +350,58 @@ size_t ClusterTier::LoadPrefix(absl::Span<const BlockRecordIdentity> expected,
   return loaded;
 }
 
-std::vector<uint64_t> ClusterTier::ProbeRun(uint32_t key_id,
-                                            absl::Span<const BlockRecordIdentity> expected,
-                                            absl::Time deadline, bool* stopped_absent) {
+ClusterTier::Heads ClusterTier::ReadHeads(uint32_t key_id,
+                                          absl::Span<const BlockRecordIdentity> expected,
+                                          absl::Time deadline) {
   std::vector<std::string> keys;
   for (const BlockRecordIdentity& identity : expected) {
     absl::StatusOr<std::string> key = NameOf(identity, key_id);
     if (!key.ok()) break;
     keys.push_back(*std::move(key));
   }
-  std::vector<std::optional<uint64_t>> extras(keys.size());
-  std::vector<Found> verdicts(keys.size(), Found::kNothing);
-  const std::vector<absl::Status> results = redis_->Get(
+  Heads heads;
+  heads.extras.resize(keys.size());
+  heads.verdicts.assign(keys.size(), Found::kNothing);
+  heads.results = redis_->Get(
       keys,
       [&](size_t index, absl::string_view value) {
         OpenedHead opened;
-        verdicts[index] = CheckHead(value, expected[index], &opened);
-        if (verdicts[index] == Found::kGood) extras[index] = opened.header.block.extras_digest;
+        heads.verdicts[index] = CheckHead(value, expected[index], &opened);
+        if (heads.verdicts[index] == Found::kGood) {
+          heads.extras[index] = opened.header.block.extras_digest;
+        }
       },
       deadline);
+  return heads;
+}
+
+std::vector<uint64_t> ClusterTier::ProbeRun(uint32_t key_id,
+                                            absl::Span<const BlockRecordIdentity> expected,
+                                            absl::Time deadline, bool* stopped_absent) {
+  const Heads heads = ReadHeads(key_id, expected, deadline);
+  const size_t named = heads.extras.size();
   std::vector<uint64_t> found;
-  for (size_t i = 0; i < keys.size() && results[i].ok() && extras[i].has_value(); ++i) {
-    found.push_back(*extras[i]);
+  for (size_t i = 0; i < named && heads.results[i].ok() && heads.extras[i].has_value(); ++i) {
+    found.push_back(*heads.extras[i]);
   }
-  *stopped_absent = found.size() < keys.size() && absl::IsNotFound(results[found.size()]);
-  if (found.size() < keys.size() && verdicts[found.size()] == Found::kUnopened) {
+  *stopped_absent = found.size() < named && absl::IsNotFound(heads.results[found.size()]);
+  if (found.size() < named && heads.verdicts[found.size()] == Found::kUnopened) {
     unopened_.fetch_add(1, std::memory_order_relaxed);
     open_failures_.Add(expected[found.size()].tenant);
   }
   return found;
+}
+
+std::vector<std::optional<uint64_t>> ClusterTier::StoredExtras(
+    absl::Span<const BlockRecordIdentity> records, absl::Time deadline) {
+  std::vector<BlockRecordIdentity> any_parts(records.begin(), records.end());
+  for (BlockRecordIdentity& record : any_parts) record.extras_digest = kAnyPartMask;
+  Heads heads = ReadHeads(KeyIds().front(), any_parts, deadline);
+  std::vector<std::optional<uint64_t>> stored(records.size());
+  for (size_t i = 0; i < heads.extras.size(); ++i) {
+    if (heads.results[i].ok()) stored[i] = heads.extras[i];
+  }
+  return stored;
 }
 
 std::vector<uint64_t> ClusterTier::ProbePrefix(absl::Span<const BlockRecordIdentity> expected,

@@ -33,6 +33,13 @@
 // head taken while its tail was refused is deleted again; a reader that finds one without the
 // other, or halves of two different writes, fails the checksum: a miss.
 //
+// Superseding (DESIGN §13): a record's name does not depend on its parts (its extras digest's
+// part mask), so a Store of the same block with more parts overwrites the value with fewer. A
+// store cannot tell whether it overwrites a richer value; its caller asks StoredExtras first
+// (the pool's mover does, for copies without every part) and sends only copies with more parts
+// than what the cluster holds. Two nodes storing one block at once may still race: the last SET
+// wins, and either value is a whole record with a mask true to its bytes.
+//
 // Thread safety: thread-safe (RedisCluster is; the counters are atomic).
 #ifndef KVCACHE_TIERS_CLUSTER_TIER_H_
 #define KVCACHE_TIERS_CLUSTER_TIER_H_
@@ -131,6 +138,13 @@ class ClusterTier {
   std::vector<uint64_t> ProbePrefix(absl::Span<const BlockRecordIdentity> expected,
                                     absl::Time deadline);
 
+  // For each of `records`, the extras digest (part mask) of the value a Store would overwrite —
+  // under its name of the newest key — when that value is the same block's (its head checked as
+  // ProbePrefix checks it; any parts); nullopt when there is none, it is another's or did not
+  // come back by `deadline`. One pipelined read of the heads.
+  std::vector<std::optional<uint64_t>> StoredExtras(absl::Span<const BlockRecordIdentity> records,
+                                                    absl::Time deadline);
+
   ClusterTierCounters counters() const;
 
  private:
@@ -166,6 +180,16 @@ class ClusterTier {
   // value under that name.
   std::vector<uint64_t> ProbeRun(uint32_t key_id, absl::Span<const BlockRecordIdentity> expected,
                                  absl::Time deadline, bool* stopped_absent);
+  // The heads of `expected` under the names of `key_id`, read in one pipeline: per record its
+  // GET's status, its verdict and, when kGood, its extras digest (fewer entries when a name could
+  // not be made: the records from there on).
+  struct Heads {
+    std::vector<absl::Status> results;
+    std::vector<Found> verdicts;
+    std::vector<std::optional<uint64_t>> extras;
+  };
+  Heads ReadHeads(uint32_t key_id, absl::Span<const BlockRecordIdentity> expected,
+                  absl::Time deadline);
   // A head value's verdict; on kGood its header (and, sealed, what its body needs) in `opened`.
   // `with_data` false: `value` is the head's header alone (its data copied out already).
   Found CheckHead(absl::string_view value, const BlockRecordIdentity& expected, OpenedHead* opened,

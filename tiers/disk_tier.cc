@@ -143,6 +143,12 @@ bool DiskTier::Impl::Contains(const Hash128& hash) const {
   return table_.Find(hash) != kNoSlot;
 }
 
+bool DiskTier::Impl::ContainsCopyOf(const Hash128& hash, uint64_t extras_digest) const {
+  absl::MutexLock lock(&mu_);
+  const uint32_t slot = table_.Find(hash);
+  return slot != kNoSlot && !HasMoreParts(extras_digest, records_[slot].identity.extras_digest);
+}
+
 absl::Status DiskTier::Impl::Erase(const Hash128& hash) {
   {
     absl::MutexLock lock(&mu_);
@@ -213,7 +219,8 @@ void DiskTier::Impl::IndexScannedLocked(uint32_t slot, const char* header_bytes,
     ++stats_.restart_records;
   } else {
     // Two slots under one hash: a record stored again after its first slot was evicted but not
-    // yet overwritten. The newer one stays; the other slot is free.
+    // yet overwritten, or one superseded by a copy with more parts (always the newer: it was
+    // stored after the one it replaced was indexed). The newer one stays; the other slot is free.
     ++stats_.restart_duplicates;
     if (records_[it->second].sequence > opened.header.sequence) return;
     it->second = slot;
@@ -239,8 +246,11 @@ absl::Status DiskTier::Impl::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(table_.CheckInvariants("disk tier"));
   for (uint32_t slot = 0; slot < slots_; ++slot) {
-    if (table_.state(slot) == SlotTable::State::kStored &&
-        queued_hashes_.contains(records_[slot].identity.hash)) {
+    if (table_.state(slot) != SlotTable::State::kStored) continue;
+    // Queued again only to supersede it.
+    auto queued = queued_hashes_.find(records_[slot].identity.hash);
+    if (queued != queued_hashes_.end() &&
+        !HasMoreParts(queued->second, records_[slot].identity.extras_digest)) {
       return absl::InternalError(absl::StrCat("disk tier record in slot ", slot, " is queued too"));
     }
   }
@@ -351,6 +361,9 @@ std::vector<absl::Status> DiskTier::LoadMany(absl::Span<const LoadRequest> reque
   return impl_->LoadMany(requests);
 }
 bool DiskTier::Contains(const Hash128& hash) const { return impl_->Contains(hash); }
+bool DiskTier::ContainsCopyOf(const Hash128& hash, uint64_t extras_digest) const {
+  return impl_->ContainsCopyOf(hash, extras_digest);
+}
 uint32_t DiskTier::StoreRoom() const { return impl_->store_room(); }
 absl::Status DiskTier::Erase(const Hash128& hash) { return impl_->Erase(hash); }
 void DiskTier::Flush() { impl_->Flush(); }

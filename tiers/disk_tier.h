@@ -37,10 +37,19 @@
 // When every slot holds a record, a store evicts the least recently stored-or-loaded one. A slot
 // being read is pinned: neither evicted nor overwritten until its load ends.
 //
+// Superseding (DESIGN §13): a store of the same block with more parts than the record indexed
+// under its hash (Supersedes, tiers/block_record.h) is accepted. Its record is written into a
+// slot of its own like any other and, once durable, replaces the old one in the index; the old
+// slot is freed then, or at the end of a load that reads it, never overwritten under it. Both
+// may survive in the file: a restart keeps the newer of two records under one hash (the greater
+// sequence), which is the superseding one, written after the record it replaced was indexed.
+// A copy with more parts offered while one with fewer is still queued is ABORTED: offered again
+// once that one is durable.
+//
 // What the tier holds is reported to DiskTierOptions::on_change (tiers/record_changes.h): a record
-// that became visible (durable), one that left (evicted, erased, dropped as corrupt), in order,
-// outside the tier's mutex, from the writer thread or a loading thread. Records found by Open's
-// scan are not reported; Records() lists them.
+// that became visible (durable; a superseding one too, with no removal before it), one that left
+// (evicted, erased, dropped as corrupt), in order, outside the tier's mutex, from the writer thread
+// or a loading thread. Records found by Open's scan are not reported; Records() lists them.
 //
 // Thread safety: thread-safe. Store, Find, Load, LoadMany, Erase and stats may be called from any
 // thread; loads run concurrently on `read_rings` io_uring instances.
@@ -123,7 +132,10 @@ struct DiskTierStats {
   uint64_t stores_refused_full = 0;     // queue full: back-pressure
   uint64_t stores_refused_stopped = 0;  // after a write error
   uint64_t stores_duplicate = 0;        // hash already indexed or queued (ALREADY_EXISTS)
-  uint64_t stores_dropped = 0;          // accepted but not published: no slot, write error
+  // A copy with more parts of a record queued with fewer (ABORTED: offered again later).
+  uint64_t stores_deferred = 0;
+  uint64_t superseded = 0;      // records replaced in the index by a durable copy with more parts
+  uint64_t stores_dropped = 0;  // accepted but not published: no slot, write error
   uint64_t write_errors = 0;
   uint64_t syncs = 0;      // fdatasync calls
   uint64_t evictions = 0;  // records evicted to make room
@@ -178,7 +190,9 @@ class DiskTier {
   DiskTier& operator=(const DiskTier&) = delete;
 
   // Queues the block for writing; `bytes` is copied before Store returns. OK: accepted (it
-  // becomes visible once durable). ALREADY_EXISTS: the hash is indexed or queued.
+  // becomes visible once durable; superseding the record indexed under its hash, if it has more
+  // parts). ALREADY_EXISTS: the hash is indexed (and `identity` does not supersede its record) or
+  // queued. ABORTED: the hash is queued with fewer parts than `identity` (offer it again).
   // RESOURCE_EXHAUSTED: the queue is full (retry later). UNAVAILABLE: stopped after a write
   // error. INVALID_ARGUMENT: bytes.size() != block_bytes or tokens.size() != tokens_per_block.
   // DATA_LOSS: BlockChecksum(bytes) != identity.checksum.
@@ -189,6 +203,9 @@ class DiskTier {
   // Whether Find would answer `hash`, without copying the identity out (a mover asks it per
   // eviction).
   bool Contains(const Hash128& hash) const;
+  // Whether Find would answer `hash` with a record a store of a copy with `extras_digest` would
+  // leave in place (it has no more parts: HasMoreParts).
+  bool ContainsCopyOf(const Hash128& hash, uint64_t extras_digest) const;
   // How many stores the queue would accept now: its free places, 0 once stopped after a write
   // error. A hint read without the tier's mutex (the writer may free places at any moment), so
   // that a mover offers only what the writer can take instead of building records to be refused.

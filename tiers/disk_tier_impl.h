@@ -49,6 +49,7 @@ class DiskTier::Impl {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const ABSL_LOCKS_EXCLUDED(mu_);
   bool Contains(const Hash128& hash) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool ContainsCopyOf(const Hash128& hash, uint64_t extras_digest) const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t store_room() const { return store_room_.load(std::memory_order_relaxed); }
   std::vector<absl::Status> LoadMany(absl::Span<const LoadRequest> requests)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -110,6 +111,10 @@ class DiskTier::Impl {
   void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseStoreLocked(const Hash128& hash, char* buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes a durable record written into `slot`: indexed, superseding the record under its
+  // hash (see the header). False when that record stays (it is not superseded): ours is not
+  // published and the caller frees its slot.
+  bool PublishLocked(uint32_t slot, Queued& written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Mirrors the free places (none once a write failed) into store_room_.
   void UpdateStoreRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -176,7 +181,8 @@ class DiskTier::Impl {
   // LRU: neither evicted nor overwritten until its load ends).
   SlotTable table_ ABSL_GUARDED_BY(mu_);
   std::vector<Record> records_ ABSL_GUARDED_BY(mu_);  // by slot
-  absl::flat_hash_set<Hash128> queued_hashes_ ABSL_GUARDED_BY(mu_);
+  // The queued records' hashes, each with its extras digest (its parts, for superseding).
+  absl::flat_hash_map<Hash128, uint64_t> queued_hashes_ ABSL_GUARDED_BY(mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   AlignedBuffer store_buffers_;  // max_queued_stores slots
   RecordChanges changes_;        // added to under mu_, delivered without it

@@ -45,7 +45,16 @@ absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
       return absl::UnavailableError(
           absl::StrCat("disk tier stopped storing after: ", write_error_.message()));
     }
-    if (table_.Contains(identity.hash) || queued_hashes_.contains(identity.hash)) {
+    if (auto queued = queued_hashes_.find(identity.hash); queued != queued_hashes_.end()) {
+      if (HasMoreParts(identity.extras_digest, queued->second)) {
+        ++stats_.stores_deferred;
+        return absl::AbortedError("a copy of the block with fewer parts is being written");
+      }
+      ++stats_.stores_duplicate;
+      return absl::AlreadyExistsError("block already stored or queued");
+    }
+    if (const uint32_t present = table_.Find(identity.hash);
+        present != kNoSlot && !Supersedes(identity, records_[present].identity)) {
       ++stats_.stores_duplicate;
       return absl::AlreadyExistsError("block already stored or queued");
     }
@@ -56,7 +65,7 @@ absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
     buffer = free_buffers_.back();
     free_buffers_.pop_back();
     UpdateStoreRoomLocked();
-    queued_hashes_.insert(identity.hash);
+    queued_hashes_.emplace(identity.hash, identity.extras_digest);
     sequence = next_sequence_++;
     ++outstanding_;
   }
@@ -226,13 +235,15 @@ void DiskTier::Impl::WriterLoop() {
       absl::Status error = ring_status;
       if (error.ok() && errors[i] != 0) error = ErrnoError("writing", options_.path, errors[i]);
       if (error.ok() && synced) {
-        Record& record = records_[slots[i]];
-        record = Record{batch[i].sequence, std::move(batch[i].identity)};
-        table_.Publish(slots[i], record.identity.hash);
-        changes_.Add(RecordChange::Kind::kStored, record.identity);
-        ++stats_.stores_durable;
         stats_.bytes_written += slot_bytes_;
-        ReleaseStoreLocked(record.identity.hash, batch[i].buffer);
+        const Hash128 hash = batch[i].identity.hash;
+        if (PublishLocked(slots[i], batch[i])) {
+          ++stats_.stores_durable;
+        } else {
+          ++stats_.stores_dropped;
+          table_.Free(slots[i]);
+        }
+        ReleaseStoreLocked(hash, batch[i].buffer);
       } else {
         // The slot's contents are unknown now; a restart would skip or catch what is there.
         ++stats_.write_errors;
@@ -244,6 +255,23 @@ void DiskTier::Impl::WriterLoop() {
       }
     }
   }
+}
+
+bool DiskTier::Impl::PublishLocked(uint32_t slot, Queued& written) {
+  if (const uint32_t present = table_.Find(written.identity.hash); present != kNoSlot) {
+    // Store let it through only to supersede the record indexed then; nothing else under its
+    // hash can have been indexed since (the hash was queued), but the rule is checked again.
+    if (!Supersedes(written.identity, records_[present].identity)) return false;
+    // Replaced, not removed: the block stays on disk, with more parts (announced below). A load
+    // reading the old slot keeps it until it ends.
+    table_.Drop(present);
+    ++stats_.superseded;
+  }
+  Record& record = records_[slot];
+  record = Record{written.sequence, std::move(written.identity)};
+  table_.Publish(slot, record.identity.hash);
+  changes_.Add(RecordChange::Kind::kStored, record.identity);
+  return true;
 }
 
 bool DiskTier::Impl::HasWorkLocked() const { return !queue_.empty() || shutting_down_; }

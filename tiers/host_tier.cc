@@ -66,6 +66,10 @@ HostTier::~HostTier() {
 
 void HostTier::RemovedLocked(uint32_t slot) {
   changes_.Add(RecordChange::Kind::kRemoved, records_[slot].identity);
+  UncountLocked(slot);
+}
+
+void HostTier::UncountLocked(uint32_t slot) {
   UnmarkScannedLocked(slot);
   --counters_.records;
   counters_.bytes_used -= block_bytes_;
@@ -84,19 +88,21 @@ void HostTier::UnmarkScannedLocked(uint32_t slot) {
 
 absl::StatusOr<HostTier::StoreResult> HostTier::Store(const BlockRecordIdentity& identity,
                                                       const uint8_t* bytes, bool reused) {
-  absl::StatusOr<PendingStore> pending = BeginStore(identity.hash);
+  absl::StatusOr<PendingStore> pending = BeginStore(identity);
   if (!pending.ok()) return pending.status();
   std::memcpy(pending->bytes, bytes, block_bytes_);
   RETURN_IF_ERROR(FinishStore(*pending, identity, reused, /*filled=*/true));
   return StoreResult{.evicted = std::move(pending->evicted)};
 }
 
-absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const Hash128& hash) {
+absl::StatusOr<HostTier::PendingStore> HostTier::BeginStore(const BlockRecordIdentity& identity) {
+  const Hash128& hash = identity.hash;
   PendingStore pending;
   std::function<void(const Hash128&)> hook;
   {
     absl::MutexLock lock(&mu_);
-    if (table_.Contains(hash)) {
+    const uint32_t present = table_.Find(hash);
+    if (present != kNoSlot && !Supersedes(identity, records_[present].identity)) {
       return absl::AlreadyExistsError(absl::StrCat("host tier already holds hash ", hash.ToHex()));
     }
     const SlotTable::Taken taken = table_.Take();
@@ -131,14 +137,24 @@ absl::Status HostTier::FinishStore(const PendingStore& pending, BlockRecordIdent
       table_.Free(pending.slot);
       return absl::OkStatus();
     }
-    if (table_.Contains(identity.hash)) {
-      // A concurrent store of the same hash won.
-      table_.Free(pending.slot);
-      return absl::AlreadyExistsError(
-          absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
+    const uint32_t present = table_.Find(identity.hash);
+    bool present_reused = false;
+    if (present != kNoSlot) {
+      if (!Supersedes(identity, records_[present].identity)) {
+        // A concurrent store of the same hash won.
+        table_.Free(pending.slot);
+        return absl::AlreadyExistsError(
+            absl::StrCat("host tier already holds hash ", identity.hash.ToHex()));
+      }
+      // Replaced in the index, not removed: the block stays in the tier, now with more parts (its
+      // store below announces them). A load reading the old slot keeps it until it ends.
+      present_reused = records_[present].reused;
+      UncountLocked(present);
+      table_.Drop(present);
+      ++counters_.superseded;
     }
     Record& record = records_[pending.slot];
-    record.reused = reused;
+    record.reused = reused || present_reused;
     record.identity = std::move(identity);
     table_.Publish(pending.slot, record.identity.hash);
     changes_.Add(RecordChange::Kind::kStored, record.identity);
@@ -168,6 +184,12 @@ TierProbe HostTier::Probe(const BlockRecordIdentity& expected) const {
 bool HostTier::Contains(const Hash128& hash) const {
   absl::MutexLock lock(&mu_);
   return table_.Contains(hash);
+}
+
+bool HostTier::ContainsCopyOf(const Hash128& hash, uint64_t extras_digest) const {
+  absl::MutexLock lock(&mu_);
+  const uint32_t slot = table_.Find(hash);
+  return slot != kNoSlot && !HasMoreParts(extras_digest, records_[slot].identity.extras_digest);
 }
 
 absl::Status HostTier::Load(const BlockRecordIdentity& expected, uint8_t* out) {

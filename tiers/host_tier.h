@@ -5,10 +5,14 @@
 // record into a fresh tier-1 block.
 //
 // At most one record per hash: a second Store under a stored hash is ALREADY_EXISTS and changes
-// nothing (the first stays, as in tier 1). A full tier evicts its least recently stored or loaded
-// record to make room; that is its back-pressure on the mover — the mover never waits on it. A
-// record being read (Load) or written (Store) is pinned and not evicted; when every slot is
-// pinned, Store is RESOURCE_EXHAUSTED (counted).
+// nothing (the first stays, as in tier 1) — unless it supersedes the stored record (Supersedes,
+// tiers/block_record.h: the same block with more parts, DESIGN §13). A superseding copy is
+// written into a slot of its own and then replaces the stored record in the index, whose slot is
+// freed at once or, while a load reads it, at that load's end: a slot being read is never
+// overwritten, and the load gets the poorer record whole, as it found it. A full tier evicts its
+// least recently stored or loaded record to make room; that is its back-pressure on the mover — the
+// mover never waits on it. A record being read (Load) or written (Store) is pinned and not evicted;
+// when every slot is pinned, Store is RESOURCE_EXHAUSTED (counted).
 //
 // Loads verify twice: the identity against the request's expectation (RecordMismatch) before the
 // copy, the checksum over the copied bytes after it. Either failure is a miss, counted, never
@@ -22,7 +26,8 @@
 // can tell whether the tier below holds it.
 //
 // What the tier holds is reported to the listener given at Create (tiers/record_changes.h): a
-// record stored, a record evicted or dropped (checksum failure on load or on demotion), in order,
+// record stored (a superseding one too: no removal precedes it, the block never left), a record
+// evicted or dropped (checksum failure on load or on demotion), in order,
 // outside the tier's mutex; the pool announces them as KV events with tier 2's medium.
 //
 // Thread safety: thread-safe. Bytes are copied outside the tier's mutex with the slot pinned.
@@ -54,6 +59,7 @@ struct HostTierCounters {
   uint64_t mismatches = 0;        // of the misses: a record under the hash with another identity
   uint64_t verify_failures = 0;   // of the misses: checksum of the copied bytes differed
   uint64_t store_rejections = 0;  // stores refused because every slot was pinned
+  uint64_t superseded = 0;        // records replaced by a copy of the same block with more parts
   uint64_t demoted = 0;           // records marked as held by the tier below
   uint64_t demotion_scanned = 0;  // records PinForDemotion looked at (its work)
   uint64_t records = 0;           // records held now
@@ -93,18 +99,19 @@ class HostTier {
     std::optional<BlockRecordIdentity> evicted;  // the record this store displaced, if any
   };
   // Copies block_bytes from `bytes` into a slot recorded under `identity` (whose checksum must be
-  // that of the bytes). ALREADY_EXISTS when the hash is stored (the first record stays);
-  // RESOURCE_EXHAUSTED when every slot is pinned.
+  // that of the bytes). ALREADY_EXISTS when the hash is stored and `identity` does not supersede
+  // its record (which stays); RESOURCE_EXHAUSTED when every slot is pinned.
   // `reused`: the block was a hit above (see PinForDemotion's `reused_only`).
   absl::StatusOr<StoreResult> Store(const BlockRecordIdentity& identity, const uint8_t* bytes,
                                     bool reused = false);
 
   // Store in two steps, for a caller that fills the slot itself (a device pool's batched D2H copy
-  // into this tier's memory): BeginStore takes a slot for `hash` (evicting as Store does) that
-  // stays private to the caller, and FinishStore publishes it under `identity` — whose checksum
-  // must be that of the bytes the caller put there — or, with `filled` false, frees it. Errors
-  // as Store's, ALREADY_EXISTS from either step (a concurrent store of the hash won). Until the
-  // caller fills them, `bytes` still hold the evicted record's, so it can pass that one down.
+  // into this tier's memory): BeginStore takes a slot for a copy of `identity` (its checksum
+  // unused; evicting as Store does) that stays private to the caller, and FinishStore publishes
+  // it under `identity` — whose checksum must be that of the bytes the caller put there — or,
+  // with `filled` false, frees it. Errors as Store's, ALREADY_EXISTS from either step (a
+  // concurrent store of the hash won). Until the caller fills them, `bytes` still hold the
+  // evicted record's, so it can pass that one down.
   struct PendingStore {
     uint32_t slot = 0;
     uint8_t* bytes = nullptr;                    // block_bytes to fill
@@ -112,7 +119,7 @@ class HostTier {
     bool evicted_below = false;   // the tier below had taken `evicted` (FinishDemotion)
     bool evicted_reused = false;  // `evicted` was reused (see PinForDemotion's `reused_only`)
   };
-  absl::StatusOr<PendingStore> BeginStore(const Hash128& hash);
+  absl::StatusOr<PendingStore> BeginStore(const BlockRecordIdentity& identity);
   // `identity` is taken by value: a caller done with it moves it in (no copy per record).
   absl::Status FinishStore(const PendingStore& pending, BlockRecordIdentity identity, bool reused,
                            bool filled);
@@ -123,6 +130,10 @@ class HostTier {
   // Lookup counts tier-2 hits with it without loading.
   TierProbe Probe(const BlockRecordIdentity& expected) const;
   bool Contains(const Hash128& hash) const;
+  // Whether a store of a copy under `hash` with `extras_digest` would leave the stored record in
+  // place: one is stored, and the copy does not have more parts (HasMoreParts). Changes nothing:
+  // the mover asks it per block of a pool with declared parts (Contains for one without).
+  bool ContainsCopyOf(const Hash128& hash, uint64_t extras_digest) const;
 
   // Copies the record matching `expected` (all of it but the checksum) into `out` (block_bytes),
   // then verifies the copy's checksum against the record's. NOT_FOUND when no record matches;
@@ -199,9 +210,10 @@ class HostTier {
            RecordChangeListener on_change, std::function<void(void*)> unregister_memory);
   uint8_t* SlotBytes(uint32_t slot) const { return base_ + uint64_t{slot} * block_bytes_; }
 
-  // A stored record leaves (evicted or dropped): announced, uncounted, and no longer one the
-  // demotion scan has passed.
+  // A stored record leaves (evicted or dropped): announced, then as UncountLocked.
   void RemovedLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stored record leaves the counts and is no longer one the demotion scan has passed.
+  void UncountLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a stored record out of the index and the LRU; its slot is freed now, or by the last
   // unpin when it is pinned.
   void DropLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -89,15 +89,21 @@ class PoolClusterTierTest
   // offloaded to the cluster.
   void OffloadPrompt(Pool& a, const std::vector<uint32_t>& prompt,
                      std::vector<uint32_t> part_masks = {}) {
-    auto opened = a.Open(session_, SequenceSpec{.tokens = prompt}, OpenMode::kCompute);
+    ASSERT_NO_FATAL_FAILURE(CommitPrompt(a, prompt, std::move(part_masks), OpenMode::kCompute));
+    ASSERT_EQ(a.Stats().cluster_tier->stored_blocks, 4u);
+  }
+  // The node's copy of `prompt`'s four full blocks, opened in `mode` (kPut: computed on the node,
+  // never loaded from the cluster), committed with `part_masks` and passed down.
+  void CommitPrompt(Pool& node, const std::vector<uint32_t>& prompt,
+                    std::vector<uint32_t> part_masks, OpenMode mode) {
+    auto opened = node.Open(session_, SequenceSpec{.tokens = prompt}, mode);
     ASSERT_OK(opened);
     for (size_t i = 0; i < 4; ++i) {
-      ASSERT_OK(a.WriteBlock(opened->block_ids[i], 0, BlockBytes(a, prompt, i)));
+      ASSERT_OK(node.WriteBlock(opened->block_ids[i], 0, BlockBytes(node, prompt, i)));
     }
-    ASSERT_OK(a.Commit(session_, opened->sequence_id, prompt.size(), std::move(part_masks)));
-    ASSERT_OK(a.Release(session_, opened->sequence_id));
-    a.OffloadForTesting();
-    ASSERT_EQ(a.Stats().cluster_tier->stored_blocks, 4u);
+    ASSERT_OK(node.Commit(session_, opened->sequence_id, 4 * kBlockSize, std::move(part_masks)));
+    ASSERT_OK(node.Release(session_, opened->sequence_id));
+    node.OffloadForTesting();
   }
 
   static TierStatsRow ClusterRow(const Pool& pool) {
@@ -285,6 +291,50 @@ TEST_P(PoolClusterTierTest, TokenBlocksPassedDownKeepTheirPartsAndTheHitRule) {
   ASSERT_OK(b->Release(session_, kv_only->sequence_id));
   EXPECT_OK(a->CheckInvariants());
   EXPECT_OK(b->CheckInvariants());
+}
+
+// Superseding through the cluster (DESIGN §13): node C's copy of the prompt with the state on
+// its last block replaces the KV-only copy node A sent (a value's name does not depend on its
+// parts), its blocks with no more parts than the cluster's are kept back, and node D's KV-only
+// copy sent later never overwrites the richer one: node B still hits all four with the state.
+TEST_P(PoolClusterTierTest, ARicherCopySupersedesTheClustersAndAPoorerOneNeverDoes) {
+  const auto make = [&](const std::string& name) {
+    return MakePool(name, /*host_tier=*/false, absl::Seconds(1), "kv/96+state/32/trailing1");
+  };
+  std::unique_ptr<Pool> a = make("node-a");
+  std::unique_ptr<Pool> b = make("node-b");
+  std::unique_ptr<Pool> c = make("node-c");
+  std::unique_ptr<Pool> d = make("node-d");
+  ASSERT_TRUE(a && b && c && d);
+  constexpr uint32_t kKv = 1, kBoth = 3;
+  const std::vector<uint32_t> prompt = Tokens(800, 17);  // four full blocks
+  const auto send = [&](Pool& node, std::vector<uint32_t> part_masks) {
+    CommitPrompt(node, prompt, std::move(part_masks), OpenMode::kPut);
+  };
+  const SequenceSpec with_state{.tokens = prompt, .wanted_parts = kBoth};
+  ASSERT_NO_FATAL_FAILURE(send(*a, {kKv, kKv, kKv, kKv}));
+  EXPECT_EQ(a->Stats().cluster_tier->stored_blocks, 4u);
+
+  ASSERT_NO_FATAL_FAILURE(send(*c, {kKv, kKv, kKv, kBoth}));
+  EXPECT_EQ(c->Stats().cluster_tier->stored_blocks, 1u);  // the block with the state
+  EXPECT_EQ(c->Stats().cluster_tier->poorer_kept_back, 3u);
+
+  ASSERT_NO_FATAL_FAILURE(send(*d, {kKv, kKv, kKv, kKv}));
+  EXPECT_EQ(d->Stats().cluster_tier->stored_blocks, 0u);
+  EXPECT_EQ(d->Stats().cluster_tier->poorer_kept_back, 4u);
+
+  auto hit = b->Open(session_, with_state, OpenMode::kCompute);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->num_cached_tokens, 16u);
+  EXPECT_EQ(hit->num_cluster_tier_tokens, 16u);
+  EXPECT_EQ(hit->part_masks, (std::vector<uint32_t>{kKv, kKv, kKv, kBoth}));
+  for (size_t i = 0; i < 4; ++i) {
+    std::string bytes(b->options().layout.BlockBytes(), '\0');
+    ASSERT_OK(b->ReadBlock(hit->block_ids[i], 0, bytes.size(), bytes.data()));
+    EXPECT_EQ(bytes, BlockBytes(*b, prompt, i)) << "block " << i;
+  }
+  ASSERT_OK(b->Release(session_, hit->sequence_id));
+  for (Pool* node : {a.get(), b.get(), c.get(), d.get()}) EXPECT_OK(node->CheckInvariants());
 }
 
 // Regression (issue 29): without a tier 2, a put evicting blocks the mover had not sent yet lost

@@ -1,7 +1,8 @@
 // Pages named by an engine's keys (DESIGN §13) on a small pool with two parts, "kv" on every page
 // and a one-page trailing "state": round trips, duplicates, the hit rule on hand-built cases,
 // namespaces, collisions, bad input, a session ending mid-put, pins, and the parts travelling
-// through tier 2 and the disk tier across a restart. Every test ends with the invariants checked.
+// through tier 2 and the disk tier across a restart, a page with more parts superseding its
+// poorer copy there. Every test ends with the invariants checked.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -517,6 +518,76 @@ TEST_F(PoolPagesTest, ARestartFromDiskServesTheSamePages) {
   EXPECT_THAT(acquired.part_masks, ElementsAre(kKv, kKv, kKv, kBoth));
   Session other_config{8, "uid:1", "tenant-a", "engine", absl::Seconds(10), Manifest("cfg-2")};
   EXPECT_EQ(Exists(keys, kKv, &other_config), 0u);
+}
+
+// A page put again with more parts supersedes its copies below tier 1 too: tier 2 and the disk
+// take the richer copy in place of the poorer one, announcing it stored again with its mask and
+// never removed (the page never left them), and a restart serves it from disk.
+TEST_F(PoolPagesTest, APagePutAgainWithMorePartsSupersedesItsCopiesBelow) {
+  MakePool(8, /*tier_blocks=*/8, /*disk_records=*/64);
+  const std::vector<std::string> keys = Keys("rich", 2);
+  const auto pass_down = [&] {
+    pool_->OffloadForTesting();
+    pool_->disk_tier()->Flush();
+    pool_->OffloadForTesting();
+    pool_->disk_tier()->Flush();
+  };
+  ASSERT_OK(Put(session_, keys, {kKv, kKv}));
+  pass_down();
+  const uint64_t start = events_->next_sequence();
+  absl::StatusOr<CommittedPages> again = Put(session_, {keys[1]}, {kBoth});
+  ASSERT_OK(again);
+  EXPECT_EQ(again->num_published, 1u);
+  pass_down();
+  EXPECT_EQ(pool_->host_tier()->counters().superseded, 1u);
+  EXPECT_EQ(pool_->disk_tier()->stats().superseded, 1u);
+  for (const std::string medium : {"CPU_PINNED", "DISK"}) {
+    EXPECT_THAT(Events(start, KvEventKind::kBlocksRemoved, medium), ::testing::IsEmpty()) << medium;
+    const std::vector<std::shared_ptr<const KvEvent>> stored =
+        Events(start, KvEventKind::kBlocksStored, medium);
+    ASSERT_EQ(stored.size(), 1u) << medium;
+    EXPECT_THAT(stored[0]->page_keys, ElementsAre(keys[1]));
+    ASSERT_EQ(stored[0]->blocks.size(), 1u);
+    EXPECT_EQ(stored[0]->blocks[0].extras_digest, kBoth) << medium;
+  }
+
+  ASSERT_OK(Put(session_, Keys("evict", 8)));  // tier 1 now holds only these
+  absl::StatusOr<PagesFound> found = pool_->ExistsPages(session_, keys, kBoth);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_pages, 2u);
+  EXPECT_EQ(found->by_tier.host, 2u);
+  EXPECT_THAT(AcquireChecked(keys, kBoth).part_masks, ElementsAre(kKv, kBoth));
+
+  MakePool(8, 8, 64);  // a new daemon over the same file
+  found = pool_->ExistsPages(session_, keys, kBoth);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_pages, 2u);
+  EXPECT_EQ(found->by_tier.disk, 2u);
+  EXPECT_EQ(pool_->disk_tier()->stats().restart_duplicates, 1u);  // the superseded record
+  EXPECT_THAT(AcquireChecked(keys, kBoth).part_masks, ElementsAre(kKv, kBoth));
+}
+
+// A page put later with fewer parts than tier 2's copy (tier 1 had evicted the richer one)
+// leaves that copy: passed down, it is not stored over it, and evicting it loses nothing.
+TEST_F(PoolPagesTest, APoorerPagePutLaterLeavesTheRicherCopyBelow) {
+  MakePool(8, /*tier_blocks=*/16);
+  const std::string key = "page-with-state";
+  ASSERT_OK(Put(session_, {key}, {kBoth}));
+  pool_->OffloadForTesting();
+  ASSERT_OK(Put(session_, Keys("evict", 8)));  // the page leaves tier 1
+  absl::StatusOr<CommittedPages> poorer = Put(session_, {key}, {kKv});
+  ASSERT_OK(poorer);
+  EXPECT_EQ(poorer->num_published, 1u);  // tier 1 did not hold it
+  EXPECT_THAT(AcquireChecked({key}, kKv).part_masks, ElementsAre(kKv));
+  pool_->OffloadForTesting();
+  EXPECT_EQ(pool_->host_tier()->counters().superseded, 0u);
+  ASSERT_OK(Put(session_, Keys("evict-again", 8)));  // the poorer copy leaves tier 1
+  absl::StatusOr<PagesFound> found = pool_->ExistsPages(session_, {key}, kBoth);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_pages, 1u);
+  EXPECT_EQ(found->by_tier.host, 1u);
+  EXPECT_THAT(AcquireChecked({key}, kBoth).part_masks, ElementsAre(kBoth));
+  EXPECT_OK(pool_->host_tier()->CheckInvariants());
 }
 
 // A page's events name it by the engine's key and manifest, not by tokens (its tokens are the

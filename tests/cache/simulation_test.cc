@@ -315,6 +315,8 @@ struct SimTotals {
   uint64_t partial_hits = 0;     // exists answers the hit rule cut short of the present pages
   uint64_t ended_mid_put = 0;    // puts whose session ended before their commit
   uint64_t ambiguous_walks = 0;  // walks reaching a page tier 1 holds past one from below
+  // Records tier 2 and the disk replaced with a copy of more parts (DESIGN §13).
+  uint64_t superseded = 0;
 };
 
 // One seed's run. Returns the first discrepancy; `trace` holds every operation so far.
@@ -1688,6 +1690,8 @@ class PageSimulation {
     totals->partial_hits += partial_hits_;
     totals->ended_mid_put += ended_mid_put_;
     totals->ambiguous_walks += ambiguous_walks_;
+    if (stats.host_tier.has_value()) totals->superseded += stats.host_tier->store.superseded;
+    if (stats.disk_tier.has_value()) totals->superseded += stats.disk_tier->store.superseded;
     return absl::OkStatus();
   }
 
@@ -2418,8 +2422,8 @@ void RunPageSeeds(absl::string_view name, uint64_t first_seed, bool disk, uint64
   std::printf(
       "%s: %llu seeds, %llu operations (%llu checked exactly), %llu pages acquired (%llu from "
       "below tier 1, %llu from disk), %llu hits cut short by the hit rule, %llu evictions, "
-      "%llu offloaded, %llu puts ended with their session, %llu walks past a tier-1 page after one "
-      "from below; in %.1f s\n",
+      "%llu offloaded, %llu records superseded below tier 1, %llu puts ended with their session, "
+      "%llu walks past a tier-1 page after one from below; in %.1f s\n",
       std::string(name).c_str(), static_cast<unsigned long long>(totals.seeds),
       static_cast<unsigned long long>(totals.operations),
       static_cast<unsigned long long>(totals.exact_steps),
@@ -2429,6 +2433,7 @@ void RunPageSeeds(absl::string_view name, uint64_t first_seed, bool disk, uint64
       static_cast<unsigned long long>(totals.partial_hits),
       static_cast<unsigned long long>(totals.evictions),
       static_cast<unsigned long long>(totals.offloaded_blocks),
+      static_cast<unsigned long long>(totals.superseded),
       static_cast<unsigned long long>(totals.ended_mid_put),
       static_cast<unsigned long long>(totals.ambiguous_walks), seconds);
   // A run that exercised nothing would pass vacuously.
@@ -2439,6 +2444,8 @@ void RunPageSeeds(absl::string_view name, uint64_t first_seed, bool disk, uint64
     EXPECT_GT(totals.evictions, 0u);
     EXPECT_GT(totals.exact_steps, 0u);
     EXPECT_GT(totals.ended_mid_put, 0u);
+    // Pages put again with more parts reach the tiers below, whose answers the model checks.
+    EXPECT_GT(totals.superseded, 0u);
     if (disk) {
       EXPECT_GT(totals.disk_hit_blocks, 0u);
     }

@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/block_checksum.h"
+#include "common/page_parts.h"
 #include "tests/testing/scoped_temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/tiers/test_blocks.h"
@@ -72,6 +73,13 @@ class DiskTierTest : public ::testing::TestWithParam<DiskTierOptions::Io> {
       ADD_FAILURE() << "block " << i << " loaded with other bytes";
     }
     return status;
+  }
+
+  // Find answers `identity` under its hash.
+  static void ExpectFound(const DiskTier& tier, const BlockRecordIdentity& identity) {
+    const absl::StatusOr<BlockRecordIdentity> found = tier.Find(identity.hash);
+    ASSERT_OK(found);
+    EXPECT_EQ(*found, identity);
   }
 
   // Flips one bit of the file at `offset`, behind the tier's back.
@@ -469,6 +477,59 @@ TEST_P(DiskTierTest, RestartKeepsTheNewestOfTwoRecordsOfOneHash) {
   EXPECT_OK(LoadBlock(*tier, 0));
   EXPECT_OK(LoadBlock(*tier, 2));
   EXPECT_THAT(tier->Find(TestHash(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(tier->CheckInvariants());
+}
+
+// Superseding (DESIGN §13): a copy of a block with more parts replaces the record once durable
+// (a poorer or equal copy is a duplicate), waits (ABORTED) while the poorer one is still being
+// written, and a restart that finds both records keeps the newer, richer one.
+TEST_P(DiskTierTest, ACopyWithMorePartsSupersedesTheRecordAndARestartKeepsIt) {
+  absl::Notification written;
+  DiskTierOptions options = Options();
+  options.testing_write_errno = [&written] {
+    written.WaitForNotification();  // holds the first record in the writer's batch
+    return 0;
+  };
+  auto tier = OpenTier(std::move(options));
+  ASSERT_NE(tier, nullptr);
+  const BlockRecordIdentity poorer = TestIdentity(1);
+  ASSERT_EQ(PartMaskIn(poorer.extras_digest), 1u);
+  BlockRecordIdentity richer = poorer;
+  richer.extras_digest = WithPartMask(poorer.extras_digest, 3);
+  const std::string richer_bytes = TestBytes(TestHash(1000));
+  richer.checksum = BlockChecksum(richer_bytes.data(), richer_bytes.size());
+
+  ASSERT_OK(StoreBlock(*tier, 1));
+  EXPECT_THAT(tier->Store(richer, richer_bytes), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(StoreBlock(*tier, 1), StatusIs(absl::StatusCode::kAlreadyExists));
+  written.Notify();
+  tier->Flush();
+  ASSERT_OK(tier->Store(richer, richer_bytes));
+  tier->Flush();
+  EXPECT_THAT(StoreBlock(*tier, 1), StatusIs(absl::StatusCode::kAlreadyExists));  // poorer
+  EXPECT_THAT(tier->Store(richer, richer_bytes), StatusIs(absl::StatusCode::kAlreadyExists));
+  DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.superseded, 1u);
+  EXPECT_EQ(stats.stores_deferred, 1u);
+  EXPECT_EQ(stats.stores_durable, 2u);
+  EXPECT_EQ(stats.records, 1u);
+  ExpectFound(*tier, richer);
+  std::string out(testing::kTestBlockBytes, '\0');
+  EXPECT_OK(tier->Load(richer, absl::MakeSpan(out)));
+  EXPECT_EQ(out, richer_bytes);
+  EXPECT_THAT(tier->Load(poorer, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("extra_keys")));
+  EXPECT_OK(tier->CheckInvariants());
+
+  tier.reset();
+  tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  stats = tier->stats();
+  EXPECT_EQ(stats.restart_records, 1u);
+  EXPECT_EQ(stats.restart_duplicates, 1u);  // the superseded record, still in its slot
+  ExpectFound(*tier, richer);
+  EXPECT_OK(tier->Load(richer, absl::MakeSpan(out)));
+  EXPECT_EQ(out, richer_bytes);
   EXPECT_OK(tier->CheckInvariants());
 }
 

@@ -259,7 +259,7 @@ TEST_F(HostTierTest, PinnedRecordIsNotEvictedAndAFullyPinnedTierRefusesStores) {
 // published, an unfilled one goes back, and a store that lost a race to the same hash is refused.
 TEST_F(HostTierTest, TwoStepStorePublishesOnlyWhatWasFilled) {
   MakeTier(2);
-  auto pending = tier_->BeginStore(Identity(1, Bytes(1)).hash);
+  auto pending = tier_->BeginStore(Identity(1, Bytes(1)));
   ASSERT_OK(pending);
   EXPECT_FALSE(tier_->Contains(Identity(1, Bytes(1)).hash));  // private until finished
   const std::vector<uint8_t> bytes = Bytes(1);
@@ -268,16 +268,16 @@ TEST_F(HostTierTest, TwoStepStorePublishesOnlyWhatWasFilled) {
   StoreBlock(1);
   EXPECT_THAT(tier_->FinishStore(*pending, Identity(1, Bytes(1)), false, true),
               StatusIs(absl::StatusCode::kAlreadyExists));
-  EXPECT_THAT(tier_->BeginStore(Identity(1, Bytes(1)).hash).status(),
+  EXPECT_THAT(tier_->BeginStore(Identity(1, Bytes(1))).status(),
               StatusIs(absl::StatusCode::kAlreadyExists));
   // An unfilled slot (its copy failed) is freed, and nothing is published.
-  pending = tier_->BeginStore(Identity(2, Bytes(2)).hash);
+  pending = tier_->BeginStore(Identity(2, Bytes(2)));
   ASSERT_OK(pending);
   EXPECT_OK(tier_->FinishStore(*pending, Identity(2, Bytes(2)), false, false));
   EXPECT_FALSE(tier_->Contains(Identity(2, Bytes(2)).hash));
   // A full tier evicts its oldest for the new slot and says which record left.
   StoreBlock(3);
-  pending = tier_->BeginStore(Identity(4, Bytes(4)).hash);
+  pending = tier_->BeginStore(Identity(4, Bytes(4)));
   ASSERT_OK(pending);
   ASSERT_TRUE(pending->evicted.has_value());
   EXPECT_EQ(pending->evicted->hash, Identity(1, Bytes(1)).hash);
@@ -321,6 +321,56 @@ TEST_F(HostTierTest, TwoStepLoadTakesTheCallersVerdict) {
   EXPECT_EQ(tier_->counters().verify_failures, 1u);
   EXPECT_THAT(tier_->PinForLoad(Identity(1, Bytes(1))).status(),
               StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Superseding (DESIGN §13): a copy of the block with more parts replaces the record, into a
+// slot of its own, announced as stored and never as removed; the slot a load has pinned keeps
+// the old bytes until the load ends; a copy with equal or fewer parts is a duplicate.
+TEST(HostTierSupersedeTest, ACopyWithMorePartsReplacesTheRecordAndAReaderKeepsItsSlot) {
+  std::vector<RecordChange> changes;
+  auto tier = HostTier::Create(4 * kBlockBytes, kBlockBytes,
+                               [&changes](absl::Span<const RecordChange> delivered) {
+                                 changes.insert(changes.end(), delivered.begin(), delivered.end());
+                               });
+  ASSERT_OK(tier);
+  const std::vector<uint8_t> kv_only = Bytes(1);
+  const std::vector<uint8_t> with_state = Bytes(2);
+  BlockRecordIdentity poorer = Identity(1, kv_only);
+  poorer.extras_digest = 0x1;
+  BlockRecordIdentity richer = Identity(1, with_state);
+  richer.extras_digest = 0x3;
+  ASSERT_OK((*tier)->Store(poorer, kv_only.data()));
+  EXPECT_TRUE((*tier)->ContainsCopyOf(poorer.hash, poorer.extras_digest));
+  EXPECT_FALSE((*tier)->ContainsCopyOf(poorer.hash, richer.extras_digest));
+  absl::StatusOr<HostTier::PinnedRecord> reading = (*tier)->PinForLoad(poorer);
+  ASSERT_OK(reading);
+  changes.clear();
+
+  ASSERT_OK((*tier)->Store(richer, with_state.data()));
+  EXPECT_EQ((*tier)->counters().superseded, 1u);
+  EXPECT_EQ((*tier)->counters().records, 1u);
+  EXPECT_EQ((*tier)->Find(poorer.hash), richer);
+  EXPECT_TRUE((*tier)->ContainsCopyOf(poorer.hash, poorer.extras_digest));
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].kind, RecordChange::Kind::kStored);
+  EXPECT_EQ(changes[0].record, richer);
+  // The load's slot is not the new record's, and still holds the bytes its checksum covers.
+  EXPECT_NE(reading->bytes, (*tier)->RecordBytesForTesting(poorer.hash));
+  EXPECT_TRUE(std::equal(kv_only.begin(), kv_only.end(), reading->bytes));
+  EXPECT_OK((*tier)->FinishLoad(*reading, HostTier::LoadVerdict::kVerified));
+  EXPECT_OK((*tier)->CheckInvariants());
+
+  EXPECT_THAT((*tier)->Store(poorer, kv_only.data()).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT((*tier)->Store(richer, with_state.data()).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  std::vector<uint8_t> out(kBlockBytes);
+  EXPECT_OK((*tier)->Load(richer, out.data()));
+  EXPECT_EQ(out, with_state);
+  EXPECT_THAT((*tier)->Load(poorer, out.data()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("extra_keys")));
+  EXPECT_EQ((*tier)->counters().superseded, 1u);
+  EXPECT_OK((*tier)->CheckInvariants());
 }
 
 // A device pool page-locks the tier's memory for its copies, and unlocks it before unmapping.
