@@ -10,6 +10,7 @@
 #include "common/block_checksum.h"
 #include "common/byte_writer.h"
 #include "common/status_macros.h"
+#include "common/xxh3_fast.h"
 #include "tiers/record_codec.h"
 
 namespace kvcache {
@@ -231,6 +232,10 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
   // written with decides. Checked from inside the visitor (sealed, on the seal workers), so that
   // a block's decryption overlaps the arrival of the replies after it.
   std::vector<Found> body(named, Found::kNothing);
+  // Unsealed, a block whose head came before its tail (the order they are asked in, unless one was
+  // redirected) is checksummed as its values are copied out, in one pass; else after.
+  std::vector<xxh3::CopyingHash> copied(sealer_.has_value() ? 0 : named,
+                                        xxh3::CopyingHash(block_bytes));
   const auto check_body = [&](size_t record) {
     char* const bytes = reinterpret_cast<char*>(out[record]);
     if (head[record] == Found::kArrived) {
@@ -245,9 +250,11 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
       body[record] = Found::kUnopened;
       return;
     }
-    body[record] = BlockChecksum(bytes, block_bytes) == opened[record].header.block.checksum
-                       ? Found::kGood
-                       : Found::kCorrupt;
+    const uint64_t checksum = !copied.empty() && copied[record].fed() == block_bytes
+                                  ? copied[record].Finish()
+                                  : BlockChecksum(bytes, block_bytes);
+    body[record] =
+        checksum == opened[record].header.block.checksum ? Found::kGood : Found::kCorrupt;
   };
   SealWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
   // Views are valid only inside the visitor: each value is checked and copied there.
@@ -261,7 +268,11 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
             tail[record] = Found::kCorrupt;
             return;
           }
-          std::memcpy(out[record] + head_data_bytes_, value.data(), tail_bytes);
+          if (!copied.empty() && head[record] == Found::kGood) {
+            copied[record].Copy(out[record] + head_data_bytes_, value.data(), tail_bytes, false);
+          } else {
+            std::memcpy(out[record] + head_data_bytes_, value.data(), tail_bytes);
+          }
           tail[record] = Found::kGood;
         } else if (sealer_.has_value() && value.size() == header_bytes_ + head_data_bytes_) {
           std::memcpy(sealed_heads.data() + record * header_bytes_, value.data(), header_bytes_);
@@ -270,7 +281,11 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
         } else {
           head[record] = CheckHead(value, expected[record], &opened[record]);
           if (head[record] != Found::kGood) return;
-          std::memcpy(out[record], value.data() + header_bytes_, head_data_bytes_);
+          if (!copied.empty() && tail[record] == Found::kNothing) {
+            copied[record].Copy(out[record], value.data() + header_bytes_, head_data_bytes_, false);
+          } else {
+            std::memcpy(out[record], value.data() + header_bytes_, head_data_bytes_);
+          }
         }
         // Once both halves are in (each comes once), and only then: the task owns out[record].
         const bool head_in = head[record] == Found::kGood || head[record] == Found::kArrived;
