@@ -237,10 +237,11 @@ absl::StatusOr<KvCacheClient::GetInfo> KvCacheClient::GetBlocksInto(
   uint64_t block_bytes = 0;
   CopyStores stores = CopyStores::kCached;
   // Each block is copied into place by the verifier as it checksums it: one pass over its bytes.
-  const BlockStreamVerifier::Targets targets = [&](uint32_t block) {
+  const auto target_of = [&](uint32_t block) {
     return BlockStreamVerifier::CopyTarget{.bytes = destination.data() + block * block_bytes,
                                            .stores = stores};
   };
+  const BlockStreamVerifier::Targets targets = target_of;  // a reference: target_of outlives it
   return ReadBlocks(
       pool, tokens, cache_salt, extra_keys, max_chunk_bytes, restore_parts,
       [&](uint64_t total, uint64_t bytes_per_block) {
