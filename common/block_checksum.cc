@@ -18,15 +18,15 @@ constexpr uint64_t kCachedPieceBytes = 16 << 10;
 uint64_t ChecksumWhileCopying(
     const void* source, uint64_t size,
     absl::FunctionRef<void(uint64_t offset, uint64_t length)> copy_piece) {
-  constexpr uint64_t kPieceBytes = kCachedPieceBytes;
-  thread_local xxh3::Stream stream;
+  // The same hash as every other verified copy, the copy itself the caller's.
+  xxh3::CopyingHash hash(size);
   const auto* bytes = static_cast<const uint8_t*>(source);
-  for (uint64_t offset = 0; offset < size; offset += kPieceBytes) {
-    const uint64_t length = std::min(kPieceBytes, size - offset);
-    stream.Update(bytes + offset, length);
+  for (uint64_t offset = 0; offset < size; offset += kCachedPieceBytes) {
+    const uint64_t length = std::min(kCachedPieceBytes, size - offset);
+    hash.Copy(nullptr, bytes + offset, length, false);
     copy_piece(offset, length);
   }
-  return stream.DigestAndReset();
+  return hash.Finish();
 }
 
 uint64_t ChecksumWhileCopying(void* destination, const void* source, uint64_t size,

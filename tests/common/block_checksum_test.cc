@@ -50,6 +50,26 @@ TEST(BlockChecksumTest, EqualsTheLibrarysXxh3OneShotAndStreamed) {
 // The copy that checksums what it copies gives the library's XXH3 and memcpy's bytes at every
 // size around XXH3's thresholds (240 bytes: short inputs; 1 KiB: a block of stripes; 64 bytes:
 // a stripe, the tail copied apart), at aligned and unaligned ends, with either kind of store.
+// The form whose copy is the caller's (a device pool's): pieces of at most 16 KiB, in order,
+// covering every byte once, and the library's XXH3 of them.
+TEST(BlockChecksumTest, ChecksumWhileTheCallerCopiesEqualsTheLibrarysXxh3) {
+  const std::string bytes = Pattern((100 << 10) + 7);
+  for (const size_t size : {0, 1, 240, 241, 1025, 16 << 10, (16 << 10) + 1, (100 << 10) + 7}) {
+    std::string copy(size, '\0');
+    uint64_t next = 0;
+    const uint64_t checksum =
+        ChecksumWhileCopying(bytes.data(), size, [&](uint64_t offset, uint64_t length) {
+          EXPECT_EQ(offset, next);
+          EXPECT_LE(length, uint64_t{16} << 10);
+          copy.replace(offset, length, bytes.data() + offset, length);
+          next = offset + length;
+        });
+    EXPECT_EQ(next, size);
+    EXPECT_EQ(checksum, XXH3_64bits_withSeed(bytes.data(), size, 0)) << size;
+    EXPECT_EQ(copy, bytes.substr(0, size)) << size;
+  }
+}
+
 TEST(BlockChecksumTest, ChecksumWhileCopyingEqualsMemcpyAndTheLibrarysXxh3) {
   const std::string bytes = Pattern((1 << 20) + 200);
   std::vector<size_t> sizes = {0,    1,         63,       64,        240,    241,  255,
