@@ -132,6 +132,8 @@ class TokenPartsTest(unittest.TestCase):
         info = self.session.get_blocks_into(POOL, tokens, destination,
                                             restore_parts=["kv", "state"])
         self.assertEqual(info.part_masks, [KV, KV, BOTH])
+        # A stream's reactor releases its blocks after the client saw the stream end.
+        wait_until(lambda: self.referenced() == 0, "the get streams to release their blocks")
         table = self.session.open_sequence(POOL, tokens, restore_parts=["kv", "state"])
         self.assertEqual((table.num_cached_tokens, table.part_masks), (3 * BLOCK, [KV, KV, BOTH]))
         self.session.release(table.sequence_id)
@@ -143,7 +145,7 @@ class TokenPartsTest(unittest.TestCase):
         self.assertEqual(put.num_already_cached, 3)
         info, _ = self.session.get_blocks(POOL, longer)
         self.assertEqual(info.part_masks, [KV, KV, BOTH, KV, BOTH])
-        self.assertEqual(self.referenced(), 0)
+        wait_until(lambda: self.referenced() == 0, "the streams to release their blocks")
 
     def test_bad_put_masks_or_get_parts_are_invalid_argument_and_hold_nothing(self):
         tokens = prompt(2, 5000)
