@@ -186,7 +186,12 @@ void LowerTiers::MarkReused(const Hash128& hash) {
 bool LowerTiers::OffloadBatch() {
   if (!takes_blocks()) return false;
   std::vector<OffloadCandidate> batch;
-  if (!source_->PickOffload(kOffloadBatch, &batch)) return false;
+  // No more than tier 2 has slots: a batch's stores cannot evict one another, so a store is
+  // refused only while loads pin the slots, not because the batch outgrew a small tier.
+  const size_t most = host_tier_ != nullptr
+                          ? std::min<size_t>(kOffloadBatch, host_tier_->num_slots())
+                          : kOffloadBatch;
+  if (!source_->PickOffload(most, &batch)) return false;
   if (batch.empty()) return true;  // the scan continues after letting requests in
   const size_t stored = CopyDown(batch);
   offloaded_blocks_.fetch_add(stored, std::memory_order_relaxed);

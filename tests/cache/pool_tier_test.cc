@@ -857,5 +857,33 @@ TEST_P(PoolTierTest, PutsLargerThanTheOffloadWindowLoseNoBlockOnTheWayDown) {
   EXPECT_EQ(stats.tiers[1].store_failures, 0u);
 }
 
+TEST_P(PoolTierTest, Tier2SmallerThanTheMoversBatchPassesEveryBlockOnToDisk) {
+  // Eight tier-2 slots under the mover's batches of up to 32: a batch must not outgrow the slots
+  // it is stored into, or the stores after the eighth are refused, the pass moves on, and a
+  // prompt this long leaves more such blocks than the eviction's own pass-downs save: once tier 1
+  // evicts them they reach no tier below (tier_bench's disk opens found 336 of 4,096 missing).
+  disk_max_queued_stores_ = 4200;
+  constexpr uint32_t kPromptBlocks = 2048;
+  MakePool(kPromptBlocks + 1, 8, /*manual=*/true, /*offload_window=*/kPromptBlocks + 1,
+           DiskBytes(4200));
+  const std::vector<uint32_t> a = Tokens(100, kPromptBlocks * kBlockSize + 1);
+  const std::vector<uint32_t> b = Tokens(50000, kPromptBlocks * kBlockSize + 1);
+  for (const std::vector<uint32_t>* prompt : {&a, &b}) {
+    Compute(*prompt);  // the second evicts the first from tier 1
+    pool_->OffloadForTesting();
+  }
+  pool_->disk_tier()->Flush();
+  size_t on_disk = 0;
+  for (const Hash128& hash : Chain(a)) on_disk += pool_->disk_tier()->Contains(hash) ? 1 : 0;
+  EXPECT_EQ(on_disk, kPromptBlocks);
+  const PoolStatsSnapshot stats = pool_->Stats();
+  EXPECT_EQ(stats.pool.evicted_offloaded, stats.pool.evictions);
+  EXPECT_EQ(stats.host_tier->evicted_unsaved, 0u);
+  EXPECT_EQ(stats.disk_tier->evicted_unsaved, 0u);
+  auto found = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_cached_tokens, kPromptBlocks * kBlockSize);
+}
+
 }  // namespace
 }  // namespace kvcache
