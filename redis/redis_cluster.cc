@@ -76,7 +76,12 @@ std::optional<Redirect> ParseRedirect(absl::string_view error) {
 }  // namespace
 
 struct RedisCluster::Command {
-  std::vector<std::string> argv;
+  // Views of the caller's keys and values, which outlive the call.
+  std::vector<absl::string_view> argv;
+  // SetAsMade: the value (argv's last) is asked of the batch's maker when first written; one it
+  // could not make is withheld (never sent, no reply read).
+  bool value_pending = false;
+  bool withheld = false;
   uint16_t slot = 0;
   uint64_t weight = 0;     // bytes it puts in flight
   Node* target = nullptr;  // set by an ASK; null: the slot's owner
@@ -471,17 +476,18 @@ struct RedisCluster::Batch {
   const absl::Time deadline;
   const absl::Status past_deadline =
       absl::DeadlineExceededError("the caller's deadline passed before Redis answered");
-  std::vector<size_t> next = {};  // commands redirected this round, for the next one
+  std::vector<size_t> next = {};         // commands redirected this round, for the next one
+  const ValueMaker* value_of = nullptr;  // SetAsMade's: values made while the batch is written
 };
 
 namespace {
 
 // Appends `argv` to the context's output buffer, after an ASKING when `asking`.
-void AppendCommand(redisContext* context, const std::vector<std::string>& argv, bool asking) {
+void AppendCommand(redisContext* context, absl::Span<const absl::string_view> argv, bool asking) {
   if (asking) redisAppendCommand(context, "ASKING");
   std::vector<const char*> args;
   std::vector<size_t> lengths;
-  for (const std::string& arg : argv) {
+  for (const absl::string_view arg : argv) {
     args.push_back(arg.data());
     lengths.push_back(arg.size());
   }
@@ -500,14 +506,24 @@ bool ReadReply(redisContext* context, bool asking, redisReply** reply) {
   return redisGetReply(context, reinterpret_cast<void**>(reply)) == REDIS_OK;
 }
 
+absl::Status SetReply(size_t, const redisReply& reply) {
+  return reply.type == REDIS_REPLY_STATUS
+             ? absl::OkStatus()
+             : absl::InternalError("Redis answered SET with something other than OK");
+}
+
 }  // namespace
 
 void RedisCluster::Run(
     std::vector<Command>& commands,
     absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
-    std::vector<absl::Status>& results, absl::Time deadline) {
+    std::vector<absl::Status>& results, absl::Time deadline, const ValueMaker* value_of) {
   results.assign(commands.size(), absl::UnavailableError("not sent"));
-  Batch batch{.commands = commands, .on_reply = on_reply, .results = results, .deadline = deadline};
+  Batch batch{.commands = commands,
+              .on_reply = on_reply,
+              .results = results,
+              .deadline = deadline,
+              .value_of = value_of};
   std::vector<size_t> pending(commands.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
   while (!pending.empty()) {
@@ -523,7 +539,11 @@ void RedisCluster::Run(
     bool more = true;
     while (more) {
       more = false;
-      for (NodeBatch& part : parts) more |= WriteChunk(batch, part);
+      if (batch.value_of != nullptr) {
+        more = WriteChunksInOrder(batch, parts);
+      } else {
+        for (NodeBatch& part : parts) more |= WriteChunk(batch, part);
+      }
       for (NodeBatch& part : parts) ReadReplies(batch, part);
     }
     for (NodeBatch& part : parts) Release(part.node);
@@ -592,35 +612,80 @@ void RedisCluster::LockNodes(Batch& batch, std::vector<NodeBatch>& parts) {
   }
 }
 
-bool RedisCluster::WriteChunk(Batch& batch, NodeBatch& part) {
-  const size_t begin = part.written;
-  part.chunk_begin = begin;
-  if (part.usable && begin < part.members.size()) {
-    absl::Status connected = EnsureConnected(part.node, batch.deadline);
-    if (!connected.ok()) {
-      for (size_t k = begin; k < part.members.size(); ++k)
-        batch.results[part.members[k]] = connected;
-      part.usable = false;
-    } else {
-      size_t end = begin;
-      uint64_t bytes = 0;
-      while (end < part.members.size() &&
-             (end == begin ||
-              bytes + batch.commands[part.members[end]].weight <= options_.max_pipeline_bytes)) {
-        const Command& command = batch.commands[part.members[end]];
-        bytes += command.weight;
-        AppendCommand(part.node->context, command.argv, command.asking);
-        ++end;
-      }
-      commands_.fetch_add(end - begin, std::memory_order_relaxed);
-      part.written = end;
-      int done = 0;
-      while (done == 0 && part.node->context->err == 0) {
-        if (redisBufferWrite(part.node->context, &done) != REDIS_OK) break;
-      }
+bool RedisCluster::StartChunk(Batch& batch, NodeBatch& part) {
+  part.chunk_begin = part.written;
+  if (!part.usable || part.written >= part.members.size()) return false;
+  const absl::Status connected = EnsureConnected(part.node, batch.deadline);
+  if (connected.ok()) return true;
+  for (size_t k = part.written; k < part.members.size(); ++k) {
+    batch.results[part.members[k]] = connected;
+  }
+  part.usable = false;
+  return false;
+}
+
+bool RedisCluster::ChunkTakesNext(const Batch& batch, const NodeBatch& part, uint64_t bytes) const {
+  if (part.written >= part.members.size()) return false;
+  return part.written == part.chunk_begin ||
+         bytes + batch.commands[part.members[part.written]].weight <= options_.max_pipeline_bytes;
+}
+
+void RedisCluster::AppendNext(Batch& batch, NodeBatch& part, uint64_t& bytes) {
+  const size_t i = part.members[part.written++];
+  Command& command = batch.commands[i];
+  bytes += command.weight;
+  if (command.value_pending) {
+    command.value_pending = false;
+    absl::StatusOr<absl::string_view> value = (*batch.value_of)(i);
+    if (!value.ok()) {
+      batch.results[i] = value.status();
+      command.withheld = true;
+      return;
     }
+    command.argv.back() = *value;
+  }
+  AppendCommand(part.node->context, command.argv, command.asking);
+  commands_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RedisCluster::Flush(NodeBatch& part) {
+  int done = 0;
+  while (done == 0 && part.node->context->err == 0) {
+    if (redisBufferWrite(part.node->context, &done) != REDIS_OK) break;
+  }
+}
+
+bool RedisCluster::WriteChunk(Batch& batch, NodeBatch& part) {
+  if (StartChunk(batch, part)) {
+    uint64_t bytes = 0;
+    while (ChunkTakesNext(batch, part, bytes)) AppendNext(batch, part, bytes);
+    Flush(part);
   }
   return part.usable && part.written < part.members.size();
+}
+
+bool RedisCluster::WriteChunksInOrder(Batch& batch, std::vector<NodeBatch>& parts) {
+  std::vector<bool> open(parts.size());
+  std::vector<uint64_t> bytes(parts.size(), 0);
+  for (size_t p = 0; p < parts.size(); ++p) open[p] = StartChunk(batch, parts[p]);
+  while (true) {
+    // The part whose next command comes first in the batch: the maker makes values in order.
+    size_t next = parts.size();
+    for (size_t p = 0; p < parts.size(); ++p) {
+      if (!open[p] || !ChunkTakesNext(batch, parts[p], bytes[p])) continue;
+      if (next == parts.size() ||
+          parts[p].members[parts[p].written] < parts[next].members[parts[next].written]) {
+        next = p;
+      }
+    }
+    if (next == parts.size()) break;
+    AppendNext(batch, parts[next], bytes[next]);
+    // On the wire before the next value is waited for.
+    Flush(parts[next]);
+  }
+  bool more = false;
+  for (const NodeBatch& part : parts) more |= part.usable && part.written < part.members.size();
+  return more;
 }
 
 void RedisCluster::ReadReplies(Batch& batch, NodeBatch& part) {
@@ -636,6 +701,7 @@ void RedisCluster::ReadReplies(Batch& batch, NodeBatch& part) {
   bool tripped = false;
   for (size_t k = part.chunk_begin; k < part.written && part.usable; ++k) {
     const size_t i = part.members[k];
+    if (batch.commands[i].withheld) continue;  // never sent
     redisReply* reply = nullptr;
     const bool lost = !ReadReply(part.node->context, batch.commands[i].asking, &reply);
     if (lost || reply == nullptr) {
@@ -762,14 +828,22 @@ std::vector<absl::Status> RedisCluster::Set(
     commands[i].weight = entries[i].second.size();
   }
   std::vector<absl::Status> results;
-  Run(
-      commands,
-      [](size_t, const redisReply& reply) {
-        return reply.type == REDIS_REPLY_STATUS
-                   ? absl::OkStatus()
-                   : absl::InternalError("Redis answered SET with something other than OK");
-      },
-      results);
+  Run(commands, SetReply, results);
+  return results;
+}
+
+std::vector<absl::Status> RedisCluster::SetAsMade(absl::Span<const std::string> keys,
+                                                  absl::Span<const uint64_t> sizes,
+                                                  ValueMaker value_of) {
+  std::vector<Command> commands(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    commands[i].argv = {"SET", keys[i], absl::string_view()};
+    commands[i].slot = KeySlot(keys[i]);
+    commands[i].weight = sizes[i];
+    commands[i].value_pending = true;
+  }
+  std::vector<absl::Status> results;
+  Run(commands, SetReply, results, absl::InfiniteFuture(), &value_of);
   return results;
 }
 

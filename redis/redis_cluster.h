@@ -112,6 +112,16 @@ class RedisCluster {
   // SET of each key to its value; per key OK, UNAVAILABLE or INTERNAL (e.g. OOM from a node
   // with maxmemory and noeviction).
   std::vector<absl::Status> Set(absl::Span<const std::pair<std::string, std::string>> entries);
+  // SET of each key to a value still being made when this is called (sealed on other threads):
+  // `value_of(i)` is asked for key i's value just before it is written, and may wait until it is
+  // made. Keys are written in their order across nodes, each flushed before the next value is
+  // asked for, so the values made first travel while the rest are made. A value that could not
+  // be made (value_of's error) is not sent, and is that key's result. `sizes[i]`: key i's
+  // value's size (for max_pipeline_bytes). The views value_of returns must stay valid until
+  // SetAsMade returns. Results as Set's.
+  using ValueMaker = absl::FunctionRef<absl::StatusOr<absl::string_view>(size_t index)>;
+  std::vector<absl::Status> SetAsMade(absl::Span<const std::string> keys,
+                                      absl::Span<const uint64_t> sizes, ValueMaker value_of);
   // DEL of each key; per key OK (deleted or absent), UNAVAILABLE or INTERNAL.
   std::vector<absl::Status> Delete(absl::Span<const std::string> keys);
 
@@ -177,10 +187,11 @@ class RedisCluster {
   // Runs the commands and hands each reply to `on_reply` for the command's result, following
   // redirections; a command that gets no reply gets why. Locks the nodes it uses, a set known
   // only at run time (in index order), which the thread-safety analysis cannot follow.
+  // With `value_of` (SetAsMade), the commands' values are made as they are written.
   void Run(std::vector<Command>& commands,
            absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
-           std::vector<absl::Status>& results,
-           absl::Time deadline = absl::InfiniteFuture()) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+           std::vector<absl::Status>& results, absl::Time deadline = absl::InfiniteFuture(),
+           const ValueMaker* value_of = nullptr) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Run's steps, each round. The pending commands by the node they go to, in node index order (a
   // command whose slot has no node fails here).
   std::vector<NodeBatch> GroupByNode(Batch& batch, const std::vector<size_t>& pending)
@@ -191,6 +202,21 @@ class RedisCluster {
   // Writes the part's next chunk, at most max_pipeline_bytes of SET values (at least one command);
   // a node that cannot be reached fails the rest. True while commands remain to be written.
   bool WriteChunk(Batch& batch, NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
+  // The same for every part at once, command by command in the batch's order, each flushed before
+  // the next: SetAsMade's values are asked for in the order they are made, and each is on the
+  // wire while the next is waited for.
+  bool WriteChunksInOrder(Batch& batch,
+                          std::vector<NodeBatch>& parts) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // WriteChunk's steps. Begins the part's next chunk, connecting first; false when it has nothing
+  // to write or its node cannot be reached (its rest then failed).
+  bool StartChunk(Batch& batch, NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
+  // Whether the chunk, with `bytes` of values so far, takes the part's next command.
+  bool ChunkTakesNext(const Batch& batch, const NodeBatch& part, uint64_t bytes) const;
+  // Appends the part's next command to its node's output buffer (asking for its value first).
+  void AppendNext(Batch& batch, NodeBatch& part, uint64_t& bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
+  // Writes out the node's output buffer.
+  void Flush(NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
   // Reads the replies to the chunk just written: each to `on_reply`, an error to OnErrorReply. A
   // lost connection fails the part's rest and rests the node, except when the caller's deadline
   // cut a node that had answered or was given less than kSilenceThatTrips: then only the

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,47 @@ TEST_F(RedisClusterTest, SlotsAgreeWithTheCluster) {
     int expected = -1;
     ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(*slot), &expected)) << *slot;
     EXPECT_EQ(RedisCluster::KeySlot(key), expected) << key;
+  }
+}
+
+// SetAsMade asks for each value just before writing it, in the keys' order across nodes, with
+// what was written before already on the wire: another client sees the first key stored while
+// the last value is still being made. A value that could not be made is not sent.
+TEST_F(RedisClusterTest, SetAsMadeSendsEachValueBeforeTheNextIsMadeAndWithholdsOnesNotMade) {
+  const auto entries = Entries(12, "made:");
+  const std::vector<std::string> keys = Keys(entries);
+  std::vector<uint64_t> sizes;
+  for (const auto& [key, value] : entries) sizes.push_back(value.size());
+  absl::StatusOr<std::unique_ptr<RedisCluster>> observer =
+      RedisCluster::Create({.seeds = {redis_->address(0)}});
+  ASSERT_OK(observer);
+  constexpr size_t kNotMade = 10;
+  std::vector<size_t> asked;
+  bool first_seen_before_last_made = false;
+  const std::vector<absl::Status> set =
+      client_->SetAsMade(keys, sizes, [&](size_t i) -> absl::StatusOr<absl::string_view> {
+        asked.push_back(i);
+        if (i == kNotMade) return absl::InternalError("not made");
+        if (i + 1 == entries.size()) {
+          first_seen_before_last_made =
+              PollUntil([&] { return (*observer)->Get({keys[0]})[0].ok(); });
+        }
+        return absl::string_view(entries[i].second);
+      });
+  EXPECT_TRUE(first_seen_before_last_made);
+  std::vector<size_t> in_order(entries.size());
+  std::iota(in_order.begin(), in_order.end(), 0);
+  EXPECT_EQ(asked, in_order);
+  const auto got = client_->Get(keys);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (i == kNotMade) {
+      EXPECT_THAT(set[i], StatusIs(absl::StatusCode::kInternal, HasSubstr("not made")));
+      EXPECT_THAT(got[i], StatusIs(absl::StatusCode::kNotFound));
+      continue;
+    }
+    EXPECT_OK(set[i]) << keys[i];
+    ASSERT_OK(got[i]) << keys[i];
+    EXPECT_TRUE(*got[i] == entries[i].second) << keys[i];
   }
 }
 
