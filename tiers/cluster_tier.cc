@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/block_checksum.h"
 #include "common/byte_writer.h"
 #include "common/status_macros.h"
@@ -100,42 +101,71 @@ std::string ClusterTier::KeyOf(const BlockRecordIdentity& identity) const {
 
 std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   const bool split = head_data_bytes_ < options_.pool.block_bytes;
+  const uint64_t tail_bytes = split ? options_.pool.block_bytes - head_data_bytes_ : 0;
   const uint32_t key_id = KeyIds().front();
   std::vector<absl::Status> results(records.size());
-  // Each record's key and values; sealed, the records are sealed side by side (seal workers).
+  // Each record's values: its tail, then its head. Both keys share a hash tag, so they go to one
+  // node, down one connection, in this order, and Redis runs one connection's commands in order:
+  // a head (which names the record) is never stored before its tail. One round trip per node.
   struct Values {
-    std::string key, head, tail;
+    std::string head, tail;
   };
   std::vector<Values> values(records.size());
-  {
-    SealWorkers::Group sealing(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
-    for (size_t i = 0; i < records.size(); ++i) {
-      const Record& record = records[i];
-      if (record.bytes.size() != options_.pool.block_bytes) {
-        results[i] = absl::InvalidArgumentError(absl::StrCat("a record of ", record.bytes.size(),
-                                                             " bytes in a pool of ",
-                                                             options_.pool.block_bytes));
-        continue;
-      }
-      absl::StatusOr<std::string> key = NameOf(record.identity, key_id);
-      if (!key.ok()) {
-        results[i] = key.status();
-        continue;
-      }
+  std::vector<std::string> keys;
+  std::vector<uint64_t> sizes;
+  std::vector<size_t> owner;  // the record of each key
+  std::vector<bool> is_tail;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& record = records[i];
+    if (record.bytes.size() != options_.pool.block_bytes) {
+      results[i] = absl::InvalidArgumentError(absl::StrCat(
+          "a record of ", record.bytes.size(), " bytes in a pool of ", options_.pool.block_bytes));
+      continue;
+    }
+    absl::StatusOr<std::string> key = NameOf(record.identity, key_id);
+    if (!key.ok()) {
+      results[i] = key.status();
+      continue;
+    }
+    if (!sealer_.has_value()) {
       Values& value = values[i];
-      value.key = *std::move(key);
-      const uint64_t tail_bytes = split ? options_.pool.block_bytes - head_data_bytes_ : 0;
-      if (!sealer_.has_value()) {
-        value.head.resize(header_bytes_ + head_data_bytes_);
-        value.tail.resize(tail_bytes);
-        results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
-                                        absl::MakeSpan(value.head.data(), header_bytes_));
-        std::memcpy(value.head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
-        std::memcpy(value.tail.data(), record.bytes.data() + head_data_bytes_, value.tail.size());
-        continue;
-      }
+      value.head.resize(header_bytes_ + head_data_bytes_);
+      results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
+                                      absl::MakeSpan(value.head.data(), header_bytes_));
+      if (!results[i].ok()) continue;
+      std::memcpy(value.head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
+      value.tail.assign(record.bytes.data() + head_data_bytes_, tail_bytes);
+    }
+    if (split) {
+      keys.push_back(TailKeyOf(*key));
+      sizes.push_back(tail_bytes);
+      owner.push_back(i);
+      is_tail.push_back(true);
+    }
+    keys.push_back(*std::move(key));
+    sizes.push_back(header_bytes_ + head_data_bytes_);
+    owner.push_back(i);
+    is_tail.push_back(false);
+  }
+  std::vector<absl::Status> set;
+  if (!sealer_.has_value()) {
+    std::vector<std::pair<std::string, std::string>> entries(keys.size());
+    for (size_t k = 0; k < keys.size(); ++k) {
+      Values& value = values[owner[k]];
+      entries[k] = {std::move(keys[k]), std::move(is_tail[k] ? value.tail : value.head)};
+    }
+    set = redis_->Set(entries);
+    for (size_t k = 0; k < keys.size(); ++k) keys[k] = std::move(entries[k].first);
+  } else {
+    // Sealed on the seal workers, in order, while the values sealed first are on the wire: the
+    // cipher's time hides behind the batch's round trip rather than adding to it.
+    std::unique_ptr<absl::Notification[]> sealed(new absl::Notification[records.size()]);
+    SealWorkers::Group sealing(options_.seal_workers.get());
+    for (size_t i = 0; i < records.size(); ++i) {
+      if (!results[i].ok()) continue;
       // The bytes are encrypted straight into the two values, made on the worker too.
-      sealing.Run([this, &record, &value, &result = results[i], tail_bytes] {
+      sealing.Run([this, &record = records[i], &value = values[i], &result = results[i],
+                   &done = sealed[i], tail_bytes] {
         value.head.resize(header_bytes_ + head_data_bytes_);
         value.tail.resize(tail_bytes);
         const SealPiece pieces[] = {
@@ -143,34 +173,26 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
             {record.bytes.data() + head_data_bytes_, value.tail.data(), value.tail.size()}};
         result = sealer_->Seal({.pool = options_.pool, .block = record.identity}, pieces,
                                absl::MakeSpan(value.head.data(), header_bytes_));
+        done.Notify();
       });
     }
+    set = redis_->SetAsMade(keys, sizes, [&](size_t k) -> absl::StatusOr<absl::string_view> {
+      const size_t i = owner[k];
+      // Helping with the queued seals rather than sleeping while the workers wake.
+      while (!sealed[i].HasBeenNotified()) {
+        if (!sealing.RunOneQueued()) sealed[i].WaitForNotification();
+      }
+      if (!results[i].ok()) return results[i];
+      return is_tail[k] ? absl::string_view(values[i].tail) : absl::string_view(values[i].head);
+    });
   }
-  // One batch: each record's tail, then its head. Both keys share a hash tag, so they go to one
-  // node, down one connection, in this order, and Redis runs one connection's commands in order:
-  // a head (which names the record) is never stored before its tail. One round trip per node.
-  std::vector<std::pair<std::string, std::string>> entries;
-  std::vector<size_t> owner;  // the record of each entry
-  std::vector<bool> is_tail;
-  for (size_t i = 0; i < records.size(); ++i) {
-    if (!results[i].ok()) continue;
-    if (split) {
-      entries.emplace_back(TailKeyOf(values[i].key), std::move(values[i].tail));
-      owner.push_back(i);
-      is_tail.push_back(true);
-    }
-    entries.emplace_back(std::move(values[i].key), std::move(values[i].head));
-    owner.push_back(i);
-    is_tail.push_back(false);
-  }
-  const std::vector<absl::Status> set = redis_->Set(entries);
   // A record is stored when both its values are. A head taken after its tail was refused (a node
   // out of memory, a tail redirected too often) would name bytes that are not there: deleted, so
   // that no reader finds it (a reader that did would fail the checksum: a miss all the same).
   std::vector<std::string> orphan_heads;
-  for (size_t k = 0; k < entries.size(); ++k) {
+  for (size_t k = 0; k < keys.size(); ++k) {
     absl::Status& result = results[owner[k]];  // its tail's, when k is a head
-    if (!is_tail[k] && !result.ok() && set[k].ok()) orphan_heads.push_back(entries[k].first);
+    if (!is_tail[k] && !result.ok() && set[k].ok()) orphan_heads.push_back(keys[k]);
     if (result.ok()) result = set[k];
   }
   if (!orphan_heads.empty()) redis_->Delete(orphan_heads);

@@ -50,26 +50,33 @@ void SealWorkers::Enqueue(const Group* group, absl::AnyInvocable<void() &&> task
   if (static_cast<size_t>(looking_.load()) < queue_.size()) work_.Signal();
 }
 
-void SealWorkers::WaitFor(const Group* group) {
-  mu_.Lock();
-  // The group's own queued tasks first, on this thread: the workers may be busy with others'.
-  // No task of the group is queued while it waits (Run and Wait are its owner's).
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    if (it->group != group) {
-      ++it;
-      continue;
-    }
-    Task task = std::move(*it);
+bool SealWorkers::Group::RunOneQueued() {
+  return workers_ != nullptr && workers_->RunOneQueued(this);
+}
+
+bool SealWorkers::RunOneQueued(const Group* group) {
+  Task task;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find_if(queue_.begin(), queue_.end(),
+                           [group](const Task& queued) { return queued.group == group; });
+    if (it == queue_.end()) return false;
+    task = std::move(*it);
     queue_.erase(it);
     queued_.store(queue_.size());
-    mu_.Unlock();
-    ran_by_callers_.fetch_add(1, std::memory_order_relaxed);
-    RunTask(std::move(task));
-    mu_.Lock();
-    it = queue_.begin();
   }
+  ran_by_callers_.fetch_add(1, std::memory_order_relaxed);
+  RunTask(std::move(task));
+  return true;
+}
+
+void SealWorkers::WaitFor(const Group* group) {
+  // The group's own queued tasks first, on this thread: the workers may be busy with others'.
+  // No task of the group is queued while it waits (Run and Wait are its owner's).
+  while (RunOneQueued(group)) {
+  }
+  absl::MutexLock lock(&mu_);
   while (pending_.contains(group)) done_.Wait(&mu_);
-  mu_.Unlock();
 }
 
 void SealWorkers::LookForWork() {

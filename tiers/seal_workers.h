@@ -67,6 +67,9 @@ class SealWorkers {
     void Run(absl::AnyInvocable<void() &&> task);
     // Returns once every task Run queued has run, running the group's queued ones meanwhile.
     void Wait();
+    // Runs the first of the group's tasks still queued on this thread; false when none is (each
+    // has run or is running), so a caller waiting for one task can help rather than sleep.
+    bool RunOneQueued();
 
    private:
     SealWorkers* const workers_;
@@ -79,6 +82,7 @@ class SealWorkers {
   };
   void Enqueue(const Group* group, absl::AnyInvocable<void() &&> task) ABSL_LOCKS_EXCLUDED(mu_);
   void WaitFor(const Group* group) ABSL_LOCKS_EXCLUDED(mu_);
+  bool RunOneQueued(const Group* group) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `task` outside mu_, then counts it done in its group.
   void RunTask(Task task) ABSL_LOCKS_EXCLUDED(mu_);

@@ -44,15 +44,30 @@ TEST(SealWorkersTest, WaitReturnsOnceEveryTaskOfItsGroupRan) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// Another caller's task holding a pool's only worker until destroyed.
+class OnlyWorkerTaken {
+ public:
+  explicit OnlyWorkerTaken(SealWorkers* workers) : group_(workers) {
+    group_.Run([this] {
+      taken_.Notify();
+      release_.WaitForNotification();
+    });
+    taken_.WaitForNotification();
+  }
+  ~OnlyWorkerTaken() {
+    release_.Notify();
+    group_.Wait();
+  }
+  SealWorkers::Group& group() { return group_; }
+
+ private:
+  absl::Notification taken_, release_;
+  SealWorkers::Group group_;
+};
+
 TEST(SealWorkersTest, ACallerRunsItsOwnTasksWhileTheWorkersAreBusy) {
   SealWorkers workers(1);
-  absl::Notification release, blocking;
-  SealWorkers::Group other(&workers);
-  other.Run([&] {
-    blocking.Notify();
-    release.WaitForNotification();
-  });
-  blocking.WaitForNotification();  // the only worker is taken
+  const OnlyWorkerTaken other(&workers);
   int ran = 0;
   {
     SealWorkers::Group mine(&workers);
@@ -60,8 +75,35 @@ TEST(SealWorkersTest, ACallerRunsItsOwnTasksWhileTheWorkersAreBusy) {
     mine.Wait();  // runs all eight itself
   }
   EXPECT_EQ(ran, 8);
-  release.Notify();
-  other.Wait();
+}
+
+// A caller waiting for one of its tasks helps with its others still queued, first queued first,
+// and learns when none is left to help with.
+TEST(SealWorkersTest, RunOneQueuedRunsTheGroupsFirstQueuedTaskOnTheCaller) {
+  SealWorkers workers(1, absl::ZeroDuration());
+  OnlyWorkerTaken other(&workers);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<int> ran;
+  bool all_on_caller = true;
+  {
+    SealWorkers::Group mine(&workers);
+    for (int i = 0; i < 3; ++i) {
+      mine.Run([&, i] {
+        ran.push_back(i);
+        all_on_caller &= std::this_thread::get_id() == caller;
+      });
+    }
+    EXPECT_TRUE(mine.RunOneQueued());
+    EXPECT_EQ(ran, std::vector<int>({0}));
+    EXPECT_TRUE(mine.RunOneQueued());
+    EXPECT_TRUE(mine.RunOneQueued());
+    EXPECT_FALSE(mine.RunOneQueued());
+    EXPECT_FALSE(other.group().RunOneQueued());  // its one task is running, not queued
+  }
+  EXPECT_EQ(ran, std::vector<int>({0, 1, 2}));
+  EXPECT_TRUE(all_on_caller);
+  SealWorkers::Group inline_group(nullptr);
+  EXPECT_FALSE(inline_group.RunOneQueued());
 }
 
 // Workers that look for the next task before they sleep: tasks handed out one at a time, some
