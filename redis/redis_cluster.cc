@@ -9,6 +9,8 @@
 #include <map>
 #include <optional>
 
+#include "absl/base/call_once.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -78,8 +80,11 @@ std::optional<Redirect> ParseRedirect(absl::string_view error) {
 struct RedisCluster::Command {
   // Views of the caller's keys and values, which outlive the call.
   std::vector<absl::string_view> argv;
-  // SetAsMade: the value (argv's last) is asked of the batch's maker when first written; one it
-  // could not make is withheld (never sent, no reply read).
+  // A SET's value, the last argument, in pieces sent one after another (never joined here).
+  bool has_value = false;
+  absl::InlinedVector<absl::string_view, 2> value;
+  // SetAsMade: the value is asked of the batch's maker when first written; one it could not make
+  // is withheld (never sent, no reply read).
   bool value_pending = false;
   bool withheld = false;
   uint16_t slot = 0;
@@ -223,6 +228,42 @@ absl::Status RedisCluster::CredentialsRefused(Node* node, absl::string_view erro
   return absl::UnavailableError(line);
 }
 
+namespace {
+
+// hiredis' own reply functions (the same for every context) and ours: the same but for bulk
+// strings, which a reader whose privdata is a StringSink hands to the sink's visitor straight
+// from its buffer. The reply then carries no bytes: the visitor has had them.
+redisReplyObjectFunctions* hiredis_reply_functions = nullptr;
+redisReplyObjectFunctions sinking_reply_functions;
+
+}  // namespace
+
+struct RedisCluster::StringSink {
+  ValueVisitor* visitor;
+  size_t index = 0;      // of the command whose reply is read
+  bool visited = false;  // whether that reply was a string, given to the visitor
+};
+
+void* RedisCluster::CreateStringOrSink(const redisReadTask* task, char* str, size_t len) {
+  auto* sink = static_cast<StringSink*>(task->privdata);
+  if (sink != nullptr && task->type == REDIS_REPLY_STRING && task->parent == nullptr) {
+    (*sink->visitor)(sink->index, absl::string_view(str, len));
+    sink->visited = true;
+    len = 0;
+  }
+  return hiredis_reply_functions->createString(task, str, len);
+}
+
+void RedisCluster::UseStringSinks(redisContext* context) {
+  static absl::once_flag once;
+  absl::call_once(once, [context] {
+    hiredis_reply_functions = context->reader->fn;
+    sinking_reply_functions = *hiredis_reply_functions;
+    sinking_reply_functions.createString = CreateStringOrSink;
+  });
+  context->reader->fn = &sinking_reply_functions;
+}
+
 absl::Status RedisCluster::EnsureConnected(Node* node, absl::Time deadline) {
   if (node->context != nullptr && node->context->err == 0) {
     // Between batches nothing is owed on a connection, so anything to read is the node's end of
@@ -252,6 +293,7 @@ absl::Status RedisCluster::EnsureConnected(Node* node, absl::Time deadline) {
         absl::StrCat("cannot connect to Redis node ", node->address, ": ", why));
   }
   connects_.fetch_add(1, std::memory_order_relaxed);
+  UseStringSinks(context);
   node->context = context;
   if (!options_.password.empty()) {
     redisSetTimeout(context, absl::ToTimeval(std::min(options_.io_timeout, left)));
@@ -478,20 +520,31 @@ struct RedisCluster::Batch {
       absl::DeadlineExceededError("the caller's deadline passed before Redis answered");
   std::vector<size_t> next = {};         // commands redirected this round, for the next one
   const ValueMaker* value_of = nullptr;  // SetAsMade's: values made while the batch is written
+  StringSink* sink = nullptr;            // Get's: string replies go to its visitor as parsed
 };
 
 namespace {
 
-// Appends `argv` to the context's output buffer, after an ASKING when `asking`.
-void AppendCommand(redisContext* context, absl::Span<const absl::string_view> argv, bool asking) {
+// Appends `argv` and, when `has_value`, the value made of `value`'s pieces as its last argument to
+// the context's output buffer, after an ASKING when `asking`. RESP frames every argument with its
+// length, so the pieces go into the buffer one after another: a value is copied once, there.
+void AppendCommand(redisContext* context, absl::Span<const absl::string_view> argv, bool has_value,
+                   absl::Span<const absl::string_view> value, bool asking) {
   if (asking) redisAppendCommand(context, "ASKING");
-  std::vector<const char*> args;
-  std::vector<size_t> lengths;
-  for (const absl::string_view arg : argv) {
-    args.push_back(arg.data());
-    lengths.push_back(arg.size());
+  std::string framing = absl::StrCat("*", argv.size() + (has_value ? 1 : 0), "\r\n");
+  for (const absl::string_view arg : argv)
+    absl::StrAppend(&framing, "$", arg.size(), "\r\n", arg, "\r\n");
+  if (has_value) {
+    size_t value_bytes = 0;
+    for (const absl::string_view piece : value) value_bytes += piece.size();
+    absl::StrAppend(&framing, "$", value_bytes, "\r\n");
   }
-  redisAppendCommandArgv(context, static_cast<int>(args.size()), args.data(), lengths.data());
+  redisAppendFormattedCommand(context, framing.data(), framing.size());
+  if (!has_value) return;
+  for (const absl::string_view piece : value) {
+    if (!piece.empty()) redisAppendFormattedCommand(context, piece.data(), piece.size());
+  }
+  redisAppendFormattedCommand(context, "\r\n", 2);
 }
 
 // Reads a command's reply into *reply, after its ASKING's (dropped) when it was sent one. False
@@ -517,13 +570,15 @@ absl::Status SetReply(size_t, const redisReply& reply) {
 void RedisCluster::Run(
     std::vector<Command>& commands,
     absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
-    std::vector<absl::Status>& results, absl::Time deadline, const ValueMaker* value_of) {
+    std::vector<absl::Status>& results, absl::Time deadline, const ValueMaker* value_of,
+    StringSink* sink) {
   results.assign(commands.size(), absl::UnavailableError("not sent"));
   Batch batch{.commands = commands,
               .on_reply = on_reply,
               .results = results,
               .deadline = deadline,
-              .value_of = value_of};
+              .value_of = value_of,
+              .sink = sink};
   std::vector<size_t> pending(commands.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
   while (!pending.empty()) {
@@ -642,9 +697,9 @@ void RedisCluster::AppendNext(Batch& batch, NodeBatch& part, uint64_t& bytes) {
       command.withheld = true;
       return;
     }
-    command.argv.back() = *value;
+    command.value = {*value};
   }
-  AppendCommand(part.node->context, command.argv, command.asking);
+  AppendCommand(part.node->context, command.argv, command.has_value, command.value, command.asking);
   commands_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -703,7 +758,14 @@ void RedisCluster::ReadReplies(Batch& batch, NodeBatch& part) {
     const size_t i = part.members[k];
     if (batch.commands[i].withheld) continue;  // never sent
     redisReply* reply = nullptr;
+    if (batch.sink != nullptr) {
+      batch.sink->index = i;
+      batch.sink->visited = false;
+    }
+    part.node->context->reader->privdata = batch.sink;
     const bool lost = !ReadReply(part.node->context, batch.commands[i].asking, &reply);
+    // Another batch's replies are its own.
+    if (part.node->context != nullptr) part.node->context->reader->privdata = nullptr;
     if (lost || reply == nullptr) {
       const bool cut = deadline_bound && absl::Now() >= batch.deadline;
       absl::Status failed = batch.past_deadline;
@@ -789,6 +851,8 @@ std::vector<absl::Status> RedisCluster::Get(absl::Span<const std::string> keys, 
     commands[i].slot = KeySlot(keys[i]);
   }
   std::vector<absl::Status> results;
+  // Each value straight from hiredis' read buffer, not from a reply object made of it.
+  StringSink sink{.visitor = &found};
   Run(
       commands,
       [&](size_t index, const redisReply& reply) -> absl::Status {
@@ -796,10 +860,10 @@ std::vector<absl::Status> RedisCluster::Get(absl::Span<const std::string> keys, 
         if (reply.type != REDIS_REPLY_STRING) {
           return absl::InternalError("Redis answered GET with something other than a string");
         }
-        found(index, absl::string_view(reply.str, reply.len));
+        if (!sink.visited) found(index, absl::string_view(reply.str, reply.len));
         return absl::OkStatus();
       },
-      results, deadline);
+      results, deadline, nullptr, &sink);
   return results;
 }
 
@@ -821,11 +885,21 @@ std::vector<absl::StatusOr<std::string>> RedisCluster::Get(absl::Span<const std:
 
 std::vector<absl::Status> RedisCluster::Set(
     absl::Span<const std::pair<std::string, std::string>> entries) {
+  std::vector<SetEntry> pieces(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    pieces[i] = {.key = entries[i].first, .value = {entries[i].second}};
+  }
+  return SetFromPieces(pieces);
+}
+
+std::vector<absl::Status> RedisCluster::SetFromPieces(absl::Span<const SetEntry> entries) {
   std::vector<Command> commands(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
-    commands[i].argv = {"SET", entries[i].first, entries[i].second};
-    commands[i].slot = KeySlot(entries[i].first);
-    commands[i].weight = entries[i].second.size();
+    commands[i].argv = {"SET", entries[i].key};
+    commands[i].has_value = true;
+    commands[i].value = entries[i].value;
+    commands[i].slot = KeySlot(entries[i].key);
+    for (const absl::string_view piece : entries[i].value) commands[i].weight += piece.size();
   }
   std::vector<absl::Status> results;
   Run(commands, SetReply, results);
@@ -837,7 +911,8 @@ std::vector<absl::Status> RedisCluster::SetAsMade(absl::Span<const std::string> 
                                                   ValueMaker value_of) {
   std::vector<Command> commands(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    commands[i].argv = {"SET", keys[i], absl::string_view()};
+    commands[i].argv = {"SET", keys[i]};
+    commands[i].has_value = true;
     commands[i].slot = KeySlot(keys[i]);
     commands[i].weight = sizes[i];
     commands[i].value_pending = true;

@@ -38,6 +38,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,6 +48,7 @@
 #include "absl/types/span.h"
 
 struct redisContext;
+struct redisReadTask;
 struct redisReply;
 
 namespace kvcache {
@@ -112,6 +114,14 @@ class RedisCluster {
   // SET of each key to its value; per key OK, UNAVAILABLE or INTERNAL (e.g. OOM from a node
   // with maxmemory and noeviction).
   std::vector<absl::Status> Set(absl::Span<const std::pair<std::string, std::string>> entries);
+  // The same, each value given in pieces that are sent one after another (a record's header and
+  // its bytes, never joined in memory: each byte is copied once, into the connection's buffer).
+  // The views must stay valid until the call returns.
+  struct SetEntry {
+    absl::string_view key;
+    absl::InlinedVector<absl::string_view, 2> value;
+  };
+  std::vector<absl::Status> SetFromPieces(absl::Span<const SetEntry> entries);
   // SET of each key to a value still being made when this is called (sealed on other threads):
   // `value_of(i)` is asked for key i's value just before it is written, and may wait until it is
   // made. Keys are written in their order across nodes, each flushed before the next value is
@@ -172,6 +182,12 @@ class RedisCluster {
   struct Command;
   // One batch, across its rounds: its commands, what becomes of each, and the caller's deadline.
   struct Batch;
+  // Where a Get's string replies go as hiredis parses them (the reader's privdata): to the
+  // caller's visitor, straight from the read buffer, rather than into reply objects the visitor
+  // would copy from again (CreateStringOrSink, hiredis' createString for every connection).
+  struct StringSink;
+  static void* CreateStringOrSink(const redisReadTask* task, char* str, size_t len);
+  static void UseStringSinks(redisContext* context);
   // One node's part of a round: its commands in order, how far they have been written, and the
   // chunk (members[chunk_begin, written)) whose replies are read next.
   struct NodeBatch {
@@ -191,7 +207,8 @@ class RedisCluster {
   void Run(std::vector<Command>& commands,
            absl::FunctionRef<absl::Status(size_t index, const redisReply& reply)> on_reply,
            std::vector<absl::Status>& results, absl::Time deadline = absl::InfiniteFuture(),
-           const ValueMaker* value_of = nullptr) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+           const ValueMaker* value_of = nullptr,
+           StringSink* sink = nullptr) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Run's steps, each round. The pending commands by the node they go to, in node index order (a
   // command whose slot has no node fails here).
   std::vector<NodeBatch> GroupByNode(Batch& batch, const std::vector<size_t>& pending)

@@ -128,13 +128,11 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
       continue;
     }
     if (!sealer_.has_value()) {
-      Values& value = values[i];
-      value.head.resize(header_bytes_ + head_data_bytes_);
+      // The header alone: the bytes go from the record into the batch as pieces.
+      values[i].head.resize(header_bytes_);
       results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
-                                      absl::MakeSpan(value.head.data(), header_bytes_));
+                                      absl::MakeSpan(values[i].head));
       if (!results[i].ok()) continue;
-      std::memcpy(value.head.data() + header_bytes_, record.bytes.data(), head_data_bytes_);
-      value.tail.assign(record.bytes.data() + head_data_bytes_, tail_bytes);
     }
     if (split) {
       keys.push_back(TailKeyOf(*key));
@@ -149,13 +147,17 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   }
   std::vector<absl::Status> set;
   if (!sealer_.has_value()) {
-    std::vector<std::pair<std::string, std::string>> entries(keys.size());
+    std::vector<RedisCluster::SetEntry> entries(keys.size());
     for (size_t k = 0; k < keys.size(); ++k) {
-      Values& value = values[owner[k]];
-      entries[k] = {std::move(keys[k]), std::move(is_tail[k] ? value.tail : value.head)};
+      const absl::string_view bytes = records[owner[k]].bytes;
+      entries[k].key = keys[k];
+      if (is_tail[k]) {
+        entries[k].value = {bytes.substr(head_data_bytes_)};
+      } else {
+        entries[k].value = {values[owner[k]].head, bytes.substr(0, head_data_bytes_)};
+      }
     }
-    set = redis_->Set(entries);
-    for (size_t k = 0; k < keys.size(); ++k) keys[k] = std::move(entries[k].first);
+    set = redis_->SetFromPieces(entries);
   } else {
     // Sealed on the seal workers, in order, while the values sealed first are on the wire: the
     // cipher's time hides behind the batch's round trip rather than adding to it.

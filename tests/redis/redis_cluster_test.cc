@@ -123,6 +123,30 @@ TEST_F(RedisClusterTest, SlotsAgreeWithTheCluster) {
   }
 }
 
+// A value in pieces arrives whole: the pieces in order, empty ones and an empty value included.
+TEST_F(RedisClusterTest, SetFromPiecesStoresEachValueItsPiecesJoined) {
+  const auto entries = Entries(40, "pieces:");
+  std::vector<RedisCluster::SetEntry> pieces;
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const absl::string_view value = entries[i].second;
+    const size_t cut = value.size() / 3;
+    pieces.push_back({.key = entries[i].first,
+                      .value = {value.substr(0, cut), absl::string_view(), value.substr(cut)}});
+    expected.push_back(entries[i].second);
+  }
+  pieces.push_back({.key = "pieces:empty", .value = {}});
+  expected.push_back("");
+  for (const absl::Status& status : client_->SetFromPieces(pieces)) EXPECT_OK(status);
+  std::vector<std::string> keys = Keys(entries);
+  keys.push_back("pieces:empty");
+  const auto got = client_->Get(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_OK(got[i]) << keys[i];
+    EXPECT_TRUE(*got[i] == expected[i]) << keys[i];
+  }
+}
+
 // SetAsMade asks for each value just before writing it, in the keys' order across nodes, with
 // what was written before already on the wire: another client sees the first key stored while
 // the last value is still being made. A value that could not be made is not sent.
