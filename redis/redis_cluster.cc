@@ -691,7 +691,7 @@ void RedisCluster::AppendNext(Batch& batch, NodeBatch& part, uint64_t& bytes) {
   bytes += command.weight;
   if (command.value_pending) {
     command.value_pending = false;
-    absl::StatusOr<absl::string_view> value = (*batch.value_of)(i);
+    absl::StatusOr<absl::string_view> value = batch.value_of->value(i);
     if (!value.ok()) {
       batch.results[i] = value.status();
       command.withheld = true;
@@ -734,9 +734,17 @@ bool RedisCluster::WriteChunksInOrder(Batch& batch, std::vector<NodeBatch>& part
       }
     }
     if (next == parts.size()) break;
+    const size_t i = parts[next].members[parts[next].written];
+    if (batch.commands[i].value_pending && !batch.value_of->made(i)) {
+      // What is written travels while this value is made.
+      for (size_t p = 0; p < parts.size(); ++p) {
+        if (open[p] && parts[p].usable) Flush(parts[p]);
+      }
+    }
     AppendNext(batch, parts[next], bytes[next]);
-    // On the wire before the next value is waited for.
-    Flush(parts[next]);
+  }
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (open[p] && parts[p].usable) Flush(parts[p]);
   }
   bool more = false;
   for (const NodeBatch& part : parts) more |= part.usable && part.written < part.members.size();
@@ -908,7 +916,7 @@ std::vector<absl::Status> RedisCluster::SetFromPieces(absl::Span<const SetEntry>
 
 std::vector<absl::Status> RedisCluster::SetAsMade(absl::Span<const std::string> keys,
                                                   absl::Span<const uint64_t> sizes,
-                                                  ValueMaker value_of) {
+                                                  const ValueMaker& maker) {
   std::vector<Command> commands(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     commands[i].argv = {"SET", keys[i]};
@@ -918,7 +926,7 @@ std::vector<absl::Status> RedisCluster::SetAsMade(absl::Span<const std::string> 
     commands[i].value_pending = true;
   }
   std::vector<absl::Status> results;
-  Run(commands, SetReply, results, absl::InfiniteFuture(), &value_of);
+  Run(commands, SetReply, results, absl::InfiniteFuture(), &maker);
   return results;
 }
 

@@ -122,16 +122,20 @@ class RedisCluster {
     absl::InlinedVector<absl::string_view, 2> value;
   };
   std::vector<absl::Status> SetFromPieces(absl::Span<const SetEntry> entries);
-  // SET of each key to a value still being made when this is called (sealed on other threads):
-  // `value_of(i)` is asked for key i's value just before it is written, and may wait until it is
-  // made. Keys are written in their order across nodes, each flushed before the next value is
-  // asked for, so the values made first travel while the rest are made. A value that could not
-  // be made (value_of's error) is not sent, and is that key's result. `sizes[i]`: key i's
-  // value's size (for max_pipeline_bytes). The views value_of returns must stay valid until
-  // SetAsMade returns. Results as Set's.
-  using ValueMaker = absl::FunctionRef<absl::StatusOr<absl::string_view>(size_t index)>;
+  // SET of each key to a value still being made when this is called (sealed on other threads).
+  // Keys are written in their order across nodes, each value asked for just before it is written;
+  // whenever the next is not made yet, what was written so far goes out first, so the values made
+  // first travel while the rest are made. A value that could not be made (an error from
+  // `maker.value`) is not sent, and is that key's result. `sizes[i]`: key i's value's size (for
+  // max_pipeline_bytes). The views `maker.value` returns must stay valid until SetAsMade returns.
+  // Results as Set's.
+  struct ValueMaker {
+    absl::FunctionRef<bool(size_t index)> made;  // whether key i's value is made (never waits)
+    // Key i's value, once made (waits until it is).
+    absl::FunctionRef<absl::StatusOr<absl::string_view>(size_t index)> value;
+  };
   std::vector<absl::Status> SetAsMade(absl::Span<const std::string> keys,
-                                      absl::Span<const uint64_t> sizes, ValueMaker value_of);
+                                      absl::Span<const uint64_t> sizes, const ValueMaker& maker);
   // DEL of each key; per key OK (deleted or absent), UNAVAILABLE or INTERNAL.
   std::vector<absl::Status> Delete(absl::Span<const std::string> keys);
 
@@ -219,9 +223,9 @@ class RedisCluster {
   // Writes the part's next chunk, at most max_pipeline_bytes of SET values (at least one command);
   // a node that cannot be reached fails the rest. True while commands remain to be written.
   bool WriteChunk(Batch& batch, NodeBatch& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.node->mu);
-  // The same for every part at once, command by command in the batch's order, each flushed before
-  // the next: SetAsMade's values are asked for in the order they are made, and each is on the
-  // wire while the next is waited for.
+  // The same for every part at once, command by command in the batch's order, SetAsMade's values
+  // asked for in the order they are made; the parts' buffers go out before a value not yet made
+  // is waited for, and at the end.
   bool WriteChunksInOrder(Batch& batch,
                           std::vector<NodeBatch>& parts) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // WriteChunk's steps. Begins the part's next chunk, connecting first; false when it has nothing

@@ -178,7 +178,8 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
         done.Notify();
       });
     }
-    set = redis_->SetAsMade(keys, sizes, [&](size_t k) -> absl::StatusOr<absl::string_view> {
+    const auto made = [&](size_t k) { return sealed[owner[k]].HasBeenNotified(); };
+    const auto value = [&](size_t k) -> absl::StatusOr<absl::string_view> {
       const size_t i = owner[k];
       // Helping with the queued seals rather than sleeping while the workers wake.
       while (!sealed[i].HasBeenNotified()) {
@@ -186,7 +187,8 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
       }
       if (!results[i].ok()) return results[i];
       return is_tail[k] ? absl::string_view(values[i].tail) : absl::string_view(values[i].head);
-    });
+    };
+    set = redis_->SetAsMade(keys, sizes, {.made = made, .value = value});
   }
   // A record is stored when both its values are. A head taken after its tail was refused (a node
   // out of memory, a tail redirected too often) would name bytes that are not there: deleted, so

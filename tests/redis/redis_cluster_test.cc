@@ -147,10 +147,10 @@ TEST_F(RedisClusterTest, SetFromPiecesStoresEachValueItsPiecesJoined) {
   }
 }
 
-// SetAsMade asks for each value just before writing it, in the keys' order across nodes, with
-// what was written before already on the wire: another client sees the first key stored while
-// the last value is still being made. A value that could not be made is not sent.
-TEST_F(RedisClusterTest, SetAsMadeSendsEachValueBeforeTheNextIsMadeAndWithholdsOnesNotMade) {
+// SetAsMade asks for each value just before writing it, in the keys' order across nodes, and
+// sends what it wrote before it waits for a value not yet made: another client sees the first key
+// stored while the last value is still being made. A value that could not be made is not sent.
+TEST_F(RedisClusterTest, SetAsMadeSendsWhatItWroteBeforeWaitingAndWithholdsValuesNotMade) {
   const auto entries = Entries(12, "made:");
   const std::vector<std::string> keys = Keys(entries);
   std::vector<uint64_t> sizes;
@@ -159,18 +159,20 @@ TEST_F(RedisClusterTest, SetAsMadeSendsEachValueBeforeTheNextIsMadeAndWithholdsO
       RedisCluster::Create({.seeds = {redis_->address(0)}});
   ASSERT_OK(observer);
   constexpr size_t kNotMade = 10;
+  const size_t last = entries.size() - 1;
   std::vector<size_t> asked;
   bool first_seen_before_last_made = false;
+  const auto made = [&](size_t i) { return i != last; };
+  const auto value = [&](size_t i) -> absl::StatusOr<absl::string_view> {
+    asked.push_back(i);
+    if (i == kNotMade) return absl::InternalError("not made");
+    if (i == last) {
+      first_seen_before_last_made = PollUntil([&] { return (*observer)->Get({keys[0]})[0].ok(); });
+    }
+    return absl::string_view(entries[i].second);
+  };
   const std::vector<absl::Status> set =
-      client_->SetAsMade(keys, sizes, [&](size_t i) -> absl::StatusOr<absl::string_view> {
-        asked.push_back(i);
-        if (i == kNotMade) return absl::InternalError("not made");
-        if (i + 1 == entries.size()) {
-          first_seen_before_last_made =
-              PollUntil([&] { return (*observer)->Get({keys[0]})[0].ok(); });
-        }
-        return absl::string_view(entries[i].second);
-      });
+      client_->SetAsMade(keys, sizes, {.made = made, .value = value});
   EXPECT_TRUE(first_seen_before_last_made);
   std::vector<size_t> in_order(entries.size());
   std::iota(in_order.begin(), in_order.end(), 0);
