@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "absl/strings/escaping.h"
@@ -107,10 +108,12 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   // Each record's values: its tail, then its head. Both keys share a hash tag, so they go to one
   // node, down one connection, in this order, and Redis runs one connection's commands in order:
   // a head (which names the record) is never stored before its tail. One round trip per node.
-  struct Values {
-    std::string head, tail;
-  };
-  std::vector<Values> values(records.size());
+  const uint64_t head_value_bytes = header_bytes_ + head_data_bytes_;
+  // Unsealed: each record's encoded header, its bytes going into the batch from the record itself.
+  // Sealed: each record's head and tail values in one buffer, not zero-filled (the cipher's output
+  // fills it), made on the seal worker.
+  std::vector<std::string> headers(sealer_.has_value() ? 0 : records.size());
+  std::vector<std::unique_ptr<char[]>> sealed_values(sealer_.has_value() ? records.size() : 0);
   std::vector<std::string> keys;
   std::vector<uint64_t> sizes;
   std::vector<size_t> owner;  // the record of each key
@@ -129,9 +132,9 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
     }
     if (!sealer_.has_value()) {
       // The header alone: the bytes go from the record into the batch as pieces.
-      values[i].head.resize(header_bytes_);
+      headers[i].resize(header_bytes_);
       results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
-                                      absl::MakeSpan(values[i].head));
+                                      absl::MakeSpan(headers[i]));
       if (!results[i].ok()) continue;
     }
     if (split) {
@@ -141,7 +144,7 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
       is_tail.push_back(true);
     }
     keys.push_back(*std::move(key));
-    sizes.push_back(header_bytes_ + head_data_bytes_);
+    sizes.push_back(head_value_bytes);
     owner.push_back(i);
     is_tail.push_back(false);
   }
@@ -154,7 +157,7 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
       if (is_tail[k]) {
         entries[k].value = {bytes.substr(head_data_bytes_)};
       } else {
-        entries[k].value = {values[owner[k]].head, bytes.substr(0, head_data_bytes_)};
+        entries[k].value = {headers[owner[k]], bytes.substr(0, head_data_bytes_)};
       }
     }
     set = redis_->SetFromPieces(entries);
@@ -166,15 +169,15 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
     for (size_t i = 0; i < records.size(); ++i) {
       if (!results[i].ok()) continue;
       // The bytes are encrypted straight into the two values, made on the worker too.
-      sealing.Run([this, &record = records[i], &value = values[i], &result = results[i],
-                   &done = sealed[i], tail_bytes] {
-        value.head.resize(header_bytes_ + head_data_bytes_);
-        value.tail.resize(tail_bytes);
+      sealing.Run([this, &record = records[i], &buffer = sealed_values[i], &result = results[i],
+                   &done = sealed[i], head_value_bytes, tail_bytes] {
+        buffer.reset(new char[head_value_bytes + tail_bytes]);
+        char* const head = buffer.get();
         const SealPiece pieces[] = {
-            {record.bytes.data(), value.head.data() + header_bytes_, head_data_bytes_},
-            {record.bytes.data() + head_data_bytes_, value.tail.data(), value.tail.size()}};
+            {record.bytes.data(), head + header_bytes_, head_data_bytes_},
+            {record.bytes.data() + head_data_bytes_, head + head_value_bytes, tail_bytes}};
         result = sealer_->Seal({.pool = options_.pool, .block = record.identity}, pieces,
-                               absl::MakeSpan(value.head.data(), header_bytes_));
+                               absl::MakeSpan(head, header_bytes_));
         done.Notify();
       });
     }
@@ -186,7 +189,9 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
         if (!sealing.RunOneQueued()) sealed[i].WaitForNotification();
       }
       if (!results[i].ok()) return results[i];
-      return is_tail[k] ? absl::string_view(values[i].tail) : absl::string_view(values[i].head);
+      const char* const head = sealed_values[i].get();
+      return is_tail[k] ? absl::string_view(head + head_value_bytes, tail_bytes)
+                        : absl::string_view(head, head_value_bytes);
     };
     set = redis_->SetAsMade(keys, sizes, {.made = made, .value = value});
   }
