@@ -15,6 +15,7 @@ std::vector<TierStatsRow> TierStatsRows(const std::optional<PoolHostTierStats>& 
                                 .evicted_blocks = store.evicted,
                                 .evicted_from_above = host->evicted_from_above,
                                 .lost_from_above = host->evicted_unsaved,
+                                .superseded = store.superseded,
                                 .verify_failures = store.verify_failures,
                                 .load_failures = host->load_failures,
                                 .deadline_blocks = host->deadline_blocks,
@@ -33,6 +34,7 @@ std::vector<TierStatsRow> TierStatsRows(const std::optional<PoolHostTierStats>& 
                      .evicted_blocks = store.evictions,
                      .evicted_from_above = disk->evicted_from_above,
                      .lost_from_above = disk->evicted_unsaved,
+                     .superseded = store.superseded,
                      .verify_failures = store.load_corrupt,
                      .open_failures = store.load_unopened,
                      .load_failures = disk->load_failures,
@@ -53,6 +55,7 @@ std::vector<TierStatsRow> TierStatsRows(const std::optional<PoolHostTierStats>& 
                                 .stored_blocks = cluster->stored_blocks,
                                 .store_failures = store.store_failures,
                                 .lost_from_above = cluster->backlog_dropped,
+                                .poorer_kept_back = cluster->poorer_kept_back,
                                 .verify_failures = store.corrupt,
                                 .open_failures = store.unopened,
                                 .load_failures = store.corrupt + store.foreign + store.mismatched +

@@ -82,6 +82,12 @@ struct TierStatsRow {
   // full or its writer stopped; cluster, the mover's backlog full). Never because a batch was
   // large: the evicting request passes its victims down.
   uint64_t lost_from_above = 0;
+  // Host, disk: records replaced by a copy of the same block with more parts (a page whose other
+  // parts were stored later), in place, never announced as removed.
+  uint64_t superseded = 0;
+  // Cluster: copies lacking some parts not sent because the cluster held the block with no fewer
+  // (a poorer copy never overwrites a richer one).
+  uint64_t poorer_kept_back = 0;
   // Loads whose bytes failed their checksum (dropped; recomputed).
   uint64_t verify_failures = 0;
   // Sealed disk and cluster tiers (--tier_key_file): records that did not open for the tenant

@@ -280,6 +280,8 @@ class KvCacheClient {
     uint64_t redirects = 0;         // cluster: MOVED and ASK followed
     uint64_t lost_from_above = 0;   // evictions above whose block the tier refused (v1.TierStats)
     uint64_t open_failures = 0;  // sealed records that did not open for the tenant (v1.TierStats)
+    uint64_t superseded = 0;     // host, disk: records replaced by a copy with more parts
+    uint64_t poorer_kept_back = 0;  // cluster: poorer copies not sent over richer ones
   };
   struct PoolStats {
     std::string pool;

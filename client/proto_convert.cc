@@ -103,7 +103,9 @@ KvCacheClient::PoolStats ToPoolStats(const v1::PoolStats& proto) {
                                                    .skipped_commands = tier.skipped_commands(),
                                                    .redirects = tier.redirects(),
                                                    .lost_from_above = tier.lost_from_above(),
-                                                   .open_failures = tier.open_failures()});
+                                                   .open_failures = tier.open_failures(),
+                                                   .superseded = tier.superseded(),
+                                                   .poorer_kept_back = tier.poorer_kept_back()});
   }
   return stats;
 }

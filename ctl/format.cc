@@ -409,6 +409,11 @@ Json StatsJson(const v1::GetStatsResponse& stats) {
       entry["deadline_blocks"] = tier.deadline_blocks();
       entry["evicted_from_above"] = tier.evicted_from_above();
       entry["lost_from_above"] = tier.lost_from_above();
+      if (tier.tier() == "cluster") {
+        entry["poorer_kept_back"] = tier.poorer_kept_back();
+      } else {
+        entry["superseded"] = tier.superseded();
+      }
       entry["request_waits"] = tier.request_waits();
       entry["store_failures"] = tier.store_failures();
       if (tier.tier() == "disk") {

@@ -103,6 +103,8 @@ void FillStats(Pool& pool, absl::string_view tenant, v1::PoolStats* out) {
     tier->set_evicted_blocks(row.evicted_blocks);
     tier->set_evicted_from_above(row.evicted_from_above);
     tier->set_lost_from_above(row.lost_from_above);
+    tier->set_superseded(row.superseded);
+    tier->set_poorer_kept_back(row.poorer_kept_back);
     tier->set_verify_failures(row.verify_failures);
     tier->set_open_failures(row.open_failures);
     tier->set_load_failures(row.load_failures);

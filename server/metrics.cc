@@ -151,6 +151,13 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       "kvcache_tier_lost_evictions_total",
       "Evictions from the tier above whose block never reached this tier (it refused the copy).",
       counter);
+  const size_t tier_superseded = out.Family(
+      "kvcache_tier_superseded_total",
+      "Records of a lower tier replaced by a copy of the same block with more parts.", counter);
+  const size_t tier_kept_back = out.Family(
+      "kvcache_tier_poorer_kept_back_total",
+      "Copies lacking some parts not sent to the cluster tier, which held the block with no fewer.",
+      counter);
   const size_t tier_verify = out.Family(
       "kvcache_tier_verify_failures_total",
       "Loads from a lower tier whose bytes failed their checksum (dropped, recomputed).", counter);
@@ -232,6 +239,8 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
       out.Counter(tier_load_failures, labels, row.load_failures);
       out.Counter(tier_deadline, labels, row.deadline_blocks);
       out.Counter(tier_lost, labels, row.lost_from_above);
+      out.Counter(tier_superseded, labels, row.superseded);
+      out.Counter(tier_kept_back, labels, row.poorer_kept_back);
       if (row.tier == "cluster") {
         // The cluster evicts unseen and holds no count of its own records.
         out.Counter(cluster_node_failures, {{"pool", name}}, row.node_failures);

@@ -21,6 +21,7 @@ TEST(TierStatsRowsTest, HostRowTakesTheStoreAndThePoolFigures) {
                                 .evicted = 8,
                                 .verify_failures = 9,
                                 .store_rejections = 10,
+                                .superseded = 15,
                                 .records = 11,
                                 .bytes_used = 12,
                                 .capacity_bytes = 13};
@@ -41,6 +42,8 @@ TEST(TierStatsRowsTest, HostRowTakesTheStoreAndThePoolFigures) {
   EXPECT_EQ(row.bytes_used, 12u);
   EXPECT_EQ(row.capacity_bytes, 13u);
   EXPECT_EQ(row.lost_from_above, 14u);
+  EXPECT_EQ(row.superseded, 15u);
+  EXPECT_EQ(row.poorer_kept_back, 0u);
 }
 
 // The disk's refusals (queue full, writer stopped) are store failures, as for the other tiers.
@@ -62,6 +65,7 @@ TEST(TierStatsRowsTest, DiskRowCountsRefusalsAsStoreFailures) {
   disk.store.restart_foreign = 2;
   disk.store.restart_old_format = 3;
   disk.store.restart_duplicates = 4;
+  disk.store.superseded = 13;
   const std::vector<TierStatsRow> rows = TierStatsRows(std::nullopt, disk, std::nullopt);
   ASSERT_EQ(rows.size(), 1u);
   const TierStatsRow& row = rows[0];
@@ -81,10 +85,12 @@ TEST(TierStatsRowsTest, DiskRowCountsRefusalsAsStoreFailures) {
   EXPECT_EQ(row.restored_records, 30u);
   EXPECT_EQ(row.restore_skipped, 10u);
   EXPECT_EQ(row.lost_from_above, 11u);
+  EXPECT_EQ(row.superseded, 13u);
 }
 
 TEST(TierStatsRowsTest, ClusterRowSumsItsMissesByKind) {
-  PoolClusterTierStats cluster{.hit_blocks = 1, .stored_blocks = 2, .backlog_dropped = 12};
+  PoolClusterTierStats cluster{
+      .hit_blocks = 1, .stored_blocks = 2, .backlog_dropped = 12, .poorer_kept_back = 13};
   cluster.store = ClusterTierCounters{.stored = 99,
                                       .store_failures = 3,
                                       .absent = 50,
@@ -112,6 +118,8 @@ TEST(TierStatsRowsTest, ClusterRowSumsItsMissesByKind) {
   EXPECT_EQ(row.skipped_commands, 12u);
   EXPECT_EQ(row.redirects, 21u);
   EXPECT_EQ(row.evicted_blocks, 0u);
+  EXPECT_EQ(row.poorer_kept_back, 13u);
+  EXPECT_EQ(row.superseded, 0u);
 }
 
 TEST(TierStatsRowsTest, RowsComeTopDown) {

@@ -125,6 +125,31 @@ TEST_F(TokenPartsClientTest, MasksComeBackFromTierTwo) {
   EXPECT_EQ(both->num_cached_tokens, 2 * kBlockSize);
 }
 
+// A copy of a block with more parts replaces tier 2's poorer one, and GetStats says so.
+TEST_F(TokenPartsClientTest, ARicherCopySupersedesTierTwosAndGetStatsCountsIt) {
+  const auto host_superseded = [&]() -> uint64_t {
+    absl::StatusOr<KvCacheClient::Stats> stats = client_->GetStats(kPool);
+    EXPECT_OK(stats);
+    if (!stats.ok() || stats->pools.size() != 1) return ~uint64_t{0};
+    for (const KvCacheClient::TierStats& tier : stats->pools[0].tiers) {
+      if (tier.tier == "host") return tier.superseded;
+    }
+    return ~uint64_t{0};
+  };
+  const std::vector<uint32_t> prompt = Prompt(2, 100);
+  ASSERT_NO_FATAL_FAILURE(Store(prompt, {kKv, kKv}));
+  Pool& pool = **daemon_->manager().FindPool(kPool);
+  pool.OffloadForTesting();
+  EXPECT_EQ(host_superseded(), 0u);
+  ASSERT_NO_FATAL_FAILURE(Store(prompt, {kKv, kBoth}));  // the state of block 2 comes later
+  pool.OffloadForTesting();
+  EXPECT_EQ(host_superseded(), 1u);
+  absl::StatusOr<KvCacheClient::LookupResult> both =
+      client_->Lookup(kPool, "", prompt, "", {}, std::nullopt, kKvAndState);
+  ASSERT_OK(both);
+  EXPECT_EQ(both->num_cached_tokens, 2 * kBlockSize);
+}
+
 TEST_F(TokenPartsClientTest, BadPartsAreInvalidArgumentAndHoldNothing) {
   const std::vector<uint32_t> prompt = Prompt(2, 100);
   const std::vector<std::string> unknown = {"kv", "ssm"};

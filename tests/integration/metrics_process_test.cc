@@ -137,6 +137,8 @@ TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExpos
   EXPECT_EQ(Sample(before, R"(kvcache_tier_capacity_bytes{pool="tiered",tier="host"})"), 1 << 20);
   EXPECT_EQ(Sample(before, R"(kvcache_tier_stored_blocks_total{pool="tiered",tier="host"})"), 0);
   EXPECT_EQ(Sample(before, R"(kvcache_tier_lost_evictions_total{pool="tiered",tier="disk"})"), 0);
+  EXPECT_EQ(Sample(before, R"(kvcache_tier_superseded_total{pool="tiered",tier="host"})"), 0);
+  EXPECT_EQ(Sample(before, R"(kvcache_tier_poorer_kept_back_total{pool="tiered",tier="disk"})"), 0);
   // 1 MiB of slots of a 4 KiB header and a 32 KiB block.
   EXPECT_EQ(Sample(before, R"(kvcache_tier_capacity_bytes{pool="tiered",tier="disk"})"),
             (1 << 20) / (36 << 10) * (36 << 10));

@@ -893,7 +893,7 @@ class TierPages(_message.Message):
     def __init__(self, pool: _Optional[int] = ..., host: _Optional[int] = ..., disk: _Optional[int] = ..., cluster: _Optional[int] = ...) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ["bytes_used", "capacity_bytes", "deadline_blocks", "evicted_blocks", "evicted_from_above", "hit_blocks", "load_failures", "lost_from_above", "node_failures", "open_failures", "records", "redirects", "request_waits", "restore_skipped", "restored_records", "skipped_commands", "store_failures", "stored_blocks", "tier", "verify_failures"]
+    __slots__ = ["bytes_used", "capacity_bytes", "deadline_blocks", "evicted_blocks", "evicted_from_above", "hit_blocks", "load_failures", "lost_from_above", "node_failures", "open_failures", "poorer_kept_back", "records", "redirects", "request_waits", "restore_skipped", "restored_records", "skipped_commands", "store_failures", "stored_blocks", "superseded", "tier", "verify_failures"]
     BYTES_USED_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -904,6 +904,7 @@ class TierStats(_message.Message):
     LOST_FROM_ABOVE_FIELD_NUMBER: _ClassVar[int]
     NODE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     OPEN_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    POORER_KEPT_BACK_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     REDIRECTS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_WAITS_FIELD_NUMBER: _ClassVar[int]
@@ -912,6 +913,7 @@ class TierStats(_message.Message):
     SKIPPED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
     STORED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     STORE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FAILURES_FIELD_NUMBER: _ClassVar[int]
     bytes_used: int
@@ -924,6 +926,7 @@ class TierStats(_message.Message):
     lost_from_above: int
     node_failures: int
     open_failures: int
+    poorer_kept_back: int
     records: int
     redirects: int
     request_waits: int
@@ -932,9 +935,10 @@ class TierStats(_message.Message):
     skipped_commands: int
     store_failures: int
     stored_blocks: int
+    superseded: int
     tier: str
     verify_failures: int
-    def __init__(self, tier: _Optional[str] = ..., hit_blocks: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., bytes_used: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_failures: _Optional[int] = ..., load_failures: _Optional[int] = ..., deadline_blocks: _Optional[int] = ..., evicted_from_above: _Optional[int] = ..., records: _Optional[int] = ..., request_waits: _Optional[int] = ..., store_failures: _Optional[int] = ..., restored_records: _Optional[int] = ..., restore_skipped: _Optional[int] = ..., node_failures: _Optional[int] = ..., skipped_commands: _Optional[int] = ..., redirects: _Optional[int] = ..., lost_from_above: _Optional[int] = ..., open_failures: _Optional[int] = ...) -> None: ...
+    def __init__(self, tier: _Optional[str] = ..., hit_blocks: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., bytes_used: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_failures: _Optional[int] = ..., load_failures: _Optional[int] = ..., deadline_blocks: _Optional[int] = ..., evicted_from_above: _Optional[int] = ..., records: _Optional[int] = ..., request_waits: _Optional[int] = ..., store_failures: _Optional[int] = ..., restored_records: _Optional[int] = ..., restore_skipped: _Optional[int] = ..., node_failures: _Optional[int] = ..., skipped_commands: _Optional[int] = ..., redirects: _Optional[int] = ..., lost_from_above: _Optional[int] = ..., open_failures: _Optional[int] = ..., superseded: _Optional[int] = ..., poorer_kept_back: _Optional[int] = ...) -> None: ...
 
 class TierTokens(_message.Message):
     __slots__ = ["cluster", "disk", "host", "pool"]
