@@ -28,7 +28,7 @@ class CopyingHash {
   // hashed. The source must not change until this returns.
   void Copy(void* destination, const void* source, size_t size, bool streaming);
   uint64_t fed() const { return fed_; }
-  // REQUIRES: fed() == total.
+  // REQUIRES: fed() == total. At most once: it folds the last stripe into the accumulators.
   uint64_t Finish();
 
   // Tests of the code CPUs without AVX2 run: true makes every CopyingHash use it from now on.
