@@ -522,11 +522,15 @@ TierLoaded LowerTiers::Load(absl::Span<const BelowRecord> below,
       }
       continue;
     }
-    // A run of disk records, one batch of the disk tier's read depth at a time (the bound is
-    // checked between batches).
+    // A run of disk records, in batches: with max_load_ms, of the disk tier's read depth (the
+    // bound is checked between batches); without, of kDiskBatchDepths times it into host memory,
+    // so that LoadMany keeps its reads in flight across what would be several drained batches
+    // (a device pool stages each batch in tier-2 slots: the depth, as with a bound).
+    const size_t batch =
+        disk_tier_->read_depth() * (max_load_ms == 0 && host_memory_ ? kDiskBatchDepths : 1);
     size_t end = next;
     while (end < below.size() && below[end].tier == BelowRecord::Tier::kDisk &&
-           end - next < disk_tier_->read_depth()) {
+           end - next < batch) {
       ++end;
     }
     const size_t verified =

@@ -127,6 +127,8 @@ class LowerTiers {
   static constexpr size_t kOffloadBatch = 32;
   // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
   static constexpr size_t kLoadBatch = 16;
+  // A disk load with no max_load_ms into host memory: batches of this many read depths.
+  static constexpr size_t kDiskBatchDepths = 8;
   // A device pool's loads from the cluster stage at most this many blocks (and bytes) at a time.
   static constexpr size_t kClusterStageBlocks = 32;
   static constexpr uint64_t kClusterStageBytes = uint64_t{16} << 20;
@@ -195,10 +197,10 @@ class LowerTiers {
   std::vector<uint64_t> ProbeCluster(absl::FunctionRef<BlockRecordIdentity(size_t)> record_at,
                                      size_t count, absl::Time deadline);
   // Loads `below` into blocks[0], blocks[1], ... in order — tier-2 runs of kLoadBatch, disk
-  // batches of its read depth — then, if all of them verified, records
-  // [below.size(), cluster_end) from the cluster; stops at the first that fails, and when
-  // `max_load_ms` (from the call) has passed. `blocks` are fresh tier-1 blocks only the caller
-  // holds (at least max(below.size(), cluster_end) of them), and `record_at` is Probe's.
+  // batches of its read depth (kDiskBatchDepths of them without `max_load_ms`) — then, if all of
+  // them verified, records [below.size(), cluster_end) from the cluster; stops at the first that
+  // fails, and when `max_load_ms` (from the call) has passed. `blocks` are fresh tier-1 blocks only
+  // the caller holds (at least max(below.size(), cluster_end) of them), and `record_at` is Probe's.
   TierLoaded Load(absl::Span<const BelowRecord> below,
                   absl::FunctionRef<BlockRecordIdentity(size_t)> record_at, size_t cluster_end,
                   absl::Span<const BlockId> blocks, uint32_t max_load_ms);

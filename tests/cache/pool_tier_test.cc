@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <filesystem>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -883,6 +884,38 @@ TEST_P(PoolTierTest, Tier2SmallerThanTheMoversBatchPassesEveryBlockOnToDisk) {
   auto found = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
   ASSERT_OK(found);
   EXPECT_EQ(found->num_cached_tokens, kPromptBlocks * kBlockSize);
+}
+
+TEST_P(PoolTierTest, ALongPrefixOnlyOnDiskLoadsWholeInBatchesOfSeveralReadDepths) {
+  disk_read_depth_ = 2;
+  disk_max_queued_stores_ = 128;
+  constexpr uint32_t kPromptBlocks = 40;
+  const std::vector<uint32_t> a = Tokens(100, kPromptBlocks * kBlockSize + 1);
+  const std::vector<uint32_t> b = Tokens(50000, kPromptBlocks * kBlockSize + 1);
+  // Without max_load_ms, a host pool loads batches of 2 * kDiskBatchDepths records: two and a
+  // short last one here. With it, batches of the read depth, the bound checked between them.
+  for (const uint32_t max_load_ms : {0u, 60000u}) {
+    pool_.reset();
+    std::filesystem::remove(DiskPath());
+    MakePool(kPromptBlocks + 1, 8, /*manual=*/true, /*offload_window=*/kPromptBlocks + 1,
+             DiskBytes(128));
+    for (const std::vector<uint32_t>* prompt : {&a, &b}) {
+      Compute(*prompt);  // B evicts A from tier 1, and its records A's from the 8-slot tier 2
+      pool_->OffloadForTesting();
+      pool_->disk_tier()->Flush();
+    }
+    auto opened = Open(a, OpenMode::kCompute, max_load_ms);
+    ASSERT_OK(opened);
+    EXPECT_EQ(opened->num_cached_tokens, kPromptBlocks * kBlockSize) << max_load_ms;
+    EXPECT_EQ(opened->num_disk_tier_tokens, kPromptBlocks * kBlockSize) << max_load_ms;
+    for (size_t i = 0; i < kPromptBlocks; ++i) {
+      EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i)) << "block " << i;
+    }
+    EXPECT_EQ(DiskStats().hit_blocks, kPromptBlocks);
+    EXPECT_EQ(DiskStats().load_failures, 0u);
+    ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+    EXPECT_OK(pool_->CheckInvariants());
+  }
 }
 
 }  // namespace
