@@ -1,9 +1,10 @@
 // The page calls (pages named by the engine's keys, issue 31) against what they stand in for, on
 // a batch of 128 pages of 64 KiB (8 MiB; parts kv 60 KiB + state 4 KiB), all in one run, with
 // kvcache-manager and redis-server as processes beside this one:
-//   same node   KvCacheClient::WritePages (reserve, copy into the mapped pool, commit: the daemon
-//               checksums and publishes) and ReadPagesInto (acquire, verify each page's checksum
-//               while copying it out, release) vs memcpy of the same 8 MiB (target >= 0.8x).
+//   same node   KvCacheClient::WritePages (reserve, copy into the mapped pool checksumming each
+//               page on the way, commit: the daemon publishes) and ReadPagesInto (acquire, verify
+//               each page's checksum while copying it out, send the release without waiting) vs
+//               memcpy of the same 8 MiB (target >= 0.8x).
 //               Each is compared with the copy that moves its bytes between memory like its
 //               own: the reads reread one pinned batch into one buffer, as memcpy between two
 //               8 MiB buffers does; the writes' fresh pages walk the 64 MiB pool, so their
