@@ -186,14 +186,9 @@ void LowerTiers::MarkReused(const Hash128& hash) {
 bool LowerTiers::OffloadBatch() {
   if (!takes_blocks()) return false;
   std::vector<OffloadCandidate> batch;
-  // No more than tier 2 has slots: a batch's stores cannot evict one another, so a store is
-  // refused only while loads pin the slots, not because the batch outgrew a small tier.
-  const size_t most = host_tier_ != nullptr
-                          ? std::min<size_t>(kOffloadBatch, host_tier_->num_slots())
-                          : kOffloadBatch;
-  if (!source_->PickOffload(most, &batch)) return false;
+  if (!source_->PickOffload(kOffloadBatch, &batch)) return false;
   if (batch.empty()) return true;  // the scan continues after letting requests in
-  const size_t stored = CopyDown(batch);
+  const size_t stored = CopyDown(absl::MakeSpan(batch));
   offloaded_blocks_.fetch_add(stored, std::memory_order_relaxed);
   // The cluster's copies were taken while the blocks were pinned, and are sent after they are
   // unpinned: a request that needs a pinned block waits for this batch, and must not wait on the
@@ -217,7 +212,7 @@ void LowerTiers::PassDown(std::vector<OffloadCandidate>& batch,
     absl::StatusOr<HostTier::PinnedRecord> pinned = host_tier_->PinForLoad(record.expected);
     if (pinned.ok()) kept.push_back(*std::move(pinned));
   }
-  passed_down_blocks_.fetch_add(CopyDown(batch), std::memory_order_relaxed);
+  passed_down_blocks_.fetch_add(CopyDown(absl::MakeSpan(batch)), std::memory_order_relaxed);
   for (const HostTier::PinnedRecord& pinned : kept) {
     host_tier_->FinishLoad(pinned, HostTier::LoadVerdict::kNotCopied).IgnoreError();
   }
@@ -255,7 +250,20 @@ bool LowerTiers::DrainClusterBacklog() {
   return true;
 }
 
-size_t LowerTiers::CopyDown(std::vector<OffloadCandidate>& batch) {
+size_t LowerTiers::CopyDown(absl::Span<OffloadCandidate> batch) {
+  // In pieces no larger than tier 2: a piece's stores evict the piece before's records (on to
+  // the disk), never one another, which tier 2 refuses (every slot is the batch's) and which
+  // left those blocks in no tier once tier 1 evicted them.
+  const size_t piece =
+      host_tier_ != nullptr ? std::max<size_t>(1, host_tier_->num_slots()) : batch.size();
+  size_t stored_below = 0;
+  for (size_t first = 0; first < batch.size(); first += piece) {
+    stored_below += CopyDownPiece(batch.subspan(first, piece));
+  }
+  return stored_below;
+}
+
+size_t LowerTiers::CopyDownPiece(absl::Span<OffloadCandidate> batch) {
   const uint64_t block_bytes = options_.layout.BlockBytes();
   size_t stored_below = 0;
   // Pinned and published: the bytes cannot change during the copies. Tier 2's slots are filled

@@ -241,10 +241,11 @@ class LowerTiers {
   // down (CopyDown), hands it back (FinishOffload) and writes it through to the cluster. False
   // when the pass is done.
   bool OffloadBatch();
-  // Copies the picked blocks into tier 2 in one batch (a device pool's D2H, one
-  // synchronization), and takes the cluster's copies; sets each candidate's `below`. Returns the
-  // records tier 2 took.
-  size_t CopyDown(std::vector<OffloadCandidate>& batch);
+  // Copies the picked blocks into tier 2 in batches no larger than it (a device pool's D2H, one
+  // synchronization each), and takes the cluster's copies; sets each candidate's `below`.
+  // Returns the records tier 2 took.
+  size_t CopyDown(absl::Span<OffloadCandidate> batch);
+  size_t CopyDownPiece(absl::Span<OffloadCandidate> batch);
   // A tier-2 slot just taken: the record it evicted goes to tier 3 from the slot's bytes, unless
   // tier 3 has it or does not admit it (counted in PoolDiskTierStats::evicted_unsaved when it
   // refuses). Call before the slot is filled. False when the disk certainly lacks the evicted

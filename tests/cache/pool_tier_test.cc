@@ -153,6 +153,36 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     return chain;
   }
 
+  // A pool of `prompt_blocks` + 1 blocks over a tier 2 of 8 slots and a disk: prompt A, then
+  // prompt B, which evicts all of A from tier 1 (a mover pass after each, or none: B's open then
+  // passes A down itself). Expects every block of A below, no eviction's loss, and A's hit.
+  void ComputeTwoPromptsOverEightTier2Slots(uint32_t prompt_blocks, bool mover_between) {
+    const uint32_t disk_records = 2 * prompt_blocks + 128;  // both prompts
+    disk_max_queued_stores_ = disk_records;
+    MakePool(prompt_blocks + 1, 8, /*manual=*/true, /*offload_window=*/prompt_blocks + 1,
+             DiskBytes(disk_records));
+    const std::vector<uint32_t> a = Tokens(100, prompt_blocks * kBlockSize + 1);
+    const std::vector<uint32_t> b = Tokens(50000, prompt_blocks * kBlockSize + 1);
+    for (const std::vector<uint32_t>* prompt : {&a, &b}) {
+      ASSERT_NO_FATAL_FAILURE(Compute(*prompt));
+      if (mover_between) pool_->OffloadForTesting();
+    }
+    pool_->disk_tier()->Flush();
+    size_t below = 0;
+    for (const Hash128& hash : Chain(a)) {
+      below += pool_->disk_tier()->Contains(hash) || pool_->host_tier()->Contains(hash) ? 1 : 0;
+    }
+    EXPECT_EQ(below, prompt_blocks);
+    const PoolStatsSnapshot stats = pool_->Stats();
+    EXPECT_EQ(stats.host_tier->evicted_unsaved, 0u);
+    EXPECT_EQ(stats.disk_tier->evicted_unsaved, 0u);
+    auto found = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
+    ASSERT_OK(found);
+    EXPECT_EQ(found->num_cached_tokens, prompt_blocks * kBlockSize);
+    EXPECT_OK(pool_->CheckInvariants());
+  }
+
+
   std::string ReadBack(BlockId block) {
     std::string bytes(block_bytes_, '\0');
     EXPECT_OK(pool_->ReadBlock(block, 0, block_bytes_, bytes.data()));
@@ -863,27 +893,18 @@ TEST_P(PoolTierTest, Tier2SmallerThanTheMoversBatchPassesEveryBlockOnToDisk) {
   // it is stored into, or the stores after the eighth are refused, the pass moves on, and a
   // prompt this long leaves more such blocks than the eviction's own pass-downs save: once tier 1
   // evicts them they reach no tier below (tier_bench's disk opens found 336 of 4,096 missing).
-  disk_max_queued_stores_ = 4200;
-  constexpr uint32_t kPromptBlocks = 2048;
-  MakePool(kPromptBlocks + 1, 8, /*manual=*/true, /*offload_window=*/kPromptBlocks + 1,
-           DiskBytes(4200));
-  const std::vector<uint32_t> a = Tokens(100, kPromptBlocks * kBlockSize + 1);
-  const std::vector<uint32_t> b = Tokens(50000, kPromptBlocks * kBlockSize + 1);
-  for (const std::vector<uint32_t>* prompt : {&a, &b}) {
-    Compute(*prompt);  // the second evicts the first from tier 1
-    pool_->OffloadForTesting();
-  }
-  pool_->disk_tier()->Flush();
-  size_t on_disk = 0;
-  for (const Hash128& hash : Chain(a)) on_disk += pool_->disk_tier()->Contains(hash) ? 1 : 0;
-  EXPECT_EQ(on_disk, kPromptBlocks);
-  const PoolStatsSnapshot stats = pool_->Stats();
-  EXPECT_EQ(stats.pool.evicted_offloaded, stats.pool.evictions);
-  EXPECT_EQ(stats.host_tier->evicted_unsaved, 0u);
-  EXPECT_EQ(stats.disk_tier->evicted_unsaved, 0u);
-  auto found = pool_->Lookup("tenant-a", SequenceSpec{.tokens = a});
-  ASSERT_OK(found);
-  EXPECT_EQ(found->num_cached_tokens, kPromptBlocks * kBlockSize);
+  ComputeTwoPromptsOverEightTier2Slots(2048, /*mover_between=*/true);
+  EXPECT_EQ(pool_->Stats().pool.evicted_offloaded, pool_->Stats().pool.evictions);
+}
+
+TEST_P(PoolTierTest, ARequestEvictingMoreThanTier2HoldsPassesEveryVictimOnToDisk) {
+  // No mover pass between the prompts: B's open evicts all 64 of A's blocks itself, and passes
+  // them down in one batch, eight times the eight tier-2 slots. Stored in batches no larger than
+  // tier 2, each batch's records evict the one before's to the disk; stored at once, the stores
+  // past the eighth were refused, and those blocks reached no tier.
+  ComputeTwoPromptsOverEightTier2Slots(64, /*mover_between=*/false);
+  EXPECT_EQ(pool_->Stats().pool.evictions, 64u);
+  EXPECT_EQ(pool_->Stats().host_tier->passed_down_on_eviction, 64u);
 }
 
 TEST_P(PoolTierTest, ALongPrefixOnlyOnDiskLoadsWholeInBatchesOfSeveralReadDepths) {
