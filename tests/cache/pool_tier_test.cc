@@ -182,7 +182,6 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     EXPECT_OK(pool_->CheckInvariants());
   }
 
-
   std::string ReadBack(BlockId block) {
     std::string bytes(block_bytes_, '\0');
     EXPECT_OK(pool_->ReadBlock(block, 0, block_bytes_, bytes.data()));
