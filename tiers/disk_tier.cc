@@ -267,10 +267,10 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options
     return absl::InvalidArgumentError(
         absl::StrCat("disk tier: model id longer than ", kMaxRecordModelIdBytes, " bytes"));
   }
-  if (options.max_queued_stores == 0 || options.read_rings == 0 || options.read_depth == 0) {
-    return absl::InvalidArgumentError(
-        "disk tier: max_queued_stores, read_rings and read_depth must be > 0");
+  if (options.read_rings == 0 || options.read_depth == 0) {
+    return absl::InvalidArgumentError("disk tier: read_rings and read_depth must be > 0");
   }
+  options.max_queued_stores = QueuedStoresFor(options);
   const uint64_t slot_bytes = SlotBytesFor(options);
   const uint64_t slots = options.capacity_bytes / slot_bytes;
   if (slots == 0) {
@@ -342,6 +342,12 @@ uint64_t DiskTier::SlotBytesFor(const DiskTierOptions& options) {
   const uint64_t header = options.keyring != nullptr ? SealedHeadBytes(options.tokens_per_block)
                                                      : RecordHeaderBytes(options.tokens_per_block);
   return RoundUpToRecordAlignment(header) + RoundUpToRecordAlignment(options.pool.block_bytes);
+}
+
+uint32_t DiskTier::QueuedStoresFor(const DiskTierOptions& options) {
+  if (options.max_queued_stores != 0) return options.max_queued_stores;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(
+      kDefaultQueuedStoreBytes / SlotBytesFor(options), kMinQueuedStores, kMaxQueuedStores));
 }
 
 DiskTier::DiskTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

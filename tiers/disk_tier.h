@@ -87,8 +87,13 @@ struct DiskTierOptions {
     kDsyncPerWrite,   // each write with RWF_DSYNC
   };
   Durability durability = Durability::kBatchFdatasync;
-  // Records accepted and not yet durable; each holds one slot-sized aligned buffer.
-  uint32_t max_queued_stores = 32;
+  // Records accepted and not yet durable; each holds one slot-sized aligned buffer. 0: as many
+  // as kDefaultQueuedStoreBytes of slots, at least kMinQueuedStores and at most kMaxQueuedStores.
+  // The writer takes all that is queued as one batch, and a batch's fdatasync and wake-ups cost
+  // much the same for 30 records as for 1,000: with 8 KiB slots, a queue of 32 kept a third of
+  // rpc_bench's evictions on the 2-core VM and one of 1,024 kept all of them, at the same
+  // request rate (docs/benchmarks.md).
+  uint32_t max_queued_stores = 0;
   // Concurrent loaders; each ring keeps `read_depth` reads in flight and has twice as many slot
   // buffers (a completed read is verified while the next ones are read).
   uint32_t read_rings = 2;
@@ -175,6 +180,15 @@ class DiskTier {
   // The bytes of a slot of a tier with these options: the (sealed) header and the block, each
   // padded to 4 KiB.
   static uint64_t SlotBytesFor(const DiskTierOptions& options);
+
+  // DiskTierOptions::max_queued_stores's default: the store buffers' memory (a block of 2 MiB
+  // and more has kMinQueuedStores, as every block size had before), and the most records one
+  // batch takes.
+  static constexpr uint64_t kDefaultQueuedStoreBytes = uint64_t{64} << 20;
+  static constexpr uint32_t kMinQueuedStores = 32;
+  static constexpr uint32_t kMaxQueuedStores = 1024;
+  // The queue's length for these options: theirs, else the default's.
+  static uint32_t QueuedStoresFor(const DiskTierOptions& options);
 
   // Opens or creates the file and indexes the records already in it (see the header comment).
   // INVALID_ARGUMENT: bad options (no path, a capacity below one slot, block_bytes 0, a model id

@@ -195,6 +195,25 @@ TEST_P(DiskTierTest, FullQueueRefusesAtOnce) {
   EXPECT_EQ(tier->stats().records, 3u);
 }
 
+// The queue's default length: 64 MiB of slots, at least 32 and at most 1,024 records; a length
+// the options name is kept. The tier's queue takes that many before it refuses.
+TEST_P(DiskTierTest, TheQueuesDefaultLengthIsSixtyFourMebibytesOfSlots) {
+  DiskTierOptions options = Options();
+  EXPECT_EQ(DiskTier::QueuedStoresFor(options), 1024u);  // the test's 8 KiB slots: capped
+  options.pool.block_bytes = 60 << 10;                   // a 4 KiB header + 60 KiB: 64 KiB
+  EXPECT_EQ(DiskTier::QueuedStoresFor(options), 1024u);
+  options.pool.block_bytes = 124 << 10;  // 128 KiB slots
+  EXPECT_EQ(DiskTier::QueuedStoresFor(options), 512u);
+  options.pool.block_bytes = 4 << 20;
+  EXPECT_EQ(DiskTier::QueuedStoresFor(options), 32u);
+  options.max_queued_stores = 5;
+  EXPECT_EQ(DiskTier::QueuedStoresFor(options), 5u);
+
+  auto tier = OpenTier(Options());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->StoreRoom(), 1024u);
+}
+
 TEST_P(DiskTierTest, WriteErrorStopsStoresAndLoadsGoOn) {
   std::atomic<int> write_errno{0};
   DiskTierOptions options = Options();
