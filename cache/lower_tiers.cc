@@ -425,14 +425,14 @@ bool LowerTiers::DemoteBatch() {
   // the next round offers more).
   const size_t room = std::min<size_t>(kOffloadBatch, disk_tier_->StoreRoom());
   if (room == 0) return false;
-  const std::vector<HostTier::Demotion> batch = host_tier_->PinForDemotion(
+  std::vector<HostTier::Demotion> batch = host_tier_->PinForDemotion(
       demotion_window_, room, options_.disk_admission == DiskAdmission::kReused);
   bool more = !batch.empty();
-  for (const HostTier::Demotion& demotion : batch) {
+  for (HostTier::Demotion& demotion : batch) {
     absl::Status stored = absl::UnavailableError("the disk tier refused this round");
     if (more) {
       // Stores only queue (a copy of the bytes); the disk tier's writer does the I/O.
-      stored = disk_tier_->Store(demotion.identity,
+      stored = disk_tier_->Store(std::move(demotion.identity),
                                  absl::MakeConstSpan(reinterpret_cast<const char*>(demotion.bytes),
                                                      host_tier_->block_bytes()));
       if (stored.ok()) demoted_blocks_.fetch_add(1, std::memory_order_relaxed);

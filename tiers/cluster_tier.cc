@@ -133,7 +133,7 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
     if (!sealer_.has_value()) {
       // The header alone: the bytes go from the record into the batch as pieces.
       headers[i].resize(header_bytes_);
-      results[i] = EncodeRecordHeader({.pool = options_.pool, .block = record.identity},
+      results[i] = EncodeRecordHeader(options_.pool, record.identity, /*sequence=*/0,
                                       absl::MakeSpan(headers[i]));
       if (!results[i].ok()) continue;
     }

@@ -353,8 +353,8 @@ uint32_t DiskTier::QueuedStoresFor(const DiskTierOptions& options) {
 DiskTier::DiskTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DiskTier::~DiskTier() = default;
 
-absl::Status DiskTier::Store(const BlockRecordIdentity& identity, absl::Span<const char> bytes) {
-  return impl_->Store(identity, bytes);
+absl::Status DiskTier::Store(BlockRecordIdentity identity, absl::Span<const char> bytes) {
+  return impl_->Store(std::move(identity), bytes);
 }
 absl::StatusOr<BlockRecordIdentity> DiskTier::Find(const Hash128& hash) const {
   return impl_->Find(hash);

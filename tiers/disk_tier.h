@@ -210,7 +210,7 @@ class DiskTier {
   // RESOURCE_EXHAUSTED: the queue is full (retry later). UNAVAILABLE: stopped after a write
   // error. INVALID_ARGUMENT: bytes.size() != block_bytes or tokens.size() != tokens_per_block.
   // DATA_LOSS: BlockChecksum(bytes) != identity.checksum.
-  absl::Status Store(const BlockRecordIdentity& identity, absl::Span<const char> bytes);
+  absl::Status Store(BlockRecordIdentity identity, absl::Span<const char> bytes);
 
   // The identity of the durable record under `hash`, from memory. NOT_FOUND when there is none.
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const;

@@ -45,7 +45,7 @@ class DiskTier::Impl {
   // records (oldest first in the LRU, by sequence); everything else becomes a free slot.
   absl::Status Scan(uint64_t old_size) ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::Status Store(const BlockRecordIdentity& identity, absl::Span<const char> bytes)
+  absl::Status Store(BlockRecordIdentity identity, absl::Span<const char> bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<BlockRecordIdentity> Find(const Hash128& hash) const ABSL_LOCKS_EXCLUDED(mu_);
   bool Contains(const Hash128& hash) const ABSL_LOCKS_EXCLUDED(mu_);

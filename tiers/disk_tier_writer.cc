@@ -25,8 +25,7 @@ constexpr size_t kMaxRunRecords = IOV_MAX;
 
 }  // namespace
 
-absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
-                                   absl::Span<const char> bytes) {
+absl::Status DiskTier::Impl::Store(BlockRecordIdentity identity, absl::Span<const char> bytes) {
   if (bytes.size() != options_.pool.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block of ", bytes.size(), " bytes; the pool's blocks have ", options_.pool.block_bytes));
@@ -69,15 +68,18 @@ absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
     sequence = next_sequence_++;
     ++outstanding_;
   }
-  // Outside the lock: the copy and the checksum are the expensive part of a store. A sealed
-  // record's header is sealed with its bytes by the writer (SealSlot), off the caller's thread.
-  std::memcpy(buffer + header_bytes_, bytes.data(), bytes.size());
+  // Outside the lock: the copy and the checksum are the expensive part of a store, and are one
+  // pass over the bytes. A sealed record's header is sealed with its bytes by the writer
+  // (SealSlot), off the caller's thread.
   absl::Status status;
-  if (BlockChecksum(buffer + header_bytes_, bytes.size()) != identity.checksum) {
+  if (ChecksumWhileCopying(buffer + header_bytes_, bytes.data(), bytes.size(),
+                           CopyStores::kCached) != identity.checksum) {
     status = absl::DataLossError("block bytes do not match the record's checksum");
   } else if (!sealer_.has_value()) {
-    std::memset(buffer, 0, header_bytes_);
-    status = EncodeRecordHeader({options_.pool, identity, sequence},
+    // The header writes all of its own bytes; only the page's rest is zeroed.
+    const uint64_t encoded = RecordHeaderBytes(options_.tokens_per_block);
+    std::memset(buffer + encoded, 0, header_bytes_ - encoded);
+    status = EncodeRecordHeader(options_.pool, identity, sequence,
                                 absl::MakeSpan(buffer, header_bytes_));
   }
   absl::MutexLock lock(&mu_);
@@ -86,7 +88,7 @@ absl::Status DiskTier::Impl::Store(const BlockRecordIdentity& identity,
     return status;
   }
   ++stats_.stores_accepted;
-  queue_.push_back({identity, buffer, sequence});
+  queue_.push_back({std::move(identity), buffer, sequence});
   return absl::OkStatus();
 }
 

@@ -74,13 +74,18 @@ bool HeaderChecksumMatches(absl::string_view bytes, uint64_t size) {
 }  // namespace
 
 absl::Status EncodeRecordHeader(const RecordHeader& header, absl::Span<char> out) {
-  const std::string& model_id = header.pool.model_id;
+  return EncodeRecordHeader(header.pool, header.block, header.sequence, out);
+}
+
+absl::Status EncodeRecordHeader(const PoolIdentity& pool, const BlockRecordIdentity& block,
+                                uint64_t sequence, absl::Span<char> out) {
+  const std::string& model_id = pool.model_id;
   if (model_id.size() > kMaxRecordModelIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("model id of ", model_id.size(),
                                                    " bytes; a record holds at most ",
                                                    kMaxRecordModelIdBytes));
   }
-  const uint64_t tokens = header.block.tokens.size();
+  const uint64_t tokens = block.tokens.size();
   if (tokens > kMaxRecordTokens) {
     return absl::InvalidArgumentError(
         absl::StrCat(tokens, " tokens; a record holds at most ", kMaxRecordTokens));
@@ -97,19 +102,19 @@ absl::Status EncodeRecordHeader(const RecordHeader& header, absl::Span<char> out
   writer.U32(static_cast<uint32_t>(model_id.size()));
   writer.Bytes(model_id.data(), model_id.size());
   writer.Zeros(kAfterModelIdOffset - writer.offset());
-  writer.U64(header.pool.layout_fingerprint);
-  writer.U32(static_cast<uint32_t>(header.pool.hash_algorithm));
-  writer.U64(header.pool.block_bytes);
-  writer.U64(header.block.hash.hi);
-  writer.U64(header.block.hash.lo);
-  writer.U64(header.block.parent_hash.hi);
-  writer.U64(header.block.parent_hash.lo);
-  writer.U64(header.block.namespace_digest);
-  writer.U64(header.block.extras_digest);
-  writer.U64(header.block.prefix_digest);
-  writer.U64(header.block.checksum);
-  writer.U64(header.sequence);
-  for (uint32_t token : header.block.tokens) writer.U32(token);
+  writer.U64(pool.layout_fingerprint);
+  writer.U32(static_cast<uint32_t>(pool.hash_algorithm));
+  writer.U64(pool.block_bytes);
+  writer.U64(block.hash.hi);
+  writer.U64(block.hash.lo);
+  writer.U64(block.parent_hash.hi);
+  writer.U64(block.parent_hash.lo);
+  writer.U64(block.namespace_digest);
+  writer.U64(block.extras_digest);
+  writer.U64(block.prefix_digest);
+  writer.U64(block.checksum);
+  writer.U64(sequence);
+  for (uint32_t token : block.tokens) writer.U32(token);
   writer.U64(BlockChecksum(out.data(), writer.offset()));
   return absl::OkStatus();
 }

@@ -71,6 +71,9 @@ inline constexpr uint64_t RecordHeaderSlotBytes(uint32_t tokens) {
 // longer than kMaxRecordModelIdBytes, there are more than kMaxRecordTokens tokens, or `out` is
 // shorter than RecordHeaderBytes. Bytes of `out` past the header are left as they are.
 absl::Status EncodeRecordHeader(const RecordHeader& header, absl::Span<char> out);
+// The same from its parts, which a store has apart: no copy of the identity's tokens and tenant.
+absl::Status EncodeRecordHeader(const PoolIdentity& pool, const BlockRecordIdentity& block,
+                                uint64_t sequence, absl::Span<char> out);
 
 // Reads a header from the front of `bytes` (any bytes after it are ignored). NOT_FOUND when the
 // magic is zero (a slot never written); FAILED_PRECONDITION for an intact header of format

@@ -54,6 +54,16 @@ TEST(RecordCodecTest, SizesAreFixedPerTokenCountAndAligned) {
   EXPECT_EQ(a.size(), b.size());
 }
 
+// The disk tier zeroes only the page past the header: the encoder writes every byte up to
+// RecordHeaderBytes itself, the model id's padding included, whatever the buffer held.
+TEST(RecordCodecTest, WritesEveryByteOfTheHeaderWhateverTheBufferHeld) {
+  RecordHeader header = Header();
+  header.pool.model_id = "m";
+  std::string dirty(RecordHeaderBytes(4), '\xa5');
+  ASSERT_OK(EncodeRecordHeader(header.pool, header.block, header.sequence, absl::MakeSpan(dirty)));
+  EXPECT_EQ(dirty, Encode(header).substr(0, RecordHeaderBytes(4)));
+}
+
 TEST(RecordCodecTest, EveryCorruptedByteIsDataLoss) {
   const RecordHeader header = Header();
   const std::string bytes = Encode(header);
