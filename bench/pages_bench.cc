@@ -3,8 +3,8 @@
 // kvcache-manager and redis-server as processes beside this one:
 //   same node   KvCacheClient::WritePages (reserve, copy into the mapped pool checksumming each
 //               page on the way, commit: the daemon publishes) and ReadPagesInto (acquire, verify
-//               each page's checksum while copying it out, send the release without waiting) vs
-//               memcpy of the same 8 MiB (target >= 0.8x).
+//               each page's checksum while copying it out, release) vs memcpy of the same 8 MiB
+//               (target >= 0.8x).
 //               Each is compared with the copy that moves its bytes between memory like its
 //               own: the reads reread one pinned batch into one buffer, as memcpy between two
 //               8 MiB buffers does; the writes' fresh pages walk the 64 MiB pool, so their

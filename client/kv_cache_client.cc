@@ -211,7 +211,6 @@ KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel, Cl
           options_.bearer_token.empty() ? "" : absl::StrCat("Bearer ", options_.bearer_token)) {}
 
 KvCacheClient::~KvCacheClient() {
-  AwaitReleases();  // their callbacks hold the call's memory, not this client's
   absl::MutexLock lifecycle(&lifecycle_mu_);
   StopKeepAlive();
   SessionRef session;

@@ -587,11 +587,7 @@ class KvCacheClient {
   // nothing is published and nothing held. ReadPagesInto acquires, checks each page's checksum
   // over the mapped page while copying it into `destinations[i]` (block_bytes each), and
   // releases: DATA_LOSS naming the page on a mismatch; destinations past the hit are untouched,
-  // and after an error their contents are unspecified. Its release is sent, not waited for: the
-  // bytes are already copied, and waiting for its round trip took a sixth of the reading
-  // thread's CPU (8 MiB batches, 2-core VM). The pages stay pinned until the daemon takes it
-  // (AwaitReleases waits for that); a release that fails leaves them pinned until the session
-  // ends.
+  // and after an error their contents are unspecified.
   absl::StatusOr<PagesStored> WritePages(const MappedPool& mapped,
                                          absl::Span<const std::string> keys,
                                          absl::Span<const absl::string_view> pages,
@@ -600,8 +596,6 @@ class KvCacheClient {
                                           absl::Span<const std::string> keys,
                                           absl::Span<const absl::Span<char>> destinations,
                                           const PageReadOptions& options = {});
-  // Returns once the daemon has answered every release ReadPagesInto sent before this call.
-  void AwaitReleases();
 
   // True from a detected daemon restart until the next successful OpenSession.
   bool epoch_changed() const;
@@ -655,8 +649,6 @@ class KvCacheClient {
   // Readies every call's context: its deadline (now + `timeout`), wait_for_ready and the
   // authorization header.
   void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
-  // ReleaseSequence sent without waiting for its answer (see ReadPagesInto).
-  void ReleaseSequenceUnawaited(const SessionRef& session, uint64_t sequence_id);
   // Adds the authorization header, if the client has a token.
   void AddCredentials(grpc::ClientContext* context) const;
   SessionRef CurrentSession() const;
@@ -699,14 +691,6 @@ class KvCacheClient {
   // (client/block_stream.h), the other calls go through stub_. generic_stub_ is not const only
   // because PrepareCall is not; it changes nothing and is safe to call from any thread.
   const std::unique_ptr<v1::KvCache::Stub> stub_;
-  // ReadPagesInto's releases in flight; shared with their callbacks, which may still be
-  // returning when the destructor, having seen the count reach zero, goes on.
-  struct UnawaitedReleases {
-    absl::Mutex mu;
-    int in_flight ABSL_GUARDED_BY(mu) = 0;
-  };
-  const std::shared_ptr<UnawaitedReleases> unawaited_releases_ =
-      std::make_shared<UnawaitedReleases>();
   grpc::GenericStub generic_stub_;
   const ClientOptions options_;
   // "Bearer <token>", or empty without a token. A secret: never in an error or a log.

@@ -366,44 +366,12 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
       read = PageChecksumMismatch("ReadPagesInto", i, keys[i]);
     }
   }
-  ReleaseSequenceUnawaited(CurrentSession(), acquired.sequence_id);
+  const absl::Status released = ReleaseSequence(acquired.sequence_id);
   RETURN_IF_ERROR(read);
+  RETURN_IF_ERROR(released);
   return PagesRead{.num_pages = static_cast<uint32_t>(acquired.block_ids.size()),
                    .part_masks = std::move(acquired.part_masks),
                    .pages_by_tier = acquired.pages_by_tier};
-}
-
-void KvCacheClient::ReleaseSequenceUnawaited(const SessionRef& session, uint64_t sequence_id) {
-  struct Call {
-    grpc::ClientContext context;
-    v1::ReleaseSequenceRequest request;
-    v1::ReleaseSequenceResponse response;
-  };
-  auto call = std::make_unique<Call>();
-  PrepareContext(&call->context, options_.rpc_timeout);
-  call->request.set_sequence_id(sequence_id);
-  StampSession(session, &call->request);
-  {
-    absl::MutexLock lock(&unawaited_releases_->mu);
-    ++unawaited_releases_->in_flight;
-  }
-  Call* const sent = call.release();
-  stub_->async()->ReleaseSequence(&sent->context, &sent->request, &sent->response,
-                                  [sent, releases = unawaited_releases_](const grpc::Status&) {
-                                    // Whatever the answer: a release that failed leaves the pins to
-                                    // the session's end, and the caller's next call meets a restart
-                                    // or a lost session itself.
-                                    delete sent;
-                                    absl::MutexLock lock(&releases->mu);
-                                    --releases->in_flight;
-                                  });
-}
-
-void KvCacheClient::AwaitReleases() {
-  UnawaitedReleases& releases = *unawaited_releases_;
-  releases.mu.LockWhen(absl::Condition(
-      +[](int* in_flight) { return *in_flight == 0; }, &releases.in_flight));
-  releases.mu.Unlock();
 }
 
 }  // namespace kvcache
