@@ -580,14 +580,22 @@ class KvCacheClient {
   absl::StatusOr<uint32_t> PinPages(absl::string_view pool, absl::Span<const std::string> keys,
                                     absl::Duration ttl, uint32_t priority = 0);
 
-  // Same node, through `mapped` (a host mapping of the pool, of the session's epoch:
-  // FAILED_PRECONDITION locally for a device mapping or one of another epoch). WritePages
-  // reserves, copies each fresh page's `pages[i]` (block_bytes each: INVALID_ARGUMENT locally
-  // otherwise) into its block and commits; on any failure it releases the reservation, so
-  // nothing is published and nothing held. ReadPagesInto acquires, checks each page's checksum
-  // over the mapped page while copying it into `destinations[i]` (block_bytes each), and
-  // releases: DATA_LOSS naming the page on a mismatch; destinations past the hit are untouched,
-  // and after an error their contents are unspecified.
+  // Same node, through `mapped` (a mapping of the pool of the session's epoch:
+  // FAILED_PRECONDITION locally for one of another epoch). WritePages reserves, copies each
+  // fresh page's `pages[i]` (block_bytes each: INVALID_ARGUMENT locally otherwise) into its block
+  // and commits; on any failure it releases the reservation, so nothing is published and nothing
+  // held. ReadPagesInto acquires, checks each page's checksum over the mapped page while copying
+  // it into `destinations[i]` (block_bytes each), and releases: DATA_LOSS naming the page on a
+  // mismatch; destinations past the hit are untouched, and after an error their contents are
+  // unspecified.
+  //
+  // Through a device mapping (CUDA IPC, MappedPool::is_device()), `pages` and `destinations` are
+  // device memory on mapped.device() (or memory it reaches), 16-byte aligned (INVALID_ARGUMENT
+  // locally otherwise): the engine's KV buffers. One kernel copies the batch and checksums each
+  // page on the device (kernels/page_checksum.h), synchronized before the commit or release; the
+  // sources must be complete before the call (the engine's stream synchronized). The pool's pages
+  // must be a multiple of 64 bytes and at least 256 (FAILED_PRECONDITION locally otherwise:
+  // PutPages and GetPages serve such a pool).
   absl::StatusOr<PagesStored> WritePages(const MappedPool& mapped,
                                          absl::Span<const std::string> keys,
                                          absl::Span<const absl::string_view> pages,

@@ -14,10 +14,12 @@
 #include "client/block_stream.h"
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
+#include "client/mapped_pool_cuda.h"
 #include "client/proto_convert.h"
 #include "common/block_checksum.h"
 #include "common/rpc/bytes_field_split.h"
 #include "common/status_macros.h"
+#include "kernels/page_checksum.h"
 
 namespace kvcache {
 namespace {
@@ -75,6 +77,20 @@ absl::Status CheckPagesReply(absl::string_view call, size_t num_pages, size_t nu
 absl::Status PageChecksumMismatch(absl::string_view call, size_t index, absl::string_view key) {
   return absl::DataLossError(absl::StrCat(call, ": page ", index, " (key \"", absl::CHexEscape(key),
                                           "\") does not match its checksum"));
+}
+
+// The engine's side of a page call through a device mapping (`pages`: device addresses the
+// kernel reads or writes): none null, each 16-byte aligned (INVALID_ARGUMENT naming the page).
+absl::Status CheckDevicePages(const char* call, absl::Span<const absl::string_view> pages,
+                              uint64_t page_bytes) {
+  std::vector<kernels::PageCopy> copies;
+  copies.reserve(pages.size());
+  for (const absl::string_view page : pages) {
+    copies.push_back({reinterpret_cast<const uint8_t*>(page.data()), nullptr});
+  }
+  const absl::Status valid = kernels::ValidatePageCopies(copies, page_bytes);
+  if (valid.ok()) return valid;
+  return absl::Status(valid.code(), absl::StrCat(call, ": ", valid.message()));
 }
 
 }  // namespace
@@ -290,9 +306,12 @@ absl::Status KvCacheClient::CheckMappedPages(const char* call, const MappedPool&
                                              absl::Span<const size_t> page_sizes) const {
   ASSIGN_OR_RETURN(const SessionRef session, RequireSession(call));
   if (mapped.is_device()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        call, ": pool '", mapped.name(), "' is mapped as device memory on cuda:", mapped.device(),
-        "; this call copies host memory"));
+    if (const absl::Status pages = kernels::CheckChecksummedPageBytes(mapped.block_bytes());
+        !pages.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(call, ": pool '", mapped.name(), "' is device memory, and its ",
+                       pages.message(), " (PutPages and GetPages serve it)"));
+    }
   }
   if (mapped.epoch() != session.epoch) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -318,21 +337,38 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
   sizes.reserve(pages.size());
   for (const absl::string_view page : pages) sizes.push_back(page.size());
   RETURN_IF_ERROR(CheckMappedPages("WritePages", mapped, keys.size(), sizes));
+  if (mapped.is_device()) {
+    RETURN_IF_ERROR(CheckDevicePages("WritePages", pages, mapped.block_bytes()));
+  }
   ASSIGN_OR_RETURN(const PageReservation reservation,
                    ReservePages(mapped.name(), keys, part_masks));
   absl::Status written = absl::OkStatus();
   // Each page is checksummed while it is copied in, so the daemon need not read the pages back to
-  // checksum them. The copy streams (common/streaming_copy.h): the pool's blocks are for other
-  // processes and not in this one's cache, and a plain copy read each line of them in before
-  // writing it.
+  // checksum them. On the host the copy streams (common/streaming_copy.h): the pool's blocks are
+  // for other processes and not in this one's cache, and a plain copy read each line of them in
+  // before writing it. On a device one kernel copies and checksums the whole batch.
   std::vector<uint64_t> checksums;
+  std::vector<kernels::PageCopy> device_copies;
   for (size_t i = 0; i < keys.size() && written.ok(); ++i) {
     if (reservation.block_ids[i] == kDuplicatePage) continue;
-    absl::StatusOr<absl::Span<uint8_t>> block = mapped.Page(reservation.block_ids[i]);
-    written = block.status();
-    if (!written.ok()) break;
-    checksums.push_back(ChecksumWhileCopying(block->data(), pages[i].data(), pages[i].size(),
-                                             CopyStores::kStreaming));
+    if (reservation.block_ids[i] >= mapped.num_blocks()) {
+      written = absl::OutOfRangeError(absl::StrCat("WritePages: block ", reservation.block_ids[i],
+                                                   " is past pool '", mapped.name(), "'"));
+    } else if (mapped.is_device()) {
+      device_copies.push_back({reinterpret_cast<const uint8_t*>(pages[i].data()),
+                               mapped.Block(reservation.block_ids[i])});
+    } else {
+      absl::StatusOr<absl::Span<uint8_t>> block = mapped.Page(reservation.block_ids[i]);
+      written = block.status();
+      if (!written.ok()) break;
+      checksums.push_back(ChecksumWhileCopying(block->data(), pages[i].data(), pages[i].size(),
+                                               CopyStores::kStreaming));
+    }
+  }
+  if (written.ok() && mapped.is_device()) {
+    checksums.resize(device_copies.size());
+    written = mapped_pool_internal::CopyPagesChecksummed(
+        mapped.device(), device_copies, mapped.block_bytes(), absl::MakeSpan(checksums));
   }
   if (written.ok()) {
     absl::StatusOr<PagesStored> committed = CommitPages(reservation.sequence_id, checksums);
@@ -353,16 +389,40 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
   sizes.reserve(destinations.size());
   for (const absl::Span<char> destination : destinations) sizes.push_back(destination.size());
   RETURN_IF_ERROR(CheckMappedPages("ReadPagesInto", mapped, keys.size(), sizes));
+  if (mapped.is_device()) {
+    std::vector<absl::string_view> pages;
+    pages.reserve(destinations.size());
+    for (const absl::Span<char> destination : destinations) {
+      pages.emplace_back(destination.data(), destination.size());
+    }
+    RETURN_IF_ERROR(CheckDevicePages("ReadPagesInto", pages, mapped.block_bytes()));
+  }
   ASSIGN_OR_RETURN(AcquiredPages acquired, AcquirePages(mapped.name(), keys, options));
   absl::Status read = absl::OkStatus();
+  // One pass over the shared page: the bytes checked are the bytes copied.
+  std::vector<uint64_t> checksums(acquired.block_ids.size());
+  std::vector<kernels::PageCopy> device_copies;
   for (size_t i = 0; i < acquired.block_ids.size() && read.ok(); ++i) {
-    absl::StatusOr<absl::Span<uint8_t>> page = mapped.Page(acquired.block_ids[i]);
-    read = page.status();
-    if (!read.ok()) break;
-    // One pass over the shared page: the bytes checked are the bytes copied.
-    const uint64_t checksum = ChecksumWhileCopying(destinations[i].data(), page->data(),
-                                                   page->size(), CopyStores::kCached);
-    if (checksum != acquired.page_checksums[i]) {
+    if (acquired.block_ids[i] >= mapped.num_blocks()) {
+      read = absl::OutOfRangeError(absl::StrCat("ReadPagesInto: block ", acquired.block_ids[i],
+                                                " is past pool '", mapped.name(), "'"));
+    } else if (mapped.is_device()) {
+      device_copies.push_back({mapped.Block(acquired.block_ids[i]),
+                               reinterpret_cast<uint8_t*>(destinations[i].data())});
+    } else {
+      absl::StatusOr<absl::Span<uint8_t>> page = mapped.Page(acquired.block_ids[i]);
+      read = page.status();
+      if (!read.ok()) break;
+      checksums[i] = ChecksumWhileCopying(destinations[i].data(), page->data(), page->size(),
+                                          CopyStores::kCached);
+    }
+  }
+  if (read.ok() && mapped.is_device()) {
+    read = mapped_pool_internal::CopyPagesChecksummed(
+        mapped.device(), device_copies, mapped.block_bytes(), absl::MakeSpan(checksums));
+  }
+  for (size_t i = 0; i < checksums.size() && read.ok(); ++i) {
+    if (checksums[i] != acquired.page_checksums[i]) {
       read = PageChecksumMismatch("ReadPagesInto", i, keys[i]);
     }
   }

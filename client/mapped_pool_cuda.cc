@@ -11,6 +11,8 @@
 #include "common/cuda/cuda_device.h"
 #include "common/cuda/cuda_status.h"
 #include "common/cuda/scoped_cuda_device.h"
+#include "common/status_macros.h"
+#include "kernels/page_checksum.h"
 
 namespace kvcache::mapped_pool_internal {
 namespace {
@@ -64,6 +66,42 @@ void CloseCudaIpcMapping(uint8_t* base, int device) {
   (void)scoped.Set(device);  // closed on whichever device is current if this fails
   cudaIpcCloseMemHandle(base);
   cudaGetLastError();
+}
+
+absl::Status CopyPagesChecksummed(int device, absl::Span<const kernels::PageCopy> copies,
+                                  uint64_t page_bytes, absl::Span<uint64_t> checksums) {
+  if (copies.empty()) return absl::OkStatus();
+  ScopedCudaDevice scoped;
+  KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  // The list and the checksums are a few KiB: one stream-ordered allocation holds both, and the
+  // per-thread stream keeps concurrent callers (and the legacy stream) apart.
+  const cudaStream_t stream = cudaStreamPerThread;
+  const size_t list_bytes = copies.size() * sizeof(kernels::PageCopy);
+  void* scratch = nullptr;
+  KVCACHE_CUDA_RETURN_IF_ERROR(
+      cudaMallocAsync(&scratch, list_bytes + checksums.size() * sizeof(uint64_t), stream),
+      "allocating the page list");
+  auto* list = static_cast<kernels::PageCopy*>(scratch);
+  auto* device_checksums = reinterpret_cast<uint64_t*>(static_cast<char*>(scratch) + list_bytes);
+  absl::Status status =
+      CudaStatus(cudaMemcpyAsync(list, copies.data(), list_bytes, cudaMemcpyHostToDevice, stream),
+                 "uploading the page list");
+  if (status.ok()) {
+    status = kernels::CopyPagesChecksummedCuda(list, static_cast<uint32_t>(copies.size()),
+                                               page_bytes, device_checksums, stream);
+  }
+  if (status.ok()) {
+    status = CudaStatus(
+        cudaMemcpyAsync(checksums.data(), device_checksums, checksums.size() * sizeof(uint64_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "downloading the page checksums");
+  }
+  const cudaError_t freed = cudaFreeAsync(scratch, stream);
+  const cudaError_t synchronized = cudaStreamSynchronize(stream);
+  RETURN_IF_ERROR(status);
+  KVCACHE_CUDA_RETURN_IF_ERROR(freed, "freeing the page list");
+  KVCACHE_CUDA_RETURN_IF_ERROR(synchronized, "copying the pages");
+  return absl::OkStatus();
 }
 
 }  // namespace kvcache::mapped_pool_internal

@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/mapped_pool_cuda.h"
 #include "common/cuda/not_built.h"
+#include "kernels/page_checksum.h"
 
 namespace kvcache::mapped_pool_internal {
 
@@ -12,5 +13,10 @@ absl::StatusOr<uint8_t*> OpenCudaIpcMapping(absl::string_view handle, int device
 }
 
 void CloseCudaIpcMapping(uint8_t* base, int device) {}
+
+absl::Status CopyPagesChecksummed(int device, absl::Span<const kernels::PageCopy> copies,
+                                  uint64_t page_bytes, absl::Span<uint64_t> checksums) {
+  return NotBuiltWith("CUDA", absl::StrCat("copying pages on cuda:", device));
+}
 
 }  // namespace kvcache::mapped_pool_internal

@@ -1,7 +1,8 @@
 # `cmake --install build --prefix P` installs:
 # - the binaries: kvcache-manager, kvcachectl, kvcache-worker, kvcache-pd, kvcache-demo (P/bin);
 # - the C++ client, kvcache::client, with the libraries its public headers need (kvcache::proto,
-#   the generated v1 API; kvcache::common; kvcache::rpc; kvcache::cuda) as static libraries
+#   the generated v1 API; kvcache::common; kvcache::rpc; kvcache::cuda; kvcache::kernels, whose
+#   page checksum kernel the device page calls use) as static libraries
 #   (P/lib) and their headers (P/include/kvcache);
 # - the CMake package (P/lib/cmake/kvcache), so another service does
 #     find_package(kvcache 0.1 REQUIRED)
@@ -16,7 +17,7 @@ set(KVCACHE_CMAKE_PACKAGE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvcache)
 install(TARGETS kvcache-manager kvcachectl kvcache-worker kvcache-pd kvcache-demo
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-install(TARGETS kvcache_proto kvcache_common kvcache_rpc kvcache_cuda kvcache_client
+install(TARGETS kvcache_proto kvcache_common kvcache_rpc kvcache_cuda kvcache_kernels kvcache_client
         EXPORT kvcacheTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # The client's headers and every header of common/ (the client's include the pool layout, the

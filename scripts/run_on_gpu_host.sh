@@ -3,7 +3,7 @@
 # unpacked (at the build's own path): the GPU tests, then the benchmarks that want a GPU or a
 # bigger machine than CI's. Each part's output also lands in RESULTS_DIR/<part>.log.
 #
-# Usage: [MODES="tests kernels transport data_plane tiers sealed worker"] [RESULTS_DIR=dir] \
+# Usage: [MODES="tests kernels pages transport data_plane tiers sealed worker"] [RESULTS_DIR=dir] \
 #          [PART_TIMEOUT=300] [DATA_PLANE_SECONDS=3] [DISK_BENCH_DIR=dir] \
 #          scripts/run_on_gpu_host.sh [BUILD_DIR]
 # DISK_BENCH_DIR (default BUILD_DIR/bench-disk) holds the disk benches' files: on a disk, not tmpfs.
@@ -33,10 +33,12 @@ run() {
   timeout "${PART_TIMEOUT:-300}" "$@" 2>&1 | tee "$results/$part.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 }
-for mode in ${MODES:-tests kernels transport data_plane tiers sealed worker}; do
+for mode in ${MODES:-tests kernels pages transport data_plane tiers sealed worker}; do
   case $mode in
     tests) run gpu_tests ctest -L gpu -j4 --timeout 200 --output-on-failure ;;
     kernels) run kernels_bench bin/kernels_bench ;;
+    # The page calls through a device mapping (CUDA IPC) vs a device memcpy.
+    pages) run device_pages_bench bin/device_pages_bench 2 ;;
     transport) run transport_bench bin/transport_bench 1 ;;
     data_plane) run data_plane_bench bin/data_plane_bench "${DATA_PLANE_SECONDS:-3}" ;;
     # Tier 2 loads into a CUDA pool vs cudaMemcpyAsync from the same page-locked memory.

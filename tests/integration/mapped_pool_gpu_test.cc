@@ -5,19 +5,32 @@
 // exporter, which CUDA would refuse), to check the device accessors and the epoch after a
 // daemon restart.
 //
+// DevicePagesGpuTest: the page calls through the device mapping (pages named by keys, issue 31),
+// from this process's device buffers: WritePages and ReadPagesInto round trip byte for byte and
+// agree with PutPages / GetPages over the wire (whose host-side checksums check the kernel's); a
+// byte changed in the device pool is DATA_LOSS naming the page; bad device addresses are refused
+// before anything is reserved.
+//
 // Label gpu: every case skips ("no CUDA device") without a device or in a build without CUDA.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/mapped_pool.h"
+#include "common/compatibility_manifest.h"
 #include "common/cuda/cuda_device.h"
 #include "tests/integration/daemon_process_fixture.h"
 #include "tests/integration/kv_pattern.h"
 #include "tests/testing/status_matchers.h"
+
+#if KVCACHE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace kvcache::testing {
 namespace {
@@ -121,6 +134,176 @@ TEST_F(MappedPoolGpuTest, RestartedDaemonIsANewEpochWithANewHandle) {
       RunClient({"read-kv", "default", std::to_string(2 * kBlockSize + 1), "7000"});
   EXPECT_EQ(reread.num_cached_tokens, 0u);
 }
+
+#if KVCACHE_WITH_CUDA
+
+// A pool of 64 KiB pages, "kv" 60 KiB on every page and a one-page trailing "state" of 4 KiB.
+class DevicePagesGpuTest : public DaemonProcessTest {
+ protected:
+  static constexpr uint64_t kPageBytes = 64 << 10;
+  static constexpr uint32_t kPages = 8;
+
+  void SetUp() override {
+    DaemonProcessTest::SetUp();
+    if (!MappedPool::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device (built without CUDA)";
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    device_flag_ = "cuda:0";
+    pool_name_ = "pages";
+    pool_flag_ =
+        "pages:model=demo:layers=1:kv_heads=8:head_dim=128:block_size=16:dtype=fp16:blocks=32:"
+        "parts=kv/60K+state/4K/trailing1";
+    ASSERT_NO_FATAL_FAILURE(StartDaemon());
+    absl::StatusOr<std::unique_ptr<KvCacheClient>> client = KvCacheClient::Connect(target_);
+    ASSERT_OK(client);
+    client_ = *std::move(client);
+    ASSERT_OK(client_->OpenSession(
+        "", "device-pages", absl::Minutes(5),
+        ManifestFields{.model_id = "demo",
+                       .model_config_digest = "device-pages",
+                       .kv_dtype = "fp16",
+                       .page_tokens = 16,
+                       .parts = {{"kv", kPageBytes - (4 << 10)}, {"state", 4 << 10}}}));
+    absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("pages");
+    ASSERT_OK(described);
+    absl::StatusOr<std::unique_ptr<MappedPool>> mapped = MappedPool::Map(*described);
+    ASSERT_OK(mapped);
+    mapped_ = *std::move(mapped);
+    ASSERT_TRUE(mapped_->is_device());
+    ASSERT_EQ(mapped_->block_bytes(), kPageBytes);
+    ASSERT_EQ(cudaMalloc(&sources_, kPages * kPageBytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&destinations_, kPages * kPageBytes), cudaSuccess);
+    host_.resize(kPages * kPageBytes);
+    std::mt19937_64 rng(31);
+    for (char& byte : host_) byte = static_cast<char>(rng());
+    ASSERT_EQ(cudaMemcpy(sources_, host_.data(), host_.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+
+  void TearDown() override {
+    mapped_.reset();  // closed before the daemon frees the memory
+    client_.reset();
+    if (sources_ != nullptr) cudaFree(sources_);
+    if (destinations_ != nullptr) cudaFree(destinations_);
+    DaemonProcessTest::TearDown();
+  }
+
+  static std::vector<std::string> Keys(const std::string& prefix, size_t count) {
+    std::vector<std::string> keys;
+    for (size_t i = 0; i < count; ++i) keys.push_back(absl::StrCat(prefix, "/", i));
+    return keys;
+  }
+  // Page i of the device buffers (`offset` bytes in, to misalign it).
+  std::vector<absl::string_view> SourcePages(size_t count, size_t offset = 0) const {
+    std::vector<absl::string_view> pages;
+    for (size_t i = 0; i < count; ++i) {
+      pages.emplace_back(sources_ + i * kPageBytes + offset, kPageBytes);
+    }
+    return pages;
+  }
+  std::vector<absl::Span<char>> DestinationPages(size_t count, size_t offset = 0) const {
+    std::vector<absl::Span<char>> pages;
+    for (size_t i = 0; i < count; ++i) {
+      pages.emplace_back(destinations_ + i * kPageBytes + offset, kPageBytes);
+    }
+    return pages;
+  }
+  std::string Downloaded(size_t count) const {
+    std::string bytes(count * kPageBytes, '\0');
+    EXPECT_EQ(cudaMemcpy(bytes.data(), destinations_, bytes.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return bytes;
+  }
+  uint32_t Referenced() {
+    absl::StatusOr<KvCacheClient::PoolDescription> described = client_->DescribePool("pages");
+    EXPECT_OK(described);
+    return described.ok() ? described->counts.referenced : 0;
+  }
+
+  std::unique_ptr<KvCacheClient> client_;
+  std::unique_ptr<MappedPool> mapped_;
+  char* sources_ = nullptr;
+  char* destinations_ = nullptr;
+  std::string host_;  // what sources_ holds
+};
+
+TEST_F(DevicePagesGpuTest, WritePagesAndReadPagesIntoRoundTripFromDeviceBuffers) {
+  const std::vector<std::string> keys = Keys("device", kPages);
+  absl::StatusOr<KvCacheClient::PagesStored> written =
+      client_->WritePages(*mapped_, keys, SourcePages(kPages));
+  ASSERT_OK(written);
+  EXPECT_EQ(written->num_published, kPages);
+  EXPECT_EQ(Referenced(), 0u);
+
+  absl::StatusOr<KvCacheClient::PagesRead> read =
+      client_->ReadPagesInto(*mapped_, keys, DestinationPages(kPages));
+  ASSERT_OK(read);
+  EXPECT_EQ(read->num_pages, kPages);
+  EXPECT_TRUE(Downloaded(kPages) == host_) << "the pages read differ from those written";
+  EXPECT_EQ(Referenced(), 0u);
+
+  // Over the wire the client checksums on the host what the kernel checksummed on the device.
+  absl::StatusOr<KvCacheClient::GotPages> got = client_->GetPages("pages", keys);
+  ASSERT_OK(got);
+  ASSERT_EQ(got->pages.size(), kPages);
+  for (size_t i = 0; i < kPages; ++i) {
+    EXPECT_TRUE(got->pages[i] == host_.substr(i * kPageBytes, kPageBytes)) << "page " << i;
+  }
+
+  // Written over the wire, read through the device mapping; a second write is all duplicates.
+  const std::vector<std::string> wire_keys = Keys("wire", 2);
+  std::vector<absl::string_view> wire_pages;
+  for (size_t i = 0; i < 2; ++i) {
+    wire_pages.push_back(absl::string_view(host_).substr((i + 4) * kPageBytes, kPageBytes));
+  }
+  ASSERT_OK(client_->PutPages("pages", wire_keys, wire_pages));
+  ASSERT_OK(client_->ReadPagesInto(*mapped_, wire_keys, DestinationPages(2)));
+  EXPECT_TRUE(Downloaded(2) == host_.substr(4 * kPageBytes, 2 * kPageBytes));
+  absl::StatusOr<KvCacheClient::PagesStored> again =
+      client_->WritePages(*mapped_, keys, SourcePages(kPages));
+  ASSERT_OK(again);
+  EXPECT_EQ(again->num_published, 0u);
+  EXPECT_EQ(again->num_duplicates, kPages);
+  EXPECT_EQ(Referenced(), 0u);
+}
+
+TEST_F(DevicePagesGpuTest, AByteChangedInTheDevicePoolIsDataLossNamingThePage) {
+  const std::vector<std::string> keys = Keys("changed", 3);
+  ASSERT_OK(client_->WritePages(*mapped_, keys, SourcePages(3)));
+  absl::StatusOr<KvCacheClient::AcquiredPages> acquired = client_->AcquirePages("pages", keys);
+  ASSERT_OK(acquired);
+  ASSERT_EQ(acquired->block_ids.size(), 3u);
+  // A stray write into a published page, behind the daemon's back.
+  ASSERT_EQ(cudaMemset(mapped_->Block(acquired->block_ids[1]) + 4000, 0x5a, 1), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_OK(client_->ReleaseSequence(acquired->sequence_id));
+
+  EXPECT_THAT(client_->ReadPagesInto(*mapped_, keys, DestinationPages(3)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("ReadPagesInto: page 1 (key \"changed/1\")")));
+  EXPECT_THAT(client_->GetPages("pages", keys), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(Referenced(), 0u);
+}
+
+TEST_F(DevicePagesGpuTest, MisalignedDeviceAddressesAreRefusedBeforeAnythingIsReserved) {
+  const std::vector<std::string> keys = Keys("misaligned", 2);
+  EXPECT_THAT(
+      client_->WritePages(*mapped_, keys, SourcePages(2, /*offset=*/8)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("WritePages: page 0: the source and destination must be 16-byte")));
+  ASSERT_OK(client_->WritePages(*mapped_, keys, SourcePages(2)));
+  EXPECT_THAT(client_->ReadPagesInto(*mapped_, keys, DestinationPages(2, /*offset=*/4)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ReadPagesInto: page 0")));
+  std::vector<absl::string_view> with_null = SourcePages(2);
+  with_null[1] = absl::string_view(nullptr, 0);
+  EXPECT_THAT(client_->WritePages(*mapped_, Keys("null", 2), with_null),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page 1 has 0 bytes")));
+  EXPECT_EQ(Referenced(), 0u);
+  absl::StatusOr<KvCacheClient::PagesFound> found = client_->ExistsPages("pages", Keys("null", 2));
+  ASSERT_OK(found);
+  EXPECT_EQ(found->num_pages, 0u);
+}
+
+#endif  // KVCACHE_WITH_CUDA
 
 }  // namespace
 }  // namespace kvcache::testing
