@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -36,6 +37,33 @@ absl::Status OpenStatus(cudaError_t error, absl::string_view what) {
     default:
       return CudaStatus(error, what);
   }
+}
+
+// This thread's page-locked, device-mapped scratch of at least `bytes` (CopyPagesChecksummed's
+// list and checksums), grown as needed and freed when the thread exits. Under unified addressing
+// (every 64-bit platform CUDA supports) its host address is also its device address, on every
+// device (cudaHostAllocPortable).
+absl::StatusOr<char*> ThreadPageList(size_t bytes) {
+  struct PageList {
+    ~PageList() {
+      if (memory != nullptr) cudaFreeHost(memory);  // fails harmlessly after CUDA's own teardown
+    }
+    char* memory = nullptr;
+    size_t capacity = 0;
+  };
+  thread_local PageList list;
+  if (bytes <= list.capacity) return list.memory;
+  if (list.memory != nullptr) cudaFreeHost(list.memory);
+  list.memory = nullptr;
+  list.capacity = 0;
+  const size_t capacity = std::max<size_t>(bytes, 4096);
+  void* memory = nullptr;
+  KVCACHE_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&memory, capacity, cudaHostAllocMapped | cudaHostAllocPortable),
+      "allocating the page list");
+  list.memory = static_cast<char*>(memory);
+  list.capacity = capacity;
+  return list.memory;
 }
 
 }  // namespace
@@ -73,34 +101,20 @@ absl::Status CopyPagesChecksummed(int device, absl::Span<const kernels::PageCopy
   if (copies.empty()) return absl::OkStatus();
   ScopedCudaDevice scoped;
   KVCACHE_CUDA_RETURN_IF_ERROR(scoped.Set(device), absl::StrCat("cudaSetDevice(", device, ")"));
-  // The list and the checksums are a few KiB: one stream-ordered allocation holds both, and the
-  // per-thread stream keeps concurrent callers (and the legacy stream) apart.
-  const cudaStream_t stream = cudaStreamPerThread;
+  // The kernel reads the list from, and writes the checksums into, page-locked host memory of
+  // this thread's: copying them up and down through a device allocation cost 100 us of a 128-page
+  // batch on an H200 host (the kernel itself: 19 us). A thread's calls run one after another, on
+  // its own stream (which keeps concurrent callers, and the legacy stream, apart).
   const size_t list_bytes = copies.size() * sizeof(kernels::PageCopy);
-  void* scratch = nullptr;
-  KVCACHE_CUDA_RETURN_IF_ERROR(
-      cudaMallocAsync(&scratch, list_bytes + checksums.size() * sizeof(uint64_t), stream),
-      "allocating the page list");
-  auto* list = static_cast<kernels::PageCopy*>(scratch);
-  auto* device_checksums = reinterpret_cast<uint64_t*>(static_cast<char*>(scratch) + list_bytes);
-  absl::Status status =
-      CudaStatus(cudaMemcpyAsync(list, copies.data(), list_bytes, cudaMemcpyHostToDevice, stream),
-                 "uploading the page list");
-  if (status.ok()) {
-    status = kernels::CopyPagesChecksummedCuda(list, static_cast<uint32_t>(copies.size()),
-                                               page_bytes, device_checksums, stream);
-  }
-  if (status.ok()) {
-    status = CudaStatus(
-        cudaMemcpyAsync(checksums.data(), device_checksums, checksums.size() * sizeof(uint64_t),
-                        cudaMemcpyDeviceToHost, stream),
-        "downloading the page checksums");
-  }
-  const cudaError_t freed = cudaFreeAsync(scratch, stream);
-  const cudaError_t synchronized = cudaStreamSynchronize(stream);
-  RETURN_IF_ERROR(status);
-  KVCACHE_CUDA_RETURN_IF_ERROR(freed, "freeing the page list");
-  KVCACHE_CUDA_RETURN_IF_ERROR(synchronized, "copying the pages");
+  ASSIGN_OR_RETURN(char* list, ThreadPageList(list_bytes + checksums.size() * sizeof(uint64_t)));
+  std::memcpy(list, copies.data(), list_bytes);
+  auto* listed_checksums = reinterpret_cast<uint64_t*>(list + list_bytes);
+  const cudaStream_t stream = cudaStreamPerThread;
+  RETURN_IF_ERROR(kernels::CopyPagesChecksummedCuda(reinterpret_cast<kernels::PageCopy*>(list),
+                                                    static_cast<uint32_t>(copies.size()),
+                                                    page_bytes, listed_checksums, stream));
+  KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "copying the pages");
+  std::memcpy(checksums.data(), listed_checksums, checksums.size() * sizeof(uint64_t));
   return absl::OkStatus();
 }
 
