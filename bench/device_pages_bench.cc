@@ -5,7 +5,9 @@
 //           device buffers (acquire, the same kernel out of the pool, verify, release) vs one
 //           cudaMemcpy of the same 8 MiB, device to device, synchronized;
 //   kernel  kernels::CopyPagesChecksummedCuda of the batch alone vs the same cudaMemcpy: what the
-//           checksums cost on the device, apart from the round trips.
+//           checksums cost on the device, apart from the round trips;
+//   parts   each call's round trips alone (no byte copied) and the client's device copy alone
+//           (list up, kernel, checksums down, synchronized), in microseconds per batch.
 // The daemon is kvcache-manager --device cuda:0 on a Unix socket, a child process.
 //
 // Usage: device_pages_bench [seconds per comparison]. Exits 1 at the first failed call or wrong
@@ -27,6 +29,7 @@
 #include "bench/interleaved_rates.h"
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
+#include "client/mapped_pool_cuda.h"
 #include "common/block_checksum.h"
 #include "common/cuda/cuda_device.h"
 #include "common/cuda/cuda_status.h"
@@ -165,8 +168,37 @@ int Run(const std::string& dir, double seconds) {
     return bytes;
   };
 
-  enum { kWrite, kRead, kKernel, kMemcpy };
-  const InterleavedRates rates(seconds, 5, {write, read, kernel, device_memcpy});
+  // Where a call's time goes: its round trips with no byte copied (a reservation committed with
+  // the batch's checksums, whatever the blocks hold; an acquire released), and the client's
+  // device copy alone (the list up, the kernel, the checksums down, synchronized).
+  std::vector<uint64_t> batch_checksums(checksums, checksums + batch);
+  const auto write_round_trips = [&] {
+    const KvCacheClient::PageReservation reservation = bench::ValueOrFail(
+        client->ReservePages("pages", Keys(absl::StrCat("fresh-", next_batch++), batch)),
+        "ReservePages");
+    const KvCacheClient::PagesStored stored = bench::ValueOrFail(
+        client->CommitPages(reservation.sequence_id, batch_checksums), "CommitPages");
+    return stored.num_published == batch ? bytes : 0;
+  };
+  const auto read_round_trips = [&] {
+    const KvCacheClient::AcquiredPages acquired =
+        bench::ValueOrFail(client->AcquirePages("pages", cached), "AcquirePages");
+    bench::CheckOk(client->ReleaseSequence(acquired.sequence_id), "ReleaseSequence");
+    return acquired.block_ids.size() == batch ? bytes : 0;
+  };
+  std::vector<kernels::PageCopy> client_copies(copies, copies + batch);
+  const auto client_copy = [&] {
+    bench::CheckOk(
+        mapped_pool_internal::CopyPagesChecksummed(mapped->device(), client_copies, kPageBytes,
+                                                   absl::MakeSpan(batch_checksums)),
+        "CopyPagesChecksummed");
+    return bytes;
+  };
+
+  enum { kWrite, kRead, kKernel, kMemcpy, kWriteTrips, kReadTrips, kClientCopy };
+  const InterleavedRates rates(
+      seconds, 5,
+      {write, read, kernel, device_memcpy, write_round_trips, read_round_trips, client_copy});
   std::printf("batch of %zu pages of %llu KiB (%.1f MiB); GB/s (1e9 bytes/s)\n", batch,
               static_cast<unsigned long long>(kPageBytes >> 10), bytes / 1048576.0);
   std::printf(
@@ -174,6 +206,12 @@ int Run(const std::string& dir, double seconds) {
       "write/memcpy %.2fx  read/memcpy %.2fx  kernel/memcpy %.2fx\n",
       rates.Median(kWrite), rates.Median(kRead), rates.Median(kKernel), rates.Median(kMemcpy),
       rates.Ratio(kWrite, kMemcpy), rates.Ratio(kRead, kMemcpy), rates.Ratio(kKernel, kMemcpy));
+  const auto micros = [&](size_t op) { return bytes / (rates.Median(op) * 1e3); };
+  std::printf(
+      "per batch, us: WritePages %.0f = reserve+commit round trips %.0f + device copy %.0f; "
+      "ReadPagesInto %.0f = acquire+release %.0f + device copy; kernel alone %.0f, memcpy %.0f\n",
+      micros(kWrite), micros(kWriteTrips), micros(kClientCopy), micros(kRead), micros(kReadTrips),
+      micros(kKernel), micros(kMemcpy));
   cudaFreeHost(list);
   cudaFree(sources);
   cudaFree(destinations);

@@ -17,9 +17,10 @@
 // Writes use fresh keys each time (a key present already is a duplicate: nothing is copied);
 // Redis overwrites the same keys. Rates are medians of 5 interleaved slices, ratios the medians
 // of the slices' side-by-side ratios (bench/interleaved_rates.h).
-// Usage: pages_bench [seconds per comparison]; pages_bench SECONDS write|read|put|get|exists runs
-// that alone, for perf. Exits 1 at the first failed call or wrong byte (bench/bench_run.h);
-// KVCACHE_BENCH_SMOKE=1 runs batches of 8 pages (and 64 keys to look up).
+// Usage: pages_bench [seconds per comparison]; pages_bench SECONDS write|read|put|get|exists|
+// reserve-commit|acquire-release runs that alone, for perf (the last two: a same-node call's
+// round trips with no byte copied). Exits 1 at the first failed call or wrong byte
+// (bench/bench_run.h); KVCACHE_BENCH_SMOKE=1 runs batches of 8 pages (and 64 keys to look up).
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -201,6 +202,29 @@ void Run(const std::string& dir, double seconds, const std::string& only) {
     if (only == "get") std::printf("GetPages: %.2f GB/s\n", bench::Bandwidth(seconds, get));
     if (only == "exists") {
       std::printf("ExistsPages: %.0f calls/s\n", bench::Bandwidth(seconds, exists) * 1e9);
+    }
+    // The same-node calls' round trips alone, no byte copied (a reservation committed with
+    // checksums whatever its blocks hold; an acquire released): batches per second.
+    if (only == "reserve-commit") {
+      const std::vector<uint64_t> checksums(batch, 1);
+      std::printf(
+          "ReservePages+CommitPages: %.0f batches/s\n",
+          bench::Bandwidth(seconds, [&] {
+            const KvCacheClient::PageReservation reservation =
+                bench::ValueOrFail(client->ReservePages("pages", fresh_keys()), "ReservePages");
+            check_stored(client->CommitPages(reservation.sequence_id, checksums), "CommitPages");
+            return uint64_t{1};
+          }) * 1e9);
+    }
+    if (only == "acquire-release") {
+      std::printf("AcquirePages+ReleaseSequence: %.0f batches/s\n",
+                  bench::Bandwidth(seconds, [&] {
+                    const KvCacheClient::AcquiredPages acquired =
+                        bench::ValueOrFail(client->AcquirePages("pages", cached), "AcquirePages");
+                    bench::CheckOk(client->ReleaseSequence(acquired.sequence_id),
+                                   "ReleaseSequence");
+                    return uint64_t{acquired.block_ids.size() == batch};
+                  }) * 1e9);
     }
     return;
   }

@@ -97,9 +97,13 @@ void KvEventLog::BlocksStored(uint32_t pool_index, absl::string_view tenant,
   StoredLocked(pool_index, 0, std::move(event), KvEventRetention::kIndexed);
 }
 
-void KvEventLog::PageStored(uint32_t pool_index, absl::string_view tenant, StoredBlock block,
-                            PageName name) {
-  auto event = NewPageEvent(tenant, std::move(block), std::move(name));
+void KvEventLog::PagesStored(uint32_t pool_index, absl::string_view tenant,
+                             std::vector<StoredBlock> blocks, std::vector<std::string> keys,
+                             std::string manifest_digest) {
+  if (blocks.empty()) return;
+  auto event = NewStoredEvent(tenant, std::nullopt, std::move(blocks));
+  event->page_keys = std::move(keys);
+  event->manifest_digest = std::move(manifest_digest);
   absl::MutexLock lock(&mu_);
   StoredLocked(pool_index, 0, std::move(event), KvEventRetention::kIndexed);
 }
@@ -156,8 +160,11 @@ void KvEventLog::IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, c
   }
   Entry& entry = pool.entries[id];
   const bool indexed = entry.in_use;
+  const bool is_page = !event.page_keys.empty() && !event.page_keys[position].empty();
+  // A page has no parent, also when its event announces others before it.
   const std::optional<Hash128> parent =
-      position == 0 ? event.parent_hash : std::optional<Hash128>(event.blocks[position - 1].hash);
+      is_page || position == 0 ? event.parent_hash
+                               : std::optional<Hash128>(event.blocks[position - 1].hash);
   entry.hash = block.hash;
   entry.parent_hash = parent.value_or(Hash128{});
   entry.has_parent = parent.has_value();
@@ -177,7 +184,7 @@ void KvEventLog::IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, c
   } else if (entry.has_tokens) {
     pool.odd_tokens[id] = block.token_ids;
   }
-  entry.is_page = !event.page_keys.empty() && !event.page_keys[position].empty();
+  entry.is_page = is_page;
   if (entry.is_page) {
     pool.pages[id] =
         PageName{.key = event.page_keys[position], .manifest_digest = event.manifest_digest};

@@ -139,8 +139,11 @@ class KvEventLog {
   // The pool's calls for tier 1, made under its own mutex. `blocks` is a chain (see KvEvent).
   void BlocksStored(uint32_t pool_index, absl::string_view tenant,
                     std::optional<Hash128> parent_hash, std::vector<StoredBlock> blocks);
-  // A page: one block, no parent, named by `name`.
-  void PageStored(uint32_t pool_index, absl::string_view tenant, StoredBlock block, PageName name);
+  // Pages of one call, in its key order, each named by its key (`keys`, one per block) and the
+  // session's `manifest_digest`: one event with no parent, and no parent per page either (an
+  // engine key names its prefix itself), as vLLM announces a batch of offloaded blocks.
+  void PagesStored(uint32_t pool_index, absl::string_view tenant, std::vector<StoredBlock> blocks,
+                   std::vector<std::string> keys, std::string manifest_digest);
   // One event per tenant among the hashes' owners; hashes never announced are dropped.
   void BlocksRemoved(uint32_t pool_index, absl::Span<const Hash128> hashes);
 

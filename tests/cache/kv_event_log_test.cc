@@ -202,25 +202,28 @@ TEST(KvEventLogTest, LiveOnlyStoresAreSentButNotSnapshotted) {
   EXPECT_THAT(log.TakeSnapshot(KvEventFilter{}).events, IsEmpty());
 }
 
-// A page is announced by its engine key, which its removal and a snapshot carry too: a router
-// removes by the key it stored, and a watcher resuming from a snapshot sees the same names.
-TEST(KvEventLogTest, APageCarriesItsKeyInItsStoreItsRemovalAndTheSnapshot) {
+// Pages are announced by their engine keys, which their removal and a snapshot carry too: a
+// router removes by the key it stored, and a watcher resuming from a snapshot sees the same
+// names. A call's pages are one event, and no page has a parent, in the event or the snapshot.
+TEST(KvEventLogTest, PagesCarryTheirKeysInTheirStoreTheirRemovalAndTheSnapshot) {
   KvEventLog log;
   log.AddPool(0, "p", "CPU", 2);
   const std::string key("engine\0key", 10);
   log.BlocksStored(0, "a", std::nullopt, {Block(1)});
-  log.PageStored(0, "a", StoredBlock{.hash = H(2), .extras_digest = 3},
-                 PageName{.key = key, .manifest_digest = "00ff"});
+  log.PagesStored(0, "a",
+                  {StoredBlock{.hash = H(2), .extras_digest = 3},
+                   StoredBlock{.hash = H(3), .extras_digest = 1}},
+                  {key, "key-3"}, "00ff");
   KvEventLog::Snapshot snapshot = log.TakeSnapshot({});
-  ASSERT_EQ(snapshot.events.size(), 2u);
+  ASSERT_EQ(snapshot.events.size(), 3u);
   for (const KvEvent& event : snapshot.events) {
-    if (event.blocks[0].hash == H(2)) {
-      EXPECT_THAT(event.page_keys, ElementsAre(key));
-      EXPECT_EQ(event.manifest_digest, "00ff");
-      EXPECT_EQ(event.parent_hash, std::nullopt);
-    } else {
+    if (event.blocks[0].hash == H(1)) {
       EXPECT_THAT(event.page_keys, IsEmpty());
       EXPECT_EQ(event.manifest_digest, "");
+    } else {
+      EXPECT_THAT(event.page_keys, ElementsAre(event.blocks[0].hash == H(2) ? key : "key-3"));
+      EXPECT_EQ(event.manifest_digest, "00ff");
+      EXPECT_EQ(event.parent_hash, std::nullopt);
     }
   }
   const std::optional<KvEventLog::Announcement> announced = log.FindAnnounced(0, H(2));
@@ -228,6 +231,8 @@ TEST(KvEventLogTest, APageCarriesItsKeyInItsStoreItsRemovalAndTheSnapshot) {
   ASSERT_TRUE(announced->page.has_value());
   EXPECT_EQ(announced->page->key, key);
   EXPECT_EQ(announced->page->manifest_digest, "00ff");
+  EXPECT_EQ(log.FindAnnounced(0, H(3))->parent_hash, std::nullopt);
+  EXPECT_EQ(log.FindAnnounced(0, H(3))->page->key, "key-3");
   EXPECT_FALSE(log.FindAnnounced(0, H(1))->page.has_value());
 
   // A token block's removal pays nothing; one with a page names every hash, "" for tokens.
@@ -235,7 +240,8 @@ TEST(KvEventLogTest, APageCarriesItsKeyInItsStoreItsRemovalAndTheSnapshot) {
   KvEventLog::ReadResult read = log.Read(1, 10);
   ASSERT_EQ(read.events.size(), 3u);
   EXPECT_THAT(read.events[0]->page_keys, IsEmpty());
-  EXPECT_THAT(read.events[1]->page_keys, ElementsAre(key));
+  EXPECT_THAT(read.events[1]->page_keys, ElementsAre(key, "key-3"));
+  EXPECT_EQ(read.events[1]->parent_hash, std::nullopt);
   EXPECT_THAT(read.events[1]->blocks[0].token_ids, IsEmpty());
   EXPECT_THAT(read.events[2]->removed, ElementsAre(H(2), H(1)));
   EXPECT_THAT(read.events[2]->page_keys, ElementsAre(key, ""));

@@ -591,22 +591,28 @@ TEST_F(PoolPagesTest, APoorerPagePutLaterLeavesTheRicherCopyBelow) {
 }
 
 // A page's events name it by the engine's key and manifest, not by tokens (its tokens are the
-// key's first bytes, which mean nothing to a router): its store, one page an event with no
-// parent, and its removal, by the key the router stored.
+// key's first bytes, which mean nothing to a router): its store, the call's pages one event with
+// no parent, and its removal, by the key the router stored.
 TEST_F(PoolPagesTest, PagesAreAnnouncedAndRemovedByTheirEngineKeys) {
   const std::vector<std::string> keys = Keys("announced", 3);
   uint64_t start = events_->next_sequence();
   ASSERT_OK(Put(session_, keys, {kKv, kKv, kBoth}));
   std::vector<std::shared_ptr<const KvEvent>> stored =
       Events(start, KvEventKind::kBlocksStored, "CPU");
-  ASSERT_EQ(stored.size(), 3u);
-  for (size_t i = 0; i < stored.size(); ++i) {
-    EXPECT_THAT(stored[i]->page_keys, ElementsAre(keys[i]));
-    EXPECT_EQ(stored[i]->manifest_digest, ManifestDigest());
-    EXPECT_EQ(stored[i]->tenant, "tenant-a");
-    EXPECT_EQ(stored[i]->parent_hash, std::nullopt);
-    ASSERT_EQ(stored[i]->blocks.size(), 1u);
-    EXPECT_THAT(stored[i]->blocks[0].token_ids, ::testing::IsEmpty());
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_THAT(stored[0]->page_keys, ElementsAre(keys[0], keys[1], keys[2]));
+  EXPECT_EQ(stored[0]->manifest_digest, ManifestDigest());
+  EXPECT_EQ(stored[0]->tenant, "tenant-a");
+  EXPECT_EQ(stored[0]->parent_hash, std::nullopt);
+  ASSERT_EQ(stored[0]->blocks.size(), 3u);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_THAT(stored[0]->blocks[i].token_ids, ::testing::IsEmpty());
+    EXPECT_EQ(PartMaskIn(stored[0]->blocks[i].extras_digest), i == 2 ? kBoth : kKv) << i;
+  }
+  // Each page stays without a parent in the log's index (what a snapshot and the lower tiers'
+  // announcements read).
+  for (const StoredBlock& block : stored[0]->blocks) {
+    EXPECT_EQ(events_->FindAnnounced(0, block.hash)->parent_hash, std::nullopt);
   }
   // A duplicate is not announced again.
   start = events_->next_sequence();

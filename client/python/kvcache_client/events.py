@@ -8,10 +8,10 @@ snapshot: AllBlocksCleared, every cached block as BlocksStored, the last batch m
 snapshot starts a new snapshot. The events themselves are the generated kvcache_pb2.KvEvent
 messages (one of blocks_stored, blocks_removed, all_blocks_cleared).
 
-Pages (pages named by an engine's keys) are named by the engine's key, not by tokens: a page's
-BlocksStored holds one StoredBlock with `page_key` set (the key's bytes), no token_ids and no
-parent, and `manifest_digest` (32 hex digits; empty when a restarted daemon found the page on
-disk); a BlocksRemoved that removes a page has `page_keys`, one per hash (b"" for a token
+Pages (pages named by an engine's keys) are named by the engine's key, not by tokens: the pages
+one call stored are one BlocksStored with a StoredBlock per page, in the call's key order, each
+with `page_key` set (the key's bytes) and no token_ids, no parent (no page has one), and
+`manifest_digest` (32 hex digits; empty when a restarted daemon found the page on disk); a BlocksRemoved that removes a page has `page_keys`, one per hash (b"" for a token
 block). `page_keys_of` reads them from either.
 """
 
