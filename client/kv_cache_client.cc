@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "client/page_releases.h"
 #include "client/proto_convert.h"
 #include "client/read_file.h"
 #include "common/rpc/grpc_status.h"
@@ -208,9 +209,11 @@ KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel, Cl
       generic_stub_(std::move(channel)),
       options_(std::move(options)),
       authorization_(
-          options_.bearer_token.empty() ? "" : absl::StrCat("Bearer ", options_.bearer_token)) {}
+          options_.bearer_token.empty() ? "" : absl::StrCat("Bearer ", options_.bearer_token)),
+      page_releases_(std::make_unique<PageReleases>(this)) {}
 
 KvCacheClient::~KvCacheClient() {
+  page_releases_.reset();  // its last releases go before the session is closed
   absl::MutexLock lifecycle(&lifecycle_mu_);
   StopKeepAlive();
   SessionRef session;

@@ -15,6 +15,7 @@
 #include "client/kv_cache_client.h"
 #include "client/mapped_pool.h"
 #include "client/mapped_pool_cuda.h"
+#include "client/page_releases.h"
 #include "client/proto_convert.h"
 #include "common/block_checksum.h"
 #include "common/rpc/bytes_field_split.h"
@@ -426,12 +427,64 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
       read = PageChecksumMismatch("ReadPagesInto", i, keys[i]);
     }
   }
-  const absl::Status released = ReleaseSequence(acquired.sequence_id);
-  RETURN_IF_ERROR(read);
-  RETURN_IF_ERROR(released);
+  if (!read.ok()) {
+    ReleaseSequence(acquired.sequence_id).IgnoreError();  // the read's error is the answer
+    return read;
+  }
+  page_releases_->Send(CurrentSession(), acquired.sequence_id);
   return PagesRead{.num_pages = static_cast<uint32_t>(acquired.block_ids.size()),
                    .part_masks = std::move(acquired.part_masks),
                    .pages_by_tier = acquired.pages_by_tier};
+}
+
+void KvCacheClient::AwaitReleases() { page_releases_->Await(); }
+
+KvCacheClient::PageReleases::~PageReleases() {
+  std::thread thread;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    thread = std::move(thread_);
+  }
+  if (thread.joinable()) thread.join();
+}
+
+void KvCacheClient::PageReleases::Send(const SessionRef& session, uint64_t sequence_id) {
+  absl::MutexLock lock(&mu_);
+  queued_.emplace_back(session, sequence_id);
+  ++unanswered_;
+  if (!thread_.joinable()) thread_ = std::thread(&PageReleases::Loop, this);
+}
+
+void KvCacheClient::PageReleases::Await() {
+  mu_.LockWhen(absl::Condition(
+      +[](uint64_t* unanswered) { return *unanswered == 0; }, &unanswered_));
+  mu_.Unlock();
+}
+
+void KvCacheClient::PageReleases::Loop() {
+  const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !queued_.empty();
+  };
+  mu_.Lock();
+  while (true) {
+    mu_.Await(absl::Condition(&ready));
+    if (queued_.empty()) break;  // stopping, and everything sent
+    const auto [session, sequence_id] = queued_.front();
+    queued_.pop_front();
+    mu_.Unlock();
+    v1::ReleaseSequenceRequest request;
+    request.set_sequence_id(sequence_id);
+    StampSession(session, &request);
+    v1::ReleaseSequenceResponse response;
+    grpc::ClientContext context;
+    client_->PrepareContext(&context, client_->options_.rpc_timeout);
+    // Whatever the answer: see the class comment.
+    client_->stub_->ReleaseSequence(&context, request, &response);
+    mu_.Lock();
+    --unanswered_;
+  }
+  mu_.Unlock();
 }
 
 }  // namespace kvcache

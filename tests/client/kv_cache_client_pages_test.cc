@@ -232,6 +232,7 @@ TEST_F(PagesClientTest, WritePagesAndReadPagesIntoRoundTripByteForByte) {
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_TRUE(out[i] == pages[i]) << "page " << i << " differs";
   }
+  client_->AwaitReleases();  // the release was sent, not waited for
   ExpectNothingHeld();
 
   // The other way round: written over the wire, read through the mapping part by part.
@@ -252,6 +253,35 @@ TEST_F(PagesClientTest, WritePagesAndReadPagesIntoRoundTripByteForByte) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the pool has kv, state")));
   EXPECT_EQ(Counts().referenced, 2u);  // pinned until released
   ASSERT_OK(client_->ReleaseSequence(acquired->sequence_id));
+  ExpectNothingHeld();
+}
+
+// ReadPagesInto sends its release from a thread of the client's without waiting for it. A client
+// destroyed at once sends it before it closes its session, and nothing stays pinned; a client
+// that reads on gets the same bytes every time while the releases go out beside it.
+TEST_F(PagesClientTest, AReaderDestroyedRightAfterReadPagesIntoLeavesNothingPinned) {
+  std::unique_ptr<MappedPool> mapped = Map();
+  ASSERT_NE(mapped, nullptr);
+  const std::vector<std::string> keys = Keys("reader", 2);
+  ASSERT_OK(Put(*client_, keys));
+  std::vector<std::string> out(keys.size(), std::string(page_bytes_, '\0'));
+  std::vector<absl::Span<char>> destinations;
+  for (std::string& page : out) destinations.push_back(absl::MakeSpan(page));
+  for (int round = 0; round < 20; ++round) {
+    std::unique_ptr<KvCacheClient> reader = Connect();
+    ASSERT_OK(reader->OpenSession("default", "reader", kLongTtl, Manifest()));
+    absl::StatusOr<KvCacheClient::PagesRead> read =
+        reader->ReadPagesInto(*mapped, keys, destinations);
+    ASSERT_OK(read);
+    EXPECT_EQ(read->num_pages, 2u);
+    EXPECT_TRUE(out == Pages(keys)) << "round " << round;
+  }
+  ExpectNothingHeld();
+  for (int read = 0; read < 50; ++read) {
+    ASSERT_OK(client_->ReadPagesInto(*mapped, keys, destinations));
+    EXPECT_TRUE(out == Pages(keys)) << "read " << read;
+  }
+  client_->AwaitReleases();
   ExpectNothingHeld();
 }
 

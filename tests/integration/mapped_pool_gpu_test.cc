@@ -239,6 +239,7 @@ TEST_F(DevicePagesGpuTest, WritePagesAndReadPagesIntoRoundTripFromDeviceBuffers)
   ASSERT_OK(read);
   EXPECT_EQ(read->num_pages, kPages);
   EXPECT_TRUE(Downloaded(kPages) == host_) << "the pages read differ from those written";
+  client_->AwaitReleases();  // the release was sent, not waited for
   EXPECT_EQ(Referenced(), 0u);
 
   // Over the wire the client checksums on the host what the kernel checksummed on the device.
@@ -263,6 +264,7 @@ TEST_F(DevicePagesGpuTest, WritePagesAndReadPagesIntoRoundTripFromDeviceBuffers)
   ASSERT_OK(again);
   EXPECT_EQ(again->num_published, 0u);
   EXPECT_EQ(again->num_duplicates, kPages);
+  client_->AwaitReleases();
   EXPECT_EQ(Referenced(), 0u);
 }
 
