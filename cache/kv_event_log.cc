@@ -58,6 +58,19 @@ uint32_t KvEventLog::TenantLocked(absl::string_view tenant) {
   return it->second;
 }
 
+uint32_t KvEventLog::ManifestLocked(absl::string_view digest) {
+  if (auto it = manifest_ids_.find(digest); it != manifest_ids_.end()) return it->second;
+  const uint32_t id = static_cast<uint32_t>(manifests_.size());
+  manifests_.emplace_back(digest);
+  manifest_ids_.emplace(std::string(digest), id);
+  return id;
+}
+
+PageName KvEventLog::PageNameLocked(const PoolInfo& pool, uint32_t entry) const {
+  const IndexedPage& page = pool.pages.find(entry)->second;
+  return PageName{.key = page.key, .manifest_digest = manifests_[page.manifest]};
+}
+
 void KvEventLog::AppendLocked(std::shared_ptr<KvEvent> event) {
   event->sequence = next_sequence_++;
   event->time = clock_->Now();
@@ -133,15 +146,16 @@ void KvEventLog::StoredLocked(uint32_t pool_index, uint32_t medium, std::shared_
   event->block_size = pool.block_size;
   if (retention == KvEventRetention::kIndexed) {
     const uint32_t tenant = TenantLocked(event->tenant);
+    const uint32_t manifest = event->page_keys.empty() ? 0 : ManifestLocked(event->manifest_digest);
     for (uint32_t position = 0; position < event->blocks.size(); ++position) {
-      IndexLocked(pool, medium, tenant, *event, position);
+      IndexLocked(pool, medium, tenant, manifest, *event, position);
     }
   }
   AppendLocked(std::move(event));
 }
 
-void KvEventLog::IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, const KvEvent& event,
-                             uint32_t position) {
+void KvEventLog::IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, uint32_t manifest,
+                             const KvEvent& event, uint32_t position) {
   const StoredBlock& block = event.blocks[position];
   uint32_t id = kNoEntry;
   if (auto it = pool.index.find(EntryKey{medium, block.hash}); it != pool.index.end()) {
@@ -186,8 +200,7 @@ void KvEventLog::IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, c
   }
   entry.is_page = is_page;
   if (entry.is_page) {
-    pool.pages[id] =
-        PageName{.key = event.page_keys[position], .manifest_digest = event.manifest_digest};
+    pool.pages[id] = IndexedPage{.key = event.page_keys[position], .manifest = manifest};
   }
   if (!indexed) pool.index.insert(id);
 }
@@ -285,7 +298,7 @@ std::optional<KvEventLog::Announcement> KvEventLog::FindAnnounced(uint32_t pool_
   Announcement announcement{
       .tenant = tenants_[entry.tenant],
       .parent_hash = entry.has_parent ? std::optional<Hash128>(entry.parent_hash) : std::nullopt};
-  if (entry.is_page) announcement.page = pool.pages.find(found)->second;
+  if (entry.is_page) announcement.page = PageNameLocked(pool, found);
   return announcement;
 }
 
@@ -377,9 +390,9 @@ KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const
                                            .token_ids = TokensOf(pool, *it),
                                            .extras_digest = entry.extras_digest});
         if (entry.is_page) {
-          const PageName& name = pool.pages.find(*it)->second;
-          event.page_keys.push_back(name.key);
-          event.manifest_digest = name.manifest_digest;
+          PageName name = PageNameLocked(pool, *it);
+          event.page_keys.push_back(std::move(name.key));
+          event.manifest_digest = std::move(name.manifest_digest);
         }
         snapshot.events.push_back(std::move(event));
       }

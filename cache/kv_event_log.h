@@ -258,6 +258,12 @@ class KvEventLog {
       return e.medium == key.medium && e.hash == key.hash;
     }
   };
+  // A page entry's name: its key, and its manifest digest as an id into manifests_ (a session's
+  // pages share one, and a string of its 32 digits per page cost an allocation each).
+  struct IndexedPage {
+    std::string key;
+    uint32_t manifest = 0;
+  };
   // Tokens of entries `kTokenChunk` at a time: each chunk packs at its own width, so a wide
   // token repacks one chunk, not the pool.
   static constexpr uint32_t kTokenChunk = 4096;
@@ -277,7 +283,7 @@ class KvEventLog {
     std::vector<std::unique_ptr<PackedTokens>> token_chunks;  // block_size tokens per entry
     // Tokens of entries whose count is neither 0 nor block_size (not seen from a pool).
     absl::flat_hash_map<uint32_t, std::vector<uint32_t>> odd_tokens;
-    absl::flat_hash_map<uint32_t, PageName> pages;  // the entries that are pages
+    absl::flat_hash_map<uint32_t, IndexedPage> pages;  // the entries that are pages
   };
 
   void AppendLocked(std::shared_ptr<KvEvent> event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -285,11 +291,14 @@ class KvEventLog {
   uint32_t MediumLocked(uint32_t pool_index, absl::string_view medium)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t TenantLocked(absl::string_view tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t ManifestLocked(absl::string_view digest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PageName PageNameLocked(const PoolInfo& pool, uint32_t entry) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void StoredLocked(uint32_t pool_index, uint32_t medium, std::shared_ptr<KvEvent> event,
                     KvEventRetention retention) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Indexes (or re-announces) block `position` of `event`, a BlocksStored of the pool's.
-  void IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, const KvEvent& event,
-                   uint32_t position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, uint32_t manifest,
+                   const KvEvent& event, uint32_t position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(PoolInfo& pool, uint32_t entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemovedLocked(uint32_t pool_index, uint32_t medium, absl::Span<const Hash128> hashes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -310,6 +319,9 @@ class KvEventLog {
   // Every tenant an indexed block has had, by the id entries hold.
   std::vector<std::string> tenants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> tenant_ids_ ABSL_GUARDED_BY(mu_);
+  // Every manifest digest a page has been announced with, by the id IndexedPage holds.
+  std::vector<std::string> manifests_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> manifest_ids_ ABSL_GUARDED_BY(mu_);
 
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> dropped_{};
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> replays_{};
