@@ -15,10 +15,12 @@
 
 #include <cstdint>
 
+// Inline on the host and, compiled by nvcc, on the device too (a name of its own: the macro
+// common/float_convert.h defines is not inline).
 #ifdef __CUDACC__
-#define KVCACHE_HOST_DEVICE __host__ __device__ __forceinline__
+#define KVCACHE_XXH3_INLINE __host__ __device__ __forceinline__
 #else
-#define KVCACHE_HOST_DEVICE inline
+#define KVCACHE_XXH3_INLINE inline
 #endif
 
 namespace kvcache::kernels::xxh3_blocks {
@@ -46,7 +48,7 @@ struct Keys {
 Keys DefaultKeys();
 
 // XXH3_INIT_ACC, lane `lane`.
-KVCACHE_HOST_DEVICE uint64_t InitialLane(int lane) {
+KVCACHE_XXH3_INLINE uint64_t InitialLane(int lane) {
   constexpr uint64_t kInit[kLanes] = {
       0xC2B2AE3Dull,         0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
       0x85EBCA77C2B2AE63ull, 0x85EBCA77ull,         0x27D4EB2F165667C5ull, 0x9E3779B1ull};
@@ -56,7 +58,7 @@ KVCACHE_HOST_DEVICE uint64_t InitialLane(int lane) {
 // Four lanes' share of one stripe (XXH3_scalarRound for lanes 4h..4h+3, whose i ^ 1 partners
 // are among them): `words` are the stripe's words of those lanes, `keys` their keys, and the
 // results are added to `sums` (those lanes).
-KVCACHE_HOST_DEVICE void AddStripeHalf(const uint64_t (&words)[4], const uint64_t (&keys)[4],
+KVCACHE_XXH3_INLINE void AddStripeHalf(const uint64_t (&words)[4], const uint64_t (&keys)[4],
                                        uint64_t (&sums)[4]) {
 #ifdef __CUDACC__
 #pragma unroll
@@ -69,14 +71,14 @@ KVCACHE_HOST_DEVICE void AddStripeHalf(const uint64_t (&words)[4], const uint64_
 }
 
 // XXH3_scalarScrambleRound for one lane.
-KVCACHE_HOST_DEVICE uint64_t Scramble(uint64_t lane, uint64_t key) {
+KVCACHE_XXH3_INLINE uint64_t Scramble(uint64_t lane, uint64_t key) {
   lane ^= lane >> 47;
   lane ^= key;
   return lane * kPrime32_1;
 }
 
 // XXH3_mul128_fold64.
-KVCACHE_HOST_DEVICE uint64_t Mul128Fold64(uint64_t a, uint64_t b) {
+KVCACHE_XXH3_INLINE uint64_t Mul128Fold64(uint64_t a, uint64_t b) {
 #ifdef __CUDA_ARCH__
   return (a * b) ^ __umul64hi(a, b);
 #else
@@ -86,7 +88,7 @@ KVCACHE_HOST_DEVICE uint64_t Mul128Fold64(uint64_t a, uint64_t b) {
 }
 
 // XXH3_mergeAccs then XXH3_avalanche: the hash of `input_bytes` bytes from the final lanes.
-KVCACHE_HOST_DEVICE uint64_t Merge(const uint64_t (&lanes)[kLanes], uint64_t input_bytes,
+KVCACHE_XXH3_INLINE uint64_t Merge(const uint64_t (&lanes)[kLanes], uint64_t input_bytes,
                                    const Keys& keys) {
   uint64_t result = input_bytes * kPrime64_1;
 #ifdef __CUDACC__
@@ -102,19 +104,19 @@ KVCACHE_HOST_DEVICE uint64_t Merge(const uint64_t (&lanes)[kLanes], uint64_t inp
 
 // Whole blocks scrambled along the chain; the rest (1 to 16 stripes, the last keyed apart)
 // summed at the end. REQUIRES: input_bytes >= kMinInputBytes and a multiple of kStripeBytes.
-KVCACHE_HOST_DEVICE uint64_t ChainedBlocks(uint64_t input_bytes) {
+KVCACHE_XXH3_INLINE uint64_t ChainedBlocks(uint64_t input_bytes) {
   return (input_bytes - 1) / kBlockBytes;
 }
-KVCACHE_HOST_DEVICE uint64_t TailStripes(uint64_t input_bytes) {
+KVCACHE_XXH3_INLINE uint64_t TailStripes(uint64_t input_bytes) {
   return (input_bytes - ChainedBlocks(input_bytes) * kBlockBytes) / kStripeBytes;
 }
 
 // The key of lane 4 * half + j for stripe `stripe` of a chained block.
-KVCACHE_HOST_DEVICE uint64_t BlockKey(const Keys& keys, uint64_t stripe, int half, int j) {
+KVCACHE_XXH3_INLINE uint64_t BlockKey(const Keys& keys, uint64_t stripe, int half, int j) {
   return keys.words[stripe + 4 * half + j];
 }
 // The same for stripe `stripe` of the tail of `tail_stripes`: the last keyed apart.
-KVCACHE_HOST_DEVICE uint64_t TailKey(const Keys& keys, uint64_t stripe, uint64_t tail_stripes,
+KVCACHE_XXH3_INLINE uint64_t TailKey(const Keys& keys, uint64_t stripe, uint64_t tail_stripes,
                                      int half, int j) {
   return stripe + 1 == tail_stripes ? keys.last_stripe[4 * half + j]
                                     : BlockKey(keys, stripe, half, j);
