@@ -168,11 +168,10 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
     SealWorkers::Group sealing(options_.seal_workers.get());
     for (size_t i = 0; i < records.size(); ++i) {
       if (!results[i].ok()) continue;
-      // The bytes are encrypted straight into the two values, made on the worker too.
-      sealing.Run([this, &record = records[i], &buffer = sealed_values[i], &result = results[i],
+      // The bytes are encrypted straight into the two values.
+      sealed_values[i] = TakeSealBuffer();
+      sealing.Run([this, &record = records[i], head = sealed_values[i].get(), &result = results[i],
                    &done = sealed[i], head_value_bytes, tail_bytes] {
-        buffer.reset(new char[head_value_bytes + tail_bytes]);
-        char* const head = buffer.get();
         const SealPiece pieces[] = {
             {record.bytes.data(), head + header_bytes_, head_data_bytes_},
             {record.bytes.data() + head_data_bytes_, head + head_value_bytes, tail_bytes}};
@@ -208,7 +207,34 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
   for (const absl::Status& result : results) {
     (result.ok() ? stored_ : store_failures_).fetch_add(1, std::memory_order_relaxed);
   }
+  if (sealer_.has_value()) KeepSealBuffers(std::move(sealed_values));
   return results;
+}
+
+std::unique_ptr<char[]> ClusterTier::TakeSealBuffer() {
+  {
+    absl::MutexLock lock(&spare_mu_);
+    if (!spare_seal_buffers_.empty()) {
+      std::unique_ptr<char[]> buffer = std::move(spare_seal_buffers_.back());
+      spare_seal_buffers_.pop_back();
+      return buffer;
+    }
+  }
+  // Not zero-filled: the cipher's output fills it.
+  return std::unique_ptr<char[]>(new char[header_bytes_ + options_.pool.block_bytes]);
+}
+
+void ClusterTier::KeepSealBuffers(std::vector<std::unique_ptr<char[]>> buffers) {
+  // At most 64 MiB kept (and at least one buffer): a batch's worth for blocks up to 2 MiB.
+  constexpr uint64_t kKeptBytes = 64 << 20;
+  const size_t keep =
+      std::max<uint64_t>(1, kKeptBytes / (header_bytes_ + options_.pool.block_bytes));
+  absl::MutexLock lock(&spare_mu_);
+  for (std::unique_ptr<char[]>& buffer : buffers) {
+    if (buffer == nullptr) continue;
+    if (spare_seal_buffers_.size() >= keep) break;
+    spare_seal_buffers_.push_back(std::move(buffer));
+  }
 }
 
 ClusterTier::Found ClusterTier::CheckHead(absl::string_view value,

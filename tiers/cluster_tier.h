@@ -54,6 +54,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "redis/redis_cluster.h"
 #include "tiers/block_record.h"
@@ -214,6 +215,13 @@ class ClusterTier {
   std::atomic<uint64_t> corrupt_{0};
   std::atomic<uint64_t> unopened_{0};
   TenantCounters open_failures_;  // own synchronization
+
+  // Sealed values' buffers (a record's head and tail, header_bytes_ + block_bytes), kept from one
+  // Store for the next: a fresh one per record had its pages faulted in anew each batch.
+  std::unique_ptr<char[]> TakeSealBuffer();
+  void KeepSealBuffers(std::vector<std::unique_ptr<char[]>> buffers);
+  absl::Mutex spare_mu_;
+  std::vector<std::unique_ptr<char[]>> spare_seal_buffers_ ABSL_GUARDED_BY(spare_mu_);
 };
 
 }  // namespace kvcache
