@@ -213,7 +213,7 @@ KvCacheClient::KvCacheClient(std::shared_ptr<grpc::ChannelInterface> channel, Cl
       page_releases_(std::make_unique<PageReleases>(this)) {}
 
 KvCacheClient::~KvCacheClient() {
-  page_releases_.reset();  // its last releases go before the session is closed
+  page_releases_.reset();  // before the session closes: that releases what it had queued
   absl::MutexLock lifecycle(&lifecycle_mu_);
   StopKeepAlive();
   SessionRef session;

@@ -444,6 +444,11 @@ KvCacheClient::PageReleases::~PageReleases() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    // The client closes its session next, which releases these; sending them first could wait
+    // out a deadline each on a daemon that does not answer.
+    unanswered_ -= queued_.size();
+    queued_.clear();
+    if (in_flight_ != nullptr) in_flight_->TryCancel();
     thread = std::move(thread_);
   }
   if (thread.joinable()) thread.join();
@@ -469,19 +474,21 @@ void KvCacheClient::PageReleases::Loop() {
   mu_.Lock();
   while (true) {
     mu_.Await(absl::Condition(&ready));
-    if (queued_.empty()) break;  // stopping, and everything sent
+    if (stopping_) break;
     const auto [session, sequence_id] = queued_.front();
     queued_.pop_front();
-    mu_.Unlock();
     v1::ReleaseSequenceRequest request;
     request.set_sequence_id(sequence_id);
     StampSession(session, &request);
     v1::ReleaseSequenceResponse response;
     grpc::ClientContext context;
     client_->PrepareContext(&context, client_->options_.rpc_timeout);
+    in_flight_ = &context;
+    mu_.Unlock();
     // Whatever the answer: see the class comment.
     client_->stub_->ReleaseSequence(&context, request, &response);
     mu_.Lock();
+    in_flight_ = nullptr;
     --unanswered_;
   }
   mu_.Unlock();

@@ -8,6 +8,8 @@
 #ifndef KVCACHE_CLIENT_PAGE_RELEASES_H_
 #define KVCACHE_CLIENT_PAGE_RELEASES_H_
 
+#include <grpcpp/client_context.h>
+
 #include <cstdint>
 #include <deque>
 #include <thread>
@@ -23,7 +25,8 @@ class KvCacheClient::PageReleases {
  public:
   // `client` must outlive this; it is destroyed first of the client's parts.
   explicit PageReleases(KvCacheClient* client) : client_(client) {}
-  // Sends what is queued, then stops the thread.
+  // Drops what is still queued (the client closes its session next, which releases it), cancels
+  // the release in flight and stops the thread.
   ~PageReleases();
   PageReleases(const PageReleases&) = delete;
   PageReleases& operator=(const PageReleases&) = delete;
@@ -41,6 +44,7 @@ class KvCacheClient::PageReleases {
   std::deque<std::pair<SessionRef, uint64_t>> queued_ ABSL_GUARDED_BY(mu_);
   uint64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // queued or being sent
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* in_flight_ ABSL_GUARDED_BY(mu_) = nullptr;  // the release being sent
   std::thread thread_ ABSL_GUARDED_BY(mu_);
 };
 
