@@ -80,18 +80,29 @@ absl::Status PageChecksumMismatch(absl::string_view call, size_t index, absl::st
                                           "\") does not match its checksum"));
 }
 
-// The engine's side of a page call through a device mapping (`pages`: device addresses the
-// kernel reads or writes): none null, each 16-byte aligned (INVALID_ARGUMENT naming the page).
-absl::Status CheckDevicePages(const char* call, absl::Span<const absl::string_view> pages,
-                              uint64_t page_bytes) {
+// The engine's side of a page call through a device mapping (`pages`: string_views or spans of
+// device addresses the kernel reads or writes): none null, each 16-byte aligned
+// (INVALID_ARGUMENT naming the page).
+template <typename Pages>
+absl::Status CheckDevicePages(const char* call, const Pages& pages, uint64_t page_bytes) {
   std::vector<kernels::PageCopy> copies;
   copies.reserve(pages.size());
-  for (const absl::string_view page : pages) {
+  for (const auto& page : pages) {
     copies.push_back({reinterpret_cast<const uint8_t*>(page.data()), nullptr});
   }
   const absl::Status valid = kernels::ValidatePageCopies(copies, page_bytes);
   if (valid.ok()) return valid;
   return absl::Status(valid.code(), absl::StrCat(call, ": ", valid.message()));
+}
+
+// A reserved or acquired block's device address, after checking that the daemon's id is in the
+// pool (MappedPool::Page checks it for host mappings).
+absl::StatusOr<uint8_t*> DeviceBlock(const char* call, const MappedPool& mapped, uint32_t block) {
+  if (block >= mapped.num_blocks()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(call, ": block ", block, " is past pool '", mapped.name(), "'"));
+  }
+  return mapped.Block(block);
 }
 
 }  // namespace
@@ -352,12 +363,11 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
   std::vector<kernels::PageCopy> device_copies;
   for (size_t i = 0; i < keys.size() && written.ok(); ++i) {
     if (reservation.block_ids[i] == kDuplicatePage) continue;
-    if (reservation.block_ids[i] >= mapped.num_blocks()) {
-      written = absl::OutOfRangeError(absl::StrCat("WritePages: block ", reservation.block_ids[i],
-                                                   " is past pool '", mapped.name(), "'"));
-    } else if (mapped.is_device()) {
-      device_copies.push_back({reinterpret_cast<const uint8_t*>(pages[i].data()),
-                               mapped.Block(reservation.block_ids[i])});
+    if (mapped.is_device()) {
+      absl::StatusOr<uint8_t*> block = DeviceBlock("WritePages", mapped, reservation.block_ids[i]);
+      written = block.status();
+      if (!written.ok()) break;
+      device_copies.push_back({reinterpret_cast<const uint8_t*>(pages[i].data()), *block});
     } else {
       absl::StatusOr<absl::Span<uint8_t>> block = mapped.Page(reservation.block_ids[i]);
       written = block.status();
@@ -391,12 +401,7 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
   for (const absl::Span<char> destination : destinations) sizes.push_back(destination.size());
   RETURN_IF_ERROR(CheckMappedPages("ReadPagesInto", mapped, keys.size(), sizes));
   if (mapped.is_device()) {
-    std::vector<absl::string_view> pages;
-    pages.reserve(destinations.size());
-    for (const absl::Span<char> destination : destinations) {
-      pages.emplace_back(destination.data(), destination.size());
-    }
-    RETURN_IF_ERROR(CheckDevicePages("ReadPagesInto", pages, mapped.block_bytes()));
+    RETURN_IF_ERROR(CheckDevicePages("ReadPagesInto", destinations, mapped.block_bytes()));
   }
   ASSIGN_OR_RETURN(AcquiredPages acquired, AcquirePages(mapped.name(), keys, options));
   absl::Status read = absl::OkStatus();
@@ -404,12 +409,11 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
   std::vector<uint64_t> checksums(acquired.block_ids.size());
   std::vector<kernels::PageCopy> device_copies;
   for (size_t i = 0; i < acquired.block_ids.size() && read.ok(); ++i) {
-    if (acquired.block_ids[i] >= mapped.num_blocks()) {
-      read = absl::OutOfRangeError(absl::StrCat("ReadPagesInto: block ", acquired.block_ids[i],
-                                                " is past pool '", mapped.name(), "'"));
-    } else if (mapped.is_device()) {
-      device_copies.push_back({mapped.Block(acquired.block_ids[i]),
-                               reinterpret_cast<uint8_t*>(destinations[i].data())});
+    if (mapped.is_device()) {
+      absl::StatusOr<uint8_t*> block = DeviceBlock("ReadPagesInto", mapped, acquired.block_ids[i]);
+      read = block.status();
+      if (!read.ok()) break;
+      device_copies.push_back({*block, reinterpret_cast<uint8_t*>(destinations[i].data())});
     } else {
       absl::StatusOr<absl::Span<uint8_t>> page = mapped.Page(acquired.block_ids[i]);
       read = page.status();

@@ -257,8 +257,10 @@ TEST_F(PagesClientTest, WritePagesAndReadPagesIntoRoundTripByteForByte) {
 }
 
 // ReadPagesInto sends its release from a thread of the client's without waiting for it. A client
-// destroyed at once sends it before it closes its session, and nothing stays pinned; a client
-// that reads on gets the same bytes every time while the releases go out beside it.
+// destroyed at once stops that thread before anything of it is gone (what this part checks is
+// for the sanitizers: closing the session releases the pages either way); a client that reads on
+// gets the same bytes every time while the releases go out beside it, and AwaitReleases leaves
+// nothing pinned.
 TEST_F(PagesClientTest, AReaderDestroyedRightAfterReadPagesIntoLeavesNothingPinned) {
   std::unique_ptr<MappedPool> mapped = Map();
   ASSERT_NE(mapped, nullptr);
