@@ -63,9 +63,9 @@ std::shared_ptr<const TierKeyring> BenchKeyring() {
   return bench::ValueOrFail(TierKeyring::FromKeys({key}), "TierKeyring::FromKeys");
 }
 
-// The daemon's seal workers (SealWorkers::DefaultThreads()).
-std::shared_ptr<SealWorkers> BenchSealWorkers() {
-  static const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+// The daemon's seal workers (TaskWorkers::DefaultThreads()).
+std::shared_ptr<TaskWorkers> BenchTaskWorkers() {
+  static const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
   return workers;
 }
 
@@ -75,7 +75,7 @@ DiskTierOptions Options(const std::string& path, uint64_t block_bytes, uint64_t 
   options.path = path;
   options.pool = {.model_id = "bench", .layout_fingerprint = 1, .block_bytes = block_bytes};
   options.tokens_per_block = kTokens;
-  if (keyring != nullptr) options.seal_workers = BenchSealWorkers();
+  if (keyring != nullptr) options.seal_workers = BenchTaskWorkers();
   options.keyring = std::move(keyring);
   options.capacity_bytes = blocks * DiskTier::SlotBytesFor(options);
   options.read_depth = kDepth;
@@ -257,7 +257,7 @@ int Run(const std::string& dir, uint64_t block_bytes, uint64_t blocks) {
   std::printf(
       "load    DiskTier::LoadMany sealed  %7.2f GiB/s  %.2fx unsealed (opened, decrypted in "
       "place; %d seal workers)\n",
-      gib / sealed_loaded, loaded / sealed_loaded, BenchSealWorkers()->threads());
+      gib / sealed_loaded, loaded / sealed_loaded, BenchTaskWorkers()->threads());
   std::printf("restart scan of %llu slots         %7.1f ms (%.1f us a slot)\n",
               static_cast<unsigned long long>(blocks), scan_seconds * 1e3,
               scan_seconds * 1e6 / blocks);

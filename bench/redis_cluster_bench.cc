@@ -95,16 +95,16 @@ std::shared_ptr<const TierKeyring> BenchKeyring() {
   return bench::ValueOrFail(TierKeyring::FromKeys({key}), "TierKeyring::FromKeys");
 }
 
-// The daemon's seal workers (SealWorkers::DefaultThreads(), and the daemon's look-before-sleep
+// The daemon's seal workers (TaskWorkers::DefaultThreads(), and the daemon's look-before-sleep
 // time unless KVCACHE_BENCH_SEAL_SPIN_US says another: an experiment's knob).
-std::shared_ptr<SealWorkers> BenchSealWorkers() {
+std::shared_ptr<TaskWorkers> BenchTaskWorkers() {
   static const auto workers = [] {
     const char* spin_us = std::getenv("KVCACHE_BENCH_SEAL_SPIN_US");
     int64_t us = 0;
     return spin_us != nullptr && absl::SimpleAtoi(spin_us, &us)
-               ? std::make_shared<SealWorkers>(SealWorkers::DefaultThreads(),
+               ? std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads(),
                                                absl::Microseconds(us))
-               : std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+               : std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
   }();
   return workers;
 }
@@ -113,7 +113,7 @@ std::shared_ptr<SealWorkers> BenchSealWorkers() {
 // loading thread itself while it waited for them.
 std::string SealTaskShares() {
   static uint64_t workers_before = 0, callers_before = 0;
-  const SealWorkers& workers = *BenchSealWorkers();
+  const TaskWorkers& workers = *BenchTaskWorkers();
   const uint64_t on_workers = workers.ran_on_workers() - workers_before;
   const uint64_t by_callers = workers.ran_by_callers() - callers_before;
   workers_before = workers.ran_on_workers();
@@ -127,7 +127,7 @@ std::unique_ptr<ClusterTier> MakeTier(const RedisClusterProcess& redis, uint64_t
                                       bool fit_size_classes,
                                       std::shared_ptr<const TierKeyring> keyring = nullptr) {
   ClusterTierOptions options;
-  if (keyring != nullptr) options.seal_workers = BenchSealWorkers();
+  if (keyring != nullptr) options.seal_workers = BenchTaskWorkers();
   options.keyring = std::move(keyring);
   options.redis.seeds = redis.addresses();
   options.redis.io_timeout = absl::Seconds(10);

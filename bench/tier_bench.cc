@@ -367,7 +367,7 @@ DiskOnlyPool MakeDiskOnlyPool(const PoolLayout& layout, uint32_t prefix_blocks,
   made.options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
   made.options.disk_tier_path = path;
   if (keyring != nullptr) {
-    static const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+    static const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
     made.options.tier_seal_workers = workers;  // the daemon's
   }
   made.options.tier_keyring = std::move(keyring);

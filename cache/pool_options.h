@@ -17,7 +17,7 @@
 #include "common/pool_layout.h"
 #include "redis/redis_cluster.h"
 #include "tiers/disk_tier.h"
-#include "tiers/seal_workers.h"
+#include "common/task_workers.h"
 #include "tiers/tier_keyring.h"
 
 namespace kvcache {
@@ -69,8 +69,8 @@ struct PoolOptions {
   // and 2 stay in memory and are never sealed. One keyring may serve every pool.
   std::shared_ptr<const TierKeyring> tier_keyring;
   // With a keyring: the threads that seal and open those records beside the threads moving them
-  // (tiers/seal_workers.h; null: on those threads). One pool may serve every pool's tiers.
-  std::shared_ptr<SealWorkers> tier_seal_workers;
+  // (common/task_workers.h; null: on those threads). One pool may serve every pool's tiers.
+  std::shared_ptr<TaskWorkers> tier_seal_workers;
 };
 
 }  // namespace kvcache

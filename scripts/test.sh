@@ -37,7 +37,7 @@ echo "== clang: the core's concurrency tests under ThreadSanitizer (label tsan)"
 # binaries and -L tsan runs just them. Debian's absl::Mutex is made visible to TSan by
 # tests/testing/tsan_absl_mutex.cc; scripts/tsan.supp says what little it cannot cover.
 TSAN_TARGETS="concurrency_test cache_manager_test kv_event_log_test session_registry_test"
-TSAN_TARGETS+=" disk_tier_test pool_tier_test disk_tier_sealed_test seal_workers_test"
+TSAN_TARGETS+=" disk_tier_test pool_tier_test disk_tier_sealed_test task_workers_test"
 BUILD_DIR=build-tsan CC=clang CXX=clang++ \
   CMAKE_ARGS="-DKVCACHE_TSAN=ON -DKVCACHE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
   BUILD_TARGETS="$TSAN_TARGETS" ./scripts/setup.sh

@@ -293,7 +293,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags(std::shared_ptr<TierKeyring>* key
   if (!absl::GetFlag(FLAGS_tier_key_file).empty()) {
     // Missing, unreadable, open to others or malformed: the daemon does not start.
     ASSIGN_OR_RETURN(*keyring, TierKeyring::Load(absl::GetFlag(FLAGS_tier_key_file)));
-    const auto workers = std::make_shared<SealWorkers>(SealWorkers::DefaultThreads());
+    const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
     for (PoolOptions& pool : options.pools) {
       pool.tier_keyring = *keyring;
       pool.tier_seal_workers = workers;

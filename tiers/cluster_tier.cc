@@ -165,7 +165,7 @@ std::vector<absl::Status> ClusterTier::Store(absl::Span<const Record> records) {
     // Sealed on the seal workers, in order, while the values sealed first are on the wire: the
     // cipher's time hides behind the batch's round trip rather than adding to it.
     std::unique_ptr<absl::Notification[]> sealed(new absl::Notification[records.size()]);
-    SealWorkers::Group sealing(options_.seal_workers.get());
+    TaskWorkers::Group sealing(options_.seal_workers.get());
     for (size_t i = 0; i < records.size(); ++i) {
       if (!results[i].ok()) continue;
       // The bytes are encrypted straight into the two values.
@@ -313,7 +313,7 @@ ClusterTier::Run ClusterTier::LoadRun(uint32_t key_id,
     body[record] =
         checksum == opened[record].header.block.checksum ? Found::kGood : Found::kCorrupt;
   };
-  SealWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
+  TaskWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
   // Views are valid only inside the visitor: each value is checked and copied there.
   const std::vector<absl::Status> results = redis_->Get(
       keys,

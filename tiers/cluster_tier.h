@@ -59,7 +59,7 @@
 #include "redis/redis_cluster.h"
 #include "tiers/block_record.h"
 #include "tiers/record_seal.h"
-#include "tiers/seal_workers.h"
+#include "common/task_workers.h"
 #include "tiers/tenant_counters.h"
 #include "tiers/tier_keyring.h"
 
@@ -74,7 +74,7 @@ struct ClusterTierOptions {
   std::shared_ptr<const TierKeyring> keyring;
   // Sealed: the threads that seal stored values and open loaded ones beside the thread talking to
   // Redis (may be null: on that thread). Shared; must outlive the tier.
-  std::shared_ptr<SealWorkers> seal_workers;
+  std::shared_ptr<TaskWorkers> seal_workers;
 };
 
 struct ClusterTierCounters {

@@ -70,7 +70,7 @@
 #include "tiers/block_record.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_changes.h"
-#include "tiers/seal_workers.h"
+#include "common/task_workers.h"
 #include "tiers/tenant_counters.h"
 #include "tiers/tier_keyring.h"
 
@@ -116,7 +116,7 @@ struct DiskTierOptions {
   std::shared_ptr<const TierKeyring> keyring;
   // Sealed: the threads that open loaded records' bytes beside the reading thread (may be null:
   // on the reading thread). Shared; must outlive the tier.
-  std::shared_ptr<SealWorkers> seal_workers;
+  std::shared_ptr<TaskWorkers> seal_workers;
 
   // Test seam: called before each slot write; a nonzero errno fails that write as the kernel
   // would (ENOSPC: a full disk) without touching the file.

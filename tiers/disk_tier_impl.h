@@ -135,7 +135,7 @@ class DiskTier::Impl {
   // thread, with seal workers): its answer is final once `opening` has been waited for.
   void Answer(const Pinned& pin, const char* slot, int read_result,
               absl::Span<const LoadRequest> requests, std::vector<absl::Status>* results,
-              SealWorkers::Group* opening) const;
+              TaskWorkers::Group* opening) const;
   // Whether a load reads the block's bytes straight into `out`: O_DIRECT needs the memory and
   // the length aligned (a pool's blocks are page-aligned, and real blocks whole pages).
   bool ReadsInPlace(absl::Span<char> out) const;

@@ -97,7 +97,7 @@ void DiskTier::Impl::ReadPinned(absl::Span<const Pinned> pinned,
   }
   IoRing& ring = *reader->ring;
   // Sealed records' bytes, opened beside this thread (Answer).
-  SealWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
+  TaskWorkers::Group opening(sealer_.has_value() ? options_.seal_workers.get() : nullptr);
   const size_t buffers = 2 * options_.read_depth;
   auto buffer = [&](size_t i) { return reader->buffers->data() + i * slot_bytes_; };
   std::vector<size_t> free_buffers(buffers);
@@ -148,7 +148,7 @@ void DiskTier::Impl::ReadPinned(absl::Span<const Pinned> pinned,
 
 void DiskTier::Impl::Answer(const Pinned& pin, const char* slot, int read_result,
                             absl::Span<const LoadRequest> requests,
-                            std::vector<absl::Status>* results, SealWorkers::Group* opening) const {
+                            std::vector<absl::Status>* results, TaskWorkers::Group* opening) const {
   const LoadRequest& request = requests[pin.request];
   absl::Status& result = (*results)[pin.request];
   if (read_result != static_cast<int>(slot_bytes_)) {

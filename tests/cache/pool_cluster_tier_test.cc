@@ -114,7 +114,7 @@ class PoolClusterTierTest
     return {};
   }
 
-  std::shared_ptr<SealWorkers> seal_workers_ = std::make_shared<SealWorkers>(2);
+  std::shared_ptr<TaskWorkers> seal_workers_ = std::make_shared<TaskWorkers>(2);
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
 };
 

@@ -114,7 +114,7 @@ class PoolSealedTierTest : public ::testing::Test {
   Session other_{2, "uid:2", "globex", "test", absl::Seconds(10)};
   uint64_t block_bytes_ = 0;
   std::shared_ptr<const TierKeyring> keys_ = Keyring({Key(1, 'k')});
-  std::shared_ptr<SealWorkers> workers_ = std::make_shared<SealWorkers>(1);
+  std::shared_ptr<TaskWorkers> workers_ = std::make_shared<TaskWorkers>(1);
   std::unique_ptr<Pool> pool_;
 };
 

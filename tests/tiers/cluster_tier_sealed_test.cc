@@ -78,7 +78,7 @@ class SealedClusterTierTest : public testing::RedisClusterSuite<> {
   }
 
   std::shared_ptr<const TierKeyring> keys_ = Keyring({Key(1, 'a')});
-  std::shared_ptr<SealWorkers> workers_ = std::make_shared<SealWorkers>(2);
+  std::shared_ptr<TaskWorkers> workers_ = std::make_shared<TaskWorkers>(2);
 };
 
 TEST_F(SealedClusterTierTest, ValuesAndNamesRoundTripAndHoldNothingInTheClear) {

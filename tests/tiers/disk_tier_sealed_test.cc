@@ -108,7 +108,7 @@ class SealedDiskTierTest : public ::testing::TestWithParam<DiskTierOptions::Io> 
 
   ScopedTempDir dir_{"kvcache-sealed-disk"};
   std::shared_ptr<const TierKeyring> keys_ = Keyring({Key(1, 'a')});
-  std::shared_ptr<SealWorkers> workers_ = std::make_shared<SealWorkers>(2);
+  std::shared_ptr<TaskWorkers> workers_ = std::make_shared<TaskWorkers>(2);
 };
 
 TEST_P(SealedDiskTierTest, RecordsRoundTripAndTheFileHoldsNothingInTheClear) {
@@ -263,7 +263,7 @@ TEST_P(SealedDiskTierTest, AnotherPoolsRecordsDoNotOpen) {
   EXPECT_EQ(tier->stats().restart_unopened, 3u);
 }
 
-TEST_P(SealedDiskTierTest, PageAlignedBlocksAreDecryptedInPlaceOnTheSealWorkers) {
+TEST_P(SealedDiskTierTest, PageAlignedBlocksAreDecryptedInPlaceOnTheTaskWorkers) {
   DiskTierOptions options = Options(keys_);
   options.pool.block_bytes = 8192;
   options.read_depth = 4;

@@ -1,24 +1,24 @@
-#include "tiers/seal_workers.h"
+#include "common/task_workers.h"
 
 #include <algorithm>
 #include <utility>
 
 namespace kvcache {
 
-int SealWorkers::DefaultThreads() {
+int TaskWorkers::DefaultThreads() {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 4), 1, 4);
 }
 
-SealWorkers::SealWorkers(int threads)
-    : SealWorkers(threads, static_cast<int>(std::thread::hardware_concurrency()) >= 4 * threads
+TaskWorkers::TaskWorkers(int threads)
+    : TaskWorkers(threads, static_cast<int>(std::thread::hardware_concurrency()) >= 4 * threads
                                ? kSpin
                                : absl::ZeroDuration()) {}
 
-SealWorkers::SealWorkers(int threads, absl::Duration spin) : spin_(spin) {
+TaskWorkers::TaskWorkers(int threads, absl::Duration spin) : spin_(spin) {
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
-SealWorkers::~SealWorkers() {
+TaskWorkers::~TaskWorkers() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -28,7 +28,7 @@ SealWorkers::~SealWorkers() {
   for (std::thread& thread : threads_) thread.join();
 }
 
-void SealWorkers::Group::Run(absl::AnyInvocable<void() &&> task) {
+void TaskWorkers::Group::Run(absl::AnyInvocable<void() &&> task) {
   if (workers_ == nullptr || workers_->threads_.empty()) {
     std::move(task)();
     return;
@@ -36,11 +36,11 @@ void SealWorkers::Group::Run(absl::AnyInvocable<void() &&> task) {
   workers_->Enqueue(this, std::move(task));
 }
 
-void SealWorkers::Group::Wait() {
+void TaskWorkers::Group::Wait() {
   if (workers_ != nullptr) workers_->WaitFor(this);
 }
 
-void SealWorkers::Enqueue(const Group* group, absl::AnyInvocable<void() &&> task) {
+void TaskWorkers::Enqueue(const Group* group, absl::AnyInvocable<void() &&> task) {
   absl::MutexLock lock(&mu_);
   ++pending_[group];
   queue_.push_back(Task{group, std::move(task)});
@@ -50,11 +50,11 @@ void SealWorkers::Enqueue(const Group* group, absl::AnyInvocable<void() &&> task
   if (static_cast<size_t>(looking_.load()) < queue_.size()) work_.Signal();
 }
 
-bool SealWorkers::Group::RunOneQueued() {
+bool TaskWorkers::Group::RunOneQueued() {
   return workers_ != nullptr && workers_->RunOneQueued(this);
 }
 
-bool SealWorkers::RunOneQueued(const Group* group) {
+bool TaskWorkers::RunOneQueued(const Group* group) {
   Task task;
   {
     absl::MutexLock lock(&mu_);
@@ -70,7 +70,7 @@ bool SealWorkers::RunOneQueued(const Group* group) {
   return true;
 }
 
-void SealWorkers::WaitFor(const Group* group) {
+void TaskWorkers::WaitFor(const Group* group) {
   // The group's own queued tasks first, on this thread: the workers may be busy with others'.
   // No task of the group is queued while it waits (Run and Wait are its owner's).
   while (RunOneQueued(group)) {
@@ -79,7 +79,7 @@ void SealWorkers::WaitFor(const Group* group) {
   while (pending_.contains(group)) done_.Wait(&mu_);
 }
 
-void SealWorkers::LookForWork() {
+void TaskWorkers::LookForWork() {
   looking_.fetch_add(1);
   const absl::Time until = absl::Now() + spin_;
   for (int i = 1; queued_.load(std::memory_order_relaxed) == 0 &&
@@ -95,7 +95,7 @@ void SealWorkers::LookForWork() {
   looking_.fetch_sub(1);
 }
 
-void SealWorkers::Loop() {
+void TaskWorkers::Loop() {
   bool ran = false;
   while (true) {
     if (ran && spin_ > absl::ZeroDuration()) LookForWork();
@@ -114,7 +114,7 @@ void SealWorkers::Loop() {
   }
 }
 
-void SealWorkers::RunTask(Task task) {
+void TaskWorkers::RunTask(Task task) {
   std::move(task.run)();
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(task.group);

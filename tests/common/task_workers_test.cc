@@ -1,4 +1,4 @@
-#include "tiers/seal_workers.h"
+#include "common/task_workers.h"
 
 #include <gtest/gtest.h>
 
@@ -12,20 +12,20 @@
 namespace kvcache {
 namespace {
 
-TEST(SealWorkersTest, WithoutThreadsTasksRunInline) {
+TEST(TaskWorkersTest, WithoutThreadsTasksRunInline) {
   std::vector<int> ran;
-  SealWorkers::Group alone(nullptr);
+  TaskWorkers::Group alone(nullptr);
   alone.Run([&ran] { ran.push_back(1); });
   EXPECT_EQ(ran.size(), 1u);
-  SealWorkers none(0);
-  SealWorkers::Group group(&none);
+  TaskWorkers none(0);
+  TaskWorkers::Group group(&none);
   group.Run([&ran] { ran.push_back(2); });
   EXPECT_EQ(ran.size(), 2u);
   group.Wait();
 }
 
-TEST(SealWorkersTest, WaitReturnsOnceEveryTaskOfItsGroupRan) {
-  SealWorkers workers(3);
+TEST(TaskWorkersTest, WaitReturnsOnceEveryTaskOfItsGroupRan) {
+  TaskWorkers workers(3);
   EXPECT_EQ(workers.threads(), 3);
   std::vector<std::thread> callers;
   std::atomic<int> wrong{0};
@@ -33,7 +33,7 @@ TEST(SealWorkersTest, WaitReturnsOnceEveryTaskOfItsGroupRan) {
     callers.emplace_back([&workers, &wrong] {
       for (int round = 0; round < 50; ++round) {
         std::vector<int> done(64, 0);  // each task writes its own element
-        SealWorkers::Group group(&workers);
+        TaskWorkers::Group group(&workers);
         for (int i = 0; i < 64; ++i) group.Run([&done, i] { done[i] = i + 1; });
         group.Wait();
         for (int i = 0; i < 64; ++i) wrong += done[i] != i + 1;
@@ -47,7 +47,7 @@ TEST(SealWorkersTest, WaitReturnsOnceEveryTaskOfItsGroupRan) {
 // Another caller's task holding a pool's only worker until destroyed.
 class OnlyWorkerTaken {
  public:
-  explicit OnlyWorkerTaken(SealWorkers* workers) : group_(workers) {
+  explicit OnlyWorkerTaken(TaskWorkers* workers) : group_(workers) {
     group_.Run([this] {
       taken_.Notify();
       release_.WaitForNotification();
@@ -58,19 +58,19 @@ class OnlyWorkerTaken {
     release_.Notify();
     group_.Wait();
   }
-  SealWorkers::Group& group() { return group_; }
+  TaskWorkers::Group& group() { return group_; }
 
  private:
   absl::Notification taken_, release_;
-  SealWorkers::Group group_;
+  TaskWorkers::Group group_;
 };
 
-TEST(SealWorkersTest, ACallerRunsItsOwnTasksWhileTheWorkersAreBusy) {
-  SealWorkers workers(1);
+TEST(TaskWorkersTest, ACallerRunsItsOwnTasksWhileTheWorkersAreBusy) {
+  TaskWorkers workers(1);
   const OnlyWorkerTaken other(&workers);
   int ran = 0;
   {
-    SealWorkers::Group mine(&workers);
+    TaskWorkers::Group mine(&workers);
     for (int i = 0; i < 8; ++i) mine.Run([&ran] { ++ran; });
     mine.Wait();  // runs all eight itself
   }
@@ -79,14 +79,14 @@ TEST(SealWorkersTest, ACallerRunsItsOwnTasksWhileTheWorkersAreBusy) {
 
 // A caller waiting for one of its tasks helps with its others still queued, first queued first,
 // and learns when none is left to help with.
-TEST(SealWorkersTest, RunOneQueuedRunsTheGroupsFirstQueuedTaskOnTheCaller) {
-  SealWorkers workers(1, absl::ZeroDuration());
+TEST(TaskWorkersTest, RunOneQueuedRunsTheGroupsFirstQueuedTaskOnTheCaller) {
+  TaskWorkers workers(1, absl::ZeroDuration());
   OnlyWorkerTaken other(&workers);
   const std::thread::id caller = std::this_thread::get_id();
   std::vector<int> ran;
   bool all_on_caller = true;
   {
-    SealWorkers::Group mine(&workers);
+    TaskWorkers::Group mine(&workers);
     for (int i = 0; i < 3; ++i) {
       mine.Run([&, i] {
         ran.push_back(i);
@@ -102,17 +102,17 @@ TEST(SealWorkersTest, RunOneQueuedRunsTheGroupsFirstQueuedTaskOnTheCaller) {
   }
   EXPECT_EQ(ran, std::vector<int>({0, 1, 2}));
   EXPECT_TRUE(all_on_caller);
-  SealWorkers::Group inline_group(nullptr);
+  TaskWorkers::Group inline_group(nullptr);
   EXPECT_FALSE(inline_group.RunOneQueued());
 }
 
 // Workers that look for the next task before they sleep: tasks handed out one at a time, some
 // while a worker still looks and some after every worker slept, each run by a worker without the
 // caller waiting for it (a task left queued unsignalled would only run inside Wait).
-TEST(SealWorkersTest, TasksHandedOutWhileWorkersLookOrSleepAllRunOnWorkers) {
+TEST(TaskWorkersTest, TasksHandedOutWhileWorkersLookOrSleepAllRunOnWorkers) {
   for (const absl::Duration spin : {absl::Milliseconds(5), absl::ZeroDuration()}) {
-    SealWorkers workers(2, spin);
-    SealWorkers::Group group(&workers);
+    TaskWorkers workers(2, spin);
+    TaskWorkers::Group group(&workers);
     const std::thread::id caller = std::this_thread::get_id();
     for (int i = 0; i < 40; ++i) {
       absl::Notification ran;

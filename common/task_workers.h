@@ -1,7 +1,8 @@
-// SealWorkers: a few threads that seal and open sealed records' bodies (tiers/record_seal.h)
-// beside the thread that moves them. AES-256-GCM runs at a few GB/s a core, slower than a fast
-// disk or a Redis Cluster on a fast network delivers bytes: done on the reading thread, it would
-// stall the reads it should keep in flight. One pool serves every sealed tier of a daemon.
+// TaskWorkers: a few threads that run a caller's tasks beside it. The daemon's sealed tiers seal
+// and open records' bodies on them (tiers/record_seal.h: AES-256-GCM runs at a few GB/s a core,
+// slower than a fast disk or a Redis Cluster delivers bytes, and done on the reading thread it
+// would stall the reads it should keep in flight); the client copies a page batch on them
+// (KvCacheClient::WritePages, ReadPagesInto).
 //
 // A caller hands out tasks in a Group and waits for them; while it waits it runs its group's
 // queued tasks itself, so a pool busy with other callers' work never stalls it, and a pool of
@@ -14,8 +15,8 @@
 // worker without waking one.
 //
 // Thread safety: thread-safe; a Group belongs to the one thread that made it.
-#ifndef KVCACHE_TIERS_SEAL_WORKERS_H_
-#define KVCACHE_TIERS_SEAL_WORKERS_H_
+#ifndef KVCACHE_COMMON_TASK_WORKERS_H_
+#define KVCACHE_COMMON_TASK_WORKERS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -31,20 +32,20 @@
 
 namespace kvcache {
 
-class SealWorkers {
+class TaskWorkers {
  public:
-  // The daemon's choice: a quarter of the machine's cores, 1 to 4.
+  // The daemon's choice for its sealed tiers: a quarter of the machine's cores, 1 to 4.
   static int DefaultThreads();
 
-  explicit SealWorkers(int threads);
+  explicit TaskWorkers(int threads);
   // As above, with the time a worker looks for the next task before it sleeps (zero: never).
-  SealWorkers(int threads, absl::Duration spin);
+  TaskWorkers(int threads, absl::Duration spin);
 
   static constexpr absl::Duration kSpin = absl::Microseconds(50);
   // Runs what is queued, then joins.
-  ~SealWorkers();
-  SealWorkers(const SealWorkers&) = delete;
-  SealWorkers& operator=(const SealWorkers&) = delete;
+  ~TaskWorkers();
+  TaskWorkers(const TaskWorkers&) = delete;
+  TaskWorkers& operator=(const TaskWorkers&) = delete;
 
   int threads() const { return static_cast<int>(threads_.size()); }
   absl::Duration spin() const { return spin_; }
@@ -57,7 +58,7 @@ class SealWorkers {
   class Group {
    public:
     // `workers` null: every task runs inside Run.
-    explicit Group(SealWorkers* workers) : workers_(workers) {}
+    explicit Group(TaskWorkers* workers) : workers_(workers) {}
     // Waits for the group's tasks.
     ~Group() { Wait(); }
     Group(const Group&) = delete;
@@ -72,7 +73,7 @@ class SealWorkers {
     bool RunOneQueued();
 
    private:
-    SealWorkers* const workers_;
+    TaskWorkers* const workers_;
   };
 
  private:
@@ -108,4 +109,4 @@ class SealWorkers {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_TIERS_SEAL_WORKERS_H_
+#endif  // KVCACHE_COMMON_TASK_WORKERS_H_
