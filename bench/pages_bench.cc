@@ -4,7 +4,9 @@
 //   same node   KvCacheClient::WritePages (reserve, copy into the mapped pool checksumming each
 //               page on the way, commit: the daemon publishes) and ReadPagesInto (acquire, verify
 //               each page's checksum while copying it out, release) vs memcpy of the same 8 MiB
-//               (target >= 0.8x).
+//               (target >= 0.8x). The client copies a batch on the caller's thread and its page
+//               copy threads (ClientOptions::page_copy_threads; memcpy is one thread); a second
+//               row has the caller's thread alone, as the client did before them.
 //               Each is compared with the copy that moves its bytes between memory like its
 //               own: the reads reread one pinned batch into one buffer, as memcpy between two
 //               8 MiB buffers does; the writes' fresh pages walk the 64 MiB pool, so their
@@ -71,9 +73,10 @@ std::vector<std::string> Keys(const std::string& prefix, size_t count) {
 }
 
 std::unique_ptr<KvCacheClient> Connect(const std::string& target, const std::string& name,
-                                       const ManifestFields& manifest) {
+                                       const ManifestFields& manifest, int page_copy_threads = -1) {
   ClientOptions options;
   options.max_message_bytes = 64 << 20;
+  options.page_copy_threads = page_copy_threads;
   std::unique_ptr<KvCacheClient> client =
       bench::ValueOrFail(KvCacheClient::Connect(target, options), "connecting");
   bench::CheckOk(client->OpenSession("", name, absl::Minutes(10), manifest).status(),
@@ -103,6 +106,9 @@ void Run(const std::string& dir, double seconds, const std::string& only) {
   const std::unique_ptr<KvCacheClient> client = Connect(target, "pages_bench", manifest);
   const std::unique_ptr<KvCacheClient> lookup_client =
       Connect(target, "pages_bench-lookup", Manifest({{"kv", kLookupPageBytes}}));
+  // The same-node calls again with the caller's thread alone copying (page_copy_threads 0).
+  const std::unique_ptr<KvCacheClient> one_thread_client =
+      Connect(target, "pages_bench-one-thread", manifest, /*page_copy_threads=*/0);
   std::unique_ptr<bench::RedisPeer> redis = bench::ValueOrFail(
       bench::RedisPeer::Start(dir, 46381, /*use_unix_socket=*/true), "starting redis-server");
   const std::unique_ptr<MappedPool> mapped = bench::ValueOrFail(
@@ -144,13 +150,18 @@ void Run(const std::string& dir, double seconds, const std::string& only) {
       batch) {
     bench::Fail("PinPages did not hold every page");
   }
-  const auto read_into = [&] {
-    return bench::ValueOrFail(client->ReadPagesInto(*mapped, cached, destinations), "ReadPagesInto")
+  const auto read_into_by = [&](KvCacheClient& reader) {
+    return bench::ValueOrFail(reader.ReadPagesInto(*mapped, cached, destinations), "ReadPagesInto")
                        .num_pages == batch
                ? bytes.size()
                : 0;
   };
+  const auto read_into = [&] { return read_into_by(*client); };
   if (read_into() == 0 || out != bytes) bench::Fail("ReadPagesInto returned other bytes");
+  std::fill(out.begin(), out.end(), '\0');
+  if (read_into_by(*one_thread_client) == 0 || out != bytes) {
+    bench::Fail("ReadPagesInto (one copy thread) returned other bytes");
+  }
   check_stored(client->PutPages("pages", fresh_keys(), pages), "PutPages");
   const auto get = [&] {
     KvCacheClient::GotPages got = bench::ValueOrFail(client->GetPages("pages", cached), "GetPages");
@@ -237,19 +248,19 @@ void Run(const std::string& dir, double seconds, const std::string& only) {
     walk_at += bytes.size();
     return bytes.size();
   };
-  enum { kWrite, kRead, kMemcpy, kMemcpyWalking };
+  const auto write_by = [&](KvCacheClient& writer) {
+    check_stored(writer.WritePages(*mapped, fresh_keys(), pages), "WritePages");
+    return bytes.size();
+  };
+  enum { kWrite, kRead, kMemcpy, kMemcpyWalking, kWriteOneThread, kReadOneThread };
   const InterleavedRates same_node(seconds, 5,
-                                   {[&] {
-                                      check_stored(client->WritePages(*mapped, fresh_keys(), pages),
-                                                   "WritePages");
-                                      return bytes.size();
-                                    },
-                                    read_into,
+                                   {[&] { return write_by(*client); }, read_into,
                                     [&] {
                                       std::memcpy(out.data(), bytes.data(), bytes.size());
                                       return bytes.size();
                                     },
-                                    memcpy_walking});
+                                    memcpy_walking, [&] { return write_by(*one_thread_client); },
+                                    [&] { return read_into_by(*one_thread_client); }});
   enum { kPut, kGet, kMSet, kMGet };
   const InterleavedRates other_node(
       seconds, 5,
@@ -280,6 +291,11 @@ void Run(const std::string& dir, double seconds, const std::string& only) {
       same_node.Median(kWrite), same_node.Median(kRead), same_node.Median(kMemcpy),
       same_node.Median(kMemcpyWalking), same_node.Ratio(kWrite, kMemcpyWalking),
       same_node.Ratio(kRead, kMemcpy), same_node.Ratio(kWrite, kMemcpy));
+  std::printf(
+      "  the caller's thread alone copying (page_copy_threads 0): WritePages %6.2f  "
+      "ReadPagesInto %6.2f  write/memcpy over 64 MiB %.2fx  read/memcpy %.2fx\n",
+      same_node.Median(kWriteOneThread), same_node.Median(kReadOneThread),
+      same_node.Ratio(kWriteOneThread, kMemcpyWalking), same_node.Ratio(kReadOneThread, kMemcpy));
   std::printf(
       "unix socket: PutPages %6.2f  GetPages %6.2f  redis MSET %6.2f  MGET %6.2f  "
       "put/MSET %.2fx  get/MGET %.2fx  (target >= 1.0x)\n",

@@ -22,6 +22,7 @@
 #include "common/rpc/manifest_proto.h"
 #include "common/rpc/socket_send_buffer.h"
 #include "common/status_macros.h"
+#include "common/task_workers.h"
 
 namespace kvcache {
 namespace {

@@ -51,6 +51,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
@@ -68,6 +69,8 @@
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
 namespace kvcache {
+
+class TaskWorkers;  // common/task_workers.h
 
 class BlockStream;
 class MappedPool;
@@ -111,6 +114,11 @@ struct ClientOptions {
   std::function<void(uint64_t old_epoch, uint64_t new_epoch)> on_epoch_change;
   // Runs once when the keep-alive thread finds the lease ended; `status` is the daemon's answer.
   std::function<void(const absl::Status& status)> on_session_lost;
+  // Threads besides the caller's that copy and checksum a page batch of WritePages and
+  // ReadPagesInto on a host pool (started at the first batch of kParallelCopyBytes or more; one
+  // thread alone copies at half the rate memory allows). -1: one less than the machine's cores,
+  // at most 3; 0: the caller's thread alone.
+  int page_copy_threads = -1;
 };
 
 // What KvCacheClient's AcquirePages, GetPages and ReadPagesInto restore (at namespace scope so it
@@ -591,7 +599,9 @@ class KvCacheClient {
   // the client's: the bytes are copied and verified by then, and its round trip was a third of a
   // 128-page batch's calls. The pages stay pinned until the daemon takes it (AwaitReleases waits
   // for that; one that fails leaves them pinned until the session ends). After an error the
-  // release is made before the call returns.
+  // release is made before the call returns. On a host pool a batch of kParallelCopyBytes or more
+  // is copied by the caller's thread and the client's page copy threads
+  // (ClientOptions::page_copy_threads) together.
   //
   // Through a device mapping (CUDA IPC, MappedPool::is_device()), `pages` and `destinations` are
   // device memory on mapped.device() (or memory it reaches), 16-byte aligned (INVALID_ARGUMENT
@@ -610,6 +620,9 @@ class KvCacheClient {
                                           const PageReadOptions& options = {});
   // Returns once the daemon has answered every release ReadPagesInto sent before this call.
   void AwaitReleases();
+  // Below this a host page batch is copied on the caller's thread alone (at memory's rate a
+  // thread copies 1 MiB in about 70 us, a few times what waking another one to share it costs).
+  static constexpr uint64_t kParallelCopyBytes = 1 << 20;
 
   // True from a detected daemon restart until the next successful OpenSession.
   bool epoch_changed() const;
@@ -731,6 +744,12 @@ class KvCacheClient {
 
   // Emptied first (~KvCacheClient): it sends what is queued through stub_, then stops.
   std::unique_ptr<PageReleases> page_releases_;
+
+  // The threads that copy page batches with the caller (ClientOptions::page_copy_threads),
+  // started by the first batch that wants them; null when there are none.
+  TaskWorkers* PageCopyWorkers();
+  absl::once_flag page_copy_workers_started_;
+  std::unique_ptr<TaskWorkers> page_copy_workers_;  // set once, by PageCopyWorkers
 };
 
 // Here, not in kv_cache_client.cc: the page calls (kv_cache_client_pages.cc) make calls too.

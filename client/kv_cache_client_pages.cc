@@ -20,6 +20,7 @@
 #include "common/block_checksum.h"
 #include "common/rpc/bytes_field_split.h"
 #include "common/status_macros.h"
+#include "common/task_workers.h"
 #include "kernels/page_checksum.h"
 
 namespace kvcache {
@@ -95,14 +96,38 @@ absl::Status CheckDevicePages(const char* call, const Pages& pages, uint64_t pag
   return absl::Status(valid.code(), absl::StrCat(call, ": ", valid.message()));
 }
 
-// A reserved or acquired block's device address, after checking that the daemon's id is in the
-// pool (MappedPool::Page checks it for host mappings).
-absl::StatusOr<uint8_t*> DeviceBlock(const char* call, const MappedPool& mapped, uint32_t block) {
+// A reserved or acquired block's address in the mapping (device or host), after checking that
+// the daemon's id is in the pool.
+absl::StatusOr<uint8_t*> MappedBlock(const char* call, const MappedPool& mapped, uint32_t block) {
   if (block >= mapped.num_blocks()) {
     return absl::OutOfRangeError(
         absl::StrCat(call, ": block ", block, " is past pool '", mapped.name(), "'"));
   }
   return mapped.Block(block);
+}
+
+// Copies each of `copies` (pages of `page_bytes` in host memory) and sets checksums[i] to the
+// BlockChecksum of copy i, in as many slices as `workers` has threads plus one: the workers take
+// slices while this thread copies its own and then any still queued.
+void CopyHostPages(TaskWorkers* workers, absl::Span<const kernels::PageCopy> copies,
+                   uint64_t page_bytes, CopyStores stores, absl::Span<uint64_t> checksums) {
+  auto copy_slice = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      checksums[i] =
+          ChecksumWhileCopying(copies[i].destination, copies[i].source, page_bytes, stores);
+    }
+  };
+  const size_t slices =
+      workers == nullptr || copies.size() * page_bytes < KvCacheClient::kParallelCopyBytes
+          ? 1
+          : std::min<size_t>(copies.size(), workers->threads() + 1);
+  TaskWorkers::Group group(workers);
+  for (size_t slice = 1; slice < slices; ++slice) {
+    group.Run([&copy_slice, begin = copies.size() * slice / slices,
+               end = copies.size() * (slice + 1) / slices] { copy_slice(begin, end); });
+  }
+  copy_slice(0, copies.size() / slices);
+  group.Wait();
 }
 
 }  // namespace
@@ -359,27 +384,21 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
   // checksum them. On the host the copy streams (common/streaming_copy.h): the pool's blocks are
   // for other processes and not in this one's cache, and a plain copy read each line of them in
   // before writing it. On a device one kernel copies and checksums the whole batch.
-  std::vector<uint64_t> checksums;
-  std::vector<kernels::PageCopy> device_copies;
+  std::vector<kernels::PageCopy> copies;
+  copies.reserve(keys.size());
   for (size_t i = 0; i < keys.size() && written.ok(); ++i) {
     if (reservation.block_ids[i] == kDuplicatePage) continue;
-    if (mapped.is_device()) {
-      absl::StatusOr<uint8_t*> block = DeviceBlock("WritePages", mapped, reservation.block_ids[i]);
-      written = block.status();
-      if (!written.ok()) break;
-      device_copies.push_back({reinterpret_cast<const uint8_t*>(pages[i].data()), *block});
-    } else {
-      absl::StatusOr<absl::Span<uint8_t>> block = mapped.Page(reservation.block_ids[i]);
-      written = block.status();
-      if (!written.ok()) break;
-      checksums.push_back(ChecksumWhileCopying(block->data(), pages[i].data(), pages[i].size(),
-                                               CopyStores::kStreaming));
-    }
+    absl::StatusOr<uint8_t*> block = MappedBlock("WritePages", mapped, reservation.block_ids[i]);
+    written = block.status();
+    if (written.ok()) copies.push_back({reinterpret_cast<const uint8_t*>(pages[i].data()), *block});
   }
+  std::vector<uint64_t> checksums(copies.size());
   if (written.ok() && mapped.is_device()) {
-    checksums.resize(device_copies.size());
     written = mapped_pool_internal::CopyPagesChecksummed(
-        mapped.device(), device_copies, mapped.block_bytes(), absl::MakeSpan(checksums));
+        mapped.device(), copies, mapped.block_bytes(), absl::MakeSpan(checksums));
+  } else if (written.ok()) {
+    CopyHostPages(PageCopyWorkers(), copies, mapped.block_bytes(), CopyStores::kStreaming,
+                  absl::MakeSpan(checksums));
   }
   if (written.ok()) {
     absl::StatusOr<PagesStored> committed = CommitPages(reservation.sequence_id, checksums);
@@ -406,25 +425,20 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
   ASSIGN_OR_RETURN(AcquiredPages acquired, AcquirePages(mapped.name(), keys, options));
   absl::Status read = absl::OkStatus();
   // One pass over the shared page: the bytes checked are the bytes copied.
-  std::vector<uint64_t> checksums(acquired.block_ids.size());
-  std::vector<kernels::PageCopy> device_copies;
+  std::vector<kernels::PageCopy> copies;
+  copies.reserve(acquired.block_ids.size());
   for (size_t i = 0; i < acquired.block_ids.size() && read.ok(); ++i) {
-    if (mapped.is_device()) {
-      absl::StatusOr<uint8_t*> block = DeviceBlock("ReadPagesInto", mapped, acquired.block_ids[i]);
-      read = block.status();
-      if (!read.ok()) break;
-      device_copies.push_back({*block, reinterpret_cast<uint8_t*>(destinations[i].data())});
-    } else {
-      absl::StatusOr<absl::Span<uint8_t>> page = mapped.Page(acquired.block_ids[i]);
-      read = page.status();
-      if (!read.ok()) break;
-      checksums[i] = ChecksumWhileCopying(destinations[i].data(), page->data(), page->size(),
-                                          CopyStores::kCached);
-    }
+    absl::StatusOr<uint8_t*> block = MappedBlock("ReadPagesInto", mapped, acquired.block_ids[i]);
+    read = block.status();
+    if (read.ok()) copies.push_back({*block, reinterpret_cast<uint8_t*>(destinations[i].data())});
   }
+  std::vector<uint64_t> checksums(copies.size());
   if (read.ok() && mapped.is_device()) {
-    read = mapped_pool_internal::CopyPagesChecksummed(
-        mapped.device(), device_copies, mapped.block_bytes(), absl::MakeSpan(checksums));
+    read = mapped_pool_internal::CopyPagesChecksummed(mapped.device(), copies, mapped.block_bytes(),
+                                                      absl::MakeSpan(checksums));
+  } else if (read.ok()) {
+    CopyHostPages(PageCopyWorkers(), copies, mapped.block_bytes(), CopyStores::kCached,
+                  absl::MakeSpan(checksums));
   }
   for (size_t i = 0; i < checksums.size() && read.ok(); ++i) {
     if (checksums[i] != acquired.page_checksums[i]) {
@@ -442,6 +456,19 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
 }
 
 void KvCacheClient::AwaitReleases() { page_releases_->Await(); }
+
+TaskWorkers* KvCacheClient::PageCopyWorkers() {
+  absl::call_once(page_copy_workers_started_, [this] {
+    int threads = options_.page_copy_threads;
+    if (threads < 0) {
+      threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 3);
+    }
+    // No spinning: a batch hands out all its slices at once.
+    if (threads > 0)
+      page_copy_workers_ = std::make_unique<TaskWorkers>(threads, absl::ZeroDuration());
+  });
+  return page_copy_workers_.get();
+}
 
 KvCacheClient::PageReleases::~PageReleases() {
   std::thread thread;

@@ -39,6 +39,9 @@ using ::testing::HasSubstr;
 constexpr char kPool[] = "pages";
 constexpr char kHostOnlyPool[] = "pages-host";  // no disk tier: a bad tier-2 record has no twin
 constexpr uint32_t kPoolBlocks = 8;
+// Room for a batch past KvCacheClient::kParallelCopyBytes (32 pages of 32 KiB), tier 1 only.
+constexpr char kWidePool[] = "pages-wide";
+constexpr uint32_t kWidePoolBlocks = 48;
 constexpr uint64_t kKvBytes = 28 << 10;    // part 0, every page
 constexpr uint64_t kStateBytes = 4 << 10;  // part 1, the last page of a hit
 constexpr uint32_t kKv = 1;
@@ -87,6 +90,11 @@ class PagesClientTest : public DaemonFixture {
     pool.testing_manual_offload = true;  // tests move pages down with Offload()
     pool.name = kHostOnlyPool;
     extra_pools_.push_back(pool);
+    PoolOptions wide = pool;
+    wide.name = kWidePool;
+    wide.num_blocks = kWidePoolBlocks;
+    wide.host_tier_bytes = 0;
+    extra_pools_.push_back(wide);
     pool.name = kPool;
     pool.host_tier_bytes = kPoolBlocks * page_bytes_;  // the disk tier takes all of tier 2
     pool.disk_tier_path = disk_dir_.File("pages.tier");
@@ -154,8 +162,8 @@ class PagesClientTest : public DaemonFixture {
     return hasher.Page(hasher.Root(ns), key);
   }
 
-  std::unique_ptr<MappedPool> Map() {
-    absl::StatusOr<KvCacheClient::PoolDescription> description = client_->DescribePool(kPool);
+  std::unique_ptr<MappedPool> Map(const std::string& pool = kPool) {
+    absl::StatusOr<KvCacheClient::PoolDescription> description = client_->DescribePool(pool);
     EXPECT_OK(description);
     if (!description.ok()) return nullptr;
     absl::StatusOr<std::unique_ptr<MappedPool>> mapped = MappedPool::Map(*description);
@@ -254,6 +262,63 @@ TEST_F(PagesClientTest, WritePagesAndReadPagesIntoRoundTripByteForByte) {
   EXPECT_EQ(Counts().referenced, 2u);  // pinned until released
   ASSERT_OK(client_->ReleaseSequence(acquired->sequence_id));
   ExpectNothingHeld();
+}
+
+// A batch of kParallelCopyBytes or more is copied by the caller's thread and the client's page
+// copy threads, a slice each: every page lands in its own block with its own checksum, the
+// duplicates among fresh pages included (their checksums are left out, the others stay in order),
+// and a page changed in the pool is named by its own index whichever slice copied it.
+TEST_F(PagesClientTest, ABatchCopiedByTheCopyThreadsKeepsEachPageAndItsChecksum) {
+  ClientOptions options;
+  options.page_copy_threads = 2;
+  std::unique_ptr<KvCacheClient> client = Connect(options);
+  ASSERT_OK(client->OpenSession("default", "pages-copiers", kLongTtl, Manifest()));
+  std::unique_ptr<MappedPool> mapped = Map(kWidePool);
+  ASSERT_NE(mapped, nullptr);
+  constexpr size_t kBatch = 40;
+  ASSERT_GE(kBatch * page_bytes_, KvCacheClient::kParallelCopyBytes);
+  const std::vector<std::string> keys = Keys("copiers", kBatch);
+  const std::vector<std::string> pages = Pages(keys);
+  // Every third page present already: the write's checksums skip them.
+  std::vector<std::string> present_keys;
+  std::vector<std::string> present_pages;
+  for (size_t i = 0; i < kBatch; i += 3) {
+    present_keys.push_back(keys[i]);
+    present_pages.push_back(pages[i]);
+  }
+  ASSERT_OK(client->PutPages(kWidePool, present_keys, Views(present_pages)));
+  absl::StatusOr<KvCacheClient::PagesStored> written =
+      client->WritePages(*mapped, keys, Views(pages));
+  ASSERT_OK(written);
+  EXPECT_EQ(written->num_published, kBatch - present_keys.size());
+
+  std::vector<std::string> out(kBatch, std::string(page_bytes_, '\0'));
+  std::vector<absl::Span<char>> destinations;
+  for (std::string& page : out) destinations.push_back(absl::MakeSpan(page));
+  absl::StatusOr<KvCacheClient::PagesRead> read =
+      client->ReadPagesInto(*mapped, keys, destinations);
+  ASSERT_OK(read);
+  EXPECT_EQ(read->num_pages, kBatch);
+  for (size_t i = 0; i < kBatch; ++i) EXPECT_TRUE(out[i] == pages[i]) << "page " << i << " differs";
+  // Over the wire, the daemon's checksums (those the write sent) check every page again.
+  absl::StatusOr<KvCacheClient::GotPages> got = client->GetPages(kWidePool, keys);
+  ASSERT_OK(got);
+  EXPECT_TRUE(got->pages == pages);
+
+  // A stray write into the last slice's page 37.
+  absl::StatusOr<KvCacheClient::AcquiredPages> acquired = client->AcquirePages(kWidePool, keys);
+  ASSERT_OK(acquired);
+  absl::StatusOr<absl::Span<uint8_t>> page = mapped->Page(acquired->block_ids[37]);
+  ASSERT_OK(page);
+  (*page)[100] ^= 0x5a;
+  ASSERT_OK(client->ReleaseSequence(acquired->sequence_id));
+  EXPECT_THAT(client->ReadPagesInto(*mapped, keys, destinations),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("ReadPagesInto: page 37 (key \"copiers/page-37\")")));
+  client->AwaitReleases();
+  absl::StatusOr<KvCacheClient::PoolDescription> description = client->DescribePool(kWidePool);
+  ASSERT_OK(description);
+  EXPECT_EQ(description->counts.referenced, 0u);
 }
 
 // ReadPagesInto sends its release from a thread of the client's without waiting for it. A client
