@@ -71,6 +71,9 @@
 namespace kvcache {
 
 class TaskWorkers;  // common/task_workers.h
+namespace kernels {
+struct PageCopy;  // kernels/page_checksum.h
+}  // namespace kernels
 
 class BlockStream;
 class MappedPool;
@@ -114,10 +117,10 @@ struct ClientOptions {
   std::function<void(uint64_t old_epoch, uint64_t new_epoch)> on_epoch_change;
   // Runs once when the keep-alive thread finds the lease ended; `status` is the daemon's answer.
   std::function<void(const absl::Status& status)> on_session_lost;
-  // Threads besides the caller's that copy and checksum a page batch of WritePages and
-  // ReadPagesInto on a host pool (started at the first batch of kParallelCopyBytes or more; one
-  // thread alone copies at half the rate memory allows). -1: one less than the machine's cores,
-  // at most 3; 0: the caller's thread alone.
+  // Threads besides the caller's that copy and checksum the pages of WritePages and ReadPagesInto
+  // on a host pool, and checksum those of PutPages and PutBlocks, in calls of kParallelCopyBytes
+  // or more (started by the first such call; one thread alone copies at about half the rate
+  // memory allows). -1: one less than the machine's cores, at most 3; 0: the caller's alone.
   int page_copy_threads = -1;
 };
 
@@ -745,6 +748,14 @@ class KvCacheClient {
   // Emptied first (~KvCacheClient): it sends what is queued through stub_, then stops.
   std::unique_ptr<PageReleases> page_releases_;
 
+  // Copies each of `copies` (pages of `page_bytes` in host memory) and sets checksums[i] to the
+  // BlockChecksum of copy i, through RunOnPages.
+  void CopyHostPages(absl::Span<const kernels::PageCopy> copies, uint64_t page_bytes,
+                     CopyStores stores, absl::Span<uint64_t> checksums);
+  // Runs run(begin, end) over the `count` pages (or blocks) of a call, `bytes` in all: on this
+  // thread alone below kParallelCopyBytes, else a slice on it and one on each page copy thread.
+  void RunOnPages(size_t count, uint64_t bytes,
+                  absl::FunctionRef<void(size_t begin, size_t end)> run);
   // The threads that copy page batches with the caller (ClientOptions::page_copy_threads),
   // started by the first batch that wants them; null when there are none.
   TaskWorkers* PageCopyWorkers();

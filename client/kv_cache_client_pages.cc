@@ -106,30 +106,6 @@ absl::StatusOr<uint8_t*> MappedBlock(const char* call, const MappedPool& mapped,
   return mapped.Block(block);
 }
 
-// Copies each of `copies` (pages of `page_bytes` in host memory) and sets checksums[i] to the
-// BlockChecksum of copy i, in as many slices as `workers` has threads plus one: the workers take
-// slices while this thread copies its own and then any still queued.
-void CopyHostPages(TaskWorkers* workers, absl::Span<const kernels::PageCopy> copies,
-                   uint64_t page_bytes, CopyStores stores, absl::Span<uint64_t> checksums) {
-  auto copy_slice = [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) {
-      checksums[i] =
-          ChecksumWhileCopying(copies[i].destination, copies[i].source, page_bytes, stores);
-    }
-  };
-  const size_t slices =
-      workers == nullptr || copies.size() * page_bytes < KvCacheClient::kParallelCopyBytes
-          ? 1
-          : std::min<size_t>(copies.size(), workers->threads() + 1);
-  TaskWorkers::Group group(workers);
-  for (size_t slice = 1; slice < slices; ++slice) {
-    group.Run([&copy_slice, begin = copies.size() * slice / slices,
-               end = copies.size() * (slice + 1) / slices] { copy_slice(begin, end); });
-  }
-  copy_slice(0, copies.size() / slices);
-  group.Wait();
-}
-
 }  // namespace
 
 absl::StatusOr<KvCacheClient::PagesFound> KvCacheClient::ExistsPages(
@@ -237,10 +213,14 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::PutPages(
   StampSession(session, &request);
   FillPageRequest(pool, keys, &request);
   request.mutable_part_masks()->Add(part_masks.begin(), part_masks.end());
-  request.mutable_page_checksums()->Reserve(static_cast<int>(pages.size()));
-  for (const absl::string_view page : pages) {
-    request.add_page_checksums(BlockChecksum(page.data(), page.size()));
-  }
+  std::vector<uint64_t> checksums(pages.size());
+  uint64_t bytes = 0;
+  for (const absl::string_view page : pages) bytes += page.size();
+  RunOnPages(pages.size(), bytes, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      checksums[i] = BlockChecksum(pages[i].data(), pages[i].size());
+  });
+  request.mutable_page_checksums()->Add(checksums.begin(), checksums.end());
   v1::PutPagesResponse response;
   RETURN_IF_ERROR(RawSessionCall(
       kPutPagesMethod, "PutPages", session,
@@ -397,8 +377,7 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
     written = mapped_pool_internal::CopyPagesChecksummed(
         mapped.device(), copies, mapped.block_bytes(), absl::MakeSpan(checksums));
   } else if (written.ok()) {
-    CopyHostPages(PageCopyWorkers(), copies, mapped.block_bytes(), CopyStores::kStreaming,
-                  absl::MakeSpan(checksums));
+    CopyHostPages(copies, mapped.block_bytes(), CopyStores::kStreaming, absl::MakeSpan(checksums));
   }
   if (written.ok()) {
     absl::StatusOr<PagesStored> committed = CommitPages(reservation.sequence_id, checksums);
@@ -437,8 +416,7 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
     read = mapped_pool_internal::CopyPagesChecksummed(mapped.device(), copies, mapped.block_bytes(),
                                                       absl::MakeSpan(checksums));
   } else if (read.ok()) {
-    CopyHostPages(PageCopyWorkers(), copies, mapped.block_bytes(), CopyStores::kCached,
-                  absl::MakeSpan(checksums));
+    CopyHostPages(copies, mapped.block_bytes(), CopyStores::kCached, absl::MakeSpan(checksums));
   }
   for (size_t i = 0; i < checksums.size() && read.ok(); ++i) {
     if (checksums[i] != acquired.page_checksums[i]) {
@@ -456,6 +434,22 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
 }
 
 void KvCacheClient::AwaitReleases() { page_releases_->Await(); }
+
+void KvCacheClient::CopyHostPages(absl::Span<const kernels::PageCopy> copies, uint64_t page_bytes,
+                                  CopyStores stores, absl::Span<uint64_t> checksums) {
+  RunOnPages(copies.size(), copies.size() * page_bytes, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      checksums[i] =
+          ChecksumWhileCopying(copies[i].destination, copies[i].source, page_bytes, stores);
+    }
+  });
+}
+
+void KvCacheClient::RunOnPages(size_t count, uint64_t bytes,
+                               absl::FunctionRef<void(size_t begin, size_t end)> run) {
+  TaskWorkers* workers = bytes < kParallelCopyBytes ? nullptr : PageCopyWorkers();
+  RunInSlices(workers, count, workers == nullptr ? 1 : workers->threads() + 1, run);
+}
 
 TaskWorkers* KvCacheClient::PageCopyWorkers() {
   absl::call_once(page_copy_workers_started_, [this] {

@@ -149,15 +149,21 @@ absl::StatusOr<KvCacheClient::PutResult> KvCacheClient::PutBlocks(
                     options.extra_keys, header);
   header->set_first_block(options.first_block);
   header->mutable_part_masks()->Add(options.part_masks.begin(), options.part_masks.end());
-  header->mutable_block_checksums()->Reserve(num_blocks);
   for (size_t i = 0; i < num_blocks; ++i) {
     if (blocks[i].size() != shape.block_bytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("PutBlocks: block ", options.first_block + i, " has ", blocks[i].size(),
                        " bytes; blocks of pool '", pool, "' have ", shape.block_bytes));
     }
-    header->add_block_checksums(BlockChecksum(blocks[i].data(), blocks[i].size()));
   }
+  // Every checksum goes in the header, before the first byte: the page copy threads share them.
+  header->mutable_block_checksums()->Resize(num_blocks, 0);
+  uint64_t* checksums = header->mutable_block_checksums()->mutable_data();
+  RunOnPages(num_blocks, uint64_t{num_blocks} * shape.block_bytes, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      checksums[i] = BlockChecksum(blocks[i].data(), blocks[i].size());
+    }
+  });
 
   const size_t chunk =
       std::clamp<size_t>(options.chunk_bytes, 1, MaxChunkBytes(options_.max_message_bytes));

@@ -124,4 +124,18 @@ void TaskWorkers::RunTask(Task task) {
   }
 }
 
+void RunInSlices(TaskWorkers* workers, size_t count, size_t slices,
+                 absl::FunctionRef<void(size_t begin, size_t end)> run) {
+  if (count == 0) return;
+  slices = std::clamp<size_t>(slices, 1, count);
+  TaskWorkers::Group group(workers);
+  for (size_t slice = 1; slice < slices; ++slice) {
+    group.Run([run, begin = count * slice / slices, end = count * (slice + 1) / slices] {
+      run(begin, end);
+    });
+  }
+  run(0, count / slices);
+  group.Wait();
+}
+
 }  // namespace kvcache

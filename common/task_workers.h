@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -106,6 +107,12 @@ class TaskWorkers {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;  // constant after construction
 };
+
+// Runs run(begin, end) over [0, count) cut into `slices` contiguous slices (at most count, none
+// empty): the first on this thread, the others queued to `workers` (null: all here), and returns
+// once all have run.
+void RunInSlices(TaskWorkers* workers, size_t count, size_t slices,
+                 absl::FunctionRef<void(size_t begin, size_t end)> run);
 
 }  // namespace kvcache
 

@@ -130,5 +130,33 @@ TEST(TaskWorkersTest, TasksHandedOutWhileWorkersLookOrSleepAllRunOnWorkers) {
   }
 }
 
+// RunInSlices visits every index once, in contiguous slices, the first on the calling thread;
+// with no workers, or fewer items than slices, it still covers them all and nothing more.
+TEST(TaskWorkersTest, RunInSlicesVisitsEveryIndexOnceInContiguousSlices) {
+  TaskWorkers workers(2, absl::ZeroDuration());
+  const std::thread::id caller = std::this_thread::get_id();
+  for (TaskWorkers* pool : {&workers, static_cast<TaskWorkers*>(nullptr)}) {
+    for (const size_t count : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{100}}) {
+      for (const size_t slices : {size_t{1}, size_t{3}, size_t{5}}) {
+        std::vector<std::atomic<int>> visits(count);
+        std::atomic<int> calls{0};
+        std::atomic<bool> first_on_caller{false};
+        RunInSlices(pool, count, slices, [&](size_t begin, size_t end) {
+          ASSERT_LT(begin, end);
+          ASSERT_LE(end, count);
+          ++calls;
+          if (begin == 0) first_on_caller = std::this_thread::get_id() == caller;
+          for (size_t i = begin; i < end; ++i) ++visits[i];
+        });
+        for (size_t i = 0; i < count; ++i) {
+          EXPECT_EQ(visits[i].load(), 1) << "index " << i << " of " << count << ", " << slices;
+        }
+        EXPECT_EQ(calls.load(), static_cast<int>(std::min(count, slices)));
+        if (count > 0) EXPECT_TRUE(first_on_caller.load());
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvcache
