@@ -10,7 +10,8 @@
 // would measure a vocabulary no model has.
 //
 // Where the bytes go, per block of the pool at 4M blocks (16 tokens a block; "held": blocks an
-// open sequence holds, half the pool here). Measured full: 328 B (527 B at 1a33682).
+// open sequence holds, half the pool here). Measured full: 319 B (527 B at 1a33682, 328 B with
+// each event block's tokens in a vector of their own).
 //   BlockPool::BlockMeta                  80  hash, 4 digests incl. checksum, 6 links, ref, flags
 //   BlockPool tokens (PackedTokens)       36  16 tokens x 18 bits (64 B as uint32)
 //   BlockPool index (block id set)        10  4 B slot + 1 control byte, at most half full
@@ -22,8 +23,9 @@
 //   KvEventLog entry                      48  hash, parent hash, extras, tenant id, medium
 //   KvEventLog tokens (PackedTokens)      36
 //   KvEventLog index (entry id set)       10
-//   KvEventLog buffer                    ~39  its last 10,000 events of 128 blocks: 164 MB
-//                                             whatever the pool's size (fixed, not per block)
+//   KvEventLog buffer                    ~29  its last 10,000 events of 128 blocks, 96 B a
+//                                             block (tokens inline): 123 MB whatever the
+//                                             pool's size (fixed, not per block)
 // Empty, only BlockMeta, the index's control bytes and the Pool's vectors are resident (98 B).
 // The bench also prints what a published block adds over the second half of the prompts, when
 // the buffer is full (pools over 2.56M blocks), and extrapolates to 100M blocks from it.

@@ -196,7 +196,7 @@ void KvEventLog::IndexLocked(PoolInfo& pool, uint32_t medium, uint32_t tenant, u
              pool.entries[other].packed;
     });
   } else if (entry.has_tokens) {
-    pool.odd_tokens[id] = block.token_ids;
+    pool.odd_tokens[id].assign(block.token_ids.begin(), block.token_ids.end());
   }
   entry.is_page = is_page;
   if (entry.is_page) {
@@ -213,11 +213,14 @@ void KvEventLog::EraseLocked(PoolInfo& pool, uint32_t entry) {
   pool.free_entries.push_back(entry);
 }
 
-std::vector<uint32_t> KvEventLog::TokensOf(const PoolInfo& pool, uint32_t entry) {
+BlockTokenIds KvEventLog::TokensOf(const PoolInfo& pool, uint32_t entry) {
   const Entry& e = pool.entries[entry];
   if (!e.has_tokens) return {};
-  if (!e.packed) return pool.odd_tokens.find(entry)->second;
-  std::vector<uint32_t> tokens(pool.block_size);
+  if (!e.packed) {
+    const std::vector<uint32_t>& odd = pool.odd_tokens.find(entry)->second;
+    return BlockTokenIds(odd.begin(), odd.end());
+  }
+  BlockTokenIds tokens(pool.block_size);
   pool.token_chunks[entry / kTokenChunk]->CopyTo(entry % kTokenChunk, tokens.data());
   return tokens;
 }

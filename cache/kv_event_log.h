@@ -38,6 +38,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -51,9 +52,14 @@ namespace kvcache {
 
 enum class KvEventKind : uint8_t { kBlocksStored, kBlocksRemoved, kAllBlocksCleared };
 
+// A stored block's tokens, held inline up to 16 (vLLM's default block size, and the daemon's):
+// the event buffer keeps up to 10,000 events of 128 blocks, and a heap vector a block cost one
+// allocation per block stored and freed, and 40 bytes more each (block_memory_bench).
+using BlockTokenIds = absl::InlinedVector<uint32_t, 16>;
+
 struct StoredBlock {
   Hash128 hash;
-  std::vector<uint32_t> token_ids;  // the pool's block_size of them
+  BlockTokenIds token_ids;  // the pool's block_size of them; none for a page
   uint64_t extras_digest = 0;
 };
 
@@ -306,7 +312,7 @@ class KvEventLog {
   // the first medium that has it; kNoEntry when none does.
   static constexpr uint32_t kNoEntry = ~uint32_t{0};
   static uint32_t FindEntry(const PoolInfo& pool, uint32_t preferred, const Hash128& hash);
-  static std::vector<uint32_t> TokensOf(const PoolInfo& pool, uint32_t entry);
+  static BlockTokenIds TokensOf(const PoolInfo& pool, uint32_t entry);
   const std::string& PageKeyOf(const PoolInfo& pool, uint32_t entry) const;
 
   const size_t capacity_;

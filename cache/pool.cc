@@ -935,7 +935,7 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
         run_parent = first ? std::nullopt : std::optional<Hash128>(sequence->chain[i - 1]);
       }
       run.push_back(StoredBlock{.hash = identity.hash,
-                                .token_ids = std::vector<uint32_t>(tokens.begin(), tokens.end()),
+                                .token_ids = BlockTokenIds(tokens.begin(), tokens.end()),
                                 .extras_digest = identity.extras_digest});
     } else {
       report_run();

@@ -103,8 +103,10 @@ void TierEvents::Announce(absl::string_view medium, absl::Span<const RecordChang
       flush();
       chain_start = std::move(announced);
     }
-    chain.push_back(StoredBlock{
-        .hash = record.hash, .token_ids = record.tokens, .extras_digest = record.extras_digest});
+    chain.push_back(
+        StoredBlock{.hash = record.hash,
+                    .token_ids = BlockTokenIds(record.tokens.begin(), record.tokens.end()),
+                    .extras_digest = record.extras_digest});
   }
   flush();
 }

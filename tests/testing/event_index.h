@@ -22,7 +22,8 @@ namespace kvcache::testing {
 class EventIndex {
  public:
   void Store(const std::string& pool, const std::string& tenant, std::optional<Hash128> parent,
-             const Hash128& hash, std::vector<uint32_t> tokens) {
+             const Hash128& hash, absl::Span<const uint32_t> token_ids) {
+    std::vector<uint32_t> tokens(token_ids.begin(), token_ids.end());
     const Key key{pool, hash};
     if (blocks_.contains(key)) AddViolation(absl::StrCat("stored twice: ", hash.ToHex()));
     if (parent.has_value() && !blocks_.contains(Key{pool, *parent})) {
