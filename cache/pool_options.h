@@ -15,9 +15,9 @@
 #include "common/block_hash.h"
 #include "common/page_parts.h"
 #include "common/pool_layout.h"
+#include "common/task_workers.h"
 #include "redis/redis_cluster.h"
 #include "tiers/disk_tier.h"
-#include "common/task_workers.h"
 #include "tiers/tier_keyring.h"
 
 namespace kvcache {

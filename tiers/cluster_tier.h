@@ -56,10 +56,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/task_workers.h"
 #include "redis/redis_cluster.h"
 #include "tiers/block_record.h"
 #include "tiers/record_seal.h"
-#include "common/task_workers.h"
 #include "tiers/tenant_counters.h"
 #include "tiers/tier_keyring.h"
 

@@ -67,10 +67,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/block_hash.h"
+#include "common/task_workers.h"
 #include "tiers/block_record.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_changes.h"
-#include "common/task_workers.h"
 #include "tiers/tenant_counters.h"
 #include "tiers/tier_keyring.h"
 
