@@ -217,8 +217,9 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::PutPages(
   uint64_t bytes = 0;
   for (const absl::string_view page : pages) bytes += page.size();
   RunOnPages(pages.size(), bytes, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i)
+    for (size_t i = begin; i < end; ++i) {
       checksums[i] = BlockChecksum(pages[i].data(), pages[i].size());
+    }
   });
   request.mutable_page_checksums()->Add(checksums.begin(), checksums.end());
   v1::PutPagesResponse response;
@@ -458,8 +459,9 @@ TaskWorkers* KvCacheClient::PageCopyWorkers() {
       threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 3);
     }
     // No spinning: a batch hands out all its slices at once.
-    if (threads > 0)
+    if (threads > 0) {
       page_copy_workers_ = std::make_unique<TaskWorkers>(threads, absl::ZeroDuration());
+    }
   });
   return page_copy_workers_.get();
 }

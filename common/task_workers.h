@@ -2,7 +2,7 @@
 // and open records' bodies on them (tiers/record_seal.h: AES-256-GCM runs at a few GB/s a core,
 // slower than a fast disk or a Redis Cluster delivers bytes, and done on the reading thread it
 // would stall the reads it should keep in flight); the client copies a page batch on them
-// (KvCacheClient::WritePages, ReadPagesInto).
+// (KvCacheClient::WritePages, ReadPagesInto) and checksums one (PutPages, PutBlocks).
 //
 // A caller hands out tasks in a Group and waits for them; while it waits it runs its group's
 // queued tasks itself, so a pool busy with other callers' work never stalls it, and a pool of
