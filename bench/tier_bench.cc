@@ -4,7 +4,9 @@
 //                    same bytes between the same kind of buffers (target >= 0.8x);
 //   Pool::Open       an OpenSequence whose whole prefix comes up from tier 2 (probe under the
 //   from tier 2      pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,
-//                    vs the same memcpy;
+//                    vs the same memcpy (target >= 0.8x). As in the daemon, a batch of 256 KiB
+//                    or more is copied on the open's thread and the tier workers (a quarter of
+//                    the cores, 1 to 4; memcpy is one thread); a second row without them;
 //   Pool::Open       the same into a CUDA pool (H2D from page-locked tier 2, verified on the
 //   tier 2->GPU      host meanwhile), vs cudaMemcpyAsync of the same slots in the same batches
 //                    (target >= 0.8x; "device", needs a GPU, skipped without one);
@@ -47,6 +49,7 @@
 #include "cache/cuda_pool_memory.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
+#include "common/task_workers.h"
 #include "tiers/host_tier.h"
 #include "tiers/io_ring.h"
 #include "tiers/record_codec.h"
@@ -232,12 +235,15 @@ uint64_t OpenAndRelease(Pool& pool, const Session& session,
 // whole prefix again. Per byte loaded, vs the plain copy of as many bytes from the same slots:
 // memcpy for a host pool; for a CUDA pool (`on_device`), one batch of cudaMemcpyAsync H2D copies
 // from the same page-locked slots and one synchronization (PoolMemory::CopyFromHost).
+// `workers`: the pool's tier workers (the daemon's: TaskWorkers::DefaultThreads()), or none (the
+// open copies on its own thread); `label` names the row.
 void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
-                        bool on_device) {
+                        bool on_device, std::shared_ptr<TaskWorkers> workers, const char* label) {
   // Offload is not what is measured; the whole prefix goes down.
   PoolOptions options =
       ManualTierOptions("bench", layout, prefix_blocks + 1, 2 * prefix_blocks + 2);
   options.offload_window = options.num_blocks;
+  options.tier_workers = std::move(workers);
   const uint64_t block_bytes = layout.BlockBytes();
   const auto create_memory = [&](uint32_t blocks) -> absl::StatusOr<std::unique_ptr<PoolMemory>> {
     if (on_device) return CreateCudaPoolMemory(0, block_bytes, blocks);
@@ -307,8 +313,7 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
           std::memcpy(out.data() + (i % prefix_blocks) * block_bytes, slots[i], block_bytes);
         }
       });
-  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n",
-              on_device ? "Pool::Open tier 2->GPU" : "Pool::Open from tier 2",
+  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %s\n", label,
               static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks, c.a_rate / 1e9,
               c.b_rate / 1e9, c.median_ratio,
               short_loads + copy_failures == 0 ? "" : "SHORT LOADS OR FAILED COPIES");
@@ -366,10 +371,8 @@ DiskOnlyPool MakeDiskOnlyPool(const PoolLayout& layout, uint32_t prefix_blocks,
   made.disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
   made.options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
   made.options.disk_tier_path = path;
-  if (keyring != nullptr) {
-    static const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
-    made.options.tier_seal_workers = workers;  // the daemon's
-  }
+  static const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
+  made.options.tier_workers = workers;  // the daemon's
   made.options.tier_keyring = std::move(keyring);
   made.slot_bytes =
       DiskTier::SlotBytesFor(DiskTierOptions{.pool = {.block_bytes = layout.BlockBytes()},
@@ -854,7 +857,8 @@ int main(int argc, char** argv) {
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = argc > 3 ? argv[3] : std::string(tmp != nullptr ? tmp : "/tmp");
   const auto runs = [&](const char* part) { return only.empty() || only == part; };
-  std::printf("tier 2 loads vs memcpy of the same bytes, %.1f s per figure, one thread\n", seconds);
+  std::printf("tier 2 loads vs memcpy (one thread) of the same bytes, %.1f s per figure\n",
+              seconds);
   std::printf("%-22s %13s %8s %10s %10s %8s\n", "path", "block", "blocks", "GB/s", "memcpy",
               "median ratio of 9 alternating rounds");
   // 32 KiB: the default pool's block; 256 KiB and 2 MiB: larger models' blocks.
@@ -878,16 +882,25 @@ int main(int argc, char** argv) {
   // Prefixes of 64 MiB and 32 MiB (a smoke run's: 2 MiB and 1 MiB).
   const uint32_t small_prefix = kvcache::bench::FullOrSmoke(2048, 64);
   const uint32_t large_prefix = kvcache::bench::FullOrSmoke(128, 4);
+  // The daemon's tier workers (kvcache-manager makes them for every pool with tiers).
+  const auto tier_workers =
+      std::make_shared<kvcache::TaskWorkers>(kvcache::TaskWorkers::DefaultThreads());
   if (runs("open")) {
-    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, false);
-    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, false);
+    for (const kvcache::PoolLayout* layout : {&small, &large}) {
+      const uint32_t prefix = layout == &small ? small_prefix : large_prefix;
+      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, tier_workers,
+                                  "Pool::Open from tier 2");
+      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, nullptr, "  no tier workers");
+    }
   }
   if (runs("device")) {
     std::printf(
         "\ntier 2 loads into a CUDA pool vs cudaMemcpyAsync H2D of the same page-locked "
         "slots\n");
-    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, true);
-    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, true);
+    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, true, tier_workers,
+                                "Pool::Open tier 2->GPU");
+    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, true, tier_workers,
+                                "Pool::Open tier 2->GPU");
   }
   if (runs("disk")) {
     // 64 MiB prefixes of 32 KiB and 256 KiB blocks.

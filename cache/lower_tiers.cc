@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/block_checksum.h"
 #include "common/page_parts.h"
+#include "common/task_workers.h"
 
 namespace kvcache {
 namespace {
@@ -62,7 +63,7 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
                          .tokens_per_block = options.layout.block_size,
                          .on_change = listener(kKvMediumDisk),
                          .keyring = options.tier_keyring,
-                         .seal_workers = options.tier_seal_workers};
+                         .seal_workers = options.tier_workers};
     if (options.testing_disk_tier_options) options.testing_disk_tier_options(&disk);
     absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(std::move(disk));
     if (!tier.ok()) return TierError(tier.status(), options.name, " disk_tier");
@@ -77,7 +78,7 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
                                                .pool = identity,
                                                .tokens_per_block = options.layout.block_size,
                                                .keyring = options.tier_keyring,
-                                               .seal_workers = options.tier_seal_workers});
+                                               .seal_workers = options.tier_workers});
     if (!tier.ok()) return TierError(tier.status(), options.name, "");
     cluster_tier = *std::move(tier);
   }
@@ -575,8 +576,9 @@ LowerTiers::RunLoaded LowerTiers::LoadHostRun(absl::Span<const BelowRecord> belo
   RunLoaded run;
   std::vector<HostTier::PinnedRecord> pinned;
   std::vector<PoolMemory::HostCopy> copies;
+  const size_t batch = LoadBatchRecords();
   for (size_t i = next; i < below.size() && below[i].tier == BelowRecord::Tier::kHost &&
-                        pinned.size() < kLoadBatch && (i == next || !past_bound());
+                        pinned.size() < batch && (i == next || !past_bound());
        ++i) {
     absl::StatusOr<HostTier::PinnedRecord> record = host_tier_->PinForLoad(below[i].expected);
     if (!record.ok()) {
@@ -588,7 +590,7 @@ LowerTiers::RunLoaded LowerTiers::LoadHostRun(absl::Span<const BelowRecord> belo
     pinned.push_back(*std::move(record));
   }
   std::vector<uint64_t> checksums(pinned.size());
-  const absl::Status copied = CheckMemory(memory_->CopyFromHost(copies, absl::MakeSpan(checksums)));
+  const absl::Status copied = CheckMemory(CopyUpChecksummed(copies, absl::MakeSpan(checksums)));
   while (run.loaded < pinned.size() && copied.ok() &&
          checksums[run.loaded] == pinned[run.loaded].checksum) {
     ++run.loaded;
@@ -604,6 +606,33 @@ LowerTiers::RunLoaded LowerTiers::LoadHostRun(absl::Span<const BelowRecord> belo
     host_tier_->FinishLoad(pinned[i], verdict).IgnoreError();
   }
   return run;
+}
+
+size_t LowerTiers::LoadBatchRecords() const {
+  if (!host_memory_ || options_.tier_workers == nullptr || options_.tier_workers->threads() == 0) {
+    return kLoadBatch;
+  }
+  return std::max<uint64_t>(kLoadBatch, kParallelLoadBatchBytes / options_.layout.BlockBytes());
+}
+
+absl::Status LowerTiers::CopyUpChecksummed(absl::Span<const PoolMemory::HostCopy> copies,
+                                           absl::Span<uint64_t> checksums) {
+  TaskWorkers* const workers = options_.tier_workers.get();
+  // A device pool's batch is one synchronization of its own: not cut.
+  if (!host_memory_ || workers == nullptr || workers->threads() == 0 ||
+      copies.size() * options_.layout.BlockBytes() < kParallelLoadBytes) {
+    return memory_->CopyFromHost(copies, checksums);
+  }
+  absl::Mutex mu;
+  absl::Status first_error;
+  RunInSlices(workers, copies.size(), workers->threads() + 1, [&](size_t begin, size_t end) {
+    absl::Status copied = memory_->CopyFromHost(copies.subspan(begin, end - begin),
+                                                checksums.subspan(begin, end - begin));
+    if (copied.ok()) return;
+    absl::MutexLock lock(&mu);
+    first_error.Update(std::move(copied));
+  });
+  return first_error;
 }
 
 size_t LowerTiers::LoadDiskBatch(absl::Span<const BelowRecord> below, size_t next, size_t end,

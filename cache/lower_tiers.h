@@ -127,6 +127,13 @@ class LowerTiers {
   static constexpr size_t kOffloadBatch = 32;
   // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
   static constexpr size_t kLoadBatch = 16;
+  // Into a host pool with tier workers (PoolOptions::tier_workers), a batch is up to this many
+  // bytes (and at least kLoadBatch records), and one of at least kParallelLoadBytes is copied on
+  // the workers too, a slice each: one thread copies and checksums at about half of what memory
+  // allows. A slice must outlast handing it to a worker and waiting for it (tens of
+  // microseconds where a thread sleeps: 2 MiB batches of 32 KiB blocks, not 512 KiB ones).
+  static constexpr uint64_t kParallelLoadBatchBytes = uint64_t{4} << 20;
+  static constexpr uint64_t kParallelLoadBytes = uint64_t{1} << 20;
   // A disk load with no max_load_ms into host memory: batches of this many read depths.
   static constexpr size_t kDiskBatchDepths = 8;
   // A device pool's loads from the cluster stage at most this many blocks (and bytes) at a time.
@@ -271,8 +278,8 @@ class LowerTiers {
   bool DrainClusterBacklog();
 
   // Load's steps, each loading and verifying a prefix of the records from `next` on.
-  // LoadHostRun: tier-2 records while they last, at most kLoadBatch, `past_bound` checked before
-  // each but the first; `failed` when a record failed (not when the bound or the run's end
+  // LoadHostRun: tier-2 records while they last, at most LoadBatchRecords(), `past_bound` checked
+  // before each but the first; `failed` when a record failed (not when the bound or the run's end
   // stopped it). LoadDiskBatch: the disk records [next, end), a device pool's through fresh
   // tier-2 slots that keep them; returns how many loaded.
   struct RunLoaded {
@@ -283,6 +290,13 @@ class LowerTiers {
                         absl::Span<const BlockId> blocks, absl::FunctionRef<bool()> past_bound);
   size_t LoadDiskBatch(absl::Span<const BelowRecord> below, size_t next, size_t end,
                        absl::Span<const BlockId> blocks);
+  // Tier-2 records LoadHostRun pins and copies at once: kLoadBatch, more into a host pool with
+  // tier workers (kParallelLoadBatchBytes).
+  size_t LoadBatchRecords() const;
+  // memory_->CopyFromHost(copies, checksums), a host pool's batch of kParallelLoadBytes or more
+  // cut into slices run on the tier workers beside this thread.
+  absl::Status CopyUpChecksummed(absl::Span<const PoolMemory::HostCopy> copies,
+                                 absl::Span<uint64_t> checksums);
   // Loads `expected` into `blocks` from the cluster in one batch (a device pool's in chunks of
   // kClusterStageBlocks, staged on the host), stopping at the first that does not verify or has
   // not come back by `deadline` (real time); returns how many loaded.

@@ -68,9 +68,11 @@ struct PoolOptions {
   // AES-256-GCM under keys of each block's tenant (tiers/record_seal.h); null: plaintext. Tiers 1
   // and 2 stay in memory and are never sealed. One keyring may serve every pool.
   std::shared_ptr<const TierKeyring> tier_keyring;
-  // With a keyring: the threads that seal and open those records beside the threads moving them
-  // (common/task_workers.h; null: on those threads). One pool may serve every pool's tiers.
-  std::shared_ptr<TaskWorkers> tier_seal_workers;
+  // Threads that work beside the threads moving blocks (common/task_workers.h; null: those
+  // threads do it all): they seal and open the sealed tiers' records (with a keyring), and copy
+  // a tier-2 load of LowerTiers::kParallelLoadBytes or more into a host pool beside the request
+  // loading it. One pool of them may serve every pool's tiers.
+  std::shared_ptr<TaskWorkers> tier_workers;
 };
 
 }  // namespace kvcache

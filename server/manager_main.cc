@@ -293,11 +293,16 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags(std::shared_ptr<TierKeyring>* key
   if (!absl::GetFlag(FLAGS_tier_key_file).empty()) {
     // Missing, unreadable, open to others or malformed: the daemon does not start.
     ASSIGN_OR_RETURN(*keyring, TierKeyring::Load(absl::GetFlag(FLAGS_tier_key_file)));
-    const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
-    for (PoolOptions& pool : options.pools) {
-      pool.tier_keyring = *keyring;
-      pool.tier_seal_workers = workers;
+    for (PoolOptions& pool : options.pools) pool.tier_keyring = *keyring;
+  }
+  // One set of tier workers for every pool with tiers below it (PoolOptions::tier_workers).
+  std::shared_ptr<TaskWorkers> tier_workers;
+  for (PoolOptions& pool : options.pools) {
+    if (pool.host_tier_bytes == 0 && !pool.cluster_tier.has_value()) continue;
+    if (tier_workers == nullptr) {
+      tier_workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
     }
+    pool.tier_workers = tier_workers;
   }
   if (options.kv_events.topic.empty()) {
     options.kv_events.topic = DefaultKvEventsTopic(options.pools.front());

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "cache/pool.h"
 #include "common/block_checksum.h"
 #include "common/cuda/cuda_device.h"
+#include "common/task_workers.h"
 #include "tests/testing/event_index.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injection_pool_memory.h"
@@ -64,6 +66,9 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   void MakePool(uint32_t num_blocks, uint32_t tier_blocks, bool manual = true,
                 uint32_t offload_window = 0, uint64_t disk_bytes = 0) {
     PoolOptions options = TierPoolOptions(num_blocks, tier_blocks);
+    options.layout.head_dim = head_dim_;
+    options.host_tier_bytes = uint64_t{tier_blocks} * options.layout.BlockBytes();
+    options.tier_workers = tier_workers_;
     options.testing_manual_offload = manual;
     options.offload_window = offload_window;
     if (disk_bytes != 0) {
@@ -253,6 +258,8 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   Session session_{1, "uid:1", "tenant-a", "test", absl::Seconds(10)};
   uint64_t block_bytes_ = 0;
   ::kvcache::testing::ScopedTempDir disk_dir_;
+  uint32_t head_dim_ = 4;  // TierPoolOptions': 128-byte blocks
+  std::shared_ptr<TaskWorkers> tier_workers_;
   uint32_t disk_read_depth_ = 0;
   uint32_t disk_max_queued_stores_ = 0;
   std::function<void()> disk_before_read_;
@@ -340,6 +347,39 @@ TEST_P(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
     ASSERT_OK(pool_->WriteBlock(opened->block_ids[i], 0, BlockBytes(a, i)));
   }
   ASSERT_OK(pool_->Commit(session_, opened->sequence_id, a.size()));
+}
+
+// A host pool's load of LowerTiers::kParallelLoadBytes or more is cut into slices, the later ones
+// copied on the tier workers: every block arrives whole and is verified on its own, and a corrupt
+// record in the workers' slice ends the hit right before it. (Other memories copy it in one.)
+TEST_P(PoolTierTest, ALargeLoadIsCopiedOnTheTierWorkersAndVerifiedBlockByBlock) {
+  head_dim_ = 8192;  // 256 KiB blocks: a 12-block prompt is 3 MiB, one batch of two slices
+  tier_workers_ = std::make_shared<TaskWorkers>(1, absl::ZeroDuration());
+  MakePool(13, 32);
+  ASSERT_GE(12 * block_bytes_, LowerTiers::kParallelLoadBytes);
+  const std::vector<uint32_t> a = Tokens(100, 12 * kBlockSize + 1);
+  const std::vector<uint32_t> b = Tokens(50000, 13 * kBlockSize);  // evicts all of A
+  Compute(a);
+  pool_->OffloadForTesting();
+  Compute(b);
+  const auto open_a = [&](uint32_t expected_blocks) {
+    auto opened = Open(a);
+    ASSERT_OK(opened);
+    ASSERT_EQ(opened->num_host_tier_tokens, expected_blocks * kBlockSize);
+    for (size_t i = 0; i < expected_blocks; ++i) {
+      EXPECT_EQ(ReadBack(opened->block_ids[i]), BlockBytes(a, i)) << "block " << i;
+    }
+    ASSERT_OK(pool_->Release(session_, opened->sequence_id));
+  };
+  ASSERT_NO_FATAL_FAILURE(open_a(12));
+  const uint64_t handed_out = tier_workers_->ran_on_workers() + tier_workers_->ran_by_callers();
+  EXPECT_EQ(handed_out, GetParam() == PoolMemoryKind::kHost ? 1u : 0u);
+
+  Compute(b);  // A out of tier 1 again; its records stay in tier 2
+  ASSERT_TRUE(pool_->host_tier()->CorruptForTesting(Chain(a)[9], 5));
+  ASSERT_NO_FATAL_FAILURE(open_a(9));
+  EXPECT_EQ(TierStats().load_failures, 1u);
+  EXPECT_FALSE(pool_->host_tier()->Contains(Chain(a)[9]));  // dropped, never served
 }
 
 TEST_P(PoolTierTest, MaxLoadMsLeavesTheRestToCompute) {
