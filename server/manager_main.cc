@@ -551,13 +551,15 @@ int CheckPoolsWhole(Daemon& daemon) {
 }
 
 int Run() {
+  // Before the options make the pools' workers: a thread started earlier would not block them,
+  // and a stop signal the kernel handed to it would end the daemon undrained.
+  const sigset_t stop_signals = BlockStopSignals();
   std::shared_ptr<TierKeyring> keyring;
   const absl::StatusOr<DaemonOptions> options = OptionsFromFlags(&keyring);
   if (!options.ok()) {
     std::fprintf(stderr, "kvcache-manager: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  const sigset_t stop_signals = BlockStopSignals();
   // A peer that closed its end of a socket (a Redis node restarting under the cluster tier) must
   // fail that write with EPIPE, never end the daemon.
   ::signal(SIGPIPE, SIG_IGN);
