@@ -4,8 +4,8 @@
 //                    same bytes between the same kind of buffers (target >= 0.8x);
 //   Pool::Open       an OpenSequence whose whole prefix comes up from tier 2 (probe under the
 //   from tier 2      pool mutex, load into fresh pool blocks, verify, publish), per byte loaded,
-//                    vs the same memcpy (target >= 0.8x). As in the daemon, a batch of 256 KiB
-//                    or more is copied on the open's thread and the tier workers (a quarter of
+//                    vs the same memcpy (target >= 0.8x). As in the daemon, a batch of 1 MiB
+//                    or more is copied on the open's thread and the pool's workers (a quarter of
 //                    the cores, 1 to 4; memcpy is one thread); a second row without them;
 //   Pool::Open       the same into a CUDA pool (H2D from page-locked tier 2, verified on the
 //   tier 2->GPU      host meanwhile), vs cudaMemcpyAsync of the same slots in the same batches
@@ -235,7 +235,7 @@ uint64_t OpenAndRelease(Pool& pool, const Session& session,
 // whole prefix again. Per byte loaded, vs the plain copy of as many bytes from the same slots:
 // memcpy for a host pool; for a CUDA pool (`on_device`), one batch of cudaMemcpyAsync H2D copies
 // from the same page-locked slots and one synchronization (PoolMemory::CopyFromHost).
-// `workers`: the pool's tier workers (the daemon's: TaskWorkers::DefaultThreads()), or none (the
+// `workers`: the pool's workers (the daemon's: TaskWorkers::DefaultThreads()), or none (the
 // open copies on its own thread); `label` names the row.
 void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
                         bool on_device, std::shared_ptr<TaskWorkers> workers, const char* label) {
@@ -243,7 +243,7 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
   PoolOptions options =
       ManualTierOptions("bench", layout, prefix_blocks + 1, 2 * prefix_blocks + 2);
   options.offload_window = options.num_blocks;
-  options.tier_workers = std::move(workers);
+  options.workers = std::move(workers);
   const uint64_t block_bytes = layout.BlockBytes();
   const auto create_memory = [&](uint32_t blocks) -> absl::StatusOr<std::unique_ptr<PoolMemory>> {
     if (on_device) return CreateCudaPoolMemory(0, block_bytes, blocks);
@@ -372,7 +372,7 @@ DiskOnlyPool MakeDiskOnlyPool(const PoolLayout& layout, uint32_t prefix_blocks,
   made.options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
   made.options.disk_tier_path = path;
   static const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
-  made.options.tier_workers = workers;  // the daemon's
+  made.options.workers = workers;  // the daemon's
   made.options.tier_keyring = std::move(keyring);
   made.slot_bytes =
       DiskTier::SlotBytesFor(DiskTierOptions{.pool = {.block_bytes = layout.BlockBytes()},
@@ -882,24 +882,24 @@ int main(int argc, char** argv) {
   // Prefixes of 64 MiB and 32 MiB (a smoke run's: 2 MiB and 1 MiB).
   const uint32_t small_prefix = kvcache::bench::FullOrSmoke(2048, 64);
   const uint32_t large_prefix = kvcache::bench::FullOrSmoke(128, 4);
-  // The daemon's tier workers (kvcache-manager makes them for every pool with tiers).
-  const auto tier_workers =
+  // The daemon's workers (kvcache-manager makes one set for every pool).
+  const auto workers =
       std::make_shared<kvcache::TaskWorkers>(kvcache::TaskWorkers::DefaultThreads());
   if (runs("open")) {
     for (const kvcache::PoolLayout* layout : {&small, &large}) {
       const uint32_t prefix = layout == &small ? small_prefix : large_prefix;
-      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, tier_workers,
+      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, workers,
                                   "Pool::Open from tier 2");
-      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, nullptr, "  no tier workers");
+      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, nullptr, "  no workers");
     }
   }
   if (runs("device")) {
     std::printf(
         "\ntier 2 loads into a CUDA pool vs cudaMemcpyAsync H2D of the same page-locked "
         "slots\n");
-    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, true, tier_workers,
+    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, true, workers,
                                 "Pool::Open tier 2->GPU");
-    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, true, tier_workers,
+    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, true, workers,
                                 "Pool::Open tier 2->GPU");
   }
   if (runs("disk")) {

@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
                          .tokens_per_block = options.layout.block_size,
                          .on_change = listener(kKvMediumDisk),
                          .keyring = options.tier_keyring,
-                         .seal_workers = options.tier_workers};
+                         .seal_workers = options.workers};
     if (options.testing_disk_tier_options) options.testing_disk_tier_options(&disk);
     absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(std::move(disk));
     if (!tier.ok()) return TierError(tier.status(), options.name, " disk_tier");
@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<LowerTiers>> LowerTiers::Create(
                                                .pool = identity,
                                                .tokens_per_block = options.layout.block_size,
                                                .keyring = options.tier_keyring,
-                                               .seal_workers = options.tier_workers});
+                                               .seal_workers = options.workers});
     if (!tier.ok()) return TierError(tier.status(), options.name, "");
     cluster_tier = *std::move(tier);
   }
@@ -609,7 +609,7 @@ LowerTiers::RunLoaded LowerTiers::LoadHostRun(absl::Span<const BelowRecord> belo
 }
 
 size_t LowerTiers::LoadBatchRecords() const {
-  if (!host_memory_ || options_.tier_workers == nullptr || options_.tier_workers->threads() == 0) {
+  if (!host_memory_ || options_.workers == nullptr || options_.workers->threads() == 0) {
     return kLoadBatch;
   }
   return std::max<uint64_t>(kLoadBatch, kParallelLoadBatchBytes / options_.layout.BlockBytes());
@@ -617,7 +617,7 @@ size_t LowerTiers::LoadBatchRecords() const {
 
 absl::Status LowerTiers::CopyUpChecksummed(absl::Span<const PoolMemory::HostCopy> copies,
                                            absl::Span<uint64_t> checksums) {
-  TaskWorkers* const workers = options_.tier_workers.get();
+  TaskWorkers* const workers = options_.workers.get();
   // A device pool's batch is one synchronization of its own: not cut.
   if (!host_memory_ || workers == nullptr || workers->threads() == 0 ||
       copies.size() * options_.layout.BlockBytes() < kParallelLoadBytes) {

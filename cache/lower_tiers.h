@@ -127,7 +127,7 @@ class LowerTiers {
   static constexpr size_t kOffloadBatch = 32;
   // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
   static constexpr size_t kLoadBatch = 16;
-  // Into a host pool with tier workers (PoolOptions::tier_workers), a batch is up to this many
+  // Into a host pool with workers (PoolOptions::workers), a batch is up to this many
   // bytes (and at least kLoadBatch records), and one of at least kParallelLoadBytes is copied on
   // the workers too, a slice each: one thread copies and checksums at about half of what memory
   // allows. A slice must outlast handing it to a worker and waiting for it (tens of
@@ -291,10 +291,10 @@ class LowerTiers {
   size_t LoadDiskBatch(absl::Span<const BelowRecord> below, size_t next, size_t end,
                        absl::Span<const BlockId> blocks);
   // Tier-2 records LoadHostRun pins and copies at once: kLoadBatch, more into a host pool with
-  // tier workers (kParallelLoadBatchBytes).
+  // workers (kParallelLoadBatchBytes).
   size_t LoadBatchRecords() const;
   // memory_->CopyFromHost(copies, checksums), a host pool's batch of kParallelLoadBytes or more
-  // cut into slices run on the tier workers beside this thread.
+  // cut into slices run on the pool's workers beside this thread.
   absl::Status CopyUpChecksummed(absl::Span<const PoolMemory::HostCopy> copies,
                                  absl::Span<uint64_t> checksums);
   // Loads `expected` into `blocks` from the cluster in one batch (a device pool's in chunks of

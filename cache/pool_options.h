@@ -68,11 +68,12 @@ struct PoolOptions {
   // AES-256-GCM under keys of each block's tenant (tiers/record_seal.h); null: plaintext. Tiers 1
   // and 2 stay in memory and are never sealed. One keyring may serve every pool.
   std::shared_ptr<const TierKeyring> tier_keyring;
-  // Threads that work beside the threads moving blocks (common/task_workers.h; null: those
-  // threads do it all): they seal and open the sealed tiers' records (with a keyring), and copy
-  // a tier-2 load of LowerTiers::kParallelLoadBytes or more into a host pool beside the request
-  // loading it. One pool of them may serve every pool's tiers.
-  std::shared_ptr<TaskWorkers> tier_workers;
+  // Threads that work beside a request's thread or the tiers' own (common/task_workers.h; null:
+  // those threads do it all): they seal and open the sealed tiers' records (with a keyring), and
+  // copy a host pool's large batches, a slice each beside the request: a tier-2 load of
+  // LowerTiers::kParallelLoadBytes or more, and a PutPages of kParallelPageBytes or more. One
+  // set of them may serve every pool.
+  std::shared_ptr<TaskWorkers> workers;
 };
 
 }  // namespace kvcache

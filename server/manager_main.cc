@@ -295,15 +295,9 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags(std::shared_ptr<TierKeyring>* key
     ASSIGN_OR_RETURN(*keyring, TierKeyring::Load(absl::GetFlag(FLAGS_tier_key_file)));
     for (PoolOptions& pool : options.pools) pool.tier_keyring = *keyring;
   }
-  // One set of tier workers for every pool with tiers below it (PoolOptions::tier_workers).
-  std::shared_ptr<TaskWorkers> tier_workers;
-  for (PoolOptions& pool : options.pools) {
-    if (pool.host_tier_bytes == 0 && !pool.cluster_tier.has_value()) continue;
-    if (tier_workers == nullptr) {
-      tier_workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
-    }
-    pool.tier_workers = tier_workers;
-  }
+  // One set of workers for every pool (PoolOptions::workers).
+  const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
+  for (PoolOptions& pool : options.pools) pool.workers = workers;
   if (options.kv_events.topic.empty()) {
     options.kv_events.topic = DefaultKvEventsTopic(options.pools.front());
   }

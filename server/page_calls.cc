@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "cache/pool.h"
 #include "common/block_checksum.h"
 #include "common/rpc/bytes_field_split.h"
 #include "common/status_macros.h"
+#include "common/task_workers.h"
 #include "server/kv_cache_service.h"
 #include "server/proto_keys.h"
 #include "server/unary_call.h"
@@ -77,6 +79,47 @@ void FillRead(const PageRead& read, int asked, Response* response) {
   response->mutable_part_masks()->Add(acquired.part_masks.begin(), acquired.part_masks.end());
   FillTiers(acquired.by_tier, response->mutable_pages_by_tier());
   CountServed(*read.pool, *read.session, asked, acquired.block_ids.size());
+}
+
+// Pages [begin, end) of a PutPages into their reserved blocks (none for a duplicate: checked,
+// not copied), each checksummed while it is copied; the first that failed, with its error.
+struct PageCopyFailure {
+  size_t page = SIZE_MAX;
+  absl::Status status;
+};
+PageCopyFailure CopyVerifiedPages(Pool& pool, const std::vector<SplitMessage::Value>& pages,
+                                  absl::Span<const BlockId> blocks,
+                                  absl::Span<const uint64_t> checksums, size_t begin, size_t end) {
+  BlockStreamVerifier verifier(
+      pool.options().layout.BlockBytes(),
+      std::vector<uint64_t>(checksums.begin() + begin, checksums.begin() + end));
+  for (size_t i = begin; i < end; ++i) {
+    const BlockId block = blocks[i];
+    absl::Status write_failed = absl::OkStatus();  // else the verifier's error: a mismatch
+    absl::Status fed = absl::OkStatus();
+    for (const absl::string_view piece : pages[i].pieces) {
+      fed = verifier.FeedInto(
+          piece,
+          [&](uint32_t) {
+            if (block == kNoBlock) return BlockStreamVerifier::CopyTarget{};
+            return BlockStreamVerifier::CopyTarget{
+                .bytes = reinterpret_cast<char*>(pool.memory().MutableHostBlock(block)),
+                .stores = CopyStores::kStreaming};
+          },
+          [&](uint32_t, uint64_t offset, absl::string_view part) {
+            if (block != kNoBlock) write_failed = pool.WriteBlock(block, offset, part);
+            return write_failed;
+          });
+      if (!fed.ok()) break;
+    }
+    if (!fed.ok()) {
+      return {.page = i,
+              .status = !write_failed.ok() ? write_failed
+                                           : absl::DataLossError(absl::StrCat(
+                                                 "page ", i, " does not match its checksum"))};
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -202,38 +245,35 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
                                                                 request.part_masks_size())));
         // Each page is checksummed while it is copied into its block (a host pool's from the
         // copy's own registers, a device pool's a cache-sized piece at a time), so its bytes are
-        // read from memory once (a separate pass before the copy cost as much as the copy). A page
-        // that does not match ends the put before its commit: the reservation is released and
-        // nothing is published. Duplicates are checked, not copied.
-        BlockStreamVerifier verifier(page_bytes,
-                                     std::vector<uint64_t>(request.page_checksums().begin(),
-                                                           request.page_checksums().end()));
+        // read from memory once (a separate pass before the copy cost as much as the copy). A
+        // host pool's batch of kParallelPageBytes or more is cut into slices, the later ones
+        // copied on the pool's workers. A page that does not match ends the put before its
+        // commit: the reservation is released and nothing is published. Duplicates are checked,
+        // not copied.
+        const std::vector<uint64_t> checksums(request.page_checksums().begin(),
+                                              request.page_checksums().end());
+        TaskWorkers* workers = pool->options().workers.get();
+        if (pool->memory().HostBlock(0) == nullptr ||
+            uint64_t{pages.size()} * page_bytes < kParallelPageBytes) {
+          workers = nullptr;
+        }
+        absl::Mutex failure_mu;
+        PageCopyFailure failure;  // the first page that failed, over every slice
+        RunInSlices(workers, pages.size(), workers == nullptr ? 1 : workers->threads() + 1,
+                    [&](size_t begin, size_t end) {
+                      PageCopyFailure failed = CopyVerifiedPages(*pool, pages, reserved.block_ids,
+                                                                 checksums, begin, end);
+                      if (failed.status.ok()) return;
+                      absl::MutexLock lock(&failure_mu);
+                      if (failed.page < failure.page) failure = std::move(failed);
+                    });
+        if (!failure.status.ok()) {
+          pool->Release(*session, reserved.sequence_id).IgnoreError();
+          return failure.status;
+        }
         std::vector<uint64_t> verified;
         for (size_t i = 0; i < pages.size(); ++i) {
-          const BlockId block = reserved.block_ids[i];
-          absl::Status write_failed = absl::OkStatus();  // else the verifier's error: a mismatch
-          absl::Status fed = absl::OkStatus();
-          for (const absl::string_view piece : pages[i].pieces) {
-            fed = verifier.FeedInto(
-                piece,
-                [&](uint32_t) {
-                  if (block == kNoBlock) return BlockStreamVerifier::CopyTarget{};
-                  return BlockStreamVerifier::CopyTarget{
-                      .bytes = reinterpret_cast<char*>(pool->memory().MutableHostBlock(block)),
-                      .stores = CopyStores::kStreaming};
-                },
-                [&](uint32_t, uint64_t offset, absl::string_view part) {
-                  if (block != kNoBlock) write_failed = pool->WriteBlock(block, offset, part);
-                  return write_failed;
-                });
-            if (!fed.ok()) break;
-          }
-          if (!fed.ok()) {
-            pool->Release(*session, reserved.sequence_id).IgnoreError();
-            if (!write_failed.ok()) return write_failed;
-            return absl::DataLossError(absl::StrCat("page ", i, " does not match its checksum"));
-          }
-          if (block != kNoBlock) verified.push_back(request.page_checksums(static_cast<int>(i)));
+          if (reserved.block_ids[i] != kNoBlock) verified.push_back(checksums[i]);
         }
         ASSIGN_OR_RETURN(CommittedPages committed,
                          pool->CommitPages(*session, reserved.sequence_id, verified));

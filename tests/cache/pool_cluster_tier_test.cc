@@ -56,7 +56,7 @@ class PoolClusterTierTest
                                  std::shared_ptr<const TierKeyring> keyring = nullptr) {
     PoolOptions options = testing::SmallPoolOptions(name, 8, kBlockSize);
     options.tier_keyring = std::move(keyring);
-    if (options.tier_keyring != nullptr) options.tier_workers = seal_workers_;
+    if (options.tier_keyring != nullptr) options.workers = seal_workers_;
     if (host_tier) options.host_tier_bytes = 16 * options.layout.BlockBytes();
     if (!parts.empty()) {
       absl::StatusOr<std::vector<PagePartLayout>> parsed =

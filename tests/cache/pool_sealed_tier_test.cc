@@ -49,7 +49,7 @@ class PoolSealedTierTest : public ::testing::Test {
     options.disk_tier_path = dir_.File("pool.tier");
     options.disk_tier_bytes = 64 * (4096 + 4096);
     options.tier_keyring = std::move(keyring);
-    options.tier_workers = workers_;
+    options.workers = workers_;
     block_bytes_ = options.layout.BlockBytes();
     auto memory = testing::CreatePoolMemory(testing::PoolMemoryKind::kHost, block_bytes_, 8);
     ASSERT_OK(memory);

@@ -68,7 +68,7 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
     PoolOptions options = TierPoolOptions(num_blocks, tier_blocks);
     options.layout.head_dim = head_dim_;
     options.host_tier_bytes = uint64_t{tier_blocks} * options.layout.BlockBytes();
-    options.tier_workers = tier_workers_;
+    options.workers = workers_;
     options.testing_manual_offload = manual;
     options.offload_window = offload_window;
     if (disk_bytes != 0) {
@@ -259,7 +259,7 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
   uint64_t block_bytes_ = 0;
   ::kvcache::testing::ScopedTempDir disk_dir_;
   uint32_t head_dim_ = 4;  // TierPoolOptions': 128-byte blocks
-  std::shared_ptr<TaskWorkers> tier_workers_;
+  std::shared_ptr<TaskWorkers> workers_;
   uint32_t disk_read_depth_ = 0;
   uint32_t disk_max_queued_stores_ = 0;
   std::function<void()> disk_before_read_;
@@ -350,11 +350,11 @@ TEST_P(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
 }
 
 // A host pool's load of LowerTiers::kParallelLoadBytes or more is cut into slices, the later ones
-// copied on the tier workers: every block arrives whole and is verified on its own, and a corrupt
+// copied on the pool's workers: every block arrives whole and is verified on its own, and a corrupt
 // record in the workers' slice ends the hit right before it. (Other memories copy it in one.)
-TEST_P(PoolTierTest, ALargeLoadIsCopiedOnTheTierWorkersAndVerifiedBlockByBlock) {
+TEST_P(PoolTierTest, ALargeLoadIsCopiedOnTheWorkersAndVerifiedBlockByBlock) {
   head_dim_ = 8192;  // 256 KiB blocks: a 12-block prompt is 3 MiB, one batch of two slices
-  tier_workers_ = std::make_shared<TaskWorkers>(1, absl::ZeroDuration());
+  workers_ = std::make_shared<TaskWorkers>(1, absl::ZeroDuration());
   MakePool(13, 32);
   ASSERT_GE(12 * block_bytes_, LowerTiers::kParallelLoadBytes);
   const std::vector<uint32_t> a = Tokens(100, 12 * kBlockSize + 1);
@@ -372,7 +372,7 @@ TEST_P(PoolTierTest, ALargeLoadIsCopiedOnTheTierWorkersAndVerifiedBlockByBlock) 
     ASSERT_OK(pool_->Release(session_, opened->sequence_id));
   };
   ASSERT_NO_FATAL_FAILURE(open_a(12));
-  const uint64_t handed_out = tier_workers_->ran_on_workers() + tier_workers_->ran_by_callers();
+  const uint64_t handed_out = workers_->ran_on_workers() + workers_->ran_by_callers();
   EXPECT_EQ(handed_out, GetParam() == PoolMemoryKind::kHost ? 1u : 0u);
 
   Compute(b);  // A out of tier 1 again; its records stay in tier 2

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -27,6 +28,9 @@
 #include "common/block_hash.h"
 #include "common/compatibility_manifest.h"
 #include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
+#include "common/task_workers.h"
+#include "server/kv_cache_service.h"
 #include "tests/client/daemon_fixture.h"
 #include "tests/testing/subprocess.h"
 
@@ -94,6 +98,7 @@ class PagesClientTest : public DaemonFixture {
     wide.name = kWidePool;
     wide.num_blocks = kWidePoolBlocks;
     wide.host_tier_bytes = 0;
+    wide.workers = wide_pool_workers_;
     extra_pools_.push_back(wide);
     pool.name = kPool;
     pool.host_tier_bytes = kPoolBlocks * page_bytes_;  // the disk tier takes all of tier 2
@@ -183,6 +188,9 @@ class PagesClientTest : public DaemonFixture {
   }
 
   ScopedTempDir disk_dir_{"kvcache_pages_disk"};  // outlives the daemon: declared before it runs
+  // The wide pool's (PoolOptions::workers), one thread: a batch of two slices.
+  const std::shared_ptr<TaskWorkers> wide_pool_workers_ =
+      std::make_shared<TaskWorkers>(1, absl::ZeroDuration());
   uint64_t page_bytes_ = 0;
   std::string pool_ = kPool;  // the pool the helpers use
 };
@@ -606,6 +614,56 @@ TEST_F(PagesClientTest, BadInputOverTheWireHasPreciseCodesAndChangesNothing) {
   EXPECT_THAT(client_->WritePages(*mapped, good, Views({pages[0], pages[1].substr(1)})),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page 1 has")));
   EXPECT_EQ(Exists(*client_, good), 0u);
+  ExpectNothingHeld();
+}
+
+// A PutPages of KvCacheService::kParallelPageBytes or more into a host pool is verified and copied
+// a slice at a time, the later slices on the pool's workers: a wrong checksum in any slice fails
+// the put naming the first bad page, with nothing published and nothing held, and a good one
+// lands every page whole.
+TEST_F(PagesClientTest, APutCutIntoSlicesOnTheWorkersNamesItsFirstBadPageOrLandsEveryPage) {
+  pool_ = kWidePool;
+  std::unique_ptr<v1::KvCache::Stub> stub =
+      v1::KvCache::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  constexpr size_t kBatch = 40;
+  ASSERT_GE(kBatch * page_bytes_, KvCacheService::kParallelPageBytes);
+  const std::vector<std::string> keys = Keys("sliced", kBatch);
+  const std::vector<std::string> pages = Pages(keys);
+  // A put of the batch whose pages `bad` carry a wrong checksum.
+  const auto put = [&](const std::vector<size_t>& bad) -> absl::StatusOr<uint32_t> {
+    v1::PutPagesRequest request;
+    request.set_session_id(client_->session_id());
+    request.set_epoch(client_->session_epoch());
+    request.set_pool(kWidePool);
+    for (size_t i = 0; i < kBatch; ++i) {
+      request.add_keys(keys[i]);
+      request.add_pages(pages[i]);
+      const bool wrong = std::find(bad.begin(), bad.end(), i) != bad.end();
+      request.add_page_checksums(BlockChecksum(pages[i].data(), pages[i].size()) + wrong);
+    }
+    v1::PutPagesResponse response;
+    grpc::ClientContext context;
+    RETURN_IF_ERROR(FromGrpcStatus(stub->PutPages(&context, request, &response)));
+    return response.num_published();
+  };
+  EXPECT_THAT(put({37}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("page 37 does not match")));
+  EXPECT_THAT(put({5, 37}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("page 5 does not match")));
+  EXPECT_THAT(put({0, 39}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("page 0 does not match")));
+  EXPECT_EQ(Exists(*client_, keys), 0u);
+  ExpectNothingHeld();
+
+  absl::StatusOr<uint32_t> published = put({});
+  ASSERT_OK(published);
+  EXPECT_EQ(*published, kBatch);
+  absl::StatusOr<KvCacheClient::GotPages> got = client_->GetPages(kWidePool, keys);
+  ASSERT_OK(got);
+  EXPECT_TRUE(got->pages == pages);
+  // Each of the four puts handed its second slice out (run by the worker, or by the call's own
+  // thread if it got there first).
+  EXPECT_EQ(wide_pool_workers_->ran_on_workers() + wide_pool_workers_->ran_by_callers(), 4u);
   ExpectNothingHeld();
 }
 
