@@ -120,7 +120,9 @@ struct ClientOptions {
   // Threads besides the caller's that copy and checksum the pages of WritePages and ReadPagesInto
   // on a host pool, and checksum those of PutPages and PutBlocks, in calls of kParallelCopyBytes
   // or more (started by the first such call; one thread alone copies at about half the rate
-  // memory allows). -1: one less than the machine's cores, at most 3; 0: the caller's alone.
+  // memory allows). They look for their slices while the batch's round trip is under way, up to
+  // 1 ms of a core each per batch, rather than sleep through it and wake late.
+  // -1: one less than the machine's cores, at most 3; 0: the caller's alone.
   int page_copy_threads = -1;
 };
 
@@ -756,6 +758,12 @@ class KvCacheClient {
   // thread alone below kParallelCopyBytes, else a slice on it and one on each page copy thread.
   void RunOnPages(size_t count, uint64_t bytes,
                   absl::FunctionRef<void(size_t begin, size_t end)> run);
+  // Called before a same-node batch's first round trip (reserve, acquire) when RunOnPages will
+  // cut its `bytes` into slices: the page copy threads wake now and look for their slices for up
+  // to kCopyThreadsReadyFor, so that they start copying as the answer arrives rather than a
+  // wake-up later (on the VM: writes 8.4-8.5 -> 11.0 GB/s with threads that never sleep).
+  void ReadyPageCopyThreads(uint64_t bytes);
+  static constexpr absl::Duration kCopyThreadsReadyFor = absl::Milliseconds(1);
   // The threads that copy page batches with the caller (ClientOptions::page_copy_threads),
   // started by the first batch that wants them; null when there are none.
   TaskWorkers* PageCopyWorkers();

@@ -358,6 +358,7 @@ absl::StatusOr<KvCacheClient::PagesStored> KvCacheClient::WritePages(
   if (mapped.is_device()) {
     RETURN_IF_ERROR(CheckDevicePages("WritePages", pages, mapped.block_bytes()));
   }
+  if (!mapped.is_device()) ReadyPageCopyThreads(uint64_t{keys.size()} * mapped.block_bytes());
   ASSIGN_OR_RETURN(const PageReservation reservation,
                    ReservePages(mapped.name(), keys, part_masks));
   absl::Status written = absl::OkStatus();
@@ -402,6 +403,7 @@ absl::StatusOr<KvCacheClient::PagesRead> KvCacheClient::ReadPagesInto(
   if (mapped.is_device()) {
     RETURN_IF_ERROR(CheckDevicePages("ReadPagesInto", destinations, mapped.block_bytes()));
   }
+  if (!mapped.is_device()) ReadyPageCopyThreads(uint64_t{keys.size()} * mapped.block_bytes());
   ASSIGN_OR_RETURN(AcquiredPages acquired, AcquirePages(mapped.name(), keys, options));
   absl::Status read = absl::OkStatus();
   // One pass over the shared page: the bytes checked are the bytes copied.
@@ -450,6 +452,13 @@ void KvCacheClient::RunOnPages(size_t count, uint64_t bytes,
                                absl::FunctionRef<void(size_t begin, size_t end)> run) {
   TaskWorkers* workers = bytes < kParallelCopyBytes ? nullptr : PageCopyWorkers();
   RunInSlices(workers, count, workers == nullptr ? 1 : workers->threads() + 1, run);
+}
+
+void KvCacheClient::ReadyPageCopyThreads(uint64_t bytes) {
+  if (bytes < kParallelCopyBytes) return;
+  if (TaskWorkers* workers = PageCopyWorkers(); workers != nullptr) {
+    workers->ExpectWork(kCopyThreadsReadyFor);
+  }
 }
 
 TaskWorkers* KvCacheClient::PageCopyWorkers() {

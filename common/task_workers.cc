@@ -50,6 +50,16 @@ void TaskWorkers::Enqueue(const Group* group, absl::AnyInvocable<void() &&> task
   if (static_cast<size_t>(looking_.load()) < queue_.size()) work_.Signal();
 }
 
+void TaskWorkers::ExpectWork(absl::Duration within) {
+  if (threads_.empty()) return;
+  const int64_t until = absl::ToUnixNanos(absl::Now() + within);
+  int64_t current = expect_until_ns_.load();
+  while (current < until && !expect_until_ns_.compare_exchange_weak(current, until)) {
+  }
+  absl::MutexLock lock(&mu_);
+  work_.SignalAll();
+}
+
 bool TaskWorkers::Group::RunOneQueued() {
   return workers_ != nullptr && workers_->RunOneQueued(this);
 }
@@ -81,7 +91,8 @@ void TaskWorkers::WaitFor(const Group* group) {
 
 void TaskWorkers::LookForWork() {
   looking_.fetch_add(1);
-  const absl::Time until = absl::Now() + spin_;
+  const absl::Time until =
+      std::max(absl::Now() + spin_, absl::FromUnixNanos(expect_until_ns_.load()));
   for (int i = 1; queued_.load(std::memory_order_relaxed) == 0 &&
                   !stopping_now_.load(std::memory_order_relaxed);
        ++i) {
@@ -98,12 +109,13 @@ void TaskWorkers::LookForWork() {
 void TaskWorkers::Loop() {
   bool ran = false;
   while (true) {
-    if (ran && spin_ > absl::ZeroDuration()) LookForWork();
+    if ((ran && spin_ > absl::ZeroDuration()) || Expecting()) LookForWork();
     Task task;
     {
       absl::MutexLock lock(&mu_);
-      while (!stopping_ && queue_.empty()) work_.Wait(&mu_);
-      if (queue_.empty()) return;  // stopping, nothing left to run
+      while (!stopping_ && queue_.empty() && !Expecting()) work_.Wait(&mu_);
+      if (stopping_ && queue_.empty()) return;  // nothing left to run
+      if (queue_.empty()) continue;  // woken by ExpectWork: look for the tasks it announced
       task = std::move(queue_.front());
       queue_.pop_front();
       queued_.store(queue_.size());

@@ -130,6 +130,37 @@ TEST(TaskWorkersTest, TasksHandedOutWhileWorkersLookOrSleepAllRunOnWorkers) {
   }
 }
 
+// ExpectWork wakes every sleeping worker to look for tasks until its deadline: tasks handed out
+// meanwhile run on them, once each; past the deadline they sleep again, and a pool destroyed
+// while its workers look stops at once rather than at the deadline.
+TEST(TaskWorkersTest, ExpectWorkWakesTheWorkersToLookUntilItsDeadline) {
+  const auto all_looking = [](const TaskWorkers& workers, int count) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (workers.looking_for_work() != count && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return workers.looking_for_work() == count;
+  };
+  {
+    TaskWorkers workers(2, absl::ZeroDuration());
+    ASSERT_TRUE(all_looking(workers, 0));  // nothing to do: asleep
+    workers.ExpectWork(absl::Milliseconds(300));
+    EXPECT_TRUE(all_looking(workers, 2));
+    std::atomic<int> ran{0};
+    {
+      TaskWorkers::Group group(&workers);
+      for (int i = 0; i < 100; ++i) group.Run([&ran] { ran.fetch_add(1); });
+    }
+    EXPECT_EQ(ran.load(), 100);
+    EXPECT_TRUE(all_looking(workers, 0));  // the deadline passed: asleep again
+    workers.ExpectWork(absl::Hours(1));
+    EXPECT_TRUE(all_looking(workers, 2));
+  }  // joins now, not in an hour
+  TaskWorkers none(0);
+  none.ExpectWork(absl::Seconds(1));
+  EXPECT_EQ(none.looking_for_work(), 0);
+}
+
 // RunInSlices visits every index once, in contiguous slices, the first on the calling thread;
 // with no workers, or fewer items than slices, it still covers them all and nothing more.
 TEST(TaskWorkersTest, RunInSlicesVisitsEveryIndexOnceInContiguousSlices) {
