@@ -925,8 +925,10 @@ void Pool::PublishWrittenLocked(Sequence* sequence, uint32_t written_blocks, Com
         // Pages are no chain: announced with no parent, named by the engine's key (their
         // tokens, the key's first bytes, mean nothing to a router).
         if (pages.empty()) pages.reserve(written_blocks - i);
-        pages.push_back(StoredBlock{
-            .hash = identity.hash, .token_ids = {}, .extras_digest = identity.extras_digest});
+        // Made in place: moving a StoredBlock of no tokens copies its inline storage unset.
+        StoredBlock& page = pages.emplace_back();
+        page.hash = identity.hash;
+        page.extras_digest = identity.extras_digest;
         page_keys.push_back(sequence->page_keys[i]);
         continue;
       }
