@@ -50,7 +50,9 @@ class PoolPagesTest : public ::testing::Test {
  protected:
   void SetUp() override { MakePool(8); }
   void TearDown() override {
-    if (pool_ != nullptr) EXPECT_OK(pool_->CheckInvariants());
+    if (pool_ != nullptr) {
+      EXPECT_OK(pool_->CheckInvariants());
+    }
   }
 
   void MakePool(uint32_t num_blocks, uint32_t tier_blocks = 0, uint64_t disk_records = 0,

@@ -58,7 +58,9 @@ class PoolSealedTierTest : public ::testing::Test {
     pool_ = *std::move(pool);
   }
   void TearDown() override {
-    if (pool_ != nullptr) EXPECT_OK(pool_->CheckInvariants());
+    if (pool_ != nullptr) {
+      EXPECT_OK(pool_->CheckInvariants());
+    }
   }
 
   std::string BlockBytes(const std::vector<uint32_t>& tokens, size_t i) const {

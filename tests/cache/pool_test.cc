@@ -285,7 +285,9 @@ TEST(PoolForkTest, ASessionEndingDuringTheForkCopyCannotHandOutItsDestination) {
     ending.closed.store(true);
     EXPECT_EQ((*pool)->ReleaseSession(ending.id), 2);  // the parent and the child
     auto taken = (*pool)->Open(other, SequenceSpec{Tokens(900, 2 * kBlockSize)});
-    if (taken.ok()) EXPECT_THAT(taken->block_ids, ::testing::Not(::testing::Contains(destination)));
+    if (taken.ok()) {
+      EXPECT_THAT(taken->block_ids, ::testing::Not(::testing::Contains(destination)));
+    }
   });
   EXPECT_THAT((*pool)->Fork(ending, parent->sequence_id),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("ended during the fork")));

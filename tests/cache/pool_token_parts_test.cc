@@ -59,7 +59,9 @@ class PoolTokenPartsTest : public ::testing::Test {
  protected:
   void SetUp() override { MakePool(16); }
   void TearDown() override {
-    if (pool_ != nullptr) EXPECT_OK(pool_->CheckInvariants());
+    if (pool_ != nullptr) {
+      EXPECT_OK(pool_->CheckInvariants());
+    }
   }
 
   void MakePool(uint32_t num_blocks, uint32_t tier_blocks = 0, uint64_t disk_records = 0,
