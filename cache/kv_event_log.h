@@ -7,9 +7,10 @@
 // (lock order: a pool's mutex, then the log's). The log keeps the last `capacity` events for
 // watchers to resume from, and its own compact copy of every indexed block (tenant, parent,
 // extras digest, tokens packed as the pool packs them, page name) so that a watcher too far
-// behind gets a snapshot exactly as of one sequence number, atomically across pools, without
-// stopping them. It keeps no event for the index: an indexed block costs about 96 bytes (a
-// 48-byte entry, 36 bytes of tokens, a 4-byte index slot at most half full).
+// behind gets a snapshot exactly as of one sequence number, atomically across pools, stopping
+// them only while it copies that compact index (TakeSnapshot). It keeps no event for the index:
+// an indexed block costs about 96 bytes (a 48-byte entry, 36 bytes of tokens, a 4-byte index
+// slot at most half full).
 //
 // Removal: a pool reports a hash as removed only when it leaves the pool's index (eviction), not
 // when a block holding a duplicate of it is freed; the log drops hashes it never announced.
@@ -29,6 +30,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -200,8 +202,14 @@ class KvEventLog {
     // next_sequence - 1.
     std::vector<KvEvent> events;
   };
-  // The index as of one point of the sequence, filtered.
+  // The index as of one point of the sequence, filtered. Under the log's mutex (and so beside
+  // every pool's next event, which waits for it under the pool's own mutex) only a copy of the
+  // compact index is made; the events are built from the copy after.
   Snapshot TakeSnapshot(const KvEventFilter& filter) const;
+  // TEST ONLY: runs between the copy and the events' building, without the log's mutex.
+  void SetSnapshotCopiedHookForTesting(std::function<void()> hook) {
+    snapshot_copied_for_testing_ = std::move(hook);
+  }
   // Blocks in the log's copy of the index (every pool, every tenant).
   size_t indexed_blocks() const;
 
@@ -280,6 +288,11 @@ class KvEventLog {
     PoolInfo(const PoolInfo&) = delete;
     PoolInfo& operator=(const PoolInfo&) = delete;
 
+    // A copy of what a snapshot reads (entries, tokens, page names, media), with an empty index:
+    // taken under the log's mutex, at about memcpy's speed. IndexInUse then fills the index.
+    std::unique_ptr<PoolInfo> CopyForSnapshot() const;
+    void IndexInUse();
+
     std::string name;
     std::vector<std::string> media;  // [0]: tier 1's; then lower tiers' as they first appear
     uint32_t block_size = 0;
@@ -300,6 +313,8 @@ class KvEventLog {
   uint32_t ManifestLocked(absl::string_view digest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PageName PageNameLocked(const PoolInfo& pool, uint32_t entry) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  static PageName PageNameIn(const PoolInfo& pool, uint32_t entry,
+                             const std::vector<std::string>& manifests);
   void StoredLocked(uint32_t pool_index, uint32_t medium, std::shared_ptr<KvEvent> event,
                     KvEventRetention retention) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Indexes (or re-announces) block `position` of `event`, a BlocksStored of the pool's.
@@ -329,6 +344,7 @@ class KvEventLog {
   std::vector<std::string> manifests_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> manifest_ids_ ABSL_GUARDED_BY(mu_);
 
+  std::function<void()> snapshot_copied_for_testing_;  // set before any snapshot
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> dropped_{};
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> replays_{};
   std::atomic<uint64_t> snapshots_{0};

@@ -120,6 +120,16 @@ PackedTokens::PackedTokens(uint32_t num_slots, uint32_t tokens_per_slot)
   bytes_ = Allocate(width_);
 }
 
+std::unique_ptr<PackedTokens> PackedTokens::Clone() const {
+  auto clone = std::make_unique<PackedTokens>(num_slots_, tokens_per_slot_);
+  if (clone->width_ != width_) {
+    clone->SetWidth(width_);
+    clone->bytes_ = clone->Allocate(width_);
+  }
+  std::memcpy(clone->bytes_.get(), bytes_.get(), num_slots_ * slot_bytes_ + sizeof(uint64_t));
+  return clone;
+}
+
 void PackedTokens::SetWidth(uint32_t width) {
   width_ = width;
   mask_ = MaskOf(width);

@@ -37,6 +37,10 @@ class PackedTokens {
   PackedTokens(const PackedTokens&) = delete;
   PackedTokens& operator=(const PackedTokens&) = delete;
 
+  // A copy of every slot (one copy of the buffer, at memcpy's speed): KvEventLog's snapshots copy
+  // the log's tokens under its mutex and read them after.
+  std::unique_ptr<PackedTokens> Clone() const;
+
   uint32_t width() const { return width_; }
   uint32_t tokens_per_slot() const { return tokens_per_slot_; }
   // Bytes a slot takes at the current width.

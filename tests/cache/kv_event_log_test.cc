@@ -295,6 +295,34 @@ TEST(KvEventLogTest, TheSnapshotGivesBackExactlyWhatWasStored) {
   }
 }
 
+// A snapshot holds the log's mutex only to copy the index: the pools' events, which wait for
+// that mutex under each pool's own, go on while its events are built (with the mutex held
+// throughout, the hook's calls would never return), and what they change after the copy is not
+// in it.
+TEST(KvEventLogTest, ASnapshotBuildsItsEventsWithoutHoldingTheLog) {
+  KvEventLog log;
+  log.AddPool(0, "p", "CPU", 2);
+  log.BlocksStored(0, "a", std::nullopt, {Block(1)});
+  log.BlocksStored(0, "a", H(1), {Block(2), Block(3)});
+  const uint64_t copied_at = log.next_sequence();
+  bool hook_ran = false;
+  log.SetSnapshotCopiedHookForTesting([&] {
+    hook_ran = true;
+    log.BlocksStored(0, "a", H(3), {Block(4)});
+    log.BlocksRemoved(0, {H(1), H(2), H(3)});
+  });
+  KvEventLog::Snapshot snapshot = log.TakeSnapshot({});
+  EXPECT_TRUE(hook_ran);
+  EXPECT_EQ(snapshot.next_sequence, copied_at);
+  std::vector<Hash128> hashes;
+  for (const KvEvent& event : snapshot.events) hashes.push_back(event.blocks[0].hash);
+  EXPECT_THAT(hashes, ElementsAre(H(1), H(2), H(3)));  // parents first
+  EXPECT_EQ(snapshot.events[2].parent_hash, H(2));
+  EXPECT_THAT(snapshot.events[2].blocks[0].token_ids, ElementsAre(3u, 4u));
+  EXPECT_EQ(log.next_sequence(), copied_at + 2);
+  EXPECT_EQ(log.indexed_blocks(), 1u);  // block 4 alone, stored meanwhile
+}
+
 TEST(KvEventLogTest, FilterLetsEveryoneSeeAClearOfAllPools) {
   KvEvent cleared_all{.kind = KvEventKind::kAllBlocksCleared};
   KvEvent stored{.kind = KvEventKind::kBlocksStored, .pool = "p", .tenant = "a"};
