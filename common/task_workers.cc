@@ -1,6 +1,7 @@
 #include "common/task_workers.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 namespace kvcache {
@@ -50,9 +51,15 @@ void TaskWorkers::Enqueue(const Group* group, absl::AnyInvocable<void() &&> task
   if (static_cast<size_t>(looking_.load()) < queue_.size()) work_.Signal();
 }
 
+int64_t TaskWorkers::SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void TaskWorkers::ExpectWork(absl::Duration within) {
   if (threads_.empty()) return;
-  const int64_t until = absl::ToUnixNanos(absl::Now() + within);
+  const int64_t until = SteadyNanos() + absl::ToInt64Nanoseconds(within);
   int64_t current = expect_until_ns_.load();
   while (current < until && !expect_until_ns_.compare_exchange_weak(current, until)) {
   }
@@ -91,12 +98,13 @@ void TaskWorkers::WaitFor(const Group* group) {
 
 void TaskWorkers::LookForWork() {
   looking_.fetch_add(1);
-  const absl::Time until =
-      std::max(absl::Now() + spin_, absl::FromUnixNanos(expect_until_ns_.load()));
+  // A steady clock: a wall clock set back would keep the worker looking for as long.
+  const int64_t until =
+      std::max(SteadyNanos() + absl::ToInt64Nanoseconds(spin_), expect_until_ns_.load());
   for (int i = 1; queued_.load(std::memory_order_relaxed) == 0 &&
                   !stopping_now_.load(std::memory_order_relaxed);
        ++i) {
-    if (i % 64 == 0 && absl::Now() >= until) break;
+    if (i % 64 == 0 && SteadyNanos() >= until) break;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif

@@ -100,13 +100,14 @@ class TaskWorkers {
   // Waits for a task to be queued, without the mutex: up to spin_, or until the deadline
   // ExpectWork set if that is later.
   void LookForWork();
-  bool Expecting() const { return absl::Now() < absl::FromUnixNanos(expect_until_ns_.load()); }
+  bool Expecting() const { return SteadyNanos() < expect_until_ns_.load(); }
+  static int64_t SteadyNanos();  // std::chrono::steady_clock's now
 
   const absl::Duration spin_;
   std::atomic<int> looking_{0};              // workers in LookForWork
   std::atomic<size_t> queued_{0};            // queue_.size(), for LookForWork
   std::atomic<bool> stopping_now_{false};    // stopping_, for LookForWork
-  std::atomic<int64_t> expect_until_ns_{0};  // ExpectWork's deadline, Unix nanoseconds
+  std::atomic<int64_t> expect_until_ns_{0};  // ExpectWork's deadline, SteadyNanos()
   std::atomic<uint64_t> ran_on_workers_{0};
   std::atomic<uint64_t> ran_by_callers_{0};
 
