@@ -7,12 +7,12 @@
 
 namespace kvcache::testing {
 
-// Polls `done` until it holds; false after 10 s. For conditions the daemon reaches
-// asynchronously (lease expiry, a stream's pins ending after its last message, a cancelled
+// Polls `done` until it holds; false after `within` (10 s unless told). For conditions the daemon
+// reaches asynchronously (lease expiry, a stream's pins ending after its last message, a cancelled
 // stream's cleanup after the client already has its status).
 template <typename Predicate>
-bool PollUntil(Predicate done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+bool PollUntil(Predicate done, absl::Duration within = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + within;
   while (!done()) {
     if (absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(10));
