@@ -183,7 +183,9 @@ TEST(TaskWorkersTest, RunInSlicesVisitsEveryIndexOnceInContiguousSlices) {
           EXPECT_EQ(visits[i].load(), 1) << "index " << i << " of " << count << ", " << slices;
         }
         EXPECT_EQ(calls.load(), static_cast<int>(std::min(count, slices)));
-        if (count > 0) EXPECT_TRUE(first_on_caller.load());
+        if (count > 0) {
+          EXPECT_TRUE(first_on_caller.load());
+        }
       }
     }
   }

@@ -223,7 +223,9 @@ TEST_F(MetricsProcessTest, ValuesMoveWithARealWorkloadAndPromtoolAcceptsTheExpos
     ASSERT_EQ(words.size(), 4u) << line;
     const std::string& name = words[2];
     EXPECT_TRUE(absl::StrContains(final_scrape, "# HELP " + name + " ")) << name;
-    if (words[3] == "counter") EXPECT_TRUE(absl::EndsWith(name, "_total")) << name;
+    if (words[3] == "counter") {
+      EXPECT_TRUE(absl::EndsWith(name, "_total")) << name;
+    }
     ++families;
   }
   EXPECT_GE(families, 25);
