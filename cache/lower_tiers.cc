@@ -620,7 +620,7 @@ absl::Status LowerTiers::CopyUpChecksummed(absl::Span<const PoolMemory::HostCopy
   TaskWorkers* const workers = options_.workers.get();
   // A device pool's batch is one synchronization of its own: not cut.
   if (!host_memory_ || workers == nullptr || workers->threads() == 0 ||
-      copies.size() * options_.layout.BlockBytes() < kParallelLoadBytes) {
+      copies.size() * options_.layout.BlockBytes() < kSlicedCopyMinBytes) {
     return memory_->CopyFromHost(copies, checksums);
   }
   absl::Mutex mu;

@@ -128,12 +128,11 @@ class LowerTiers {
   // Tier-2 records a load pins and copies up at once (one synchronization for a device pool).
   static constexpr size_t kLoadBatch = 16;
   // Into a host pool with workers (PoolOptions::workers), a batch is up to this many
-  // bytes (and at least kLoadBatch records), and one of at least kParallelLoadBytes is copied on
+  // bytes (and at least kLoadBatch records), and one of at least kSlicedCopyMinBytes is copied on
   // the workers too, a slice each: one thread copies and checksums at about half of what memory
   // allows. A slice must outlast handing it to a worker and waiting for it (tens of
   // microseconds where a thread sleeps: 2 MiB batches of 32 KiB blocks, not 512 KiB ones).
   static constexpr uint64_t kParallelLoadBatchBytes = uint64_t{4} << 20;
-  static constexpr uint64_t kParallelLoadBytes = uint64_t{1} << 20;
   // A disk load with no max_load_ms into host memory: batches of this many read depths.
   static constexpr size_t kDiskBatchDepths = 8;
   // A device pool's loads from the cluster stage at most this many blocks (and bytes) at a time.
@@ -293,7 +292,7 @@ class LowerTiers {
   // Tier-2 records LoadHostRun pins and copies at once: kLoadBatch, more into a host pool with
   // workers (kParallelLoadBatchBytes).
   size_t LoadBatchRecords() const;
-  // memory_->CopyFromHost(copies, checksums), a host pool's batch of kParallelLoadBytes or more
+  // memory_->CopyFromHost(copies, checksums), a host pool's batch of kSlicedCopyMinBytes or more
   // cut into slices run on the pool's workers beside this thread.
   absl::Status CopyUpChecksummed(absl::Span<const PoolMemory::HostCopy> copies,
                                  absl::Span<uint64_t> checksums);

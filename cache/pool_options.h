@@ -70,9 +70,8 @@ struct PoolOptions {
   std::shared_ptr<const TierKeyring> tier_keyring;
   // Threads that work beside a request's thread or the tiers' own (common/task_workers.h; null:
   // those threads do it all): they seal and open the sealed tiers' records (with a keyring), and
-  // copy a host pool's large batches, a slice each beside the request: a tier-2 load of
-  // LowerTiers::kParallelLoadBytes or more, and a PutPages of kParallelPageBytes or more. One
-  // set of them may serve every pool.
+  // copy a host pool's large batches, a slice each beside the request: a tier-2 load or a
+  // PutPages of kSlicedCopyMinBytes or more. One set of them may serve every pool.
   std::shared_ptr<TaskWorkers> workers;
 };
 

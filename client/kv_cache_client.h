@@ -66,11 +66,11 @@
 #include "common/compatibility_manifest.h"
 #include "common/page_parts.h"
 #include "common/pool_layout.h"
+#include "common/task_workers.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
 namespace kvcache {
 
-class TaskWorkers;  // common/task_workers.h
 namespace kernels {
 struct PageCopy;  // kernels/page_checksum.h
 }  // namespace kernels
@@ -625,9 +625,9 @@ class KvCacheClient {
                                           const PageReadOptions& options = {});
   // Returns once the daemon has answered every release ReadPagesInto sent before this call.
   void AwaitReleases();
-  // Below this a host page batch is copied on the caller's thread alone (at memory's rate a
-  // thread copies 1 MiB in about 70 us, a few times what waking another one to share it costs).
-  static constexpr uint64_t kParallelCopyBytes = 1 << 20;
+  // Below this a host page batch is copied on the caller's thread alone (common/task_workers.h
+  // says why; the daemon's large copies use the same threshold).
+  static constexpr uint64_t kParallelCopyBytes = kSlicedCopyMinBytes;
 
   // True from a detected daemon restart until the next successful OpenSession.
   bool epoch_changed() const;

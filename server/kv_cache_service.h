@@ -138,10 +138,6 @@ class KvCacheService final
 
   // Event watchers the daemon serves at once (each has a thread); more is RESOURCE_EXHAUSTED.
   static constexpr int kMaxWatchers = 64;
-  // A PutPages into a host pool of at least this many bytes is copied and verified on the pool's
-  // workers (PoolOptions::workers) beside the call's thread, a slice each, as the client copies
-  // a page batch (KvCacheClient::kParallelCopyBytes).
-  static constexpr uint64_t kParallelPageBytes = uint64_t{1} << 20;
 
  private:
   CacheManager* const manager_;

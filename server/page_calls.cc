@@ -246,7 +246,7 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
         // Each page is checksummed while it is copied into its block (a host pool's from the
         // copy's own registers, a device pool's a cache-sized piece at a time), so its bytes are
         // read from memory once (a separate pass before the copy cost as much as the copy). A
-        // host pool's batch of kParallelPageBytes or more is cut into slices, the later ones
+        // host pool's batch of kSlicedCopyMinBytes or more is cut into slices, the later ones
         // copied on the pool's workers. A page that does not match ends the put before its
         // commit: the reservation is released and nothing is published. Duplicates are checked,
         // not copied.
@@ -254,7 +254,7 @@ grpc::ServerUnaryReactor* KvCacheService::PutPages(grpc::CallbackServerContext* 
                                               request.page_checksums().end());
         TaskWorkers* workers = pool->options().workers.get();
         if (pool->memory().HostBlock(0) == nullptr ||
-            uint64_t{pages.size()} * page_bytes < kParallelPageBytes) {
+            uint64_t{pages.size()} * page_bytes < kSlicedCopyMinBytes) {
           workers = nullptr;
         }
         absl::Mutex failure_mu;

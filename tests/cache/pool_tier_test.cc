@@ -349,14 +349,14 @@ TEST_P(PoolTierTest, CorruptedRecordIsDetectedAndRecomputed) {
   ASSERT_OK(pool_->Commit(session_, opened->sequence_id, a.size()));
 }
 
-// A host pool's load of LowerTiers::kParallelLoadBytes or more is cut into slices, the later ones
+// A host pool's load of kSlicedCopyMinBytes or more is cut into slices, the later ones
 // copied on the pool's workers: every block arrives whole and is verified on its own, and a corrupt
 // record in the workers' slice ends the hit right before it. (Other memories copy it in one.)
 TEST_P(PoolTierTest, ALargeLoadIsCopiedOnTheWorkersAndVerifiedBlockByBlock) {
   head_dim_ = 8192;  // 256 KiB blocks: a 12-block prompt is 3 MiB, one batch of two slices
   workers_ = std::make_shared<TaskWorkers>(1, absl::ZeroDuration());
   MakePool(13, 32);
-  ASSERT_GE(12 * block_bytes_, LowerTiers::kParallelLoadBytes);
+  ASSERT_GE(12 * block_bytes_, kSlicedCopyMinBytes);
   const std::vector<uint32_t> a = Tokens(100, 12 * kBlockSize + 1);
   const std::vector<uint32_t> b = Tokens(50000, 13 * kBlockSize);  // evicts all of A
   Compute(a);

@@ -617,7 +617,7 @@ TEST_F(PagesClientTest, BadInputOverTheWireHasPreciseCodesAndChangesNothing) {
   ExpectNothingHeld();
 }
 
-// A PutPages of KvCacheService::kParallelPageBytes or more into a host pool is verified and copied
+// A PutPages of kSlicedCopyMinBytes or more into a host pool is verified and copied
 // a slice at a time, the later slices on the pool's workers: a wrong checksum in any slice fails
 // the put naming the first bad page, with nothing published and nothing held, and a good one
 // lands every page whole.
@@ -626,7 +626,7 @@ TEST_F(PagesClientTest, APutCutIntoSlicesOnTheWorkersNamesItsFirstBadPageOrLands
   std::unique_ptr<v1::KvCache::Stub> stub =
       v1::KvCache::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   constexpr size_t kBatch = 40;
-  ASSERT_GE(kBatch * page_bytes_, KvCacheService::kParallelPageBytes);
+  ASSERT_GE(kBatch * page_bytes_, kSlicedCopyMinBytes);
   const std::vector<std::string> keys = Keys("sliced", kBatch);
   const std::vector<std::string> pages = Pages(keys);
   // A put of the batch whose pages `bad` carry a wrong checksum.
