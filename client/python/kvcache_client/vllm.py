@@ -9,8 +9,13 @@ vllm/v1/kv_offload/tiering/base.py at vllm-project/vllm 041410b9b13a5e762e6bfce4
 primary_kv_view and tier_type, plus the tier's own config keys as keyword arguments).
 
 What the tier does for the engine:
-- lookup(key) asks the daemon whether the page named by vLLM's own OffloadKey (the block hash
-  and group index, 36 bytes) exists in any of its tiers: ExistsPages, one small call.
+- lookup(key) answers whether the daemon has the page named by vLLM's own OffloadKey (the block
+  hash and group index, 36 bytes) in any of its tiers, without blocking the scheduler: a key
+  first asked is answered "retry" (None; LookupResult.RETRY in later vLLM) and queued, a thread
+  sends the keys the scheduler asked for each request and KV group as one ExistsPages, in the
+  order asked, and the next step's lookups find the answers (vLLM's scheduler goes on past a
+  deferred key, so a whole prefix is asked in one step). `async_lookup=False` asks the daemon
+  on the scheduler's thread instead, one ExistsPages per key.
 - submit_store / submit_load copy rows of the primary region (one page each) into or out of the
   daemon's pool on a worker thread: on the daemon's node through the mapped pool (reserve the
   pages, copy each row into its block, commit; acquire, copy out verifying each page's checksum,
@@ -24,7 +29,8 @@ misconfigured makes lookups miss and jobs fail (JobResult success False, which v
 failed transfer), and the worker thread reconnects in the background.
 
 Threads: vLLM calls every method from its scheduler thread (never two at once). The worker
-thread owns connecting and every transfer; lookup uses the connection the worker made, if any.
+thread owns connecting and every transfer; the lookup thread sends the queued lookups over the
+connection the worker made, if any.
 Importing this module needs no vLLM: with vLLM installed the tier subclasses its
 SecondaryTierManager (the factory asserts that) and returns its JobResult values.
 """
@@ -36,7 +42,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import grpc
 import numpy
@@ -64,8 +70,9 @@ try:  # Later vLLM answers lookups with an enum; the commit followed answers Tru
     from vllm.v1.kv_offload.base import LookupResult as _VllmLookupResult
     _HIT: Any = _VllmLookupResult.HIT
     _MISS: Any = _VllmLookupResult.MISS
+    _RETRY: Any = _VllmLookupResult.RETRY
 except ImportError:
-    _HIT, _MISS = True, False
+    _HIT, _MISS, _RETRY = True, False, None
 
 try:
     from vllm.v1.kv_offload.base import RequestOffloadingContext as _RequestContext
@@ -189,18 +196,122 @@ class _Job:
     connection: Optional[_Connection] = None  # "close": one the scheduler thread dropped
 
 
+@dataclasses.dataclass
+class _Lookup:
+    """What the tier knows of one key: None until the daemon answered (or the key was marked a
+    miss), and the requests that asked for it since."""
+    found: Optional[bool] = None
+    requests: Set[str] = dataclasses.field(default_factory=set)
+
+
+class _AsyncLookups:
+    """Lookups that never block the scheduler. A key first asked is queued and answered None
+    ("retry next step"); a thread sends what is queued, each (request, KV group)'s keys as one
+    ExistsPages in the order asked, and keeps the answers until every request that asked for a
+    key has finished (vLLM's AsyncLookupManager keeps them the same way, so a request's later
+    steps and another request sharing the prefix get the same answer).
+
+    ExistsPages answers how many leading keys are restorable: those are hits, the key after them
+    a miss, and so is every key after that (the scheduler's prefix lookup stops at its first
+    miss; a key past it answered a miss loses a hit, never serves a wrong page)."""
+
+    def __init__(self, leading_hits: Callable[[Sequence[bytes]], int]) -> None:
+        # leading_hits(keys): how many leading keys the daemon has; raises when it cannot say.
+        self._leading_hits = leading_hits
+        self._wake = threading.Condition()  # guards everything below
+        self._states: Dict[bytes, _Lookup] = {}
+        self._by_request: Dict[str, Set[bytes]] = {}
+        self._queued: List[Tuple[str, bytes]] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="kvcache-vllm-lookup",
+                                        daemon=True)
+        self._thread.start()
+
+    def lookup(self, key: bytes, request: str) -> Optional[bool]:
+        """The daemon's answer for `key`, or None while it is to come (the key queued)."""
+        with self._wake:
+            state = self._states.get(key)
+            if state is None:
+                state = self._states[key] = _Lookup()
+                self._queued.append((request, key))
+                self._wake.notify()
+            state.requests.add(request)
+            self._by_request.setdefault(request, set()).add(key)
+            return state.found
+
+    def mark_miss(self, keys: Iterable[bytes]) -> None:
+        """Answers `keys` a miss from now on: a load of them failed, so a scheduler that asked
+        again would promote them again and fail again (vllm#49176's livelock)."""
+        with self._wake:
+            for key in keys:
+                state = self._states.get(key)
+                if state is not None:
+                    state.found = False
+
+    def finished(self, request: str) -> None:
+        """Forgets what only `request` asked for (an answer still to come is dropped when it
+        comes)."""
+        with self._wake:
+            for key in self._by_request.pop(request, ()):
+                state = self._states.get(key)
+                if state is None:
+                    continue
+                state.requests.discard(request)
+                if not state.requests and state.found is not None:
+                    del self._states[key]
+
+    def known(self) -> int:
+        """Keys with an answer kept or to come (tests: nothing outlives its requests)."""
+        with self._wake:
+            return len(self._states)
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=60.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._queued or self._stopping)
+                if self._stopping:
+                    return
+                queued, self._queued = self._queued, []
+            # vLLM's key ends with its KV group's index (make_offload_key): a request's keys of
+            # one group are one prefix.
+            batches: Dict[Tuple[str, bytes], List[bytes]] = {}
+            for request, key in queued:
+                batches.setdefault((request, key[-4:]), []).append(key)
+            for keys in batches.values():
+                try:
+                    hits = self._leading_hits(keys)
+                except Exception:  # the tier logged it: misses, asked again by a new request
+                    hits = 0
+                with self._wake:
+                    for index, key in enumerate(keys):
+                        state = self._states.get(key)
+                        if state is None or state.found is not None:
+                            continue  # marked a miss meanwhile
+                        state.found = index < hits
+                        if not state.requests:
+                            del self._states[key]
+
+
 class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
     """vLLM's SecondaryTierManager over one kvcache pool. Config keys (secondary_tiers entry):
     target (the daemon: "unix:///run/kvcache/kvcache.sock" or "host:port"; default: its default
     socket), pool ("default"), client_name, session_ttl_s (how soon the daemon releases what a
-    killed engine held), rpc_timeout_s (the longest a lookup may block the scheduler),
-    retry_after_s (between reconnect attempts), max_load_ms (lower-tier loads), model_id."""
+    killed engine held), rpc_timeout_s (the longest one call to the daemon may take),
+    retry_after_s (between reconnect attempts), max_load_ms (lower-tier loads), model_id,
+    async_lookup (True: lookups never block the scheduler; False: each asks the daemon on the
+    scheduler's thread, up to rpc_timeout_s)."""
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview,
                  tier_type: str = TIER_TYPE, *, target: Optional[str] = None,
                  pool: str = "default", client_name: str = "vllm", session_ttl_s: float = 10.0,
                  rpc_timeout_s: float = 1.0, retry_after_s: float = 1.0, max_load_ms: int = 0,
-                 model_id: Optional[str] = None) -> None:
+                 model_id: Optional[str] = None, async_lookup: bool = True) -> None:
         # Set as vLLM's base class sets them, without calling it: its signature has changed
         # between vLLM versions, these attributes have not.
         self._offloading_spec = offloading_spec
@@ -229,16 +340,21 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
         self._finished: List[Any] = []
         self._jobs: "queue.Queue[_Job]" = queue.Queue()
         self._worker: Optional[threading.Thread] = None
+        self._lookups = _AsyncLookups(self._leading_hits) if async_lookup else None
 
     # ---- SecondaryTierManager ----
 
     def lookup(self, key: bytes, req_context: Any) -> Any:
-        """HIT when the daemon has the page in any tier, else MISS (also when it is not
-        reachable: the scheduler then computes the tokens)."""
+        """HIT when the daemon has the page in any tier, MISS when it has not (also when it is
+        not reachable: the scheduler then computes the tokens), RETRY (None) while the answer
+        is on its way."""
         self._start_worker()
         connection = self._connection
         if connection is None:
             return _MISS
+        if self._lookups is not None:
+            found = self._lookups.lookup(bytes(key), str(getattr(req_context, "req_id", "")))
+            return _RETRY if found is None else _HIT if found else _MISS
         try:
             hits = connection.session.exists_pages(self._pool_name, [bytes(key)])
         except Exception as error:  # never into the scheduler's loop
@@ -271,12 +387,16 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
         return _RequestContext() if _RequestContext is not None else None
 
     def request_finished(self, req_context: Any) -> None:
-        """Nothing per request: a job holds the daemon's pages only while it runs."""
-        return
+        """Forgets the request's lookup answers (a job holds the daemon's pages only while it
+        runs)."""
+        if self._lookups is not None:
+            self._lookups.finished(str(getattr(req_context, "req_id", "")))
 
     def shutdown(self) -> None:
         """Finishes the queued jobs, stops the worker thread and closes the session (the daemon
         then releases anything still held)."""
+        if self._lookups is not None:
+            self._lookups.stop()
         worker = self._worker
         if worker is not None:
             self._jobs.put(_Job("stop"))
@@ -373,6 +493,8 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
                 # A job is waiting: try at once rather than at the next retry time.
                 self._connection = self._connect()
             success = self._transfer(job)
+            if job.kind == "load" and not success and self._lookups is not None:
+                self._lookups.mark_miss(job.keys)
             if job.kind != "touch":
                 with self._lock:
                     self._finished.append(_job_result(job.job_id, success))
@@ -466,6 +588,25 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
                rows: Sequence[int]) -> bool:
         connection.session.pin_pages(self._pool_name, keys, ttl=0)
         return True
+
+    def _leading_hits(self, keys: Sequence[bytes]) -> int:
+        """How many leading `keys` the daemon has (the lookup thread's call); raises when it
+        cannot say."""
+        connection = self._connection
+        if connection is None:
+            return 0
+        hits = 0
+        for start in range(0, len(keys), MAX_KEYS_PER_CALL):
+            batch = keys[start:start + MAX_KEYS_PER_CALL]
+            try:
+                found = connection.session.exists_pages(self._pool_name, batch).num_pages
+            except Exception as error:
+                self._failed(connection, "lookup", error)
+                raise
+            hits += found
+            if found < len(batch):
+                break
+        return hits
 
     def _failed(self, connection: _Connection, what: str, error: Exception) -> None:
         """Logs a failed call; drops the connection when the daemon or the session is gone, for

@@ -8,8 +8,11 @@ installed here):
   with offloading_spec=, primary_kv_view=, tier_type= and the rest of its config as keywords.
 - vllm/v1/kv_offload/cpu/shared_offload_region.py (create_kv_memoryview): the primary view is
   memoryview(int8 tensor (num_blocks, row_stride).numpy()); row b is block b.
-- vllm/v1/kv_offload/tiering/manager.py (TieringOffloadingManager), on the scheduler thread:
-  lookup(key, req_context) key by key in prefix order until one is not a hit; a hit allocates a
+- vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py
+  (_maximal_prefix_lookup) and vllm/v1/kv_offload/tiering/manager.py (TieringOffloadingManager),
+  on the scheduler thread: lookup(key, req_context) key by key in prefix order until one is a
+  miss (False); None means "retry": it counts as a hit for the rest of the step, so that every
+  key is asked, and the request's lookup is done again next step. A hit allocates a
   primary slot and the slots of one request and step go to one submit_load(JobMetadata(job_id,
   keys, block_ids=int64 array, is_promotion=True, req_context)) at the step's end (take_events);
   complete_store cascades each stored batch with submit_store(JobMetadata(..., is_promotion=
@@ -62,6 +65,8 @@ MODULE_PATH = "kvcache_client.vllm"
 TIER_TYPE = "KvCacheTier"
 SESSION_TTL = 2.0  # seconds: how soon a killed engine's pages are released
 HIT = (True,)  # what lookup returns for a hit: True, or vLLM's LookupResult.HIT when installed
+RETRY = (None,)  # "ask again next step": None, or vLLM's LookupResult.RETRY
+STEP = 0.002  # seconds: one engine step
 
 
 def pool_spec(blocks: int, *extra: str) -> str:
@@ -144,6 +149,8 @@ class Engine:
         view = memoryview(self.region.view(primary_blocks, ROW_BYTES).numpy())
         self.free_slots = list(range(primary_blocks))
         self.next_job = 0
+        self.next_request = 0
+        self.lookup_steps = 0  # steps the last lookup took
         self.tier = create_secondary_tier(
             {"type": TIER_TYPE, "module_path": MODULE_PATH, "target": target,
              "session_ttl_s": SESSION_TTL, **tier_config}, view, offloading_spec())
@@ -205,29 +212,52 @@ class Engine:
         self.free_slots.extend(slots)
         return success
 
-    def lookup(self, keys: Sequence[bytes], request: str = "req-load") -> int:
-        """Leading keys the tier has: lookup key by key until one is not a hit."""
-        context = ReqContext(request)
-        for count, key in enumerate(keys):
-            if self.tier.lookup(key, context) not in HIT:
-                return count
-        return len(keys)
+    def new_request(self) -> str:
+        self.next_request += 1
+        return f"req-{self.next_request}"
 
-    def load(self, keys: Sequence[bytes], gpu_blocks: Sequence[int],
-             request: str = "req-load") -> int:
+    def lookup(self, keys: Sequence[bytes], request: Optional[str] = None) -> int:
+        """Leading keys the tier has, as the scheduler finds them: each step asks key by key
+        until a miss, an answer to come counting as a hit; steps until no answer is to come.
+        A lookup of its own (no `request`) is a request that then finishes."""
+        context = ReqContext(request or self.new_request())
+        deadline = time.monotonic() + BOUND
+        self.lookup_steps = 0
+        while True:
+            self.lookup_steps += 1
+            hits, deferred = 0, False
+            for key in keys:
+                result = self.tier.lookup(key, context)
+                if result in RETRY:
+                    deferred = True
+                elif result not in HIT:
+                    break
+                hits += 1
+            if not deferred:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"lookups still deferred after {self.lookup_steps} steps")
+            time.sleep(STEP)
+        if request is None:
+            self.tier.request_finished(context)
+        return hits
+
+    def load(self, keys: Sequence[bytes], gpu_blocks: Sequence[int]) -> int:
         """As a request's prefix is restored: lookups, a primary slot per hit (promotion), one
-        submit_load at the step's end, get_finished, then primary -> GPU. Returns the blocks
-        restored (0 when the job failed: vLLM drops the slots then)."""
+        submit_load at the step's end, get_finished, then primary -> GPU; the request then
+        finishes. Returns the blocks restored (0 when the job failed: vLLM drops the slots
+        then)."""
+        request = self.new_request()
         hits = self.lookup(keys, request)
-        if hits == 0:
-            return 0
-        slots = [self.free_slots.pop() for _ in range(hits)]
-        job = self._job(keys[:hits], slots, True, request)
-        self.tier.submit_load(job)
-        success = self.wait_jobs([job.job_id])[job.job_id]
-        if success:
-            self.primary_to_gpu(slots, gpu_blocks[:hits])
-        self.free_slots.extend(slots)
+        success = False
+        if hits > 0:
+            slots = [self.free_slots.pop() for _ in range(hits)]
+            job = self._job(keys[:hits], slots, True, request)
+            self.tier.submit_load(job)
+            success = self.wait_jobs([job.job_id])[job.job_id]
+            if success:
+                self.primary_to_gpu(slots, gpu_blocks[:hits])
+            self.free_slots.extend(slots)
         self.tier.request_finished(ReqContext(request))
         return hits if success else 0
 
@@ -292,6 +322,88 @@ class VllmTierTest(unittest.TestCase):
         # A prefix that diverges after 64 blocks hits its first 64 only.
         other = keys[:64] + block_keys(10**6, 8, parent=keys[63][:32])
         self.assertEqual(reader.lookup(other), 64)
+
+    def count_exists_calls(self, engine: Engine) -> List[int]:
+        """Counts the ExistsPages calls of the engine's tier session (each still goes to the
+        daemon): [calls, keys]."""
+        self.assertTrue(engine.tier.wait_connected(BOUND))
+        session = engine.tier._connection.session
+        exists_pages, counts = session.exists_pages, [0, 0]
+
+        def counted(pool: str, keys: Sequence[bytes], **kwargs: Any) -> Any:
+            counts[0] += 1
+            counts[1] += len(keys)
+            return exists_pages(pool, keys, **kwargs)
+        session.exists_pages = counted
+        return counts
+
+    def test_lookups_never_block_the_scheduler(self):
+        """A key first asked is answered "retry" at once and the scheduler goes on; the prefix's
+        keys go to the daemon together, and the next steps find the answers: the stored prefix's
+        hits, a miss where a page is missing (not past it), one answer for two requests sharing
+        the keys, nothing kept once both requests have finished."""
+        daemon = self.start_daemon()
+        engine = self.engine(daemon.target)
+        keys = block_keys(60000, 96)
+        stored = keys[:40] + keys[48:]  # 8 pages missing after the first 40
+        engine.fill_gpu(stored, range(len(stored)))
+        self.assertTrue(engine.store(stored, range(len(stored))))
+        calls = self.count_exists_calls(engine)
+        context = ReqContext("first")
+        self.assertEqual([engine.tier.lookup(key, context) in RETRY for key in keys],
+                         [True] * 96)  # no answer yet for any, and no call waited for one
+        self.assertEqual(engine.lookup(keys, "first"), 40)
+        # The keys asked in one step went out in a few calls, never one per key.
+        self.assertLessEqual(calls[0], 8, calls)
+        self.assertEqual(calls[1], 96, calls)
+        # A second request asking for the same keys gets the answers kept, with no call.
+        self.assertEqual(engine.lookup(keys, "second"), 40)
+        self.assertEqual(engine.lookup_steps, 1)
+        self.assertEqual(calls[1], 96, calls)
+        engine.tier.request_finished(ReqContext("first"))
+        self.assertGreater(engine.tier._lookups.known(), 0)  # "second" still holds them
+        engine.tier.request_finished(ReqContext("second"))
+        self.assertEqual(engine.tier._lookups.known(), 0)
+        # Asked again by a new request, the keys are asked of the daemon again.
+        self.assertEqual(engine.lookup(keys[:40]), 40)
+        self.assertEqual(calls[1], 96 + 40, calls)
+        self.assertEqual(engine.tier._lookups.known(), 0)
+
+    def test_a_failed_load_turns_its_hits_into_misses(self):
+        """Pages gone between the lookup and the load: the load fails, and the request's next
+        lookups answer a miss without asking the daemon (else the scheduler would promote them
+        and fail again, vllm#49176)."""
+        daemon = self.start_daemon(64)
+        engine = self.engine(daemon.target)
+        keys = block_keys(70000, 16)
+        engine.fill_gpu(keys, range(16))
+        self.assertTrue(engine.store(keys, range(16)))
+        calls = self.count_exists_calls(engine)
+        self.assertEqual(engine.lookup(keys, "req"), 16)
+        for batch in range(1, 5):  # 64 later pages push the 16 out of the 64-block pool
+            later = block_keys(70000 + 1000 * batch, 16)
+            engine.fill_gpu(later, range(16, 32))
+            self.assertTrue(engine.store(later, range(16, 32)))
+        job = engine._job(keys, [engine.free_slots.pop() for _ in keys], True, "req")
+        engine.tier.submit_load(job)
+        self.assertEqual(engine.wait_jobs([job.job_id]), {job.job_id: False})
+        engine.free_slots.extend(job.block_ids.tolist())
+        asked = calls[1]
+        self.assertEqual(engine.lookup(keys, "req"), 0)
+        self.assertEqual(calls[1], asked)
+        engine.tier.request_finished(ReqContext("req"))
+        self.assertEqual(engine.lookup(keys), 0)  # a new request asks, and they are gone
+        self.assertGreater(calls[1], asked)
+
+    def test_blocking_lookups_answer_on_the_scheduler_thread(self):
+        daemon = self.start_daemon()
+        engine = self.engine(daemon.target, async_lookup=False)
+        keys = block_keys(80000, 24)
+        engine.fill_gpu(keys[:16], range(16))
+        self.assertTrue(engine.store(keys[:16], range(16)))
+        self.assertTrue(engine.tier.wait_connected(BOUND))
+        self.assertEqual(engine.lookup(keys), 16)
+        self.assertEqual(engine.lookup_steps, 1)
 
     def test_pages_evicted_to_the_host_tier_come_back(self):
         daemon = self.start_daemon(64, "host_tier=64MiB")
