@@ -7,7 +7,8 @@ port that a Service targets by number (not 9400, dcgm-exporter's), the optional 
 NetworkPolicy that admits only the daemon's ports, PodDisruptionBudget, the app.kubernetes.io
 labels and a versioned image; the GPU in exactly one container with a shared PID namespace; the
 node daemon's DaemonSet with a host-path socket, hostIPC, mutual TLS Service, certificate and
-identity file from Secrets that its uid can read.
+identity file from Secrets that its uid can read, its TLS Service headless; no pod mounts a service
+account token.
 
 Env: KUBECTL (default kubectl). Needs Debian's python3-yaml.
 """
@@ -109,6 +110,9 @@ class ManifestsTest(unittest.TestCase):
             for workload in workloads(resources):
                 pod = workload["spec"]["template"]["spec"]
                 self.assertEqual(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault")
+                # No pod calls the Kubernetes API: no service account token mounted in it.
+                self.assertIs(pod.get("automountServiceAccountToken"), False,
+                              f"{overlay}/{workload['metadata']['name']}")
                 for container in all_containers(pod):
                     where = f"{overlay}/{workload['metadata']['name']}/{container['name']}"
                     with self.subTest(where):
@@ -365,6 +369,10 @@ class ManifestsTest(unittest.TestCase):
         ports = {p["name"]: p["containerPort"] for p in daemon["ports"]}
         self.assertEqual(ports["grpc-tls"], port_of(args["tcp_listen"]))
         service = find(resources, "Service", "kvcache")
+        # Headless: each node's daemon is its own cache, so no virtual IP spreads a client's
+        # connections over them; the name resolves to every daemon.
+        self.assertEqual(service["spec"].get("clusterIP"), "None")
+        self.assertNotIn("type", service["spec"])
         self.assertTrue(selects(service["spec"]["selector"],
                                 daemonset["spec"]["template"]["metadata"]["labels"]))
         self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]], [ports["grpc-tls"]])
