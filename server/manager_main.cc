@@ -447,7 +447,10 @@ void PrintStartup(Daemon& daemon, const DaemonOptions& options,
     std::printf("  also on TCP %s\n", daemon.tcp_address().c_str());
   }
   if (!options.kv_events.endpoint.empty()) {
-    std::printf("  kv events: PUB %s, replay %s, topic %s, encoding %s, replay layout %s\n",
+    // vLLM's rule decides from the endpoint's spelling; say which, since a subscriber that binds
+    // too (or a router expecting to be dialled) waits in silence otherwise.
+    std::printf("  kv events: PUB %s %s, replay %s, topic %s, encoding %s, replay layout %s\n",
+                ZmqEventPublisher::Binds(options.kv_events.endpoint) ? "bound at" : "connecting to",
                 options.kv_events.endpoint.c_str(),
                 options.kv_events.replay_endpoint.empty()
                     ? "off"

@@ -9,7 +9,9 @@ the ROUTER replay socket. Run twice: with the defaults (positional events, repli
 [topic, seq, payload], replay over ipc://), and with the other shapes the daemon serves
 (--kv_events_encoding=map: current vLLM's tagged maps; --kv_events_replay_layout=seq_payload:
 older vLLM's and SGLang's replies [seq, payload]) with the replay socket on
-tcp://127.0.0.1:PORT, which the daemon must bind (as vLLM does), not connect.
+tcp://127.0.0.1:PORT, which the daemon must bind (as vLLM does), not connect. And in llm-d's
+centralized mode: the router binds its SUB and the daemon's PUB endpoint (a host and port, no
+'*') connects to it, as the daemon's start-up line says.
 
 Env: KVCACHE_BIN_DIR, PYTHONPATH with the generated stubs.
 """
@@ -123,12 +125,15 @@ class Subscriber:
     """A SUB socket plus the replay DEALER; applies every sequence number once, in order."""
 
     def __init__(self, context, endpoint, replay_endpoint, skip=None, encoding="array",
-                 layout="topic_seq_payload"):
+                 layout="topic_seq_payload", bind=False):
         self.encoding = encoding
         self.layout = layout
         self.sub = context.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
-        self.sub.connect(endpoint)
+        if bind:  # llm-d's centralized mode: the publishers connect to the router
+            self.sub.bind(endpoint)
+        else:
+            self.sub.connect(endpoint)
         self.replay_endpoint = replay_endpoint
         self.context = context
         self.index = Index()
@@ -191,6 +196,10 @@ def free_loopback_port():
 class KvEventsZmqTest(unittest.TestCase):
     ENCODING = "array"
     LAYOUT = "topic_seq_payload"
+    PUB_STARTUP = "PUB bound at ipc://"  # what the start-up line says of the PUB endpoint
+
+    def endpoint_for(self, directory):
+        return "ipc://" + os.path.join(directory, "events.sock")
 
     def replay_endpoint_for(self, directory):
         return "ipc://" + os.path.join(directory, "replay.sock")
@@ -202,7 +211,7 @@ class KvEventsZmqTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
         socket = os.path.join(self.dir.name, "kv.sock")
-        self.endpoint = "ipc://" + os.path.join(self.dir.name, "events.sock")
+        self.endpoint = self.endpoint_for(self.dir.name)
         self.replay_endpoint = self.replay_endpoint_for(self.dir.name)
         self.daemon = subprocess.Popen(
             [os.path.join(BIN_DIR, "kvcache-manager"), "--listen=unix://" + socket,
@@ -221,7 +230,7 @@ class KvEventsZmqTest(unittest.TestCase):
             lines.append(line)
             if line.startswith("  pool "):
                 break
-        self.assertTrue(any(re.search(r"kv events: PUB ipc://.* topic kv@node:test@tiny", l)
+        self.assertTrue(any(re.search("kv events: " + self.PUB_STARTUP + ".* topic kv@node:test@tiny", l)
                             for l in lines), lines)
         self.channel = grpc.insecure_channel("unix:" + socket)
         self.stub = kvcache_pb2_grpc.KvCacheStub(self.channel)
@@ -328,6 +337,26 @@ class KvEventsZmqOtherShapesTest(KvEventsZmqTest):
 
     def replay_endpoint_for(self, directory):
         return "tcp://127.0.0.1:%d" % free_loopback_port()
+
+
+class KvEventsZmqCentralizedTest(KvEventsZmqTest):
+    """llm-d's centralized mode: the router's SUB binds, and the daemon's PUB endpoint, a host
+    and port with no '*', is connected to it (vLLM's rule); the start-up line says so."""
+    PUB_STARTUP = "PUB connecting to tcp://127.0.0.1:"
+
+    def endpoint_for(self, directory):
+        return "tcp://127.0.0.1:%d" % free_loopback_port()
+
+    def test_a_router_index_built_from_the_events_answers_like_lookup(self):
+        router = Subscriber(self.context, self.endpoint, self.replay_endpoint, bind=True)
+        time.sleep(0.3)  # the daemon's PUB reconnects until the router's SUB is there
+        router.replay(0)
+        self.workload(200, 1)
+        router.drain()
+        self.assertEqual(router.index.problems, [])
+        self.assertGreater(len(router.index.blocks), 0)
+        self.assertGreater(router.last, 0)
+        self.assert_matches_lookup(router.index)
 
 
 if __name__ == "__main__":
