@@ -1,8 +1,6 @@
 """Quick start: a prefix hit, and block bytes in and out of the daemon (README "Using the Python client")."""
 import sys
 
-import numpy
-
 from kvcache_client import Client, KvCacheError
 
 target = sys.argv[1] if len(sys.argv) > 1 else None  # None: the daemon's default socket
@@ -16,13 +14,14 @@ with Client(target) as client:
         session.release(sequence.sequence_id)
         print("cached tokens:", client.lookup("default", prompt).num_cached_tokens)
 
-        # Another node's worker moves KV bytes instead: put, then get into a numpy buffer.
-        kv = numpy.ones(2 * pool.layout.block_bytes // 2, dtype=numpy.float16)
+        # Another node's worker moves KV bytes instead: put, then get into a buffer of its own
+        # (any writable buffer: a bytearray, a numpy array, a torch tensor's numpy view).
+        kv = b"\x01" * (2 * pool.layout.block_bytes)
         other = list(range(5000, 5032))
         session.put_blocks("default", other, kv)
-        into = numpy.empty_like(kv)
+        into = bytearray(len(kv))
         info = session.get_blocks_into("default", other, into)
-        print("got blocks:", info.num_blocks, "identical:", bool((into == kv).all()))
+        print("got blocks:", info.num_blocks, "identical:", into == kv)
         try:
             session.open_sequence("missing-pool", prompt)
         except KvCacheError as error:

@@ -17,6 +17,8 @@ numpy (python3-numpy) for MappedPool. The gRPC stubs are generated from the prot
 (generate_stubs.py) into _proto/.
 """
 
+__version__ = "0.1.0"  # the project's (CMakeLists.txt, pyproject.toml)
+
 from ._calls import RetryPolicy
 from .client import Client, TlsOptions, default_target
 from .errors import KvCacheError

@@ -8,6 +8,7 @@ itself passes mypy with every function annotated (client/python/pyproject.toml).
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -39,6 +40,7 @@ async def main():
         print("aio lookup", (await client.lookup("default", prompt)).num_cached_tokens)
 asyncio.run(main())
 print("from", kvcache_client.__file__)
+print("version", kvcache_client.__version__)
 '''
 
 # A user's code with a deliberate type error: an int plus a str.
@@ -51,6 +53,12 @@ def cached(client: Client, tokens: list[int]) -> int:
 async def cached_async(client: aio.Client, tokens: list[int]) -> str:
     return (await client.lookup("default", tokens)).num_cached_tokens
 '''
+
+
+def project_version() -> str:
+    """The project's version, as CMakeLists.txt declares it."""
+    with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as file:
+        return re.search(r"project\(kvcache VERSION (\S+)", file.read()).group(1)
 
 
 def has_mypy() -> bool:
@@ -102,6 +110,9 @@ class WheelTest(unittest.TestCase):
             [name for name in names if name.endswith("dist-info/METADATA")][0]).decode()
         # Any xxhash: Debian's python3-xxhash declares 0.0.0.
         self.assertIn("Requires-Dist: xxhash\n", metadata)
+        # The project's version and licence (CMakeLists.txt's, LICENSE's).
+        self.assertIn(f"Version: {project_version()}\n", metadata)
+        self.assertIn("License: Apache-2.0\n", metadata)
 
     def test_installed_wheel_talks_to_a_daemon(self):
         with tempfile.TemporaryDirectory() as elsewhere:  # not the source tree's package
@@ -110,6 +121,7 @@ class WheelTest(unittest.TestCase):
         self.assertEqual(lines[:3], ["lookup 32", "watch ['all_blocks_cleared', 'blocks_stored']",
                                      "aio lookup 32"])
         self.assertTrue(lines[3].startswith("from " + self.venv), lines[3])
+        self.assertEqual(lines[4], "version " + project_version())
         pip_check = subprocess.run([self.python, "-m", "pip", "check"], capture_output=True,
                                    text=True)
         self.assertNotIn("kvcache-client", pip_check.stdout)
