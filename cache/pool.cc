@@ -987,7 +987,7 @@ absl::StatusOr<ForkedSequence> Pool::Fork(const Session& session, uint64_t seque
       AcquireLocked(forked.copied_from_block, child->tenant, /*prefix_hit=*/false, now);
       copy_dst = AllocateLocked(child->tenant, now);
       // And the destination until its bytes land: if the session ends during the copy, the
-      // child's release must not free it for another sequence to be handed mid-copy (issue 17).
+      // child's release must not free it for another sequence to be handed mid-copy.
       pool_.Acquire(copy_dst, /*prefix_hit=*/false);
       child->blocks.push_back(copy_dst);
       ReportEvictionsLocked();

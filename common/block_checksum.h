@@ -24,7 +24,7 @@ inline uint64_t BlockChecksum(const void* data, uint64_t size) { return xxh3::Ha
 // cache, so the source is read from memory once. Meant for copies with streaming stores (a host
 // pool's writes), whose destination is not in cache afterwards for a second pass to read. Measured
 // gain not settled: Pool::Open from tier 2 at 256 KiB went from 0.54-0.58x to 0.67-0.72x of memcpy
-// in one sitting and stayed at 0.67-0.69x in another (tier_bench, 2026-11-26, issue 30). The
+// in one sitting and stayed at 0.67-0.69x in another (tier_bench, 2026-11-26). The
 // source must not change until this returns.
 uint64_t ChecksumWhileCopying(const void* source, uint64_t size,
                               absl::FunctionRef<void(uint64_t offset, uint64_t length)> copy_piece);
