@@ -76,16 +76,37 @@ PageName KvEventLog::PageNameIn(const PoolInfo& pool, uint32_t entry,
   return PageName{.key = page.key, .manifest_digest = manifests[page.manifest]};
 }
 
-std::unique_ptr<KvEventLog::PoolInfo> KvEventLog::PoolInfo::CopyForSnapshot() const {
-  auto copy = std::make_unique<PoolInfo>(name, media.front(), block_size);
-  copy->media = media;
-  copy->entries = entries;
+KvEventLog::PoolInfo::CopyShape KvEventLog::PoolInfo::ShapeForCopy() const {
+  CopyShape shape{
+      .name = name, .medium = media.front(), .block_size = block_size, .entries = entries.size()};
+  shape.chunk_widths.reserve(token_chunks.size());
   for (const std::unique_ptr<PackedTokens>& chunk : token_chunks) {
-    copy->token_chunks.push_back(chunk->Clone());
+    shape.chunk_widths.push_back(chunk->width());
   }
-  copy->odd_tokens = odd_tokens;
-  copy->pages = pages;
+  return shape;
+}
+
+std::unique_ptr<KvEventLog::PoolInfo> KvEventLog::PoolInfo::ReadyForCopy(const CopyShape& shape) {
+  auto copy = std::make_unique<PoolInfo>(shape.name, shape.medium, shape.block_size);
+  // Room for the entries indexed between this and the copy; resize writes every one (resident).
+  copy->entries.resize(shape.entries + shape.entries / 16 + 1024);
+  for (const uint32_t width : shape.chunk_widths) {
+    copy->token_chunks.push_back(PackedTokens::Resident(kTokenChunk, shape.block_size, width));
+  }
   return copy;
+}
+
+void KvEventLog::PoolInfo::CopyForSnapshot(PoolInfo& copy) const {
+  copy.media = media;
+  copy.entries.assign(entries.begin(), entries.end());  // in place while it has room
+  copy.token_chunks.resize(token_chunks.size());
+  for (size_t i = 0; i < token_chunks.size(); ++i) {
+    if (copy.token_chunks[i] == nullptr || !token_chunks[i]->CopyInto(*copy.token_chunks[i])) {
+      copy.token_chunks[i] = token_chunks[i]->Clone();  // a chunk new or widened since
+    }
+  }
+  copy.odd_tokens = odd_tokens;
+  copy.pages = pages;
 }
 
 void KvEventLog::PoolInfo::IndexInUse() {
@@ -378,24 +399,35 @@ void KvEventLog::WaitForFlush(uint64_t start) const {
 KvEventLog::Snapshot KvEventLog::TakeSnapshot(const KvEventFilter& filter) const {
   // Under mu_, only copies of the pools' compact indexes: a pool's events wait for mu_ under the
   // pool's own mutex, and building one event per block here stalled every pool for as long
-  // (0.7 s per million indexed blocks).
-  Snapshot snapshot;
+  // (0.7 s per million indexed blocks). The copies' memory is made resident before: page faults
+  // were most of the copy's time under mu_.
+  std::vector<std::pair<uint32_t, PoolInfo::CopyShape>> shapes;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [pool_index, pool_info] : pools_) {
+      if (!filter.pool.empty() && filter.pool != pool_info->name) continue;
+      shapes.emplace_back(pool_index, pool_info->ShapeForCopy());
+    }
+  }
   std::vector<std::unique_ptr<PoolInfo>> pools;
+  for (const auto& [pool_index, shape] : shapes) pools.push_back(PoolInfo::ReadyForCopy(shape));
+  if (snapshot_hook_for_testing_) snapshot_hook_for_testing_(SnapshotStage::kShaped);
+  Snapshot snapshot;
   std::vector<std::string> tenants;
   std::vector<std::string> manifests;
   absl::Time now;
   {
     absl::MutexLock lock(&mu_);
+    if (snapshot_hook_for_testing_) snapshot_hook_for_testing_(SnapshotStage::kLocked);
     snapshot.next_sequence = next_sequence_;
     now = clock_->Now();
-    for (const auto& [pool_index, pool_info] : pools_) {
-      if (!filter.pool.empty() && filter.pool != pool_info->name) continue;
-      pools.push_back(pool_info->CopyForSnapshot());
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      PoolLocked(shapes[i].first).CopyForSnapshot(*pools[i]);  // pools are never removed
     }
     tenants = tenants_;
     manifests = manifests_;
   }
-  if (snapshot_copied_for_testing_) snapshot_copied_for_testing_();
+  if (snapshot_hook_for_testing_) snapshot_hook_for_testing_(SnapshotStage::kCopied);
   const uint64_t sequence = snapshot.next_sequence - 1;
   for (const std::unique_ptr<PoolInfo>& pool_copy : pools) {
     PoolInfo& pool = *pool_copy;

@@ -206,9 +206,12 @@ class KvEventLog {
   // every pool's next event, which waits for it under the pool's own mutex) only a copy of the
   // compact index is made; the events are built from the copy after.
   Snapshot TakeSnapshot(const KvEventFilter& filter) const;
-  // TEST ONLY: runs between the copy and the events' building, without the log's mutex.
-  void SetSnapshotCopiedHookForTesting(std::function<void()> hook) {
-    snapshot_copied_for_testing_ = std::move(hook);
+  // TEST ONLY: `hook` runs at each stage of every snapshot: kShaped once the copy's sizes are
+  // read and its memory is ready (the log's mutex free), kLocked once the mutex is taken for the
+  // copy, kCopied after the copy and before the events' building (the mutex free).
+  enum class SnapshotStage : uint8_t { kShaped, kLocked, kCopied };
+  void SetSnapshotHookForTesting(std::function<void(SnapshotStage)> hook) {
+    snapshot_hook_for_testing_ = std::move(hook);
   }
   // Blocks in the log's copy of the index (every pool, every tenant).
   size_t indexed_blocks() const;
@@ -288,9 +291,22 @@ class KvEventLog {
     PoolInfo(const PoolInfo&) = delete;
     PoolInfo& operator=(const PoolInfo&) = delete;
 
-    // A copy of what a snapshot reads (entries, tokens, page names, media), with an empty index:
-    // taken under the log's mutex, at about memcpy's speed. IndexInUse then fills the index.
-    std::unique_ptr<PoolInfo> CopyForSnapshot() const;
+    // What a snapshot's copy of the pool needs room for, read under the log's mutex.
+    struct CopyShape {
+      std::string name;
+      std::string medium;  // tier 1's
+      uint32_t block_size = 0;
+      size_t entries = 0;
+      std::vector<uint32_t> chunk_widths;  // of each token chunk
+    };
+    CopyShape ShapeForCopy() const;
+    // An empty PoolInfo with room for a copy of `shape` (and some growth) allocated and
+    // resident: made without the log's mutex, so that the copy under it faults no page in.
+    static std::unique_ptr<PoolInfo> ReadyForCopy(const CopyShape& shape);
+    // Copies what a snapshot reads (entries, tokens, page names, media) into `copy` (from
+    // ReadyForCopy; it grows where the pool grew since), its index left empty: under the log's
+    // mutex, at about memcpy's speed. IndexInUse then fills the copy's index.
+    void CopyForSnapshot(PoolInfo& copy) const;
     void IndexInUse();
 
     std::string name;
@@ -344,7 +360,7 @@ class KvEventLog {
   std::vector<std::string> manifests_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> manifest_ids_ ABSL_GUARDED_BY(mu_);
 
-  std::function<void()> snapshot_copied_for_testing_;  // set before any snapshot
+  std::function<void(SnapshotStage)> snapshot_hook_for_testing_;  // set before any snapshot
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> dropped_{};
   std::array<std::atomic<uint64_t>, kNumKvEventSinks> replays_{};
   std::atomic<uint64_t> snapshots_{0};

@@ -130,6 +130,30 @@ std::unique_ptr<PackedTokens> PackedTokens::Clone() const {
   return clone;
 }
 
+std::unique_ptr<PackedTokens> PackedTokens::Resident(uint32_t num_slots, uint32_t tokens_per_slot,
+                                                     uint32_t width) {
+  auto store = std::make_unique<PackedTokens>(num_slots, tokens_per_slot);
+  if (store->width_ != width) {
+    store->SetWidth(width);
+    store->bytes_ = store->Allocate(width);
+  }
+  // A large calloc leaves the kernel's zero pages unmapped: write one byte of each (volatile,
+  // so that a compiler knowing calloc's memory is zero keeps the stores).
+  volatile uint8_t* bytes = store->bytes_.get();
+  const size_t size = store->num_slots_ * store->slot_bytes_ + sizeof(uint64_t);
+  for (size_t offset = 0; offset < size; offset += 4096) bytes[offset] = 0;
+  return store;
+}
+
+bool PackedTokens::CopyInto(PackedTokens& target) const {
+  if (target.num_slots_ != num_slots_ || target.tokens_per_slot_ != tokens_per_slot_ ||
+      target.width_ != width_) {
+    return false;
+  }
+  std::memcpy(target.bytes_.get(), bytes_.get(), num_slots_ * slot_bytes_ + sizeof(uint64_t));
+  return true;
+}
+
 void PackedTokens::SetWidth(uint32_t width) {
   width_ = width;
   mask_ = MaskOf(width);

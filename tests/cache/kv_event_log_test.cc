@@ -9,7 +9,9 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "cache/pool.h"
 #include "tests/testing/event_index.h"
 #include "tests/testing/fake_clock.h"
@@ -306,7 +308,8 @@ TEST(KvEventLogTest, ASnapshotBuildsItsEventsWithoutHoldingTheLog) {
   log.BlocksStored(0, "a", H(1), {Block(2), Block(3)});
   const uint64_t copied_at = log.next_sequence();
   bool hook_ran = false;
-  log.SetSnapshotCopiedHookForTesting([&] {
+  log.SetSnapshotHookForTesting([&](KvEventLog::SnapshotStage stage) {
+    if (stage != KvEventLog::SnapshotStage::kCopied) return;
     hook_ran = true;
     log.BlocksStored(0, "a", H(3), {Block(4)});
     log.BlocksRemoved(0, {H(1), H(2), H(3)});
@@ -321,6 +324,49 @@ TEST(KvEventLogTest, ASnapshotBuildsItsEventsWithoutHoldingTheLog) {
   EXPECT_THAT(snapshot.events[2].blocks[0].token_ids, ElementsAre(3u, 4u));
   EXPECT_EQ(log.next_sequence(), copied_at + 2);
   EXPECT_EQ(log.indexed_blocks(), 1u);  // block 4 alone, stored meanwhile
+}
+
+// The copy's memory is made ready from sizes read before the copy: blocks indexed in between,
+// more than the room it keeps for growth, in a new token chunk, and a token that widens a chunk,
+// are all in the snapshot, as of the copy.
+TEST(KvEventLogTest, ASnapshotHoldsWhatWasIndexedBetweenItsSizesAndItsCopy) {
+  constexpr uint32_t kBlockSize = 2;
+  KvEventLog log;
+  log.AddPool(0, "p", "CPU", kBlockSize);
+  auto block = [](uint64_t id, uint32_t token) {
+    return StoredBlock{.hash = H(id), .token_ids = {token, token + 1}};
+  };
+  uint64_t next_id = 1;
+  for (; next_id <= 3000; ++next_id) {
+    log.BlocksStored(0, "a", std::nullopt, {block(next_id, static_cast<uint32_t>(next_id))});
+  }
+  const uint64_t wide_id = next_id;
+  uint64_t added = 0;
+  log.SetSnapshotHookForTesting([&](KvEventLog::SnapshotStage stage) {
+    if (stage != KvEventLog::SnapshotStage::kShaped || added > 0) return;
+    // The next entry is in the first chunk of tokens (4,096 entries a chunk), which a token of
+    // 32 bits widens; 3,000 entries got room for 3,000 + 187 + 1,024, and 6,000 more overflow
+    // it, into chunks that did not exist when the sizes were read.
+    log.BlocksStored(0, "a", std::nullopt, {block(next_id++, 0xFFFFFFF0u)});
+    for (added = 1; added <= 6000; ++added, ++next_id) {
+      log.BlocksStored(0, "a", std::nullopt, {block(next_id, static_cast<uint32_t>(next_id))});
+    }
+  });
+  const KvEventLog::Snapshot snapshot = log.TakeSnapshot({});
+  ASSERT_EQ(added, 6001u);
+  ASSERT_EQ(snapshot.events.size(), 9001u);
+  ASSERT_EQ(next_id, 9002u);
+  EXPECT_EQ(snapshot.next_sequence, log.next_sequence());
+  absl::flat_hash_map<Hash128, std::vector<uint32_t>> tokens;
+  for (const KvEvent& event : snapshot.events) {
+    tokens[event.blocks[0].hash] = {event.blocks[0].token_ids.begin(),
+                                    event.blocks[0].token_ids.end()};
+  }
+  for (uint64_t id = 1; id < next_id; ++id) {
+    if (id == wide_id) continue;
+    ASSERT_THAT(tokens[H(id)], ElementsAre(id, id + 1)) << id;
+  }
+  EXPECT_THAT(tokens[H(wide_id)], ElementsAre(0xFFFFFFF0u, 0xFFFFFFF1u));
 }
 
 TEST(KvEventLogTest, FilterLetsEveryoneSeeAClearOfAllPools) {

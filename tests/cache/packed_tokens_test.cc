@@ -1,11 +1,12 @@
 // PackedTokens: round trips of tokens of every width, widening with live slots kept, exact
-// comparison.
+// comparison, copies into resident stores.
 #include "cache/packed_tokens.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -103,6 +104,33 @@ TEST(PackedTokensTest, WidensInStepsKeepingEverySlot) {
   EXPECT_EQ(Get(packed, 0), a);
   EXPECT_EQ(Get(packed, 1), b);
   EXPECT_EQ(Get(packed, 2), c);
+}
+
+// A resident store of the same slots and width takes a copy of every slot; one of another width
+// (the source widened since it was made) takes nothing, and a clone serves instead.
+TEST(PackedTokensTest, CopiesIntoAResidentStoreOfItsWidthOnly) {
+  PackedTokens packed(kSlots, kTokensPerSlot);
+  const std::vector<uint32_t> a = TokensOfWidth(18, 1), b = TokensOfWidth(17, 2);
+  packed.Store(0, a, AllLive);
+  packed.Store(kSlots - 1, b, AllLive);
+  std::unique_ptr<PackedTokens> copy =
+      PackedTokens::Resident(kSlots, kTokensPerSlot, packed.width());
+  ASSERT_EQ(copy->width(), packed.width());
+  ASSERT_TRUE(packed.CopyInto(*copy));
+  EXPECT_EQ(Get(*copy, 0), a);
+  EXPECT_EQ(Get(*copy, kSlots - 1), b);
+  EXPECT_EQ(Get(*copy, 1), std::vector<uint32_t>(kTokensPerSlot, 0));
+
+  const std::vector<uint32_t> wide = TokensOfWidth(30, 3);
+  packed.Store(1, wide, AllLive);  // widens the source to 32 bits
+  std::unique_ptr<PackedTokens> narrow = PackedTokens::Resident(kSlots, kTokensPerSlot, 18);
+  EXPECT_FALSE(packed.CopyInto(*narrow));
+  EXPECT_EQ(Get(*narrow, 0), std::vector<uint32_t>(kTokensPerSlot, 0));  // untouched
+  EXPECT_FALSE(packed.CopyInto(*PackedTokens::Resident(kSlots + 1, kTokensPerSlot, 32)));
+  std::unique_ptr<PackedTokens> wide_copy = PackedTokens::Resident(kSlots, kTokensPerSlot, 32);
+  ASSERT_TRUE(packed.CopyInto(*wide_copy));
+  EXPECT_EQ(Get(*wide_copy, 1), wide);
+  EXPECT_EQ(Get(*wide_copy, kSlots - 1), b);
 }
 
 TEST(PackedTokensTest, OverwritingASlotLeavesItsNeighboursAlone) {
