@@ -349,13 +349,23 @@ class KvEventsZmqCentralizedTest(KvEventsZmqTest):
 
     def test_a_router_index_built_from_the_events_answers_like_lookup(self):
         router = Subscriber(self.context, self.endpoint, self.replay_endpoint, bind=True)
-        time.sleep(0.3)  # the daemon's PUB reconnects until the router's SUB is there
+        # The daemon's PUB retries its connection every 100 ms: wait for it to be made (the
+        # ZeroMQ handshake done). The SUB sends its subscription once it processes the new
+        # connection (as a router's polling loop makes it do; reading ZMQ_EVENTS does it here),
+        # and until the PUB has it, it sends to no one.
+        monitor = router.sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self.assertTrue(monitor.poll(30000), "the daemon's PUB never connected")
+        router.sub.disable_monitor()
+        monitor.close(0)
+        router.sub.get(zmq.EVENTS)
+        time.sleep(0.2)
         router.replay(0)
         self.workload(200, 1)
         router.drain()
         self.assertEqual(router.index.problems, [])
         self.assertGreater(len(router.index.blocks), 0)
         self.assertGreater(router.last, 0)
+        self.assertEqual(router.gaps_filled, 0)  # every event came live
         self.assert_matches_lookup(router.index)
 
 
