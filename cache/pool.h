@@ -416,6 +416,11 @@ class Pool final : private OffloadSource {
     std::vector<std::string> page_keys;
     std::string manifest_digest;
   };
+  // The tokens of the sequence's block `i`.
+  absl::Span<const uint32_t> BlockTokensOf(const Sequence& sequence, size_t i) const {
+    const uint32_t block_size = options_.layout.block_size;
+    return absl::MakeConstSpan(sequence.tokens).subspan(i * block_size, block_size);
+  }
 
   // One tenant's share of the pool.
   struct TenantUsage {

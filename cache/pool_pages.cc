@@ -1,7 +1,8 @@
 // Pool's pages named by an engine's keys (DESIGN §13): a page sequence is a sequence whose blocks
 // are each a root of their own, identified by the key's hash and verified by the key's bytes
 // and digest, carrying a part mask. The rest (capacity, quotas, pass-down, loads from below,
-// publication, events, release) is the token sequences' machinery in cache/pool.cc.
+// publication, events, release) is the machinery token sequences use too (cache/pool.cc and
+// cache/pool_sequences.cc).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -71,9 +72,7 @@ BlockId Pool::FindPageLocked(const Sequence& sequence, size_t i) const {
   if (indexed == kNoBlock) return kNoBlock;
   BlockIdentity expected = PageIdentity(sequence, i);
   expected.extras_digest = pool_.ExtrasDigestOf(indexed);  // any parts
-  const uint32_t block_size = options_.layout.block_size;
-  const BlockId block = pool_.FindVerified(
-      expected, absl::MakeConstSpan(sequence.tokens).subspan(i * block_size, block_size));
+  const BlockId block = pool_.FindVerified(expected, BlockTokensOf(sequence, i));
   if (block == kNoBlock) collisions_caught_.fetch_add(1, std::memory_order_relaxed);
   return block;
 }
