@@ -70,9 +70,11 @@ try:  # Later vLLM answers lookups with an enum; the commit followed answers Tru
     from vllm.v1.kv_offload.base import LookupResult as _VllmLookupResult
     _HIT: Any = _VllmLookupResult.HIT
     _MISS: Any = _VllmLookupResult.MISS
-    _RETRY: Any = _VllmLookupResult.RETRY
+    # "Ask again next step"; an enum without it leaves the tier only blocking lookups.
+    _RETRY: Any = getattr(_VllmLookupResult, "RETRY", None)
+    _CAN_DEFER = _RETRY is not None
 except ImportError:
-    _HIT, _MISS, _RETRY = True, False, None
+    _HIT, _MISS, _RETRY, _CAN_DEFER = True, False, None, True
 
 try:
     from vllm.v1.kv_offload.base import RequestOffloadingContext as _RequestContext
@@ -340,7 +342,10 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
         self._finished: List[Any] = []
         self._jobs: "queue.Queue[_Job]" = queue.Queue()
         self._worker: Optional[threading.Thread] = None
-        self._lookups = _AsyncLookups(self._leading_hits) if async_lookup else None
+        if async_lookup and not _CAN_DEFER:
+            _log.warning("kvcache tier: this vLLM's LookupResult has no RETRY; lookups block")
+        self._lookups = (_AsyncLookups(self._leading_hits) if async_lookup and _CAN_DEFER
+                         else None)
 
     # ---- SecondaryTierManager ----
 
