@@ -1,5 +1,5 @@
-"""An engine plug-in's manifest: KV stored under one config never serves another (README "Engine
-plug-ins: the compatibility manifest")."""
+"""An engine plug-in's manifest: KV stored under one config never serves another
+(docs/engines.md, "Engine plug-ins: the compatibility manifest")."""
 import hashlib
 import json
 import sys

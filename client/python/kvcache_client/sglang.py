@@ -1,7 +1,7 @@
 """SGLang HiCache storage backend on the kvcache daemon's key-addressed pages.
 
 SGLang loads it with `--hicache-storage-backend dynamic` and an extra config naming this module
-and class (README "Use with SGLang"):
+and class (docs/engines.md, "Use with SGLang"):
 
     --hicache-storage-backend-extra-config '{"backend_name": "kvcache",
         "module_path": "kvcache_client.sglang", "class_name": "KvCacheStorage",

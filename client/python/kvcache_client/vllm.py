@@ -1,4 +1,5 @@
-"""A vLLM secondary offloading tier kept in the kvcache daemon (README "Use with vLLM").
+"""A vLLM secondary offloading tier kept in the kvcache daemon (docs/engines.md, "Use with
+vLLM").
 
 vLLM's multi-tier offloading (TieringOffloadingSpec) keeps a CPU primary tier, a host region that
 its GPU workers copy KV blocks into and out of, and loads each secondary tier from
@@ -116,7 +117,8 @@ def _config_dict(config: Any) -> Dict[str, Any]:
     return to_dict() if callable(to_dict) else dict(vars(config))
 
 
-# What in a model's config changes its KV (README "Engine plug-ins: the compatibility manifest").
+# What in a model's config changes its KV (docs/engines.md, "Engine plug-ins: the compatibility
+# manifest").
 _KV_CONFIG_FIELDS = ("architectures", "model_type", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "hidden_size", "rope_theta",
                      "rope_scaling", "sliding_window", "max_position_embeddings",
@@ -436,7 +438,7 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
 
     @classmethod
     def build_metric_definitions(cls, extra_config: Dict[str, Any]) -> Dict[str, Any]:
-        return {}  # the daemon exports its own metrics (README "Metrics")
+        return {}  # the daemon exports its own metrics (docs/operations.md, "Metrics")
 
     # ---- Beyond vLLM's interface ----
 

@@ -84,12 +84,12 @@ class ReadmePythonTest(unittest.TestCase):
 
 
 class ReadmeManifestTest(unittest.TestCase):
-    """README "Engine plug-ins: the compatibility manifest": the example shown is
+    """docs/engines.md "Engine plug-ins: the compatibility manifest": the example shown is
     client/python/examples/engine_manifest.py, verbatim, and run against a daemon it prints what
-    the README says."""
+    the page says."""
 
     def test_example_runs_and_prints_what_the_readme_says(self):
-        section = readme_section("Engine plug-ins: the compatibility manifest")
+        section = readme_section("Engine plug-ins: the compatibility manifest", "docs/engines.md")
         [example] = code_blocks(section, "python")
         path = os.path.join(SOURCE_DIR, "client/python/examples/engine_manifest.py")
         with open(path) as file:

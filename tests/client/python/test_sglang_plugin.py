@@ -40,7 +40,7 @@ HYBRID = ("hy:layers=2:kv_heads=2:head_dim=64:block_size=16:dtype=bf16:blocks=64
 
 
 def extra(target: str, pool: str = "sg") -> Dict[str, Any]:
-    """The extra config README's "Use with SGLang" gives, pointed at the test daemon."""
+    """The extra config docs/engines.md's "Use with SGLang" gives, pointed at the test daemon."""
     return {"backend_name": "kvcache", "module_path": "kvcache_client.sglang",
             "class_name": "KvCacheStorage", "interface_v1": 1, "kvcache_pool": pool,
             "kvcache_target": target}
