@@ -165,7 +165,8 @@ std::string FlagHelp(absl::string_view name, absl::string_view used_by) {
 std::string HelpText() {
   std::string text = absl::StrCat(
       "kvcachectl: the kvcache daemon's operator command line\n\n"
-      "usage: kvcachectl [flags] COMMAND [command flags]\n\ncommands:\n");
+      "usage: kvcachectl [flags] COMMAND [command flags]\n"
+      "       kvcachectl help [COMMAND]   (or COMMAND --help): one command's flags\n\ncommands:\n");
   for (const CommandSpec& spec : Commands()) {
     absl::StrAppend(&text, "  ", spec.name, spec.args.empty() ? "" : " ", spec.args, "\n",
                     Wrap(spec.summary, 6));
@@ -209,6 +210,22 @@ std::string HelpText() {
   return text;
 }
 
+// One command's help: its usage, what it does and the flags it takes (`kvcachectl help COMMAND`,
+// `kvcachectl COMMAND --help`), the global flags left to the whole help.
+std::string CommandHelpText(const CommandSpec& spec) {
+  std::string text =
+      absl::StrCat("usage: kvcachectl [global flags] ", spec.name, spec.args.empty() ? "" : " ",
+                   spec.args, "\n\n", Wrap(spec.summary, 2));
+  if (!spec.flags.empty()) {
+    absl::StrAppend(&text, "\nflags:\n");
+    for (absl::string_view name : spec.flags) absl::StrAppend(&text, FlagHelp(name, ""));
+  }
+  absl::StrAppend(&text,
+                  "\nglobal flags (--target, -o, --timeout, TLS, token) and exit codes: "
+                  "kvcachectl --help\n");
+  return text;
+}
+
 int UsageError(absl::string_view message) {
   std::cerr << kProgram << ": " << message << " (see kvcachectl --help)\n";
   return kExitUsage;
@@ -217,12 +234,15 @@ int UsageError(absl::string_view message) {
 // Checks every flag on the command line as Abseil's parser will see it, so that a mistake exits
 // kExitUsage instead of Abseil's 1. Sets *help for a plain --help or --helpshort, and *version
 // for --version, which kvcachectl answers itself (exit 0); Abseil's other help flags are left to
-// it.
-absl::Status CheckFlags(int argc, char** argv, bool* help, bool* version) {
+// it. Appends the first positional argument (the command, if any) to *command.
+absl::Status CheckFlags(int argc, char** argv, bool* help, bool* version, std::string* command) {
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
-    if (!absl::ConsumePrefix(&arg, "-") || arg.empty()) continue;  // a positional argument
+    if (!absl::ConsumePrefix(&arg, "-") || arg.empty()) {  // a positional argument
+      if (command->empty()) *command = argv[i];
+      continue;
+    }
     absl::ConsumePrefix(&arg, "-");
     const size_t equals = arg.find('=');
     const absl::string_view name = arg.substr(0, equals);
@@ -274,11 +294,14 @@ int Main(int raw_argc, char** raw_argv) {
 
   bool help = false;
   bool version = false;
-  if (absl::Status flags = CheckFlags(argc, argv, &help, &version); !flags.ok()) {
+  std::string first_positional;
+  if (absl::Status flags = CheckFlags(argc, argv, &help, &version, &first_positional);
+      !flags.ok()) {
     return UsageError(flags.message());
   }
-  if (help) {
-    std::cout << HelpText();
+  if (help) {  // COMMAND --help: that command's; else the whole help
+    const CommandSpec* spec = FindCommand(first_positional);
+    std::cout << (spec != nullptr ? CommandHelpText(*spec) : HelpText());
     return kExitOk;
   }
   if (version) {
@@ -289,6 +312,19 @@ int Main(int raw_argc, char** raw_argv) {
       ParseCommandLineFlags(argc, argv, "kvcachectl: the kvcache daemon's operator command line");
   if (positional.size() < 2) return UsageError("no command given");
   const std::string command = positional[1];
+  if (command == "help") {  // help [COMMAND]
+    if (positional.size() > 3) return UsageError("help: one command at most");
+    if (positional.size() == 2) {
+      std::cout << HelpText();
+      return kExitOk;
+    }
+    const CommandSpec* spec = FindCommand(positional[2]);
+    if (spec == nullptr) {
+      return UsageError(absl::StrCat("help: unknown command '", positional[2], "'"));
+    }
+    std::cout << CommandHelpText(*spec);
+    return kExitOk;
+  }
   const CommandSpec* spec = FindCommand(command);
   if (spec == nullptr) return UsageError(absl::StrCat("unknown command '", command, "'"));
   if (positional.size() > 2) {

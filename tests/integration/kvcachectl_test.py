@@ -422,10 +422,30 @@ class KvcachectlTest(unittest.TestCase):
                             (["health", "--watch"], None),  # not a read command that repeats
                             (["pools", "--count", "2"], None),  # --count without --watch
                             (["-o", "xml", "pools"], None),
-                            (["--json", "-o", "yaml", "pools"], None)]:
+                            (["--json", "-o", "yaml", "pools"], None),
+                            (["help", "bogus"], None),
+                            (["help", "stats", "pools"], None)]:
             done = ctl(self.target, *args, stdin=stdin)
             self.assertEqual(done.returncode, 2, "%s: %s" % (args, done.stderr))
             self.assertTrue(done.stderr.startswith("kvcachectl: "), done.stderr)
+
+    def test_help_for_one_command(self):
+        """`COMMAND --help` and `help COMMAND` print that command's usage and its own flags
+        only; `help` alone, like --help, the whole text (exit 0, no daemon needed)."""
+        whole = ctl(self.target, "--help")
+        self.assertEqual(whole.returncode, 0, whole.stderr)
+        self.assertIn("--tls_ca", whole.stdout)
+        self.assertEqual(ctl(self.target, "help").stdout, whole.stdout)
+        for args in (["stats", "--help"], ["help", "stats"], ["-o", "json", "stats", "--help"]):
+            done = ctl(self.target, *args)
+            self.assertEqual(done.returncode, 0, f"{args}: {done.stderr}")
+            self.assertTrue(done.stdout.startswith("usage: kvcachectl [global flags] stats "),
+                            done.stdout)
+            flags = set(re.findall(r"^  --(\w+)$", done.stdout, re.M))
+            self.assertEqual(flags, {"pool", "tenant", "watch", "count"}, done.stdout)
+        events = ctl(self.target, "help", "events").stdout
+        self.assertIn("  --follow\n", events)
+        self.assertNotIn("  --tls_ca\n", events)
 
     def test_no_daemon_exits_3_at_once_with_the_reason(self):
         """The three commonest mistakes (no socket, a stale one, another uid's) and a closed TCP
