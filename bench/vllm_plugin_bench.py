@@ -12,7 +12,8 @@ Engine.lookup: steps until no answer is to come, polled every 0.2 ms here) with 
 non-blocking lookups, and then key by key on a second tier made with async_lookup=False, whose
 lookups each wait for the daemon: the figure to compare is the scheduler's time in the tier's
 lookup calls per key (what holds up every other request's step), with how long the non-blocking
-answers took to come. Prints, per page size, the medians over the rounds: milliseconds per
+answers took to come; then the same for a prompt nothing is cached for (its first key's answer
+is waited for, so it should take one step and one round trip, as blocking does). Prints, per page size, the medians over the rounds: milliseconds per
 batch, the ratios tier / memcpy, the lookup figures, and this process's CPU microseconds per
 page (tier, client, gRPC threads: the Python cost; small pages show it best).
 
@@ -50,23 +51,29 @@ def wait_job(tier: Any, job_id: int) -> None:
         time.sleep(0.0002)  # an engine step is milliseconds; poll finer than that
 
 
-def timed_lookups(tier: Any, keys: List[bytes], request: str) -> Tuple[float, float, int]:
-    """The scheduler's lookups of `keys` until every answer is in: (seconds inside the tier's
-    lookup calls, seconds until answered, steps). Raises unless every key is a hit."""
+def timed_lookups(tier: Any, keys: List[bytes], request: str,
+                  hits: int) -> Tuple[float, float, int]:
+    """The scheduler's lookups of `keys` until every answer is in, each step key by key until a
+    miss (vLLM's prefix lookup): (seconds inside the tier's lookup calls, seconds until
+    answered, steps). Raises unless `hits` leading keys are hits."""
     context = ReqContext(request)
     inside, start, steps = 0.0, time.perf_counter(), 0
     while True:
         steps += 1
         entered = time.perf_counter()
-        results = [tier.lookup(key, context) for key in keys]
+        results = []
+        for key in keys:
+            results.append(tier.lookup(key, context))
+            if results[-1] is False:
+                break
         inside += time.perf_counter() - entered
         if None not in results:
             break
         time.sleep(0.0002)
     answered = time.perf_counter() - start
     tier.request_finished(context)
-    if results.count(True) != len(keys):
-        raise RuntimeError("a stored page was a miss")
+    if results.count(True) != hits:
+        raise RuntimeError(f"{results.count(True)} hits of {hits}")
     return inside, answered, steps
 
 
@@ -90,7 +97,8 @@ def bench_shape(layers: int, kv_heads: int, head_dim: int, rounds: int) -> Dict[
         rows_in = rows_out + PAGES
         samples: Dict[str, List[float]] = {key: [] for key in (
             "store_ms", "load_ms", "memcpy_ms", "lookup_us", "answered_ms", "steps",
-            "blocking_lookup_us", "store_cpu_us", "load_cpu_us")}
+            "blocking_lookup_us", "cold_ms", "cold_steps", "cold_blocking_ms", "store_cpu_us",
+            "load_cpu_us")}
         scratch = numpy.empty((PAGES, page), numpy.uint8)
         for round_ in range(rounds + 1):  # round 0 warms up (page faults, mappings)
             keys = block_keys(10**6 * (round_ + 1), PAGES)
@@ -99,8 +107,12 @@ def bench_shape(layers: int, kv_heads: int, head_dim: int, rounds: int) -> Dict[
             tier.submit_store(JobMetadata(2 * round_, keys, rows_out, False, ReqContext("s")))
             wait_job(tier, 2 * round_)
             store = (time.perf_counter() - wall, time.process_time() - cpu)
-            inside, answered, steps = timed_lookups(tier, keys, f"l{round_}")
-            blocked, _, _ = timed_lookups(blocking, keys, f"b{round_}")
+            inside, answered, steps = timed_lookups(tier, keys, f"l{round_}", PAGES)
+            blocked, _, _ = timed_lookups(blocking, keys, f"b{round_}", PAGES)
+            # A prompt nothing is cached for: its first key's answer is waited for.
+            cold = block_keys(10**6 * (round_ + 1) + 500000, PAGES)
+            _, cold_answered, cold_steps = timed_lookups(tier, cold, f"c{round_}", 0)
+            _, cold_blocked, _ = timed_lookups(blocking, cold, f"d{round_}", 0)
             wall, cpu = time.perf_counter(), time.process_time()
             tier.submit_load(JobMetadata(2 * round_ + 1, keys, rows_in, True, ReqContext("l")))
             wait_job(tier, 2 * round_ + 1)
@@ -119,6 +131,9 @@ def bench_shape(layers: int, kv_heads: int, head_dim: int, rounds: int) -> Dict[
             samples["answered_ms"].append(answered * 1e3)
             samples["steps"].append(steps)
             samples["blocking_lookup_us"].append(blocked * 1e6 / PAGES)
+            samples["cold_ms"].append(cold_answered * 1e3)
+            samples["cold_steps"].append(cold_steps)
+            samples["cold_blocking_ms"].append(cold_blocked * 1e3)
             samples["store_cpu_us"].append(store[1] * 1e6 / PAGES)
             samples["load_cpu_us"].append(load[1] * 1e6 / PAGES)
         tier.shutdown()
@@ -133,17 +148,19 @@ def bench_shape(layers: int, kv_heads: int, head_dim: int, rounds: int) -> Dict[
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 9
     print(f"{PAGES} pages per batch, median of {rounds} rounds")
-    print("lookups: the scheduler's microseconds per key inside lookup, non-blocking (answers in "
-          "ms, steps) and blocking")
+    print("lookups of a stored prefix: the scheduler's microseconds per key inside lookup, "
+          "non-blocking (answers in ms, steps) and blocking; of an uncached prompt: ms until "
+          "answered, non-blocking (steps) and blocking")
     print(f"{'page':>8} {'store ms':>9} {'load ms':>8} {'memcpy ms':>10} {'store/memcpy':>13} "
           f"{'load/memcpy':>12} {'lookup us/key':>14} {'answered':>12} {'blocking':>9} "
-          f"{'cpu us/page st,ld':>18}")
+          f"{'cold ms':>12} {'blocking':>9} {'cpu us/page st,ld':>18}")
     for shape in SHAPES:
         r = bench_shape(*shape, rounds)
         print(f"{r['page_kib']:>5.0f}KiB {r['store_ms']:>9.2f} {r['load_ms']:>8.2f} "
               f"{r['memcpy_ms']:>10.3f} {r['store_ms'] / r['memcpy_ms']:>13.1f} "
               f"{r['load_ms'] / r['memcpy_ms']:>12.1f} {r['lookup_us']:>14.1f} "
               f"{r['answered_ms']:>6.2f}ms,{r['steps']:>2.0f} {r['blocking_lookup_us']:>9.1f} "
+              f"{r['cold_ms']:>9.2f},{r['cold_steps']:>2.0f} {r['cold_blocking_ms']:>9.2f} "
               f"{r['store_cpu_us']:>8.1f},{r['load_cpu_us']:>8.1f}")
 
 

@@ -15,8 +15,10 @@ What the tier does for the engine:
   first asked is answered "retry" (None; LookupResult.RETRY in later vLLM) and queued, a thread
   sends the keys the scheduler asked for each request and KV group as one ExistsPages, in the
   order asked, and the next step's lookups find the answers (vLLM's scheduler goes on past a
-  deferred key, so a whole prefix is asked in one step). `async_lookup=False` asks the daemon
-  on the scheduler's thread instead, one ExistsPages per key.
+  deferred key, so a whole prefix is asked in one step). Only a request's first key waits for
+  its answer, briefly (first_lookup_wait_s, one round trip): an uncached prompt, most new
+  requests, is then a miss in the step it arrives in. `async_lookup=False` asks the daemon on
+  the scheduler's thread instead, one ExistsPages per key.
 - submit_store / submit_load copy rows of the primary region (one page each) into or out of the
   daemon's pool on a worker thread: on the daemon's node through the mapped pool (reserve the
   pages, copy each row into its block, commit; acquire, copy out verifying each page's checksum,
@@ -217,11 +219,17 @@ class _AsyncLookups:
 
     ExistsPages answers how many leading keys are restorable: those are hits, the key after them
     a miss, and so is every key after that (the scheduler's prefix lookup stops at its first
-    miss; a key past it answered a miss loses a hit, never serves a wrong page)."""
+    miss; a key past it answered a miss loses a hit, never serves a wrong page).
 
-    def __init__(self, leading_hits: Callable[[Sequence[bytes]], int]) -> None:
+    A request's first key waits up to `first_key_wait` seconds for its answer: a prompt nothing
+    is cached for (most new requests) is then a miss in the step it arrives in, at the cost of
+    one round trip, instead of waiting a step for a "retry" to resolve."""
+
+    def __init__(self, leading_hits: Callable[[Sequence[bytes]], int],
+                 first_key_wait: float) -> None:
         # leading_hits(keys): how many leading keys the daemon has; raises when it cannot say.
         self._leading_hits = leading_hits
+        self._first_key_wait = first_key_wait
         self._wake = threading.Condition()  # guards everything below
         self._states: Dict[bytes, _Lookup] = {}
         self._by_request: Dict[str, Set[bytes]] = {}
@@ -234,13 +242,16 @@ class _AsyncLookups:
     def lookup(self, key: bytes, request: str) -> Optional[bool]:
         """The daemon's answer for `key`, or None while it is to come (the key queued)."""
         with self._wake:
+            first_of_request = request not in self._by_request
             state = self._states.get(key)
             if state is None:
                 state = self._states[key] = _Lookup()
                 self._queued.append((request, key))
-                self._wake.notify()
+                self._wake.notify_all()
             state.requests.add(request)
             self._by_request.setdefault(request, set()).add(key)
+            if first_of_request and state.found is None and self._first_key_wait > 0:
+                self._wake.wait_for(lambda: state.found is not None, self._first_key_wait)
             return state.found
 
     def mark_miss(self, keys: Iterable[bytes]) -> None:
@@ -272,7 +283,7 @@ class _AsyncLookups:
     def stop(self) -> None:
         with self._wake:
             self._stopping = True
-            self._wake.notify()
+            self._wake.notify_all()
         self._thread.join(timeout=60.0)
 
     def _run(self) -> None:
@@ -300,6 +311,7 @@ class _AsyncLookups:
                         state.found = index < hits
                         if not state.requests:
                             del self._states[key]
+                    self._wake.notify_all()  # a request's first key may be waiting
 
 
 class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
@@ -308,14 +320,17 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
     socket), pool ("default"), client_name, session_ttl_s (how soon the daemon releases what a
     killed engine held), rpc_timeout_s (the longest one call to the daemon may take),
     retry_after_s (between reconnect attempts), max_load_ms (lower-tier loads), model_id,
-    async_lookup (True: lookups never block the scheduler; False: each asks the daemon on the
-    scheduler's thread, up to rpc_timeout_s)."""
+    async_lookup (True: lookups answer "retry" rather than block the scheduler; False: each asks
+    the daemon on the scheduler's thread, up to rpc_timeout_s), first_lookup_wait_s (async: how
+    long a request's first key waits for its answer, so that an uncached prompt is a miss at
+    once; 0: never)."""
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview,
                  tier_type: str = TIER_TYPE, *, target: Optional[str] = None,
                  pool: str = "default", client_name: str = "vllm", session_ttl_s: float = 10.0,
                  rpc_timeout_s: float = 1.0, retry_after_s: float = 1.0, max_load_ms: int = 0,
-                 model_id: Optional[str] = None, async_lookup: bool = True) -> None:
+                 model_id: Optional[str] = None, async_lookup: bool = True,
+                 first_lookup_wait_s: float = 0.002) -> None:
         # Set as vLLM's base class sets them, without calling it: its signature has changed
         # between vLLM versions, these attributes have not.
         self._offloading_spec = offloading_spec
@@ -346,8 +361,8 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
         self._worker: Optional[threading.Thread] = None
         if async_lookup and not _CAN_DEFER:
             _log.warning("kvcache tier: this vLLM's LookupResult has no RETRY; lookups block")
-        self._lookups = (_AsyncLookups(self._leading_hits) if async_lookup and _CAN_DEFER
-                         else None)
+        self._lookups = (_AsyncLookups(self._leading_hits, first_lookup_wait_s)
+                         if async_lookup and _CAN_DEFER else None)
 
     # ---- SecondaryTierManager ----
 

@@ -341,9 +341,10 @@ class VllmTierTest(unittest.TestCase):
         """A key first asked is answered "retry" at once and the scheduler goes on; the prefix's
         keys go to the daemon together, and the next steps find the answers: the stored prefix's
         hits, a miss where a page is missing (not past it), one answer for two requests sharing
-        the keys, nothing kept once both requests have finished."""
+        the keys, nothing kept once both requests have finished. (No first-key wait here: see
+        the next case.)"""
         daemon = self.start_daemon()
-        engine = self.engine(daemon.target)
+        engine = self.engine(daemon.target, first_lookup_wait_s=0)
         keys = block_keys(60000, 96)
         stored = keys[:40] + keys[48:]  # 8 pages missing after the first 40
         engine.fill_gpu(stored, range(len(stored)))
@@ -367,6 +368,26 @@ class VllmTierTest(unittest.TestCase):
         # Asked again by a new request, the keys are asked of the daemon again.
         self.assertEqual(engine.lookup(keys[:40]), 40)
         self.assertEqual(calls[1], 96 + 40, calls)
+        self.assertEqual(engine.tier._lookups.known(), 0)
+
+    def test_an_uncached_prompt_is_a_miss_in_the_step_it_arrives_in(self):
+        """A request's first key waits for its answer (here without a bound, to make the steps
+        exact): a prompt nothing is cached for is a miss at once, in one step and one call, as
+        with blocking lookups; a cached one is a hit on its first key and retries the rest."""
+        daemon = self.start_daemon()
+        engine = self.engine(daemon.target, first_lookup_wait_s=BOUND)
+        calls = self.count_exists_calls(engine)
+        self.assertEqual(engine.lookup(block_keys(90000, 64)), 0)
+        self.assertEqual(engine.lookup_steps, 1)
+        self.assertEqual(calls, [1, 1])
+        keys = block_keys(91000, 64)
+        engine.fill_gpu(keys, range(64))
+        self.assertTrue(engine.store(keys, range(64)))
+        context = ReqContext("warm")
+        self.assertIn(engine.tier.lookup(keys[0], context), HIT)
+        self.assertIn(engine.tier.lookup(keys[1], context), RETRY)  # only the first key waits
+        self.assertEqual(engine.lookup(keys, "warm"), 64)
+        engine.tier.request_finished(context)
         self.assertEqual(engine.tier._lookups.known(), 0)
 
     def test_a_failed_load_turns_its_hits_into_misses(self):
