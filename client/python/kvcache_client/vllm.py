@@ -243,11 +243,12 @@ class _AsyncLookups:
         """The daemon's answer for `key`, or None while it is to come (the key queued)."""
         with self._wake:
             first_of_request = request not in self._by_request
-            state = self._states.get(key)
-            if state is None:
-                state = self._states[key] = _Lookup()
+            known = self._states.get(key)
+            if known is None:
+                known = self._states[key] = _Lookup()
                 self._queued.append((request, key))
                 self._wake.notify_all()
+            state: _Lookup = known
             state.requests.add(request)
             self._by_request.setdefault(request, set()).add(key)
             if first_of_request and state.found is None and self._first_key_wait > 0:
