@@ -16,6 +16,7 @@ from typing import Any, Callable, Generic, List, Optional, Sequence, Tuple, Type
 
 from . import _pages, hashing
 from ._proto import kvcache_pb2
+from .block_stream import _read_varint, _varint
 from .errors import invalid_argument, make_request, token_ids
 from .values import (AcquiredPages, Commit, CompatibilityManifest, Extension, Fork, GotPages,
                      ListedSession, LookupResult, ManifestInUse, PageHits, PageReservation,
@@ -41,10 +42,41 @@ class UnaryCall(Generic[T]):
     request: Any
     parse: Callable[[Any], T]  # the reply (a kvcache_pb2 message) as what the method returns
     idempotent: bool
+    # A method of another service: the client's attribute holding it (else the stub's `name`).
+    client_method: str = ""
 
 
 def _reply(response: Any) -> Any:
     return response
+
+
+# grpc.health.v1, which the daemon serves on its own channel: kvcache_client carries no stubs of
+# it (grpcio-health-checking is not a dependency), so its two one-field messages are framed here.
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+_HEALTH_STATUSES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def health_check_request(service: str) -> bytes:
+    """A serialized HealthCheckRequest{service}."""
+    name = service.encode()
+    return b"\x0a" + _varint(len(name)) + name if name else b""
+
+
+def health_status(reply: bytes) -> str:
+    """A serialized HealthCheckResponse's status, by name; fields it does not know skipped."""
+    view, status, offset = memoryview(reply), 0, 0
+    while offset < len(view):
+        key, offset = _read_varint(view, offset)
+        if key & 7 != 0:  # only varints in this message
+            raise ValueError("HealthCheckResponse: unexpected wire type")
+        value, offset = _read_varint(view, offset)
+        if key >> 3 == 1:
+            status = value
+    return _HEALTH_STATUSES.get(status, "UNKNOWN")
+
+
+def health(service: str) -> UnaryCall[str]:
+    return UnaryCall("Health.Check", service, health_status, True, "_health_check")
 
 
 def ping() -> UnaryCall[int]:

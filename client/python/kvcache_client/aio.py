@@ -109,6 +109,15 @@ class Client(ClientBase):
         """The daemon's epoch (it changes with every daemon start)."""
         return await self._unary(_calls.ping())
 
+    async def health(self, service: str = "") -> str:
+        """As kvcache_client.Client.health."""
+        try:
+            return await self._unary(_calls.health(service))
+        except KvCacheError as error:
+            if error.code == grpc.StatusCode.NOT_FOUND:
+                return "SERVICE_UNKNOWN"
+            raise
+
     async def list_pools(self) -> List[PoolInfo]:
         """As kvcache_client.Client.list_pools."""
         return await self._unary(_calls.list_pools())

@@ -254,6 +254,9 @@ class ClientBase:
         self._get_blocks = self._channel.unary_stream(
             GET_BLOCKS_METHOD, request_serializer=kvcache_pb2.GetBlocksRequest.SerializeToString,
             response_deserializer=split_get_message)
+        self._health_check = self._channel.unary_unary(
+            _calls.HEALTH_CHECK_METHOD, request_serializer=_calls.health_check_request,
+            response_deserializer=bytes)
 
     def _start(self, name: str, method: Callable[..., Any], request: Any,
                timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
@@ -274,8 +277,10 @@ class ClientBase:
         """The stub method, request (`call`'s unless a stamped one is given), timeout (the
         client's unless given) and deadline (time.monotonic) of one call."""
         timeout = self.rpc_timeout if timeout is None else timeout
-        return (getattr(self.stub, call.name), call.request if request is None else request,
-                timeout, time.monotonic() + timeout)
+        method = (getattr(self, call.client_method) if call.client_method
+                  else getattr(self.stub, call.name))
+        return (method, call.request if request is None else request, timeout,
+                time.monotonic() + timeout)
 
 
 class Client(ClientBase):
@@ -373,6 +378,18 @@ class Client(ClientBase):
     def ping(self) -> int:
         """The daemon's epoch (it changes with every daemon start)."""
         return self._unary(_calls.ping())
+
+    def health(self, service: str = "") -> str:
+        """grpc.health.v1 Check on this channel: "SERVING", "NOT_SERVING" (the daemon is
+        draining), or "SERVICE_UNKNOWN" for a service it does not serve. "" is the whole
+        daemon, "kvcache.v1.KvCache" its API (what kubelet's probes ask). KvCacheError when the
+        daemon cannot be reached."""
+        try:
+            return self._unary(_calls.health(service))
+        except KvCacheError as error:
+            if error.code == grpc.StatusCode.NOT_FOUND:  # the health service's answer for it
+                return "SERVICE_UNKNOWN"
+            raise
 
     def list_pools(self) -> List[PoolInfo]:
         """Every pool of the daemon, with its layout (and mapping, for worker and admin

@@ -52,6 +52,8 @@ class AioTest(unittest.TestCase):
             self.assertEqual(await client.lookup("default", tokens(0, 40)),
                              self.sync_client.lookup("default", tokens(0, 40)))
             self.assertEqual((await client.stats()).pools[0].pool, "default")
+            self.assertEqual(await client.health(), "SERVING")
+            self.assertEqual(await client.health("no.such.Service"), "SERVICE_UNKNOWN")
             self.assertEqual(await code_of(client.describe_pool("nope")), Code.NOT_FOUND)
             self.assertEqual(await code_of(client.lookup("default", [-1])),
                              Code.INVALID_ARGUMENT)

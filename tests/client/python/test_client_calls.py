@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -68,6 +69,19 @@ class CallsTest(unittest.TestCase):
         self.assertEqual(self.client.lookup("default", tokens(50000, 64)).num_cached_tokens, 0)
         self.assertEqual([stats.pool for stats in self.client.stats().pools], ["default"])
         self.assertEqual(self.client.stats("default").pools[0].tenant, "default")
+        # grpc.health.v1 on the same channel, framed by the client itself.
+        self.assertEqual(self.client.health(), "SERVING")
+        self.assertEqual(self.client.health("kvcache.v1.KvCache"), "SERVING")
+        self.assertEqual(self.client.health("no.such.Service"), "SERVICE_UNKNOWN")
+
+    def test_health_is_not_serving_while_the_daemon_drains(self):
+        daemon = Daemon("--drain_period=10s")
+        self.addCleanup(daemon.cleanup)
+        with daemon.client() as client:
+            self.assertEqual(client.health("kvcache.v1.KvCache"), "SERVING")
+            daemon.process.send_signal(signal.SIGTERM)
+            wait_until(lambda: client.health("kvcache.v1.KvCache") == "NOT_SERVING",
+                       "health to say NOT_SERVING while the daemon drains")
 
     def test_sequence_calls_lookup_and_stats(self):
         session = self.session("sequences")
