@@ -234,7 +234,7 @@ int UsageError(absl::string_view message) {
 // Checks every flag on the command line as Abseil's parser will see it, so that a mistake exits
 // kExitUsage instead of Abseil's 1. Sets *help for a plain --help or --helpshort, and *version
 // for --version, which kvcachectl answers itself (exit 0); Abseil's other help flags are left to
-// it. Appends the first positional argument (the command, if any) to *command.
+// it. Sets *command to the first positional argument (the command), if there is one.
 absl::Status CheckFlags(int argc, char** argv, bool* help, bool* version, std::string* command) {
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];

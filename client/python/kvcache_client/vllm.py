@@ -211,7 +211,7 @@ class _Lookup:
 
 
 class _AsyncLookups:
-    """Lookups that never block the scheduler. A key first asked is queued and answered None
+    """Lookups that do not hold up the scheduler. A key first asked is queued and answered None
     ("retry next step"); a thread sends what is queued, each (request, KV group)'s keys as one
     ExistsPages in the order asked, and keeps the answers until every request that asked for a
     key has finished (vLLM's AsyncLookupManager keeps them the same way, so a request's later
