@@ -120,23 +120,25 @@ PackedTokens::PackedTokens(uint32_t num_slots, uint32_t tokens_per_slot)
   bytes_ = Allocate(width_);
 }
 
-std::unique_ptr<PackedTokens> PackedTokens::Clone() const {
-  auto clone = std::make_unique<PackedTokens>(num_slots_, tokens_per_slot_);
-  if (clone->width_ != width_) {
-    clone->SetWidth(width_);
-    clone->bytes_ = clone->Allocate(width_);
-  }
-  std::memcpy(clone->bytes_.get(), bytes_.get(), num_slots_ * slot_bytes_ + sizeof(uint64_t));
-  return clone;
-}
-
-std::unique_ptr<PackedTokens> PackedTokens::Resident(uint32_t num_slots, uint32_t tokens_per_slot,
-                                                     uint32_t width) {
+std::unique_ptr<PackedTokens> PackedTokens::AtWidth(uint32_t num_slots, uint32_t tokens_per_slot,
+                                                    uint32_t width) {
   auto store = std::make_unique<PackedTokens>(num_slots, tokens_per_slot);
   if (store->width_ != width) {
     store->SetWidth(width);
     store->bytes_ = store->Allocate(width);
   }
+  return store;
+}
+
+std::unique_ptr<PackedTokens> PackedTokens::Clone() const {
+  std::unique_ptr<PackedTokens> clone = AtWidth(num_slots_, tokens_per_slot_, width_);
+  CopyInto(*clone);
+  return clone;
+}
+
+std::unique_ptr<PackedTokens> PackedTokens::Resident(uint32_t num_slots, uint32_t tokens_per_slot,
+                                                     uint32_t width) {
+  std::unique_ptr<PackedTokens> store = AtWidth(num_slots, tokens_per_slot, width);
   // A large calloc leaves the kernel's zero pages unmapped: write one byte of each (volatile,
   // so that a compiler knowing calloc's memory is zero keeps the stores).
   volatile uint8_t* bytes = store->bytes_.get();

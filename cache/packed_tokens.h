@@ -75,6 +75,9 @@ class PackedTokens {
   };
   using Buffer = std::unique_ptr<uint8_t[], FreeDeleter>;
 
+  // An empty store of `num_slots` slots at `width` bits (zero-filled, not yet resident).
+  static std::unique_ptr<PackedTokens> AtWidth(uint32_t num_slots, uint32_t tokens_per_slot,
+                                               uint32_t width);
   // A zero-filled buffer for the slots at `width` bits, with a word of slack at its end so that
   // every token is read and written as one unaligned 64-bit word.
   Buffer Allocate(uint32_t width) const;

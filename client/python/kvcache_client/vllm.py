@@ -379,11 +379,9 @@ class KvCacheTier(_TierBase):  # type: ignore[misc,valid-type]
             found = self._lookups.lookup(bytes(key), str(getattr(req_context, "req_id", "")))
             return _RETRY if found is None else _HIT if found else _MISS
         try:
-            hits = connection.session.exists_pages(self._pool_name, [bytes(key)])
-        except Exception as error:  # never into the scheduler's loop
-            self._failed(connection, "lookup", error)
+            return _HIT if self._leading_hits([bytes(key)]) == 1 else _MISS
+        except Exception:  # logged by _leading_hits; never into the scheduler's loop
             return _MISS
-        return _HIT if hits.num_pages == 1 else _MISS
 
     def submit_store(self, job_metadata: Any) -> None:
         """Queues the copy of the job's primary rows into the daemon; reported by get_finished."""
