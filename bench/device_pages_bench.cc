@@ -7,7 +7,9 @@
 //   kernel  kernels::CopyPagesChecksummedCuda of the batch alone vs the same cudaMemcpy: what the
 //           checksums cost on the device, apart from the round trips;
 //   parts   each call's round trips alone (no byte copied) and the client's device copy alone
-//           (list up, kernel, checksums down, synchronized), in microseconds per batch.
+//           (list up, kernel, checksums down, synchronized), in microseconds per batch; and the
+//           same round trips committing without the writer's checksums, which the daemon then
+//           computes on its device in one launch (PoolMemory::ChecksumBlocks), against with them.
 // The daemon is kvcache-manager --device cuda:0 on a Unix socket, a child process.
 //
 // Usage: device_pages_bench [seconds per comparison]. Exits 1 at the first failed call or wrong
@@ -180,6 +182,37 @@ int Run(const std::string& dir, double seconds) {
         client->CommitPages(reservation.sequence_id, batch_checksums), "CommitPages");
     return stored.num_published == batch ? bytes : 0;
   };
+  // Committed without checksums: the daemon hashes the batch on its device. Checked once first:
+  // pages copied in plainly, committed so, read back verified against what the daemon computed.
+  const auto reserve_copy_commit = [&](bool copy) {
+    const KvCacheClient::PageReservation reservation = bench::ValueOrFail(
+        client->ReservePages("pages", Keys(absl::StrCat("fresh-", next_batch++), batch)),
+        "ReservePages");
+    if (copy) {
+      for (size_t i = 0; i < batch; ++i) {
+        CheckCuda(cudaMemcpyAsync(mapped->Block(reservation.block_ids[i]), sources + i * kPageBytes,
+                                  kPageBytes, cudaMemcpyDeviceToDevice, nullptr),
+                  "cudaMemcpyAsync");
+      }
+      CheckCuda(cudaStreamSynchronize(nullptr), "copying the pages in");
+    }
+    const KvCacheClient::PagesStored stored =
+        bench::ValueOrFail(client->CommitPages(reservation.sequence_id), "CommitPages");
+    return stored.num_published == batch ? bytes : 0;
+  };
+  {
+    const std::vector<std::string> unsummed = Keys(absl::StrCat("fresh-", next_batch), batch);
+    if (reserve_copy_commit(/*copy=*/true) == 0) bench::Fail("CommitPages published less");
+    const KvCacheClient::GotPages unsummed_got =
+        bench::ValueOrFail(client->GetPages("pages", unsummed), "GetPages");
+    if (unsummed_got.pages.size() != batch) bench::Fail("GetPages found less than was committed");
+    for (size_t i = 0; i < batch; ++i) {
+      if (unsummed_got.pages[i] != host.substr(i * kPageBytes, kPageBytes)) {
+        bench::Fail("pages committed without checksums read back other bytes");
+      }
+    }
+  }
+  const auto daemon_checksummed_round_trips = [&] { return reserve_copy_commit(/*copy=*/false); };
   const auto read_round_trips = [&] {
     const KvCacheClient::AcquiredPages acquired =
         bench::ValueOrFail(client->AcquirePages("pages", cached), "AcquirePages");
@@ -195,10 +228,10 @@ int Run(const std::string& dir, double seconds) {
     return bytes;
   };
 
-  enum { kWrite, kRead, kKernel, kMemcpy, kWriteTrips, kReadTrips, kClientCopy };
-  const InterleavedRates rates(
-      seconds, 5,
-      {write, read, kernel, device_memcpy, write_round_trips, read_round_trips, client_copy});
+  enum { kWrite, kRead, kKernel, kMemcpy, kWriteTrips, kReadTrips, kClientCopy, kDaemonSummed };
+  const InterleavedRates rates(seconds, 5,
+                               {write, read, kernel, device_memcpy, write_round_trips,
+                                read_round_trips, client_copy, daemon_checksummed_round_trips});
   std::printf("batch of %zu pages of %llu KiB (%.1f MiB); GB/s (1e9 bytes/s)\n", batch,
               static_cast<unsigned long long>(kPageBytes >> 10), bytes / 1048576.0);
   std::printf(
@@ -212,6 +245,10 @@ int Run(const std::string& dir, double seconds) {
       "ReadPagesInto %.0f = acquire+release %.0f + device copy; kernel alone %.0f, memcpy %.0f\n",
       micros(kWrite), micros(kWriteTrips), micros(kClientCopy), micros(kRead), micros(kReadTrips),
       micros(kKernel), micros(kMemcpy));
+  std::printf(
+      "reserve+commit round trips, us per batch: with the writer's checksums %.0f, without them "
+      "(the daemon checksums the batch on its device) %.0f\n",
+      micros(kWriteTrips), micros(kDaemonSummed));
   cudaFreeHost(list);
   cudaFree(sources);
   cudaFree(destinations);

@@ -2,13 +2,18 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/block_checksum.h"
 #include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/page_checksum.h"
 
 namespace kvcache {
 namespace {
@@ -25,6 +30,7 @@ class CudaPoolMemory final : public PoolMemory {
 
   ~CudaPoolMemory() override {
     cudaSetDevice(device_);
+    if (checksum_list_ != nullptr) cudaFreeHost(checksum_list_);
     cudaStreamDestroy(stream_);
     cudaFree(base_);
   }
@@ -99,6 +105,33 @@ class CudaPoolMemory final : public PoolMemory {
     return BlockChecksum(host.data(), host.size());
   }
 
+  // One kernel over the batch (kernels/page_checksum.h), reading each block where it lies: a
+  // commit of pages written without their checksums (CommitPages) staged every block through
+  // the host, one synchronized copy each. Block sizes the kernel cannot hash (not a multiple of
+  // 64 bytes, or under 256) take that path still.
+  absl::Status ChecksumBlocks(absl::Span<const uint32_t> blocks,
+                              absl::Span<uint64_t> checksums) const override {
+    if (blocks.empty()) return absl::OkStatus();
+    if (!kernels::CheckChecksummedPageBytes(block_bytes()).ok()) {
+      return PoolMemory::ChecksumBlocks(blocks, checksums);
+    }
+    for (const uint32_t block : blocks) RETURN_IF_ERROR(CheckRange(block, 0, block_bytes()));
+    const size_t list_bytes = blocks.size() * sizeof(kernels::PageCopy);
+    absl::MutexLock lock(&checksum_mu_);
+    ASSIGN_OR_RETURN(char* list, ChecksumListLocked(list_bytes + blocks.size() * sizeof(uint64_t)));
+    auto* copies = reinterpret_cast<kernels::PageCopy*>(list);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      copies[i] = kernels::PageCopy{.source = BlockPointer(blocks[i]), .destination = nullptr};
+    }
+    auto* listed_checksums = reinterpret_cast<uint64_t*>(list + list_bytes);
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
+    RETURN_IF_ERROR(kernels::CopyPagesChecksummedCuda(copies, static_cast<uint32_t>(blocks.size()),
+                                                      block_bytes(), listed_checksums, stream_));
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "checksumming blocks");
+    std::memcpy(checksums.data(), listed_checksums, blocks.size() * sizeof(uint64_t));
+    return absl::OkStatus();
+  }
+
  private:
   uint8_t* BlockPointer(uint32_t block) const { return base_ + uint64_t{block} * block_bytes(); }
 
@@ -123,10 +156,33 @@ class CudaPoolMemory final : public PoolMemory {
     return queued.ok() ? done : queued;
   }
 
+  // ChecksumBlocks' list of blocks and their checksums, in page-locked host memory the device
+  // reads and writes through its mapping (one address for both under unified addressing, as
+  // client/mapped_pool_cuda.cc's lists): copying them through a device buffer cost more than
+  // the kernel. Grown as batches need; one batch at a time.
+  absl::StatusOr<char*> ChecksumListLocked(size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checksum_mu_) {
+    if (bytes <= checksum_list_bytes_) return checksum_list_;
+    if (checksum_list_ != nullptr) cudaFreeHost(checksum_list_);
+    checksum_list_ = nullptr;
+    checksum_list_bytes_ = 0;
+    const size_t capacity = std::max<size_t>(bytes, 4096);
+    void* memory = nullptr;
+    KVCACHE_CUDA_RETURN_IF_ERROR(
+        cudaHostAlloc(&memory, capacity, cudaHostAllocMapped | cudaHostAllocPortable),
+        "allocating the checksum list");
+    checksum_list_ = static_cast<char*>(memory);
+    checksum_list_bytes_ = capacity;
+    return checksum_list_;
+  }
+
   const int device_;
   uint8_t* const base_;
   const cudaStream_t stream_;
   const cudaIpcMemHandle_t handle_;
+  mutable absl::Mutex checksum_mu_;
+  mutable char* checksum_list_ ABSL_GUARDED_BY(checksum_mu_) = nullptr;
+  mutable size_t checksum_list_bytes_ ABSL_GUARDED_BY(checksum_mu_) = 0;
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 // CudaPoolMemory: a pool in device memory (cudaMalloc), exported as a CUDA IPC handle so workers on
 // the node map it once with cudaIpcOpenMemHandle and then work with block offsets. A block copy
-// (fork) is a device-to-device copy on the pool's own stream; reads, writes and checksums stage
-// through the host and synchronize (they serve the data RPCs, not the workers' hot path).
+// (fork) is a device-to-device copy on the pool's own stream; reads, writes and one block's
+// checksum stage through the host and synchronize (they serve the data RPCs, not the workers'
+// hot path); a batch's checksums (ChecksumBlocks: a commit of pages written without theirs) are
+// computed on the device in one launch.
 //
 // Built without CUDA, CreateCudaPoolMemory returns FAILED_PRECONDITION.
 // Thread safety: as PoolMemory.

@@ -334,8 +334,8 @@ class Pool final : private OffloadSource {
   // `writer_checksums`: the reserved pages' checksums, in reservation order, from whoever wrote
   // their bytes as they were written (PutPages, which verified the client's; a same-node writer,
   // which can write any bytes there anyway: a wrong checksum fails every later read of its page,
-  // never serves other KV); empty: read back and computed here. INVALID_ARGUMENT for another
-  // count.
+  // never serves other KV); empty: computed here (PoolMemory::ChecksumBlocks, on the device for
+  // a device pool). INVALID_ARGUMENT for another count.
   absl::StatusOr<CommittedPages> CommitPages(const Session& session, uint64_t sequence_id,
                                              absl::Span<const uint64_t> writer_checksums = {});
   // Pins the pages the hit rule gives for `wanted`, loading those below tier 1 into fresh

@@ -81,6 +81,14 @@ absl::Status PoolMemory::CheckRange(uint32_t block, uint64_t offset, uint64_t si
   return absl::OkStatus();
 }
 
+absl::Status PoolMemory::ChecksumBlocks(absl::Span<const uint32_t> blocks,
+                                        absl::Span<uint64_t> checksums) const {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSIGN_OR_RETURN(checksums[i], Checksum(blocks[i]));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PoolMemory::CopyToHost(absl::Span<const HostCopy> copies) const {
   for (const HostCopy& copy : copies) {
     RETURN_IF_ERROR(Read(copy.block, 0, block_bytes_, reinterpret_cast<char*>(copy.host)));

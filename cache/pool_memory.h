@@ -52,6 +52,12 @@ class PoolMemory {
   virtual absl::Status Read(uint32_t block, uint64_t offset, uint64_t size, char* out) const = 0;
   // XXH3-64 (seed 0) of the whole block: the checksum the data RPCs carry.
   virtual absl::StatusOr<uint64_t> Checksum(uint32_t block) const = 0;
+  // Checksum of each of `blocks` into `checksums` (one per block), in one batch: a device pool
+  // hashes them all on the device in one launch, where Checksum stages each block through the
+  // host; the default calls Checksum. Errors as Read; a failed batch leaves `checksums`
+  // unspecified. REQUIRES: checksums.size() == blocks.size(); the blocks are pinned.
+  virtual absl::Status ChecksumBlocks(absl::Span<const uint32_t> blocks,
+                                      absl::Span<uint64_t> checksums) const;
   // The block's bytes in this process's address space, or nullptr when they are not host memory
   // (callers then Read). REQUIRES: block < num_blocks().
   virtual const uint8_t* HostBlock(uint32_t block) const { return nullptr; }

@@ -249,12 +249,8 @@ absl::StatusOr<CommittedPages> Pool::CommitPages(const Session& session, uint64_
   // Outside mu_: the reservation holds the blocks, which nobody else can see yet.
   std::vector<uint64_t> checksums(writer_checksums.begin(), writer_checksums.end());
   if (checksums.empty()) {
-    checksums.reserve(blocks.size());
-    for (BlockId block : blocks) {
-      const absl::StatusOr<uint64_t> checksum = memory_->Checksum(block);
-      RETURN_IF_ERROR(CheckMemory(checksum.status()));
-      checksums.push_back(*checksum);
-    }
+    checksums.resize(blocks.size());
+    RETURN_IF_ERROR(CheckMemory(memory_->ChecksumBlocks(blocks, absl::MakeSpan(checksums))));
   }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Sequence * sequence, FindLocked(session, sequence_id));

@@ -569,7 +569,8 @@ class KvCacheClient {
                                                absl::Span<const std::string> keys,
                                                absl::Span<const uint32_t> part_masks = {});
   // `page_checksums`: XXH3-64 of each reserved page written, in key order, computed while
-  // copying it in (WritePages does); empty: the daemon reads the pages back to compute them.
+  // copying it in (WritePages does); empty: the daemon computes them (on the device, in one
+  // launch, for a device pool).
   absl::StatusOr<PagesStored> CommitPages(uint64_t sequence_id,
                                           absl::Span<const uint64_t> page_checksums = {});
   // Same node, read: pins the pages the hit rule gives (loaded up from the lower tiers) until

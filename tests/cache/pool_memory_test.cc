@@ -1,5 +1,5 @@
 // HostPoolMemory::CreateShared: who owns a shared-memory name, what a dead owner left, and the
-// pre-faulted pages (issue 29).
+// pre-faulted pages (issue 29); a batch's checksums.
 #include "cache/pool_memory.h"
 
 #include <fcntl.h>
@@ -9,9 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_checksum.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvcache {
@@ -88,6 +91,27 @@ TEST(HostPoolMemoryTest, EveryPageIsAllocatedBeforeAnyoneTouchesIt) {
   struct stat info;
   ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &info), 0);
   EXPECT_EQ(static_cast<uint64_t>(info.st_blocks) * 512, bytes);
+}
+
+TEST(HostPoolMemoryTest, ChecksumsABatchAsEachBlockAlone) {
+  auto memory = HostPoolMemory::Create(kBlockBytes, kBlocks);
+  ASSERT_OK(memory);
+  std::mt19937 rng(11);
+  std::string bytes(kBlockBytes, '\0');
+  for (const uint32_t block : {3u, 9u, 63u}) {
+    for (char& byte : bytes) byte = static_cast<char>(rng());
+    ASSERT_OK((*memory)->Write(block, 0, bytes));
+  }
+  const std::vector<uint32_t> blocks = {63, 3, 9, 3};
+  std::vector<uint64_t> checksums(blocks.size());
+  ASSERT_OK((*memory)->ChecksumBlocks(blocks, absl::MakeSpan(checksums)));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(checksums[i], BlockChecksum((*memory)->HostBlock(blocks[i]), kBlockBytes)) << i;
+  }
+  EXPECT_NE(checksums[0], checksums[1]);
+  EXPECT_THAT((*memory)->ChecksumBlocks(std::vector<uint32_t>{1, kBlocks},
+                                        absl::MakeSpan(checksums).first(2)),
+              StatusIs(absl::StatusCode::kOutOfRange));
 }
 
 }  // namespace
