@@ -317,6 +317,28 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(app["resources"]["limits"]["nvidia.com/gpu"], 1)
         self.assertEqual(app["resources"]["requests"].get("nvidia.com/gpu", 1), 1)
 
+    def test_gpu_dra(self):
+        """The DRA variant: one claim per pod from the template, referenced by the daemon and the
+        worker both (a device-plugin GPU reaches one container only), and no device-plugin GPU."""
+        resources = self.renders["gpu-dra"]
+        pod, daemon, app = self.check_sidecar_pod(resources)
+        self.assertIs(pod["shareProcessNamespace"], True)
+        self.assertEqual(flags(daemon)["device"], "cuda:0")
+        claim, = pod["resourceClaims"]
+        for container in (daemon, app):
+            self.assertEqual(container["resources"]["claims"], [{"name": claim["name"]}],
+                             container["name"])
+        for container in all_containers(pod):
+            for kind in ("requests", "limits"):
+                self.assertNotIn("nvidia.com/gpu", container["resources"].get(kind, {}))
+        template = find(resources, "ResourceClaimTemplate", claim["resourceClaimTemplateName"])
+        self.assertEqual(template["apiVersion"], "resource.k8s.io/v1")
+        request, = template["spec"]["spec"]["devices"]["requests"]
+        self.assertEqual(request["exactly"]["deviceClassName"], "gpu.nvidia.com")
+        self.assertEqual(request["exactly"].get("count", 1), 1)
+        # Everything else is the gpu overlay's.
+        self.assertEqual(flags(daemon), flags(daemon_containers(self.renders["gpu"])[0][1]))
+
     def test_vllm_engine(self):
         pod, daemon, app = self.check_sidecar_pod(self.renders["vllm-engine"])
         self.assertEqual(app["command"], ["vllm"])

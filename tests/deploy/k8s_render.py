@@ -10,7 +10,7 @@ import subprocess
 import yaml
 
 K8S_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "k8s")
-OVERLAYS = ("sidecar", "gpu", "node-daemon", "sglang-engine", "vllm-engine")
+OVERLAYS = ("sidecar", "gpu", "gpu-dra", "node-daemon", "sglang-engine", "vllm-engine")
 
 
 def render(path):
