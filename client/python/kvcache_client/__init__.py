@@ -26,14 +26,15 @@ from .events import EventBatch, ResumePoint, page_keys_of
 from .session import Session
 from .values import (AcquiredPages, BlockCounts, Commit, CompatibilityManifest, DType, Extension,
                      Fork, GetInfo, GotPages, ListedSession, LookupResult, ManifestInUse,
-                     MappingKind, PageHits, PagePart, PagePartInfo, PageReservation, PagesPut,
-                     ParallelGeometry, PoolDescription, PoolInfo, PoolLayout, PoolMapping,
-                     PoolStats, PutResult, Sequence, Stats, TierPages, TierTokens)
+                     MappingKind, OpenedSequence, PageHits, PagePart, PagePartInfo,
+                     PageReservation, PagesPut, ParallelGeometry, PoolDescription, PoolInfo,
+                     PoolLayout, PoolMapping, PoolStats, PutResult, Sequence, Stats, TierPages,
+                     TierTokens)
 
 __all__ = ["AcquiredPages", "BlockCounts", "Client", "Commit", "CompatibilityManifest", "DType",
            "EventBatch", "Extension", "Fork", "GetInfo", "GotPages", "KvCacheError",
-           "ListedSession", "LookupResult", "ManifestInUse", "MappingKind", "PageHits",
-           "PagePart", "PagePartInfo", "PageReservation", "PagesPut", "ParallelGeometry",
-           "PoolDescription", "PoolInfo", "PoolLayout", "PoolMapping", "PoolStats", "PutResult",
-           "ResumePoint", "RetryPolicy", "Sequence", "Session", "Stats", "TierPages",
+           "ListedSession", "LookupResult", "ManifestInUse", "MappingKind", "OpenedSequence",
+           "PageHits", "PagePart", "PagePartInfo", "PageReservation", "PagesPut",
+           "ParallelGeometry", "PoolDescription", "PoolInfo", "PoolLayout", "PoolMapping",
+           "PoolStats", "PutResult", "ResumePoint", "RetryPolicy", "Session", "Stats", "TierPages",
            "TierTokens", "TlsOptions", "default_target", "page_keys_of"]

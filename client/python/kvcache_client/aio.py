@@ -32,7 +32,7 @@ from .errors import KvCacheError, token_ids
 from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
 from .values import (AcquiredPages, Commit, CompatibilityManifest, Extension, Fork, GetInfo,
                      GotPages, ListedSession, LookupResult, PageHits, PageReservation, PagesPut,
-                     PoolDescription, PoolInfo, PutResult, Sequence as SequenceTable, Stats)
+                     PoolDescription, PoolInfo, PutResult, OpenedSequence, Stats)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
@@ -209,7 +209,7 @@ class Session(SessionCore):
     async def open_sequence(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                             extra_keys: Optional[hashing.ExtraKeys] = None,
                             max_load_ms: int = 0,
-                            restore_parts: Sequence[str] = ()) -> SequenceTable:
+                            restore_parts: Sequence[str] = ()) -> OpenedSequence:
         """As kvcache_client.Session.open_sequence (not idempotent, never retried)."""
         return await self._session_call(_calls.open_sequence(pool, tokens, cache_salt,
                                                              extra_keys, max_load_ms,

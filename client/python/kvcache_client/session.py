@@ -40,7 +40,7 @@ from ._session_core import (CLOSE_ON_EXIT_TIMEOUT, SessionCore, as_bytes_view, d
 from .client import Client
 from .errors import KvCacheError, token_ids
 from .values import (AcquiredPages, Commit, Extension, Fork, GetInfo, GotPages, PageHits,
-                     PageReservation, PagesPut, PoolInfo, PutResult, Sequence as SequenceTable)
+                     PageReservation, PagesPut, PoolInfo, PutResult, OpenedSequence)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
@@ -88,7 +88,7 @@ class Session(SessionCore):
 
     def open_sequence(self, pool: str, tokens: Sequence[int], *, cache_salt: bytes = b"",
                       extra_keys: Optional[hashing.ExtraKeys] = None,
-                      max_load_ms: int = 0, restore_parts: Sequence[str] = ()) -> SequenceTable:
+                      max_load_ms: int = 0, restore_parts: Sequence[str] = ()) -> OpenedSequence:
         """Opens a sequence for a prompt: the longest verified cached prefix is acquired, the
         rest freshly allocated (at least one token is left to compute). Not idempotent.
         `max_load_ms`: how long loading the prefix from the pool's lower tiers may take (0: no

@@ -207,7 +207,7 @@ def tier_tokens_from_proto(proto: kvcache_pb2.TierTokens) -> TierTokens:
 
 
 @dataclass(frozen=True)
-class Sequence:
+class OpenedSequence:
     """An open sequence: its block table, one block id per block_size tokens."""
     sequence_id: int
     block_ids: List[int]
@@ -216,6 +216,11 @@ class Sequence:
     # One per cached block: the parts it holds (bit i: the pool's part i); empty for a pool
     # declared without parts.
     part_masks: List[int] = field(default_factory=list)
+
+
+# The name before OpenedSequence, kept for code that imports it; not in the package's __all__,
+# where it shadowed typing.Sequence in `from kvcache_client import *`.
+Sequence = OpenedSequence
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ class LookupResult:
     num_cached_tokens: int  # num_cached_blocks * block_size; not capped
     num_cached_blocks: int
     cached_tokens_by_tier: TierTokens = TierTokens()
-    part_masks: List[int] = field(default_factory=list)  # as Sequence's
+    part_masks: List[int] = field(default_factory=list)  # as OpenedSequence's
 
 
 @dataclass(frozen=True)
@@ -343,7 +348,7 @@ class GetInfo:
     num_blocks: int  # cached full blocks matched, from the front
     num_cached_tokens: int  # num_blocks * block_size
     block_bytes: int
-    # One per block: the parts it holds, as Sequence's; empty for a pool declared without parts.
+    # One per block: the parts it holds, as OpenedSequence's; empty for a pool declared without parts.
     part_masks: List[int] = field(default_factory=list)
 
 

@@ -65,6 +65,22 @@ def has_mypy() -> bool:
     return subprocess.run([PYTHON, "-m", "mypy", "--version"], capture_output=True).returncode == 0
 
 
+class ExportsTest(unittest.TestCase):
+    def test_a_star_import_shadows_nothing_of_typing(self):
+        """`from kvcache_client import *` binds OpenedSequence, not a `Sequence` that would shadow
+        typing.Sequence (the old name stays importable by name)."""
+        import typing
+
+        import kvcache_client
+        names = {}
+        exec("from typing import Sequence\nfrom kvcache_client import *", names)
+        self.assertIs(names["Sequence"], typing.Sequence)
+        self.assertIs(names["OpenedSequence"], kvcache_client.OpenedSequence)
+        self.assertIs(kvcache_client.Sequence, kvcache_client.OpenedSequence)
+        for name in kvcache_client.__all__:
+            self.assertFalse(hasattr(typing, name), name)
+
+
 class WheelTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
