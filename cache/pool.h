@@ -32,18 +32,11 @@
 // its medium (cache/tier_events.h): tier 2 CPU_PINNED, the disk tier DISK (its restored records
 // at creation), the cluster tier EXTERNAL (live only).
 //
-// Lower tiers (PoolOptions: host_tier_bytes, disk_tier_path, cluster_tier; cache/lower_tiers.h):
-// the pool owns a LowerTiers, which runs tier 2, tier 3, the cluster tier and the mover that
-// passes blocks down ahead of their eviction (eviction itself stays O(1) and never waits for it).
-// A request that would evict published blocks the mover has not passed down (a batch larger
-// than its window, or a mover behind) passes them down itself before it looks at the pool, the
-// copies outside mu_ (PassDownVictimsLocked): no admitted block is dropped because a batch was
-// large, and a request pays only for what the mover had not done.
-// Open and Lookup continue the verified prefix walk below where the tier-1 walk ends
-// (LowerTiers::Probe, under mu_); Open loads what it found into fresh tier-1 blocks outside mu_
-// (LowerTiers::Load: the sequence is not visible until it is published), and publishes and counts
-// only what verified. A request that could need the blocks the mover has pinned for a copy (at
-// most LowerTiers::kOffloadBatch, for microseconds) waits for that batch instead of failing.
+// Lower tiers (PoolOptions: host_tier_bytes, disk_tier_path, cluster_tier): the pool owns a
+// LowerTiers (cache/lower_tiers.h) and keeps DESIGN §10's contract with it: Open and Lookup
+// continue the verified walk below tier 1, loads land outside mu_ in blocks only the opening
+// sequence holds and publish only what verified, and a request that would evict blocks no tier
+// holds passes them down itself first (PassDownVictimsLocked; docs/tiers.md has the details).
 //
 // Thread safety: thread-safe. Hashing runs outside mu_; a fork's byte copy runs outside mu_ with
 // its source block pinned; so do the mover's copies (offload pin) and the loads from below (into

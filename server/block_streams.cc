@@ -8,7 +8,7 @@
 #include "common/rpc/chunk_bytes.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
-#include "server/proto_keys.h"
+#include "server/proto_convert.h"
 
 namespace kvcache {
 namespace {

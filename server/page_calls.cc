@@ -16,7 +16,7 @@
 #include "common/status_macros.h"
 #include "common/task_workers.h"
 #include "server/kv_cache_service.h"
-#include "server/proto_keys.h"
+#include "server/proto_convert.h"
 #include "server/unary_call.h"
 
 namespace kvcache {
@@ -42,13 +42,6 @@ void CountServed(Pool& pool, const Session& session, size_t asked, size_t served
 void CountCommitted(Pool& pool, const Session& session, const CommittedPages& committed) {
   CountPages(pool, session, PageOp::kPublished, committed.num_published);
   CountPages(pool, session, PageOp::kDuplicate, committed.num_duplicates);
-}
-
-void FillTiers(const PagesByTier& tiers, v1::TierPages* out) {
-  out->set_pool(tiers.pool);
-  out->set_host(tiers.host);
-  out->set_disk(tiers.disk);
-  out->set_cluster(tiers.cluster);
 }
 
 // What a page read (AcquirePages, GetPages) works on: its session and pool, and the pages the

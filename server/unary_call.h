@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "auth/identity.h"
 #include "common/rpc/grpc_status.h"
-#include "server/proto_keys.h"
+#include "server/proto_convert.h"
 
 namespace kvcache {
 
