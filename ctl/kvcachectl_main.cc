@@ -26,6 +26,7 @@
 #include "common/rpc/listen_address.h"
 #include "common/version.h"
 #include "ctl/commands.h"
+#include "ctl/completion.h"
 
 // Global flags.
 ABSL_FLAG(
@@ -166,7 +167,9 @@ std::string HelpText() {
   std::string text = absl::StrCat(
       "kvcachectl: the kvcache daemon's operator command line\n\n"
       "usage: kvcachectl [flags] COMMAND [command flags]\n"
-      "       kvcachectl help [COMMAND]   (or COMMAND --help): one command's flags\n\ncommands:\n");
+      "       kvcachectl help [COMMAND]   (or COMMAND --help): one command's flags\n"
+      "       kvcachectl completion bash  bash completion: source <(kvcachectl completion bash)\n"
+      "\ncommands:\n");
   for (const CommandSpec& spec : Commands()) {
     absl::StrAppend(&text, "  ", spec.name, spec.args.empty() ? "" : " ", spec.args, "\n",
                     Wrap(spec.summary, 6));
@@ -224,6 +227,38 @@ std::string CommandHelpText(const CommandSpec& spec) {
                   "\nglobal flags (--target, -o, --timeout, TLS, token) and exit codes: "
                   "kvcachectl --help\n");
   return text;
+}
+
+// The flags as the completion script needs them: which take a value, and which name a file.
+std::vector<CompletionFlag> CompletionFlags(absl::Span<const absl::string_view> names) {
+  constexpr absl::string_view kFileFlags[] = {"tokens_file", "tls_ca", "tls_cert", "tls_key",
+                                              "token_file"};
+  std::vector<CompletionFlag> flags;
+  for (absl::string_view name : names) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    CompletionFlag::Value value = CompletionFlag::Value::kWord;
+    // --watch's number is optional (NormalizeArgs): a word after it is no value of its.
+    if (flag->IsOfType<bool>() || name == "watch") value = CompletionFlag::Value::kNone;
+    if (std::find(std::begin(kFileFlags), std::end(kFileFlags), name) != std::end(kFileFlags)) {
+      value = CompletionFlag::Value::kFile;
+    }
+    flags.push_back(CompletionFlag{.name = std::string(name), .value = value});
+  }
+  return flags;
+}
+
+std::string CompletionScript() {
+  std::vector<absl::string_view> global(std::begin(kGlobalFlags), std::end(kGlobalFlags));
+  std::vector<absl::string_view> command;
+  for (const CommandSpec& spec : Commands()) {
+    for (absl::string_view name : spec.flags) {
+      if (std::find(command.begin(), command.end(), name) == command.end()) {
+        command.push_back(name);
+      }
+    }
+  }
+  return BashCompletionScript(Commands(), CompletionFlags(global), CompletionFlags(command));
 }
 
 int UsageError(absl::string_view message) {
@@ -323,6 +358,13 @@ int Main(int raw_argc, char** raw_argv) {
       return UsageError(absl::StrCat("help: unknown command '", positional[2], "'"));
     }
     std::cout << CommandHelpText(*spec);
+    return kExitOk;
+  }
+  if (command == "completion") {  // completion bash
+    if (positional.size() != 3 || absl::string_view(positional[2]) != "bash") {
+      return UsageError("completion: say which shell: kvcachectl completion bash");
+    }
+    std::cout << CompletionScript();
     return kExitOk;
   }
   const CommandSpec* spec = FindCommand(command);

@@ -1,7 +1,7 @@
 """kvcachectl against a real kvcache-manager: every command as a table, JSON and YAML, the values
 checked against a workload driven by kvcache-test-client, the events stream's resume points, and
 the exit codes scripts branch on, failing at once with the reason when no daemon answers, --watch,
---no-headers and version.
+--no-headers, version and the bash completion.
 
 Needs KVCACHE_BIN_DIR (kvcache-manager, kvcache-test-client, kvcachectl). Standard library only,
 and PyYAML where present.
@@ -446,6 +446,56 @@ class KvcachectlTest(unittest.TestCase):
         events = ctl(self.target, "help", "events").stdout
         self.assertIn("  --follow\n", events)
         self.assertNotIn("  --tls_ca\n", events)
+
+    def complete(self, line):
+        """What bash completes for `line` (the cursor at its end) with `kvcachectl completion
+        bash` sourced, as bash calls the function: COMP_WORDS split at COMP_WORDBREAKS."""
+        script = r"""
+source <("$KVCTL" completion bash) || exit 9
+COMP_LINE=$LINE
+COMP_POINT=${#COMP_LINE}
+COMP_WORDS=() word=""
+for (( k = 0; k < ${#LINE}; k++ )); do
+  c=${LINE:k:1}
+  if [[ $c == " " ]]; then [[ -n $word ]] && COMP_WORDS+=("$word"); word=""
+  elif [[ $COMP_WORDBREAKS == *"$c"* ]]; then
+    [[ -n $word ]] && COMP_WORDS+=("$word"); COMP_WORDS+=("$c"); word=""
+  else word+=$c; fi
+done
+COMP_WORDS+=("$word")
+COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+_kvcachectl
+printf '%s\n' "${COMPREPLY[@]}"
+"""
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              timeout=COMMAND_BOUND,
+                              env=dict(os.environ, KVCTL=binary("kvcachectl"),
+                                       LINE=binary("kvcachectl") + " " + line))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return sorted(done.stdout.split())
+
+    def test_bash_completion(self):
+        """`kvcachectl completion bash`: commands, flags (the command's and the global ones),
+        -o's values, files, and --pool's values from the daemon the line names; a --target
+        value with ':' and '=' in it, which bash splits into several words, is read whole."""
+        self.assertEqual(self.complete("st"), ["stats"])
+        self.assertEqual(self.complete("help de"), ["describe"])
+        self.assertEqual(self.complete("-o j"), ["json"])
+        self.assertEqual(self.complete("completion "), ["bash"])
+        self.assertEqual(self.complete(f"--target {self.target} se"), ["sessions"])
+        self.assertEqual(self.complete(f"--target={self.target} -o yaml po"), ["pools"])
+        self.assertEqual(self.complete("stats --c"), ["--count"])
+        self.assertIn("--tenant", self.complete("stats --t"))
+        self.assertIn("--tls_ca", self.complete("stats --t"))
+        self.assertNotIn("--follow", self.complete("stats --"))
+        self.assertIn("--follow", self.complete("events --"))
+        self.assertEqual(self.complete(f"--target {self.target} describe --pool "),
+                         ["default", "tiered"])
+        self.assertEqual(self.complete(f"--target={self.target} stats --pool ti"), ["tiered"])
+        self.assertEqual(self.complete("lookup --tokens_file " + self.directory.name + "/dae"),
+                         [self.directory.name + "/daemon.log"])
+        done = ctl(self.target, "completion", "zsh")
+        self.assertEqual(done.returncode, 2, done.stderr)
 
     def test_no_daemon_exits_3_at_once_with_the_reason(self):
         """The three commonest mistakes (no socket, a stale one, another uid's) and a closed TCP
