@@ -26,109 +26,10 @@
 // [DIR];
 // DIR (default $TMPDIR or /tmp) holds the tier-3 file and must be on the disk to measure (not
 // tmpfs).
-#include <fcntl.h>
-#include <unistd.h>
+#include "bench/tier_bench_common.h"
 
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <initializer_list>
-#include <numeric>
-#include <random>
-#include <string>
-#include <vector>
-
-#include "absl/container/flat_hash_map.h"
-#include "absl/functional/function_ref.h"
-#include "absl/synchronization/mutex.h"
-#include "bench/bench_run.h"
-#include "bench/raw_direct_reads.h"
-#include "cache/cuda_pool_memory.h"
-#include "cache/pool.h"
-#include "common/block_checksum.h"
-#include "common/task_workers.h"
-#include "tiers/host_tier.h"
-#include "tiers/io_ring.h"
-#include "tiers/record_codec.h"
-#include "tiers/tier_keyring.h"
-
-namespace kvcache {
+namespace kvcache::tier_bench {
 namespace {
-
-using SteadyClock = std::chrono::steady_clock;
-
-// The calling thread's time on a CPU and waiting for one (runnable, not running: what a busy
-// shared machine costs a loop that must run to reap and refill its reads), in seconds.
-struct ThreadTimes {
-  double on_cpu = 0;
-  double waiting = 0;
-};
-ThreadTimes ThreadTimesNow() {
-  unsigned long long on_cpu_ns = 0, waiting_ns = 0;
-  std::FILE* file = std::fopen("/proc/thread-self/schedstat", "r");
-  if (file != nullptr) {
-    if (std::fscanf(file, "%llu %llu", &on_cpu_ns, &waiting_ns) != 2) on_cpu_ns = waiting_ns = 0;
-    std::fclose(file);
-  }
-  return {on_cpu_ns * 1e-9, waiting_ns * 1e-9};
-}
-
-struct Measured {
-  double rate = 0;        // bytes per second
-  double cpu_share = 0;   // this thread's time on a CPU per second of the phase
-  double wait_share = 0;  // this thread's time waiting for a CPU per second of the phase
-};
-
-// Calls `step()` (which moves `bytes_per_step`) until `seconds` pass.
-template <typename Step>
-Measured Rate(double seconds, uint64_t bytes_per_step, Step step) {
-  step();  // warm: page faults are not measured
-  uint64_t steps = 0;
-  const ThreadTimes times_start = ThreadTimesNow();
-  const auto start = SteadyClock::now();
-  const auto stop = start + std::chrono::duration<double>(seconds);
-  while (SteadyClock::now() < stop) {
-    step();
-    ++steps;
-  }
-  const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  const ThreadTimes times = ThreadTimesNow();
-  return {steps * bytes_per_step / elapsed, (times.on_cpu - times_start.on_cpu) / elapsed,
-          (times.waiting - times_start.waiting) / elapsed};
-}
-
-// `a` and `b` (each moving `bytes_per_step` per call) measured in turn, in short alternating
-// phases over `rounds` rounds, so that the shared machine's drift hits both alike.
-struct Comparison {
-  double a_rate = 0, b_rate = 0;  // bytes per second, over all rounds
-  double a_cpu = 0, b_cpu = 0;    // CPU share of the measuring thread, over all rounds
-  double a_wait = 0, b_wait = 0;  // share of the time it waited for a CPU
-  double median_ratio = 0;        // of the rounds' a/b
-};
-template <typename A, typename B>
-Comparison Compare(double seconds, uint64_t bytes_per_step, A a, B b, int rounds = 9) {
-  std::vector<double> ratios;
-  Comparison result;
-  for (int round = 0; round < rounds; ++round) {
-    const double phase = seconds / rounds;
-    const Measured first = round % 2 == 0 ? Rate(phase, bytes_per_step, a) : Measured{};
-    const Measured rb = Rate(phase, bytes_per_step, b);
-    const Measured ra = round % 2 == 0 ? first : Rate(phase, bytes_per_step, a);
-    result.a_rate += ra.rate / rounds;
-    result.b_rate += rb.rate / rounds;
-    result.a_cpu += ra.cpu_share / rounds;
-    result.b_cpu += rb.cpu_share / rounds;
-    result.a_wait += ra.wait_share / rounds;
-    result.b_wait += rb.wait_share / rounds;
-    ratios.push_back(ra.rate / rb.rate);
-  }
-  std::sort(ratios.begin(), ratios.end());
-  result.median_ratio = ratios[ratios.size() / 2];
-  return result;
-}
 
 BlockRecordIdentity RecordFor(uint64_t i, const uint8_t* bytes, uint64_t size) {
   return BlockRecordIdentity{.hash = {i + 1, i * 31 + 7},
@@ -174,60 +75,6 @@ void LoadVsMemcpy(uint64_t block_bytes, uint32_t blocks, double seconds) {
               static_cast<unsigned long long>(block_bytes >> 10), blocks, c.a_rate / 1e9,
               c.b_rate / 1e9, c.median_ratio, failures == 0 ? "" : "LOAD FAILURES");
   if (failures != 0) bench::Fail("HostTier::Load failed");
-}
-
-// A pool of `num_blocks` with a tier 2 of `tier_blocks`, whose mover runs only when the bench
-// calls OffloadForTesting.
-PoolOptions ManualTierOptions(const std::string& name, const PoolLayout& layout,
-                              uint32_t num_blocks, uint64_t tier_blocks) {
-  PoolOptions options;
-  options.name = name;
-  options.model_id = name;
-  options.layout = layout;
-  options.num_blocks = num_blocks;
-  options.host_tier_bytes = tier_blocks * layout.BlockBytes();
-  options.testing_manual_offload = true;
-  return options;
-}
-
-// Opens `tokens`, writes each full block with bytes of its own, commits and releases: a prompt
-// computed once, left evictable in tier 1.
-bool ComputeOnce(Pool& pool, const Session& session, const std::vector<uint32_t>& tokens) {
-  auto opened = pool.Open(session, SequenceSpec{tokens});
-  if (!opened.ok()) return false;
-  const PoolLayout& layout = pool.options().layout;
-  std::string bytes(layout.BlockBytes(), '\0');
-  for (size_t i = 0; i < tokens.size() / layout.block_size; ++i) {
-    for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = static_cast<char>(tokens[i] + b);
-    if (!pool.WriteBlock(opened->block_ids[i], 0, bytes).ok()) return false;
-  }
-  return pool.Commit(session, opened->sequence_id, tokens.size()).ok() &&
-         pool.Release(session, opened->sequence_id).ok();
-}
-
-// The chain hashes `pool` computes for `tokens` in `session`'s tenant.
-std::vector<Hash128> ChainOf(Pool& pool, const Session& session,
-                             const std::vector<uint32_t>& tokens) {
-  BlockHasher hasher(pool.options().hash_algorithm);
-  const HashNamespace ns{pool.options().model_id, pool.layout_fingerprint(), session.tenant, ""};
-  std::vector<Hash128> chain;
-  hasher.ExtendChain(hasher.Root(ns), tokens, pool.options().layout.block_size, ExtraKeys{},
-                     &chain);
-  return chain;
-}
-
-// Opens and releases each of `prompts`; returns how many did not load the whole `tokens` of
-// their prefix from the tier whose count `loaded_from` names.
-uint64_t OpenAndRelease(Pool& pool, const Session& session,
-                        std::initializer_list<const std::vector<uint32_t>*> prompts,
-                        uint32_t tokens, uint32_t OpenedSequence::*loaded_from) {
-  uint64_t short_loads = 0;
-  for (const std::vector<uint32_t>* prompt : prompts) {
-    auto opened = pool.Open(session, SequenceSpec{*prompt});
-    if (!opened.ok() || (*opened).*loaded_from != tokens) ++short_loads;
-    if (opened.ok()) (void)pool.Release(session, opened->sequence_id);
-  }
-  return short_loads;
 }
 
 // Open of a prompt whose `prefix_blocks` come up from tier 2 each time: a pool of exactly
@@ -318,284 +165,6 @@ void OpenFromTierVsCopy(const PoolLayout& layout, uint32_t prefix_blocks, double
               c.b_rate / 1e9, c.median_ratio,
               short_loads + copy_failures == 0 ? "" : "SHORT LOADS OR FAILED COPIES");
   if (short_loads + copy_failures != 0) bench::Fail("short loads or failed copies");
-}
-
-// The slots of a disk tier's file (`path`, `slots` of `slot_bytes`) that hold `hashes`, in that
-// order, read from the slots' headers; empty if one is missing.
-std::vector<uint64_t> SlotsOf(const std::string& path, uint64_t slot_bytes, uint64_t slots,
-                              uint32_t tokens_per_block, const std::vector<Hash128>& hashes) {
-  absl::flat_hash_map<Hash128, uint64_t> slot_of;
-  std::string header(RecordHeaderSlotBytes(tokens_per_block), '\0');
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  for (uint64_t slot = 0; fd >= 0 && slot < slots; ++slot) {
-    if (::pread(fd, header.data(), header.size(), slot * slot_bytes) !=
-        static_cast<ssize_t>(header.size())) {
-      break;
-    }
-    absl::StatusOr<RecordHeader> decoded = DecodeRecordHeader(header);
-    if (decoded.ok()) slot_of[decoded->block.hash] = slot;
-  }
-  if (fd >= 0) ::close(fd);
-  std::vector<uint64_t> in_order;
-  for (const Hash128& hash : hashes) {
-    auto it = slot_of.find(hash);
-    if (it == slot_of.end()) return {};
-    in_order.push_back(it->second);
-  }
-  return in_order;
-}
-
-// Open of a prompt whose `prefix_blocks` come up from tier 3 each time. Both prompts went down
-// through an 8-slot tier 2 (its demotion window is all of it, so each record is passed on to
-// disk before tier 2 evicts it), and a third prompt then took tier 2's slots: only the disk holds
-// them. Tier 1 holds prefix_blocks + 1 blocks, so each open evicts the other prompt, and the
-// mover never runs, so nothing comes back to tier 2. Per byte loaded, vs raw io_uring O_DIRECT
-// reads of as many slots of the same file at the tier's read depth.
-// A pool whose prompts `prompts` lie on disk only: each computed once and passed down through an
-// 8-slot tier 2 (its demotion window is all of it, so each record is passed on to disk before
-// tier 2 evicts it), the last (a filler of tier 2's size) taking tier 2's slots. Tier 1 holds
-// prefix_blocks + 1 blocks, and the mover never runs, so nothing comes back to tier 2. Sealed
-// with `keyring` when it is set.
-struct DiskOnlyPool {
-  std::unique_ptr<Pool> pool;
-  PoolOptions options;
-  uint64_t slot_bytes = 0;
-  uint32_t disk_records = 0;
-};
-constexpr uint32_t kTier2Slots = 8;
-DiskOnlyPool MakeDiskOnlyPool(const PoolLayout& layout, uint32_t prefix_blocks,
-                              const std::string& path, std::shared_ptr<const TierKeyring> keyring,
-                              const Session& session,
-                              std::initializer_list<const std::vector<uint32_t>*> prompts) {
-  DiskOnlyPool made;
-  made.disk_records = 2 * prefix_blocks + 2 * kTier2Slots;
-  made.options = ManualTierOptions("bench", layout, prefix_blocks + 1, kTier2Slots);
-  made.options.disk_tier_path = path;
-  static const auto workers = std::make_shared<TaskWorkers>(TaskWorkers::DefaultThreads());
-  made.options.workers = workers;  // the daemon's
-  made.options.tier_keyring = std::move(keyring);
-  made.slot_bytes =
-      DiskTier::SlotBytesFor(DiskTierOptions{.pool = {.block_bytes = layout.BlockBytes()},
-                                             .tokens_per_block = layout.block_size,
-                                             .keyring = made.options.tier_keyring});
-  made.options.disk_tier_bytes = made.disk_records * made.slot_bytes;
-  // One offload pass queues a whole prefix for the disk; a full queue would end the pass and let
-  // tier 2 evict records that never reached the disk.
-  const uint32_t queue = made.disk_records;
-  made.options.testing_disk_tier_options = [queue](DiskTierOptions* disk) {
-    disk->max_queued_stores = queue;
-  };
-  made.options.offload_window = made.options.num_blocks;  // the whole prefix goes down
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::filesystem::remove(path);
-  auto memory = HostPoolMemory::Create(layout.BlockBytes(), made.options.num_blocks);
-  auto pool = Pool::Create(made.options, 0, *std::move(memory));
-  bench::CheckOk(pool.status(), "Pool::Create");
-  made.pool = *std::move(pool);
-  for (const std::vector<uint32_t>* which : prompts) {
-    if (!ComputeOnce(*made.pool, session, *which)) bench::Fail("a prompt could not be computed");
-    made.pool->OffloadForTesting();
-    made.pool->disk_tier()->Flush();
-  }
-  return made;
-}
-
-// Open of a prompt whose `prefix_blocks` come up from tier 3 each time (MakeDiskOnlyPool: two
-// prompts on disk only; each open evicts the other prompt). Per byte loaded, vs raw io_uring
-// O_DIRECT reads of as many slots of the same file at the tier's read depth.
-void OpenFromDiskVsRawReads(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
-                            const std::string& dir) {
-  const uint64_t block_bytes = layout.BlockBytes();
-  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
-  const uint32_t tokens = prefix_blocks * layout.block_size;
-  std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1),
-      tier2_filler(kTier2Slots * layout.block_size + 1);
-  std::iota(prompt.begin(), prompt.end(), 0);
-  std::iota(other.begin(), other.end(), 1u << 30);
-  std::iota(tier2_filler.begin(), tier2_filler.end(), 2u << 30);
-  DiskOnlyPool made = MakeDiskOnlyPool(layout, prefix_blocks, dir + "/tier_bench.kvt", nullptr,
-                                       session, {&prompt, &other, &tier2_filler});
-  std::unique_ptr<Pool>* const pool = &made.pool;
-  const PoolOptions& options = made.options;
-  const uint64_t slot_bytes = made.slot_bytes;
-  const uint32_t disk_records = made.disk_records;
-  DiskTier& disk = *(*pool)->disk_tier();
-  const uint32_t depth = disk.read_depth();
-  const int fd = ::open(options.disk_tier_path.c_str(), O_RDONLY | O_DIRECT);
-  auto ring = IoRing::Create(depth);
-  if (fd < 0) bench::Fail("cannot open the tier file with O_DIRECT (on tmpfs?)");
-  bench::CheckOk(ring.status(), "IoRing::Create");
-  AlignedBuffer buffers(2 * slot_bytes * depth);
-  // The same slots in the order the walk reads them (each prompt's blocks in order), and, for
-  // comparison, the same number of slots in the file's order. The walk's order is backwards: the
-  // mover passes a released prompt down tail first, so its blocks sit in the file in reverse.
-  std::vector<Hash128> hashes;
-  for (const std::vector<uint32_t>* which : {&prompt, &other}) {
-    const std::vector<Hash128> chain = ChainOf(**pool, session, *which);
-    hashes.insert(hashes.end(), chain.begin(), chain.end());
-  }
-  const std::vector<uint64_t> walk_order =
-      SlotsOf(options.disk_tier_path, slot_bytes, disk_records, layout.block_size, hashes);
-  std::vector<uint64_t> file_order(walk_order.size());
-  std::iota(file_order.begin(), file_order.end(), 0);
-  if (walk_order.empty()) {
-    std::fprintf(stderr, "ERROR: the prompts' records are not all in the tier file\n");
-    std::exit(1);
-  }
-  const auto raw_reads = [&](bench::RawReadPipeline pipeline, const std::vector<uint64_t>& slots,
-                             const bench::RawReadLayout& read_layout = {}) {
-    bench::RawDirectReads(fd, slot_bytes, slots, depth, **ring, buffers, pipeline, read_layout);
-  };
-  uint64_t short_loads = 0;
-  const DiskTierStats before = disk.stats();
-  // Two opens per step, each loading the whole prefix of its prompt from disk (checked for every
-  // open: the first open of `other` finds its head in tier 1 only if it comes before the first
-  // open of `prompt`, which evicts it).
-  const Comparison c = Compare(
-      seconds, 2 * block_bytes * prefix_blocks,
-      [&] {
-        short_loads += OpenAndRelease(**pool, session, {&prompt, &other}, tokens,
-                                      &OpenedSequence::num_disk_tier_tokens);
-      },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  const Comparison drained = Compare(
-      seconds, 2 * block_bytes * prefix_blocks,
-      [&] { raw_reads(bench::RawReadPipeline::kDrainedBatches, walk_order); },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  // Where the walk's time goes: the disk tier alone, loading the same records into page-aligned
-  // memory, in batches of its read depth as the walk calls it, and in one call.
-  std::vector<BlockRecordIdentity> records;
-  for (const Hash128& hash : hashes) {
-    absl::StatusOr<BlockRecordIdentity> record = disk.Find(hash);
-    bench::CheckOk(record.status(), "DiskTier::Find");
-    records.push_back(*std::move(record));
-  }
-  AlignedBuffer out(block_bytes * prefix_blocks);
-  const auto load_many = [&](size_t batch) {
-    for (size_t first = 0; first < records.size(); first += batch) {
-      std::vector<DiskTier::LoadRequest> requests;
-      for (size_t i = first; i < std::min(records.size(), first + batch); ++i) {
-        requests.push_back(
-            {&records[i],
-             absl::MakeSpan(out.data() + (i % prefix_blocks) * block_bytes, block_bytes)});
-      }
-      for (const absl::Status& status : disk.LoadMany(requests)) {
-        if (!status.ok()) ++short_loads;
-      }
-    }
-  };
-  const Comparison batched = Compare(
-      seconds, 2 * block_bytes * prefix_blocks, [&] { load_many(depth); },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  const Comparison whole = Compare(
-      seconds, 2 * block_bytes * prefix_blocks, [&] { load_many(prefix_blocks); },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  const Comparison file_ordered = Compare(
-      seconds, 2 * block_bytes * prefix_blocks,
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, file_order); },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  const Comparison header_apart = Compare(
-      seconds, 2 * block_bytes * prefix_blocks,
-      [&] {
-        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
-                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size)});
-      },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  // The bytes of each prompt's reads into `out`'s blocks, as LoadMany and Open place them.
-  AlignedBuffer raw_out(2 * block_bytes * prefix_blocks);
-  const Comparison into_blocks = Compare(
-      seconds, 2 * block_bytes * prefix_blocks,
-      [&] {
-        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
-                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size),
-                   .bytes_out = raw_out.data()});
-      },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  const Comparison checksummed = Compare(
-      seconds, 2 * block_bytes * prefix_blocks,
-      [&] {
-        raw_reads(bench::RawReadPipeline::kContinuous, walk_order,
-                  {.header_bytes = RecordHeaderSlotBytes(layout.block_size),
-                   .bytes_out = raw_out.data(),
-                   .checksum_bytes = true});
-      },
-      [&] { raw_reads(bench::RawReadPipeline::kContinuous, walk_order); });
-  ::close(fd);
-  const DiskTierStats after = disk.stats();
-  const bool in_place = after.loads_in_place - before.loads_in_place == after.loads - before.loads;
-  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%% %s\n",
-              "Pool::Open from tier 3", static_cast<unsigned long long>(block_bytes >> 10),
-              prefix_blocks, c.a_rate / 1e9, c.b_rate / 1e9, c.median_ratio, 100 * c.a_cpu,
-              100 * c.b_cpu, 100 * c.a_wait, 100 * c.b_wait, in_place ? "" : "NOT READ IN PLACE");
-  const auto row = [&](const char* path, const Comparison& comparison) {
-    std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%%\n", path,
-                static_cast<unsigned long long>(block_bytes >> 10), prefix_blocks,
-                comparison.a_rate / 1e9, comparison.b_rate / 1e9, comparison.median_ratio,
-                100 * comparison.a_cpu, 100 * comparison.b_cpu, 100 * comparison.a_wait,
-                100 * comparison.b_wait);
-  };
-  row("  raw, drained batches", drained);
-  row("  LoadMany, batches", batched);
-  row("  LoadMany, one call", whole);
-  row("  raw, file order", file_ordered);
-  row("  raw, header apart", header_apart);
-  row("  raw, into 2 prefixes", into_blocks);
-  row("  raw, + checksums", checksummed);
-  pool->reset();
-  std::filesystem::remove(options.disk_tier_path);
-  std::filesystem::remove(dir);  // only if nothing else is in it
-  if (short_loads != 0) {
-    std::fprintf(stderr, "ERROR: %llu opens or loads fell short of a whole prefix from tier 3\n",
-                 static_cast<unsigned long long>(short_loads));
-    std::exit(1);
-  }
-}
-
-// The same opens from a sealed disk tier (--tier_key_file: each record's header opened and its
-// bytes decrypted and authenticated, AES-256-GCM) vs from an unsealed one, in alternating rounds
-// of one run, each pool on a file of its own in `dir`.
-void OpenFromSealedVsUnsealedDisk(const PoolLayout& layout, uint32_t prefix_blocks, double seconds,
-                                  const std::string& dir) {
-  Session session(1, "uid:0", "tenant", "bench", absl::Seconds(600));
-  const uint32_t tokens = prefix_blocks * layout.block_size;
-  std::vector<uint32_t> prompt(tokens + 1), other(tokens + 1),
-      tier2_filler(kTier2Slots * layout.block_size + 1);
-  std::iota(prompt.begin(), prompt.end(), 0);
-  std::iota(other.begin(), other.end(), 1u << 30);
-  std::iota(tier2_filler.begin(), tier2_filler.end(), 2u << 30);
-  TierMasterKey key{.id = 1};
-  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(i * 97 + 5);
-  auto keyring = TierKeyring::FromKeys({key});
-  bench::CheckOk(keyring.status(), "TierKeyring::FromKeys");
-  DiskOnlyPool plain = MakeDiskOnlyPool(layout, prefix_blocks, dir + "/tier_bench_plain.kvt",
-                                        nullptr, session, {&prompt, &other, &tier2_filler});
-  DiskOnlyPool sealed = MakeDiskOnlyPool(layout, prefix_blocks, dir + "/tier_bench_sealed.kvt",
-                                         *keyring, session, {&prompt, &other, &tier2_filler});
-  if (!sealed.pool->disk_tier()->sealed()) bench::Fail("the sealed pool's disk tier is not sealed");
-  uint64_t short_loads = 0;
-  const Comparison c = Compare(
-      seconds, 2 * layout.BlockBytes() * prefix_blocks,
-      [&] {
-        short_loads += OpenAndRelease(*sealed.pool, session, {&prompt, &other}, tokens,
-                                      &OpenedSequence::num_disk_tier_tokens);
-      },
-      [&] {
-        short_loads += OpenAndRelease(*plain.pool, session, {&prompt, &other}, tokens,
-                                      &OpenedSequence::num_disk_tier_tokens);
-      });
-  std::printf("%-22s %9llu KiB %8u %10.2f %10.2f %7.2fx %5.0f%% %5.0f%% %5.0f%% %5.0f%% %s\n",
-              "Pool::Open tier 3 sealed",
-              static_cast<unsigned long long>(layout.BlockBytes() >> 10), prefix_blocks,
-              c.a_rate / 1e9, c.b_rate / 1e9, c.median_ratio, 100 * c.a_cpu, 100 * c.b_cpu,
-              100 * c.a_wait, 100 * c.b_wait, short_loads == 0 ? "(vs unsealed)" : "SHORT LOADS");
-  if (sealed.pool->disk_tier()->stats().load_unopened != 0)
-    bench::Fail("sealed records did not open");
-  plain.pool.reset();
-  sealed.pool.reset();
-  std::filesystem::remove(dir + "/tier_bench_plain.kvt");
-  std::filesystem::remove(dir + "/tier_bench_sealed.kvt");
-  std::filesystem::remove(dir);  // only if nothing else is in it
-  if (short_loads != 0) bench::Fail("opens fell short of a whole prefix from tier 3");
 }
 
 // Where a replay's prompt tokens came from.
@@ -844,7 +413,7 @@ void LargePuts(double seconds, const std::string& dir) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvcache::tier_bench
 
 int main(int argc, char** argv) {
   // As kvcache-manager runs (manager_main.cc): Debian's abseil otherwise checks every Mutex
@@ -865,7 +434,8 @@ int main(int argc, char** argv) {
   for (uint64_t block_bytes : {32ull << 10, 256ull << 10, 2ull << 20}) {
     if (!runs("load")) break;
     const uint64_t bytes = kvcache::bench::FullOrSmoke(256ull << 20, 8ull << 20);
-    kvcache::LoadVsMemcpy(block_bytes, static_cast<uint32_t>(bytes / block_bytes), seconds);
+    kvcache::tier_bench::LoadVsMemcpy(block_bytes, static_cast<uint32_t>(bytes / block_bytes),
+                                      seconds);
   }
   // Pool blocks of 32 KiB (the default layout) and 256 KiB (48 layers, 4 heads, 128 dims, fp16,
   // 16 tokens would be 1.5 MiB; 8 layers keeps the bench's memory small).
@@ -888,19 +458,20 @@ int main(int argc, char** argv) {
   if (runs("open")) {
     for (const kvcache::PoolLayout* layout : {&small, &large}) {
       const uint32_t prefix = layout == &small ? small_prefix : large_prefix;
-      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, workers,
-                                  "Pool::Open from tier 2");
-      kvcache::OpenFromTierVsCopy(*layout, prefix, seconds, false, nullptr, "  no workers");
+      kvcache::tier_bench::OpenFromTierVsCopy(*layout, prefix, seconds, false, workers,
+                                              "Pool::Open from tier 2");
+      kvcache::tier_bench::OpenFromTierVsCopy(*layout, prefix, seconds, false, nullptr,
+                                              "  no workers");
     }
   }
   if (runs("device")) {
     std::printf(
         "\ntier 2 loads into a CUDA pool vs cudaMemcpyAsync H2D of the same page-locked "
         "slots\n");
-    kvcache::OpenFromTierVsCopy(small, small_prefix, seconds, true, workers,
-                                "Pool::Open tier 2->GPU");
-    kvcache::OpenFromTierVsCopy(large, large_prefix, seconds, true, workers,
-                                "Pool::Open tier 2->GPU");
+    kvcache::tier_bench::OpenFromTierVsCopy(small, small_prefix, seconds, true, workers,
+                                            "Pool::Open tier 2->GPU");
+    kvcache::tier_bench::OpenFromTierVsCopy(large, large_prefix, seconds, true, workers,
+                                            "Pool::Open tier 2->GPU");
   }
   if (runs("disk")) {
     // 64 MiB prefixes of 32 KiB and 256 KiB blocks.
@@ -911,19 +482,21 @@ int main(int argc, char** argv) {
     std::printf(
         "(ratio: the median of 9 alternating rounds; cpu: the measuring thread's time on a "
         "CPU per second, wait: its time runnable but waiting for one)\n");
-    kvcache::OpenFromDiskVsRawReads(small, small_prefix, seconds, dir + "/kvcache_tier_bench");
-    kvcache::OpenFromDiskVsRawReads(large, 2 * large_prefix, seconds, dir + "/kvcache_tier_bench");
+    kvcache::tier_bench::OpenFromDiskVsRawReads(small, small_prefix, seconds,
+                                                dir + "/kvcache_tier_bench");
+    kvcache::tier_bench::OpenFromDiskVsRawReads(large, 2 * large_prefix, seconds,
+                                                dir + "/kvcache_tier_bench");
     std::printf("\nsealed tier 3 (--tier_key_file, AES-256-GCM) vs unsealed, the same opens\n");
     std::printf("%-22s %13s %8s %10s %10s %8s %6s %6s %6s %6s\n", "path", "block", "blocks", "GB/s",
                 "unsealed", "ratio", "cpu", "unseal", "wait", "unseal");
-    kvcache::OpenFromSealedVsUnsealedDisk(small, small_prefix, seconds,
-                                          dir + "/kvcache_tier_bench");
-    kvcache::OpenFromSealedVsUnsealedDisk(large, 2 * large_prefix, seconds,
-                                          dir + "/kvcache_tier_bench");
+    kvcache::tier_bench::OpenFromSealedVsUnsealedDisk(small, small_prefix, seconds,
+                                                      dir + "/kvcache_tier_bench");
+    kvcache::tier_bench::OpenFromSealedVsUnsealedDisk(large, 2 * large_prefix, seconds,
+                                                      dir + "/kvcache_tier_bench");
   }
   if (runs("sweep")) {
-    for (uint32_t lag : {1u, 8u}) kvcache::WindowSweep(lag);
+    for (uint32_t lag : {1u, 8u}) kvcache::tier_bench::WindowSweep(lag);
   }
-  if (runs("admission")) kvcache::AdmissionSweep(dir + "/kvcache_tier_bench_admission");
-  if (runs("puts")) kvcache::LargePuts(seconds, dir + "/kvcache_tier_bench_puts");
+  if (runs("admission")) kvcache::tier_bench::AdmissionSweep(dir + "/kvcache_tier_bench_admission");
+  if (runs("puts")) kvcache::tier_bench::LargePuts(seconds, dir + "/kvcache_tier_bench_puts");
 }
