@@ -117,6 +117,8 @@ class CudaPoolMemory final : public PoolMemory {
     }
     for (const uint32_t block : blocks) RETURN_IF_ERROR(CheckRange(block, 0, block_bytes()));
     const size_t list_bytes = blocks.size() * sizeof(kernels::PageCopy);
+    // The pool's device current before the list is allocated: it is mapped for that context.
+    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
     absl::MutexLock lock(&checksum_mu_);
     ASSIGN_OR_RETURN(char* list, ChecksumListLocked(list_bytes + blocks.size() * sizeof(uint64_t)));
     auto* copies = reinterpret_cast<kernels::PageCopy*>(list);
@@ -124,7 +126,6 @@ class CudaPoolMemory final : public PoolMemory {
       copies[i] = kernels::PageCopy{.source = BlockPointer(blocks[i]), .destination = nullptr};
     }
     auto* listed_checksums = reinterpret_cast<uint64_t*>(list + list_bytes);
-    KVCACHE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "selecting the pool's device");
     RETURN_IF_ERROR(kernels::CopyPagesChecksummedCuda(copies, static_cast<uint32_t>(blocks.size()),
                                                       block_bytes(), listed_checksums, stream_));
     KVCACHE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "checksumming blocks");

@@ -31,8 +31,8 @@ from .client import ClientBase, TlsOptions, retry_budget, retry_failure
 from .errors import KvCacheError, token_ids
 from .events import RESUME_PAUSE, EventBatch, ResumePoint, WatchCursor
 from .values import (AcquiredPages, Commit, CompatibilityManifest, Extension, Fork, GetInfo,
-                     GotPages, ListedSession, LookupResult, PageHits, PageReservation, PagesPut,
-                     PoolDescription, PoolInfo, PutResult, OpenedSequence, Stats)
+                     GotPages, ListedSession, LookupResult, OpenedSequence, PageHits,
+                     PageReservation, PagesPut, PoolDescription, PoolInfo, PutResult, Stats)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool

@@ -39,8 +39,8 @@ from ._session_core import (CLOSE_ON_EXIT_TIMEOUT, SessionCore, as_bytes_view, d
                             new_buffer_into)
 from .client import Client
 from .errors import KvCacheError, token_ids
-from .values import (AcquiredPages, Commit, Extension, Fork, GetInfo, GotPages, PageHits,
-                     PageReservation, PagesPut, PoolInfo, PutResult, OpenedSequence)
+from .values import (AcquiredPages, Commit, Extension, Fork, GetInfo, GotPages, OpenedSequence,
+                     PageHits, PageReservation, PagesPut, PoolInfo, PutResult)
 
 if TYPE_CHECKING:
     from .mapped_pool import MappedPool
