@@ -101,6 +101,18 @@ class ManifestsTest(unittest.TestCase):
     def setUpClass(cls):
         cls.renders = {name: render_overlay(name) for name in OVERLAYS}
 
+    def test_the_image_is_labelled_with_the_projects_version(self):
+        """The image's OCI version label, the manifests' image tag and version label, and
+        CMakeLists.txt's project version are one version."""
+        root = os.path.join(K8S_DIR, "..", "..")
+        with open(os.path.join(root, "CMakeLists.txt")) as cmake:
+            self.assertIn(f"project(kvcache VERSION {VERSION} ", cmake.read())
+        with open(os.path.join(root, "deploy", "docker", "Dockerfile")) as dockerfile:
+            labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"',
+                                     dockerfile.read()))
+        self.assertEqual(labels["org.opencontainers.image.version"], VERSION)
+        self.assertEqual(labels["org.opencontainers.image.licenses"], "Apache-2.0")
+
     def test_the_default_is_the_sidecar(self):
         self.assertEqual(sorted(map(repr, render("."))),
                          sorted(map(repr, self.renders["sidecar"])))
