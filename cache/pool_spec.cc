@@ -1,9 +1,12 @@
 #include "cache/pool_spec.h"
 
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +23,51 @@ absl::StatusOr<uint32_t> ParseField(absl::string_view key, absl::string_view val
         absl::StrCat("pool field ", key, "='", value, "' is not a non-negative integer"));
   }
   return parsed;
+}
+
+// A pool field's JSON value as the spec writes it: a string as it is, an integer in decimal.
+absl::StatusOr<std::string> SpecValue(const std::string& key, const nlohmann::json& value) {
+  std::string text;
+  if (value.is_string()) {
+    text = value.get<std::string>();
+  } else if (value.is_number_unsigned() || value.is_number_integer()) {
+    text = value.dump();
+  } else if (key == "disk_tier" && value.is_object() && value.size() == 2 &&
+             value.contains("path") && value.contains("size")) {
+    ASSIGN_OR_RETURN(const std::string path, SpecValue("disk_tier.path", value["path"]));
+    ASSIGN_OR_RETURN(const std::string size, SpecValue("disk_tier.size", value["size"]));
+    return absl::StrCat(path, ":", size);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", key, "' is a JSON ", value.type_name(),
+                     key == "disk_tier" ? "; want \"PATH:SIZE\" or {\"path\": PATH, \"size\": SIZE}"
+                                        : "; want a string or an integer"));
+  }
+  if (absl::StrContains(text, ':') && key != "disk_tier") {
+    return absl::InvalidArgumentError(absl::StrCat("field '", key, "' holds ':'"));
+  }
+  return text;
+}
+
+// One pool object as a ParsePoolSpec spec: "NAME:key=value:...".
+absl::StatusOr<std::string> SpecOf(const nlohmann::json& pool) {
+  if (!pool.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("is a JSON ", pool.type_name(), ", not an object"));
+  }
+  if (!pool.contains("name") || !pool["name"].is_string()) {
+    return absl::InvalidArgumentError("has no \"name\" string");
+  }
+  ASSIGN_OR_RETURN(std::string spec, SpecValue("name", pool["name"]));
+  for (const auto& [key, value] : pool.items()) {
+    if (key == "name") continue;
+    if (absl::StrContains(key, ':') || absl::StrContains(key, '=')) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown pool field '", key, "'"));
+    }
+    ASSIGN_OR_RETURN(const std::string text, SpecValue(key, value));
+    absl::StrAppend(&spec, ":", key, "=", text);
+  }
+  return spec;
 }
 
 }  // namespace
@@ -139,6 +187,35 @@ absl::StatusOr<PoolOptions> ParsePoolSpec(absl::string_view spec) {
         "records to disk)");
   }
   return options;
+}
+
+absl::StatusOr<std::vector<PoolOptions>> ParsePoolsJson(absl::string_view json) {
+  const nlohmann::json root =
+      nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
+  if (!root.is_object() || !root.contains("pools") || !root["pools"].is_array()) {
+    return absl::InvalidArgumentError("want an object with a \"pools\" array");
+  }
+  for (const auto& [key, value] : root.items()) {
+    if (key != "pools")
+      return absl::InvalidArgumentError(absl::StrCat("unknown field '", key, "'"));
+  }
+  std::vector<PoolOptions> pools;
+  for (size_t i = 0; i < root["pools"].size(); ++i) {
+    const nlohmann::json& pool = root["pools"][i];
+    std::string where = absl::StrCat("pools[", i, "]");
+    if (pool.is_object() && pool.contains("name") && pool["name"].is_string()) {
+      absl::StrAppend(&where, " ('", pool["name"].get<std::string>(), "')");
+    }
+    const absl::StatusOr<std::string> spec = SpecOf(pool);
+    absl::StatusOr<PoolOptions> options = spec.ok() ? ParsePoolSpec(*spec) : spec.status();
+    if (!options.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", options.status().message()));
+    }
+    pools.push_back(*std::move(options));
+  }
+  if (pools.empty()) return absl::InvalidArgumentError("\"pools\" is empty");
+  return pools;
 }
 
 }  // namespace kvcache

@@ -14,9 +14,11 @@ namespace kvcache {
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   uint64_t multiplier = 1;
-  for (auto [suffix, factor] : {std::pair{"gib", 1ull << 30},
+  for (auto [suffix, factor] : {std::pair{"tib", 1ull << 40},
+                                {"gib", 1ull << 30},
                                 {"mib", 1ull << 20},
                                 {"kib", 1ull << 10},
+                                {"t", 1ull << 40},
                                 {"g", 1ull << 30},
                                 {"m", 1ull << 20},
                                 {"k", 1ull << 10}}) {

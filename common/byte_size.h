@@ -10,7 +10,7 @@
 
 namespace kvcache {
 
-// A whole number with an optional K/M/G (or KiB/MiB/GiB) suffix, any case, binary multiples;
+// A whole number with an optional K/M/G/T (or KiB/MiB/GiB/TiB) suffix, any case, binary multiples;
 // surrounding whitespace is ignored. INVALID_ARGUMENT if it is not one or overflows 64 bits.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 

@@ -4,7 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +49,11 @@ ABSL_FLAG(std::vector<std::string>, pool, {},
           "below that, kept across "
           "restarts); "
           "default: one pool 'default' of 1024 blocks");
+ABSL_FLAG(std::string, pools_file, "",
+          "a JSON file of pools, for a ConfigMap: {\"pools\": [{\"name\": \"default\", \"model\": "
+          "\"llama\", \"layers\": 32, \"bytes\": \"4GiB\", \"host_tier\": \"16GiB\"}, ...]}, "
+          "each pool's fields those of --pool (docs/operations.md); its pools come after "
+          "--pool's; default: none");
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT of a plaintext TCP port that serves only grpc.health.v1.Health (for kubelet "
           "grpc probes, which reach neither a Unix socket nor TLS); default: none");
@@ -193,7 +202,19 @@ absl::Status KvEventsWireFromFlags(ZmqPublisherOptions* options) {
   return absl::OkStatus();
 }
 
-// --pool: each spec parsed; the default pool when there is none.
+// --pools_file's contents. INVALID_ARGUMENT naming the path and the system's reason.
+absl::StatusOr<std::string> ReadPoolsFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::string contents;
+  if (file) contents.assign(std::istreambuf_iterator<char>(file), {});
+  if (!file && !file.eof()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pools_file ", path, ": ", std::strerror(errno)));
+  }
+  return contents;
+}
+
+// --pool: each spec parsed, then --pools_file's pools; the default pool when there is none.
 absl::StatusOr<std::vector<PoolOptions>> PoolsFromFlags() {
   std::vector<PoolOptions> pools;
   for (const std::string& spec : absl::GetFlag(FLAGS_pool)) {
@@ -203,6 +224,15 @@ absl::StatusOr<std::vector<PoolOptions>> PoolsFromFlags() {
           absl::StrCat("--pool ", spec, ": ", pool.status().message()));
     }
     pools.push_back(*std::move(pool));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_pools_file); !path.empty()) {
+    ASSIGN_OR_RETURN(const std::string json, ReadPoolsFile(path));
+    absl::StatusOr<std::vector<PoolOptions>> from_file = ParsePoolsJson(json);
+    if (!from_file.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pools_file ", path, ": ", from_file.status().message()));
+    }
+    for (PoolOptions& pool : *from_file) pools.push_back(std::move(pool));
   }
   if (pools.empty()) pools.push_back(DefaultPoolOptions());
   return pools;

@@ -109,5 +109,82 @@ TEST(PoolSpecTest, PoolNamesAreCheckedAndUnique) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad\\n")));
 }
 
+// --pools_file: the same pools as JSON, field for field.
+TEST(PoolsJsonTest, GivesThePoolsTheSpecsGive) {
+  auto pools = ParsePoolsJson(R"({"pools": [
+      {"name": "qwen", "model": "qwen3-moe", "layers": 48, "kv_heads": 4, "head_dim": 128,
+       "block_size": 32, "dtype": "bf16", "blocks": 100, "hash": "sha256"},
+      {"name": "tiered", "bytes": "1MiB", "host_tier": "4MiB",
+       "disk_tier": {"path": "/var/lib/kvcache/t.kvt", "size": "64MiB"}, "disk_admission": "reused",
+       "parts": "kv/30720+state/2048/trailing1"},
+      {"name": "short", "disk_tier": "/var/lib/kvcache/s.kvt:1G", "host_tier": 65536}]})");
+  ASSERT_OK(pools);
+  ASSERT_EQ(pools->size(), 3u);
+  const std::vector<std::string> specs = {
+      "qwen:model=qwen3-moe:layers=48:kv_heads=4:head_dim=128:block_size=32:dtype=bf16:"
+      "blocks=100:hash=sha256",
+      "tiered:bytes=1MiB:host_tier=4MiB:disk_tier=/var/lib/kvcache/t.kvt:64MiB:"
+      "disk_admission=reused:parts=kv/30720+state/2048/trailing1",
+      "short:host_tier=65536:disk_tier=/var/lib/kvcache/s.kvt:1G"};
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto from_spec = ParsePoolSpec(specs[i]);
+    ASSERT_OK(from_spec);
+    const PoolOptions& from_json = (*pools)[i];
+    EXPECT_EQ(from_json.name, from_spec->name);
+    EXPECT_EQ(from_json.model_id, from_spec->model_id);
+    EXPECT_EQ(from_json.layout.DebugString(), from_spec->layout.DebugString());
+    EXPECT_EQ(from_json.num_blocks, from_spec->num_blocks);
+    EXPECT_EQ(from_json.hash_algorithm, from_spec->hash_algorithm);
+    EXPECT_EQ(from_json.host_tier_bytes, from_spec->host_tier_bytes);
+    EXPECT_EQ(from_json.disk_tier_path, from_spec->disk_tier_path);
+    EXPECT_EQ(from_json.disk_tier_bytes, from_spec->disk_tier_bytes);
+    EXPECT_EQ(from_json.disk_admission, from_spec->disk_admission);
+    EXPECT_EQ(from_json.parts.size(), from_spec->parts.size());
+  }
+  EXPECT_EQ((*pools)[1].parts.size(), 2u);
+  EXPECT_EQ((*pools)[2].disk_tier_bytes, uint64_t{1} << 30);
+}
+
+// The example in docs/operations.md ("Pools and their tiers").
+TEST(PoolsJsonTest, TheOperationsGuidesExampleParses) {
+  auto pools = ParsePoolsJson(R"({"pools": [
+    {"name": "llama", "model": "llama-3-8b", "layers": 32, "kv_heads": 8, "head_dim": 128,
+     "block_size": 16, "dtype": "bf16", "bytes": "8GiB", "host_tier": "64GiB",
+     "disk_tier": {"path": "/var/lib/kvcache/llama.tier", "size": "1TiB"}},
+    {"name": "hybrid", "bytes": "1GiB", "parts": "kv/28K+state/4K/trailing1"}]})");
+  ASSERT_OK(pools);
+  EXPECT_EQ((*pools)[0].disk_tier_bytes, uint64_t{1} << 40);
+  EXPECT_EQ((*pools)[1].parts.size(), 2u);
+}
+
+TEST(PoolsJsonTest, EveryMistakeIsNamedWithItsPool) {
+  const auto error = [](const char* json) {
+    const auto pools = ParsePoolsJson(json);
+    EXPECT_THAT(pools, StatusIs(absl::StatusCode::kInvalidArgument)) << json;
+    return pools.ok() ? std::string() : std::string(pools.status().message());
+  };
+  EXPECT_EQ(error("{\"pools\": [}"), "not valid JSON");
+  EXPECT_EQ(error("[]"), "want an object with a \"pools\" array");
+  EXPECT_EQ(error(R"({"pools": []})"), "\"pools\" is empty");
+  EXPECT_EQ(error(R"({"pools": [{"name": "a"}], "pool": []})"), "unknown field 'pool'");
+  EXPECT_EQ(error(R"({"pools": [3]})"), "pools[0]: is a JSON number, not an object");
+  EXPECT_EQ(error(R"({"pools": [{"blocks": 3}]})"), "pools[0]: has no \"name\" string");
+  EXPECT_THAT(error(R"({"pools": [{"name": "a"}, {"name": "b", "hots_tier": "1G"}]})"),
+              HasSubstr("pools[1] ('b'): unknown pool field 'hots_tier'"));
+  EXPECT_THAT(error(R"({"pools": [{"name": "a", "layers": 4.5}]})"),
+              HasSubstr("pools[0] ('a'): field 'layers' is a JSON number; want a string or an "
+                        "integer"));
+  EXPECT_THAT(error(R"({"pools": [{"name": "a", "layers": -4}]})"),
+              HasSubstr("pools[0] ('a'): pool field layers='-4' is not a non-negative integer"));
+  EXPECT_THAT(error(R"({"pools": [{"name": "a", "model": "x:blocks=1"}]})"),
+              HasSubstr("field 'model' holds ':'"));
+  EXPECT_THAT(error(R"({"pools": [{"name": "a", "host_tier": "1M",
+                                    "disk_tier": {"path": "/x:y", "size": "1G"}}]})"),
+              HasSubstr("pools[0] ('a'): field 'disk_tier.path' holds ':'"));
+  EXPECT_THAT(error(R"({"pools": [{"name": "a", "disk_tier": ["/x", "1G"]}]})"),
+              HasSubstr("want \"PATH:SIZE\" or {\"path\": PATH, \"size\": SIZE}"));
+  EXPECT_THAT(error(R"({"pools": [{"name": "bad name"}]})"), HasSubstr("pools[0] ('bad name')"));
+}
+
 }  // namespace
 }  // namespace kvcache

@@ -54,8 +54,13 @@ class Daemon:
         self.socket = os.path.join(directory, "kv.sock")
         self.target = "unix://" + self.socket
         self.log = open(os.path.join(directory, "daemon.log"), "ab")
+        # One pool from --pool, the other from --pools_file (its pools come after --pool's:
+        # test_pools sees them in that order).
+        pools_file = os.path.join(directory, "pools.json")
+        with open(pools_file, "w") as f:
+            json.dump({"pools": [{"name": "tiered", "blocks": 8, "host_tier": "1MiB"}]}, f)
         args = [binary("kvcache-manager"), "--listen", self.target,
-                "--pool", "default:blocks=%d,tiered:blocks=8:host_tier=1MiB" % POOL_BLOCKS]
+                "--pool", "default:blocks=%d" % POOL_BLOCKS, "--pools_file", pools_file]
         # The health service on a TCP port of its own too, where this build has the flag.
         help_text = subprocess.run([binary("kvcache-manager"), "--help"], capture_output=True,
                                    text=True, timeout=COMMAND_BOUND).stdout
