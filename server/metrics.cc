@@ -65,159 +65,76 @@ Labels PoolTenant(const std::string& pool, const std::string& tenant) {
   return {{"pool", pool}, {"tenant", tenant}};
 }
 
-}  // namespace
+constexpr MetricType kCounter = MetricType::Counter;
+constexpr MetricType kGauge = MetricType::Gauge;
+constexpr MetricType kHistogram = MetricType::Histogram;
 
-std::vector<MetricFamily> DaemonMetrics::Collect() const {
-  Exposition out;
-  const auto counter = MetricType::Counter;
-  const auto gauge = MetricType::Gauge;
-  const auto histogram = MetricType::Histogram;
-
-  // Pools, whole and per tenant.
-  const size_t queries =
-      out.Family("kvcache_prefix_cache_queries_total",
-                 "Prompt tokens asked for by OpenSequence (vLLM's prefix_cache_queries).", counter);
+// Pools, whole and per tenant: tokens, blocks, residency, transfers, pages by namespace.
+void AddPools(Exposition& out, CacheManager& manager) {
+  const size_t queries = out.Family(
+      "kvcache_prefix_cache_queries_total",
+      "Prompt tokens asked for by OpenSequence (vLLM's prefix_cache_queries).", kCounter);
   const size_t hits = out.Family(
       "kvcache_prefix_cache_hits_total",
-      "Of those, tokens served from the cache: prefill saved (vLLM's prefix_cache_hits).", counter);
+      "Of those, tokens served from the cache: prefill saved (vLLM's prefix_cache_hits).",
+      kCounter);
   const size_t blocks = out.Family(
       "kvcache_blocks",
-      "Blocks by state: free, evictable (unreferenced, still cached), referenced.", gauge);
-  const size_t capacity = out.Family("kvcache_blocks_capacity", "Blocks in the pool.", gauge);
+      "Blocks by state: free, evictable (unreferenced, still cached), referenced.", kGauge);
+  const size_t capacity = out.Family("kvcache_blocks_capacity", "Blocks in the pool.", kGauge);
   const size_t usage = out.Family(
       "kvcache_usage_ratio",
       "Referenced blocks over capacity, 0 to 1 (vLLM's kv_cache_usage_perc): evictable blocks "
       "count as free, since any allocation may take them.",
-      gauge);
+      kGauge);
   const size_t referenced = out.Family("kvcache_tenant_referenced_blocks",
-                                       "Blocks held by the tenant's sequences.", gauge);
+                                       "Blocks held by the tenant's sequences.", kGauge);
   const size_t sequences =
-      out.Family("kvcache_open_sequences", "Sequences open in the pool.", gauge);
+      out.Family("kvcache_open_sequences", "Sequences open in the pool.", kGauge);
   const size_t hit_blocks =
-      out.Family("kvcache_hit_blocks_total", "Blocks served from the cache on open.", counter);
+      out.Family("kvcache_hit_blocks_total", "Blocks served from the cache on open.", kCounter);
   const size_t miss_blocks =
-      out.Family("kvcache_miss_blocks_total", "Blocks freshly allocated on open.", counter);
+      out.Family("kvcache_miss_blocks_total", "Blocks freshly allocated on open.", kCounter);
   const size_t evicted = out.Family(
       "kvcache_evicted_blocks_total",
       "Cached blocks evicted to make room (their hashes leave the index), by owning tenant.",
-      counter);
+      kCounter);
   const size_t resurrected = out.Family(
       "kvcache_resurrected_blocks_total",
       "Of the hit blocks, those found soft-freed (evictable): KV brought back before it was "
       "reused.",
-      counter);
+      kCounter);
   const size_t published =
-      out.Family("kvcache_published_blocks_total", "Blocks added to the prefix index.", counter);
+      out.Family("kvcache_published_blocks_total", "Blocks added to the prefix index.", kCounter);
   const size_t duplicates = out.Family(
       "kvcache_duplicate_blocks_total",
-      "Committed blocks whose hash was already indexed (computed twice; kept private).", counter);
+      "Committed blocks whose hash was already indexed (computed twice; kept private).", kCounter);
   const size_t lifetime = out.Family(
       "kvcache_block_lifetime_seconds",
       "Time from a block's allocation to its eviction (vLLM's kv_block_lifetime_seconds).",
-      histogram);
+      kHistogram);
   const size_t idle = out.Family(
       "kvcache_block_idle_before_evict_seconds",
       "Time from a block's last release to its eviction: how long soft-freed KV survives.",
-      histogram);
+      kHistogram);
   const size_t reuse =
       out.Family("kvcache_block_reuse_gap_seconds",
                  "Time between consecutive accesses (allocation or hit) of a block when it is hit.",
-                 histogram);
+                 kHistogram);
   const size_t bytes = out.Family(
       "kvcache_transfer_bytes_total",
-      "Block bytes received by PutBlocks (direction put) and sent by GetBlocks (get).", counter);
+      "Block bytes received by PutBlocks (direction put) and sent by GetBlocks (get).", kCounter);
   const size_t failures = out.Family(
       "kvcache_transfer_failures_total",
-      "PutBlocks and GetBlocks streams that ended with an error or were cut off.", counter);
-  // Lower tiers (DESIGN §10), per pool and tier.
-  const size_t tier_hits = out.Family(
-      "kvcache_tier_hit_blocks_total",
-      "Blocks loaded from a lower tier into the pool, verified, and returned as cached.", counter);
-  const size_t tier_stored =
-      out.Family("kvcache_tier_stored_blocks_total",
-                 "Blocks copied into a lower tier ahead of eviction.", counter);
-  const size_t tier_evicted =
-      out.Family("kvcache_tier_evicted_blocks_total",
-                 "Records a full lower tier dropped to make room (its back-pressure).", counter);
-  const size_t tier_rejected =
-      out.Family("kvcache_tier_store_rejections_total",
-                 "Copies a lower tier did not take (host: every slot being read; disk: its write "
-                 "queue full or its writer stopped; cluster: a node down, slow or refusing).",
-                 counter);
-  const size_t tier_saved =
-      out.Family("kvcache_tier_saved_evictions_total",
-                 "Evictions from the tier above whose block was already in this tier.", counter);
-  const size_t tier_lost = out.Family(
-      "kvcache_tier_lost_evictions_total",
-      "Evictions from the tier above whose block never reached this tier (it refused the copy).",
-      counter);
-  const size_t tier_superseded = out.Family(
-      "kvcache_tier_superseded_total",
-      "Records of a lower tier replaced by a copy of the same block with more parts.", counter);
-  const size_t tier_kept_back = out.Family(
-      "kvcache_tier_poorer_kept_back_total",
-      "Copies lacking some parts not sent to the cluster tier, which held the block with no fewer.",
-      counter);
-  const size_t tier_verify = out.Family(
-      "kvcache_tier_verify_failures_total",
-      "Loads from a lower tier whose bytes failed their checksum (dropped, recomputed).", counter);
-  const size_t tier_open_failures = out.Family(
-      "kvcache_tier_open_failures_total",
-      "Records of a sealed lower tier (--tier_key_file) that did not open for the tenant asking "
-      "(another tenant's, changed, moved, or sealed with a key no longer in the file): misses.",
-      counter);
-  const size_t tier_load_failures = out.Family(
-      "kvcache_tier_load_failures_total",
-      "Matched lower-tier records that did not load (verify failures, records gone).", counter);
-  const size_t tier_deadline = out.Family(
-      "kvcache_tier_deadline_blocks_total",
-      "Matched lower-tier records left to compute because the request's max_load_ms passed.",
-      counter);
-  const size_t tier_waits = out.Family(
-      "kvcache_tier_request_waits_total",
-      "Requests that waited for blocks the mover was copying down (a pool nearly full).", counter);
-  const size_t tier_bytes =
-      out.Family("kvcache_tier_used_bytes", "Bytes of records a lower tier holds.", gauge);
-  const size_t tier_capacity =
-      out.Family("kvcache_tier_capacity_bytes", "Bytes a lower tier can hold.", gauge);
-  const size_t tier_load = out.Family(
-      "kvcache_tier_load_seconds",
-      "Time an open spent loading its prefix from a lower tier (the whole verified run), one "
-      "sample per open that loaded from the tier.",
-      histogram);
-  const size_t cluster_node_failures = out.Family(
-      "kvcache_cluster_tier_node_failures_total",
-      "Redis nodes found down, slow or hung by the cluster tier (each then rested: its breaker "
-      "opens and its keys are misses until a probe finds it answering).",
-      counter);
-  const size_t cluster_skipped = out.Family(
-      "kvcache_cluster_tier_skipped_commands_total",
-      "Redis commands the cluster tier did not send because their node was resting after a "
-      "failure (each a miss, or a copy not taken).",
-      counter);
-  const size_t cluster_redirects = out.Family(
-      "kvcache_cluster_tier_redirects_total",
-      "MOVED and ASK replies the cluster tier followed (slots migrating or a stale slot map).",
-      counter);
-  const size_t disk_write_errors = out.Family(
-      "kvcache_disk_tier_write_errors_total",
-      "Failed writes to a pool's disk tier; after one it stops storing (loads go on).", counter);
-  const size_t disk_restored = out.Family(
-      "kvcache_disk_tier_restored_records",
-      "Records a pool's disk tier found in its file when the daemon started (a warm restart).",
-      gauge);
-  const size_t disk_skipped = out.Family(
-      "kvcache_disk_tier_restore_skipped_records",
-      "Slots of the disk tier's file skipped when the daemon started: torn, foreign or superseded.",
-      gauge);
+      "PutBlocks and GetBlocks streams that ended with an error or were cut off.", kCounter);
   const size_t pages = out.Family(
       "kvcache_pages_total",
       "Pages named by engine keys, per namespace (tenant, and manifest: the first 16 hex digits "
       "of its digest, \"other\" past a tenant's 8th in the pool), by op: exists (found by "
       "ExistsPages), hit and miss (served or not by AcquirePages and GetPages), published and "
       "duplicate (by CommitPages and PutPages).",
-      counter);
-  for (const Pool* pool : manager_->pools()) {
+      kCounter);
+  for (const Pool* pool : manager.pools()) {
     const std::string& name = pool->options().name;
     for (const PageCounters::Row& row : pool->page_counters().Rows()) {
       for (size_t op = 0; op < kNumPageOps; ++op) {
@@ -229,6 +146,122 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
                     row.pages[op]);
       }
     }
+    const PoolStatsSnapshot whole = pool->Stats();
+    const double total = pool->options().num_blocks;
+    out.Gauge(blocks, {{"pool", name}, {"state", "free"}}, whole.free);
+    out.Gauge(blocks, {{"pool", name}, {"state", "evictable"}}, whole.evictable);
+    out.Gauge(blocks, {{"pool", name}, {"state", "referenced"}}, whole.referenced);
+    out.Gauge(capacity, {{"pool", name}}, total);
+    out.Gauge(usage, {{"pool", name}}, total == 0 ? 0 : whole.referenced / total);
+    for (const std::string& tenant : pool->Tenants()) {
+      const PoolStatsSnapshot share = pool->Stats(tenant);
+      out.Counter(queries, PoolTenant(name, tenant), share.prompt_tokens);
+      out.Counter(hits, PoolTenant(name, tenant), share.hit_tokens);
+      out.Gauge(referenced, PoolTenant(name, tenant), share.referenced);
+      out.Gauge(sequences, PoolTenant(name, tenant), share.open_sequences);
+      out.Counter(hit_blocks, PoolTenant(name, tenant), share.hit_blocks);
+      out.Counter(miss_blocks, PoolTenant(name, tenant), share.miss_blocks);
+      out.Counter(evicted, PoolTenant(name, tenant), share.pool.evictions);
+      out.Counter(resurrected, PoolTenant(name, tenant), share.pool.resurrections);
+      out.Counter(published, PoolTenant(name, tenant), share.pool.published);
+      out.Counter(duplicates, PoolTenant(name, tenant), share.pool.duplicates);
+    }
+    const PoolResidency residency = pool->Residency();
+    out.Histogram(lifetime, {{"pool", name}}, residency.lifetime);
+    out.Histogram(idle, {{"pool", name}}, residency.idle_before_evict);
+    out.Histogram(reuse, {{"pool", name}}, residency.reuse_gap);
+    const PoolTransferCounters& transfers = pool->transfers();
+    out.Counter(bytes, {{"pool", name}, {"direction", "put"}}, transfers.put_bytes.load());
+    out.Counter(bytes, {{"pool", name}, {"direction", "get"}}, transfers.got_bytes.load());
+    out.Counter(failures, {{"pool", name}, {"direction", "put"}}, transfers.put_failures.load());
+    out.Counter(failures, {{"pool", name}, {"direction", "get"}}, transfers.get_failures.load());
+  }
+}
+
+// Lower tiers (DESIGN §10), per pool and tier.
+void AddLowerTiers(Exposition& out, CacheManager& manager) {
+  const size_t tier_hits = out.Family(
+      "kvcache_tier_hit_blocks_total",
+      "Blocks loaded from a lower tier into the pool, verified, and returned as cached.", kCounter);
+  const size_t tier_stored =
+      out.Family("kvcache_tier_stored_blocks_total",
+                 "Blocks copied into a lower tier ahead of eviction.", kCounter);
+  const size_t tier_evicted =
+      out.Family("kvcache_tier_evicted_blocks_total",
+                 "Records a full lower tier dropped to make room (its back-pressure).", kCounter);
+  const size_t tier_rejected =
+      out.Family("kvcache_tier_store_rejections_total",
+                 "Copies a lower tier did not take (host: every slot being read; disk: its write "
+                 "queue full or its writer stopped; cluster: a node down, slow or refusing).",
+                 kCounter);
+  const size_t tier_saved =
+      out.Family("kvcache_tier_saved_evictions_total",
+                 "Evictions from the tier above whose block was already in this tier.", kCounter);
+  const size_t tier_lost = out.Family(
+      "kvcache_tier_lost_evictions_total",
+      "Evictions from the tier above whose block never reached this tier (it refused the copy).",
+      kCounter);
+  const size_t tier_superseded = out.Family(
+      "kvcache_tier_superseded_total",
+      "Records of a lower tier replaced by a copy of the same block with more parts.", kCounter);
+  const size_t tier_kept_back = out.Family(
+      "kvcache_tier_poorer_kept_back_total",
+      "Copies lacking some parts not sent to the cluster tier, which held the block with no fewer.",
+      kCounter);
+  const size_t tier_verify = out.Family(
+      "kvcache_tier_verify_failures_total",
+      "Loads from a lower tier whose bytes failed their checksum (dropped, recomputed).", kCounter);
+  const size_t tier_open_failures = out.Family(
+      "kvcache_tier_open_failures_total",
+      "Records of a sealed lower tier (--tier_key_file) that did not open for the tenant asking "
+      "(another tenant's, changed, moved, or sealed with a key no longer in the file): misses.",
+      kCounter);
+  const size_t tier_load_failures = out.Family(
+      "kvcache_tier_load_failures_total",
+      "Matched lower-tier records that did not load (verify failures, records gone).", kCounter);
+  const size_t tier_deadline = out.Family(
+      "kvcache_tier_deadline_blocks_total",
+      "Matched lower-tier records left to compute because the request's max_load_ms passed.",
+      kCounter);
+  const size_t tier_waits = out.Family(
+      "kvcache_tier_request_waits_total",
+      "Requests that waited for blocks the mover was copying down (a pool nearly full).", kCounter);
+  const size_t tier_bytes =
+      out.Family("kvcache_tier_used_bytes", "Bytes of records a lower tier holds.", kGauge);
+  const size_t tier_capacity =
+      out.Family("kvcache_tier_capacity_bytes", "Bytes a lower tier can hold.", kGauge);
+  const size_t tier_load = out.Family(
+      "kvcache_tier_load_seconds",
+      "Time an open spent loading its prefix from a lower tier (the whole verified run), one "
+      "sample per open that loaded from the tier.",
+      kHistogram);
+  const size_t cluster_node_failures = out.Family(
+      "kvcache_cluster_tier_node_failures_total",
+      "Redis nodes found down, slow or hung by the cluster tier (each then rested: its breaker "
+      "opens and its keys are misses until a probe finds it answering).",
+      kCounter);
+  const size_t cluster_skipped = out.Family(
+      "kvcache_cluster_tier_skipped_commands_total",
+      "Redis commands the cluster tier did not send because their node was resting after a "
+      "failure (each a miss, or a copy not taken).",
+      kCounter);
+  const size_t cluster_redirects = out.Family(
+      "kvcache_cluster_tier_redirects_total",
+      "MOVED and ASK replies the cluster tier followed (slots migrating or a stale slot map).",
+      kCounter);
+  const size_t disk_write_errors = out.Family(
+      "kvcache_disk_tier_write_errors_total",
+      "Failed writes to a pool's disk tier; after one it stops storing (loads go on).", kCounter);
+  const size_t disk_restored = out.Family(
+      "kvcache_disk_tier_restored_records",
+      "Records a pool's disk tier found in its file when the daemon started (a warm restart).",
+      kGauge);
+  const size_t disk_skipped = out.Family(
+      "kvcache_disk_tier_restore_skipped_records",
+      "Slots of the disk tier's file skipped when the daemon started: torn, foreign or superseded.",
+      kGauge);
+  for (const Pool* pool : manager.pools()) {
+    const std::string& name = pool->options().name;
     const PoolStatsSnapshot whole = pool->Stats();
     for (const TierStatsRow& row : whole.tiers) {
       const Labels labels{{"pool", name}, {"tier", std::string(row.tier)}};
@@ -274,25 +307,6 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
                   {{"pool", name}, {"tier", tier_tenant.first}, {"tenant", tier_tenant.second}},
                   count);
     }
-    const double total = pool->options().num_blocks;
-    out.Gauge(blocks, {{"pool", name}, {"state", "free"}}, whole.free);
-    out.Gauge(blocks, {{"pool", name}, {"state", "evictable"}}, whole.evictable);
-    out.Gauge(blocks, {{"pool", name}, {"state", "referenced"}}, whole.referenced);
-    out.Gauge(capacity, {{"pool", name}}, total);
-    out.Gauge(usage, {{"pool", name}}, total == 0 ? 0 : whole.referenced / total);
-    for (const std::string& tenant : pool->Tenants()) {
-      const PoolStatsSnapshot share = pool->Stats(tenant);
-      out.Counter(queries, PoolTenant(name, tenant), share.prompt_tokens);
-      out.Counter(hits, PoolTenant(name, tenant), share.hit_tokens);
-      out.Gauge(referenced, PoolTenant(name, tenant), share.referenced);
-      out.Gauge(sequences, PoolTenant(name, tenant), share.open_sequences);
-      out.Counter(hit_blocks, PoolTenant(name, tenant), share.hit_blocks);
-      out.Counter(miss_blocks, PoolTenant(name, tenant), share.miss_blocks);
-      out.Counter(evicted, PoolTenant(name, tenant), share.pool.evictions);
-      out.Counter(resurrected, PoolTenant(name, tenant), share.pool.resurrections);
-      out.Counter(published, PoolTenant(name, tenant), share.pool.published);
-      out.Counter(duplicates, PoolTenant(name, tenant), share.pool.duplicates);
-    }
     const PoolTierLoadLatency& loads = pool->tier_load_latency();
     if (whole.host_tier.has_value()) {
       out.Histogram(tier_load, {{"pool", name}, {"tier", "host"}}, loads.host.Snapshot());
@@ -303,42 +317,35 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
     if (whole.cluster_tier.has_value()) {
       out.Histogram(tier_load, {{"pool", name}, {"tier", "cluster"}}, loads.cluster.Snapshot());
     }
-    const PoolResidency residency = pool->Residency();
-    out.Histogram(lifetime, {{"pool", name}}, residency.lifetime);
-    out.Histogram(idle, {{"pool", name}}, residency.idle_before_evict);
-    out.Histogram(reuse, {{"pool", name}}, residency.reuse_gap);
-    const PoolTransferCounters& transfers = pool->transfers();
-    out.Counter(bytes, {{"pool", name}, {"direction", "put"}}, transfers.put_bytes.load());
-    out.Counter(bytes, {{"pool", name}, {"direction", "get"}}, transfers.got_bytes.load());
-    out.Counter(failures, {{"pool", name}, {"direction", "put"}}, transfers.put_failures.load());
-    out.Counter(failures, {{"pool", name}, {"direction", "get"}}, transfers.get_failures.load());
   }
+}
 
-  // Sessions.
-  const size_t open = out.Family("kvcache_sessions_open", "Sessions (leases) open now.", gauge);
-  const size_t opened = out.Family("kvcache_sessions_opened_total", "Sessions opened.", counter);
+void AddSessions(Exposition& out, CacheManager& manager) {
+  const size_t open = out.Family("kvcache_sessions_open", "Sessions (leases) open now.", kGauge);
+  const size_t opened = out.Family("kvcache_sessions_opened_total", "Sessions opened.", kCounter);
   const size_t closed =
-      out.Family("kvcache_sessions_closed_total", "Sessions closed by their client.", counter);
+      out.Family("kvcache_sessions_closed_total", "Sessions closed by their client.", kCounter);
   const size_t expired = out.Family(
       "kvcache_sessions_expired_total",
       "Sessions whose lease ran out (a client that died or stopped its keep-alives); their "
       "sequences were released.",
-      counter);
-  for (const auto& [tenant, counts] : manager_->sessions().Counters()) {
+      kCounter);
+  for (const auto& [tenant, counts] : manager.sessions().Counters()) {
     out.Gauge(open, {{"tenant", tenant}}, counts.open);
     out.Counter(opened, {{"tenant", tenant}}, counts.opened);
     out.Counter(closed, {{"tenant", tenant}}, counts.closed);
     out.Counter(expired, {{"tenant", tenant}}, counts.expired);
   }
+}
 
-  // RPCs.
+void AddRpcs(Exposition& out, RpcMetrics& rpc) {
   const size_t requests = out.Family("kvcache_rpc_requests_total",
-                                     "Calls finished, by method and gRPC status code.", counter);
+                                     "Calls finished, by method and gRPC status code.", kCounter);
   const size_t duration =
       out.Family("kvcache_rpc_duration_seconds",
                  "Time from a call's arrival to its status being sent (streams: their whole life).",
-                 histogram);
-  for (const auto& method : rpc_->methods()) {
+                 kHistogram);
+  for (const auto& method : rpc.methods()) {
     uint64_t calls = 0;
     for (int code = 0; code < kNumGrpcCodes; ++code) {
       const uint64_t count = method->calls[code].load(std::memory_order_relaxed);
@@ -349,36 +356,46 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
     if (calls > 0)
       out.Histogram(duration, {{"method", method->label}}, method->duration.Snapshot());
   }
+}
+
+}  // namespace
+
+std::vector<MetricFamily> DaemonMetrics::Collect() const {
+  Exposition out;
+  AddPools(out, *manager_);
+  AddLowerTiers(out, *manager_);
+  AddSessions(out, *manager_);
+  AddRpcs(out, *rpc_);
 
   // KV events.
   const KvEventLog& events = manager_->events();
   out.Counter(out.Family("kvcache_kv_events_published_total",
                          "KV events appended to the daemon's one sequence (AllBlocksCleared at "
                          "start included); WatchEvents and the ZeroMQ publisher carry them.",
-                         counter),
+                         kCounter),
               {}, events.next_sequence());
   const size_t dropped = out.Family(
       "kvcache_kv_events_dropped_total",
       "Events a consumer missed because they left the buffer first (a watcher then gets a "
       "snapshot; a ZeroMQ subscriber sees the gap).",
-      counter);
+      kCounter);
   const size_t replays = out.Family(
       "kvcache_kv_events_replay_requests_total",
-      "Replay requests served (ZeroMQ ROUTER socket) or watches resumed (gRPC).", counter);
+      "Replay requests served (ZeroMQ ROUTER socket) or watches resumed (gRPC).", kCounter);
   for (const auto& [sink, label] :
        {std::pair{KvEventSink::kGrpc, "grpc"}, std::pair{KvEventSink::kZmq, "zmq"}}) {
     out.Counter(dropped, {{"sink", label}}, events.dropped(sink));
     out.Counter(replays, {{"sink", label}}, events.replays(sink));
   }
   out.Counter(out.Family("kvcache_kv_events_snapshots_total",
-                         "Index snapshots sent to watchers that could not resume.", counter),
+                         "Index snapshots sent to watchers that could not resume.", kCounter),
               {}, events.snapshots());
   out.Gauge(out.Family("kvcache_kv_events_indexed_blocks",
-                       "Blocks in the event log's copy of the prefix index (every pool).", gauge),
+                       "Blocks in the event log's copy of the prefix index (every pool).", kGauge),
             {}, events.indexed_blocks());
   if (zmq_published_) {
     out.Counter(out.Family("kvcache_kv_events_zmq_messages_total",
-                           "Messages sent by the ZeroMQ publisher (one per event).", counter),
+                           "Messages sent by the ZeroMQ publisher (one per event).", kCounter),
                 {}, zmq_published_());
   }
 
@@ -387,23 +404,23 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
     out.Gauge(out.Family("kvcache_long_calls",
                          "Long calls open now (PutBlocks, GetBlocks, WatchEvents, parked "
                          "AwaitRendezvous), bounded by --max_streams.",
-                         gauge),
+                         kGauge),
               {}, limits.streams);
     out.Gauge(out.Family("kvcache_put_bytes_in_flight",
-                         "Bytes of puts not finished yet, bounded by --max_put_bytes.", gauge),
+                         "Bytes of puts not finished yet, bounded by --max_put_bytes.", kGauge),
               {}, static_cast<double>(limits.put_bytes));
     const size_t refused = out.Family(
         "kvcache_calls_refused_total",
         "Calls refused at once by a per-connection or daemon-wide bound (RESOURCE_EXHAUSTED or "
         "UNAVAILABLE), by what was bounded.",
-        counter);
+        kCounter);
     out.Counter(refused, {{"limit", "streams"}}, limits.refused_streams);
     out.Counter(refused, {{"limit", "put_bytes"}}, limits.refused_puts);
   }
 
   out.Gauge(
       out.Family("kvcache_device_fault",
-                 "1 once a pool-memory fault has latched (the daemon must be restarted).", gauge),
+                 "1 once a pool-memory fault has latched (the daemon must be restarted).", kGauge),
       {}, manager_->device_faults().status().ok() ? 0 : 1);
   std::vector<MetricFamily> families = out.Take();
   for (MetricFamily& family : ProcessFamilies()) families.push_back(std::move(family));
