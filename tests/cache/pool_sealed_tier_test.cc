@@ -63,12 +63,9 @@ class PoolSealedTierTest : public ::testing::Test {
     }
   }
 
+  // The bytes a worker would write for block `i` of `tokens`: a function of its tokens.
   std::string BlockBytes(const std::vector<uint32_t>& tokens, size_t i) const {
-    std::string bytes(block_bytes_, '\0');
-    for (size_t b = 0; b < bytes.size(); ++b) {
-      bytes[b] = static_cast<char>(tokens[i * kBlockSize + b % kBlockSize] * 7 + b);
-    }
-    return bytes;
+    return testing::TokenBlockBytes(tokens, i, kBlockSize, block_bytes_);
   }
 
   absl::StatusOr<OpenedSequence> Open(const Session& session, const std::vector<uint32_t>& tokens) {

@@ -99,11 +99,7 @@ class PoolTierTest : public ::testing::TestWithParam<PoolMemoryKind> {
 
   // The bytes a worker would write for block `i` of `tokens`: a function of its tokens.
   std::string BlockBytes(const std::vector<uint32_t>& tokens, size_t i) const {
-    std::string bytes(block_bytes_, '\0');
-    for (size_t b = 0; b < bytes.size(); ++b) {
-      bytes[b] = static_cast<char>(tokens[i * kBlockSize + b % kBlockSize] * 7 + b);
-    }
-    return bytes;
+    return testing::TokenBlockBytes(tokens, i, kBlockSize, block_bytes_);
   }
 
   absl::StatusOr<OpenedSequence> Open(const std::vector<uint32_t>& tokens,

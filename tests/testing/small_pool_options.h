@@ -32,6 +32,18 @@ inline std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
   return tokens;
 }
 
+// The bytes a worker would write for block `i` of `tokens` (`block_bytes` of them, blocks of
+// `block_size` tokens): a function of the block's tokens, so a block loaded under another's
+// name holds other bytes.
+inline std::string TokenBlockBytes(const std::vector<uint32_t>& tokens, size_t i,
+                                   uint32_t block_size, uint64_t block_bytes) {
+  std::string bytes(block_bytes, '\0');
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    bytes[b] = static_cast<char>(tokens[i * block_size + b % block_size] * 7 + b);
+  }
+  return bytes;
+}
+
 }  // namespace kvcache::testing
 
 #endif  // KVCACHE_TESTS_TESTING_SMALL_POOL_OPTIONS_H_
